@@ -1,0 +1,1 @@
+"""Subtask actors and the data plane: channels, credits, partitioners."""

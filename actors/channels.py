@@ -1,0 +1,140 @@
+"""Input gate and output channels of a subtask, with credit-based flow control.
+
+Credit-based flow control (Flink's network stack, simplified to whole
+batches): a receiver grants each channel ``credits`` slots up front; a sender
+spends one per data batch and gets it back when the receiver has *processed*
+the batch. A sender without credit keeps its batches in a local backlog, and
+a subtask with a backlog takes no more input, so backpressure travels
+upstream and the number of unconsumed batches in flight per channel never
+exceeds ``credits``. Watermarks and end-of-input cost no credit, but they
+wait in the same backlog so a channel's order is kept.
+
+Neither class is thread-safe: the subtask guards both with its mailbox lock.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from raystream.actors.messages import MIN_WATERMARK, ChannelId, Envelope, Kind
+
+
+@dataclass(slots=True)
+class InputChannel:
+    channel: ChannelId
+    input_index: int  # which logical input of the subtask's head operator (0 or 1)
+    next_seq: int = 0
+    pending: dict[int, Envelope] = field(default_factory=dict)  # out-of-order arrivals
+    watermark: int = MIN_WATERMARK
+    finished: bool = False
+
+    def ready(self) -> bool:
+        return self.next_seq in self.pending
+
+
+class InputGate:
+    """All input channels of one subtask; hands out messages in per-channel order.
+
+    Channels are polled round-robin so that no input starves another.
+
+    >>> from raystream.actors.messages import ChannelId, Envelope, Kind
+    >>> ch = ChannelId(edge=0, upstream=0, downstream=0)
+    >>> gate = InputGate([(ch, 0)])
+    >>> gate.add(Envelope(ch, 1, 0, Kind.END_OF_INPUT)); gate.poll() is None  # waits for seq 0
+    True
+    >>> gate.add(Envelope(ch, 0, 0, Kind.WATERMARK, 5)); [gate.poll().seq, gate.poll().seq]
+    [0, 1]
+    """
+
+    def __init__(self, channels: list[tuple[ChannelId, int]]) -> None:
+        self.channels: dict[ChannelId, InputChannel] = {
+            ch: InputChannel(ch, input_index) for ch, input_index in channels}
+        self._order = list(self.channels.values())
+        self._next = 0
+
+    def add(self, envelope: Envelope) -> None:
+        channel = self.channels.get(envelope.channel)
+        if channel is None:
+            raise KeyError(f"message on unknown channel {envelope.channel}")
+        if envelope.seq < channel.next_seq or envelope.seq in channel.pending:
+            raise RuntimeError(f"duplicate message seq {envelope.seq} on channel {envelope.channel}")
+        channel.pending[envelope.seq] = envelope
+
+    def has_ready(self) -> bool:
+        return any(c.ready() for c in self._order)
+
+    def poll(self) -> Envelope | None:
+        """Next in-order message of the next channel that has one, or None."""
+        n = len(self._order)
+        for i in range(n):
+            channel = self._order[(self._next + i) % n]
+            if channel.ready():
+                self._next = (self._next + i + 1) % n
+                envelope = channel.pending.pop(channel.next_seq)
+                channel.next_seq += 1
+                return envelope
+        return None
+
+    def all_finished(self) -> bool:
+        return all(c.finished for c in self._order)
+
+    def __iter__(self) -> Iterator[InputChannel]:
+        return iter(self._order)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+
+class OutputChannel:
+    """The sending end of one channel: its sequence counter, credit and backlog.
+
+    ``transmit(envelope)`` performs the actual send (a Ray call on the
+    receiver's data lane); it is injected so the flow-control logic stays
+    independent of Ray.
+
+    >>> sent = []
+    >>> from raystream.actors.messages import ChannelId, Kind
+    >>> out = OutputChannel(ChannelId(0, 0, 0), attempt=0, credits=1, transmit=sent.append)
+    >>> out.send(Kind.DATA, ["ref-a"], rows=3); out.send(Kind.DATA, ["ref-b"], rows=3)
+    >>> [e.seq for e in sent], out.backlogged()
+    ([0], True)
+    >>> out.add_credit(1); [e.seq for e in sent], out.backlogged()
+    ([0, 1], False)
+    """
+
+    def __init__(self, channel: ChannelId, *, attempt: int, credits: int,
+                 transmit: Callable[[Envelope], Any]) -> None:
+        self.channel = channel
+        self.attempt = attempt
+        self.credits = credits
+        self._transmit = transmit
+        self._seq = 0
+        self._backlog: collections.deque[Envelope] = collections.deque()
+        self.batches_sent = 0
+        self.rows_sent = 0
+
+    def send(self, kind: Kind, payload: object = None, rows: int = 0) -> None:
+        self._backlog.append(Envelope(self.channel, self._seq, self.attempt, kind, payload, rows))
+        self._seq += 1
+        self.flush()
+
+    def add_credit(self, n: int) -> None:
+        self.credits += n
+        self.flush()
+
+    def flush(self) -> None:
+        while self._backlog:
+            head = self._backlog[0]
+            if head.kind == Kind.DATA:
+                if self.credits <= 0:
+                    return
+                self.credits -= 1
+                self.batches_sent += 1
+                self.rows_sent += head.rows
+            self._backlog.popleft()
+            self._transmit(head)
+
+    def backlogged(self) -> bool:
+        return bool(self._backlog)

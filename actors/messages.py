@@ -1,0 +1,63 @@
+"""What travels between subtasks.
+
+Every in-band message on a channel (a data batch, a watermark, end of input)
+takes the next number of that channel's sequence space, so the receiver can
+put them back in order whatever order Ray delivers the calls in. Every
+message carries the job attempt that sent it; a receiver drops messages of
+another attempt (left over from before a failover).
+
+Data batches are ``ray.put`` once by the sender; the message carries the
+object ref inside a list so that Ray hands the ref to the receiver's data
+lane without fetching the object first.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+# Watermark meaning "no more data will ever come" (Flink: Watermark.MAX_WATERMARK).
+MAX_WATERMARK = (1 << 63) - 1
+# Watermark before any was seen.
+MIN_WATERMARK = -(1 << 63)
+
+
+class Kind(enum.IntEnum):
+    DATA = 0
+    WATERMARK = 1
+    END_OF_INPUT = 2
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelId:
+    """A logical channel: one edge between an upstream and a downstream subtask.
+
+    ``edge`` numbers the job edge (one per connection between two chained
+    vertices), ``upstream`` is the sending subtask's index, ``downstream`` the
+    receiving one's.
+    """
+
+    edge: int
+    upstream: int
+    downstream: int
+
+    def __str__(self) -> str:
+        return f"edge {self.edge} [{self.upstream}->{self.downstream}]"
+
+
+@dataclass(slots=True)
+class Envelope:
+    """One in-band message of a channel.
+
+    ``payload`` is ``[ObjectRef]`` for DATA (the list keeps Ray from resolving
+    the ref before the call), the watermark timestamp for WATERMARK, and
+    ``None`` for END_OF_INPUT. ``rows`` is the batch's row count (for metrics
+    and tests without fetching the batch).
+    """
+
+    channel: ChannelId
+    seq: int
+    attempt: int
+    kind: Kind
+    payload: object = None
+    rows: int = 0

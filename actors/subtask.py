@@ -1,0 +1,358 @@
+"""The subtask actor: one parallel instance of an operator chain.
+
+Calls reach a subtask on two Ray concurrency groups (see DESIGN.md, "Two
+lanes"): the *data* lane (``deliver``) only enqueues into the input gate and
+returns; the *control* lane (credits, start, cancel, later barriers and
+operator events) only enqueues into the mailbox and returns. A third group,
+*monitor*, holds the one long call ``await_termination`` through which the job
+master learns how the subtask ended (or that its process died).
+
+All processing happens on one thread, the mailbox loop (Flink's
+``MailboxProcessor``): it takes control messages first, then — unless an
+output channel is out of credit (backpressure) — one input message or, in a
+source subtask, one batch from the source. No actor method blocks waiting for
+a peer.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import ray
+
+from raystream.actors.channels import InputGate, OutputChannel
+from raystream.actors.messages import (MAX_WATERMARK, MIN_WATERMARK, ChannelId, Envelope,
+                                       Kind)
+from raystream.actors.partitioners import Partitioner
+from raystream.engine.operators.base import (BroadcastingOutput, ChainedOutput, Operator,
+                                             OperatorFailure, RuntimeContext, call_operator)
+from raystream.engine.operators.sinks import SinkOperator
+from raystream.engine.operators.source import SourceOperator
+from raystream.engine.plan import JobVertex
+
+IDLE_WAIT_S = 0.05
+
+
+@dataclass
+class SubtaskSpec:
+    job_id: str
+    job_name: str
+    attempt: int
+    vertex: JobVertex
+    index: int
+    max_parallelism: int
+    credits: int
+
+    @property
+    def actor_name(self) -> str:
+        return subtask_actor_name(self.job_id, self.vertex.name, self.index)
+
+
+def subtask_actor_name(job_id: str, vertex_name: str, index: int) -> str:
+    return f"raystream/{job_id}/{vertex_name}/{index}"
+
+
+@dataclass
+class TerminationReport:
+    """How a subtask ended, returned to the job master."""
+
+    vertex_id: int
+    index: int
+    status: str  # "FINISHED" | "FAILED" | "CANCELED"
+    results: dict[int, Any] = field(default_factory=dict)  # sink transformation id -> result
+    error: str | None = None
+    operator: str | None = None
+    traceback: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class NullOutput:
+    def emit(self, batch):
+        raise RuntimeError("a sink has no output")
+
+    def emit_watermark(self, watermark):
+        pass
+
+
+class RecordWriter:
+    """Output of a chain node onto one job edge: partition, ``ray.put`` once, send."""
+
+    def __init__(self, partitioner: Partitioner, channels: list[OutputChannel]) -> None:
+        self.partitioner = partitioner
+        self.channels = channels
+
+    def emit(self, batch: pa.RecordBatch) -> None:
+        refs: dict[int, Any] = {}  # broadcast sends one object to every channel
+        for index, part in self.partitioner.route(batch):
+            ref = refs.get(id(part))
+            if ref is None:
+                ref = refs[id(part)] = ray.put(part)
+            self.channels[index].send(Kind.DATA, [ref], part.num_rows)
+
+    def emit_watermark(self, watermark: int) -> None:
+        for channel in self.channels:
+            channel.send(Kind.WATERMARK, watermark)
+
+    def end_input(self) -> None:
+        for channel in self.channels:
+            channel.send(Kind.END_OF_INPUT)
+
+
+class Subtask:
+    """The mailbox loop and everything it owns; hosted by :class:`SubtaskActor`."""
+
+    def __init__(self, spec: SubtaskSpec) -> None:
+        self.spec = spec
+        vertex = spec.vertex
+        self.operators: list[Operator] = [node.create_operator() for node in vertex.nodes]
+        self.gate = InputGate(vertex.input_channels(spec.index))
+        self.cond = threading.Condition()
+        self.mailbox: collections.deque[tuple] = collections.deque()
+        self.out_channels: dict[ChannelId, OutputChannel] = {}
+        self.upstreams: dict[ChannelId, Any] = {}
+        self.pending_credits: collections.Counter[ChannelId] = collections.Counter()
+        self.credit_batch = max(1, spec.credits // 2)
+        self.watermark = MIN_WATERMARK
+        self.inputs_ended = False
+        self.cancelled = False
+        self.report: TerminationReport | None = None
+        self.done = threading.Event()
+        self.metrics = {"records_in": 0, "batches_in": 0, "backpressured_s": 0.0}
+        self._thread: threading.Thread | None = None
+
+    # -- wiring ---------------------------------------------------------------
+    def connect(self, downstream: dict[ChannelId, Any], upstream: dict[ChannelId, Any]) -> None:
+        spec, vertex = self.spec, self.spec.vertex
+        writers: dict[int, RecordWriter] = {}
+        for edge in vertex.outputs:
+            channels = []
+            for channel in edge.output_channels(spec.index):
+                handle = downstream[channel]
+                out = OutputChannel(channel, attempt=spec.attempt, credits=spec.credits,
+                                    transmit=lambda env, h=handle: h.deliver.remote(env))
+                self.out_channels[channel] = out
+                channels.append(out)
+            partitioner = edge.partitioning.create(spec.max_parallelism)
+            partitioner.setup(spec.index, len(channels))
+            writers[edge.id] = RecordWriter(partitioner, channels)
+        self.writers = list(writers.values())
+        self.upstreams = dict(upstream)
+        for node, operator in zip(vertex.nodes, self.operators):
+            targets = [ChainedOutput(self.operators[i]) for i in node.chained_outputs]
+            targets += [writers[e] for e in node.network_outputs]
+            output = targets[0] if len(targets) == 1 else (
+                BroadcastingOutput(targets) if targets else NullOutput())
+            ctx = RuntimeContext(spec.job_name, node.name, spec.index, vertex.parallelism,
+                                 spec.max_parallelism, spec.attempt)
+            operator.setup(ctx, output)
+        head = self.operators[0]
+        self.head_inputs = {i: ChainedOutput(head, i) for i in {e.input_index for e in vertex.inputs}}
+        self.source = head if isinstance(head, SourceOperator) else None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"subtask {self.spec.actor_name}",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- lanes (called from Ray's threads) -------------------------------------
+    def deliver(self, envelope: Envelope) -> None:
+        if envelope.attempt != self.spec.attempt:
+            return  # left over from another attempt
+        with self.cond:
+            self.gate.add(envelope)
+            self.cond.notify()
+
+    def post(self, *control: Any) -> None:
+        with self.cond:
+            self.mailbox.append(control)
+            self.cond.notify()
+
+    # -- the mailbox loop --------------------------------------------------------
+    def _backlogged(self) -> bool:
+        return any(c.backlogged() for c in self.out_channels.values())
+
+    def _runnable(self) -> bool:
+        """Under the lock: is there something to do besides control messages?"""
+        if self._backlogged():
+            return False
+        if self.inputs_ended:
+            return True
+        return self.source is not None or self.gate.has_ready()
+
+    def _run(self) -> None:
+        try:
+            for operator in self.operators:
+                call_operator(operator, "open")
+            self._loop()
+            self._finish("CANCELED" if self.cancelled else "FINISHED")
+        except OperatorFailure as failure:
+            self._fail(failure.operator, failure.cause, failure.traceback)
+        except BaseException as exc:  # the runtime itself failed: still report, never hang
+            import traceback
+            self._fail(self.spec.vertex.name, exc, traceback.format_exc())
+        finally:
+            for operator in self.operators:
+                try:
+                    operator.close()
+                except Exception:
+                    pass
+            self.done.set()
+
+    def _loop(self) -> None:
+        while True:
+            self._send_credits(force=False)
+            with self.cond:
+                if not self.mailbox and not self._runnable():
+                    idle = True
+                else:
+                    idle = False
+            if idle:
+                self._send_credits(force=True)
+                waited_from = time.perf_counter()
+                with self.cond:
+                    while not self.mailbox and not self._runnable():
+                        self.cond.wait(IDLE_WAIT_S)
+                if self._backlogged():
+                    self.metrics["backpressured_s"] += time.perf_counter() - waited_from
+            with self.cond:
+                controls = list(self.mailbox)
+                self.mailbox.clear()
+                take_input = not self._backlogged() and not self.inputs_ended
+                envelope = self.gate.poll() if take_input and self.source is None else None
+            for control in controls:
+                self._handle_control(control)
+            if self.cancelled:
+                return
+            if envelope is not None:
+                self._process(envelope)
+            elif take_input and self.source is not None:
+                if not call_operator(self.source, "emit_next"):
+                    self._end_of_input()
+            if self.inputs_ended and not self._backlogged():
+                return
+
+    def _handle_control(self, control: tuple) -> None:
+        kind = control[0]
+        if kind == "credit":
+            _, channel, n, attempt = control
+            out = self.out_channels.get(channel)
+            if out is not None and attempt == self.spec.attempt:
+                out.add_credit(n)
+        elif kind == "cancel":
+            self.cancelled = True
+        else:
+            raise ValueError(f"unknown control message {kind!r}")
+
+    def _process(self, envelope: Envelope) -> None:
+        channel = self.gate.channels[envelope.channel]
+        if envelope.kind == Kind.DATA:
+            batch = ray.get(envelope.payload[0])
+            self.metrics["records_in"] += batch.num_rows
+            self.metrics["batches_in"] += 1
+            self.head_inputs[channel.input_index].emit(batch)
+            self.pending_credits[channel.channel] += 1
+        elif envelope.kind == Kind.WATERMARK:
+            channel.watermark = max(channel.watermark, envelope.payload)
+            self._advance_watermark()
+        elif envelope.kind == Kind.END_OF_INPUT:
+            channel.finished = True
+            channel.watermark = MAX_WATERMARK  # an ended channel holds nothing back
+            self._advance_watermark()
+            index = channel.input_index
+            if all(c.finished for c in self.gate if c.input_index == index):
+                call_operator(self.operators[0], "end_input", index)
+            if self.gate.all_finished():
+                self._end_of_input()
+
+    def _advance_watermark(self) -> None:
+        combined = min(c.watermark for c in self.gate)
+        if combined > self.watermark:
+            self.watermark = combined
+            call_operator(self.operators[0], "process_watermark", combined)
+
+    def _end_of_input(self) -> None:
+        """Every input ended: finish the chain head to tail, then end every output."""
+        for i, operator in enumerate(self.operators):
+            if i > 0:
+                call_operator(operator, "end_input", 0)
+            call_operator(operator, "finish")
+        for writer in self.writers:
+            writer.end_input()
+        self.inputs_ended = True
+
+    def _send_credits(self, force: bool) -> None:
+        if not self.pending_credits:
+            return
+        for channel, n in list(self.pending_credits.items()):
+            if force or n >= self.credit_batch:
+                self.upstreams[channel].add_credit.remote(channel, n, self.spec.attempt)
+                del self.pending_credits[channel]
+
+    # -- endings ------------------------------------------------------------------
+    def _finish(self, status: str) -> None:
+        results = {node.transformation_id: op.final_result()
+                   for node, op in zip(self.spec.vertex.nodes, self.operators)
+                   if isinstance(op, SinkOperator)}
+        self.report = TerminationReport(self.spec.vertex.id, self.spec.index, status, results,
+                                        metrics=self._metrics())
+
+    def _fail(self, operator: str, cause: BaseException, traceback_text: str) -> None:
+        vertex = self.spec.vertex
+        notes = "".join(f"\n  {note}" for note in getattr(cause, "__notes__", []))
+        message = (f"operator '{operator}' (subtask {self.spec.index + 1}/{vertex.parallelism}) "
+                   f"failed: {type(cause).__name__}: {cause}{notes}")
+        self.report = TerminationReport(vertex.id, self.spec.index, "FAILED", error=message,
+                                        operator=operator, traceback=traceback_text,
+                                        metrics=self._metrics())
+
+    def _metrics(self) -> dict[str, float]:
+        metrics = dict(self.metrics)
+        metrics["records_out"] = sum(c.rows_sent for c in self.out_channels.values())
+        metrics["batches_out"] = sum(c.batches_sent for c in self.out_channels.values())
+        return metrics
+
+
+@ray.remote(concurrency_groups={"data": 1, "control": 1, "monitor": 1}, max_restarts=0,
+            max_task_retries=0)
+class SubtaskActor:
+    """Ray actor hosting one :class:`Subtask` (its methods only enqueue or report)."""
+
+    def __init__(self, spec: SubtaskSpec) -> None:
+        self.subtask = Subtask(spec)
+
+    def ready(self) -> str:
+        return self.subtask.spec.actor_name
+
+    @ray.method(concurrency_group="control")
+    def connect(self, downstream: dict, upstream: dict) -> None:
+        self.subtask.connect(downstream, upstream)
+
+    @ray.method(concurrency_group="control")
+    def start(self) -> None:
+        self.subtask.start()
+
+    @ray.method(concurrency_group="data")
+    def deliver(self, envelope: Envelope) -> None:
+        self.subtask.deliver(envelope)
+
+    @ray.method(concurrency_group="control")
+    def add_credit(self, channel: ChannelId, n: int, attempt: int) -> None:
+        self.subtask.post("credit", channel, n, attempt)
+
+    @ray.method(concurrency_group="control")
+    def cancel(self) -> None:
+        self.subtask.post("cancel")
+
+    @ray.method(concurrency_group="control")
+    def metrics(self) -> dict[str, float]:
+        return self.subtask._metrics()
+
+    @ray.method(concurrency_group="monitor")
+    def await_termination(self) -> TerminationReport:
+        self.subtask.done.wait()
+        return self.subtask.report

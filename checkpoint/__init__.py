@@ -1,0 +1,1 @@
+"""Key groups; later: checkpoint coordinator, state backends, storage."""

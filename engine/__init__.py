@@ -1,0 +1,1 @@
+"""Job API, planning, job master and operators."""

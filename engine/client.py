@@ -1,0 +1,88 @@
+"""What the driver holds of a running job: a client, and at the end a result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import ray
+
+from raystream.engine.datastream import SinkHandle
+from raystream.engine.errors import JobFailedError
+from raystream.engine.job_master import NAMESPACE, JobOutcome
+from raystream.engine.plan import JobPlan
+from raystream.actors.subtask import subtask_actor_name
+
+
+class JobResult:
+    """The outcome of a finished job: sink results, timings and per-subtask metrics."""
+
+    def __init__(self, job_name: str, outcome: JobOutcome, plan: JobPlan) -> None:
+        self.job_name = job_name
+        self.status = outcome.status
+        self.deploy_s = outcome.deploy_s
+        self.run_s = outcome.run_s
+        self.metrics = outcome.metrics
+        self._results = outcome.results
+
+    def table(self, sink: SinkHandle) -> pa.Table:
+        """Everything a ``collect()`` sink received, subtask by subtask, in arrival order."""
+        parts = self._results.get(sink.transformation_id)
+        if parts is None:
+            raise KeyError(f"{sink} is not a sink of job '{self.job_name}'")
+        if not all(isinstance(p, pa.Table) for p in parts):
+            raise TypeError(f"{sink} does not collect records; use result.count({sink.name!r})")
+        non_empty = [p for p in parts if p.num_columns]
+        return pa.concat_tables(non_empty, promote_options="default") if non_empty else pa.table({})
+
+    def count(self, sink: SinkHandle) -> int:
+        """Number of records a ``discard()`` or ``collect()`` sink received."""
+        parts = self._results[sink.transformation_id]
+        return sum(p.num_rows if isinstance(p, pa.Table) else int(p) for p in parts)
+
+    def __repr__(self) -> str:
+        return f"JobResult({self.job_name!r}, {self.status}, run {self.run_s:.2f} s)"
+
+
+class JobClient:
+    """Handle on a job started with ``env.execute_async``."""
+
+    def __init__(self, job_id: str, job_name: str, master: Any, plan: JobPlan) -> None:
+        self.job_id = job_id
+        self.job_name = job_name
+        self.plan = plan
+        self._master = master
+        self._outcome: JobOutcome | None = None
+
+    def status(self) -> str:
+        """CREATED, DEPLOYING, RUNNING, CANCELING, FINISHED, FAILED or CANCELED."""
+        if self._outcome is not None:
+            return self._outcome.status
+        return ray.get(self._master.get_status.remote())
+
+    def wait(self, timeout_s: float | None = None) -> JobResult:
+        """Block until the job ends; raise :class:`JobFailedError` if it failed."""
+        if self._outcome is None:
+            outcome = ray.get(self._master.wait.remote(timeout_s))
+            if outcome is None:
+                raise TimeoutError(f"job '{self.job_name}' still running after {timeout_s} s")
+            self._outcome = outcome
+            ray.kill(self._master)
+        outcome = self._outcome
+        if outcome.status == "FAILED":
+            message = f"job '{self.job_name}' failed: {outcome.error}"
+            if outcome.traceback:
+                message += "\n\nOriginal traceback:\n" + outcome.traceback
+            raise JobFailedError(message, operator=outcome.operator, traceback=outcome.traceback)
+        return JobResult(self.job_name, outcome, self.plan)
+
+    def cancel(self) -> None:
+        """Ask every subtask to stop; ``wait()`` then returns a CANCELED result."""
+        if self._outcome is None:
+            ray.get(self._master.cancel.remote())
+
+    def subtask_actor(self, operator_name: str, index: int) -> Any:
+        """The Ray actor running subtask ``index`` of the chain that holds ``operator_name``."""
+        vertex = self.plan.vertex_of(operator_name)
+        return ray.get_actor(subtask_actor_name(self.job_id, vertex.name, index),
+                             namespace=NAMESPACE)

@@ -1,0 +1,239 @@
+"""The job API: streams and the operations that build a job's logical graph.
+
+Per-row operations (``map``, ``filter``, ``flat_map``, ``reduce``) call a
+Python function on dict rows; per-batch operations (``map_batches``,
+``filter_batches``) call it on a whole ``pyarrow.RecordBatch`` and are the
+fast path.
+
+    >>> import raystream as rs
+    >>> env = rs.StreamEnvironment(parallelism=2)
+    >>> clicks = env.from_collection([{"user": "a", "n": 1}, {"user": "b", "n": 2}, {"user": "a", "n": 3}])
+    >>> totals = clicks.key_by("user").reduce(lambda acc, row: {"user": row["user"], "n": acc["n"] + row["n"]})
+    >>> sink = totals.collect()
+    >>> result = env.execute("doc-example")  # doctest: +SKIP
+    >>> sorted(result.table(sink).to_pylist(), key=lambda r: (r["user"], r["n"]))  # doctest: +SKIP
+    [{'user': 'a', 'n': 1}, {'user': 'a', 'n': 4}, {'user': 'b', 'n': 2}]
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+import pyarrow as pa
+
+from raystream.engine.graph import InputEdge, PartitionSpec, Resources, Transformation
+from raystream.engine.keys import KeySelector, KeySpec
+from raystream.engine.operators.base import Operator
+from raystream.engine.operators.functions import (FilterBatchesOperator, FilterOperator,
+                                                  FlatMapOperator, MapBatchesOperator,
+                                                  MapOperator, ReduceOperator)
+from raystream.engine.operators.sinks import CollectSink, DiscardSink, PrintSink, SinkOperator
+
+if TYPE_CHECKING:
+    from raystream.engine.environment import StreamEnvironment
+
+Row = dict[str, Any]
+
+
+class DataStream:
+    """A stream of record batches produced by one transformation.
+
+    A stream may carry a pending partitioning (``rebalance()``,
+    ``broadcast()``, ``key_by()``) that applies to the edge into whatever
+    consumes it next.
+    """
+
+    def __init__(self, env: "StreamEnvironment", transformation: Transformation,
+                 partitioning: PartitionSpec | None = None) -> None:
+        self.env = env
+        self.transformation = transformation
+        self.partitioning = partitioning
+
+    # -- configuration of the producing operator ------------------------------------
+    def name(self, name: str) -> "DataStream":
+        """Rename the operator that produces this stream (names show in errors and actor names)."""
+        self.transformation.name = name
+        return self
+
+    def set_parallelism(self, parallelism: int) -> "DataStream":
+        self.transformation.parallelism = parallelism
+        return self
+
+    def set_resources(self, *, num_cpus: float | None = None, memory: int | None = None,
+                      resources: dict[str, float] | None = None) -> "DataStream":
+        """Resources each subtask of this operator asks Ray for (a cluster feature)."""
+        current = self.transformation.resources
+        self.transformation.resources = Resources(
+            num_cpus if num_cpus is not None else current.num_cpus,
+            memory if memory is not None else current.memory,
+            tuple(sorted((resources or dict(current.custom)).items())))
+        return self
+
+    def disable_chaining(self) -> "DataStream":
+        """Run this operator in subtasks of its own (never chained to its neighbours)."""
+        self.transformation.chainable = False
+        return self
+
+    # -- partitioning ------------------------------------------------------------------
+    def rebalance(self) -> "DataStream":
+        """Distribute batches round-robin over the next operator's subtasks."""
+        return DataStream(self.env, self.transformation, PartitionSpec("rebalance"))
+
+    def broadcast(self) -> "DataStream":
+        """Send every batch to every subtask of the next operator."""
+        return DataStream(self.env, self.transformation, PartitionSpec("broadcast"))
+
+    def forward(self) -> "DataStream":
+        """Subtask i feeds subtask i (equal parallelism required)."""
+        return DataStream(self.env, self.transformation, PartitionSpec("forward"))
+
+    def key_by(self, key: KeySpec) -> "KeyedStream":
+        """Partition by key: a column, a list of columns, or a function of a row.
+
+        Every key goes to exactly one subtask, chosen by its key group.
+        """
+        selector = KeySelector.of(key, where=f"key_by after '{self.transformation.name}'")
+        return KeyedStream(self.env, self.transformation, selector)
+
+    # -- operators -----------------------------------------------------------------------
+    def _add(self, kind: str, default_name: str, create: Callable[[str], Operator], *,
+             name: str | None = None, parallelism: int | None = None,
+             inputs: list[InputEdge] | None = None) -> "DataStream":
+        op_name = self.env._unique_name(name or default_name)
+        t = self.env._add_transformation(
+            kind, op_name, lambda: create(op_name),
+            parallelism or self.env.parallelism,
+            inputs if inputs is not None else [InputEdge(self.transformation.id, self.partitioning)])
+        return DataStream(self.env, t)
+
+    def map(self, fn: Callable[[Row], Row], *, name: str | None = None,
+            schema: pa.Schema | None = None, parallelism: int | None = None) -> "DataStream":
+        """Apply ``fn`` to every row (a dict) and emit the dict it returns."""
+        return self._add("operator", "map", lambda n: MapOperator(n, [fn], schema=schema),
+                         name=name, parallelism=parallelism)
+
+    def flat_map(self, fn: Callable[[Row], Iterable[Row]], *, name: str | None = None,
+                 schema: pa.Schema | None = None, parallelism: int | None = None) -> "DataStream":
+        """Apply ``fn`` to every row and emit each row of the iterable it returns."""
+        return self._add("operator", "flat_map",
+                         lambda n: FlatMapOperator(n, [fn], schema=schema),
+                         name=name, parallelism=parallelism)
+
+    def filter(self, fn: Callable[[Row], bool], *, name: str | None = None,
+               parallelism: int | None = None) -> "DataStream":
+        """Keep the rows for which ``fn(row)`` is true."""
+        return self._add("operator", "filter", lambda n: FilterOperator(n, [fn]),
+                         name=name, parallelism=parallelism)
+
+    def map_batches(self, fn: Callable[[pa.RecordBatch], Any], *, name: str | None = None,
+                    parallelism: int | None = None) -> "DataStream":
+        """Apply ``fn`` to whole batches (returns a RecordBatch, a Table or a dict of columns)."""
+        return self._add("operator", "map_batches", lambda n: MapBatchesOperator(n, [fn]),
+                         name=name, parallelism=parallelism)
+
+    def filter_batches(self, fn: Callable[[pa.RecordBatch], Any], *, name: str | None = None,
+                       parallelism: int | None = None) -> "DataStream":
+        """Keep the rows where the boolean mask ``fn(batch)`` is true."""
+        return self._add("operator", "filter_batches", lambda n: FilterBatchesOperator(n, [fn]),
+                         name=name, parallelism=parallelism)
+
+    def transform(self, name: str, create_operator: Callable[[str], Operator], *,
+                  parallelism: int | None = None) -> "DataStream":
+        """Add a custom :class:`~raystream.engine.operators.base.Operator` (created per subtask)."""
+        return self._add("operator", name, create_operator, name=name, parallelism=parallelism)
+
+    def union(self, *others: "DataStream") -> "DataStream":
+        """One stream of the records of this and ``others`` (schemas should match)."""
+        inputs = [InputEdge(s.transformation.id, s.partitioning) for s in (self, *others)]
+        return self._add("operator", "union", lambda n: _UnionOperator(n), inputs=inputs)
+
+    def connect(self, other: "DataStream") -> "ConnectedStreams":
+        """Two streams processed together by one two-input operator."""
+        return ConnectedStreams(self, other)
+
+    # -- sinks ---------------------------------------------------------------------------
+    def sink_to(self, create_sink: Callable[[str], SinkOperator], *, name: str = "sink",
+                parallelism: int | None = None) -> "SinkHandle":
+        stream = self._add("sink", name, create_sink, name=name, parallelism=parallelism)
+        return SinkHandle(stream.transformation.id, stream.transformation.name)
+
+    def collect(self, *, name: str = "collect", parallelism: int | None = None) -> "SinkHandle":
+        """Collect every record; ``env.execute(...).table(handle)`` returns them as a Table."""
+        return self.sink_to(CollectSink, name=name, parallelism=parallelism)
+
+    def print(self, prefix: str | None = None, *, parallelism: int | None = None) -> "SinkHandle":
+        """Print every record (``prefix:subtask> row``)."""
+        return self.sink_to(lambda n: PrintSink(n, prefix), name="print", parallelism=parallelism)
+
+    def discard(self, *, name: str = "discard", parallelism: int | None = None) -> "SinkHandle":
+        """Drop every record, counting them (``result.table`` is not available; use ``result.count``)."""
+        return self.sink_to(DiscardSink, name=name, parallelism=parallelism)
+
+
+class KeyedStream(DataStream):
+    """A stream partitioned by key: keyed operators see every record of a key."""
+
+    def __init__(self, env, transformation, keys: KeySelector) -> None:
+        super().__init__(env, transformation, PartitionSpec("hash", keys))
+        self.keys = keys
+
+    def reduce(self, fn: Callable[[Row, Row], Row], *, name: str | None = None,
+               schema: pa.Schema | None = None, parallelism: int | None = None) -> DataStream:
+        """Running aggregate per key: ``fn(accumulated, row) -> new accumulated``.
+
+        Emits the new aggregate for every record (the first record of a key is
+        its first aggregate), like Flink's ``KeyedStream.reduce``.
+        """
+        keys = self.keys
+        return self._add("operator", "reduce",
+                         lambda n: ReduceOperator(n, fn, keys, schema=schema),
+                         name=name, parallelism=parallelism)
+
+
+class ConnectedStreams:
+    """Two streams feeding one two-input operator; keyed when both sides are keyed."""
+
+    def __init__(self, first: DataStream, second: DataStream) -> None:
+        if isinstance(first, KeyedStream) != isinstance(second, KeyedStream):
+            raise ValueError("connect: key both streams (key_by on each side) or neither")
+        self.first, self.second = first, second
+
+    def _add(self, default_name, create, name, parallelism) -> DataStream:
+        inputs = [InputEdge(self.first.transformation.id, self.first.partitioning, 0),
+                  InputEdge(self.second.transformation.id, self.second.partitioning, 1)]
+        return self.first._add("operator", default_name, create, name=name,
+                               parallelism=parallelism, inputs=inputs)
+
+    def map(self, fn1: Callable[[Row], Row], fn2: Callable[[Row], Row], *,
+            name: str | None = None, schema: pa.Schema | None = None,
+            parallelism: int | None = None) -> DataStream:
+        """``fn1`` for rows of the first stream, ``fn2`` for rows of the second."""
+        return self._add("co_map", lambda n: MapOperator(n, [fn1, fn2], schema=schema),
+                         name, parallelism)
+
+    def flat_map(self, fn1: Callable[[Row], Iterable[Row]], fn2: Callable[[Row], Iterable[Row]],
+                 *, name: str | None = None, schema: pa.Schema | None = None,
+                 parallelism: int | None = None) -> DataStream:
+        return self._add("co_flat_map", lambda n: FlatMapOperator(n, [fn1, fn2], schema=schema),
+                         name, parallelism)
+
+    def map_batches(self, fn1: Callable[[pa.RecordBatch], Any], fn2: Callable[[pa.RecordBatch], Any],
+                    *, name: str | None = None, parallelism: int | None = None) -> DataStream:
+        return self._add("co_map_batches", lambda n: MapBatchesOperator(n, [fn1, fn2]),
+                         name, parallelism)
+
+
+class _UnionOperator(Operator):
+    def process_batch(self, batch, input_index=0):
+        self.output.emit(batch)
+
+
+class SinkHandle:
+    """Names a sink of a job, to fetch its result from the job's result."""
+
+    def __init__(self, transformation_id: int, name: str) -> None:
+        self.transformation_id = transformation_id
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"SinkHandle({self.name!r})"

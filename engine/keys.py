@@ -1,0 +1,115 @@
+"""Key selectors: what ``key_by`` partitions and keyed state is scoped by.
+
+A key is one or more columns (vectorized) or a Python function of a row
+(per row). The selector is evaluated on both sides of the shuffle, as Flink
+evaluates its ``KeySelector`` in the partitioner and in the keyed operator.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from raystream.checkpoint.keygroups import key_groups_of_array
+from raystream.engine.errors import BadRecordError, describe_record
+
+KeySpec = str | Sequence[str] | Callable[[dict], Any]
+
+
+class KeySelector:
+    """Extracts key columns from a batch.
+
+    >>> import pyarrow as pa
+    >>> ks = KeySelector.of("user")
+    >>> ks.python_keys(pa.record_batch({"user": ["a", "b"], "v": [1, 2]}))
+    ['a', 'b']
+    >>> KeySelector.of(lambda row: row["v"] % 2).python_keys(pa.record_batch({"v": [1, 2]}))
+    [1, 0]
+    """
+
+    def __init__(self, columns: tuple[str, ...] | None = None,
+                 function: Callable[[dict], Any] | None = None, where: str = "key_by") -> None:
+        self.columns = columns
+        self.function = function
+        self.where = where
+
+    @classmethod
+    def of(cls, spec: KeySpec | "KeySelector", where: str = "key_by") -> "KeySelector":
+        if isinstance(spec, KeySelector):
+            return spec
+        if isinstance(spec, str):
+            return cls(columns=(spec,), where=where)
+        if callable(spec):
+            return cls(function=spec, where=where)
+        columns = tuple(spec)
+        if not columns or not all(isinstance(c, str) for c in columns):
+            raise TypeError(f"key_by takes a column name, a list of column names or a function, "
+                            f"not {spec!r}")
+        return cls(columns=columns, where=where)
+
+    # -- vectorized -------------------------------------------------------
+    def key_arrays(self, batch: pa.RecordBatch) -> list[pa.Array]:
+        if self.function is not None:
+            return self._function_keys(batch)
+        arrays = []
+        for name in self.columns:
+            index = batch.schema.get_field_index(name)
+            if index < 0:
+                first = batch.slice(0, 1).to_pylist()
+                raise BadRecordError(
+                    f"{self.where}: key column '{name}' is missing (columns: "
+                    f"{', '.join(batch.schema.names) or 'none'}); record: "
+                    f"{describe_record(first[0] if first else {})}", column=name)
+            column = batch.column(index)
+            if column.null_count:
+                row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+                raise BadRecordError(
+                    f"{self.where}: key column '{name}' is null in record "
+                    f"{describe_record(batch.slice(row, 1).to_pylist()[0])}", column=name,
+                    record=batch.slice(row, 1).to_pylist()[0])
+            arrays.append(column)
+        return arrays
+
+    def _function_keys(self, batch: pa.RecordBatch) -> list[pa.Array]:
+        keys = self.python_keys(batch)
+        if keys and isinstance(keys[0], tuple):
+            return [pa.array([k[i] for k in keys]) for i in range(len(keys[0]))]
+        try:
+            return [pa.array(keys)]
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise BadRecordError(f"{self.where}: key function returned keys of mixed types: {exc}") \
+                from exc
+
+    def key_groups(self, batch: pa.RecordBatch, max_parallelism: int) -> np.ndarray:
+        arrays = self.key_arrays(batch)
+        try:
+            return key_groups_of_array(*arrays, max_parallelism=max_parallelism)
+        except TypeError as exc:
+            raise BadRecordError(f"{self.where}: {exc} (key {self})") from exc
+
+    # -- per row ----------------------------------------------------------
+    def python_keys(self, batch: pa.RecordBatch) -> list[Any]:
+        """One hashable Python key per row (a tuple for several columns)."""
+        if self.function is None:
+            columns = [a.to_pylist() for a in self.key_arrays(batch)]
+            return columns[0] if len(columns) == 1 else list(zip(*columns))
+        keys = []
+        for row in batch.to_pylist():
+            try:
+                key = self.function(row)
+            except Exception as exc:
+                raise BadRecordError(
+                    f"{self.where}: key function failed on record {describe_record(row)}: "
+                    f"{type(exc).__name__}: {exc}", record=row) from exc
+            if key is None:
+                raise BadRecordError(f"{self.where}: key function returned None for record "
+                                     f"{describe_record(row)}", record=row)
+            keys.append(key)
+        return keys
+
+    def __repr__(self) -> str:
+        if self.function is not None:
+            return getattr(self.function, "__name__", "function")
+        return ", ".join(self.columns)

@@ -1,0 +1,157 @@
+"""The operator contract and the plumbing that chains operators in one subtask.
+
+An operator receives whole ``pyarrow.RecordBatch`` es, watermarks and
+end-of-input, and emits batches and watermarks to its :class:`Output`. Every
+parallel instance runs inside one subtask actor, chained with its neighbours
+(Flink's ``OperatorChain``): a chained hand-over is a plain function call.
+
+Writing a custom operator (used with ``DataStream.transform``):
+
+    >>> import pyarrow as pa
+    >>> class AddOne(Operator):
+    ...     def process_batch(self, batch, input_index=0):
+    ...         self.output.emit(batch.set_column(0, "x", pa.compute.add(batch.column(0), 1)))
+    >>> op = AddOne("add-one"); out = CollectingOutput(); op.setup(RuntimeContext.local(), out)
+    >>> op.process_batch(pa.record_batch({"x": [1, 2]})); out.batches[0].to_pydict()
+    {'x': [2, 3]}
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from typing import Protocol
+
+import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class RuntimeContext:
+    """What an operator instance knows about where it runs."""
+
+    job_name: str
+    operator_name: str
+    subtask_index: int
+    parallelism: int
+    max_parallelism: int
+    attempt: int
+
+    @classmethod
+    def local(cls, operator_name: str = "operator") -> "RuntimeContext":
+        """A context for running an operator by hand (tests, docs)."""
+        return cls("local", operator_name, 0, 1, 128, 0)
+
+
+class Output(Protocol):
+    def emit(self, batch: pa.RecordBatch) -> None: ...
+
+    def emit_watermark(self, watermark: int) -> None: ...
+
+
+class OperatorFailure(Exception):
+    """A user function or operator raised; carries which operator and the original traceback."""
+
+    def __init__(self, operator: str, cause: BaseException) -> None:
+        self.operator = operator
+        self.cause = cause
+        self.traceback = "".join(traceback.format_exception(cause))
+        super().__init__(f"operator '{operator}' failed: {type(cause).__name__}: {cause}")
+
+
+class Operator:
+    """Base class of all operators. Subclasses override what they need.
+
+    Defaults: watermarks are forwarded unchanged; nothing is done at the end of
+    input.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def setup(self, ctx: RuntimeContext, output: Output) -> None:
+        self.ctx = ctx
+        self.output = output
+
+    def open(self) -> None:
+        """Called once before the first record."""
+
+    def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
+        raise NotImplementedError
+
+    def process_watermark(self, watermark: int) -> None:
+        self.output.emit_watermark(watermark)
+
+    def end_input(self, input_index: int = 0) -> None:
+        """All channels of input ``input_index`` have ended (Flink ``BoundedMultiInput``)."""
+
+    def finish(self) -> None:
+        """All inputs ended: flush what is buffered (Flink ``StreamOperator.finish``)."""
+
+    def close(self) -> None:
+        """Release resources; called on success and on failure."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+class ChainedOutput:
+    """Hands batches to the next operator of the chain, tagging failures with its name."""
+
+    def __init__(self, operator: Operator, input_index: int = 0) -> None:
+        self.operator = operator
+        self.input_index = input_index
+
+    def emit(self, batch: pa.RecordBatch) -> None:
+        try:
+            self.operator.process_batch(batch, self.input_index)
+        except OperatorFailure:
+            raise
+        except Exception as exc:
+            raise OperatorFailure(self.operator.name, exc) from exc
+
+    def emit_watermark(self, watermark: int) -> None:
+        try:
+            self.operator.process_watermark(watermark)
+        except OperatorFailure:
+            raise
+        except Exception as exc:
+            raise OperatorFailure(self.operator.name, exc) from exc
+
+
+class BroadcastingOutput:
+    """Output to several targets (chained operators and network writers)."""
+
+    def __init__(self, targets: list[Output]) -> None:
+        self.targets = targets
+
+    def emit(self, batch: pa.RecordBatch) -> None:
+        for target in self.targets:
+            target.emit(batch)
+
+    def emit_watermark(self, watermark: int) -> None:
+        for target in self.targets:
+            target.emit_watermark(watermark)
+
+
+class CollectingOutput:
+    """An output that keeps what it gets (for running operators by hand)."""
+
+    def __init__(self) -> None:
+        self.batches: list[pa.RecordBatch] = []
+        self.watermarks: list[int] = []
+
+    def emit(self, batch: pa.RecordBatch) -> None:
+        self.batches.append(batch)
+
+    def emit_watermark(self, watermark: int) -> None:
+        self.watermarks.append(watermark)
+
+
+def call_operator(operator: Operator, method: str, *args):
+    """Return ``operator.method(*args)``, tagging a failure with the operator's name."""
+    try:
+        return getattr(operator, method)(*args)
+    except OperatorFailure:
+        raise
+    except Exception as exc:
+        raise OperatorFailure(operator.name, exc) from exc

@@ -1,0 +1,158 @@
+"""Operators that run user functions: per row (map, filter, flat_map, keyed reduce)
+and per batch (map_batches, filter_batches), on one input or two (connect).
+
+User functions may be plain callables or objects with ``open(ctx)`` /
+``close()`` methods (Flink's rich functions), which are called around the run.
+A failing call is re-raised with the record it failed on attached as a note.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from raystream.engine.batches import rows_to_batch
+from raystream.engine.errors import BadRecordError, describe_record
+from raystream.engine.keys import KeySelector
+from raystream.engine.operators.base import Operator
+
+
+def _open_function(fn: Any, ctx) -> None:
+    if callable(getattr(fn, "open", None)):
+        fn.open(ctx)
+
+
+def _close_function(fn: Any) -> None:
+    if callable(getattr(fn, "close", None)):
+        fn.close()
+
+
+def _call(fn: Callable, record: Any, *args: Any) -> Any:
+    try:
+        return fn(record, *args) if args else fn(record)
+    except Exception as exc:
+        exc.add_note(f"record: {describe_record(record)}")
+        raise
+
+
+def as_record_batch(value: Any, where: str) -> list[pa.RecordBatch]:
+    """Normalize what a batch function returned to a list of RecordBatches."""
+    if isinstance(value, pa.RecordBatch):
+        return [value]
+    if isinstance(value, pa.Table):
+        return value.to_batches()
+    if isinstance(value, Mapping):
+        return [pa.RecordBatch.from_pydict(dict(value))]
+    raise TypeError(f"{where} must return a pyarrow.RecordBatch, a pyarrow.Table or a dict of "
+                    f"columns, not {type(value).__name__}")
+
+
+class _FunctionOperator(Operator):
+    """An operator driven by one user function per input (index 0, or 0 and 1)."""
+
+    def __init__(self, name: str, functions: Sequence[Callable], *,
+                 schema: pa.Schema | None = None) -> None:
+        super().__init__(name)
+        self.functions = list(functions)
+        self.schema = schema
+
+    def open(self) -> None:
+        for fn in self.functions:
+            _open_function(fn, self.ctx)
+
+    def close(self) -> None:
+        for fn in self.functions:
+            _close_function(fn)
+
+    def _emit_rows(self, rows: list[Any]) -> None:
+        if rows:
+            self.output.emit(rows_to_batch(rows, schema=self.schema, where=f"operator '{self.name}'"))
+
+
+class MapOperator(_FunctionOperator):
+    """``fn(row: dict) -> dict`` for every row."""
+
+    def process_batch(self, batch, input_index=0):
+        fn = self.functions[input_index]
+        self._emit_rows([_call(fn, row) for row in batch.to_pylist()])
+
+
+class FlatMapOperator(_FunctionOperator):
+    """``fn(row: dict) -> iterable of dicts`` for every row."""
+
+    def process_batch(self, batch, input_index=0):
+        fn = self.functions[input_index]
+        out: list[Any] = []
+        for row in batch.to_pylist():
+            produced = _call(fn, row)
+            if produced is not None:
+                out.extend(produced)
+        self._emit_rows(out)
+
+
+class FilterOperator(_FunctionOperator):
+    """Keeps the rows for which ``fn(row: dict)`` is true."""
+
+    def process_batch(self, batch, input_index=0):
+        fn = self.functions[input_index]
+        mask = pa.array([bool(_call(fn, row)) for row in batch.to_pylist()], type=pa.bool_())
+        kept = batch.filter(mask)
+        if kept.num_rows:
+            self.output.emit(kept)
+
+
+class MapBatchesOperator(_FunctionOperator):
+    """``fn(batch: pyarrow.RecordBatch) -> RecordBatch | Table | dict of columns``."""
+
+    def process_batch(self, batch, input_index=0):
+        result = self.functions[input_index](batch)
+        for out in as_record_batch(result, where=f"map_batches '{self.name}'"):
+            if out.num_rows:
+                self.output.emit(out)
+
+
+class FilterBatchesOperator(_FunctionOperator):
+    """``fn(batch) -> boolean mask`` (pyarrow or numpy) of the rows to keep."""
+
+    def process_batch(self, batch, input_index=0):
+        mask = self.functions[input_index](batch)
+        if isinstance(mask, np.ndarray):
+            mask = pa.array(mask, type=pa.bool_())
+        if len(mask) != batch.num_rows:
+            raise ValueError(f"filter_batches '{self.name}': mask has {len(mask)} values for "
+                             f"{batch.num_rows} rows")
+        kept = batch.filter(mask)
+        if kept.num_rows:
+            self.output.emit(kept)
+
+
+class ReduceOperator(_FunctionOperator):
+    """Keyed running aggregate: ``fn(accumulated: dict, row: dict) -> dict`` per key.
+
+    Emits the updated aggregate for every incoming row, as Flink's
+    ``KeyedStream.reduce`` does; the first row of a key is its first aggregate.
+    """
+
+    def __init__(self, name: str, fn: Callable[[dict, dict], dict], keys: KeySelector, *,
+                 schema: pa.Schema | None = None) -> None:
+        super().__init__(name, [fn], schema=schema)
+        self.keys = keys
+        self.state: dict[Any, dict] = {}
+
+    def process_batch(self, batch, input_index=0):
+        fn = self.functions[0]
+        state = self.state
+        out = []
+        for key, row in zip(self.keys.python_keys(batch), batch.to_pylist()):
+            accumulated = state.get(key)
+            if accumulated is not None:
+                row = _call(fn, accumulated, row)
+                if not isinstance(row, Mapping):
+                    raise BadRecordError(f"reduce '{self.name}' must return a dict, got "
+                                         f"{type(row).__name__} for key {key!r}")
+            state[key] = row
+            out.append(row)
+        self._emit_rows(out)
+

@@ -1,0 +1,59 @@
+"""Sinks: the last operator of a pipeline.
+
+* :class:`CollectSink` keeps every batch and hands the table to the driver when
+  the job finishes (``result.table(handle)``).
+* :class:`PrintSink` prints rows (to the worker's stdout, which Ray forwards).
+* :class:`DiscardSink` counts rows and drops them (benchmarks).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from raystream.engine.batches import concat_batches
+from raystream.engine.operators.base import Operator
+
+
+class SinkOperator(Operator):
+    """A sink emits nothing downstream; ``final_result()`` goes back to the driver."""
+
+    def process_watermark(self, watermark: int) -> None:
+        pass
+
+    def final_result(self) -> object | None:
+        return None
+
+
+class CollectSink(SinkOperator):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.batches: list[pa.RecordBatch] = []
+
+    def process_batch(self, batch, input_index=0):
+        self.batches.append(batch)
+
+    def final_result(self) -> pa.Table:
+        return concat_batches(self.batches)
+
+
+class PrintSink(SinkOperator):
+    def __init__(self, name: str, prefix: str | None = None) -> None:
+        super().__init__(name)
+        self.prefix = prefix
+
+    def process_batch(self, batch, input_index=0):
+        head = self.prefix or self.name
+        tag = f"{head}:{self.ctx.subtask_index}> " if self.ctx.parallelism > 1 else f"{head}> "
+        print("\n".join(tag + repr(row) for row in batch.to_pylist()), flush=True)
+
+
+class DiscardSink(SinkOperator):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.rows = 0
+
+    def process_batch(self, batch, input_index=0):
+        self.rows += batch.num_rows
+
+    def final_result(self) -> int:
+        return self.rows

@@ -1,0 +1,83 @@
+"""The source operator: the head of a source subtask's chain.
+
+It reads its splits round-robin, one batch at a time (so each split advances
+at a similar pace), and generates watermarks per split: the subtask's
+watermark is the minimum over its unfinished splits (Flink's per-split
+watermarks), so a slow split never makes another split's records late.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raystream.actors.messages import MAX_WATERMARK, MIN_WATERMARK
+from raystream.engine.operators.base import Operator
+from raystream.engine.sources.base import Source, SplitReader, assign_splits
+from raystream.engine.watermarks import BoundedOutOfOrderness
+
+
+class SourceOperator(Operator):
+    def __init__(self, name: str, source: Source,
+                 watermarks: BoundedOutOfOrderness | None = None) -> None:
+        super().__init__(name)
+        self.source = source
+        self.watermarks = watermarks
+        self.readers: dict[str, SplitReader] = {}
+        self.split_max_ts: dict[str, int] = {}
+        self._order: list[str] = []
+        self._next = 0
+        self._watermark = MIN_WATERMARK
+        self.finished = False
+
+    def open(self) -> None:
+        splits = self.source.splits()
+        for index in assign_splits(len(splits), self.ctx.subtask_index, self.ctx.parallelism):
+            self.add_split(splits[index])
+
+    def add_split(self, split: Any, position: int = 0) -> None:
+        split_id = self.source.split_id(split)
+        self.readers[split_id] = self.source.reader(split, position)
+        self.split_max_ts[split_id] = MIN_WATERMARK
+        self._order.append(split_id)
+
+    def process_batch(self, batch, input_index=0):
+        raise RuntimeError("a source operator has no input")
+
+    def emit_next(self) -> bool:
+        """Emit the next batch of the next split; False once every split is done."""
+        while self._order:
+            self._next %= len(self._order)
+            split_id = self._order[self._next]
+            batch = self.readers[split_id].next_batch()
+            if batch is None:
+                self.readers.pop(split_id).close()
+                self.split_max_ts.pop(split_id)
+                self._order.remove(split_id)
+                self._advance_watermark()
+                continue
+            self._next += 1
+            if self.watermarks is not None:
+                ts = self.watermarks.max_timestamp(batch)
+                self.split_max_ts[split_id] = max(self.split_max_ts[split_id], ts)
+            if batch.num_rows:
+                self.output.emit(batch)
+            self._advance_watermark()
+            return True
+        if not self.finished:
+            self.finished = True
+            self._emit_watermark(MAX_WATERMARK)  # end of input: every window may fire
+        return False
+
+    def _advance_watermark(self) -> None:
+        if self.watermarks is None or not self._order:
+            return
+        candidate = min(self.watermarks.watermark_for(ts) for ts in self.split_max_ts.values())
+        self._emit_watermark(candidate)
+
+    def _emit_watermark(self, watermark: int) -> None:
+        if watermark > self._watermark:
+            self._watermark = watermark
+            self.output.emit_watermark(watermark)
+
+    def positions(self) -> dict[str, int]:
+        return {split_id: reader.position for split_id, reader in self.readers.items()}

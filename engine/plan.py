@@ -1,0 +1,164 @@
+"""Logical graph → physical plan: operator chaining and job edges.
+
+An operator is chained to its input (runs in the same subtask, handed
+batches by a function call) when it has exactly one input, the edge is
+``forward`` and both sides have the same parallelism — Flink's chaining rule.
+Each chain is a :class:`JobVertex`; ``parallelism`` subtask actors run it.
+Between vertices, :class:`JobEdge` s carry batches over channels: one per
+(upstream subtask, downstream subtask) pair, or per index for ``forward``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from raystream.actors.messages import ChannelId
+from raystream.checkpoint.keygroups import check_max_parallelism
+from raystream.engine.graph import PartitionSpec, Resources, Transformation
+from raystream.engine.operators.base import Operator
+
+
+@dataclass
+class ChainNode:
+    """One operator inside a vertex's chain."""
+
+    transformation_id: int
+    name: str
+    create_operator: Callable[[], Operator]
+    chained_outputs: list[int] = field(default_factory=list)  # indexes into JobVertex.nodes
+    network_outputs: list[int] = field(default_factory=list)  # JobEdge ids
+    is_sink: bool = False
+
+
+@dataclass
+class JobEdge:
+    id: int
+    source_vertex: int
+    source_node: int  # index of the sending node in the source vertex's chain
+    target_vertex: int
+    partitioning: PartitionSpec
+    input_index: int
+    source_parallelism: int
+    target_parallelism: int
+
+    def channels(self) -> list[ChannelId]:
+        if self.partitioning.kind == "forward":
+            return [ChannelId(self.id, i, i) for i in range(self.source_parallelism)]
+        return [ChannelId(self.id, u, d) for u in range(self.source_parallelism)
+                for d in range(self.target_parallelism)]
+
+    def output_channels(self, upstream: int) -> list[ChannelId]:
+        """The channels subtask ``upstream`` sends on, indexed as its partitioner routes."""
+        return [c for c in self.channels() if c.upstream == upstream]
+
+    def input_channels(self, downstream: int) -> list[ChannelId]:
+        return [c for c in self.channels() if c.downstream == downstream]
+
+
+@dataclass
+class JobVertex:
+    id: int
+    parallelism: int
+    nodes: list[ChainNode]
+    resources: Resources
+    is_source: bool
+    inputs: list[JobEdge] = field(default_factory=list)
+    outputs: list[JobEdge] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return " -> ".join(node.name for node in self.nodes)
+
+    def input_channels(self, subtask: int) -> list[tuple[ChannelId, int]]:
+        return [(c, e.input_index) for e in self.inputs for c in e.input_channels(subtask)]
+
+
+@dataclass
+class JobPlan:
+    vertices: list[JobVertex]
+    edges: list[JobEdge]
+    max_parallelism: int
+
+    def vertex_of(self, operator_name: str) -> JobVertex:
+        for vertex in self.vertices:
+            if any(node.name == operator_name for node in vertex.nodes):
+                return vertex
+        raise KeyError(f"no operator named {operator_name!r}; operators: "
+                       f"{[n.name for v in self.vertices for n in v.nodes]}")
+
+    def num_subtasks(self) -> int:
+        return sum(v.parallelism for v in self.vertices)
+
+    def describe(self) -> str:
+        lines = []
+        for v in self.vertices:
+            ins = ", ".join(f"{e.partitioning} from #{e.source_vertex}" for e in v.inputs)
+            lines.append(f"#{v.id} [{v.name}] x{v.parallelism}" + (f" <- {ins}" if ins else ""))
+        return "\n".join(lines)
+
+
+def build_plan(transformations: list[Transformation], max_parallelism: int) -> JobPlan:
+    """Chain and connect the transformations that feed at least one sink."""
+    by_id = {t.id: t for t in transformations}
+    needed = _ancestors_of_sinks(transformations, by_id)
+    if not any(by_id[i].is_sink for i in needed):
+        raise ValueError("the job has no sink: add .collect(), .print() or .sink_to(...)")
+    vertices: list[JobVertex] = []
+    edges: list[JobEdge] = []
+    place: dict[int, tuple[JobVertex, int]] = {}  # transformation id -> (vertex, node index)
+    for t in sorted((by_id[i] for i in needed), key=lambda t: t.id):
+        check_max_parallelism(t.parallelism, max_parallelism)
+        node = ChainNode(t.id, t.name, t.create_operator, is_sink=t.is_sink)
+        resolved = [(e, _resolve(e.partitioning, by_id[e.upstream], t)) for e in t.inputs]
+        if _chainable(t, resolved, by_id):
+            vertex, upstream_index = place[t.inputs[0].upstream]
+            vertex.nodes.append(node)
+            vertex.resources = vertex.resources.merged(t.resources)
+            vertex.nodes[upstream_index].chained_outputs.append(len(vertex.nodes) - 1)
+            place[t.id] = (vertex, len(vertex.nodes) - 1)
+            continue
+        vertex = JobVertex(len(vertices), t.parallelism, [node], t.resources, t.is_source)
+        vertices.append(vertex)
+        place[t.id] = (vertex, 0)
+        for edge_in, partitioning in resolved:
+            source, source_node = place[edge_in.upstream]
+            edge = JobEdge(len(edges), source.id, source_node, vertex.id, partitioning,
+                           edge_in.input_index, source.parallelism, vertex.parallelism)
+            edges.append(edge)
+            source.outputs.append(edge)
+            source.nodes[source_node].network_outputs.append(edge.id)
+            vertex.inputs.append(edge)
+    return JobPlan(vertices, edges, max_parallelism)
+
+
+def _ancestors_of_sinks(transformations, by_id) -> set[int]:
+    needed: set[int] = set()
+    stack = [t.id for t in transformations if t.is_sink]
+    while stack:
+        tid = stack.pop()
+        if tid not in needed:
+            needed.add(tid)
+            stack.extend(e.upstream for e in by_id[tid].inputs)
+    return needed
+
+
+def _resolve(spec: PartitionSpec | None, upstream: Transformation,
+             downstream: Transformation) -> PartitionSpec:
+    same = upstream.parallelism == downstream.parallelism
+    if spec is None:
+        return PartitionSpec("forward" if same else "rebalance")
+    if spec.kind == "forward" and not same:
+        raise ValueError(f"forward edge from '{upstream.name}' (parallelism {upstream.parallelism}) "
+                         f"to '{downstream.name}' (parallelism {downstream.parallelism}): "
+                         f"forward needs equal parallelism; use rebalance()")
+    return spec
+
+
+def _chainable(t: Transformation, resolved, by_id) -> bool:
+    if len(resolved) != 1 or not t.chainable:
+        return False
+    edge, partitioning = resolved[0]
+    upstream = by_id[edge.upstream]
+    return (partitioning.kind == "forward" and upstream.chainable and not upstream.is_sink
+            and upstream.parallelism == t.parallelism)

@@ -1,0 +1,54 @@
+"""A source over an in-memory list of rows (dicts)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+
+from raystream.engine.batches import rows_to_batch
+from raystream.engine.sources.base import Source, SplitReader
+
+
+class Collection(Source):
+    """Rows from a Python list, cut into ``num_splits`` contiguous splits.
+
+    >>> src = Collection([{"a": 1}, {"a": 2}, {"a": 3}], num_splits=2)
+    >>> [src.reader(s).next_batch().num_rows for s in src.splits()]
+    [1, 2]
+    """
+
+    def __init__(self, rows: Sequence[Mapping[str, Any]], *, schema: pa.Schema | None = None,
+                 batch_size: int = 1024, num_splits: int = 1) -> None:
+        self.rows = list(rows)
+        self.schema = schema
+        self.batch_size = batch_size
+        self.num_splits = max(1, min(num_splits, len(self.rows))) if self.rows else 1
+
+    def splits(self) -> list[tuple[int, int]]:
+        n, k = len(self.rows), self.num_splits
+        bounds = [i * n // k for i in range(k + 1)]
+        return [(bounds[i], bounds[i + 1]) for i in range(k)]
+
+    def reader(self, split: tuple[int, int], position: int = 0) -> "CollectionReader":
+        return CollectionReader(self, split, position)
+
+    def split_id(self, split) -> str:
+        return f"{split[0]}-{split[1]}"
+
+
+class CollectionReader(SplitReader):
+    def __init__(self, source: Collection, split: tuple[int, int], position: int) -> None:
+        self.source = source
+        self.start, self.end = split
+        self.position = position
+
+    def next_batch(self) -> pa.RecordBatch | None:
+        lo = self.start + self.position
+        if lo >= self.end:
+            return None
+        hi = min(lo + self.source.batch_size, self.end)
+        batch = rows_to_batch(self.source.rows[lo:hi], schema=self.source.schema,
+                              where="collection source")
+        self.position += hi - lo
+        return batch

@@ -1,0 +1,70 @@
+"""Watermark strategies for sources (Flink's ``WatermarkStrategy``).
+
+Time is int64 milliseconds since the epoch. A bounded-out-of-orderness
+watermark is ``max_timestamp_seen - bound - 1``: after it, records with a
+timestamp up to ``bound`` ms older than the newest seen are still on time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from raystream.actors.messages import MIN_WATERMARK
+from raystream.engine.errors import BadRecordError
+
+
+@dataclass(frozen=True)
+class BoundedOutOfOrderness:
+    """Watermarks that trail the largest timestamp seen by ``bound_ms`` (+1 ms).
+
+    ``timestamp_column`` holds int64 milliseconds or an Arrow timestamp.
+
+    >>> import pyarrow as pa
+    >>> wm = BoundedOutOfOrderness("ts", bound_ms=100)
+    >>> wm.max_timestamp(pa.record_batch({"ts": [1000, 1500, 1200]}))
+    1500
+    >>> wm.watermark_for(1500)
+    1399
+    """
+
+    timestamp_column: str
+    bound_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if self.bound_ms < 0:
+            raise ValueError("bound_ms must be >= 0")
+
+    def max_timestamp(self, batch: pa.RecordBatch) -> int:
+        """Largest timestamp of the batch in ms (MIN_WATERMARK for an empty batch)."""
+        column = timestamps_ms(batch, self.timestamp_column, where="watermarks")
+        if len(column) == 0:
+            return MIN_WATERMARK
+        return int(column.max())
+
+    def watermark_for(self, max_timestamp: int) -> int:
+        if max_timestamp == MIN_WATERMARK:
+            return MIN_WATERMARK
+        return max_timestamp - self.bound_ms - 1
+
+
+def timestamps_ms(batch: pa.RecordBatch, column: str, *, where: str) -> np.ndarray:
+    """The ``column`` of ``batch`` as int64 milliseconds, or a clear error."""
+    index = batch.schema.get_field_index(column)
+    if index < 0:
+        raise BadRecordError(f"{where}: timestamp column '{column}' is missing (columns: "
+                             f"{', '.join(batch.schema.names)})", column=column)
+    values = batch.column(index)
+    if values.null_count:
+        row = batch.filter(pc.is_null(values)).slice(0, 1).to_pylist()[0]
+        raise BadRecordError(f"{where}: timestamp column '{column}' is null in record {row}",
+                             column=column, record=row)
+    if pa.types.is_timestamp(values.type):
+        values = values.cast(pa.timestamp("ms")).view(pa.int64())
+    elif not pa.types.is_integer(values.type):
+        raise BadRecordError(f"{where}: timestamp column '{column}' has type {values.type}; "
+                             f"expected int64 milliseconds or a timestamp", column=column)
+    return values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)

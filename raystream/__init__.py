@@ -1,0 +1,28 @@
+"""raystream: exactly-once, event-time stream processing for Python on Ray, feeding Spark.
+
+    >>> import raystream as rs
+    >>> env = rs.StreamEnvironment(parallelism=2)
+    >>> sink = env.from_sequence(100).filter_batches(lambda b: pa.compute.less(b["id"], 10)).collect()
+    >>> env.execute("small").table(sink).num_rows  # doctest: +SKIP
+    10
+"""
+
+from raystream import sources
+from raystream.checkpoint.keygroups import (HASH_VERSION, key_group_of, key_group_range,
+                                            subtask_for_key_group)
+from raystream.engine.client import JobClient, JobResult
+from raystream.engine.datastream import ConnectedStreams, DataStream, KeyedStream, SinkHandle
+from raystream.engine.environment import StreamEnvironment
+from raystream.engine.errors import (BadRecordError, InsufficientResourcesError, JobFailedError,
+                                     RaystreamError)
+from raystream.engine.operators.base import Operator, RuntimeContext
+from raystream.engine.watermarks import BoundedOutOfOrderness
+from raystream.actors.messages import MAX_WATERMARK, MIN_WATERMARK
+
+__all__ = [
+    "BadRecordError", "BoundedOutOfOrderness", "ConnectedStreams", "DataStream",
+    "HASH_VERSION", "InsufficientResourcesError", "JobClient", "JobFailedError", "JobResult",
+    "KeyedStream", "MAX_WATERMARK", "MIN_WATERMARK", "Operator", "RaystreamError",
+    "RuntimeContext", "SinkHandle", "StreamEnvironment", "key_group_of", "key_group_range",
+    "sources", "subtask_for_key_group",
+]

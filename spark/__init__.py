@@ -1,0 +1,1 @@
+"""Spark integration: sessions through RayDP, reading committed output."""

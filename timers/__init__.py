@@ -1,0 +1,1 @@
+"""Timer service (flat-array heaps)."""
