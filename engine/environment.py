@@ -145,12 +145,20 @@ class StreamEnvironment:
         return self.execute_async(name).wait()
 
 
+# Ray deletes released objects in periodic batches (1 s by default), so a
+# consumed batch would linger for up to a second and in-flight memory would be
+# "credits + one second of throughput". A short period keeps it at "credits".
+# On a cluster, set RAY_free_objects_period_milliseconds=50 where Ray starts.
+EMBEDDED_RAY_SYSTEM_CONFIG = {"free_objects_period_milliseconds": 50}
+
+
 def ensure_ray(address: str | None = None, **init_kwargs: Any) -> None:
     """Start Ray in this process (or connect to ``address``) unless it is already up."""
     if ray.is_initialized():
         return
     init_kwargs.setdefault("include_dashboard", False)
-    init_kwargs.setdefault("log_to_driver", True)
+    if address is None:
+        init_kwargs.setdefault("_system_config", EMBEDDED_RAY_SYSTEM_CONFIG)
     ray.init(address=address, **init_kwargs)
 
 

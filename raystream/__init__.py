@@ -7,7 +7,7 @@
     10
 """
 
-from raystream import sources
+from raystream import sources, spark
 from raystream.checkpoint.keygroups import (HASH_VERSION, key_group_of, key_group_range,
                                             subtask_for_key_group)
 from raystream.engine.client import JobClient, JobResult
@@ -24,5 +24,5 @@ __all__ = [
     "HASH_VERSION", "InsufficientResourcesError", "JobClient", "JobFailedError", "JobResult",
     "KeyedStream", "MAX_WATERMARK", "MIN_WATERMARK", "Operator", "RaystreamError",
     "RuntimeContext", "SinkHandle", "StreamEnvironment", "key_group_of", "key_group_range",
-    "sources", "subtask_for_key_group",
+    "sources", "spark", "subtask_for_key_group",
 ]

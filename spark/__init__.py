@@ -1,1 +1,6 @@
-"""Spark integration: sessions through RayDP, reading committed output."""
+"""Spark integration: sessions through RayDP and hand-off of results into DataFrames."""
+
+from raystream.spark.handoff import to_spark
+from raystream.spark.session import session, stop
+
+__all__ = ["session", "stop", "to_spark"]

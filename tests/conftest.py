@@ -1,0 +1,38 @@
+"""One Ray (and, for the tests that need it, one Spark) for the whole test session."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import ray
+from hypothesis import settings
+
+settings.register_profile("ci", deadline=None, derandomize=True, max_examples=60)
+settings.register_profile("dev", deadline=None, max_examples=60)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+# Ray and Spark CPUs for the whole session: subtasks ask for 0.01 CPU each,
+# the Spark executor (RayDP) for 1.
+RAY_CPUS = 2
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from raystream.engine.environment import ensure_ray
+
+    ensure_ray(num_cpus=RAY_CPUS, object_store_memory=1 << 30, log_to_driver=False)
+    yield
+    import raystream as rs
+
+    rs.spark.stop()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def spark(ray_session):
+    import raystream as rs
+
+    return rs.spark.session("raystream-tests")

@@ -1,0 +1,178 @@
+"""What a user sees when a job fails: real failures in real Ray jobs.
+
+Every failure here is a real one (a raising user function, a bad record, a
+cluster too small); the assertions check that the error names what a user
+needs to find the cause: operator, subtask, original exception and traceback,
+the record and the column.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import ray
+
+import raystream as rs
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _actor_names(prefix: str) -> list[str]:
+    """Names of every actor (alive or dead) this Ray session has seen that start with prefix."""
+    from ray._private import state
+
+    return [a.get("Name", "") for a in state.actors().values()
+            if a.get("Name", "").startswith(prefix)]
+
+
+# ---------------------------------------------------------------------------
+# A user function raising inside map
+# ---------------------------------------------------------------------------
+
+ROWS = [{"user": f"u{i}", "amount": i} for i in range(20)]
+BAD_AMOUNT = 13  # rows 10..19 are the second of two contiguous splits -> subtask index 1
+
+
+def explode_on_thirteen(row):
+    if row["amount"] == BAD_AMOUNT:
+        raise ValueError(f"cannot parse amount {row['amount']} for {row['user']}")
+    return {"user": row["user"], "amount": row["amount"] * 2}
+
+
+@pytest.fixture(scope="module")
+def map_failure(ray_session):
+    env = rs.StreamEnvironment(parallelism=2)
+    sink = env.from_collection(ROWS, num_splits=2).map(explode_on_thirteen, name="parse").collect()
+    started = time.perf_counter()
+    with pytest.raises(rs.JobFailedError) as info:
+        env.execute("map-raises")
+    assert time.perf_counter() - started < 60
+    del sink
+    return info.value
+
+
+def test_map_failure_message_names_operator_subtask_cause_and_record(map_failure):
+    message = str(map_failure)
+    assert "map-raises" in message  # the job
+    assert "'parse'" in message  # the operator, by the name given with name=
+    assert "subtask 2/2" in message  # the record lives in the second split
+    assert "ValueError" in message
+    assert f"cannot parse amount {BAD_AMOUNT} for u{BAD_AMOUNT}" in message
+    assert repr({"user": f"u{BAD_AMOUNT}", "amount": BAD_AMOUNT}) in message  # the record
+    # the original traceback, down to the user's function
+    assert "Traceback" in message
+    assert "explode_on_thirteen" in message
+    assert 'raise ValueError(f"cannot parse amount' in message
+
+
+def test_map_failure_attributes(map_failure):
+    assert map_failure.operator == "parse"
+    assert map_failure.traceback is not None
+    assert "explode_on_thirteen" in map_failure.traceback
+    assert "ValueError" in map_failure.traceback
+
+
+def test_map_failure_attribute_names_subtask(map_failure):
+    """JobFailedError documents ``subtask``: the index of the subtask that failed."""
+    assert map_failure.subtask == 1
+
+
+# ---------------------------------------------------------------------------
+# Bad records
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("batch_size", [1024, 1], ids=["null-in-batch", "column-missing"])
+def test_key_by_on_missing_key_names_column_and_record(ray_session, batch_size):
+    rows = [{"user": "a", "amount": 1}, {"user": "b", "amount": 5},
+            {"amount": 777},  # no "user": a null key
+            {"user": "a", "amount": 3}]
+    env = rs.StreamEnvironment(parallelism=1)
+    sink = env.from_collection(rows, batch_size=batch_size).key_by("user").reduce(
+        lambda acc, row: {"user": row["user"], "amount": acc["amount"] + row["amount"]},
+        name="sum").collect()
+    with pytest.raises(rs.JobFailedError) as info:
+        env.execute("null-key")
+    message = str(info.value)
+    assert "'user'" in message  # the key column
+    assert "'amount': 777" in message  # the record without a key
+    assert "null" in message or "missing" in message
+    del sink
+
+
+@pytest.mark.parametrize("where", ["source", "map"])
+def test_wrong_type_names_column_and_value(ray_session, where):
+    good = [{"user": f"u{i}", "amount": i} for i in range(6)]
+    env = rs.StreamEnvironment(parallelism=1)
+    if where == "source":
+        rows = good[:3] + [{"user": "x", "amount": "abc"}] + good[3:]
+        stream = env.from_collection(rows)
+    else:
+        stream = env.from_collection(good).map(
+            lambda r: {"user": r["user"], "amount": "abc" if r["amount"] == 4 else r["amount"]},
+            name="stringify")
+    sink = stream.key_by("user").reduce(
+        lambda acc, row: {"user": row["user"], "amount": acc["amount"] + row["amount"]}).collect()
+    with pytest.raises(rs.JobFailedError) as info:
+        env.execute(f"wrong-type-{where}")
+    message = str(info.value)
+    assert "'amount'" in message
+    assert "'abc'" in message
+    if where == "map":
+        assert "stringify" in message
+    del sink
+
+
+def test_map_returning_non_dict_is_a_clear_error(ray_session):
+    env = rs.StreamEnvironment(parallelism=1)
+    sink = env.from_collection(ROWS).map(lambda r: r["amount"], name="to-int").collect()
+    with pytest.raises(rs.JobFailedError) as info:
+        env.execute("non-dict")
+    message = str(info.value)
+    assert "'to-int'" in message
+    assert "dict" in message
+    assert "int" in message
+    del sink
+
+
+# ---------------------------------------------------------------------------
+# Resources checked before deployment
+# ---------------------------------------------------------------------------
+
+def test_too_many_cpus_fails_fast_before_any_actor(ray_session):
+    total_cpus = ray.cluster_resources().get("CPU", 0)
+    assert 1.5 * 3 > total_cpus  # the test Ray has 2 CPUs
+    env = rs.StreamEnvironment(parallelism=3)
+    sink = env.from_sequence(100).map(lambda r: r, name="heavy").set_resources(num_cpus=1.5) \
+        .collect()
+    started = time.perf_counter()
+    with pytest.raises(rs.InsufficientResourcesError) as info:
+        env.execute("too-big-cpu")
+    elapsed = time.perf_counter() - started
+    assert elapsed < 5, f"took {elapsed:.1f} s"
+    message = str(info.value)
+    assert "too-big-cpu" in message
+    assert "CPU" in message
+    assert _actor_names("raystream/too-big-cpu") == []
+    del sink
+
+
+def test_unknown_custom_resource_fails_fast_before_any_actor(ray_session):
+    env = rs.StreamEnvironment(parallelism=1)
+    sink = env.from_sequence(100).map(lambda r: r, name="accel") \
+        .set_resources(resources={"no_such_accelerator": 1}).collect()
+    started = time.perf_counter()
+    with pytest.raises(rs.InsufficientResourcesError) as info:
+        env.execute("needs-accelerator")
+    elapsed = time.perf_counter() - started
+    assert elapsed < 5, f"took {elapsed:.1f} s"
+    message = str(info.value)
+    assert "needs-accelerator" in message
+    assert "no_such_accelerator" in message
+    assert _actor_names("raystream/needs-accelerator") == []
+    del sink
+
+
+def test_actor_listing_sees_jobs(map_failure):
+    """Guard for the two tests above: the listing does see a job's actors."""
+    assert _actor_names("raystream/map-raises-")
