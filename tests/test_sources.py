@@ -27,7 +27,8 @@ FORMATS = ("parquet", "csv", "jsonl")
 FILE_SIZES = (1, 37, 1000, 250)  # rows per file, in file-name order
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("x", pa.float64()),
                     ("flag", pa.bool_())])
-NAMES = ["alice", "bob, jr.", 'say "hi"', "é日本", "", "line\nbreak", "null", "NA"]
+# (no null-like strings such as "" or "null": CSV has no way to tell them from nulls)
+NAMES = ["alice", "bob, jr.", 'say "hi"', "é日本", "line\nbreak", "tab\tsep"]
 
 
 def _table(first_id: int, n: int, seed: int) -> pa.Table:
@@ -103,6 +104,21 @@ def test_read_single_file_path(ray_session, tmp_path):
     assert _sorted_rows(got.select(SCHEMA.names)) == _sorted_rows(table)
 
 
+def test_csv_files_are_read_with_one_schema(ray_session, tmp_path):
+    """A float column whose values happen to be integral in one file is still a float
+    column: all files of one source yield one schema (as spark.read.csv does), so the job
+    neither fails on mixed int64/double batches nor returns mixed types."""
+    a = pa.table({"id": [0, 1, 2], "x": [1.0, 2.0, 3.0]})  # pyarrow writes these as 1,2,3
+    b = pa.table({"id": [3, 4], "x": [0.5, -7.25]})
+    pacsv.write_csv(a, str(tmp_path / "a.csv"))
+    pacsv.write_csv(b, str(tmp_path / "b.csv"))
+    env = rs.StreamEnvironment(parallelism=1)
+    sink = env.read_files(str(tmp_path), format="csv").collect()
+    got = env.execute("csv-one-schema").table(sink)
+    assert pa.types.is_floating(got.schema.field("x").type), got.schema
+    assert _sorted_rows(got) == _sorted_rows(pa.concat_tables([a, b]))
+
+
 def test_missing_path_fails_with_clear_error(ray_session, tmp_path):
     missing = str(tmp_path / "no-such-dir")
     env = rs.StreamEnvironment(parallelism=1)
@@ -130,6 +146,15 @@ def test_files_splits_are_the_data_files_in_name_order(tmp_path):
         splits = Files(str(tmp_path / fmt), format=fmt).splits()
         assert [os.path.basename(s) for s in splits] == [
             f"part-{i:03d}.{fmt}" for i in range(len(FILE_SIZES))]
+
+
+def test_files_accepts_file_uri(tmp_path):
+    expected = _write_dataset(tmp_path / "d", "parquet", sizes=(3, 40))
+    src = Files(f"file://{tmp_path / 'd'}", format="parquet", batch_size=16)
+    rows = []
+    for split in src.splits():
+        rows += _read_all(src.reader(split)).to_pylist()
+    assert sorted(rows, key=lambda r: r["id"]) == _sorted_rows(expected)
 
 
 @pytest.fixture(scope="module")
@@ -176,11 +201,17 @@ def test_reader_position_resumes_where_another_stopped(position_files):
     assert rows == table.to_pylist()
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_empty_file_gives_no_rows(tmp_path, fmt):
-    """A data file with no rows is a valid, empty split (e.g. an empty hour of logs)."""
-    empty = _table(0, 0, seed=0)
-    _write(empty, str(tmp_path / f"empty.{fmt}"), fmt)
+@pytest.mark.parametrize("fmt,zero_bytes", [("parquet", False), ("csv", False), ("csv", True),
+                                             ("jsonl", True)],
+                         ids=["parquet-0-rows", "csv-header-only", "csv-0-bytes", "jsonl-0-bytes"])
+def test_empty_file_gives_no_rows(tmp_path, fmt, zero_bytes):
+    """A data file without rows is a valid, empty split (an hour without events, a file
+    created by ``touch``): it yields no rows and does not fail the read."""
+    path = tmp_path / f"empty.{fmt}"
+    if zero_bytes:
+        path.write_bytes(b"")
+    else:
+        _write(_table(0, 0, seed=0), str(path), fmt)
     _write(_table(0, 5, seed=1), str(tmp_path / f"full.{fmt}"), fmt)
     src = Files(str(tmp_path), format=fmt)
     rows = []
