@@ -204,16 +204,19 @@ def main() -> None:
         parser.error("--batch-size must be at least 1")
 
     ensure_ray(**RAY_INIT_KWARGS)  # Ray's own start-up is not job start-up
-    limits: dict[tuple[str, int | None], Measurement] = {}
-    for key in dict.fromkeys(limit_key(pl, p) for pl in PIPELINES for p in PARALLELISMS):
-        limits[key] = timed(partial(run_limit, *key, args.batch_size), args.quick)
-        progress(limits[key])
     measured: dict[tuple[str, int], Measurement] = {}
-    for key in ((pl, p) for pl in PIPELINES for p in PARALLELISMS):
-        measured[key] = timed(partial(run_raystream, *key, args.batch_size), args.quick)
-        progress(measured[key])
+    limits: dict[tuple[str, int | None], Measurement] = {}
+    for pipeline in PIPELINES:
+        for parallelism in PARALLELISMS:
+            measured[pipeline, parallelism] = timed(
+                partial(run_raystream, pipeline, parallelism, args.batch_size), args.quick)
+            progress(measured[pipeline, parallelism])
+            key = limit_key(pipeline, parallelism)
+            if key not in limits:  # right after its raystream run, so both see the same load
+                limits[key] = timed(partial(run_limit, *key, args.batch_size), args.quick)
+                progress(limits[key])
 
-    rows = []
+    rows: list[Measurement] = []
     for pipeline in PIPELINES:
         rows += [measured[pipeline, p] for p in PARALLELISMS]
         rows += [m for key, m in limits.items() if key[0] == pipeline]

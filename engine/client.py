@@ -73,7 +73,8 @@ class JobClient:
             message = f"job '{self.job_name}' failed: {outcome.error}"
             if outcome.traceback:
                 message += "\n\nOriginal traceback:\n" + outcome.traceback
-            raise JobFailedError(message, operator=outcome.operator, traceback=outcome.traceback)
+            raise JobFailedError(message, operator=outcome.operator, subtask=outcome.subtask,
+                                 traceback=outcome.traceback)
         return JobResult(self.job_name, outcome, self.plan)
 
     def cancel(self) -> None:

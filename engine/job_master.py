@@ -37,6 +37,7 @@ class JobOutcome:
     results: dict[int, list[Any]] = field(default_factory=dict)  # sink id -> per-subtask results
     error: str | None = None
     operator: str | None = None
+    subtask: int | None = None
     traceback: str | None = None
     deploy_s: float = 0.0
     run_s: float = 0.0
@@ -154,7 +155,7 @@ class JobMaster:
         for actor in self.actors.values():
             actor.cancel.remote()
         return JobOutcome(report.status, error=report.error, operator=report.operator,
-                          traceback=report.traceback, metrics=self._metrics(reports))
+                          subtask=report.index, traceback=report.traceback, metrics=self._metrics(reports))
 
     def _metrics(self, reports) -> dict[str, dict[str, float]]:
         return {f"{self.plan.vertices[v].name}/{i}": r.metrics for (v, i), r in reports.items()}

@@ -76,7 +76,16 @@ class MapOperator(_FunctionOperator):
 
     def process_batch(self, batch, input_index=0):
         fn = self.functions[input_index]
-        self._emit_rows([_call(fn, row) for row in batch.to_pylist()])
+        out = []
+        for row in batch.to_pylist():
+            produced = _call(fn, row)
+            if not isinstance(produced, Mapping):
+                raise BadRecordError(
+                    f"map '{self.name}' must return a dict per record, got "
+                    f"{type(produced).__name__} {describe_record(produced)} for record "
+                    f"{describe_record(row)}", record=row)
+            out.append(produced)
+        self._emit_rows(out)
 
 
 class FlatMapOperator(_FunctionOperator):

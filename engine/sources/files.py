@@ -39,6 +39,7 @@ class Files(Source):
         self.batch_size = batch_size
         self.schema = schema
         self._files: list[str] | None = None
+        self._unified: pa.Schema | None = None
 
     def _filesystem(self) -> tuple[pafs.FileSystem, str]:
         return pafs.FileSystem.from_uri(self.path) if "://" in self.path else (
@@ -64,6 +65,30 @@ class Files(Source):
     def reader(self, split: str, position: int = 0) -> "FileReader":
         return FileReader(self, split, position)
 
+    def unified_schema(self) -> pa.Schema | None:
+        """One schema for every file, so all batches agree downstream.
+
+        The given ``schema``, or each non-empty file's schema (CSV and JSON
+        inferred from its first block) unified with numeric promotion: a
+        column that is whole numbers in one CSV file and decimals in another
+        is double everywhere.
+        """
+        if self.schema is not None or self._unified is not None:
+            return self.schema or self._unified
+        fs, _ = self._filesystem()
+        schemas = []
+        for path in self.splits():
+            if fs.get_file_info(path).size == 0:
+                continue
+            if self.format == "parquet":
+                schemas.append(pq.ParquetFile(path, filesystem=fs).schema_arrow)
+                continue
+            with fs.open_input_stream(path) as stream:
+                opener = pacsv.open_csv if self.format == "csv" else pajson.open_json
+                schemas.append(opener(stream).schema)
+        self._unified = pa.unify_schemas(schemas, promote_options="permissive") if schemas else None
+        return self._unified
+
 
 class FileReader(SplitReader):
     def __init__(self, source: Files, path: str, position: int) -> None:
@@ -75,16 +100,23 @@ class FileReader(SplitReader):
 
     def _open(self) -> Iterator[pa.RecordBatch]:
         fs, _ = self.source._filesystem()
+        if fs.get_file_info(self.path).size == 0:
+            return iter(())  # an empty file is a split without rows, not an error
         fmt, size = self.source.format, self.source.batch_size
+        schema = self.source.unified_schema()
         if fmt == "parquet":
             batches = pq.ParquetFile(self.path, filesystem=fs).iter_batches(batch_size=size)
+            if schema is not None:
+                batches = (_conform(b, schema) for b in batches)
         else:
             self._stream = fs.open_input_stream(self.path)
             if fmt == "csv":
-                convert = pacsv.ConvertOptions(column_types=self.source.schema) if self.source.schema else None
-                batches = iter(pacsv.open_csv(self._stream, convert_options=convert))
+                convert = pacsv.ConvertOptions(column_types=schema) if schema else None
+                read = pacsv.ReadOptions(block_size=max(size * 64, 1 << 16))
+                batches = iter(pacsv.open_csv(self._stream, read_options=read,
+                                              convert_options=convert))
             else:
-                parse = pajson.ParseOptions(explicit_schema=self.source.schema) if self.source.schema else None
+                parse = pajson.ParseOptions(explicit_schema=schema) if schema else None
                 batches = iter(pajson.read_json(self._stream, parse_options=parse).to_batches(size))
         return _skip_rows(batches, self.position)
 
@@ -102,6 +134,15 @@ class FileReader(SplitReader):
         if self._stream is not None:
             self._stream.close()
             self._stream = None
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` with ``schema``'s columns and types (missing columns are null)."""
+    if batch.schema.equals(schema):
+        return batch
+    columns = [batch.column(f.name).cast(f.type) if f.name in batch.schema.names
+               else pa.nulls(batch.num_rows, f.type) for f in schema]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def _skip_rows(batches: Iterator[pa.RecordBatch], skip: int) -> Iterator[pa.RecordBatch]:
