@@ -29,9 +29,17 @@ class InputChannel:
     pending: dict[int, Envelope] = field(default_factory=dict)  # out-of-order arrivals
     watermark: int = MIN_WATERMARK
     finished: bool = False
+    # (checkpoint_id, upto) of barriers announced on this channel, oldest first
+    barriers: collections.deque = field(default_factory=collections.deque)
+
+    def at_barrier(self) -> int | None:
+        """Id of the barrier this channel has reached (it is then blocked), else None."""
+        if self.barriers and self.next_seq > self.barriers[0][1]:
+            return self.barriers[0][0]
+        return None
 
     def ready(self) -> bool:
-        return self.next_seq in self.pending
+        return self.next_seq in self.pending and self.at_barrier() is None
 
 
 class InputGate:
@@ -80,6 +88,33 @@ class InputGate:
     def all_finished(self) -> bool:
         return all(c.finished for c in self._order)
 
+    def add_barrier(self, channel: ChannelId, checkpoint_id: int, upto: int) -> None:
+        self.channels[channel].barriers.append((checkpoint_id, upto))
+
+    def aligned_checkpoint(self) -> int | None:
+        """The oldest announced checkpoint every channel has reached (or ended before), if any.
+
+        An ended channel counts as aligned: its sender finished before the
+        barrier and will never send it (Flink FLIP-147).
+        """
+        pending = [c.barriers[0][0] for c in self._order if c.barriers]
+        if not pending:
+            return None
+        checkpoint_id = min(pending)
+        for c in self._order:
+            if c.at_barrier() == checkpoint_id:
+                continue
+            if c.finished and not c.barriers:
+                continue
+            return None
+        return checkpoint_id
+
+    def release_barrier(self, checkpoint_id: int) -> None:
+        """Unblock the channels after checkpoint ``checkpoint_id`` (or drop it when aborted)."""
+        for c in self._order:
+            while c.barriers and c.barriers[0][0] <= checkpoint_id:
+                c.barriers.popleft()
+
     def __iter__(self) -> Iterator[InputChannel]:
         return iter(self._order)
 
@@ -114,8 +149,10 @@ class OutputChannel:
         self._backlog: collections.deque[Envelope] = collections.deque()
         self.batches_sent = 0
         self.rows_sent = 0
+        self.ended = False  # END_OF_INPUT was put on the channel
 
     def send(self, kind: Kind, payload: object = None, rows: int = 0) -> None:
+        self.ended = self.ended or kind == Kind.END_OF_INPUT
         self._backlog.append(Envelope(self.channel, self._seq, self.attempt, kind, payload, rows))
         self._seq += 1
         self.flush()
@@ -138,3 +175,8 @@ class OutputChannel:
 
     def backlogged(self) -> bool:
         return bool(self._backlog)
+
+    @property
+    def last_seq(self) -> int:
+        """Sequence number of the last message put on this channel (sent or backlogged), -1 if none."""
+        return self._seq - 1

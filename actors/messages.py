@@ -61,3 +61,21 @@ class Envelope:
     kind: Kind
     payload: object = None
     rows: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """Checkpoint barrier ``checkpoint_id``; travels on the control lane.
+
+    It is sent to each downstream channel with ``upto``: the sequence number of
+    the last in-band message its sender put on that channel before the barrier
+    (-1 if none). The receiver treats the barrier as *arrived* on the channel
+    once it has consumed every message up to ``upto`` — exactly where an
+    in-band barrier would have been — so aligned checkpoints keep Flink's
+    semantics while the barrier itself never waits for credit.
+    """
+
+    checkpoint_id: int
+    attempt: int
+    trigger_ts_ms: int
+    is_savepoint: bool = False

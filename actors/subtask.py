@@ -2,16 +2,22 @@
 
 Calls reach a subtask on two Ray concurrency groups (see DESIGN.md, "Two
 lanes"): the *data* lane (``deliver``) only enqueues into the input gate and
-returns; the *control* lane (credits, start, cancel, later barriers and
-operator events) only enqueues into the mailbox and returns. A third group,
-*monitor*, holds the one long call ``await_termination`` through which the job
-master learns how the subtask ended (or that its process died).
+returns; the *control* lane (credits, checkpoint triggers, barriers,
+checkpoint notifications, stop, cancel) only enqueues into the mailbox and
+returns. A third group, *monitor*, holds the one long call
+``await_termination`` through which the job master learns how the subtask
+ended (or that its process died).
 
 All processing happens on one thread, the mailbox loop (Flink's
 ``MailboxProcessor``): it takes control messages first, then — unless an
-output channel is out of credit (backpressure) — one input message or, in a
-source subtask, one batch from the source. No actor method blocks waiting for
-a peer.
+output channel is out of credit (backpressure) or the checkpoint barrier has
+blocked it — one input message or, in a source subtask, one batch from the
+source. No actor method blocks waiting for a peer.
+
+Life cycle: RUNNING until every input has ended and all output is sent; then
+the subtask reports *finished* to the job master but stays alive, taking part
+in checkpoints (the final one commits its last output, FLIP-147) until the
+master stops it.
 """
 
 from __future__ import annotations
@@ -26,9 +32,12 @@ import pyarrow as pa
 import ray
 
 from raystream.actors.channels import InputGate, OutputChannel
-from raystream.actors.messages import (MAX_WATERMARK, MIN_WATERMARK, ChannelId, Envelope,
-                                       Kind)
+from raystream.actors.messages import (MAX_WATERMARK, MIN_WATERMARK, Barrier, ChannelId,
+                                       Envelope, Kind)
 from raystream.actors.partitioners import Partitioner
+from raystream.actors.subtask_checkpoints import (CheckpointingSpec, RestoreSpec,
+                                                  SubtaskCheckpointer)
+from raystream.engine.failpoints import Failpoint, Failpoints
 from raystream.engine.operators.base import (BroadcastingOutput, ChainedOutput, Operator,
                                              OperatorFailure, RuntimeContext, call_operator)
 from raystream.engine.operators.sinks import SinkOperator
@@ -47,14 +56,18 @@ class SubtaskSpec:
     index: int
     max_parallelism: int
     credits: int
+    master: Any = None  # the job master actor: finished reports, checkpoint acknowledgements
+    checkpointing: CheckpointingSpec | None = None
+    restore: RestoreSpec | None = None
+    failpoints: tuple[Failpoint, ...] = ()
 
     @property
     def actor_name(self) -> str:
-        return subtask_actor_name(self.job_id, self.vertex.name, self.index)
+        return subtask_actor_name(self.job_id, self.vertex.name, self.index, self.attempt)
 
 
-def subtask_actor_name(job_id: str, vertex_name: str, index: int) -> str:
-    return f"raystream/{job_id}/{vertex_name}/{index}"
+def subtask_actor_name(job_id: str, vertex_name: str, index: int, attempt: int) -> str:
+    return f"raystream/{job_id}/{vertex_name}/{index}@{attempt}"
 
 
 @dataclass
@@ -63,8 +76,7 @@ class TerminationReport:
 
     vertex_id: int
     index: int
-    status: str  # "FINISHED" | "FAILED" | "CANCELED"
-    results: dict[int, Any] = field(default_factory=dict)  # sink transformation id -> result
+    status: str  # "FINISHED" (stopped after finishing) | "FAILED" | "CANCELED"
     error: str | None = None
     operator: str | None = None
     traceback: str | None = None
@@ -119,7 +131,13 @@ class Subtask:
         self.credit_batch = max(1, spec.credits // 2)
         self.watermark = MIN_WATERMARK
         self.inputs_ended = False
+        self.finished_reported = False
+        self.stopped = False
         self.cancelled = False
+        self.trigger: Barrier | None = None  # the latest checkpoint trigger not yet acted on
+        self.barriers: dict[int, Barrier] = {}  # announced by upstream channels, by id
+        self.failpoints = Failpoints(spec.failpoints, vertex.name, spec.index, spec.attempt)
+        self.checkpointer: SubtaskCheckpointer | None = None
         self.report: TerminationReport | None = None
         self.done = threading.Event()
         self.metrics = {"records_in": 0, "batches_in": 0, "backpressured_s": 0.0}
@@ -142,17 +160,26 @@ class Subtask:
             writers[edge.id] = RecordWriter(partitioner, channels)
         self.writers = list(writers.values())
         self.upstreams = dict(upstream)
+        self.downstream = dict(downstream)
         for node, operator in zip(vertex.nodes, self.operators):
             targets = [ChainedOutput(self.operators[i]) for i in node.chained_outputs]
             targets += [writers[e] for e in node.network_outputs]
             output = targets[0] if len(targets) == 1 else (
                 BroadcastingOutput(targets) if targets else NullOutput())
             ctx = RuntimeContext(spec.job_name, node.name, spec.index, vertex.parallelism,
-                                 spec.max_parallelism, spec.attempt)
+                                 spec.max_parallelism, spec.attempt,
+                                 checkpointing=spec.checkpointing is not None)
             operator.setup(ctx, output)
         head = self.operators[0]
         self.head_inputs = {i: ChainedOutput(head, i) for i in {e.input_index for e in vertex.inputs}}
         self.source = head if isinstance(head, SourceOperator) else None
+        if spec.checkpointing is not None:
+            self.checkpointer = SubtaskCheckpointer(
+                spec=spec.checkpointing, names=[n.name for n in vertex.nodes],
+                operators=self.operators, vertex_id=vertex.id, index=spec.index,
+                parallelism=vertex.parallelism, max_parallelism=spec.max_parallelism,
+                attempt=spec.attempt, failpoints=self.failpoints,
+                forward_barrier=self._forward_barrier)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"subtask {self.spec.actor_name}",
@@ -181,11 +208,18 @@ class Subtask:
         if self._backlogged():
             return False
         if self.inputs_ended:
-            return True
+            return not self.finished_reported  # report once, then only control messages
         return self.source is not None or self.gate.has_ready()
 
     def _run(self) -> None:
         try:
+            if self.checkpointer is not None:
+                self.checkpointer.restore(self.spec.restore)
+                if self.spec.restore is not None:
+                    self.failpoints.hit("right_after_restore")
+            else:
+                for operator in self.operators:
+                    call_operator(operator, "initialize_state", None)
             for operator in self.operators:
                 call_operator(operator, "open")
             self._loop()
@@ -201,6 +235,8 @@ class Subtask:
                     operator.close()
                 except Exception:
                     pass
+            if self.checkpointer is not None:
+                self.checkpointer.close()
             self.done.set()
 
     def _loop(self) -> None:
@@ -226,31 +262,83 @@ class Subtask:
                 envelope = self.gate.poll() if take_input and self.source is None else None
             for control in controls:
                 self._handle_control(control)
-            if self.cancelled:
+            if self.cancelled or self.stopped:
                 return
             if envelope is not None:
                 self._process(envelope)
             elif take_input and self.source is not None:
                 if not call_operator(self.source, "emit_next"):
                     self._end_of_input()
-            if self.inputs_ended and not self._backlogged():
-                return
+            self._maybe_checkpoint()
+            if self.inputs_ended and not self._backlogged() and not self.finished_reported:
+                self._report_finished()
 
     def _handle_control(self, control: tuple) -> None:
         kind = control[0]
         if kind == "credit":
-            _, channel, n, attempt = control
+            _, channel, n = control
             out = self.out_channels.get(channel)
-            if out is not None and attempt == self.spec.attempt:
+            if out is not None:
                 out.add_credit(n)
+        elif kind == "trigger":
+            self.trigger = control[1]
+        elif kind == "barrier":
+            _, channel, barrier, upto = control
+            if barrier.checkpoint_id > self._last_checkpoint():
+                self.gate.add_barrier(channel, barrier.checkpoint_id, upto)
+                self.barriers[barrier.checkpoint_id] = barrier
+        elif kind == "complete":
+            self.checkpointer.notify_complete(control[1])
+        elif kind == "abort":
+            self.gate.release_barrier(control[1])
+            self.checkpointer.notify_aborted(control[1])
+        elif kind == "stop":
+            self.stopped = True
         elif kind == "cancel":
             self.cancelled = True
         else:
             raise ValueError(f"unknown control message {kind!r}")
 
+    # -- checkpoints ---------------------------------------------------------------------
+    def _last_checkpoint(self) -> int:
+        return self.checkpointer.last_checkpoint_id if self.checkpointer else 0
+
+    def _maybe_checkpoint(self) -> None:
+        """Take a checkpoint when one is due: at once in a source or a finished
+        subtask (on the coordinator's trigger), on alignment elsewhere."""
+        if self.checkpointer is None:
+            return
+        last = self._last_checkpoint()
+        trigger = self.trigger
+        if trigger is not None and trigger.checkpoint_id <= last:
+            self.trigger = trigger = None  # taken already, through barrier alignment
+        # A trigger is acted on directly where no barrier will come: in a
+        # source, and where every input has ended (kept until then: FLIP-147).
+        if trigger is not None and (self.source is not None or self.inputs_ended or (
+                len(self.gate) and all(c.finished for c in self.gate))):
+            self.trigger = None
+            self._checkpoint(trigger)
+            return
+        aligned = self.gate.aligned_checkpoint() if len(self.gate) else None
+        if aligned is not None:
+            if aligned > last:
+                self._checkpoint(self.barriers[aligned])
+            self.gate.release_barrier(aligned)
+            self.barriers.pop(aligned, None)
+
+    def _checkpoint(self, barrier: Barrier) -> None:
+        self.checkpointer.checkpoint(barrier, forward=not self.inputs_ended)
+
+    def _forward_barrier(self, barrier: Barrier) -> None:
+        for out in self.out_channels.values():
+            if not out.ended:
+                self.downstream[out.channel].receive_barrier.remote(out.channel, barrier,
+                                                                    out.last_seq)
+
     def _process(self, envelope: Envelope) -> None:
         channel = self.gate.channels[envelope.channel]
         if envelope.kind == Kind.DATA:
+            self.failpoints.hit("in_processing")
             batch = ray.get(envelope.payload[0])
             self.metrics["records_in"] += batch.num_rows
             self.metrics["batches_in"] += 1
@@ -293,12 +381,18 @@ class Subtask:
                 self.upstreams[channel].add_credit.remote(channel, n, self.spec.attempt)
                 del self.pending_credits[channel]
 
-    # -- endings ------------------------------------------------------------------
-    def _finish(self, status: str) -> None:
+    def _report_finished(self) -> None:
+        self.finished_reported = True
         results = {node.transformation_id: op.final_result()
                    for node, op in zip(self.spec.vertex.nodes, self.operators)
                    if isinstance(op, SinkOperator)}
-        self.report = TerminationReport(self.spec.vertex.id, self.spec.index, status, results,
+        if self.spec.master is not None:
+            self.spec.master.report_finished.remote(self.spec.attempt, self.spec.vertex.id,
+                                                    self.spec.index, results)
+
+    # -- endings ------------------------------------------------------------------
+    def _finish(self, status: str) -> None:
+        self.report = TerminationReport(self.spec.vertex.id, self.spec.index, status,
                                         metrics=self._metrics())
 
     def _fail(self, operator: str, cause: BaseException, traceback_text: str) -> None:
@@ -342,7 +436,33 @@ class SubtaskActor:
 
     @ray.method(concurrency_group="control")
     def add_credit(self, channel: ChannelId, n: int, attempt: int) -> None:
-        self.subtask.post("credit", channel, n, attempt)
+        if attempt == self.subtask.spec.attempt:
+            self.subtask.post("credit", channel, n)
+
+    @ray.method(concurrency_group="control")
+    def trigger_checkpoint(self, barrier: Barrier) -> None:
+        if barrier.attempt == self.subtask.spec.attempt:
+            self.subtask.post("trigger", barrier)
+
+    @ray.method(concurrency_group="control")
+    def receive_barrier(self, channel: ChannelId, barrier: Barrier, upto: int) -> None:
+        if barrier.attempt == self.subtask.spec.attempt:
+            self.subtask.post("barrier", channel, barrier, upto)
+
+    @ray.method(concurrency_group="control")
+    def notify_checkpoint_complete(self, checkpoint_id: int, attempt: int) -> None:
+        if attempt == self.subtask.spec.attempt:
+            self.subtask.post("complete", checkpoint_id)
+
+    @ray.method(concurrency_group="control")
+    def notify_checkpoint_aborted(self, checkpoint_id: int, attempt: int) -> None:
+        if attempt == self.subtask.spec.attempt:
+            self.subtask.post("abort", checkpoint_id)
+
+    @ray.method(concurrency_group="control")
+    def stop(self) -> None:
+        """End a finished subtask (after the final checkpoint)."""
+        self.subtask.post("stop")
 
     @ray.method(concurrency_group="control")
     def cancel(self) -> None:

@@ -11,7 +11,6 @@ from raystream.engine.datastream import SinkHandle
 from raystream.engine.errors import JobFailedError
 from raystream.engine.job_master import NAMESPACE, JobOutcome
 from raystream.engine.plan import JobPlan
-from raystream.actors.subtask import subtask_actor_name
 
 
 class JobResult:
@@ -23,6 +22,9 @@ class JobResult:
         self.deploy_s = outcome.deploy_s
         self.run_s = outcome.run_s
         self.metrics = outcome.metrics
+        self.restarts = outcome.restarts
+        self.failures = outcome.failures
+        self.checkpoints = outcome.checkpoints
         self._results = outcome.results
 
     def table(self, sink: SinkHandle) -> pa.Table:
@@ -71,6 +73,9 @@ class JobClient:
         outcome = self._outcome
         if outcome.status == "FAILED":
             message = f"job '{self.job_name}' failed: {outcome.error}"
+            if outcome.failures[:-1]:
+                message += "\n\nEarlier failures (restarted):\n" + "\n".join(
+                    f"  {f}" for f in outcome.failures[:-1])
             if outcome.traceback:
                 message += "\n\nOriginal traceback:\n" + outcome.traceback
             raise JobFailedError(message, operator=outcome.operator, subtask=outcome.subtask,
@@ -83,7 +88,12 @@ class JobClient:
             ray.get(self._master.cancel.remote())
 
     def subtask_actor(self, operator_name: str, index: int) -> Any:
-        """The Ray actor running subtask ``index`` of the chain that holds ``operator_name``."""
+        """The Ray actor running subtask ``index`` of the chain holding ``operator_name``
+        in the job's current attempt (a test kills it with ``ray.kill``)."""
         vertex = self.plan.vertex_of(operator_name)
-        return ray.get_actor(subtask_actor_name(self.job_id, vertex.name, index),
-                             namespace=NAMESPACE)
+        names = ray.get(self._master.subtask_names.remote())
+        return ray.get_actor(names[vertex.name][index], namespace=NAMESPACE)
+
+    def progress(self) -> dict[str, Any]:
+        """Status, attempt, failures so far and checkpoint history of a running job."""
+        return ray.get(self._master.progress.remote())

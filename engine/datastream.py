@@ -26,7 +26,9 @@ from raystream.engine.keys import KeySelector, KeySpec
 from raystream.engine.operators.base import Operator
 from raystream.engine.operators.functions import (FilterBatchesOperator, FilterOperator,
                                                   FlatMapOperator, MapBatchesOperator,
-                                                  MapOperator, ReduceOperator)
+                                                  MapOperator)
+from raystream.engine.operators.keyed import (KeyedProcessFunction, KeyedProcessOperator,
+                                              ReduceOperator)
 from raystream.engine.operators.sinks import CollectSink, DiscardSink, PrintSink, SinkOperator
 
 if TYPE_CHECKING:
@@ -187,6 +189,18 @@ class KeyedStream(DataStream):
         keys = self.keys
         return self._add("operator", "reduce",
                          lambda n: ReduceOperator(n, fn, keys, schema=schema),
+                         name=name, parallelism=parallelism)
+
+    def process(self, fn: KeyedProcessFunction, *, name: str | None = None,
+                schema: pa.Schema | None = None, parallelism: int | None = None) -> DataStream:
+        """Run a :class:`KeyedProcessFunction` with keyed state on every row.
+
+        Each subtask gets its own copy of ``fn``; ``process_element(row, ctx)``
+        returns (or yields) the rows to emit.
+        """
+        keys = self.keys
+        return self._add("operator", "process",
+                         lambda n: KeyedProcessOperator(n, fn, keys, schema=schema),
                          name=name, parallelism=parallelism)
 
 

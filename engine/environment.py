@@ -19,7 +19,9 @@ import numpy as np
 import pyarrow as pa
 import ray
 
+from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.checkpoint.keygroups import DEFAULT_MAX_PARALLELISM
+from raystream.engine.failpoints import Failpoint
 from raystream.engine.client import JobClient, JobResult
 from raystream.engine.datastream import DataStream
 from raystream.engine.errors import InsufficientResourcesError
@@ -48,11 +50,18 @@ class StreamEnvironment:
             keyed job can ever be restored at.
         credits: unconsumed batches a channel may have in flight (backpressure bound).
         address: Ray cluster to connect to; None starts or reuses a local Ray.
+        checkpoints: periodic checkpoints (exactly-once state and sinks); None: off.
+        restart: what to do after a failure (default with checkpoints: 3 restarts,
+            0.5 s apart; without checkpoints a failure fails the job).
+        failpoints: failures placed at named points, for tests.
         actor_start_timeout_s: how long subtask actors may take to start.
     """
 
     def __init__(self, parallelism: int = 1, max_parallelism: int = DEFAULT_MAX_PARALLELISM, *,
                  credits: int = 8, address: str | None = None,
+                 checkpoints: CheckpointConfig | None = None,
+                 restart: RestartStrategy | None = None,
+                 failpoints: SequenceT[Failpoint] = (),
                  actor_start_timeout_s: float = 120.0,
                  ray_init_kwargs: Mapping[str, Any] | None = None) -> None:
         if parallelism < 1:
@@ -64,6 +73,11 @@ class StreamEnvironment:
         self.credits = credits
         self.address = address
         self.actor_start_timeout_s = actor_start_timeout_s
+        self.checkpoints = checkpoints
+        # With checkpoints a job restarts by default (as Flink does); without, it cannot.
+        self.restart = restart or (RestartStrategy.fixed_delay(3, 0.5) if checkpoints
+                                   else RestartStrategy.none())
+        self.failpoints = tuple(failpoints)
         self.ray_init_kwargs = dict(ray_init_kwargs or {})
         self.transformations: list[Transformation] = []
         self._names: set[str] = set()
@@ -134,7 +148,9 @@ class StreamEnvironment:
         check_resources(plan, name)
         job_id = f"{name}-{uuid.uuid4().hex[:8]}"
         options = JobOptions(credits=self.credits,
-                             actor_start_timeout_s=self.actor_start_timeout_s)
+                             actor_start_timeout_s=self.actor_start_timeout_s,
+                             checkpoints=self.checkpoints, restart=self.restart,
+                             failpoints=self.failpoints)
         master = JobMaster.options(name=f"raystream/{job_id}/master", namespace="raystream",
                                    **MASTER_RESOURCES.ray_options()).remote(job_id, name, plan,
                                                                             options)

@@ -1,34 +1,53 @@
-"""The job master actor: deploys a job's subtasks, watches them, and reports the outcome.
+"""The job master actor: deploys a job's subtasks, runs its checkpoints, fails it over.
 
-It creates one :class:`SubtaskActor` per subtask (so it owns them: if the
-master dies, they die with it), wires channels, starts the mailbox loops, and
-then waits on every subtask's ``await_termination`` call. A subtask that
-fails, or whose process dies (Ray raises ``RayActorError`` for that call),
-fails the job; the remaining subtasks are cancelled and killed. Failover
-(restoring from a checkpoint instead of failing) builds on this.
+One event thread owns all job state (Trio-style: every transition in one
+place). Subtasks and clients only put events on its queue:
+
+* a subtask *finished* (all its input ended and its output is sent);
+* a checkpoint acknowledged or declined (handed to the checkpoint coordinator);
+* a subtask's ``await_termination`` call returned FAILED, or raised because
+  its process died (``RayActorError``) — the job fails over.
+
+Failover is global: every subtask is killed and the job is redeployed as a
+new *attempt* from the latest completed checkpoint, after the restart
+strategy's delay, until its attempts run out. Messages of older attempts are
+dropped everywhere. A job without checkpoints fails on the first failure.
+
+End of input (FLIP-147): once every subtask has finished, the master triggers
+a final checkpoint; the job is FINISHED when it completes, so the tail of the
+output is committed. Then the subtasks are stopped.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from raystream.actors.subtask import (SubtaskActor, SubtaskSpec, TerminationReport,
                                       subtask_actor_name)
+from raystream.actors.subtask_checkpoints import CheckpointingSpec, RestoreSpec
+from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
+from raystream.engine.failpoints import Failpoint, Failpoints, InjectedFailure
 from raystream.engine.plan import JobPlan
 
 NAMESPACE = "raystream"
+POLL_S = 0.05
 
 
 @dataclass(frozen=True)
 class JobOptions:
     credits: int = 8
     actor_start_timeout_s: float = 120.0
+    checkpoints: CheckpointConfig | None = None
+    restart: RestartStrategy = field(default_factory=RestartStrategy.none)
+    failpoints: tuple[Failpoint, ...] = ()
 
 
 @dataclass
@@ -41,28 +60,42 @@ class JobOutcome:
     traceback: str | None = None
     deploy_s: float = 0.0
     run_s: float = 0.0
+    restarts: int = 0
+    failures: list[str] = field(default_factory=list)
+    checkpoints: list[Any] = field(default_factory=list)
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-@ray.remote(concurrency_groups={"client": 8}, max_restarts=0, max_task_retries=0)
+class _Failure(Exception):
+    """A subtask failed (raised inside the event thread to start a failover)."""
+
+    def __init__(self, report: TerminationReport) -> None:
+        super().__init__(report.error)
+        self.report = report
+
+
+@ray.remote(concurrency_groups={"client": 8, "control": 1}, max_restarts=0, max_task_retries=0)
 class JobMaster:
     def __init__(self, job_id: str, job_name: str, plan: JobPlan, options: JobOptions) -> None:
-        self.job_id = job_id
-        self.job_name = job_name
-        self.plan = plan
-        self.options = options
+        self.job_id, self.job_name, self.plan, self.options = job_id, job_name, plan, options
         self.attempt = 0
         self.status = "CREATED"
         self.outcome: JobOutcome | None = None
-        self.finished = threading.Event()
+        self.done = threading.Event()
+        self.events: queue.Queue = queue.Queue()
         self.actors: dict[tuple[int, int], Any] = {}
+        self.terminations: dict[Any, tuple[int, int]] = {}
+        self.finished: dict[tuple[int, int], dict] = {}
+        self.failures: list[str] = []
+        self.coordinator = None
+        self.cancel_requested = False
         self._thread = threading.Thread(target=self._run, name="job master", daemon=True)
         self._thread.start()
 
-    # -- client calls --------------------------------------------------------------
+    # -- client calls ----------------------------------------------------------------------
     @ray.method(concurrency_group="client")
     def wait(self, timeout_s: float | None = None) -> JobOutcome | None:
-        self.finished.wait(timeout_s)
+        self.done.wait(timeout_s)
         return self.outcome
 
     @ray.method(concurrency_group="client")
@@ -71,40 +104,234 @@ class JobMaster:
 
     @ray.method(concurrency_group="client")
     def cancel(self) -> None:
-        self.status = "CANCELING" if not self.finished.is_set() else self.status
-        for actor in list(self.actors.values()):
-            actor.cancel.remote()
+        self.events.put(("cancel",))
 
     @ray.method(concurrency_group="client")
     def subtask_names(self) -> dict[str, list[str]]:
-        return {v.name: [subtask_actor_name(self.job_id, v.name, i) for i in range(v.parallelism)]
-                for v in self.plan.vertices}
+        """Actor names of the current attempt's subtasks, by chain."""
+        return {v.name: [subtask_actor_name(self.job_id, v.name, i, self.attempt)
+                         for i in range(v.parallelism)] for v in self.plan.vertices}
 
-    # -- deployment and monitoring ---------------------------------------------------
+    @ray.method(concurrency_group="client")
+    def progress(self) -> dict[str, Any]:
+        coordinator = self.coordinator
+        return {"status": self.status, "attempt": self.attempt, "failures": list(self.failures),
+                "completed_checkpoints": [n for n, _ in coordinator.completed] if coordinator else [],
+                "checkpoints": coordinator.stats() if coordinator else []}
+
+    # -- subtask calls (control lane) ---------------------------------------------------------
+    @ray.method(concurrency_group="control")
+    def report_finished(self, attempt: int, vertex: int, index: int, results: dict) -> None:
+        self.events.put(("finished", attempt, (vertex, index), results))
+
+    @ray.method(concurrency_group="control")
+    def acknowledge_checkpoint(self, attempt: int, checkpoint_id: int, vertex: int, index: int,
+                               written: dict, stats: dict) -> None:
+        self.events.put(("ack", attempt, checkpoint_id, (vertex, index), written, stats))
+
+    @ray.method(concurrency_group="control")
+    def decline_checkpoint(self, attempt: int, checkpoint_id: int, vertex: int, index: int,
+                           reason: str) -> None:
+        self.events.put(("decline", attempt, checkpoint_id, (vertex, index), reason))
+
+    # -- the event thread ------------------------------------------------------------------------
     def _run(self) -> None:
         started = time.perf_counter()
+        deploy_s = 0.0
         try:
             self.status = "DEPLOYING"
-            self._deploy()
-            deployed = time.perf_counter()
+            self._create_coordinator()
+            self._deploy(restore=None)
+            deploy_s = time.perf_counter() - started
             self.status = "RUNNING"
-            outcome = self._monitor()
-            outcome.deploy_s = deployed - started
-            outcome.run_s = time.perf_counter() - deployed
-        except Exception as exc:  # deployment failed: report it, never hang the client
-            outcome = JobOutcome("FAILED", error=f"job '{self.job_name}' could not start: {exc}")
+            outcome = self._event_loop()
+        except Exception as exc:  # could not deploy: report it, never hang the client
+            outcome = JobOutcome("FAILED", error=f"job '{self.job_name}' could not run: "
+                                                 f"{type(exc).__name__}: {exc}")
         finally:
             self._kill_all()
+        outcome.deploy_s = deploy_s
+        outcome.run_s = time.perf_counter() - started - deploy_s
+        outcome.restarts = self.attempt
+        outcome.failures = list(self.failures)
+        outcome.checkpoints = self.coordinator.stats() if self.coordinator else []
         self.outcome = outcome
         self.status = outcome.status
-        self.finished.set()
+        self.done.set()
 
-    def _deploy(self) -> None:
+    def _event_loop(self) -> JobOutcome:
+        while True:
+            try:
+                outcome = self._step()
+                if outcome is not None:
+                    return outcome
+            except (_Failure, InjectedFailure) as failure:
+                outcome = self._failover(failure)
+                if outcome is not None:
+                    return outcome
+
+    def _step(self) -> JobOutcome | None:
+        """Handle what happened since the last step; an outcome ends the job."""
+        try:
+            event = self.events.get(timeout=POLL_S)
+        except queue.Empty:
+            event = None
+        while event is not None:
+            outcome = self._handle(event)
+            if outcome is not None:
+                return outcome
+            try:
+                event = self.events.get_nowait()
+            except queue.Empty:
+                event = None
+        ready, _ = ray.wait(list(self.terminations), num_returns=1, timeout=0)
+        if ready:
+            report = self._termination_report(ready[0])
+            if report.status != "FINISHED":
+                raise _Failure(report)
+        if self.coordinator is not None:
+            self.coordinator.tick(time.monotonic())
+        return self._maybe_finish()
+
+    def _handle(self, event: tuple) -> JobOutcome | None:
+        kind = event[0]
+        if kind == "cancel":
+            for actor in self.actors.values():
+                actor.cancel.remote()
+            return JobOutcome("CANCELED")
+        if kind == "finished":
+            _, attempt, subtask, results = event
+            if attempt == self.attempt:
+                self.finished[subtask] = results
+        elif kind == "ack" and self.coordinator is not None:
+            self.coordinator.acknowledge(*event[1:])
+        elif kind == "decline" and self.coordinator is not None:
+            self.coordinator.decline(*event[1:])
+        return None
+
+    def _maybe_finish(self) -> JobOutcome | None:
+        if len(self.finished) < len(self.actors):
+            return None
+        coordinator = self.coordinator
+        if coordinator is not None:
+            final = coordinator.final_checkpoint
+            if final is None:
+                coordinator.trigger(final=True)
+                return None
+            if not any(n == final for n, _ in coordinator.completed):
+                return None
+        outcome = JobOutcome("FINISHED", self._results(), metrics=self._collect_metrics())
+        for actor in self.actors.values():
+            actor.stop.remote()
+        return outcome
+
+    def _results(self) -> dict[int, list[Any]]:
+        results: dict[int, list[Any]] = {}
+        for key in sorted(self.finished):
+            for sink_id, value in self.finished[key].items():
+                if value is not None:
+                    results.setdefault(sink_id, []).append(value)
+        if self.coordinator is not None:
+            ids = {node.name: node.transformation_id for v in self.plan.vertices for node in v.nodes}
+            for name, handles in self.coordinator.committed_outputs().items():
+                results[ids[name]] = [self._read_committed(handles)]
+        return results
+
+    def _read_committed(self, handles: list[dict]) -> pa.Table:
+        from raystream.checkpoint.storage import StateHandle
+
+        tables = []
+        for handle in handles:
+            data = self.coordinator.storage.read_state(StateHandle.from_json(handle))
+            with pa.ipc.open_stream(data) as reader:
+                tables.append(reader.read_all())
+        tables = [t for t in tables if t.num_columns]
+        return pa.concat_tables(tables, promote_options="default") if tables else pa.table({})
+
+    def _collect_metrics(self) -> dict[str, dict[str, float]]:
+        names = {key: f"{self.plan.vertices[key[0]].name}/{key[1]}" for key in self.actors}
+        refs = {key: actor.metrics.remote() for key, actor in self.actors.items()}
+        try:
+            return {names[k]: v for k, v in zip(refs, ray.get(list(refs.values()), timeout=10))}
+        except Exception:
+            return {}
+
+    def _termination_report(self, ref: Any) -> TerminationReport:
+        key = self.terminations.pop(ref)
+        try:
+            return ray.get(ref)
+        except RayActorError as exc:
+            vertex = self.plan.vertices[key[0]]
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
+            return TerminationReport(
+                key[0], key[1], "FAILED", operator=vertex.name,
+                error=f"subtask {key[1] + 1}/{vertex.parallelism} of '{vertex.name}' died: "
+                      f"{type(exc).__name__}: {first_line}")
+
+    # -- failover ---------------------------------------------------------------------------------
+    def _failover(self, failure: Exception) -> JobOutcome | None:
+        report = failure.report if isinstance(failure, _Failure) else TerminationReport(
+            -1, -1, "FAILED", error=f"checkpoint coordinator: {failure}", operator="coordinator")
+        self.failures.append(report.error or "unknown failure")
+        restart = len(self.failures)
+        if self.options.checkpoints is None or restart > self.options.restart.attempts:
+            for actor in self.actors.values():
+                actor.cancel.remote()
+            why = "" if self.options.checkpoints is not None else " (no checkpoints: no restart)"
+            if self.options.checkpoints is not None and self.options.restart.attempts:
+                why = f" (restart attempts exhausted: {self.options.restart.attempts})"
+            return JobOutcome("FAILED", error=(report.error or "") + why, operator=report.operator,
+                              subtask=report.index if report.index >= 0 else None,
+                              traceback=report.traceback)
+        self.status = "RESTARTING"
+        self.coordinator.abort_all(f"failover after: {report.error}")
+        self._kill_all()
+        time.sleep(self.options.restart.delay_before(restart))
+        self.attempt += 1
+        self.coordinator.attempt = self.attempt
+        self.coordinator.failpoints = self._coordinator_failpoints()
+        self.coordinator.final_checkpoint = None
+        self._deploy(restore=self.coordinator.restore_spec())
+        self.status = "RUNNING"
+        return None
+
+    # -- deployment -------------------------------------------------------------------------------
+    def _coordinator_failpoints(self) -> Failpoints:
+        return Failpoints(tuple(f for f in self.options.failpoints if f.operator is None
+                                and f.point == "after_metadata_before_notify"),
+                          "coordinator", None, self.attempt)
+
+    def _create_coordinator(self) -> None:
+        config = self.options.checkpoints
+        if config is None:
+            return
+        from raystream.checkpoint.coordinator import CheckpointCoordinator
+
+        self.coordinator = CheckpointCoordinator(
+            config=config, job_key=self.job_id, job_name=self.job_name,
+            subtasks=[(v.id, i) for v in self.plan.vertices for i in range(v.parallelism)],
+            max_parallelism=self.plan.max_parallelism,
+            send_trigger=lambda barrier: [a.trigger_checkpoint.remote(barrier)
+                                          for a in self.actors.values()],
+            notify_complete=lambda n: [a.notify_checkpoint_complete.remote(n, self.attempt)
+                                       for a in self.actors.values()],
+            notify_aborted=lambda n: [a.notify_checkpoint_aborted.remote(n, self.attempt)
+                                      for a in self.actors.values()],
+            failpoints=self._coordinator_failpoints())
+
+    def _deploy(self, restore: RestoreSpec | None) -> None:
         plan, options = self.plan, self.options
+        self.actors, self.terminations, self.finished = {}, {}, {}
+        me = ray.get_runtime_context().current_actor
+        checkpointing = None
+        if options.checkpoints is not None:
+            checkpointing = CheckpointingSpec(options.checkpoints.storage, self.job_id, me)
         for vertex in plan.vertices:
             for index in range(vertex.parallelism):
                 spec = SubtaskSpec(self.job_id, self.job_name, self.attempt, vertex, index,
-                                   plan.max_parallelism, options.credits)
+                                   plan.max_parallelism, options.credits, master=me,
+                                   checkpointing=checkpointing, restore=restore,
+                                   failpoints=options.failpoints)
                 self.actors[(vertex.id, index)] = SubtaskActor.options(
                     name=spec.actor_name, namespace=NAMESPACE,
                     **vertex.resources.ray_options()).remote(spec)
@@ -127,38 +354,6 @@ class JobMaster:
         ray.get(calls)
         self.terminations = {a.await_termination.remote(): key for key, a in self.actors.items()}
         ray.get([a.start.remote() for a in self.actors.values()])
-
-    def _monitor(self) -> JobOutcome:
-        pending = list(self.terminations)
-        reports: dict[tuple[int, int], TerminationReport] = {}
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            key = self.terminations[ready[0]]
-            try:
-                report = ray.get(ready[0])
-            except RayActorError as exc:
-                vertex = self.plan.vertices[key[0]]
-                report = TerminationReport(
-                    key[0], key[1], "FAILED", operator=vertex.name,
-                    error=f"subtask {key[1] + 1}/{vertex.parallelism} of '{vertex.name}' died: "
-                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-            reports[key] = report
-            if report.status != "FINISHED":
-                return self._stop_after(report, reports)
-        results: dict[int, list[Any]] = {}
-        for key in sorted(reports):
-            for sink_id, value in reports[key].results.items():
-                results.setdefault(sink_id, []).append(value)
-        return JobOutcome("FINISHED", results, metrics=self._metrics(reports))
-
-    def _stop_after(self, report: TerminationReport, reports) -> JobOutcome:
-        for actor in self.actors.values():
-            actor.cancel.remote()
-        return JobOutcome(report.status, error=report.error, operator=report.operator,
-                          subtask=report.index, traceback=report.traceback, metrics=self._metrics(reports))
-
-    def _metrics(self, reports) -> dict[str, dict[str, float]]:
-        return {f"{self.plan.vertices[v].name}/{i}": r.metrics for (v, i), r in reports.items()}
 
     def _kill_all(self) -> None:
         for actor in self.actors.values():

@@ -8,6 +8,8 @@
 """
 
 from raystream import sources, spark
+from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
+from raystream.engine.failpoints import Failpoint
 from raystream.checkpoint.keygroups import (HASH_VERSION, key_group_of, key_group_range,
                                             subtask_for_key_group)
 from raystream.engine.client import JobClient, JobResult
@@ -16,13 +18,15 @@ from raystream.engine.environment import StreamEnvironment
 from raystream.engine.errors import (BadRecordError, InsufficientResourcesError, JobFailedError,
                                      RaystreamError)
 from raystream.engine.operators.base import Operator, RuntimeContext
+from raystream.engine.operators.keyed import KeyedContext, KeyedProcessFunction
 from raystream.engine.watermarks import BoundedOutOfOrderness
 from raystream.actors.messages import MAX_WATERMARK, MIN_WATERMARK
 
 __all__ = [
-    "BadRecordError", "BoundedOutOfOrderness", "ConnectedStreams", "DataStream",
+    "BadRecordError", "BoundedOutOfOrderness", "CheckpointConfig", "ConnectedStreams",
+    "DataStream", "Failpoint", "RestartStrategy",
     "HASH_VERSION", "InsufficientResourcesError", "JobClient", "JobFailedError", "JobResult",
-    "KeyedStream", "MAX_WATERMARK", "MIN_WATERMARK", "Operator", "RaystreamError",
+    "KeyedContext", "KeyedProcessFunction", "KeyedStream", "MAX_WATERMARK", "MIN_WATERMARK", "Operator", "RaystreamError",
     "RuntimeContext", "SinkHandle", "StreamEnvironment", "key_group_of", "key_group_range",
     "sources", "spark", "subtask_for_key_group",
 ]

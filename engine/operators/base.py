@@ -19,8 +19,8 @@ Writing a custom operator (used with ``DataStream.transform``):
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Protocol
 
 import pyarrow as pa
 
@@ -35,11 +35,42 @@ class RuntimeContext:
     parallelism: int
     max_parallelism: int
     attempt: int
+    checkpointing: bool = False
 
     @classmethod
     def local(cls, operator_name: str = "operator") -> "RuntimeContext":
         """A context for running an operator by hand (tests, docs)."""
         return cls("local", operator_name, 0, 1, 128, 0)
+
+
+@dataclass
+class OperatorSnapshot:
+    """The synchronous part of one operator's snapshot for a checkpoint.
+
+    Each field is a callable that the subtask runs in its background thread
+    (the asynchronous part) and that must return the state *as of the
+    synchronous snapshot*, whatever the operator does meanwhile.
+
+    * ``operator_state``: opaque bytes; on restore every subtask gets the
+      states of all old subtasks and picks its share (Flink's union state).
+    * ``keyed_state``: bytes per key group; on restore every subtask gets the
+      key groups of its range.
+    * ``committable``: output to commit when the checkpoint completes (a
+      two-phase-commit sink's pending part).
+    """
+
+    operator_state: Callable[[], bytes] | None = None
+    keyed_state: Callable[[], dict[int, bytes]] | None = None
+    committable: Callable[[], bytes] | None = None
+
+
+@dataclass
+class RestoredState:
+    """An operator's state from the checkpoint a job restores from."""
+
+    checkpoint_id: int
+    operator_states: list[bytes] = field(default_factory=list)
+    keyed_sections: Iterable[tuple[int, bytes]] = ()
 
 
 class Output(Protocol):
@@ -89,6 +120,23 @@ class Operator:
 
     def close(self) -> None:
         """Release resources; called on success and on failure."""
+
+    # -- checkpoints (Flink's order: pre-barrier, barrier, snapshot, notify) --
+    def initialize_state(self, restored: RestoredState | None) -> None:
+        """Called before ``open``; ``restored`` is None on a fresh start."""
+
+    def prepare_snapshot_pre_barrier(self, checkpoint_id: int) -> None:
+        """Last chance to emit records that belong before barrier ``checkpoint_id``."""
+
+    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot | None:
+        """Synchronous part of the snapshot: cheap, consistent; None if stateless."""
+        return None
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` is durable: side effects up to it may be committed."""
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` will never complete."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"

@@ -15,7 +15,6 @@ import pyarrow as pa
 
 from raystream.engine.batches import rows_to_batch
 from raystream.engine.errors import BadRecordError, describe_record
-from raystream.engine.keys import KeySelector
 from raystream.engine.operators.base import Operator
 
 
@@ -35,6 +34,12 @@ def _call(fn: Callable, record: Any, *args: Any) -> Any:
     except Exception as exc:
         exc.add_note(f"record: {describe_record(record)}")
         raise
+
+
+def emit_rows(operator: Operator, rows: list[Any], schema: pa.Schema | None) -> None:
+    """Emit dict rows as one batch (nothing for no rows), naming the operator on bad rows."""
+    if rows:
+        operator.output.emit(rows_to_batch(rows, schema=schema, where=f"operator '{operator.name}'"))
 
 
 def as_record_batch(value: Any, where: str) -> list[pa.RecordBatch]:
@@ -67,8 +72,7 @@ class _FunctionOperator(Operator):
             _close_function(fn)
 
     def _emit_rows(self, rows: list[Any]) -> None:
-        if rows:
-            self.output.emit(rows_to_batch(rows, schema=self.schema, where=f"operator '{self.name}'"))
+        emit_rows(self, rows, self.schema)
 
 
 class MapOperator(_FunctionOperator):
@@ -135,33 +139,3 @@ class FilterBatchesOperator(_FunctionOperator):
         kept = batch.filter(mask)
         if kept.num_rows:
             self.output.emit(kept)
-
-
-class ReduceOperator(_FunctionOperator):
-    """Keyed running aggregate: ``fn(accumulated: dict, row: dict) -> dict`` per key.
-
-    Emits the updated aggregate for every incoming row, as Flink's
-    ``KeyedStream.reduce`` does; the first row of a key is its first aggregate.
-    """
-
-    def __init__(self, name: str, fn: Callable[[dict, dict], dict], keys: KeySelector, *,
-                 schema: pa.Schema | None = None) -> None:
-        super().__init__(name, [fn], schema=schema)
-        self.keys = keys
-        self.state: dict[Any, dict] = {}
-
-    def process_batch(self, batch, input_index=0):
-        fn = self.functions[0]
-        state = self.state
-        out = []
-        for key, row in zip(self.keys.python_keys(batch), batch.to_pylist()):
-            accumulated = state.get(key)
-            if accumulated is not None:
-                row = _call(fn, accumulated, row)
-                if not isinstance(row, Mapping):
-                    raise BadRecordError(f"reduce '{self.name}' must return a dict, got "
-                                         f"{type(row).__name__} for key {key!r}")
-            state[key] = row
-            out.append(row)
-        self._emit_rows(out)
-

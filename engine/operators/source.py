@@ -4,14 +4,20 @@ It reads its splits round-robin, one batch at a time (so each split advances
 at a similar pace), and generates watermarks per split: the subtask's
 watermark is the minimum over its unfinished splits (Flink's per-split
 watermarks), so a slow split never makes another split's records late.
+
+Its state is each split's position, the finished splits and each split's
+largest timestamp, as JSON. On restore every subtask gets the states of all
+old subtasks and takes the splits assigned to it now, so the job can restore
+at another parallelism.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from raystream.actors.messages import MAX_WATERMARK, MIN_WATERMARK
-from raystream.engine.operators.base import Operator
+from raystream.engine.operators.base import Operator, OperatorSnapshot, RestoredState
 from raystream.engine.sources.base import Source, SplitReader, assign_splits
 from raystream.engine.watermarks import BoundedOutOfOrderness
 
@@ -28,16 +34,29 @@ class SourceOperator(Operator):
         self._next = 0
         self._watermark = MIN_WATERMARK
         self.finished = False
+        self.finished_splits: set[str] = set()
+        self._restored_positions: dict[str, int] = {}
+        self._restored_max_ts: dict[str, int] = {}
+
+    def initialize_state(self, restored: RestoredState | None) -> None:
+        for blob in restored.operator_states if restored else ():
+            state = json.loads(blob)
+            self._restored_positions.update(state["positions"])
+            self._restored_max_ts.update(state["max_ts"])
+            self.finished_splits.update(state["finished"])
 
     def open(self) -> None:
         splits = self.source.splits()
         for index in assign_splits(len(splits), self.ctx.subtask_index, self.ctx.parallelism):
-            self.add_split(splits[index])
+            split_id = self.source.split_id(splits[index])
+            if split_id not in self.finished_splits:
+                self.add_split(splits[index], self._restored_positions.get(split_id, 0),
+                               self._restored_max_ts.get(split_id, MIN_WATERMARK))
 
-    def add_split(self, split: Any, position: int = 0) -> None:
+    def add_split(self, split: Any, position: int = 0, max_ts: int = MIN_WATERMARK) -> None:
         split_id = self.source.split_id(split)
         self.readers[split_id] = self.source.reader(split, position)
-        self.split_max_ts[split_id] = MIN_WATERMARK
+        self.split_max_ts[split_id] = max_ts
         self._order.append(split_id)
 
     def process_batch(self, batch, input_index=0):
@@ -53,6 +72,7 @@ class SourceOperator(Operator):
                 self.readers.pop(split_id).close()
                 self.split_max_ts.pop(split_id)
                 self._order.remove(split_id)
+                self.finished_splits.add(split_id)
                 self._advance_watermark()
                 continue
             self._next += 1
@@ -81,3 +101,8 @@ class SourceOperator(Operator):
 
     def positions(self) -> dict[str, int]:
         return {split_id: reader.position for split_id, reader in self.readers.items()}
+
+    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
+        state = json.dumps({"positions": self.positions(), "max_ts": self.split_max_ts,
+                            "finished": sorted(self.finished_splits)}).encode()
+        return OperatorSnapshot(operator_state=lambda: state)

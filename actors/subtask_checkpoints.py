@@ -1,0 +1,162 @@
+"""A subtask's side of checkpoints (Flink's ``SubtaskCheckpointCoordinatorImpl``).
+
+For checkpoint ``n``, always in this order, on the mailbox thread:
+
+1. ``prepare_snapshot_pre_barrier(n)`` on every operator, head to tail —
+   records they emit land before the barrier;
+2. barrier ``n`` to every output channel, on the control lane, carrying the
+   last sequence number put on that channel;
+3. the synchronous snapshot of every operator (cheap, consistent copies);
+
+then, on one background thread (so checkpoints are acknowledged in order):
+
+4. the asynchronous part — serialize and write every operator's state to
+   checkpoint storage — and the acknowledgement to the coordinator with the
+   state handles, or a decline with the reason if anything failed.
+
+It also reads a restored checkpoint's state for the chain's operators.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from raystream.actors.messages import Barrier
+from raystream.checkpoint.keygroups import key_group_range
+from raystream.checkpoint.sections import decode_sections, encode_sections
+from raystream.engine.failpoints import Failpoints
+from raystream.engine.operators.base import (Operator, OperatorSnapshot, RestoredState,
+                                             call_operator)
+
+
+@dataclass
+class OperatorRestore:
+    """The state files of one operator in the checkpoint a job restores from."""
+
+    operator_state: list[dict] = field(default_factory=list)  # StateHandle JSON, all old subtasks
+    keyed_state: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class RestoreSpec:
+    checkpoint_id: int
+    operators: dict[str, OperatorRestore] = field(default_factory=dict)  # operator name -> files
+
+
+@dataclass
+class CheckpointingSpec:
+    """What a subtask needs to take part in checkpoints."""
+
+    storage_uri: str
+    job_key: str
+    coordinator: Any  # the job master actor
+
+
+class SubtaskCheckpointer:
+    def __init__(self, *, spec: CheckpointingSpec, names: list[str], operators: list[Operator],
+                 vertex_id: int, index: int, parallelism: int, max_parallelism: int, attempt: int,
+                 failpoints: Failpoints, forward_barrier: Callable[[Barrier], None]) -> None:
+        from raystream.checkpoint.storage import CheckpointStorage
+
+        self.spec = spec
+        self.storage = CheckpointStorage(spec.storage_uri)
+        self.names = names
+        self.operators = operators
+        self.vertex_id, self.index, self.attempt = vertex_id, index, attempt
+        self.key_groups = key_group_range(index, parallelism, max_parallelism)
+        self.failpoints = failpoints
+        self.forward_barrier = forward_barrier
+        self.last_checkpoint_id = 0
+        self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshot")
+        self.sync_pause_s: list[float] = []
+
+    # -- restore ----------------------------------------------------------------------
+    def restore(self, restore: RestoreSpec | None) -> None:
+        for name, operator in zip(self.names, self.operators):
+            state = None
+            if restore is not None:
+                files = restore.operators.get(name, OperatorRestore())
+                state = RestoredState(
+                    restore.checkpoint_id,
+                    [self._read(h) for h in files.operator_state],
+                    self._keyed_sections(files.keyed_state))
+                self.last_checkpoint_id = restore.checkpoint_id
+            call_operator(operator, "initialize_state", state)
+
+    def _read(self, handle: dict) -> bytes:
+        from raystream.checkpoint.storage import StateHandle
+
+        return self.storage.read_state(StateHandle.from_json(handle))
+
+    def _keyed_sections(self, handles: list[dict]):
+        for handle in handles:
+            yield from decode_sections(self._read(handle), self.key_groups)
+
+    # -- checkpoint n -------------------------------------------------------------------
+    def checkpoint(self, barrier: Barrier, forward: bool) -> None:
+        """Steps 1-3 on the mailbox thread; step 4 queued on the snapshot thread."""
+        started = time.perf_counter()
+        n = barrier.checkpoint_id
+        self.last_checkpoint_id = n
+        for operator in self.operators:
+            call_operator(operator, "prepare_snapshot_pre_barrier", n)
+        if forward:
+            self.forward_barrier(barrier)
+        self.failpoints.hit("in_snapshot")
+        snapshots = [(name, call_operator(op, "snapshot_state", n))
+                     for name, op in zip(self.names, self.operators)]
+        self.sync_pause_s.append(time.perf_counter() - started)
+        self._writer.submit(self._write_and_acknowledge, barrier, snapshots, started)
+
+    def _write_and_acknowledge(self, barrier: Barrier, snapshots, started: float) -> None:
+        n = barrier.checkpoint_id
+        coordinator = self.spec.coordinator
+        try:
+            self.failpoints.hit("in_async_write")
+            written: dict[str, dict] = {}
+            size = 0
+            for name, snapshot in snapshots:
+                if snapshot is None:
+                    continue
+                entry = self._write_operator(n, name, snapshot)
+                size += sum(h["size"] for h in entry.values())
+                written[name] = entry
+            coordinator.acknowledge_checkpoint.remote(
+                self.attempt, n, self.vertex_id, self.index, written,
+                {"size": size, "duration_s": time.perf_counter() - started})
+        except Exception as exc:  # storage unwritable, serialization failed, ...
+            coordinator.decline_checkpoint.remote(
+                self.attempt, n, self.vertex_id, self.index, f"{type(exc).__name__}: {exc}")
+
+    def _write_operator(self, n: int, name: str, snapshot: OperatorSnapshot) -> dict[str, dict]:
+        job, stem = self.spec.job_key, f"{_safe(name)}-{self.index}"
+        entry: dict[str, dict] = {}
+        if snapshot.operator_state is not None:
+            entry["operator_state"] = self.storage.write_state(
+                job, n, f"{stem}.op", snapshot.operator_state()).to_json()
+        if snapshot.keyed_state is not None:
+            entry["keyed_state"] = self.storage.write_state(
+                job, n, f"{stem}.keyed", encode_sections(snapshot.keyed_state())).to_json()
+        if snapshot.committable is not None:
+            entry["committable"] = self.storage.write_output(
+                job, f"{_safe(name)}/{n}-{self.index}-{self.attempt}.arrow",
+                snapshot.committable()).to_json()
+        return entry
+
+    def notify_complete(self, checkpoint_id: int) -> None:
+        for operator in self.operators:
+            call_operator(operator, "notify_checkpoint_complete", checkpoint_id)
+
+    def notify_aborted(self, checkpoint_id: int) -> None:
+        for operator in self.operators:
+            call_operator(operator, "notify_checkpoint_aborted", checkpoint_id)
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=False, cancel_futures=True)
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

@@ -1,0 +1,793 @@
+"""Heap keyed state backend: state per (key, namespace), partitioned by key group.
+
+Flink's ``HeapKeyedStateBackend`` + ``CopyOnWriteStateMap``, in Python. A
+subtask owns a contiguous range of key groups; every state name has one plain
+``dict`` per key group, mapping ``(key, namespace)`` directly to the value (no
+per-entry wrapper objects: fewer allocations, less work for the cyclic GC,
+and a key group's section is one C-level ``pickle.dumps`` of its dict).
+Snapshots are taken per key group, so a job restores at another parallelism
+by handing every subtask the sections of its range.
+
+Snapshots and versioned copy-on-write
+-------------------------------------
+:meth:`KeyedStateBackend.snapshot` is the *synchronous* part of a checkpoint.
+It costs O(state names x key groups) reference copies, independent of the
+number of keys: it records the backend's current *version* ``s``, bumps it to
+``s + 1`` and keeps references to the per-key-group dicts. It returns a
+:class:`StateSnapshot`, the *asynchronous* part: a callable that pickles those
+dicts, one section per non-empty key group, typically on a background thread
+while records keep flowing. While any snapshot is in progress the processing
+thread never mutates an object a snapshot can reach:
+
+* Every per-key-group dict (a *map*) is stamped with the version it was
+  created at. Snapshot ``s`` captures exactly the maps current at that moment,
+  all stamped ``<= s``. The first change (insert, delete, replace) to a map
+  stamped ``<=`` the newest in-progress snapshot ``ma`` first replaces it by a
+  shallow copy stamped with the current version: at most one O(keys in that
+  key group) copy per key group, state and snapshot, on the processing thread.
+* Values are copied on first *access* (read or write) while a snapshot may
+  reach them, like Flink's entry versions: such a value is replaced by a deep
+  copy (``copy.deepcopy``; lists, sets and dicts of immutable scalars are
+  copied shallowly, which is equivalent) before it is returned or changed. So
+  user code may mutate a value returned by :meth:`ValueState.value` in place
+  without tearing a snapshot. Immutable values (numbers, strings, bytes, None,
+  dates, tuples/frozensets of those) are never copied.
+* Instead of a version per entry, a map records which keys were given a new
+  object since the map was copied (``fresh``) and a *floor*: the lowest
+  snapshot version that may still reach its other (inherited) objects. A value
+  is reachable by a snapshot iff the map itself is stamped ``<= ma``, or
+  ``floor <= ma`` and its key is not in ``fresh``. On a copy the floor becomes
+  the old map's stamp, or the old floor if that may still be reached; any new
+  snapshot captures the map (stamp ``<= s``), forcing another copy before the
+  next change. This is exactly as safe as per-entry versions, just
+  conservative when snapshots overlap.
+
+When the asynchronous part finishes (or fails, or :meth:`StateSnapshot.release`
+is called, or the :class:`StateSnapshot` is garbage-collected unrun), the
+snapshot is released; with none in progress, state is changed in place with
+no copying at all. Any number of snapshots may be in progress at once.
+
+Threading contract: all state access, :meth:`~KeyedStateBackend.snapshot` and
+:meth:`~KeyedStateBackend.restore` happen on one thread (the subtask's
+processing thread); only a :class:`StateSnapshot` may run on another thread,
+concurrently with processing. The processing thread never waits for
+serialization (it may wait, GIL-wise, for the pickling of one key group's map,
+a single C call).
+
+Ownership contract (as in Flink's heap backend): a value handed to state
+(``update``, ``add``, ``put``...) is owned by the state from then on, and a
+mutable value read from state is the live state value, valid for the current
+record: mutating it in place changes the state. Do not keep such references
+across records (a snapshot may be taken in between) and do not mutate an
+object after handing it to state except through a fresh read.
+
+Section format
+--------------
+``b"RSKS"``, then big-endian ``uint16`` format version (:data:`FORMAT_VERSION`),
+``uint16`` key-group hash version (``keygroups.HASH_VERSION``), ``uint32``
+max_parallelism and ``uint32`` key group, then a pickle (protocol 5) of
+``{state name: (kind, {(key, namespace): value})}``. Restore checks all four
+header fields. The bytes are only ever read back by the same job's restore.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import decimal
+import fractions
+import pickle
+import struct
+import threading
+import uuid
+import weakref
+from collections.abc import Mapping
+from typing import Any, Callable, Iterable, Iterator, Protocol
+
+import numpy as np
+
+from raystream.checkpoint.keygroups import HASH_VERSION, key_group_of
+
+__all__ = [
+    "FORMAT_VERSION",
+    "AggregateFunction",
+    "AggregatingState",
+    "KeyedStateBackend",
+    "ListState",
+    "MapState",
+    "ReducingState",
+    "StateSnapshot",
+    "ValueState",
+]
+
+FORMAT_VERSION = 1
+_MAGIC = b"RSKS"
+_HEADER = struct.Struct(">4sHHII")  # magic, format version, hash version, max_parallelism, key group
+
+_VALUE, _LIST, _MAP, _REDUCING, _AGGREGATING = "value", "list", "map", "reducing", "aggregating"
+
+# Types whose instances cannot be mutated in place: never copied.
+_ATOMIC = frozenset({
+    int, float, complex, bool, str, bytes, type(None), range,
+    decimal.Decimal, fractions.Fraction, uuid.UUID,
+    datetime.date, datetime.datetime, datetime.time, datetime.timedelta, datetime.timezone,
+    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+    np.uint64, np.float16, np.float32, np.float64, np.datetime64, np.timedelta64,
+})
+
+_MISSING: Any = object()
+_NEVER = float("inf")  # floor of a map that inherited no objects
+
+
+def _immutable(v: Any) -> bool:
+    t = type(v)
+    if t in _ATOMIC:
+        return True
+    if t is tuple or t is frozenset:
+        return all(map(_immutable, v))
+    return False
+
+
+def _all_immutable(values: Iterable[Any]) -> bool:
+    return _ATOMIC.issuperset(map(type, values)) or all(map(_immutable, values))
+
+
+def _cow_copy(v: Any) -> Any:
+    """A copy of ``v`` sharing no mutable object with it (``copy.deepcopy``,
+    with a shallow fast path for lists/sets/dicts of immutable values)."""
+    t = type(v)
+    if t in _ATOMIC:
+        return v
+    if t is list or t is set:
+        if _all_immutable(v):
+            return v.copy()
+    elif t is dict:
+        if _all_immutable(v.values()) and _all_immutable(v):
+            return v.copy()
+    return copy.deepcopy(v)
+
+
+class AggregateFunction(Protocol):
+    """Flink's ``AggregateFunction``: ``add`` and ``merge`` may mutate and return
+    the accumulator they are given."""
+
+    def create_accumulator(self) -> Any: ...
+
+    def add(self, value: Any, accumulator: Any) -> Any: ...
+
+    def get_result(self, accumulator: Any) -> Any: ...
+
+    def merge(self, a: Any, b: Any) -> Any: ...
+
+
+# ---------------------------------------------------------------------------
+# One key group of one state: a dict with copy-on-write against snapshots
+# ---------------------------------------------------------------------------
+
+class _KGMap:
+    """``m``: ``(key, namespace) -> value`` of one state in one key group.
+
+    ``version``: the backend version ``m`` was created at; ``floor`` and
+    ``fresh``: see the module docstring (objects inherited from an earlier map
+    may be reachable by in-progress snapshots with version >= ``floor``;
+    ``fresh`` holds the keys given a new object since ``m`` was created)."""
+
+    __slots__ = ("b", "m", "version", "floor", "fresh")
+
+    def __init__(self, backend: "KeyedStateBackend") -> None:
+        self.b = backend
+        self.m: dict = {}
+        self.version: int = backend._version
+        self.floor: float = _NEVER
+        self.fresh: set = set()
+
+    def writable(self) -> dict:
+        """``m``, first replaced by a copy if a snapshot in progress holds it."""
+        b = self.b
+        ma = b._max_active
+        if self.version <= ma:
+            if self.floor > ma:
+                self.floor = self.version
+            self.m = self.m.copy()
+            self.version = b._version
+            self.fresh = set()
+        return self.m
+
+    def put(self, kk: tuple, value: Any) -> None:
+        """Store a new object (one no snapshot can reach) at ``kk``."""
+        self.writable()[kk] = value
+        if self.floor <= self.b._max_active:
+            self.fresh.add(kk)
+
+    def shared(self, kk: tuple) -> bool:
+        """May an in-progress snapshot reach the object at ``kk``?"""
+        ma = self.b._max_active
+        return ma >= 0 and (self.version <= ma or (self.floor <= ma and kk not in self.fresh))
+
+    def owned(self, kk: tuple) -> Any:
+        """The value at ``kk`` (``_MISSING`` if absent), safe to mutate in place."""
+        v = self.m.get(kk, _MISSING)
+        if v is _MISSING or type(v) in _ATOMIC or not self.shared(kk) or _immutable(v):
+            return v
+        v = _cow_copy(v)
+        self.put(kk, v)
+        return v
+
+    def remove(self, kk: tuple) -> None:
+        if kk in self.m:
+            del self.writable()[kk]
+
+    def take(self, kk: tuple) -> Any:
+        """Remove the value at ``kk`` and return it, owned by the caller."""
+        v = self.m.get(kk, _MISSING)
+        if v is _MISSING:
+            return v
+        if self.shared(kk):
+            v = _cow_copy(v)
+        del self.writable()[kk]
+        return v
+
+
+class _StateTable:
+    """All key groups of one state name: ``kgs[i]`` is key group ``key_groups[i]``."""
+
+    __slots__ = ("name", "kind", "kgs")
+
+    def __init__(self, backend: "KeyedStateBackend", name: str, kind: str) -> None:
+        self.name = name
+        self.kind = kind
+        self.kgs = [_KGMap(backend) for _ in range(len(backend.key_groups))]
+
+
+def _no_current_key() -> RuntimeError:
+    return RuntimeError("no current key: call KeyedStateBackend.set_current_key() first")
+
+
+# ---------------------------------------------------------------------------
+# State primitives (handles; cheap, scoped to the backend's current key and namespace)
+# ---------------------------------------------------------------------------
+
+class _State:
+    __slots__ = ("_b", "_t", "_kgs")
+
+    def __init__(self, backend: "KeyedStateBackend", table: _StateTable) -> None:
+        self._b = backend
+        self._t = table
+        self._kgs = table.kgs
+
+    def _kg(self) -> _KGMap:
+        i = self._b._kg_idx
+        if i is None:
+            raise _no_current_key()
+        return self._kgs[i]
+
+    @property
+    def name(self) -> str:
+        return self._t.name
+
+    def clear(self) -> None:
+        """Remove the value of the current key and namespace."""
+        self._kg().remove(self._b._kk)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._t.name!r})"
+
+
+class ValueState(_State):
+    """One value per key and namespace. ``value()`` returns the live value
+    (mutating it in place mutates state), or ``default`` when unset; a list,
+    dict, set or bytearray default is copied for every call, so keys never
+    share it, and is not stored (call ``update``)."""
+
+    __slots__ = ("_default", "_copy_default")
+
+    def __init__(self, backend: "KeyedStateBackend", table: _StateTable, default: Any) -> None:
+        super().__init__(backend, table)
+        self._default = default
+        self._copy_default = type(default) in (list, dict, set, bytearray)
+
+    def value(self) -> Any:
+        b = self._b
+        i = b._kg_idx
+        if i is None:
+            raise _no_current_key()
+        kg = self._kgs[i]
+        v = kg.m.get(b._kk, _MISSING)
+        if v is _MISSING:
+            return copy.deepcopy(self._default) if self._copy_default else self._default
+        if b._max_active < 0 or type(v) in _ATOMIC:  # fast path: nothing to copy
+            return v
+        return kg.owned(b._kk)
+
+    def update(self, value: Any) -> None:
+        b = self._b
+        i = b._kg_idx
+        if i is None:
+            raise _no_current_key()
+        kg = self._kgs[i]
+        if b._max_active < 0:  # fast path: no snapshot in progress
+            kg.m[b._kk] = value
+        else:
+            kg.put(b._kk, value)
+
+
+class _MergingState(_State):
+    __slots__ = ()
+
+    def _combine(self, a: Any, b: Any) -> Any:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:
+        """Merge the values of the current key under ``sources`` into ``target``
+        and clear the sources (Flink ``InternalMergingState.mergeNamespaces``;
+        used when session windows merge). The current namespace is unchanged."""
+        kg = self._kg()
+        key = self._b._key
+        merged = _MISSING
+        for ns in sources:
+            if ns == target:
+                continue
+            v = kg.take((key, ns))
+            if v is not _MISSING:
+                merged = v if merged is _MISSING else self._combine(merged, v)
+        if merged is _MISSING:
+            return
+        kk = (key, target)
+        cur = kg.owned(kk)
+        kg.put(kk, merged if cur is _MISSING else self._combine(cur, merged))
+
+
+class ListState(_MergingState):
+    """A list per key and namespace.
+
+    ``get()`` returns a *new* list (a shallow copy): adding to or removing
+    from it does not change state (call ``update``); its elements are the
+    stored objects, so mutating an element in place does (see the module's
+    ownership contract). An empty list is never stored: ``update([])`` clears.
+    """
+
+    __slots__ = ()
+
+    def get(self) -> list:
+        kg = self._kg()
+        kk = self._b._kk
+        v = kg.m.get(kk)
+        if v is None:
+            return []
+        if self._b._max_active < 0 or _ATOMIC.issuperset(map(type, v)):
+            return v.copy()
+        return kg.owned(kk).copy()
+
+    def add(self, value: Any) -> None:
+        kg = self._kg()
+        kk = self._b._kk
+        lst = kg.owned(kk)
+        if lst is _MISSING:
+            kg.put(kk, [value])
+        else:
+            lst.append(value)
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        values = list(values)
+        if not values:
+            return
+        kg = self._kg()
+        kk = self._b._kk
+        lst = kg.owned(kk)
+        if lst is _MISSING:
+            kg.put(kk, values)
+        else:
+            lst.extend(values)
+
+    def update(self, values: Iterable[Any]) -> None:
+        values = list(values)
+        kg = self._kg()
+        if values:
+            kg.put(self._b._kk, values)
+        else:
+            kg.remove(self._b._kk)
+
+    def _combine(self, a: list, b: list) -> list:
+        a.extend(b)
+        return a
+
+
+class MapState(_State):
+    """A dict per key and namespace. ``keys()``, ``values()`` and ``items()``
+    return lists (materialized), so state may be changed while iterating them.
+    Values read are live (see the module's ownership contract). An empty map is
+    never stored: removing the last entry clears the state."""
+
+    __slots__ = ()
+
+    def _map(self) -> dict | None:
+        return self._kg().m.get(self._b._kk)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        kg = self._kg()
+        kk = self._b._kk
+        d = kg.m.get(kk)
+        if d is None:
+            return default
+        v = d.get(key, _MISSING)
+        if v is _MISSING:
+            return default
+        if type(v) in _ATOMIC or not kg.shared(kk) or _immutable(v):
+            return v
+        return kg.owned(kk)[key]
+
+    def put(self, key: Any, value: Any) -> None:
+        kg = self._kg()
+        kk = self._b._kk
+        d = kg.owned(kk)
+        if d is _MISSING:
+            kg.put(kk, {key: value})
+        else:
+            d[key] = value
+
+    def put_all(self, mapping: Mapping[Any, Any]) -> None:
+        mapping = dict(mapping)
+        if not mapping:
+            return
+        kg = self._kg()
+        kk = self._b._kk
+        d = kg.owned(kk)
+        if d is _MISSING:
+            kg.put(kk, mapping)
+        else:
+            d.update(mapping)
+
+    def remove(self, key: Any) -> None:
+        kg = self._kg()
+        kk = self._b._kk
+        d = kg.m.get(kk)
+        if d is None or key not in d:
+            return
+        d = kg.owned(kk)
+        del d[key]
+        if not d:
+            kg.remove(kk)
+
+    def contains(self, key: Any) -> bool:
+        d = self._map()
+        return d is not None and key in d
+
+    def keys(self) -> list:
+        d = self._map()
+        return [] if d is None else list(d)
+
+    def values(self) -> list:
+        d = self._kg().owned(self._b._kk)
+        return [] if d is _MISSING else list(d.values())
+
+    def items(self) -> list:
+        d = self._kg().owned(self._b._kk)
+        return [] if d is _MISSING else list(d.items())
+
+    def is_empty(self) -> bool:
+        return not self._map()
+
+
+class ReducingState(_MergingState):
+    """One value per key and namespace, combined with ``reduce(old, new)`` on
+    ``add`` (``reduce`` may mutate and return ``old``). ``get()`` returns None
+    when unset."""
+
+    __slots__ = ("_reduce",)
+
+    def __init__(self, backend: "KeyedStateBackend", table: _StateTable,
+                 reduce: Callable[[Any, Any], Any]) -> None:
+        super().__init__(backend, table)
+        self._reduce = reduce
+
+    def get(self) -> Any:
+        v = self._kg().owned(self._b._kk)
+        return None if v is _MISSING else v
+
+    def add(self, value: Any) -> None:
+        kg = self._kg()
+        kk = self._b._kk
+        cur = kg.owned(kk)
+        kg.put(kk, value if cur is _MISSING else self._reduce(cur, value))
+
+    def _combine(self, a: Any, b: Any) -> Any:
+        return self._reduce(a, b)
+
+
+class AggregatingState(_MergingState):
+    """An accumulator per key and namespace (Flink ``AggregatingState``).
+    ``get()`` returns ``get_result(accumulator)``, or None when unset."""
+
+    __slots__ = ("_agg",)
+
+    def __init__(self, backend: "KeyedStateBackend", table: _StateTable,
+                 aggregate: AggregateFunction) -> None:
+        super().__init__(backend, table)
+        self._agg = aggregate
+
+    def get(self) -> Any:
+        acc = self._kg().owned(self._b._kk)
+        return None if acc is _MISSING else self._agg.get_result(acc)
+
+    def add(self, value: Any) -> None:
+        kg = self._kg()
+        kk = self._b._kk
+        acc = kg.owned(kk)
+        if acc is _MISSING:
+            acc = self._agg.create_accumulator()
+        kg.put(kk, self._agg.add(value, acc))
+
+    def _combine(self, a: Any, b: Any) -> Any:
+        return self._agg.merge(a, b)
+
+
+# ---------------------------------------------------------------------------
+# Snapshots
+# ---------------------------------------------------------------------------
+
+class StateSnapshot:
+    """The asynchronous part of a keyed-state snapshot.
+
+    Call it (once, on any thread) to get ``{key_group: section_bytes}`` for
+    every non-empty key group, exactly as of :meth:`KeyedStateBackend.snapshot`.
+    It releases the snapshot when it returns or raises. If it will never be
+    called (checkpoint aborted), call :meth:`release`; an unrun snapshot is
+    also released when garbage-collected. A released snapshot cannot run.
+    """
+
+    __slots__ = ("version", "_captured", "_key_groups", "_max_parallelism", "_finalizer",
+                 "_lock", "_running", "__weakref__")
+
+    def __init__(self, backend: "KeyedStateBackend", version: int,
+                 captured: list[tuple[str, str, list[dict]]]) -> None:
+        self.version = version
+        self._captured = captured
+        self._key_groups = backend.key_groups
+        self._max_parallelism = backend.max_parallelism
+        self._finalizer = weakref.finalize(self, backend._release, version)
+        self._lock = threading.Lock()
+        self._running = False
+
+    @property
+    def released(self) -> bool:
+        return not self._finalizer.alive
+
+    def release(self) -> None:
+        """Give up this snapshot without serializing it (idempotent). If it is
+        running on another thread, it is released when that run ends (releasing
+        earlier would let processing mutate what it is reading)."""
+        with self._lock:
+            if self._running:
+                return
+            self._captured = None
+        self._finalizer()
+
+    def __call__(self) -> dict[int, bytes]:
+        with self._lock:
+            captured = self._captured
+            if captured is None or not self._finalizer.alive:
+                raise RuntimeError(f"snapshot {self.version} was already run or released")
+            self._captured = None
+            self._running = True
+        try:
+            out: dict[int, bytes] = {}
+            for i, kg in enumerate(self._key_groups):
+                payload = {name: (kind, maps[i]) for name, kind, maps in captured if maps[i]}
+                if payload:
+                    header = _HEADER.pack(_MAGIC, FORMAT_VERSION, HASH_VERSION,
+                                          self._max_parallelism, kg)
+                    out[kg] = header + pickle.dumps(payload, protocol=5)
+            return out
+        finally:
+            self._finalizer()
+
+    def __repr__(self) -> str:
+        state = "released" if self.released else "pending"
+        return f"StateSnapshot(version={self.version}, {state})"
+
+
+# ---------------------------------------------------------------------------
+# The backend
+# ---------------------------------------------------------------------------
+
+class KeyedStateBackend:
+    """Keyed state of one operator instance, for the key groups ``key_groups``.
+
+    Example (count per user; snapshot; keep processing; restore at parallelism 2):
+
+    >>> from raystream.checkpoint.keygroups import key_group_of, key_group_range
+    >>> backend = KeyedStateBackend(max_parallelism=128, key_groups=range(128))
+    >>> count = backend.value_state("count", default=0)
+    >>> for user in ["alice", "bob", "alice"]:
+    ...     backend.set_current_key(user)
+    ...     count.update(count.value() + 1)
+    >>> write = backend.snapshot()        # synchronous part: cheap, consistent
+    >>> count.update(100)                 # processing continues ("alice" is current)
+    >>> sections = write()                # asynchronous part (normally on another thread)
+    >>> sorted(sections) == sorted({key_group_of("alice"), key_group_of("bob")})
+    True
+    >>> restored = {}
+    >>> for subtask in range(2):
+    ...     b = KeyedStateBackend(max_parallelism=128, key_groups=key_group_range(subtask, 2, 128))
+    ...     b.restore(sections.items())   # keeps only the key groups of its range
+    ...     c = b.value_state("count", default=0)
+    ...     for user in b.keys("count"):
+    ...         b.set_current_key(user)
+    ...         restored[user] = c.value()
+    >>> restored == {"alice": 2, "bob": 1}
+    True
+
+    State handles (``value_state`` ...) are cheap views scoped to the current
+    key (:meth:`set_current_key`) and namespace (:meth:`set_namespace`,
+    default None); create them once (e.g. in ``open``) and reuse them. A name
+    is bound to one kind of state. See the module docstring for the
+    copy-on-write snapshot scheme and the threading and ownership contracts.
+    """
+
+    def __init__(self, *, max_parallelism: int, key_groups: range) -> None:
+        if not isinstance(key_groups, range) or key_groups.step != 1:
+            raise TypeError(f"key_groups must be a contiguous range, got {key_groups!r}")
+        if max_parallelism < 1:
+            raise ValueError(f"max_parallelism must be positive, got {max_parallelism}")
+        if len(key_groups) == 0 or key_groups.start < 0 or key_groups.stop > max_parallelism:
+            raise ValueError(
+                f"key_groups {key_groups!r} must be a non-empty range within "
+                f"[0, {max_parallelism})")
+        self.max_parallelism = max_parallelism
+        self.key_groups = key_groups
+        self._kg_start = key_groups.start
+        self._kg_len = len(key_groups)
+        self._tables: dict[str, _StateTable] = {}
+        # A snapshot takes version s = _version and bumps _version; maps are
+        # stamped with _version when created.
+        self._version = 0
+        self._max_active = -1  # newest in-progress snapshot version, -1 if none
+        self._active: set[int] = set()
+        self._lock = threading.Lock()  # guards _active/_max_active (release runs elsewhere)
+        self._restored: set[int] = set()
+        self._key: Any = None
+        self._ns: Any = None
+        self._kg_idx: int | None = None
+        self._kk: tuple = (None, None)
+
+    # -- current key and namespace ----------------------------------------
+    def set_current_key(self, key: Any, key_group: int | None = None) -> None:
+        """Scope subsequent state accesses to ``key``, whose key group (computed
+        with ``key_group_of`` unless given) must belong to this backend."""
+        if key_group is None:
+            key_group = key_group_of(key, self.max_parallelism)
+        i = key_group - self._kg_start
+        if not 0 <= i < self._kg_len:
+            raise ValueError(
+                f"key {key!r} is in key group {key_group}, outside this backend's key "
+                f"groups {self.key_groups.start}..{self.key_groups.stop - 1}")
+        self._key = key
+        self._kg_idx = i
+        self._kk = (key, self._ns)
+
+    @property
+    def current_key(self) -> Any:
+        return self._key
+
+    @property
+    def current_key_group(self) -> int | None:
+        return None if self._kg_idx is None else self._kg_start + self._kg_idx
+
+    def set_namespace(self, namespace: Any) -> None:
+        """Scope subsequent state accesses to ``namespace`` (hashable; None by default)."""
+        self._ns = namespace
+        self._kk = (self._key, namespace)
+
+    @property
+    def current_namespace(self) -> Any:
+        return self._ns
+
+    # -- state handles -------------------------------------------------------
+    def _table(self, name: str, kind: str) -> _StateTable:
+        t = self._tables.get(name)
+        if t is None:
+            t = self._tables[name] = _StateTable(self, name, kind)
+        elif t.kind != kind:
+            raise ValueError(f"state {name!r} is {t.kind} state, not {kind} state")
+        return t
+
+    def value_state(self, name: str, default: Any = None) -> ValueState:
+        return ValueState(self, self._table(name, _VALUE), default)
+
+    def list_state(self, name: str) -> ListState:
+        return ListState(self, self._table(name, _LIST))
+
+    def map_state(self, name: str) -> MapState:
+        return MapState(self, self._table(name, _MAP))
+
+    def reducing_state(self, name: str, reduce: Callable[[Any, Any], Any]) -> ReducingState:
+        return ReducingState(self, self._table(name, _REDUCING), reduce)
+
+    def aggregating_state(self, name: str, aggregate: AggregateFunction) -> AggregatingState:
+        return AggregatingState(self, self._table(name, _AGGREGATING), aggregate)
+
+    def state_names(self) -> list[str]:
+        return list(self._tables)
+
+    def keys(self, name: str) -> Iterator[Any]:
+        """Keys with state under ``name`` in any namespace, each once, by key
+        group. State may be changed (and the current key moved) while iterating."""
+        t = self._tables.get(name)
+        if t is None:
+            return iter(())
+        return self._iter_keys(t)
+
+    @staticmethod
+    def _iter_keys(t: _StateTable) -> Iterator[Any]:
+        for kg in t.kgs:
+            if kg.m:
+                yield from dict.fromkeys([kk[0] for kk in kg.m])
+
+    # -- snapshot and restore ---------------------------------------------------
+    def snapshot(self) -> StateSnapshot:
+        """Synchronous part of a snapshot: O(state names x key groups), no copying
+        of state. Returns the asynchronous part (see :class:`StateSnapshot`)."""
+        with self._lock:
+            version = self._version
+            self._version = version + 1
+            self._active.add(version)
+            self._max_active = version
+        captured = [(t.name, t.kind, [kg.m for kg in t.kgs]) for t in self._tables.values()]
+        return StateSnapshot(self, version, captured)
+
+    def _release(self, version: int) -> None:
+        with self._lock:
+            self._active.discard(version)
+            self._max_active = max(self._active, default=-1)
+
+    @property
+    def snapshots_in_progress(self) -> int:
+        return len(self._active)
+
+    def restore(self, sections: Iterable[tuple[int, bytes]] | Mapping[int, bytes]) -> None:
+        """Load snapshot sections, keeping only key groups in ``self.key_groups``.
+        May be called several times (e.g. with the sections of several old
+        subtasks); a key group's section must not be given twice."""
+        if isinstance(sections, Mapping):
+            sections = sections.items()
+        for kg, data in sections:
+            if kg not in self.key_groups:
+                continue
+            view = memoryview(data)
+            if len(view) < _HEADER.size:
+                raise ValueError(f"key group {kg}: section too short ({len(view)} bytes)")
+            magic, fmt, hash_version, max_par, section_kg = _HEADER.unpack_from(view)
+            if magic != _MAGIC:
+                raise ValueError(f"key group {kg}: not a keyed-state section")
+            if fmt != FORMAT_VERSION:
+                raise ValueError(f"key group {kg}: unsupported keyed-state format {fmt}")
+            if hash_version != HASH_VERSION:
+                raise ValueError(
+                    f"key group {kg}: written with key-group hash version {hash_version}, "
+                    f"this build uses {HASH_VERSION}")
+            if max_par != self.max_parallelism:
+                raise ValueError(
+                    f"key group {kg}: written with max_parallelism {max_par}, "
+                    f"restoring with {self.max_parallelism}")
+            if section_kg != kg:
+                raise ValueError(
+                    f"section handed over as key group {kg} holds key group {section_kg}")
+            if kg in self._restored:
+                raise ValueError(f"key group {kg} restored twice")
+            payload = pickle.loads(view[_HEADER.size:])
+            i = kg - self._kg_start
+            for name, (kind, values) in payload.items():
+                kgm = self._table(name, kind).kgs[i]
+                if kgm.m:  # merge into existing state (copy-on-write aware)
+                    for kk, v in values.items():
+                        kgm.put(kk, v)
+                else:  # adopt the freshly unpickled dict: no snapshot can reach it
+                    kgm.m = values
+                    kgm.version = self._version
+                    kgm.floor = _NEVER
+                    kgm.fresh = set()
+            self._restored.add(kg)
+
+    def __repr__(self) -> str:
+        return (f"KeyedStateBackend(max_parallelism={self.max_parallelism}, "
+                f"key_groups={self.key_groups!r}, states={list(self._tables)})")

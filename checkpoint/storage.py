@@ -1,0 +1,493 @@
+"""Durable checkpoint storage over ``pyarrow.fs``.
+
+Layout, under the storage root (a local directory or any ``pyarrow.fs`` URI)::
+
+    <root>/<job_key>/chk-<id>/<state files>    written by the subtasks (``write_state``)
+    <root>/<job_key>/chk-<id>/_metadata        written last by the coordinator (``write_metadata``)
+
+Every file is checksummed (SHA-256). A state file's size and checksum travel in
+its :class:`StateHandle`, which the coordinator records in the checkpoint's
+metadata; the metadata file embeds the checksum of its own payload::
+
+    {"format": 1, "sha256": "<hex of the canonical JSON of payload>", "payload": {...}}
+
+The canonical JSON is ``json.dumps(payload, sort_keys=True, separators=(",", ":"),
+allow_nan=False)``. Metadata is JSON, never pickle: reading a checkpoint must
+not execute code from storage.
+
+Durability protocol
+-------------------
+``_metadata`` is the commit point: a checkpoint is *complete* once that file
+exists with a valid checksum, and never before. It must therefore never be
+seen half-written, and must be durable before ``notify_checkpoint_complete``
+lets any side effect be committed.
+
+* **Local filesystem.** State files are written, flushed and ``os.fsync``-ed
+  before their handle is returned (the subtask acknowledges only then). The
+  metadata goes to a temporary file in the checkpoint directory, is flushed
+  and ``fsync``-ed, then ``os.rename``-d to ``_metadata`` (atomic on POSIX:
+  readers see no file or the whole file), and finally the checkpoint
+  directory, the job directory and the root are ``fsync``-ed so that the
+  rename and the directory entries of the state files and of ``chk-<id>``
+  survive a power loss. Without the file fsync the rename could reach disk
+  before the data (a renamed but empty file); without the directory fsync
+  the rename itself could be lost.
+* **Object stores and other filesystems** (S3, GCS, ...). Output streams
+  cannot be fsync-ed and there is no atomic rename (a "rename" is copy plus
+  delete). An object becomes visible only when its upload completes, so the
+  metadata is one PUT of the final key (``open_output_stream`` + ``close``);
+  durability is the store's on acknowledgement of that PUT.
+* On any filesystem where a partially written file could become visible
+  (HDFS, a crash mid-write of a state file), the checksums catch it:
+  :meth:`CheckpointStorage.read_metadata`, :meth:`~CheckpointStorage.read_state`
+  and :meth:`~CheckpointStorage.latest_valid_checkpoint` refuse what does not
+  verify, with a :class:`CorruptCheckpointError` naming the file.
+
+Leftover temporary metadata files of a crashed write are never mistaken for
+``_metadata``. Falling back past a corrupt checkpoint is only correct when no
+output was committed for it; the caller says so through ``must_not_skip``.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import posixpath
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import pyarrow.fs as pafs
+
+from raystream.engine.errors import RaystreamError
+
+__all__ = ["StateHandle", "CorruptCheckpointError", "CheckpointStorage", "METADATA_FILE"]
+
+logger = logging.getLogger(__name__)
+
+METADATA_FILE = "_metadata"
+OUTPUT_DIR = "output"  # committed sink output, outside every chk-<id>
+METADATA_FORMAT = 1
+_TMP_PREFIX = "_metadata.inprogress-"
+_CHK_PREFIX = "chk-"
+# Only canonical decimal ids ("chk-7", never "chk-007"), so that an id read
+# back from a listing names the same directory as checkpoint_dir(id).
+_CHK_RE = re.compile(r"chk-(0|[1-9][0-9]*)")
+_SHA_RE = re.compile(r"[0-9a-f]{64}")
+_CHUNK = 8 << 20  # bytes per write/hash step of large state
+
+
+@dataclass(frozen=True)
+class StateHandle:
+    """Where one written state file is: its full path in the filesystem, size and SHA-256."""
+
+    path: str
+    size: int
+    sha256: str
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "size": self.size, "sha256": self.sha256}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "StateHandle":
+        try:
+            path, size, sha = d["path"], d["size"], d["sha256"]
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a state handle: {d!r}") from e
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"state handle path must be a non-empty string: {d!r}")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ValueError(f"state handle size must be a non-negative int: {d!r}")
+        if not isinstance(sha, str) or not _SHA_RE.fullmatch(sha):
+            raise ValueError(f"state handle sha256 must be 64 lowercase hex digits: {d!r}")
+        return cls(path, size, sha)
+
+
+class CorruptCheckpointError(RaystreamError):
+    """A checkpoint file is missing, truncated, unparsable or fails its checksum.
+
+    ``path`` names the file, ``reason`` says what is wrong.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"corrupt checkpoint file {path!r}: {reason}")
+        self.path = path
+        self.reason = reason
+
+    def __reduce__(self):  # survives pickling (Ray ships exceptions between processes)
+        return (type(self), (self.path, self.reason))
+
+
+class CheckpointStorage:
+    """Checkpoint files of jobs under one root directory or ``pyarrow.fs`` URI.
+
+    Example:
+        >>> import tempfile
+        >>> storage = CheckpointStorage(tempfile.mkdtemp())
+        >>> h = storage.write_state("job", 1, "op-0.state", b"hello")
+        >>> h.size, h.sha256 == hashlib.sha256(b"hello").hexdigest()
+        (5, True)
+        >>> _ = storage.write_metadata("job", 1, {"handles": [h.to_json()]})
+        >>> storage.completed_checkpoint_ids("job")
+        [1]
+        >>> cid, meta = storage.latest_valid_checkpoint("job")
+        >>> cid, storage.read_state(StateHandle.from_json(meta["handles"][0]))
+        (1, b'hello')
+        >>> storage.highest_checkpoint_id("job"), storage.highest_checkpoint_id("other")
+        (1, 0)
+    """
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        if "://" in uri:
+            fs, root = pafs.FileSystem.from_uri(uri)
+        else:
+            fs, root = pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
+        self.filesystem: pafs.FileSystem = fs
+        self.root: str = root if root == "/" else root.rstrip("/")
+        self.is_local: bool = isinstance(fs, pafs.LocalFileSystem)
+
+    def __repr__(self) -> str:
+        return f"CheckpointStorage({self.uri!r})"
+
+    # -- paths ---------------------------------------------------------------
+
+    def _join(self, base: str, *parts: str) -> str:
+        return posixpath.join(base, *parts) if base else posixpath.join(*parts)
+
+    def job_dir(self, job_key: str) -> str:
+        if (not isinstance(job_key, str) or not job_key or job_key in (".", "..")
+                or "/" in job_key or "\\" in job_key):
+            raise ValueError(f"job_key must be one non-empty path segment, got {job_key!r}")
+        return self._join(self.root, job_key)
+
+    def checkpoint_dir(self, job_key: str, checkpoint_id: int) -> str:
+        if not isinstance(checkpoint_id, int) or isinstance(checkpoint_id, bool) or checkpoint_id < 0:
+            raise ValueError(f"checkpoint_id must be a non-negative int, got {checkpoint_id!r}")
+        return self._join(self.job_dir(job_key), f"{_CHK_PREFIX}{checkpoint_id}")
+
+    def _metadata_path(self, job_key: str, checkpoint_id: int) -> str:
+        return self._join(self.checkpoint_dir(job_key, checkpoint_id), METADATA_FILE)
+
+    # -- state files ---------------------------------------------------------
+
+    def write_state(self, job_key: str, checkpoint_id: int, name: str,
+                    data: bytes | bytearray | memoryview) -> StateHandle:
+        """Write ``data`` to ``<checkpoint_dir>/<name>`` (``name`` may contain ``/``).
+
+        Streams in chunks, hashing as it writes, without copying ``data``.
+        Raises ``OSError`` when the location is not writable.
+        """
+        chk = self.checkpoint_dir(job_key, checkpoint_id)
+        # chk-<id> itself is fsync-ed by write_metadata.
+        return self._write_file(chk, self._checked_name(name), data)
+
+    def write_output(self, job_key: str, name: str,
+                     data: bytes | bytearray | memoryview) -> StateHandle:
+        """Write a sink's committable to ``<job_dir>/output/<name>``.
+
+        Output lives outside the ``chk-<id>`` directories because it stays
+        committed after the checkpoint that committed it is deleted by
+        retention; the metadata of later checkpoints keeps listing it.
+        """
+        output = self._join(self.job_dir(job_key), OUTPUT_DIR)
+        handle = self._write_file(output, self._checked_name(name), data)
+        if self.is_local:
+            _fsync_dir(output)
+        return handle
+
+    @staticmethod
+    def _checked_name(name: str) -> str:
+        segments = name.split("/") if isinstance(name, str) else [""]
+        if (any(s in ("", ".", "..") or "\\" in s for s in segments)
+                or segments[0] == METADATA_FILE or segments[0].startswith(_TMP_PREFIX)):
+            raise ValueError(f"invalid state file name {name!r}")
+        return name
+
+    def _write_file(self, base: str, name: str,
+                    data: bytes | bytearray | memoryview) -> StateHandle:
+        path = self._join(base, name)
+        view = memoryview(data)
+        if view.ndim != 1 or view.format not in ("B", "b", "c"):
+            view = view.cast("B")  # raises TypeError for non-contiguous buffers
+        digest = hashlib.sha256()
+        parent = posixpath.dirname(path)
+        if self.is_local:
+            os.makedirs(parent, exist_ok=True)
+            try:
+                with open(path, "wb") as f:
+                    for i in range(0, view.nbytes, _CHUNK):
+                        chunk = view[i:i + _CHUNK]
+                        digest.update(chunk)
+                        f.write(chunk)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except BaseException:
+                _remove_quietly(path)
+                raise
+            # A nested name created directories below ``base``: make their entries durable.
+            d = parent
+            while d != base and d.startswith(base + "/"):
+                _fsync_dir(d)
+                d = posixpath.dirname(d)
+        else:
+            self.filesystem.create_dir(parent, recursive=True)
+            with self.filesystem.open_output_stream(path, compression=None) as out:
+                for i in range(0, view.nbytes, _CHUNK):
+                    chunk = view[i:i + _CHUNK]
+                    digest.update(chunk)
+                    out.write(chunk)
+        return StateHandle(path, view.nbytes, digest.hexdigest())
+
+    def read_state(self, handle: StateHandle) -> bytes:
+        """The file's bytes, after checking its size and SHA-256 against ``handle``."""
+        data = self._read_file(handle.path, expected_size=handle.size)
+        _check_size(handle.path, len(data), handle.size)
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != handle.sha256:
+            raise CorruptCheckpointError(
+                handle.path, f"checksum mismatch: expected sha256 {handle.sha256}, got {actual}")
+        return data
+
+    def _verify_state(self, handle: StateHandle) -> None:
+        """Like read_state, but streams: never holds the whole file in memory."""
+        digest, size = hashlib.sha256(), 0
+        with self._open_for_read(handle.path) as f:
+            while True:
+                chunk = f.read(_CHUNK)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > handle.size:
+                    break
+                digest.update(chunk)
+        _check_size(handle.path, size, handle.size)
+        if digest.hexdigest() != handle.sha256:
+            raise CorruptCheckpointError(
+                handle.path,
+                f"checksum mismatch: expected sha256 {handle.sha256}, got {digest.hexdigest()}")
+
+    def _open_for_read(self, path: str):
+        try:
+            return self.filesystem.open_input_stream(path, compression=None)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(path, "missing") from None
+        except OSError:
+            # Some filesystems report a missing object as a plain OSError.
+            if self.filesystem.get_file_info(path).type == pafs.FileType.NotFound:
+                raise CorruptCheckpointError(path, "missing") from None
+            raise
+
+    def _read_file(self, path: str, expected_size: int | None = None) -> bytes:
+        with self._open_for_read(path) as f:
+            if expected_size is None:
+                return f.read()
+            # read(n) fills one bytes object directly; ask for one byte more to see overlong files.
+            data = f.read(expected_size + 1)
+            if len(data) < expected_size + 1:
+                rest = f.read()  # a short read before EOF (rare on streams): take the rest
+                if rest:
+                    data += rest
+            return data
+
+    # -- metadata (the commit point) -----------------------------------------
+
+    def write_metadata(self, job_key: str, checkpoint_id: int, metadata: dict) -> StateHandle:
+        """Atomically write the checkpoint's ``_metadata`` (see the module docstring).
+
+        ``metadata`` must be JSON data with string keys (tuples read back as lists).
+        Refuses (``FileExistsError``) to replace an existing ``_metadata``.
+        """
+        if not isinstance(metadata, dict):
+            raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
+        _check_string_keys(metadata, "metadata")
+        canonical = _canonical_json(metadata)
+        doc = {"format": METADATA_FORMAT, "sha256": hashlib.sha256(canonical).hexdigest(),
+               "payload": json.loads(canonical)}
+        body = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+        chk = self.checkpoint_dir(job_key, checkpoint_id)
+        final = self._join(chk, METADATA_FILE)
+        if self.is_local:
+            os.makedirs(chk, exist_ok=True)
+            if os.path.lexists(final):
+                raise FileExistsError(errno.EEXIST, "checkpoint metadata already exists", final)
+            tmp = self._join(chk, f"{_TMP_PREFIX}{uuid.uuid4().hex}")
+            try:
+                with open(tmp, "xb") as f:
+                    f.write(body)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.rename(tmp, final)
+            except BaseException:
+                _remove_quietly(tmp)
+                raise
+            for d in (chk, posixpath.dirname(chk), self.root):
+                _fsync_dir(d)
+        else:
+            self.filesystem.create_dir(chk, recursive=True)
+            if self.filesystem.get_file_info(final).type != pafs.FileType.NotFound:
+                raise FileExistsError(errno.EEXIST, "checkpoint metadata already exists", final)
+            with self.filesystem.open_output_stream(final, compression=None) as out:
+                out.write(body)
+        return StateHandle(final, len(body), hashlib.sha256(body).hexdigest())
+
+    def read_metadata(self, job_key: str, checkpoint_id: int) -> dict:
+        """The payload of ``_metadata``, after checking its embedded checksum."""
+        path = self._metadata_path(job_key, checkpoint_id)
+        raw = self._read_file(path)
+        try:
+            doc = json.loads(raw)
+        except ValueError as e:  # invalid UTF-8 or JSON
+            reason = "truncated (no complete JSON document)" if _looks_truncated(raw) else "unparsable JSON"
+            raise CorruptCheckpointError(path, f"{reason}: {e}") from None
+        if not isinstance(doc, dict) or not {"format", "sha256", "payload"} <= doc.keys():
+            raise CorruptCheckpointError(path, "not a checkpoint metadata document")
+        if doc["format"] != METADATA_FORMAT:
+            raise CorruptCheckpointError(path, f"unsupported metadata format {doc['format']!r}")
+        payload = doc["payload"]
+        if not isinstance(payload, dict):
+            raise CorruptCheckpointError(path, "metadata payload is not an object")
+        try:
+            actual = hashlib.sha256(_canonical_json(payload)).hexdigest()
+        except ValueError as e:  # e.g. NaN smuggled in by a bit flip of a number
+            raise CorruptCheckpointError(path, f"unparsable payload: {e}") from None
+        if actual != doc["sha256"]:
+            raise CorruptCheckpointError(
+                path, f"checksum mismatch: expected sha256 {doc['sha256']}, got {actual}")
+        return payload
+
+    # -- listing, choosing, discarding ---------------------------------------
+
+    def _checkpoint_dir_ids(self, job_key: str) -> list[int]:
+        infos = self.filesystem.get_file_info(
+            pafs.FileSelector(self.job_dir(job_key), allow_not_found=True, recursive=False))
+        ids = []
+        for info in infos:
+            m = _CHK_RE.fullmatch(info.base_name)
+            if m and info.type == pafs.FileType.Directory:
+                ids.append(int(m.group(1)))
+        return sorted(ids)
+
+    def completed_checkpoint_ids(self, job_key: str) -> list[int]:
+        """Ascending ids of ``chk-<id>`` directories holding a ``_metadata`` (not verified)."""
+        ids = self._checkpoint_dir_ids(job_key)
+        if not ids:
+            return []
+        infos = self.filesystem.get_file_info([self._metadata_path(job_key, i) for i in ids])
+        return [i for i, info in zip(ids, infos) if info.type == pafs.FileType.File]
+
+    def highest_checkpoint_id(self, job_key: str) -> int:
+        """The highest id of any ``chk-<id>`` directory, complete or not; 0 if none."""
+        ids = self._checkpoint_dir_ids(job_key)
+        return ids[-1] if ids else 0
+
+    def latest_valid_checkpoint(
+        self, job_key: str, must_not_skip: Callable[[int], bool] = lambda _id: False,
+    ) -> tuple[int, dict] | None:
+        """The newest checkpoint whose metadata and every state file in ``metadata["handles"]`` verify.
+
+        Walks down from the highest ``chk-<id>`` directory. An id that is not a
+        valid complete checkpoint (corrupt, truncated or missing metadata or
+        state, or no directory at all) is skipped with a warning, unless
+        ``must_not_skip(id)`` is true (output was committed for it): then this
+        raises :class:`CorruptCheckpointError` instead of falling back past it.
+        Errors that are not corruption (permissions, network) propagate.
+        Returns ``(id, metadata)`` or ``None`` when no valid checkpoint exists.
+        """
+        completed = set(self.completed_checkpoint_ids(job_key))
+        for cid in range(self.highest_checkpoint_id(job_key), -1, -1):
+            try:
+                if cid not in completed:
+                    # In progress, aborted or discarded: normal, unless it was committed.
+                    if must_not_skip(cid):
+                        raise CorruptCheckpointError(self._metadata_path(job_key, cid), "missing")
+                    logger.debug("checkpoint %d of job %r is not complete; looking further", cid, job_key)
+                    continue
+                metadata = self.read_metadata(job_key, cid)
+                self._verify_handles(self._metadata_path(job_key, cid), metadata)
+                return cid, metadata
+            except CorruptCheckpointError as e:
+                if must_not_skip(cid):
+                    raise CorruptCheckpointError(
+                        e.path, f"{e.reason}; checkpoint {cid} of job {job_key!r} must not be "
+                                f"skipped (output was committed for it)") from e
+                logger.warning("skipping checkpoint %d of job %r: %s", cid, job_key, e)
+        return None
+
+    def _verify_handles(self, metadata_path: str, metadata: dict) -> None:
+        handles = metadata.get("handles", [])
+        if not isinstance(handles, list):
+            raise CorruptCheckpointError(metadata_path, "'handles' is not a list")
+        for d in handles:
+            try:
+                handle = StateHandle.from_json(d)
+            except ValueError as e:
+                raise CorruptCheckpointError(metadata_path, f"bad state handle: {e}") from None
+            self._verify_state(handle)
+
+    def discard(self, job_key: str, checkpoint_id: int) -> None:
+        """Delete ``chk-<id>`` and everything in it; a missing directory is fine."""
+        path = self.checkpoint_dir(job_key, checkpoint_id)
+        if self.filesystem.get_file_info(path).type == pafs.FileType.NotFound:
+            return
+        try:
+            self.filesystem.delete_dir(path)
+        except FileNotFoundError:
+            pass
+
+
+# -- helpers -----------------------------------------------------------------
+
+
+def _canonical_json(payload: Any) -> bytes:
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _check_string_keys(value: Any, where: str) -> None:
+    # json.dumps would turn {1: x} into {"1": x}: the payload read back would differ
+    # from the one written (and int keys sort differently from their strings).
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"{where} has a non-string key {k!r}: metadata keys must be strings")
+            _check_string_keys(v, f"{where}[{k!r}]")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_string_keys(v, f"{where}[{i}]")
+
+
+def _check_size(path: str, actual: int, expected: int) -> None:
+    if actual < expected:
+        raise CorruptCheckpointError(path, f"truncated: {actual} bytes, expected {expected}")
+    if actual > expected:
+        raise CorruptCheckpointError(path, f"size mismatch: more than {expected} bytes expected")
+
+
+def _looks_truncated(raw: bytes) -> bool:
+    text = raw.rstrip()
+    return not text or not text.endswith(b"}")
+
+
+def _fsync_dir(path: str) -> None:
+    """Make a directory's entries (creations, renames) durable. POSIX only."""
+    if os.name == "nt":  # Windows cannot open a directory for fsync
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP):  # a filesystem without directory fsync
+            raise
+    finally:
+        os.close(fd)
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass

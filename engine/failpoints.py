@@ -1,0 +1,71 @@
+"""Seeded failpoints: failures placed at named points of the runtime, for tests.
+
+A job may carry failpoints (``StreamEnvironment(failpoints=[...])``). Each
+fires once, in the attempt it names, at its ``hit``-th pass through the
+point, in the subtask it names; it then either raises (the subtask fails like
+a user-function error) or ends the worker process at once (like a crash).
+
+Points: ``in_processing`` (a data batch), ``in_snapshot`` (synchronous
+snapshot), ``in_async_write`` (background write), ``right_after_restore``,
+``after_metadata_before_notify`` (coordinator, after the checkpoint is durable
+and before anyone is told), ``mid_commit`` (a committer, between its files).
+
+    >>> fp = Failpoint("in_processing", operator="map", subtask=1, hit=3)
+    >>> [fp.matches("in_processing", "source -> map", 1, attempt=0) for _ in range(1)]
+    [True]
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+POINTS = ("in_processing", "in_snapshot", "in_async_write", "right_after_restore",
+          "after_metadata_before_notify", "mid_commit")
+
+
+class InjectedFailure(RuntimeError):
+    """Raised by a failpoint with ``action="raise"``."""
+
+
+@dataclass(frozen=True)
+class Failpoint:
+    point: str
+    operator: str | None = None  # any operator of the chain; None: every chain
+    subtask: int | None = None   # None: every subtask
+    hit: int = 1                 # fire at this pass through the point
+    attempt: int = 0             # only in this job attempt
+    action: str = "exit"         # "exit" (process dies) or "raise"
+
+    def __post_init__(self) -> None:
+        if self.point not in POINTS:
+            raise ValueError(f"unknown failpoint {self.point!r}; known: {', '.join(POINTS)}")
+        if self.action not in ("exit", "raise"):
+            raise ValueError("action must be 'exit' or 'raise'")
+
+    def matches(self, point: str, chain: str, subtask: int | None, attempt: int) -> bool:
+        return (point == self.point and attempt == self.attempt
+                and (self.operator is None or self.operator in chain.split(" -> "))
+                and (self.subtask is None or subtask == self.subtask))
+
+
+class Failpoints:
+    """The failpoints of one place (a subtask or the coordinator) in one attempt."""
+
+    def __init__(self, failpoints: tuple[Failpoint, ...], chain: str, subtask: int | None,
+                 attempt: int) -> None:
+        self._armed = [f for f in failpoints if f.operator is None
+                       or f.operator in chain.split(" -> ")]
+        self._chain, self._subtask, self._attempt = chain, subtask, attempt
+        self._hits: dict[Failpoint, int] = {}
+
+    def hit(self, point: str) -> None:
+        for fp in self._armed:
+            if fp.matches(point, self._chain, self._subtask, self._attempt):
+                count = self._hits.get(fp, 0) + 1
+                self._hits[fp] = count
+                if count == fp.hit:
+                    if fp.action == "exit":
+                        os._exit(17)
+                    raise InjectedFailure(f"failpoint {point} in {self._chain}"
+                                          f"[{self._subtask}] (attempt {self._attempt})")
