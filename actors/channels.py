@@ -89,7 +89,12 @@ class InputGate:
         return all(c.finished for c in self._order)
 
     def add_barrier(self, channel: ChannelId, checkpoint_id: int, upto: int) -> None:
-        self.channels[channel].barriers.append((checkpoint_id, upto))
+        barriers = self.channels[channel].barriers
+        barriers.append((checkpoint_id, upto))
+        if len(barriers) > 1 and barriers[-2][0] > checkpoint_id:  # arrived out of order
+            ordered = sorted(barriers)
+            barriers.clear()
+            barriers.extend(ordered)
 
     def aligned_checkpoint(self) -> int | None:
         """The oldest announced checkpoint every channel has reached (or ended before), if any.

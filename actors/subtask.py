@@ -136,6 +136,7 @@ class Subtask:
         self.cancelled = False
         self.trigger: Barrier | None = None  # the latest checkpoint trigger not yet acted on
         self.barriers: dict[int, Barrier] = {}  # announced by upstream channels, by id
+        self.aborted_upto = 0  # barriers of checkpoints up to this id are stale
         self.failpoints = Failpoints(spec.failpoints, vertex.name, spec.index, spec.attempt)
         self.checkpointer: SubtaskCheckpointer | None = None
         self.report: TerminationReport | None = None
@@ -283,14 +284,11 @@ class Subtask:
         elif kind == "trigger":
             self.trigger = control[1]
         elif kind == "barrier":
-            _, channel, barrier, upto = control
-            if barrier.checkpoint_id > self._last_checkpoint():
-                self.gate.add_barrier(channel, barrier.checkpoint_id, upto)
-                self.barriers[barrier.checkpoint_id] = barrier
+            self._on_barrier(*control[1:])
         elif kind == "complete":
             self.checkpointer.notify_complete(control[1])
         elif kind == "abort":
-            self.gate.release_barrier(control[1])
+            self._abort_alignment(control[1])
             self.checkpointer.notify_aborted(control[1])
         elif kind == "stop":
             self.stopped = True
@@ -300,6 +298,26 @@ class Subtask:
             raise ValueError(f"unknown control message {kind!r}")
 
     # -- checkpoints ---------------------------------------------------------------------
+    def _on_barrier(self, channel: ChannelId, barrier: Barrier, upto: int) -> None:
+        n = barrier.checkpoint_id
+        if n <= self._last_checkpoint() or n <= self.aborted_upto:
+            return  # taken already, or aborted: a late barrier must not block the channel
+        self.gate.add_barrier(channel, n, upto)
+        self.barriers[n] = barrier
+        for older in [m for m in self.barriers if m < n]:
+            # A newer barrier overtook an unfinished alignment (Flink: the
+            # older checkpoint can no longer align here): abort it.
+            self._abort_alignment(older)
+            self.spec.master.decline_checkpoint.remote(
+                self.spec.attempt, older, self.spec.vertex.id, self.spec.index,
+                f"barrier {n} arrived before alignment of {older} finished")
+
+    def _abort_alignment(self, checkpoint_id: int) -> None:
+        self.aborted_upto = max(self.aborted_upto, checkpoint_id)
+        self.gate.release_barrier(checkpoint_id)
+        for m in [m for m in self.barriers if m <= checkpoint_id]:
+            del self.barriers[m]
+
     def _last_checkpoint(self) -> int:
         return self.checkpointer.last_checkpoint_id if self.checkpointer else 0
 

@@ -122,7 +122,7 @@ class SubtaskCheckpointer:
                 if snapshot is None:
                     continue
                 entry = self._write_operator(n, name, snapshot)
-                size += sum(h["size"] for h in entry.values())
+                size += sum(h["size"] for key, h in entry.items() if key != "committables")
                 written[name] = entry
             coordinator.acknowledge_checkpoint.remote(
                 self.attempt, n, self.vertex_id, self.index, written,
@@ -141,9 +141,10 @@ class SubtaskCheckpointer:
             entry["keyed_state"] = self.storage.write_state(
                 job, n, f"{stem}.keyed", encode_sections(snapshot.keyed_state())).to_json()
         if snapshot.committable is not None:
-            entry["committable"] = self.storage.write_output(
-                job, f"{_safe(name)}/{n}-{self.index}-{self.attempt}.arrow",
-                snapshot.committable()).to_json()
+            entry["committables"] = [
+                self.storage.write_output(
+                    job, f"{_safe(name)}/{origin}-{self.index}-{self.attempt}.arrow", blob).to_json()
+                for origin, blob in sorted(snapshot.committable().items())]
         return entry
 
     def notify_complete(self, checkpoint_id: int) -> None:

@@ -181,8 +181,11 @@ class CheckpointCoordinator:
                     if kind in entry:
                         files[kind].append(entry[kind])
                         handles.append(entry[kind])
-                if "committable" in entry:
-                    committed.setdefault(name, []).append(entry["committable"])
+                known = {h["path"] for h in committed.get(name, [])}
+                for handle in entry.get("committables", []):
+                    if handle["path"] not in known:  # an origin offered again: commit once
+                        committed.setdefault(name, []).append(handle)
+                        known.add(handle["path"])
         return {"job": self.job_name, "checkpoint_id": pending.checkpoint_id,
                 "attempt": self.attempt, "trigger_ts_ms": pending.trigger_ts_ms,
                 "max_parallelism": self.max_parallelism, "hash_version": HASH_VERSION,
@@ -199,6 +202,29 @@ class CheckpointCoordinator:
     # -- restore ------------------------------------------------------------------------------
     def latest(self) -> tuple[int, dict] | None:
         return self.completed[-1] if self.completed else None
+
+    def verified_restore_spec(self) -> RestoreSpec | None:
+        """The restore spec of the newest checkpoint whose files all verify.
+
+        A corrupt newer checkpoint is skipped in favour of an older one (its
+        collect-sink output was committed only in its own metadata, so falling
+        back re-commits nothing twice); a skipped checkpoint is forgotten.
+        """
+        if not self.completed:
+            return None
+        found = self.storage.latest_valid_checkpoint(self.job_key)
+        if found is None:
+            raise RuntimeError(f"no completed checkpoint of {self.job_name} verifies in "
+                               f"{self.config.storage}")
+        n = found[0]
+        skipped = [m for m, _ in self.completed if m > n]
+        if skipped:
+            log.warning("checkpoints %s of %s are corrupt: restoring %d", skipped,
+                        self.job_name, n)
+            self.completed = [(m, md) for m, md in self.completed if m <= n]
+            for m in skipped:
+                self.history[m].status, self.history[m].reason = "CORRUPT", "failed verification"
+        return self.restore_spec()
 
     def restore_spec(self) -> RestoreSpec | None:
         latest = self.latest()

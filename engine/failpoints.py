@@ -8,7 +8,8 @@ a user-function error) or ends the worker process at once (like a crash).
 Points: ``in_processing`` (a data batch), ``in_snapshot`` (synchronous
 snapshot), ``in_async_write`` (background write), ``right_after_restore``,
 ``after_metadata_before_notify`` (coordinator, after the checkpoint is durable
-and before anyone is told), ``mid_commit`` (a committer, between its files).
+and before anyone is told; it always raises, which fails the job over),
+``mid_commit`` (a committer, between its files).
 
     >>> fp = Failpoint("in_processing", operator="map", subtask=1, hit=3)
     >>> [fp.matches("in_processing", "source -> map", 1, attempt=0) for _ in range(1)]

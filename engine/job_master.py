@@ -20,6 +20,7 @@ output is committed. Then the subtasks are stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
@@ -291,14 +292,22 @@ class JobMaster:
         self.coordinator.attempt = self.attempt
         self.coordinator.failpoints = self._coordinator_failpoints()
         self.coordinator.final_checkpoint = None
-        self._deploy(restore=self.coordinator.restore_spec())
+        try:
+            self._deploy(restore=self.coordinator.verified_restore_spec())
+        except RayActorError as exc:  # a subtask died while being wired: fail over again
+            return self._failover(_Failure(TerminationReport(
+                -1, -1, "FAILED", operator="deployment",
+                error=f"a subtask died during restart: {type(exc).__name__}")))
         self.status = "RUNNING"
         return None
 
     # -- deployment -------------------------------------------------------------------------------
     def _coordinator_failpoints(self) -> Failpoints:
-        return Failpoints(tuple(f for f in self.options.failpoints if f.operator is None
-                                and f.point == "after_metadata_before_notify"),
+        # The coordinator's failpoints always raise: ending the master's process
+        # would end the job, not fail it over.
+        return Failpoints(tuple(dataclasses.replace(f, action="raise")
+                                for f in self.options.failpoints
+                                if f.point == "after_metadata_before_notify"),
                           "coordinator", None, self.attempt)
 
     def _create_coordinator(self) -> None:
@@ -353,7 +362,8 @@ class JobMaster:
                 calls.append(self.actors[(vertex.id, index)].connect.remote(downstream, upstream))
         ray.get(calls)
         self.terminations = {a.await_termination.remote(): key for key, a in self.actors.items()}
-        ray.get([a.start.remote() for a in self.actors.values()])
+        for actor in self.actors.values():
+            actor.start.remote()  # a subtask that dies from here on is seen by its termination
 
     def _kill_all(self) -> None:
         for actor in self.actors.values():

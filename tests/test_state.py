@@ -113,6 +113,7 @@ OPS = st.one_of(
     st.tuples(st.just("ns"), ns_st),
     st.tuples(st.just("v_int"), small),
     st.tuples(st.just("v_dict"), small),
+    st.tuples(st.just("v_tuple"), small),
     st.tuples(st.just("v_mutate"), small),
     st.tuples(st.just("v_clear")),
     st.tuples(st.just("l_add"), elem),
@@ -194,11 +195,17 @@ class ModelRun:
         elif kind == "v_dict":
             h.v.update({args[0]: args[0]})
             model["v"][kk] = {args[0]: args[0]}
+        elif kind == "v_tuple":  # a tuple is immutable, but not what it holds
+            h.v.update((args[0], [args[0]]))
+            model["v"][kk] = (args[0], [args[0]])
         elif kind == "v_mutate":  # in-place mutation of the returned value
             d = h.v.value()
             if isinstance(d, dict):
                 d[args[0]] = -args[0]
                 model["v"][kk][args[0]] = -args[0]
+            elif isinstance(d, tuple):
+                d[1].append(args[0])
+                model["v"][kk][1].append(args[0])
         elif kind == "v_clear":
             h.v.clear()
             model["v"].pop(kk, None)
@@ -317,6 +324,23 @@ def test_model_with_interleaved_snapshots(ops):
     run.finish()
 
 
+@given(st.lists(OPS, min_size=20, max_size=120).filter(lambda ops: any(op[0] == "snap" for op in ops)),
+       st.sampled_from([(0,), ("a",), (0, "a")]), st.sampled_from([(None,), (None, "w1")]))
+def test_model_focused_on_few_slots(ops, keys, namespaces):
+    """The same, with few (key, namespace) slots: dense read/write/snapshot interleavings."""
+    run = ModelRun()
+    for op in ops:
+        if op[0] == "key":
+            op = ("key", keys[KEYS.index(op[1]) % len(keys)])
+        elif op[0] == "ns":
+            op = ("ns", namespaces[NAMESPACES.index(op[1]) % len(namespaces)])
+        elif op[0] in ("l_merge", "r_merge", "a_merge"):
+            op = (op[0], op[1] if op[1] in namespaces else namespaces[-1],
+                  [n if n in namespaces else namespaces[0] for n in op[2]])
+        run.apply(op)
+    run.finish()
+
+
 @given(st.lists(OPS.filter(lambda op: op[0] not in ("snap", "run", "release")), max_size=60))
 def test_model_without_snapshots_then_restore(ops):
     run = ModelRun()
@@ -344,33 +368,59 @@ def _fill(b: KeyedStateBackend, keys) -> Handles:
     return h
 
 
+def _write_blind(h: Handles, salt: int) -> None:
+    """Writes that do not read first (each must copy what a snapshot holds)."""
+    h.l.add(salt)
+    h.m.put(2, salt)
+    h.r.add([salt])
+    h.a.add(salt)
+
+
+def _read_and_mutate_in_place(h: Handles, salt: int) -> None:
+    d = h.v.value()
+    if isinstance(d, dict):
+        d["n"] = salt          # in place, never calling update
+        d["tags"].append(salt)
+    else:
+        h.v.update({"n": salt, "tags": []})
+    for e in h.l.get():
+        if isinstance(e, list):
+            e.append(salt)     # elements are live
+    inner = h.m.get(0)
+    if inner is not None:
+        inner.append(salt)
+    for _k, v in h.m.items():
+        if isinstance(v, list):
+            v.append(-salt)
+    r = h.r.get()
+    if r is not None:
+        r.append(salt)
+
+
 def _mutate_everything(b: KeyedStateBackend, h: Handles, keys, salt: int) -> None:
     for i, key in enumerate(keys):
         b.set_current_key(key)
-        for ns in (None, "w"):
-            b.set_namespace(ns)
-            d = h.v.value()
-            if isinstance(d, dict):
-                d["n"] = salt          # in place, never calling update
-                d["tags"].append(salt)
-            else:
-                h.v.update({"n": salt, "tags": []})
+        if i % 3 == salt % 3:  # merge namespaces (as session windows do), then mutate the target
+            b.set_namespace(None)
+            for merging in (h.l, h.r, h.a):
+                merging.merge_namespaces("merged", ["w", None])
+            b.set_namespace("merged")
             for e in h.l.get():
                 if isinstance(e, list):
-                    e.append(salt)     # elements are live
-            h.l.add(salt)
-            inner = h.m.get(0)
-            if inner is not None:
-                inner.append(salt)
-            for _k, v in h.m.items():
-                if isinstance(v, list):
-                    v.append(-salt)
-            h.m.put(2, salt)
+                    e.append(salt)
             r = h.r.get()
             if r is not None:
                 r.append(salt)
-            h.r.add([salt])
             h.a.add(salt)
+            h.l.add([salt])
+        for ns in (None, "w"):
+            b.set_namespace(ns)
+            if (i + salt) % 2:
+                _write_blind(h, salt)
+                _read_and_mutate_in_place(h, salt)
+            else:
+                _read_and_mutate_in_place(h, salt)
+                _write_blind(h, salt)
             if i % 5 == 0:
                 h.m.remove(1)
             if i % 7 == 0:
@@ -385,32 +435,41 @@ def test_torn_snapshot_mutations_before_the_async_part_runs():
     keys = list(range(300)) + [f"k{i}" for i in range(100)]
     b = KeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
     h = _fill(b, keys)
-    everything = keys + ["new-1", "new-2", "new-3"]
-    ns = [None, "w"]
+    everything = keys + [f"new-{s}" for s in range(1, 9)]
+    ns = [None, "w", "merged"]
 
-    snap1 = b.snapshot()
+    # The expected state is read just *before* each snapshot, so that these
+    # reads do not already copy what the mutations below then touch.
     want1 = copy.deepcopy(dump(b, everything, ns))
+    snap1 = b.snapshot()
     _mutate_everything(b, h, keys, 1)
-    snap2 = b.snapshot()  # a second snapshot while the first is pending
     want2 = copy.deepcopy(dump(b, everything, ns))
+    snap2 = b.snapshot()  # a second snapshot while the first is pending
     assert want2 != want1
     _mutate_everything(b, h, keys, 2)
-    snap3 = b.snapshot()
     want3 = copy.deepcopy(dump(b, everything, ns))
+    snap3 = b.snapshot()
     _mutate_everything(b, h, keys, 3)
-    assert b.snapshots_in_progress == 3
-
-    got2 = snap2()  # out of order
+    want4 = copy.deepcopy(dump(b, everything, ns))
+    snap4 = b.snapshot()
     _mutate_everything(b, h, keys, 4)
+    assert b.snapshots_in_progress == 4
+
+    got2 = snap2()  # out of order: the oldest and the newest stay pending
+    _mutate_everything(b, h, keys, 5)
     got1 = snap1()
-    snap3.release()
+    _mutate_everything(b, h, keys, 6)
+    got4 = snap4()
+    _mutate_everything(b, h, keys, 7)
+    got3 = snap3()
     assert b.snapshots_in_progress == 0
     live = copy.deepcopy(dump(b, everything, ns))
-    _mutate_everything(b, h, keys, 5)  # no snapshot in progress: in place
+    _mutate_everything(b, h, keys, 8)  # no snapshot in progress: in place
 
     assert dump(restored(got1), everything, ns) == want1
     assert dump(restored(got2), everything, ns) == want2
-    assert want3 != live
+    assert dump(restored(got3), everything, ns) == want3
+    assert dump(restored(got4), everything, ns) == want4
     assert dump(b, everything, ns) != live
 
 
@@ -418,14 +477,14 @@ def test_torn_snapshot_async_part_in_a_thread_while_processing_mutates():
     keys = list(range(4000))
     b = KeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
     h = _fill(b, keys)
-    everything = keys + [f"new-{s}" for s in range(1, 200)]
-    ns = [None, "w"]
+    everything = keys + [f"new-{s}" for s in range(1, 400)]
+    ns = [None, "w", "merged"]
     old_interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-5)  # interleave the two threads as much as possible
     try:
         for round_ in range(2):
-            snap = b.snapshot()
             want = copy.deepcopy(dump(b, everything, ns))
+            snap = b.snapshot()
             result: dict = {}
             thread = threading.Thread(target=lambda: result.update(out=snap()))
             thread.start()
@@ -444,6 +503,57 @@ def test_torn_snapshot_async_part_in_a_thread_while_processing_mutates():
             assert dump(b, everything, ns) != want
     finally:
         sys.setswitchinterval(old_interval)
+
+
+def test_overlapping_snapshots_older_one_still_protected_after_newer_one_finishes():
+    # Key group 5 holds "x" (untouched after snapshot A) and "y" (written between
+    # snapshots, forcing copies of the key group's dict). When B finishes, A is
+    # still pending and must still see x's original object.
+    b = KeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    v = b.value_state("v")
+    b.set_current_key("x", key_group=5)
+    v.update({"x": [0]})
+    snap_a = b.snapshot()
+    b.set_current_key("y", key_group=5)
+    v.update(1)
+    snap_b = b.snapshot()
+    v.update(2)
+    got_b = snap_b()
+    b.set_current_key("x", key_group=5)
+    v.value()["x"].append(99)  # in place
+    v.value()["new"] = 1
+    got_a = snap_a()
+    for got, y in ((got_a, None), (got_b, 1)):
+        r = restored(got)
+        r.set_current_key("x", key_group=5)
+        assert r.value_state("v").value() == {"x": [0]}
+        r.set_current_key("y", key_group=5)
+        assert r.value_state("v").value() == y
+    assert v.value() == {"x": [0, 99], "new": 1}
+
+
+def test_releasing_a_middle_snapshot_keeps_the_newest_one_protected():
+    b = KeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    v = b.value_state("v")
+    b.set_current_key("x", key_group=5)
+    v.update([0])
+    snap_a = b.snapshot()
+    v.update([1])  # key group 5 gets a new dict, captured by B and C only
+    snap_b = b.snapshot()
+    snap_c = b.snapshot()
+    snap_b.release()
+    v.value().append(2)  # in place: A and C are pending
+    b.set_current_key("y", key_group=5)
+    v.update([3])
+    got_c, got_a = snap_c(), snap_a()
+    for got, want in ((got_a, {"x": [0]}), (got_c, {"x": [1]})):
+        r = restored(got)
+        rv = r.value_state("v")
+        seen = {}
+        for key in r.keys("v"):
+            r.set_current_key(key, key_group=5)
+            seen[key] = rv.value()
+        assert seen == want
 
 
 def test_reads_share_nothing_with_a_pending_snapshot_and_copy_only_then():

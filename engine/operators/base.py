@@ -56,12 +56,15 @@ class OperatorSnapshot:
     * ``keyed_state``: bytes per key group; on restore every subtask gets the
       key groups of its range.
     * ``committable``: output to commit when the checkpoint completes (a
-      two-phase-commit sink's pending part).
+      two-phase-commit sink's pending part), one blob per *origin* checkpoint
+      (the checkpoint whose barrier the data preceded). An origin offered
+      again by a later checkpoint is written to the same file and committed
+      once.
     """
 
     operator_state: Callable[[], bytes] | None = None
     keyed_state: Callable[[], dict[int, bytes]] | None = None
-    committable: Callable[[], bytes] | None = None
+    committable: Callable[[], dict[int, bytes]] | None = None
 
 
 @dataclass

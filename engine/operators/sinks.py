@@ -36,16 +36,19 @@ class SinkOperator(Operator):
 class CollectSink(SinkOperator):
     """Keeps what it receives; with checkpoints, exactly once.
 
-    With checkpoints on, the batches received since the previous barrier are
-    the sink's *committable* for checkpoint n (written to storage in the
-    asynchronous part); the coordinator lists them as committed output when
-    n completes. The job's result is the committed output only, so a
-    failover never duplicates or loses a row.
+    With checkpoints on, the batches received before barrier n and after
+    barrier n-1 belong to *origin* n. Until a completed checkpoint covers an
+    origin, the sink keeps its batches and offers them again with every
+    checkpoint (so an aborted checkpoint loses nothing), each origin as one
+    file with a fixed name; the coordinator lists every file once in the
+    committed output when a checkpoint completes. The job's result is the
+    committed output only, so a failover never duplicates or loses a row.
     """
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.batches: list[pa.RecordBatch] = []
+        self.uncommitted: dict[int, list[pa.RecordBatch]] = {}  # origin checkpoint -> batches
 
     def process_batch(self, batch, input_index=0):
         self.batches.append(batch)
@@ -53,8 +56,15 @@ class CollectSink(SinkOperator):
     def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot | None:
         if not self.ctx.checkpointing:
             return None
-        pending, self.batches = self.batches, []  # batches are immutable: a cheap hand-over
-        return OperatorSnapshot(committable=lambda: _ipc_bytes(pending))
+        if self.batches:
+            self.uncommitted[checkpoint_id], self.batches = self.batches, []
+        offered = dict(self.uncommitted)  # batches are immutable: a shallow copy is consistent
+        return OperatorSnapshot(committable=lambda: {origin: _ipc_bytes(batches)
+                                                     for origin, batches in offered.items()})
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        for origin in [o for o in self.uncommitted if o <= checkpoint_id]:
+            del self.uncommitted[origin]
 
     def final_result(self) -> pa.Table | None:
         return None if self.ctx.checkpointing else concat_batches(self.batches)

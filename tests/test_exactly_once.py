@@ -1,0 +1,179 @@
+"""Exactly-once under real failures: kills of subtask actors and seeded failpoints.
+
+The job: a replayable sequence source (4 splits) -> a throttle -> key_by ->
+a keyed running sum -> an exactly-once collect sink, with checkpoints. The
+oracle is numpy over the same input: for every key, the updates are numbered
+1..count exactly once (nothing lost or doubled), each update's sum is the
+previous one plus exactly one input of that key, and within a key the inputs
+of each source split are applied in split order (no reordering).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import ray
+
+import raystream as rs
+
+N = 24_000
+KEYS = 37
+SPLITS = 4
+
+
+def numbers(i: np.ndarray) -> dict:
+    return {"k": (i * 7) % KEYS, "v": i + 1, "i": i, "n": np.ones(len(i), np.int64)}
+
+
+def throttle(batch: pa.RecordBatch) -> pa.RecordBatch:
+    time.sleep(0.004)  # keeps the job running long enough for checkpoints and kills
+    return batch
+
+
+def add(acc: dict, row: dict) -> dict:
+    return {"k": row["k"], "v": acc["v"] + row["v"], "i": row["i"], "n": acc["n"] + 1}
+
+
+def build_job(env: rs.StreamEnvironment) -> rs.SinkHandle:
+    source = env.from_sequence(N, numbers, batch_size=200, num_splits=SPLITS, name="numbers")
+    running = source.map_batches(throttle, name="throttle").key_by("k").reduce(add, name="sum")
+    return running.collect(name="out")
+
+
+def assert_exactly_once(table: pa.Table) -> None:
+    index = np.arange(N)
+    keys, values = numbers(index)["k"], numbers(index)["v"]
+    split_of = index // (N // SPLITS)
+    updates = collections.defaultdict(list)
+    for k, v, i, n in zip(*(table.column(c).to_pylist() for c in ("k", "v", "i", "n"))):
+        updates[k].append((n, v, i))
+    assert sorted(updates) == list(range(KEYS))
+    for key, rows in updates.items():
+        rows.sort()
+        expected_count = int((keys == key).sum())
+        assert [n for n, _, _ in rows] == list(range(1, expected_count + 1)), f"key {key}"
+        sums = np.array([v for _, v, _ in rows])
+        applied = np.diff(sums, prepend=0)
+        last_index = np.array([i for _, _, i in rows])
+        assert np.array_equal(applied, values[last_index]), f"key {key}: a sum skipped an input"
+        assert np.array_equal(np.sort(last_index), np.flatnonzero(keys == key)), f"key {key}"
+        for split in range(SPLITS):
+            in_split = last_index[split_of[last_index] == split]
+            assert np.all(np.diff(in_split) > 0), f"key {key}, split {split}: reordered"
+
+
+@pytest.fixture
+def storage(tmp_path):
+    path = tmp_path / "checkpoints"
+    yield str(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def checkpointed_env(storage: str, *, interval_s: float = 0.25, attempts: int = 3,
+                     failpoints=(), parallelism: int = 2) -> rs.StreamEnvironment:
+    return rs.StreamEnvironment(
+        parallelism=parallelism, failpoints=failpoints,
+        checkpoints=rs.CheckpointConfig(interval_s=interval_s, storage=storage, retained=2),
+        restart=rs.RestartStrategy.fixed_delay(attempts, 0.1))
+
+
+def wait_for_checkpoint(client: rs.JobClient, after: int = 0, timeout_s: float = 60) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        completed = client.progress()["completed_checkpoints"]
+        if completed and completed[-1] > after:
+            return completed[-1]
+        time.sleep(0.02)
+    raise AssertionError("no checkpoint completed in time")
+
+
+def test_kill_of_a_subtask_after_a_checkpoint_is_exactly_once(ray_session, storage):
+    env = checkpointed_env(storage)
+    sink = build_job(env)
+    client = env.execute_async("kill-once")
+    completed = wait_for_checkpoint(client)
+    ray.kill(client.subtask_actor("sum", 1))
+    result = client.wait(timeout_s=240)
+    assert result.restarts == 1
+    assert "died" in result.failures[0]
+    assert_exactly_once(result.table(sink))
+    ids = [c.checkpoint_id for c in result.checkpoints]
+    assert ids == sorted(set(ids)) and max(ids) > completed  # ids keep rising after the restore
+    kept = sorted(d for d in os.listdir(os.path.join(storage, os.listdir(storage)[0]))
+                  if d.startswith("chk-"))
+    assert len(kept) <= 2 + 1  # retained completed checkpoints (+ at most one aborted)
+
+
+def test_placed_failures_in_every_phase_are_exactly_once(ray_session, storage):
+    failpoints = [
+        rs.Failpoint("in_processing", operator="sum", subtask=1, hit=40, attempt=0, action="raise"),
+        rs.Failpoint("in_snapshot", operator="throttle", subtask=0, hit=2, attempt=1),
+        rs.Failpoint("in_async_write", operator="sum", subtask=0, hit=2, attempt=2),
+        rs.Failpoint("right_after_restore", operator="sum", subtask=1, attempt=3),
+        rs.Failpoint("after_metadata_before_notify", attempt=4, hit=2),
+    ]
+    env = checkpointed_env(storage, failpoints=failpoints, attempts=10)
+    sink = build_job(env)
+    client = env.execute_async("placed-failures")
+    deadline = time.monotonic() + 180
+    while client.progress()["attempt"] < 5:
+        assert time.monotonic() < deadline, client.progress()
+        time.sleep(0.05)
+    wait_for_checkpoint(client, after=max(client.progress()["completed_checkpoints"] or [0]))
+    ray.kill(client.subtask_actor("throttle", 0))
+    result = client.wait(timeout_s=240)
+    assert result.restarts == 6, result.failures
+    failures = result.failures
+    assert "failpoint in_processing" in failures[0]
+    assert all("died" in f for f in failures[1:4]), failures
+    assert "after_metadata_before_notify" in failures[4]
+    assert "died" in failures[5]
+    assert_exactly_once(result.table(sink))
+
+
+def test_unwritable_storage_declines_checkpoints_and_the_job_goes_on(ray_session, tmp_path):
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the checkpoint directory should be")
+    storage = str(blocked / "checkpoints")
+    env = checkpointed_env(storage, interval_s=0.1)
+    sink = build_job(env)
+    client = env.execute_async("unwritable")
+    deadline = time.monotonic() + 60
+    while sum(c.status == "ABORTED" for c in client.progress()["checkpoints"]) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert client.status() == "RUNNING"
+    blocked.unlink()  # storage becomes writable: checkpoints complete again
+    result = client.wait(timeout_s=240)
+    aborted = [c for c in result.checkpoints if c.status == "ABORTED"]
+    assert len(aborted) >= 3 and all("declined" in c.reason for c in aborted)
+    assert any(c.status == "COMPLETED" for c in result.checkpoints)
+    assert result.restarts == 0
+    assert_exactly_once(result.table(sink))
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_an_older_one(ray_session, storage):
+    env = checkpointed_env(storage, interval_s=1.0)
+    sink = build_job(env)
+    client = env.execute_async("corrupt")
+    first = wait_for_checkpoint(client)
+    latest = wait_for_checkpoint(client, after=first)
+    chk = os.path.join(storage, client.job_id, f"chk-{latest}")
+    state_files = [f for f in os.listdir(chk) if f.endswith(".keyed")]
+    with open(os.path.join(chk, state_files[0]), "r+b") as f:  # flip one byte
+        f.seek(20)
+        byte = f.read(1)
+        f.seek(20)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    ray.kill(client.subtask_actor("sum", 0))
+    result = client.wait(timeout_s=240)
+    assert result.restarts == 1
+    statuses = {c.checkpoint_id: c.status for c in result.checkpoints}
+    assert statuses[latest] == "CORRUPT"
+    assert_exactly_once(result.table(sink))
