@@ -90,10 +90,11 @@ class KeyGroupPartitioner(Partitioner):
     def route(self, batch):
         if batch.num_rows == 0:
             return []
+        if self.num_channels == 1:
+            self.keys.key_arrays(batch)  # still reject missing or null keys here
+            return [(0, batch)]
         groups = self.keys.key_groups(batch, self.max_parallelism)
         targets = subtask_for_key_group(groups, self.num_channels, self.max_parallelism)
-        if self.num_channels == 1:
-            return [(0, batch)]
         counts = np.bincount(targets, minlength=self.num_channels)
         order = np.argsort(targets, kind="stable")  # stable: keeps per-key order
         ordered = batch.take(pa.array(order))

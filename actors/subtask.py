@@ -45,6 +45,9 @@ from raystream.engine.operators.source import SourceOperator
 from raystream.engine.plan import JobVertex
 
 IDLE_WAIT_S = 0.05
+# Batches smaller than this travel inside the call (Ray inlines arguments below
+# 100 KiB), saving a shared-memory put and get; larger ones are ray.put once.
+INLINE_BATCH_BYTES = 64 * 1024
 
 
 @dataclass
@@ -103,7 +106,7 @@ class RecordWriter:
         for index, part in self.partitioner.route(batch):
             ref = refs.get(id(part))
             if ref is None:
-                ref = refs[id(part)] = ray.put(part)
+                ref = refs[id(part)] = part if part.nbytes < INLINE_BATCH_BYTES else ray.put(part)
             self.channels[index].send(Kind.DATA, [ref], part.num_rows)
 
     def emit_watermark(self, watermark: int) -> None:
@@ -128,6 +131,8 @@ class Subtask:
         self.out_channels: dict[ChannelId, OutputChannel] = {}
         self.upstreams: dict[ChannelId, Any] = {}
         self.pending_credits: collections.Counter[ChannelId] = collections.Counter()
+        # credits the sender of each channel still holds, as far as we know
+        self.sender_credits = {channel: spec.credits for channel in self.gate.channels}
         self.credit_batch = max(1, spec.credits // 2)
         self.watermark = MIN_WATERMARK
         self.inputs_ended = False
@@ -242,14 +247,14 @@ class Subtask:
 
     def _loop(self) -> None:
         while True:
-            self._send_credits(force=False)
+            self._send_credits(idle=False)
             with self.cond:
                 if not self.mailbox and not self._runnable():
                     idle = True
                 else:
                     idle = False
             if idle:
-                self._send_credits(force=True)
+                self._send_credits(idle=True)
                 waited_from = time.perf_counter()
                 with self.cond:
                     while not self.mailbox and not self._runnable():
@@ -357,9 +362,12 @@ class Subtask:
         channel = self.gate.channels[envelope.channel]
         if envelope.kind == Kind.DATA:
             self.failpoints.hit("in_processing")
-            batch = ray.get(envelope.payload[0])
+            batch = envelope.payload[0]
+            if not isinstance(batch, pa.RecordBatch):
+                batch = ray.get(batch)
             self.metrics["records_in"] += batch.num_rows
             self.metrics["batches_in"] += 1
+            self.sender_credits[channel.channel] -= 1
             self.head_inputs[channel.input_index].emit(batch)
             self.pending_credits[channel.channel] += 1
         elif envelope.kind == Kind.WATERMARK:
@@ -391,12 +399,15 @@ class Subtask:
             writer.end_input()
         self.inputs_ended = True
 
-    def _send_credits(self, force: bool) -> None:
+    def _send_credits(self, idle: bool) -> None:
+        """Return credits in groups of ``credit_batch``; when idle, also to any
+        sender left with fewer than that (it may be blocked, waiting for them)."""
         if not self.pending_credits:
             return
         for channel, n in list(self.pending_credits.items()):
-            if force or n >= self.credit_batch:
+            if n >= self.credit_batch or (idle and self.sender_credits[channel] < self.credit_batch):
                 self.upstreams[channel].add_credit.remote(channel, n, self.spec.attempt)
+                self.sender_credits[channel] += n
                 del self.pending_credits[channel]
 
     def _report_finished(self) -> None:

@@ -36,8 +36,8 @@ log = logging.getLogger(__name__)
 SubtaskKey = tuple[int, int]  # (vertex id, subtask index)
 
 
-class FailoverRequested(Exception):
-    """The coordinator hit a failpoint: the job must restore from its latest checkpoint."""
+class TooManyCheckpointFailures(RuntimeError):
+    """More checkpoints failed in a row than ``tolerable_failures``: the job fails over."""
 
 
 @dataclass
@@ -88,7 +88,7 @@ class CheckpointCoordinator:
         self.failures_in_a_row = 0
         self._last_id = self.storage.highest_checkpoint_id(job_key)
         self._last_trigger = time.monotonic()
-        self._last_completion = 0.0
+        self._last_completion = float("-inf")  # min_pause never delays the first checkpoint
         self.final_checkpoint: int | None = None
 
     # -- triggering ------------------------------------------------------------------------
@@ -131,22 +131,30 @@ class CheckpointCoordinator:
         if attempt == self.attempt and n in self.pending:
             self.abort(n, f"declined by subtask {subtask}: {reason}")
 
-    def abort(self, n: int, reason: str) -> None:
+    def abort(self, n: int, reason: str, *, failed: bool = True) -> None:
+        """Abort pending checkpoint ``n``. A *failed* one (declined, timed out,
+        not writable) counts toward ``tolerable_failures``; a subsumed one or
+        one cut short by a failover does not."""
         pending = self.pending.pop(n, None)
         if pending is None:
             return
         stats = self.history[n]
         stats.status, stats.reason = "ABORTED", reason
         stats.duration_s = time.monotonic() - pending.started
-        self.failures_in_a_row += 1
         if pending.final:
             self.final_checkpoint = None  # the master triggers another final checkpoint
         log.warning("checkpoint %d of %s aborted: %s", n, self.job_name, reason)
         self._notify_aborted(n)
+        if failed:
+            self.failures_in_a_row += 1
+            if self.failures_in_a_row > self.config.tolerable_failures:
+                raise TooManyCheckpointFailures(
+                    f"{self.failures_in_a_row} checkpoints failed in a row (tolerable: "
+                    f"{self.config.tolerable_failures}); the last: {reason}")
 
     def abort_all(self, reason: str) -> None:
         for n in sorted(self.pending):
-            self.abort(n, reason)
+            self.abort(n, reason, failed=False)
 
     # -- completion ---------------------------------------------------------------------------
     def _complete(self, pending: PendingCheckpoint) -> None:
@@ -165,7 +173,7 @@ class CheckpointCoordinator:
         self._last_completion = time.monotonic()
         self.failures_in_a_row = 0
         for older in [m for m in self.pending if m < n]:
-            self.abort(older, f"subsumed by checkpoint {n}")
+            self.abort(older, f"subsumed by checkpoint {n}", failed=False)
         self._discard_beyond_retention()
         self.failpoints.hit("after_metadata_before_notify")
         self._notify_complete(n)

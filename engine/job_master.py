@@ -35,6 +35,7 @@ from raystream.actors.subtask import (SubtaskActor, SubtaskSpec, TerminationRepo
                                       subtask_actor_name)
 from raystream.actors.subtask_checkpoints import CheckpointingSpec, RestoreSpec
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
+from raystream.checkpoint.coordinator import CheckpointCoordinator, TooManyCheckpointFailures
 from raystream.engine.failpoints import Failpoint, Failpoints, InjectedFailure
 from raystream.engine.plan import JobPlan
 
@@ -166,7 +167,7 @@ class JobMaster:
                 outcome = self._step()
                 if outcome is not None:
                     return outcome
-            except (_Failure, InjectedFailure) as failure:
+            except (_Failure, InjectedFailure, TooManyCheckpointFailures) as failure:
                 outcome = self._failover(failure)
                 if outcome is not None:
                     return outcome
@@ -314,8 +315,6 @@ class JobMaster:
         config = self.options.checkpoints
         if config is None:
             return
-        from raystream.checkpoint.coordinator import CheckpointCoordinator
-
         self.coordinator = CheckpointCoordinator(
             config=config, job_key=self.job_id, job_name=self.job_name,
             subtasks=[(v.id, i) for v in self.plan.vertices for i in range(v.parallelism)],

@@ -55,6 +55,8 @@ class SourceOperator(Operator):
 
     def add_split(self, split: Any, position: int = 0, max_ts: int = MIN_WATERMARK) -> None:
         split_id = self.source.split_id(split)
+        if split_id in self.readers:
+            raise ValueError(f"source '{self.name}': two splits have the id {split_id!r}")
         self.readers[split_id] = self.source.reader(split, position)
         self.split_max_ts[split_id] = max_ts
         self._order.append(split_id)

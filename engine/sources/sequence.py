@@ -44,8 +44,10 @@ class Sequence(Source):
             raise ValueError("Sequence needs n >= 0, batch_size > 0 and num_splits > 0")
 
     def splits(self) -> list[tuple[int, int]]:
+        """Contiguous ranges; empty ones (``n < num_splits``) are left out."""
         bounds = np.linspace(0, self.n, self.num_splits + 1).astype(np.int64).tolist()
-        return [(bounds[i], bounds[i + 1]) for i in range(self.num_splits)]
+        return [(bounds[i], bounds[i + 1]) for i in range(self.num_splits)
+                if bounds[i + 1] > bounds[i]]
 
     def reader(self, split: tuple[int, int], position: int = 0) -> "SequenceReader":
         return SequenceReader(self, split, position)
