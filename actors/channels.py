@@ -157,7 +157,9 @@ class OutputChannel:
         self.ended = False  # END_OF_INPUT was put on the channel
 
     def send(self, kind: Kind, payload: object = None, rows: int = 0) -> None:
-        self.ended = self.ended or kind == Kind.END_OF_INPUT
+        if self.ended:
+            raise RuntimeError(f"{kind.name} sent after END_OF_INPUT on channel {self.channel}")
+        self.ended = kind == Kind.END_OF_INPUT
         self._backlog.append(Envelope(self.channel, self._seq, self.attempt, kind, payload, rows))
         self._seq += 1
         self.flush()

@@ -78,4 +78,9 @@ class Barrier:
     checkpoint_id: int
     attempt: int
     trigger_ts_ms: int
-    is_savepoint: bool = False
+    savepoint_target: str | None = None  # a savepoint's state goes here, not to checkpoint storage
+    stop: bool = False  # stop-with-savepoint: sources emit nothing after this barrier
+
+    @property
+    def is_savepoint(self) -> bool:
+        return self.savepoint_target is not None

@@ -142,6 +142,7 @@ class Subtask:
         self.trigger: Barrier | None = None  # the latest checkpoint trigger not yet acted on
         self.barriers: dict[int, Barrier] = {}  # announced by upstream channels, by id
         self.aborted_upto = 0  # barriers of checkpoints up to this id are stale
+        self.source_stopped = False  # stop-with-savepoint: emit nothing after its barrier
         self.failpoints = Failpoints(spec.failpoints, vertex.name, spec.index, spec.attempt)
         self.checkpointer: SubtaskCheckpointer | None = None
         self.report: TerminationReport | None = None
@@ -215,7 +216,9 @@ class Subtask:
             return False
         if self.inputs_ended:
             return not self.finished_reported  # report once, then only control messages
-        return self.source is not None or self.gate.has_ready()
+        if self.source is not None:
+            return not self.source_stopped
+        return self.gate.has_ready()
 
     def _run(self) -> None:
         try:
@@ -270,9 +273,10 @@ class Subtask:
                 self._handle_control(control)
             if self.cancelled or self.stopped:
                 return
+            take_input = take_input and not self.inputs_ended  # a control may have ended input
             if envelope is not None:
                 self._process(envelope)
-            elif take_input and self.source is not None:
+            elif take_input and self.source is not None and not self.source_stopped:
                 if not call_operator(self.source, "emit_next"):
                     self._end_of_input()
             self._maybe_checkpoint()
@@ -297,6 +301,10 @@ class Subtask:
             self.checkpointer.notify_aborted(control[1])
         elif kind == "stop":
             self.stopped = True
+        elif kind == "drain":  # stop-with-savepoint, draining: end the input now
+            if self.source is not None and not self.inputs_ended:
+                call_operator(self.source, "end_input_early")
+                self._end_of_input()
         elif kind == "cancel":
             self.cancelled = True
         else:
@@ -351,6 +359,8 @@ class Subtask:
 
     def _checkpoint(self, barrier: Barrier) -> None:
         self.checkpointer.checkpoint(barrier, forward=not self.inputs_ended)
+        if barrier.stop:
+            self.source_stopped = True
 
     def _forward_barrier(self, barrier: Barrier) -> None:
         for out in self.out_channels.values():
@@ -487,6 +497,11 @@ class SubtaskActor:
     def notify_checkpoint_aborted(self, checkpoint_id: int, attempt: int) -> None:
         if attempt == self.subtask.spec.attempt:
             self.subtask.post("abort", checkpoint_id)
+
+    @ray.method(concurrency_group="control")
+    def drain(self) -> None:
+        """A source ends its input at once (stop-with-savepoint with drain)."""
+        self.subtask.post("drain")
 
     @ray.method(concurrency_group="control")
     def stop(self) -> None:

@@ -27,6 +27,7 @@ from typing import Any, Callable
 from raystream.actors.messages import Barrier
 from raystream.checkpoint.keygroups import key_group_range
 from raystream.checkpoint.sections import decode_sections, encode_sections
+from raystream.checkpoint.storage import SAVEPOINT_JOB_KEY, CheckpointStorage, StateHandle
 from raystream.engine.failpoints import Failpoints
 from raystream.engine.operators.base import (Operator, OperatorSnapshot, RestoredState,
                                              call_operator)
@@ -43,6 +44,7 @@ class OperatorRestore:
 @dataclass
 class RestoreSpec:
     checkpoint_id: int
+    storage_uri: str  # where the handles' files are (checkpoint storage or a savepoint)
     operators: dict[str, OperatorRestore] = field(default_factory=dict)  # operator name -> files
 
 
@@ -59,8 +61,6 @@ class SubtaskCheckpointer:
     def __init__(self, *, spec: CheckpointingSpec, names: list[str], operators: list[Operator],
                  vertex_id: int, index: int, parallelism: int, max_parallelism: int, attempt: int,
                  failpoints: Failpoints, forward_barrier: Callable[[Barrier], None]) -> None:
-        from raystream.checkpoint.storage import CheckpointStorage
-
         self.spec = spec
         self.storage = CheckpointStorage(spec.storage_uri)
         self.names = names
@@ -75,25 +75,21 @@ class SubtaskCheckpointer:
 
     # -- restore ----------------------------------------------------------------------
     def restore(self, restore: RestoreSpec | None) -> None:
+        source = CheckpointStorage(restore.storage_uri) if restore is not None else None
         for name, operator in zip(self.names, self.operators):
             state = None
             if restore is not None:
                 files = restore.operators.get(name, OperatorRestore())
                 state = RestoredState(
                     restore.checkpoint_id,
-                    [self._read(h) for h in files.operator_state],
-                    self._keyed_sections(files.keyed_state))
+                    [_read(source, h) for h in files.operator_state],
+                    self._keyed_sections(source, files.keyed_state))
                 self.last_checkpoint_id = restore.checkpoint_id
             call_operator(operator, "initialize_state", state)
 
-    def _read(self, handle: dict) -> bytes:
-        from raystream.checkpoint.storage import StateHandle
-
-        return self.storage.read_state(StateHandle.from_json(handle))
-
-    def _keyed_sections(self, handles: list[dict]):
+    def _keyed_sections(self, storage, handles: list[dict]):
         for handle in handles:
-            yield from decode_sections(self._read(handle), self.key_groups)
+            yield from decode_sections(_read(storage, handle), self.key_groups)
 
     # -- checkpoint n -------------------------------------------------------------------
     def checkpoint(self, barrier: Barrier, forward: bool) -> None:
@@ -121,7 +117,7 @@ class SubtaskCheckpointer:
             for name, snapshot in snapshots:
                 if snapshot is None:
                     continue
-                entry = self._write_operator(n, name, snapshot)
+                entry = self._write_operator(barrier, name, snapshot)
                 size += sum(h["size"] for key, h in entry.items() if key != "committables")
                 written[name] = entry
             coordinator.acknowledge_checkpoint.remote(
@@ -131,15 +127,19 @@ class SubtaskCheckpointer:
             coordinator.decline_checkpoint.remote(
                 self.attempt, n, self.vertex_id, self.index, f"{type(exc).__name__}: {exc}")
 
-    def _write_operator(self, n: int, name: str, snapshot: OperatorSnapshot) -> dict[str, dict]:
-        job, stem = self.spec.job_key, f"{_safe(name)}-{self.index}"
+    def _write_operator(self, barrier: Barrier, name: str,
+                        snapshot: OperatorSnapshot) -> dict[str, dict]:
+        n, job, stem = barrier.checkpoint_id, self.spec.job_key, f"{_safe(name)}-{self.index}"
+        state_storage, state_job = self.storage, job
+        if barrier.is_savepoint:  # a savepoint owns its files: retention never deletes them
+            state_storage, state_job = CheckpointStorage(barrier.savepoint_target), SAVEPOINT_JOB_KEY
         entry: dict[str, dict] = {}
         if snapshot.operator_state is not None:
-            entry["operator_state"] = self.storage.write_state(
-                job, n, f"{stem}.op", snapshot.operator_state()).to_json()
+            entry["operator_state"] = state_storage.write_state(
+                state_job, n, f"{stem}.op", snapshot.operator_state()).to_json()
         if snapshot.keyed_state is not None:
-            entry["keyed_state"] = self.storage.write_state(
-                job, n, f"{stem}.keyed", encode_sections(snapshot.keyed_state())).to_json()
+            entry["keyed_state"] = state_storage.write_state(
+                state_job, n, f"{stem}.keyed", encode_sections(snapshot.keyed_state())).to_json()
         if snapshot.committable is not None:
             entry["committables"] = [
                 self.storage.write_output(
@@ -157,6 +157,10 @@ class SubtaskCheckpointer:
 
     def close(self) -> None:
         self._writer.shutdown(wait=False, cancel_futures=True)
+
+
+def _read(storage: CheckpointStorage, handle: dict) -> bytes:
+    return storage.read_state(StateHandle.from_json(handle))
 
 
 def _safe(name: str) -> str:

@@ -29,6 +29,7 @@ from raystream.actors.messages import Barrier
 from raystream.actors.subtask_checkpoints import OperatorRestore, RestoreSpec
 from raystream.checkpoint.config import CheckpointConfig
 from raystream.checkpoint.keygroups import HASH_VERSION
+from raystream.checkpoint.storage import SAVEPOINT_JOB_KEY, CheckpointStorage
 from raystream.engine.failpoints import Failpoints
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ class PendingCheckpoint:
     written: dict[SubtaskKey, dict] = field(default_factory=dict)
     size: int = 0
     final: bool = False
+    savepoint_target: str | None = None
+    stop: bool = False
 
 
 @dataclass
@@ -57,10 +60,11 @@ class CheckpointStats:
 
     checkpoint_id: int
     trigger_ts_ms: int
-    status: str  # "PENDING" | "COMPLETED" | "ABORTED"
+    status: str  # "PENDING" | "COMPLETED" | "ABORTED" | "CORRUPT"
     duration_s: float = 0.0
     size: int = 0
     reason: str = ""
+    savepoint: str | None = None  # the savepoint's location, for savepoints
 
 
 class CheckpointCoordinator:
@@ -70,8 +74,6 @@ class CheckpointCoordinator:
                  notify_complete: Callable[[int], None],
                  notify_aborted: Callable[[int], None],
                  failpoints: Failpoints) -> None:
-        from raystream.checkpoint.storage import CheckpointStorage
-
         self.config = config
         self.storage = CheckpointStorage(config.storage)
         self.job_key, self.job_name = job_key, job_name
@@ -90,6 +92,7 @@ class CheckpointCoordinator:
         self._last_trigger = time.monotonic()
         self._last_completion = float("-inf")  # min_pause never delays the first checkpoint
         self.final_checkpoint: int | None = None
+        self.initial_restore: RestoreSpec | None = None  # savepoint the job started from
 
     # -- triggering ------------------------------------------------------------------------
     def tick(self, now: float) -> None:
@@ -102,17 +105,25 @@ class CheckpointCoordinator:
                 and now - self._last_completion >= self.config.min_pause_s):
             self.trigger()
 
-    def trigger(self, *, final: bool = False) -> int:
+    def trigger(self, *, final: bool = False, savepoint_target: str | None = None,
+                stop: bool = False) -> int:
+        """Start checkpoint n (or a savepoint to ``savepoint_target``).
+
+        A savepoint is always aligned, and unless it ``stop`` s the job it
+        neither commits side effects nor serves failover (Flink >= 1.15). A
+        ``final`` checkpoint follows the end of input (FLIP-147).
+        """
         self._last_id += 1
         n = self._last_id
         now = time.monotonic()
         self._last_trigger = now
         ts = int(time.time() * 1000)
-        self.pending[n] = PendingCheckpoint(n, ts, now, set(self.subtasks), final=final)
-        self.history[n] = CheckpointStats(n, ts, "PENDING")
+        self.pending[n] = PendingCheckpoint(n, ts, now, set(self.subtasks), final=final,
+                                            savepoint_target=savepoint_target, stop=stop)
+        self.history[n] = CheckpointStats(n, ts, "PENDING", savepoint=savepoint_target)
         if final:
             self.final_checkpoint = n
-        self._send_trigger(Barrier(n, self.attempt, ts))
+        self._send_trigger(Barrier(n, self.attempt, ts, savepoint_target, stop))
         return n
 
     # -- acknowledgements -------------------------------------------------------------------
@@ -160,16 +171,21 @@ class CheckpointCoordinator:
     def _complete(self, pending: PendingCheckpoint) -> None:
         n = pending.checkpoint_id
         metadata = self._metadata(pending)
+        storage, job_key = self.storage, self.job_key
+        if pending.savepoint_target is not None:
+            storage, job_key = CheckpointStorage(pending.savepoint_target), SAVEPOINT_JOB_KEY
         try:
-            self.storage.write_metadata(self.job_key, n, metadata)
+            storage.write_metadata(job_key, n, metadata)
         except Exception as exc:
             self.abort(n, f"metadata could not be written: {type(exc).__name__}: {exc}")
             return
         del self.pending[n]
-        self.completed.append((n, metadata))
         stats = self.history[n]
         stats.status, stats.size = "COMPLETED", pending.size
         stats.duration_s = time.monotonic() - pending.started
+        if pending.savepoint_target is not None and not (pending.stop or pending.final):
+            return  # a savepoint of a running job: no commit, no failover target
+        self.completed.append((n, metadata))
         self._last_completion = time.monotonic()
         self.failures_in_a_row = 0
         for older in [m for m in self.pending if m < n]:
@@ -219,7 +235,7 @@ class CheckpointCoordinator:
         back re-commits nothing twice); a skipped checkpoint is forgotten.
         """
         if not self.completed:
-            return None
+            return self.initial_restore
         found = self.storage.latest_valid_checkpoint(self.job_key)
         if found is None:
             raise RuntimeError(f"no completed checkpoint of {self.job_name} verifies in "
@@ -239,8 +255,30 @@ class CheckpointCoordinator:
         if latest is None:
             return None
         n, metadata = latest
-        return RestoreSpec(n, {name: OperatorRestore(files["operator_state"], files["keyed_state"])
-                               for name, files in metadata["operators"].items()})
+        return restore_spec_of(n, metadata, self.config.storage)
+
+    def restore_from(self, path: str) -> RestoreSpec:
+        """The spec of a savepoint or retained checkpoint of another run, for a new job.
+
+        Checkpoint ids of this job continue above the restored one.
+        """
+        storage_uri, key = locate_snapshot(path)
+        found = CheckpointStorage(storage_uri).latest_valid_checkpoint(key)
+        if found is None:
+            raise FileNotFoundError(f"no complete savepoint or checkpoint under {path}")
+        n, metadata = found
+        if metadata["max_parallelism"] != self.max_parallelism:
+            raise ValueError(
+                f"{path} was taken with max_parallelism {metadata['max_parallelism']}; this job "
+                f"has {self.max_parallelism}. Keyed state is partitioned into max_parallelism key "
+                f"groups, so it cannot change: set StreamEnvironment(max_parallelism="
+                f"{metadata['max_parallelism']}).")
+        if metadata["hash_version"] != HASH_VERSION:
+            raise ValueError(f"{path} used key hash version {metadata['hash_version']}; this "
+                             f"raystream uses {HASH_VERSION}")
+        self._last_id = max(self._last_id, n)
+        self.initial_restore = restore_spec_of(n, metadata, storage_uri)
+        return self.initial_restore
 
     def committed_outputs(self) -> dict[str, list[dict]]:
         """Committable handles of every sink, as of the latest completed checkpoint."""
@@ -249,3 +287,20 @@ class CheckpointCoordinator:
 
     def stats(self) -> list[CheckpointStats]:
         return [self.history[n] for n in sorted(self.history)]
+
+
+def restore_spec_of(checkpoint_id: int, metadata: dict, storage_uri: str) -> RestoreSpec:
+    return RestoreSpec(checkpoint_id, storage_uri,
+                       {name: OperatorRestore(files["operator_state"], files["keyed_state"])
+                        for name, files in metadata["operators"].items()})
+
+
+def locate_snapshot(path: str) -> tuple[str, str]:
+    """(storage URI, job key) of a savepoint directory or of a job's checkpoint directory."""
+    path = path.rstrip("/")
+    if CheckpointStorage(path).completed_checkpoint_ids(SAVEPOINT_JOB_KEY):
+        return path, SAVEPOINT_JOB_KEY
+    parent, _, key = path.rpartition("/")
+    if not parent or not key:
+        raise FileNotFoundError(f"{path} is neither a savepoint nor a job's checkpoint directory")
+    return parent, key

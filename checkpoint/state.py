@@ -4,7 +4,7 @@ Flink's ``HeapKeyedStateBackend`` + ``CopyOnWriteStateMap``, in Python. A
 subtask owns a contiguous range of key groups; every state name has one plain
 ``dict`` per key group, mapping ``(key, namespace)`` directly to the value (no
 per-entry wrapper objects: fewer allocations, less work for the cyclic GC,
-and a key group's section is one C-level ``pickle.dumps`` of its dict).
+and a key group's section is pickled straight from its dicts, in C).
 Snapshots are taken per key group, so a job restores at another parallelism
 by handing every subtask the sections of its range.
 
@@ -65,9 +65,13 @@ Section format
 --------------
 ``b"RSKS"``, then big-endian ``uint16`` format version (:data:`FORMAT_VERSION`),
 ``uint16`` key-group hash version (``keygroups.HASH_VERSION``), ``uint32``
-max_parallelism and ``uint32`` key group, then a pickle (protocol 5) of
-``{state name: (kind, {(key, namespace): value})}``. Restore checks all four
-header fields. The bytes are only ever read back by the same job's restore.
+max_parallelism and ``uint32`` key group; then consecutive pickles (protocol
+5): a directory ``[(state name, kind, number of chunks), ...]``, then every
+state's ``{(key, namespace): value}`` in chunks of at most
+:data:`CHUNK_ENTRIES` entries (each pickled in one C call holding the GIL, so
+chunks bound how long the serializer can stall the processing thread,
+however large a key group). Restore checks all four header fields. The bytes
+are only ever read back by the same job's restore.
 """
 
 from __future__ import annotations
@@ -76,6 +80,9 @@ import copy
 import datetime
 import decimal
 import fractions
+import gc
+import io
+import itertools
 import pickle
 import struct
 import threading
@@ -89,6 +96,7 @@ import numpy as np
 from raystream.checkpoint.keygroups import HASH_VERSION, key_group_of
 
 __all__ = [
+    "CHUNK_ENTRIES",
     "FORMAT_VERSION",
     "AggregateFunction",
     "AggregatingState",
@@ -103,6 +111,7 @@ __all__ = [
 FORMAT_VERSION = 1
 _MAGIC = b"RSKS"
 _HEADER = struct.Struct(">4sHHII")  # magic, format version, hash version, max_parallelism, key group
+CHUNK_ENTRIES = 8192
 
 _VALUE, _LIST, _MAP, _REDUCING, _AGGREGATING = "value", "list", "map", "reducing", "aggregating"
 
@@ -572,14 +581,26 @@ class StateSnapshot:
         try:
             out: dict[int, bytes] = {}
             for i, kg in enumerate(self._key_groups):
-                payload = {name: (kind, maps[i]) for name, kind, maps in captured if maps[i]}
-                if payload:
-                    header = _HEADER.pack(_MAGIC, FORMAT_VERSION, HASH_VERSION,
-                                          self._max_parallelism, kg)
-                    out[kg] = header + pickle.dumps(payload, protocol=5)
+                states = [(name, kind, maps[i]) for name, kind, maps in captured if maps[i]]
+                if states:
+                    out[kg] = self._section(kg, states)
             return out
         finally:
             self._finalizer()
+
+    def _section(self, kg: int, states: list[tuple[str, str, dict]]) -> bytes:
+        buf = io.BytesIO()
+        buf.write(_HEADER.pack(_MAGIC, FORMAT_VERSION, HASH_VERSION, self._max_parallelism, kg))
+        pickler = pickle.Pickler(buf, protocol=5)
+        pickler.dump([(name, kind, -(-len(m) // CHUNK_ENTRIES)) for name, kind, m in states])
+        for _name, _kind, m in states:
+            if len(m) <= CHUNK_ENTRIES:
+                pickler.dump(m)
+            else:
+                items = iter(m.items())
+                for _ in range(0, len(m), CHUNK_ENTRIES):
+                    pickler.dump(dict(itertools.islice(items, CHUNK_ENTRIES)))
+        return buf.getvalue()
 
     def __repr__(self) -> str:
         state = "released" if self.released else "pending"
@@ -750,6 +771,18 @@ class KeyedStateBackend:
         subtasks); a key group's section must not be given twice."""
         if isinstance(sections, Mapping):
             sections = sections.items()
+        # Unpickling allocates many containers at once; with the cyclic GC on,
+        # that triggers repeated full collections over the whole heap (several
+        # times slower for container values). Pause cycle detection meanwhile.
+        gc_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self._restore(sections)
+        finally:
+            if gc_enabled:
+                gc.enable()
+
+    def _restore(self, sections: Iterable[tuple[int, bytes]]) -> None:
         for kg, data in sections:
             if kg not in self.key_groups:
                 continue
@@ -774,9 +807,13 @@ class KeyedStateBackend:
                     f"section handed over as key group {kg} holds key group {section_kg}")
             if kg in self._restored:
                 raise ValueError(f"key group {kg} restored twice")
-            payload = pickle.loads(view[_HEADER.size:])
+            unpickler = pickle.Unpickler(io.BytesIO(view[_HEADER.size:]))
+            directory = unpickler.load()
             i = kg - self._kg_start
-            for name, (kind, values) in payload.items():
+            for name, kind, n_chunks in directory:
+                values = unpickler.load()
+                for _ in range(n_chunks - 1):
+                    values.update(unpickler.load())
                 kgm = self._table(name, kind).kgs[i]
                 if kgm.m:  # merge into existing state (copy-on-write aware)
                     for kk, v in values.items():

@@ -70,6 +70,7 @@ __all__ = ["StateHandle", "CorruptCheckpointError", "CheckpointStorage", "METADA
 logger = logging.getLogger(__name__)
 
 METADATA_FILE = "_metadata"
+SAVEPOINT_JOB_KEY = "savepoint"  # a savepoint at URI u is <u>/savepoint/chk-<id>/
 OUTPUT_DIR = "output"  # committed sink output, outside every chk-<id>
 METADATA_FORMAT = 1
 _TMP_PREFIX = "_metadata.inprogress-"

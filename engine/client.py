@@ -87,6 +87,26 @@ class JobClient:
         if self._outcome is None:
             ray.get(self._master.cancel.remote())
 
+    def savepoint(self, path: str, *, timeout_s: float | None = 300) -> str:
+        """Take a savepoint to ``path`` (a directory or URI) while the job keeps running.
+
+        Always aligned; it commits no side effects and is never used for
+        failover; it is never deleted automatically. Returns ``path``.
+        """
+        return ray.get(self._master.savepoint.remote(path, False, False, timeout_s))
+
+    def stop_with_savepoint(self, path: str, *, drain: bool = False,
+                            timeout_s: float | None = 300) -> JobResult:
+        """Stop the sources, take a savepoint to ``path``, commit, and end the job.
+
+        With ``drain`` the sources end their input first (event time advances
+        to the end, so every window fires) and the final checkpoint is the
+        savepoint. Restore it with ``env.execute(..., restore_from=path)``,
+        at any parallelism.
+        """
+        ray.get(self._master.savepoint.remote(path, True, drain, timeout_s))
+        return self.wait(timeout_s)
+
     def subtask_actor(self, operator_name: str, index: int) -> Any:
         """The Ray actor running subtask ``index`` of the chain holding ``operator_name``
         in the job's current attempt (a test kills it with ``ray.kill``)."""

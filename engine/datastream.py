@@ -171,6 +171,31 @@ class DataStream:
         """Drop every record, counting them (``result.table`` is not available; use ``result.count``)."""
         return self.sink_to(DiscardSink, name=name, parallelism=parallelism)
 
+    def sink_to_parquet(self, path: str, *, partition_by: str | list[str] | None = None,
+                        max_rows_per_file: int | None = None,
+                        max_bytes_per_file: int | None = 128 * 1024 * 1024,
+                        name: str = "parquet") -> "SinkHandle":
+        """Write Parquet files under ``path`` (a directory or ``pyarrow.fs`` URI), exactly once.
+
+        A writer at this stream's parallelism (named ``name``) writes the files
+        and a committer (parallelism 1, ``<name>-committer``) lists them in the
+        commit log ``<path>/_raystream_log/`` when a checkpoint completes
+        (without checkpoints: when the job finishes). Read the committed rows
+        with ``rs.spark.read_committed(path)`` or ``handle.read()``; see
+        :mod:`raystream.engine.operators.file_sink`.
+        """
+        from raystream.engine.operators.file_sink import (ParquetCommitterOperator,
+                                                          ParquetSinkConfig, ParquetSinkHandle,
+                                                          ParquetWriterOperator)
+
+        config = ParquetSinkConfig.of(path, partition_by, max_rows_per_file, max_bytes_per_file)
+        writer = self._add("operator", name, lambda n: ParquetWriterOperator(n, config),
+                           name=name, parallelism=self.transformation.parallelism)
+        committer = writer._add("sink", f"{writer.transformation.name}-committer",
+                                lambda n: ParquetCommitterOperator(n, config.path), parallelism=1)
+        return ParquetSinkHandle(committer.transformation.id, committer.transformation.name,
+                                 config.path)
+
 
 class KeyedStream(DataStream):
     """A stream partitioned by key: keyed operators see every record of a key."""

@@ -141,8 +141,15 @@ class StreamEnvironment:
         """The physical plan (chains, edges) this job would run."""
         return build_plan(self.transformations, self.max_parallelism)
 
-    def execute_async(self, name: str = "job") -> JobClient:
-        """Deploy the job and return at once with a client to wait on, watch or cancel it."""
+    def execute_async(self, name: str = "job", *, restore_from: str | None = None) -> JobClient:
+        """Deploy the job and return at once with a client to wait on, watch or cancel it.
+
+        ``restore_from``: a savepoint (or a retained checkpoint directory) to
+        start from, at this job's parallelism; operators are matched by name.
+        """
+        if restore_from is not None and self.checkpoints is None:
+            raise ValueError("restore_from needs checkpoints: pass StreamEnvironment(checkpoints="
+                             "rs.CheckpointConfig(...))")
         plan = self.plan()
         ensure_ray(self.address, **self.ray_init_kwargs)
         check_resources(plan, name)
@@ -150,15 +157,15 @@ class StreamEnvironment:
         options = JobOptions(credits=self.credits,
                              actor_start_timeout_s=self.actor_start_timeout_s,
                              checkpoints=self.checkpoints, restart=self.restart,
-                             failpoints=self.failpoints)
+                             failpoints=self.failpoints, restore_from=restore_from)
         master = JobMaster.options(name=f"raystream/{job_id}/master", namespace="raystream",
                                    **MASTER_RESOURCES.ray_options()).remote(job_id, name, plan,
                                                                             options)
         return JobClient(job_id, name, master, plan)
 
-    def execute(self, name: str = "job") -> JobResult:
+    def execute(self, name: str = "job", *, restore_from: str | None = None) -> JobResult:
         """Run the job until it ends and return its result (raises JobFailedError on failure)."""
-        return self.execute_async(name).wait()
+        return self.execute_async(name, restore_from=restore_from).wait()
 
 
 # Ray deletes released objects in periodic batches (1 s by default), so a

@@ -50,6 +50,27 @@ class JobOptions:
     checkpoints: CheckpointConfig | None = None
     restart: RestartStrategy = field(default_factory=RestartStrategy.none)
     failpoints: tuple[Failpoint, ...] = ()
+    restore_from: str | None = None
+
+
+class _Reply:
+    """A client call waiting for the event thread's answer."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self.value: Any = None
+        self.error: str | None = None
+
+    def set(self, value: Any = None, error: str | None = None) -> None:
+        self.value, self.error = value, error
+        self._done.set()
+
+    def wait(self, timeout_s: float | None) -> Any:
+        if not self._done.wait(timeout_s):
+            raise TimeoutError(f"no answer within {timeout_s} s")
+        if self.error is not None:
+            raise RuntimeError(self.error)
+        return self.value
 
 
 @dataclass
@@ -90,7 +111,8 @@ class JobMaster:
         self.finished: dict[tuple[int, int], dict] = {}
         self.failures: list[str] = []
         self.coordinator = None
-        self.cancel_requested = False
+        self.savepoints: dict[int, tuple[_Reply, bool]] = {}  # id -> (waiting client, stops job)
+        self.drain_to: tuple[str, _Reply] | None = None  # stop-with-savepoint, draining
         self._thread = threading.Thread(target=self._run, name="job master", daemon=True)
         self._thread.start()
 
@@ -107,6 +129,14 @@ class JobMaster:
     @ray.method(concurrency_group="client")
     def cancel(self) -> None:
         self.events.put(("cancel",))
+
+    @ray.method(concurrency_group="client")
+    def savepoint(self, path: str, stop: bool = False, drain: bool = False,
+                  timeout_s: float | None = None) -> str:
+        """Take a savepoint to ``path``; with ``stop`` the job ends after it (FINISHED)."""
+        reply = _Reply()
+        self.events.put(("savepoint", path, stop, drain, reply))
+        return reply.wait(timeout_s)
 
     @ray.method(concurrency_group="client")
     def subtask_names(self) -> dict[str, list[str]]:
@@ -143,7 +173,10 @@ class JobMaster:
         try:
             self.status = "DEPLOYING"
             self._create_coordinator()
-            self._deploy(restore=None)
+            restore = None
+            if self.options.restore_from is not None:
+                restore = self.coordinator.restore_from(self.options.restore_from)
+            self._deploy(restore=restore)
             deploy_s = time.perf_counter() - started
             self.status = "RUNNING"
             outcome = self._event_loop()
@@ -193,7 +226,24 @@ class JobMaster:
                 raise _Failure(report)
         if self.coordinator is not None:
             self.coordinator.tick(time.monotonic())
+            outcome = self._answer_savepoints()
+            if outcome is not None:
+                return outcome
         return self._maybe_finish()
+
+    def _answer_savepoints(self) -> JobOutcome | None:
+        for n, (reply, stop) in list(self.savepoints.items()):
+            stats = self.coordinator.history[n]
+            if stats.status == "PENDING":
+                continue
+            del self.savepoints[n]
+            if stats.status != "COMPLETED":
+                reply.set(error=f"savepoint {n} failed: {stats.reason}")
+                continue
+            reply.set(stats.savepoint)
+            if stop:
+                return self._end("FINISHED")
+        return None
 
     def _handle(self, event: tuple) -> JobOutcome | None:
         kind = event[0]
@@ -205,6 +255,18 @@ class JobMaster:
             _, attempt, subtask, results = event
             if attempt == self.attempt:
                 self.finished[subtask] = results
+        elif kind == "savepoint":
+            _, path, stop, drain, reply = event
+            if self.coordinator is None:
+                reply.set(error="savepoints need checkpoints: StreamEnvironment(checkpoints=...)")
+            elif drain:  # sources end their input; the final checkpoint goes to `path`
+                self.drain_to = (path, reply)
+                for (vertex, _), actor in self.actors.items():
+                    if self.plan.vertices[vertex].is_source:
+                        actor.drain.remote()
+            else:
+                n = self.coordinator.trigger(savepoint_target=path, stop=stop)
+                self.savepoints[n] = (reply, stop)
         elif kind == "ack" and self.coordinator is not None:
             self.coordinator.acknowledge(*event[1:])
         elif kind == "decline" and self.coordinator is not None:
@@ -218,11 +280,18 @@ class JobMaster:
         if coordinator is not None:
             final = coordinator.final_checkpoint
             if final is None:
-                coordinator.trigger(final=True)
+                target = self.drain_to[0] if self.drain_to else None
+                coordinator.trigger(final=True, savepoint_target=target, stop=target is not None)
                 return None
             if not any(n == final for n, _ in coordinator.completed):
                 return None
-        outcome = JobOutcome("FINISHED", self._results(), metrics=self._collect_metrics())
+            if self.drain_to is not None:
+                self.drain_to[1].set(self.drain_to[0])
+        return self._end("FINISHED")
+
+    def _end(self, status: str) -> JobOutcome:
+        """The job is over: gather results and metrics, then stop every subtask."""
+        outcome = JobOutcome(status, self._results(), metrics=self._collect_metrics())
         for actor in self.actors.values():
             actor.stop.remote()
         return outcome

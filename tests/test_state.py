@@ -773,11 +773,7 @@ def test_snapshot_lifecycle():
     del s3
     gc.collect()
     assert b.snapshots_in_progress == 0
-    assert b.snapshot()() == s_bytes_equal(b)
-
-
-def s_bytes_equal(b):
-    return b.snapshot()()
+    assert b.snapshot()() == b.snapshot()()  # unchanged state: identical sections
 
 
 class _ReleaseWhilePickled:
@@ -824,3 +820,33 @@ def test_synchronous_part_does_not_depend_on_the_amount_of_state():
         times.append(time.perf_counter() - t)
         s.release()
     assert min(times) < 0.05
+
+
+def test_large_key_group_is_written_in_chunks_and_restored_exactly():
+    from raystream.checkpoint.state import CHUNK_ENTRIES
+
+    b = KeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    v, m = b.value_state("v"), b.map_state("m")
+    n = 2 * CHUNK_ENTRIES + 17
+    for k in range(n):  # all in key group 3 (a key group is trusted when given)
+        b.set_current_key(k, key_group=3)
+        v.update({"k": k, "l": [k]})
+        if k % 2:
+            m.put(k, [k])
+    want = {k: ({"k": k, "l": [k]}, [(k, [k])] if k % 2 else []) for k in range(n)}
+    snap = b.snapshot()
+    for k in range(0, n, 3):  # mutate in place while the snapshot is pending
+        b.set_current_key(k, key_group=3)
+        v.value()["l"].append(-1)
+        m.put(-k, 0)
+    sections = snap()
+    assert list(sections) == [3]
+    r = restored(sections)
+    rv, rm = r.value_state("v"), r.map_state("m")
+    got = {}
+    for k in r.keys("v"):
+        r.set_current_key(k, key_group=3)
+        got[k] = (rv.value(), rm.items())
+    assert got == want
+    with pytest.raises(Exception):
+        restored({3: sections[3][: len(sections[3]) // 2]})  # truncated section

@@ -90,6 +90,16 @@ class SourceOperator(Operator):
             self._emit_watermark(MAX_WATERMARK)  # end of input: every window may fire
         return False
 
+    def end_input_early(self) -> None:
+        """Stop reading (drain) and advance event time to the end; the splits keep
+        their positions, so the final savepoint records where reading stopped."""
+        self.finished = True
+        self._emit_watermark(MAX_WATERMARK)
+
+    def close(self) -> None:
+        for reader in self.readers.values():
+            reader.close()
+
     def _advance_watermark(self) -> None:
         if self.watermarks is None or not self._order:
             return

@@ -1,0 +1,367 @@
+"""The commit log of an exactly-once file sink, and readers that see committed files only.
+
+A Parquet sink (``DataStream.sink_to_parquet``) writes data files under
+``<path>/`` with final, unique names as data arrives; a file becomes part of
+the output only when a commit-log entry lists it. Files of a failed attempt or
+of a checkpoint that never completed stay on disk but are never listed, so
+readers that go through the log (:func:`committed_files`,
+:func:`read_committed`) never see them.
+
+Layout
+------
+::
+
+    <path>/<partition dirs>/<checkpoint>-<subtask>-<attempt>-<uuid>.parquet   data files
+    <path>/_raystream_log/<incarnation>-<checkpoint id>.json                    one entry per commit
+    <path>/_raystream_log/.<entry name>.tmp-<uuid>                              a write in progress
+
+``_raystream_log`` starts with ``_`` so that directory readers (Spark,
+``pyarrow.dataset``) skip it. An *incarnation* names one run of a job
+(``<job name>-<12 hex digits>``, kept in the committer's checkpointed state, so
+it survives failovers and restores of that run); together with the checkpoint
+id it identifies a commit, and at most one entry exists per (incarnation,
+checkpoint id): committing the same checkpoint again is a no-op.
+
+Entry format (JSON, never pickle; checksummed like checkpoint metadata)::
+
+    {"format": 1,
+     "sha256": "<hex SHA-256 of the canonical JSON of payload>",
+     "payload": {
+        "incarnation": "clicks-3f2a9c0d1e4b",
+        "checkpoint_id": 7,
+        "committed_at_ms": 1732233600000,
+        "files": [
+          {"path": "day=2024-11-22/7-0-0-<uuid>.parquet",   # relative to <path>, "/"-separated
+           "rows": 8192, "bytes": 70211,
+           "checkpoint": 7, "subtask": 0, "attempt": 0,     # the writer's name parts
+           "partition": [["day", "2024-11-22"]],            # hive values as text (null: null)
+           "partition_schema": "<base64 Arrow IPC schema>"} # types of the partition columns
+        ]}}
+
+The canonical JSON is ``json.dumps(payload, sort_keys=True, separators=(",", ":"),
+allow_nan=False)``. Partition columns are not stored inside the data files
+(the hive convention, which Spark requires); readers restore them from
+``partition`` with the types in ``partition_schema``.
+
+Writing an entry is atomic: locally a temporary file in the log directory,
+``fsync``, ``rename`` to the final name, then ``fsync`` of the directory; on
+object stores a single PUT of the final key. Data files are made durable by
+the writer before their entry is written.
+
+Commit order: within an incarnation, entries in checkpoint id order;
+incarnations in the order of their first commit (``committed_at_ms``). A file
+listed by several entries (a restored committable committed again under a
+newer id) is read once.
+
+Why not Spark's ``_spark_metadata``
+-----------------------------------
+Spark's file-sink log (``_spark_metadata/<batch id>``, ``v1`` + JSON lines
+of absolute file URIs, compacted every 10 batches into ``<id>.compact``)
+would let a plain ``spark.read.parquet(path)`` see committed files only. It was
+not chosen for now: its batch ids must be dense (0, 1, 2, ...) while
+checkpoint ids are sparse and idempotency is per (incarnation, checkpoint id),
+so the committer would have to find the latest batch id (a LIST per commit)
+and keep its own idempotency record; paths are absolute URIs (moving the
+dataset breaks it); and the compaction protocol is Spark-internal and
+unversioned. This format is simple to write atomically and to check; a later
+issue decides whether to also (or instead) emit ``_spark_metadata``. Until
+then read with :func:`read_committed` (or hand its table to Spark).
+
+Example:
+
+    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> out = tempfile.mkdtemp()
+    >>> pq.write_table(pa.table({"x": [1, 2]}), f"{out}/1-0-0-a.parquet")
+    >>> pq.write_table(pa.table({"x": [3]}), f"{out}/2-0-0-b.parquet")   # never committed
+    >>> write_entry(out, "demo-000000000000", 1, [{"path": "1-0-0-a.parquet", "rows": 2, "bytes": 0}])
+    True
+    >>> write_entry(out, "demo-000000000000", 1, [{"path": "1-0-0-a.parquet", "rows": 2, "bytes": 0}])
+    False
+    >>> [p.rsplit("/", 1)[1] for p in committed_files(out)]
+    ['1-0-0-a.parquet']
+    >>> read_committed(out).to_pydict()
+    {'x': [1, 2]}
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import posixpath
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from raystream.checkpoint.storage import (CheckpointStorage, _canonical_json, _fsync_dir,
+                                          _remove_quietly)
+from raystream.engine.errors import RaystreamError
+
+__all__ = ["LOG_DIR", "LogEntry", "CorruptCommitLogError", "write_entry", "list_entries",
+           "truncate_entries", "committed_files", "read_committed", "new_incarnation"]
+
+LOG_DIR = "_raystream_log"
+LOG_FORMAT = 1
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+_ENTRY_RE = re.compile(r"(?P<incarnation>[A-Za-z0-9][A-Za-z0-9_.-]*)-(?P<checkpoint>0|[1-9][0-9]*)\.json")
+_INCARNATION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+class CorruptCommitLogError(RaystreamError):
+    """A commit-log entry is unparsable or fails its checksum."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"corrupt commit-log entry {path!r}: {reason}")
+        self.path, self.reason = path, reason
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.reason))
+
+
+@dataclass
+class LogEntry:
+    incarnation: str
+    checkpoint_id: int
+    committed_at_ms: int
+    files: list[dict] = field(default_factory=list)
+
+
+# -- locations -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Location:
+    """A sink's root directory: a local path or any ``pyarrow.fs`` URI."""
+
+    filesystem: pafs.FileSystem
+    root: str
+    is_local: bool
+
+    @classmethod
+    def of(cls, path: str) -> "Location":
+        storage = CheckpointStorage(path)  # the same URI resolution as checkpoint storage
+        return cls(storage.filesystem, storage.root, storage.is_local)
+
+    def join(self, *parts: str) -> str:
+        return posixpath.join(self.root, *parts) if self.root else posixpath.join(*parts)
+
+    @property
+    def log_dir(self) -> str:
+        return self.join(LOG_DIR)
+
+
+def new_incarnation(job_name: str) -> str:
+    """``<job name, made path-safe>-<12 random hex digits>``."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_name) or "job"
+    if not safe[0].isalnum():
+        safe = "j" + safe
+    return f"{safe}-{uuid.uuid4().hex[:12]}"
+
+
+def entry_name(incarnation: str, checkpoint_id: int) -> str:
+    if not isinstance(incarnation, str) or not _INCARNATION_RE.fullmatch(incarnation):
+        raise ValueError(f"invalid incarnation {incarnation!r}")
+    if not isinstance(checkpoint_id, int) or isinstance(checkpoint_id, bool) or checkpoint_id < 0:
+        raise ValueError(f"checkpoint id must be a non-negative int, got {checkpoint_id!r}")
+    return f"{incarnation}-{checkpoint_id}.json"
+
+
+# -- writing ---------------------------------------------------------------------------
+
+
+def write_entry(path: str | Location, incarnation: str, checkpoint_id: int, files: list[dict],
+                *, before_publish: Callable[[], None] | None = None) -> bool:
+    """Commit ``files`` as the entry of (``incarnation``, ``checkpoint_id``).
+
+    Returns False, writing nothing, if that entry exists already (a commit is
+    idempotent per incarnation and checkpoint id). ``before_publish`` runs
+    after the entry's bytes are durable and before they become visible (the
+    ``mid_commit`` failpoint).
+    """
+    loc = path if isinstance(path, Location) else Location.of(path)
+    name = entry_name(incarnation, checkpoint_id)
+    payload = {"incarnation": incarnation, "checkpoint_id": checkpoint_id,
+               "committed_at_ms": int(time.time() * 1000), "files": [dict(f) for f in files]}
+    canonical = _canonical_json(payload)
+    body = json.dumps({"format": LOG_FORMAT, "sha256": hashlib.sha256(canonical).hexdigest(),
+                       "payload": json.loads(canonical)},
+                      sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    log_dir = loc.log_dir
+    final = posixpath.join(log_dir, name)
+    if loc.is_local:
+        created = not os.path.isdir(log_dir)
+        os.makedirs(log_dir, exist_ok=True)
+        if os.path.lexists(final):
+            return False
+        tmp = posixpath.join(log_dir, f".{name}.tmp-{uuid.uuid4().hex}")
+        try:
+            with open(tmp, "xb") as f:
+                f.write(body)
+                f.flush()
+                os.fsync(f.fileno())
+            if before_publish is not None:
+                before_publish()
+            if os.path.lexists(final):  # a concurrent commit of the same id won
+                _remove_quietly(tmp)
+                return False
+            os.rename(tmp, final)
+        except BaseException:
+            _remove_quietly(tmp)
+            raise
+        _fsync_dir(log_dir)
+        if created:
+            _fsync_dir(loc.root)
+    else:
+        loc.filesystem.create_dir(log_dir, recursive=True)
+        if loc.filesystem.get_file_info(final).type != pafs.FileType.NotFound:
+            return False
+        if before_publish is not None:
+            before_publish()
+        with loc.filesystem.open_output_stream(final, compression=None) as out:
+            out.write(body)  # one PUT: the object appears whole or not at all
+    return True
+
+
+def truncate_entries(path: str | Location, incarnation: str, above: int) -> list[int]:
+    """Delete the entries of ``incarnation`` with checkpoint id > ``above``, newest first
+    (restoring an older snapshot: their output will be produced again). Returns their ids."""
+    loc = path if isinstance(path, Location) else Location.of(path)
+    ids = sorted((cid for inc, cid, _ in _entry_paths(loc) if inc == incarnation and cid > above),
+                 reverse=True)
+    for cid in ids:  # newest first: the log stays a prefix if this is interrupted
+        target = posixpath.join(loc.log_dir, entry_name(incarnation, cid))
+        try:
+            loc.filesystem.delete_file(target)
+        except FileNotFoundError:
+            pass
+    if ids and loc.is_local:
+        _fsync_dir(loc.log_dir)
+    return ids
+
+
+# -- reading ---------------------------------------------------------------------------
+
+
+def _entry_paths(loc: Location) -> list[tuple[str, int, str]]:
+    infos = loc.filesystem.get_file_info(pafs.FileSelector(loc.log_dir, allow_not_found=True))
+    found = []
+    for info in infos:
+        m = _ENTRY_RE.fullmatch(info.base_name)
+        if m and info.type == pafs.FileType.File:
+            found.append((m.group("incarnation"), int(m.group("checkpoint")), info.path))
+    return found
+
+
+def _read_entry(loc: Location, entry_path: str) -> LogEntry:
+    with loc.filesystem.open_input_stream(entry_path, compression=None) as f:
+        raw = f.read()
+    try:
+        doc = json.loads(raw)
+        payload = doc["payload"]
+        expected = doc["sha256"]
+        if doc["format"] != LOG_FORMAT:
+            raise CorruptCommitLogError(entry_path, f"unsupported format {doc['format']!r}")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptCommitLogError(entry_path, f"unparsable: {exc}") from None
+    if hashlib.sha256(_canonical_json(payload)).hexdigest() != expected:
+        raise CorruptCommitLogError(entry_path, "checksum mismatch")
+    return LogEntry(payload["incarnation"], payload["checkpoint_id"],
+                    payload["committed_at_ms"], payload["files"])
+
+
+def list_entries(path: str | Location, incarnation: str | None = None) -> list[LogEntry]:
+    """Every entry of the log (of one incarnation if given), in commit order."""
+    loc = path if isinstance(path, Location) else Location.of(path)
+    entries = [_read_entry(loc, p) for inc, _, p in _entry_paths(loc)
+               if incarnation is None or inc == incarnation]
+    first: dict[str, int] = {}
+    for e in entries:
+        first[e.incarnation] = min(first.get(e.incarnation, e.committed_at_ms), e.committed_at_ms)
+    return sorted(entries, key=lambda e: (first[e.incarnation], e.incarnation, e.checkpoint_id))
+
+
+def committed_file_entries(path: str | Location) -> list[dict]:
+    """The file records of every committed file, once each, in commit order."""
+    seen: set[str] = set()
+    out = []
+    for entry in list_entries(path):
+        for f in entry.files:
+            if f["path"] not in seen:
+                seen.add(f["path"])
+                out.append(f)
+    return out
+
+
+def committed_files(path: str) -> list[str]:
+    """Every data file listed by any log entry, once, in commit order.
+
+    Paths are ``path`` joined with each file's relative path (so a URI stays a URI).
+    """
+    base = path.rstrip("/") if path not in ("/", "") else path
+    return [posixpath.join(base, f["path"]) for f in committed_file_entries(path)]
+
+
+def read_committed(path: str, *, columns: list[str] | None = None) -> pa.Table:
+    """The rows of exactly the committed files, schemas unified (partition columns restored).
+
+    An empty log gives an empty table without columns.
+    """
+    loc = Location.of(path)
+    tables = []
+    for f in committed_file_entries(loc):
+        with loc.filesystem.open_input_file(loc.join(f["path"])) as source:
+            table = pq.ParquetFile(source).read()
+        table = _with_partition_columns(table, f)
+        if columns is not None:
+            table = table.select([c for c in columns if c in table.column_names])
+        tables.append(table)
+    tables = [t for t in tables if t.num_columns]
+    if not tables:
+        return pa.table({})
+    return pa.concat_tables(tables, promote_options="default")
+
+
+def _with_partition_columns(table: pa.Table, f: dict) -> pa.Table:
+    partition = f.get("partition") or []
+    if not partition:
+        return table
+    schema = decode_schema(f["partition_schema"]) if f.get("partition_schema") else None
+    for column, value in partition:
+        typ = schema.field(column).type if schema is not None else pa.string()
+        if value is None:
+            array = pa.nulls(table.num_rows, typ)
+        else:
+            array = pa.repeat(pa.scalar(value, pa.string()).cast(typ), table.num_rows)
+        table = table.append_column(pa.field(column, typ), array)
+    return table
+
+
+def encode_schema(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
+
+
+def decode_schema(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+# -- hive partition directory names -------------------------------------------------------
+
+# Hive's / Spark's ExternalCatalogUtils.escapePathName set (Unix).
+_ESCAPE = set('"#%\'*/:=?\\\x7f{[]^') | {chr(c) for c in range(1, 32)}
+
+
+def escape_path_name(text: str) -> str:
+    return "".join(f"%{ord(c):02X}" if c in _ESCAPE else c for c in text)
+
+
+def partition_dir(columns: tuple[str, ...], values: tuple[str | None, ...]) -> str:
+    """``col=value/...`` as Hive and Spark write it (null and "" -> the default partition)."""
+    return "/".join(f"{escape_path_name(c)}={escape_path_name(v) if v else HIVE_NULL}"
+                    for c, v in zip(columns, values))

@@ -1,0 +1,100 @@
+"""Savepoints: taken while running, stop-with-savepoint, restore at another parallelism.
+
+Oracle: the output committed before the savepoint plus the output of the job
+restored from it equals, exactly once, what numpy computes for one run over
+the whole input (tests/test_exactly_once.assert_exactly_once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pyarrow as pa
+import pytest
+
+import raystream as rs
+from tests.test_exactly_once import assert_exactly_once, build_job
+
+
+def env_at(parallelism: int, storage: str, max_parallelism: int = 128) -> rs.StreamEnvironment:
+    return rs.StreamEnvironment(
+        parallelism=parallelism, max_parallelism=max_parallelism,
+        checkpoints=rs.CheckpointConfig(interval_s=0.3, storage=storage),
+        restart=rs.RestartStrategy.fixed_delay(3, 0.1))
+
+
+def run_until_checkpoints(env: rs.StreamEnvironment, name: str, count: int = 2):
+    sink = build_job(env)
+    client = env.execute_async(name)
+    deadline = time.monotonic() + 60
+    while len(client.progress()["completed_checkpoints"]) < count:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return client, sink
+
+
+def savepoint_metadata(path: str) -> dict:
+    root = os.path.join(path, "savepoint")
+    (chk,) = os.listdir(root)
+    with open(os.path.join(root, chk, "_metadata")) as f:
+        return json.load(f)["payload"]
+
+
+@pytest.fixture(scope="module")
+def stopped_at_parallelism_2(ray_session, tmp_path_factory):
+    """A job at parallelism 2 stopped with a savepoint midway, and what it committed."""
+    base = tmp_path_factory.mktemp("savepoints")
+    client, sink = run_until_checkpoints(env_at(2, str(base / "chk")), "before-rescale")
+    running = client.savepoint(str(base / "while-running"))
+    result = client.stop_with_savepoint(str(base / "stopped"))
+    return base, running, result, result.table(sink)
+
+
+@pytest.mark.parametrize("parallelism", [3, 1])
+def test_restore_at_another_parallelism_continues_exactly_once(stopped_at_parallelism_2,
+                                                               parallelism):
+    base, _, first, committed_before = stopped_at_parallelism_2
+    assert first.status == "FINISHED"
+    assert 0 < committed_before.num_rows  # stopped midway: part of the input ...
+    env = env_at(parallelism, str(base / f"chk-p{parallelism}"))
+    sink = build_job(env)
+    second = env.execute(f"after-rescale-{parallelism}", restore_from=str(base / "stopped"))
+    # ... and the restored job commits exactly the rest.
+    assert_exactly_once(pa.concat_tables([committed_before, second.table(sink)]))
+    stopped_id = savepoint_metadata(str(base / "stopped"))["checkpoint_id"]
+    assert min(c.checkpoint_id for c in second.checkpoints) > stopped_id  # ids keep rising
+
+
+def test_savepoint_while_running_is_complete_but_commits_nothing(stopped_at_parallelism_2):
+    base, running, first, _ = stopped_at_parallelism_2
+    assert running == str(base / "while-running")
+    metadata = savepoint_metadata(running)
+    assert metadata["hash_version"] == rs.HASH_VERSION
+    assert metadata["max_parallelism"] == 128
+    assert set(metadata["operators"]) >= {"numbers", "sum"}
+    history = {c.checkpoint_id: c for c in first.checkpoints}
+    assert history[metadata["checkpoint_id"]].savepoint == running
+    # Its files live with the savepoint, outside checkpoint storage (never retained away).
+    for files in metadata["operators"].values():
+        for handle in files["operator_state"] + files["keyed_state"]:
+            assert handle["path"].startswith(running)
+
+
+def test_a_max_parallelism_change_is_refused(stopped_at_parallelism_2):
+    base, _, _, _ = stopped_at_parallelism_2
+    env = env_at(2, str(base / "chk-maxp"), max_parallelism=64)
+    build_job(env)
+    with pytest.raises(rs.JobFailedError, match="max_parallelism 128.*has 64"):
+        env.execute("other-max-parallelism", restore_from=str(base / "stopped"))
+
+
+def test_stop_with_savepoint_and_drain_then_restore(ray_session, tmp_path):
+    client, sink = run_until_checkpoints(env_at(2, str(tmp_path / "chk")), "drain")
+    first = client.stop_with_savepoint(str(tmp_path / "drained"), drain=True)
+    committed_before = first.table(sink)
+    env = env_at(1, str(tmp_path / "chk-after"))
+    sink_after = build_job(env)
+    second = env.execute("after-drain", restore_from=str(tmp_path / "drained"))
+    assert_exactly_once(pa.concat_tables([committed_before, second.table(sink_after)]))
