@@ -23,6 +23,7 @@ master stops it.
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -447,6 +448,11 @@ class Subtask:
         metrics = dict(self.metrics)
         metrics["records_out"] = sum(c.rows_sent for c in self.out_channels.values())
         metrics["batches_out"] = sum(c.batches_sent for c in self.out_channels.values())
+        metrics["pid"] = os.getpid()
+        metrics["attempt"] = self.spec.attempt
+        for operator in self.operators:  # an operator may report its own figures
+            for name, value in (operator.metrics() or {}).items():
+                metrics[f"{operator.name}.{name}"] = value
         return metrics
 
 

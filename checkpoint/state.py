@@ -51,8 +51,10 @@ Threading contract: all state access, :meth:`~KeyedStateBackend.snapshot` and
 :meth:`~KeyedStateBackend.restore` happen on one thread (the subtask's
 processing thread); only a :class:`StateSnapshot` may run on another thread,
 concurrently with processing. The processing thread never waits for
-serialization (it may wait, GIL-wise, for the pickling of one key group's map,
-a single C call).
+serialization (it may wait, GIL-wise, for the pickling of one chunk of a key
+group, a single C call). :meth:`~KeyedStateBackend.restore` pauses the cyclic
+GC while it runs (unpickling many containers otherwise triggers repeated full
+collections).
 
 Ownership contract (as in Flink's heap backend): a value handed to state
 (``update``, ``add``, ``put``...) is owned by the state from then on, and a

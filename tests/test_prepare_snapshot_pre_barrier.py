@@ -101,29 +101,41 @@ class CallLog:
 class Marking(rs.Operator):
     """A, B, C: forward every batch; emit one marker per D subtask before each barrier."""
 
-    def __init__(self, name: str, log_dir: str, keys: list[int], sleep_s: float = 0.0) -> None:
+    def __init__(self, name: str, log_dir: str, keys: list[int], *, tag_data: bool = False,
+                 sleep_s: float = 0.0) -> None:
         super().__init__(name)
         self.log = CallLog(log_dir)
         self.keys = keys
+        self.tag_data = tag_data
         self.sleep_s = sleep_s
 
     def open(self) -> None:
         self.finished = False
+        self.after = 0  # the last checkpoint whose pre-barrier ran here (0: none yet)
+        self.data_after: collections.Counter[int] = collections.Counter()
 
     def process_batch(self, batch, input_index=0):
         if self.finished:
             raise AssertionError(f"{self.name}: a batch after finish()")
         if self.sleep_s:
             time.sleep(self.sleep_s)  # slow data: several checkpoints during the run
+        if self.tag_data:  # data rows: (chk, sub) = (last checkpoint passed, this subtask)
+            n = batch.num_rows
+            batch = batch.set_column(ROWS.get_field_index("chk"), ROWS.field("chk"),
+                                     pa.array([self.after] * n, pa.int64()))
+            batch = batch.set_column(ROWS.get_field_index("sub"), ROWS.field("sub"),
+                                     pa.array([self.ctx.subtask_index] * n, pa.int64()))
+            self.data_after[self.after] += n
         self.output.emit(batch)
 
     def finish(self) -> None:
         self.finished = True
         self.log.write(event="finish", op=self.name, chk=-1, sub=self.ctx.subtask_index,
-                       seq=next(_SEQ))
+                       seq=next(_SEQ), data_after=dict(self.data_after))
 
     def prepare_snapshot_pre_barrier(self, checkpoint_id: int) -> None:
         seq = next(_SEQ)
+        self.after = checkpoint_id
         emit = not self.finished  # after end of input nothing may be emitted (FLIP-147)
         sub = self.ctx.subtask_index
         self.log.write(event="pre", op=self.name, chk=checkpoint_id, sub=sub, seq=seq,
@@ -149,10 +161,9 @@ class Observer(rs.Operator):
         self.log = CallLog(log_dir)
 
     def open(self) -> None:
-        self.pending: list[dict] = []
+        self.pending: list[dict] = []  # markers seen since the last report
+        self.data: collections.Counter[tuple[int, int]] = collections.Counter()  # (sub, after)
         self.arrival = 0
-        self.rows = 0
-        self.last_pre: int | None = None
         self.finished = False
 
     def process_batch(self, batch, input_index=0):
@@ -161,36 +172,33 @@ class Observer(rs.Operator):
                 self.pending.append(dict(row, arrival=self.arrival))
                 self.arrival += 1
             else:
-                self.rows += 1
+                self.data[(row["sub"], row["chk"])] += 1
 
     def _report(self, at: int) -> None:
-        if not self.pending:
-            return
         d = self.ctx.subtask_index
-        self.output.emit(pa.RecordBatch.from_pylist([
-            {"kind": "seen", "d_sub": d, "at": at, "op": m["op"], "chk": m["chk"],
-             "sub": m["sub"], "seq": m["seq"], "pid": m["pid"], "key": m["key"],
-             "arrival": m["arrival"], "rows": 0} for m in self.pending], schema=OBSERVATIONS))
-        self.pending = []
+        rows = [{"kind": "seen", "d_sub": d, "at": at, "op": m["op"], "chk": m["chk"],
+                 "sub": m["sub"], "seq": m["seq"], "pid": m["pid"], "key": m["key"],
+                 "arrival": m["arrival"], "rows": 0} for m in self.pending]
+        rows += [{"kind": "data", "d_sub": d, "at": at, "op": "", "chk": after, "sub": sub,
+                  "seq": -1, "pid": -1, "key": -1, "arrival": -1, "rows": count}
+                 for (sub, after), count in sorted(self.data.items())]
+        if rows:
+            self.output.emit(pa.RecordBatch.from_pylist(rows, schema=OBSERVATIONS))
+        self.pending, self.data = [], collections.Counter()
 
     def prepare_snapshot_pre_barrier(self, checkpoint_id: int) -> None:
         self.log.write(event="pre", op=self.name, chk=checkpoint_id, sub=self.ctx.subtask_index,
                        seq=next(_SEQ), emitted=not self.finished)
-        self.last_pre = checkpoint_id
         if not self.finished:
             self._report(at=checkpoint_id)
 
     def snapshot_state(self, checkpoint_id: int):
         self.log.write(event="snap", op=self.name, chk=checkpoint_id, sub=self.ctx.subtask_index,
-                       seq=next(_SEQ), pending=len(self.pending))
+                       seq=next(_SEQ), pending=len(self.pending) + len(self.data))
         return None
 
     def finish(self) -> None:
-        self._report(at=-1)  # seen after D's last checkpoint before end of input
-        self.output.emit(pa.RecordBatch.from_pylist([
-            {"kind": "rows", "d_sub": self.ctx.subtask_index, "at": -1, "op": "", "chk": -1,
-             "sub": -1, "seq": -1, "pid": os.getpid(), "key": -1, "arrival": -1,
-             "rows": self.rows}], schema=OBSERVATIONS))
+        self._report(at=-1)  # seen after D's last checkpoint before its end of input
         self.finished = True
         self.log.write(event="finish", op=self.name, chk=-1, sub=self.ctx.subtask_index,
                        seq=next(_SEQ))
@@ -215,7 +223,8 @@ def test_pre_barrier_runs_head_to_tail_and_its_records_precede_the_barrier(ray_s
         restart=rs.RestartStrategy.none())
     logs = str(log_dir)
     stream = env.from_sequence(N, data_columns, batch_size=BATCH, num_splits=4, name="numbers")
-    stream = stream.transform("A", lambda n: Marking(n, logs, keys, SLEEP_PER_BATCH_S))
+    stream = stream.transform("A", lambda n: Marking(n, logs, keys, tag_data=True,
+                                                    sleep_s=SLEEP_PER_BATCH_S))
     stream = stream.transform("B", lambda n: Marking(n, logs, keys))
     stream = stream.transform("C", lambda n: Marking(n, logs, keys))
     observed = stream.key_by("key").transform("D", lambda n: Observer(n, logs))
@@ -238,10 +247,9 @@ def test_pre_barrier_runs_head_to_tail_and_its_records_precede_the_barrier(ray_s
     calls = read_calls(logs)
     assert len({(e["pid"], e["seq"]) for e in calls}) == len(calls)  # one counter per process
     out = result.table(sink).to_pylist()
-    seen = [r for r in out if r["kind"] == "seen"]
-    totals = [r for r in out if r["kind"] == "rows"]
-    assert sorted(r["d_sub"] for r in totals) == list(range(PARALLELISM))
-    assert sum(r["rows"] for r in totals) == N  # the data flowed alongside the markers
+    seen = [r for r in out if r["kind"] == "seen"]  # markers, as D saw them
+    data = [r for r in out if r["kind"] == "data"]  # data rows, counted by D
+    json.dump({"calls": calls, "out": out, "cps": [vars(c) for c in result.checkpoints]}, open("/tmp/diag.json", "w"))
 
     # A, B, C of one upstream subtask run in one process (chained), D elsewhere.
     pids = collections.defaultdict(set)
@@ -272,7 +280,18 @@ def test_pre_barrier_runs_head_to_tail_and_its_records_precede_the_barrier(ray_s
     assert not any(by_call[(op, final, u, "pre")][0]["emitted"]
                    for op in CHAIN for u in range(PARALLELISM))
 
-    # (2) What was emitted (from the call logs, not from D) against what D saw.
+    # (2) Where each record landed at D. D reports at its pre-barrier(k) what it
+    # processed since its previous report, so a record that precedes barrier n
+    # upstream (and follows barrier m < n) must be reported at the first
+    # checkpoint k >= n that D took before its end of input (-1: none).
+    d_checkpoints = {d: sorted(e["chk"] for e in calls
+                               if e["op"] == "D" and e["sub"] == d and e["event"] == "pre"
+                               and e["emitted"]) for d in range(PARALLELISM)}
+
+    def reported_at(d: int, precedes: int) -> int:
+        return next((k for k in d_checkpoints[d] if k >= precedes), -1)
+
+    # Markers: what was emitted (from the call logs, not from D) against what D saw.
     emitted = {(e["op"], e["chk"], e["sub"]): e["seq"] for e in calls
                if e["event"] == "pre" and e["op"] in CHAIN and e["emitted"]}
     expected = sorted((d, op, n, u, seq) for (op, n, u), seq in emitted.items()
@@ -284,18 +303,33 @@ def test_pre_barrier_runs_head_to_tail_and_its_records_precede_the_barrier(ray_s
     tested = [n for n in completed
               if all((op, n, u) in emitted for op in CHAIN for u in range(PARALLELISM))]
     assert len(tested) >= 3, (completed, sorted(emitted))
-
     completed_set = set(completed)
     for r in seen:
-        where = (f"marker of {r['op']}/{r['sub']} for checkpoint {r['chk']} "
-                 f"seen by D/{r['d_sub']} at its checkpoint {r['at']}")
+        where = (f"marker of {r['op']}/{r['sub']} emitted before barrier {r['chk']} "
+                 f"reached D/{r['d_sub']} at its checkpoint {r['at']}")
         if r["chk"] in completed_set:
-            # Before D's barrier n: part of checkpoint n at D. Not after (then it
-            # would have landed behind the barrier), not before (a marker of n+1
-            # seen at D's snapshot of n means D went past barrier n unaligned).
+            # Part of checkpoint n at D: not later (it would have landed behind the
+            # barrier), not earlier (a marker of n+1 seen at D's snapshot of n).
             assert r["at"] == r["chk"], where
-        else:  # a checkpoint that did not complete: never before its own barrier
-            assert r["at"] == -1 or r["at"] >= r["chk"], where
+        assert r["at"] == reported_at(r["d_sub"], r["chk"]), where
+
+    # Data rows: A tags each with the last checkpoint m it passed; such a row
+    # follows barrier m and precedes the next one, so D must not process it
+    # before its snapshot of m (that would be a row past an unaligned barrier).
+    after_counts: dict[tuple[int, int], int] = {}
+    for u in range(PARALLELISM):
+        (fin,) = by_call[("A", -1, u, "finish")]
+        after_counts.update({(u, int(m)): c for m, c in fin["data_after"].items()})
+    assert sum(after_counts.values()) == N
+    landed: collections.Counter[tuple[int, int]] = collections.Counter()
+    for r in data:
+        where = (f"{r['rows']} rows of subtask {r['sub']} emitted after barrier {r['chk']} "
+                 f"reached D/{r['d_sub']} at its checkpoint {r['at']}")
+        assert r["at"] == -1 or r["at"] > r["chk"], where
+        assert r["at"] == reported_at(r["d_sub"], r["chk"] + 1), where
+        landed[(r["sub"], r["chk"])] += r["rows"]
+    assert dict(landed) == after_counts  # every row, once, counted in the right interval
+    assert len({m for _, m in after_counts} & completed_set) >= 3  # rows between barriers
 
     # Channel order at D: per (D subtask, upstream subtask, checkpoint), A's marker
     # arrived before B's before C's -- the order they were emitted in.

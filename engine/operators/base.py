@@ -124,6 +124,10 @@ class Operator:
     def close(self) -> None:
         """Release resources; called on success and on failure."""
 
+    def metrics(self) -> dict[str, float] | None:
+        """Figures this operator reports in its subtask's metrics (read while running)."""
+        return None
+
     # -- checkpoints (Flink's order: pre-barrier, barrier, snapshot, notify) --
     def initialize_state(self, restored: RestoredState | None) -> None:
         """Called before ``open``; ``restored`` is None on a fresh start."""
