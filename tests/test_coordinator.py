@@ -526,7 +526,9 @@ def test_verified_restore_spec_skips_a_corrupt_newest_checkpoint(tmp_path):
     assert rec.completed == [1, 2]
 
     spec = coord.verified_restore_spec()  # nothing corrupt: the newest
-    assert spec == RestoreSpec(2, {"op": OperatorRestore([handles[2][0]], [handles[2][1]])})
+    storage = coord.config.storage  # restored files are read from the job's checkpoint storage
+    assert spec == RestoreSpec(2, storage,
+                               {"op": OperatorRestore([handles[2][0]], [handles[2][1]])})
 
     path = handles[2][1]["path"]
     with open(path, "rb") as f:
@@ -536,7 +538,8 @@ def test_verified_restore_spec_skips_a_corrupt_newest_checkpoint(tmp_path):
         f.write(data)
 
     spec = coord.verified_restore_spec()
-    assert spec == RestoreSpec(1, {"op": OperatorRestore([handles[1][0]], [handles[1][1]])})
+    assert spec == RestoreSpec(1, storage,
+                               {"op": OperatorRestore([handles[1][0]], [handles[1][1]])})
     assert completed_ids(coord) == [1]
     assert coord.history[2].status == "CORRUPT"
     assert coord.history[1].status == "COMPLETED"
