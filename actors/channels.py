@@ -31,6 +31,7 @@ class InputChannel:
     finished: bool = False
     # (checkpoint_id, upto) of barriers announced on this channel, oldest first
     barriers: collections.deque = field(default_factory=collections.deque)
+    barrier_seen: int = 0  # highest barrier id announced on this channel
 
     def at_barrier(self) -> int | None:
         """Id of the barrier this channel has reached (it is then blocked), else None."""
@@ -38,8 +39,13 @@ class InputChannel:
             return self.barriers[0][0]
         return None
 
-    def ready(self) -> bool:
-        return self.next_seq in self.pending and self.at_barrier() is None
+    def ready(self, settled: int = 0) -> bool:
+        """The next message may be consumed: it has arrived, no barrier blocks the
+        channel, and any barrier sent before it has been announced (or its
+        checkpoint is ``settled``: taken or aborted here)."""
+        head = self.pending.get(self.next_seq)
+        return (head is not None and self.at_barrier() is None
+                and head.epoch <= max(self.barrier_seen, settled))
 
 
 class InputGate:
@@ -61,6 +67,7 @@ class InputGate:
             ch: InputChannel(ch, input_index) for ch, input_index in channels}
         self._order = list(self.channels.values())
         self._next = 0
+        self.settled = 0  # checkpoints up to this id are taken or aborted at this subtask
 
     def add(self, envelope: Envelope) -> None:
         channel = self.channels.get(envelope.channel)
@@ -71,14 +78,14 @@ class InputGate:
         channel.pending[envelope.seq] = envelope
 
     def has_ready(self) -> bool:
-        return any(c.ready() for c in self._order)
+        return any(c.ready(self.settled) for c in self._order)
 
     def poll(self) -> Envelope | None:
         """Next in-order message of the next channel that has one, or None."""
         n = len(self._order)
         for i in range(n):
             channel = self._order[(self._next + i) % n]
-            if channel.ready():
+            if channel.ready(self.settled):
                 self._next = (self._next + i + 1) % n
                 envelope = channel.pending.pop(channel.next_seq)
                 channel.next_seq += 1
@@ -88,7 +95,17 @@ class InputGate:
     def all_finished(self) -> bool:
         return all(c.finished for c in self._order)
 
+    def note_barrier(self, channel: ChannelId, checkpoint_id: int) -> None:
+        """Barrier ``checkpoint_id`` was announced on ``channel`` (taken, aborted or not)."""
+        c = self.channels[channel]
+        c.barrier_seen = max(c.barrier_seen, checkpoint_id)
+
+    def settle(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` is taken or aborted here: stop waiting for its barriers."""
+        self.settled = max(self.settled, checkpoint_id)
+
     def add_barrier(self, channel: ChannelId, checkpoint_id: int, upto: int) -> None:
+        self.note_barrier(channel, checkpoint_id)
         barriers = self.channels[channel].barriers
         barriers.append((checkpoint_id, upto))
         if len(barriers) > 1 and barriers[-2][0] > checkpoint_id:  # arrived out of order
@@ -155,12 +172,14 @@ class OutputChannel:
         self.batches_sent = 0
         self.rows_sent = 0
         self.ended = False  # END_OF_INPUT was put on the channel
+        self.epoch = 0  # id of the last barrier forwarded on this channel
 
     def send(self, kind: Kind, payload: object = None, rows: int = 0) -> None:
         if self.ended:
             raise RuntimeError(f"{kind.name} sent after END_OF_INPUT on channel {self.channel}")
         self.ended = kind == Kind.END_OF_INPUT
-        self._backlog.append(Envelope(self.channel, self._seq, self.attempt, kind, payload, rows))
+        self._backlog.append(Envelope(self.channel, self._seq, self.attempt, kind, payload, rows,
+                                      self.epoch))
         self._seq += 1
         self.flush()
 

@@ -53,6 +53,12 @@ class Envelope:
     the ref before the call), the watermark timestamp for WATERMARK, and
     ``None`` for END_OF_INPUT. ``rows`` is the batch's row count (for metrics
     and tests without fetching the batch).
+
+    ``epoch`` is the id of the last barrier the sender forwarded on this
+    channel before this message. Barriers travel on the control lane, so a
+    message can overtake its barrier; a receiver that has not seen barrier
+    ``epoch`` yet must wait for it before consuming the message, or the
+    message's effect would land in the checkpoint before it.
     """
 
     channel: ChannelId
@@ -61,6 +67,7 @@ class Envelope:
     kind: Kind
     payload: object = None
     rows: int = 0
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ import ray
 from raystream.actors.channels import InputGate, OutputChannel
 from raystream.actors.messages import (MAX_WATERMARK, MIN_WATERMARK, Barrier, ChannelId,
                                        Envelope, Kind)
-from raystream.actors.partitioners import Partitioner
+from raystream.actors.record_writer import RecordWriter
 from raystream.actors.subtask_checkpoints import (CheckpointingSpec, RestoreSpec,
                                                   SubtaskCheckpointer)
 from raystream.engine.failpoints import Failpoint, Failpoints
@@ -46,9 +46,6 @@ from raystream.engine.operators.source import SourceOperator
 from raystream.engine.plan import JobVertex
 
 IDLE_WAIT_S = 0.05
-# Batches smaller than this travel inside the call (Ray inlines arguments below
-# 100 KiB), saving a shared-memory put and get; larger ones are ray.put once.
-INLINE_BATCH_BYTES = 64 * 1024
 
 
 @dataclass
@@ -93,30 +90,6 @@ class NullOutput:
 
     def emit_watermark(self, watermark):
         pass
-
-
-class RecordWriter:
-    """Output of a chain node onto one job edge: partition, ``ray.put`` once, send."""
-
-    def __init__(self, partitioner: Partitioner, channels: list[OutputChannel]) -> None:
-        self.partitioner = partitioner
-        self.channels = channels
-
-    def emit(self, batch: pa.RecordBatch) -> None:
-        refs: dict[int, Any] = {}  # broadcast sends one object to every channel
-        for index, part in self.partitioner.route(batch):
-            ref = refs.get(id(part))
-            if ref is None:
-                ref = refs[id(part)] = part if part.nbytes < INLINE_BATCH_BYTES else ray.put(part)
-            self.channels[index].send(Kind.DATA, [ref], part.num_rows)
-
-    def emit_watermark(self, watermark: int) -> None:
-        for channel in self.channels:
-            channel.send(Kind.WATERMARK, watermark)
-
-    def end_input(self) -> None:
-        for channel in self.channels:
-            channel.send(Kind.END_OF_INPUT)
 
 
 class Subtask:
@@ -177,7 +150,7 @@ class Subtask:
             ctx = RuntimeContext(spec.job_name, node.name, spec.index, vertex.parallelism,
                                  spec.max_parallelism, spec.attempt,
                                  checkpointing=spec.checkpointing is not None)
-            operator.setup(ctx, output)
+            operator.setup(ctx, output, self.failpoints)
         head = self.operators[0]
         self.head_inputs = {i: ChainedOutput(head, i) for i in {e.input_index for e in vertex.inputs}}
         self.source = head if isinstance(head, SourceOperator) else None
@@ -251,6 +224,9 @@ class Subtask:
 
     def _loop(self) -> None:
         while True:
+            now = time.monotonic()
+            for writer in self.writers:
+                writer.flush_if_due(now)
             self._send_credits(idle=False)
             with self.cond:
                 if not self.mailbox and not self._runnable():
@@ -258,6 +234,8 @@ class Subtask:
                 else:
                     idle = False
             if idle:
+                for writer in self.writers:  # nothing else to do: do not sit on output
+                    writer.flush()
                 self._send_credits(idle=True)
                 waited_from = time.perf_counter()
                 with self.cond:
@@ -314,6 +292,7 @@ class Subtask:
     # -- checkpoints ---------------------------------------------------------------------
     def _on_barrier(self, channel: ChannelId, barrier: Barrier, upto: int) -> None:
         n = barrier.checkpoint_id
+        self.gate.note_barrier(channel, n)
         if n <= self._last_checkpoint() or n <= self.aborted_upto:
             return  # taken already, or aborted: a late barrier must not block the channel
         self.gate.add_barrier(channel, n, upto)
@@ -328,6 +307,7 @@ class Subtask:
 
     def _abort_alignment(self, checkpoint_id: int) -> None:
         self.aborted_upto = max(self.aborted_upto, checkpoint_id)
+        self.gate.settle(checkpoint_id)
         self.gate.release_barrier(checkpoint_id)
         for m in [m for m in self.barriers if m <= checkpoint_id]:
             del self.barriers[m]
@@ -360,14 +340,18 @@ class Subtask:
 
     def _checkpoint(self, barrier: Barrier) -> None:
         self.checkpointer.checkpoint(barrier, forward=not self.inputs_ended)
+        self.gate.settle(barrier.checkpoint_id)
         if barrier.stop:
             self.source_stopped = True
 
     def _forward_barrier(self, barrier: Barrier) -> None:
+        for writer in self.writers:  # rows emitted before the barrier go before it
+            writer.flush()
         for out in self.out_channels.values():
             if not out.ended:
                 self.downstream[out.channel].receive_barrier.remote(out.channel, barrier,
                                                                     out.last_seq)
+                out.epoch = barrier.checkpoint_id  # what follows belongs after the barrier
 
     def _process(self, envelope: Envelope) -> None:
         channel = self.gate.channels[envelope.channel]

@@ -156,6 +156,8 @@ class CheckpointCoordinator:
             self.final_checkpoint = None  # the master triggers another final checkpoint
         log.warning("checkpoint %d of %s aborted: %s", n, self.job_name, reason)
         self._notify_aborted(n)
+        if pending.savepoint_target is None:
+            self._discard(n)  # files a subtask still writes later stay: the job dir is theirs
         if failed:
             self.failures_in_a_row += 1
             if self.failures_in_a_row > self.config.tolerable_failures:
@@ -218,10 +220,13 @@ class CheckpointCoordinator:
     def _discard_beyond_retention(self) -> None:
         while len(self.completed) > self.config.retained:
             n, _ = self.completed.pop(0)
-            try:
-                self.storage.discard(self.job_key, n)
-            except OSError as exc:
-                log.warning("could not delete checkpoint %d: %s", n, exc)
+            self._discard(n)
+
+    def _discard(self, n: int) -> None:
+        try:
+            self.storage.discard(self.job_key, n)
+        except OSError as exc:
+            log.warning("could not delete checkpoint %d: %s", n, exc)
 
     # -- restore ------------------------------------------------------------------------------
     def latest(self) -> tuple[int, dict] | None:

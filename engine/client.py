@@ -29,6 +29,8 @@ class JobResult:
 
     def table(self, sink: SinkHandle) -> pa.Table:
         """Everything a ``collect()`` sink received, subtask by subtask, in arrival order."""
+        if callable(getattr(sink, "read", None)):  # a sink with committed files of its own
+            return sink.read()
         parts = self._results.get(sink.transformation_id)
         if parts is None:
             raise KeyError(f"{sink} is not a sink of job '{self.job_name}'")

@@ -41,6 +41,7 @@ from raystream.engine.plan import JobPlan
 
 NAMESPACE = "raystream"
 POLL_S = 0.05
+STOP_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -290,11 +291,22 @@ class JobMaster:
         return self._end("FINISHED")
 
     def _end(self, status: str) -> JobOutcome:
-        """The job is over: gather results and metrics, then stop every subtask."""
-        outcome = JobOutcome(status, self._results(), metrics=self._collect_metrics())
+        """The job is over: stop every subtask, then gather results and metrics.
+
+        A subtask handles its mailbox in order, so once it has stopped it has
+        also handled the final checkpoint's notification (a committer has
+        committed it). A subtask that fails on the way fails the job over.
+        """
+        metrics = self._collect_metrics()
         for actor in self.actors.values():
             actor.stop.remote()
-        return outcome
+        pending = list(self.terminations)
+        done, _ = ray.wait(pending, num_returns=len(pending), timeout=STOP_TIMEOUT_S)
+        for ref in done:
+            report = self._termination_report(ref)
+            if report.status == "FAILED":
+                raise _Failure(report)
+        return JobOutcome(status, self._results(), metrics=metrics)
 
     def _results(self) -> dict[int, list[Any]]:
         results: dict[int, list[Any]] = {}

@@ -73,9 +73,10 @@ Example:
     >>> out = tempfile.mkdtemp()
     >>> pq.write_table(pa.table({"x": [1, 2]}), f"{out}/1-0-0-a.parquet")
     >>> pq.write_table(pa.table({"x": [3]}), f"{out}/2-0-0-b.parquet")   # never committed
-    >>> write_entry(out, "demo-000000000000", 1, [{"path": "1-0-0-a.parquet", "rows": 2, "bytes": 0}])
+    >>> files = [{"path": "1-0-0-a.parquet", "rows": 2, "bytes": 0}]
+    >>> write_entry(out, "demo-000000000000", 1, files)
     True
-    >>> write_entry(out, "demo-000000000000", 1, [{"path": "1-0-0-a.parquet", "rows": 2, "bytes": 0}])
+    >>> write_entry(out, "demo-000000000000", 1, files)     # the same commit again: a no-op
     False
     >>> [p.rsplit("/", 1)[1] for p in committed_files(out)]
     ['1-0-0-a.parquet']
@@ -110,7 +111,8 @@ __all__ = ["LOG_DIR", "LogEntry", "CorruptCommitLogError", "write_entry", "list_
 LOG_DIR = "_raystream_log"
 LOG_FORMAT = 1
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
-_ENTRY_RE = re.compile(r"(?P<incarnation>[A-Za-z0-9][A-Za-z0-9_.-]*)-(?P<checkpoint>0|[1-9][0-9]*)\.json")
+_ENTRY_RE = re.compile(
+    r"(?P<incarnation>[A-Za-z0-9][A-Za-z0-9_.-]*)-(?P<checkpoint>0|[1-9][0-9]*)\.json")
 _INCARNATION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 

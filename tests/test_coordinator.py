@@ -425,8 +425,10 @@ def test_ids_keep_increasing_across_a_coordinator_restart(tmp_path):
     aborted = coord.trigger()
     state(coord, aborted, "op-0.op", b"written before the decline")
     coord.decline(0, aborted, SUBTASKS[1], "gone")
+    assert aborted not in chk_dirs(tmp_path)  # an aborted checkpoint's files are discarded
+    state(coord, aborted, "op-1.op", b"a slow subtask writes after the abort")
     on_disk = chk_dirs(tmp_path)
-    assert aborted in on_disk  # the aborted checkpoint left its directory
+    assert aborted in on_disk  # ... so its directory can reappear
 
     restarted, rec2 = make(tmp_path)
     n = restarted.trigger()

@@ -32,7 +32,7 @@ def numbers(i: np.ndarray) -> dict:
 
 
 def throttle(batch: pa.RecordBatch) -> pa.RecordBatch:
-    time.sleep(0.004)  # keeps the job running long enough for checkpoints and kills
+    time.sleep(0.02)  # keeps the job running (about 2.4 s) for checkpoints and kills
     return batch
 
 
@@ -41,7 +41,7 @@ def add(acc: dict, row: dict) -> dict:
 
 
 def build_job(env: rs.StreamEnvironment) -> rs.SinkHandle:
-    source = env.from_sequence(N, numbers, batch_size=200, num_splits=SPLITS, name="numbers")
+    source = env.from_sequence(N, numbers, batch_size=100, num_splits=SPLITS, name="numbers")
     running = source.map_batches(throttle, name="throttle").key_by("k").reduce(add, name="sum")
     return running.collect(name="out")
 
@@ -112,7 +112,7 @@ def test_kill_of_a_subtask_after_a_checkpoint_is_exactly_once(ray_session, stora
 
 def test_placed_failures_in_every_phase_are_exactly_once(ray_session, storage):
     failpoints = [
-        rs.Failpoint("in_processing", operator="sum", subtask=1, hit=40, attempt=0, action="raise"),
+        rs.Failpoint("in_processing", operator="sum", subtask=1, hit=5, attempt=0, action="raise"),
         rs.Failpoint("in_snapshot", operator="throttle", subtask=0, hit=2, attempt=1),
         rs.Failpoint("in_async_write", operator="sum", subtask=0, hit=2, attempt=2),
         rs.Failpoint("right_after_restore", operator="sum", subtask=1, attempt=3),
@@ -159,7 +159,7 @@ def test_unwritable_storage_declines_checkpoints_and_the_job_goes_on(ray_session
 
 
 def test_corrupt_latest_checkpoint_falls_back_to_an_older_one(ray_session, storage):
-    env = checkpointed_env(storage, interval_s=1.0)
+    env = checkpointed_env(storage, interval_s=0.5)
     sink = build_job(env)
     client = env.execute_async("corrupt")
     first = wait_for_checkpoint(client)

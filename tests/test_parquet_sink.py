@@ -57,7 +57,8 @@ def assert_exactly_once(table: pa.Table, n: int = N) -> None:
     assert np.array_equal(ts, expected["ts"].astype("datetime64[us]").astype(np.int64))
 
 
-def checkpointed_env(storage: str, *, failpoints=(), interval_s: float = 0.25) -> rs.StreamEnvironment:
+def checkpointed_env(storage: str, *, failpoints=(),
+                     interval_s: float = 0.25) -> rs.StreamEnvironment:
     return rs.StreamEnvironment(
         parallelism=2, failpoints=failpoints,
         checkpoints=rs.CheckpointConfig(interval_s=interval_s, storage=storage, retained=2),
@@ -144,9 +145,10 @@ def test_lost_notification_is_committed_on_restore(ray_session, tmp_path):
     assert_exactly_once(read_committed(out))
     entries = commit_log.list_entries(out)
     assert len({e.incarnation for e in entries}) == 1  # the same incarnation across the restart
-    # Checkpoint 2 completed but nobody was told: only the restored committer can have
-    # committed it, with files written by attempt 0.
-    second = [e for e in entries if e.checkpoint_id == 2]
+    # The second checkpoint completed but nobody was told: only the restored committer
+    # can have committed it, with files written by attempt 0.
+    notified_never = [c.checkpoint_id for c in result.checkpoints if c.status == "COMPLETED"][1]
+    second = [e for e in entries if e.checkpoint_id == notified_never]
     assert len(second) == 1 and second[0].files
     assert all(f["attempt"] == 0 for f in second[0].files)
 
@@ -174,9 +176,10 @@ def test_files_of_a_failed_checkpoint_are_never_read(ray_session, tmp_path):
 
 
 def test_partitions_and_rolling_without_checkpoints(ray_session, tmp_path):
+    """Parallelism 1: writer and committer chained in the source's subtask; commit at the end."""
     out = str(tmp_path / "out")
     n, per_file = 6_000, 250
-    env = rs.StreamEnvironment(parallelism=2)
+    env = rs.StreamEnvironment(parallelism=1)
 
     def columns(i):
         return {"id": i, "k": i % 3, "cat": np.array(["a", "b/c"])[i % 2], "v": i * 2}
@@ -327,3 +330,18 @@ def test_log_entries_are_checksummed(tmp_path):
         json.dump(doc, f)
     with pytest.raises(commit_log.CorruptCommitLogError, match="checksum"):
         committed_files(out)
+
+
+def test_object_store_path_writes_each_entry_with_one_put(tmp_path):
+    """A filesystem that is not LocalFileSystem takes the object-store branch (no rename)."""
+    import pyarrow.fs as pafs
+
+    loc = commit_log.Location(pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem()),
+                              "out", is_local=False)
+    files = [{"path": "1-0-0-a.parquet", "rows": 1, "bytes": 10}]
+    assert commit_log.write_entry(loc, "obj-000000000001", 1, files)
+    assert not commit_log.write_entry(loc, "obj-000000000001", 1, files + files)
+    assert os.listdir(tmp_path / "out" / commit_log.LOG_DIR) == ["obj-000000000001-1.json"]
+    assert [f["path"] for f in commit_log.committed_file_entries(loc)] == ["1-0-0-a.parquet"]
+    assert commit_log.truncate_entries(loc, "obj-000000000001", above=0) == [1]
+    assert commit_log.list_entries(loc) == []

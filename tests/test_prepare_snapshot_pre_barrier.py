@@ -13,12 +13,22 @@ to route to each) carrying (operator, n, upstream subtask, per-process call
 sequence number), alongside the data rows (same schema). D remembers the
 markers it processes and, in its own ``prepare_snapshot_pre_barrier(n)`` (after
 barrier ``n`` aligned, right before its snapshot), emits one observation row per
-marker seen since its previous checkpoint, tagged ``at=n``.
+marker seen since its previous checkpoint, tagged ``at=n``. A also tags every
+data row with the last checkpoint it passed, and D reports those counts the same
+way: a row that follows barrier ``m`` upstream must not count before D's
+snapshot of ``m`` (aligned checkpoints).
+
+Two stressors make a violation show: upstream subtask 1 spends 0.1 s in A's
+pre-barrier, so its barriers reach D well after subtask 0's (D must hold subtask
+0's channel: alignment); and the first batch after a barrier is sent at once,
+right behind it (barriers travel on the control lane, so data could overtake
+one unless the receiver knows which barrier a message follows).
 
 Independent oracle: every operator also appends each call to a per-process
-log file, so the test knows which markers were emitted without asking D; the
-completed checkpoints come from the coordinator's history; the routing of a
-marker comes from ``rs.key_group_of``.
+log file, so the test knows which markers (and how many data rows per interval
+between barriers) were emitted without asking D; the completed checkpoints come
+from the coordinator's history; the routing of a marker comes from
+``rs.key_group_of``.
 
 End of input (FLIP-147): once its input ended an operator is finished. Like
 Flink (an operator is skipped only once *closed*, and ``SinkWriterOperator``
@@ -47,7 +57,9 @@ KEYS = 16
 PARALLELISM = 2
 MAX_PARALLELISM = 128
 CHAIN = ("A", "B", "C")
+SPLITS = PARALLELISM  # one split per source subtask: its watermark advances with every batch
 SLEEP_PER_BATCH_S = 0.03  # 60 batches per source subtask: ~2 s, ~10 checkpoints at 0.2 s
+SLOW_PRE_BARRIER_S = 0.1  # upstream subtask 1 forwards its barriers late: D must align
 
 # One counter per worker process: the operators of one subtask (one actor, one
 # process) share it, so it orders their calls. The test checks (pid, seq) is unique.
@@ -55,7 +67,7 @@ _SEQ = itertools.count()
 
 ROWS = pa.schema([("kind", pa.string()), ("op", pa.string()), ("chk", pa.int64()),
                   ("sub", pa.int64()), ("seq", pa.int64()), ("pid", pa.int64()),
-                  ("key", pa.int64()), ("i", pa.int64())])
+                  ("key", pa.int64()), ("i", pa.int64()), ("ts", pa.int64())])
 
 OBSERVATIONS = pa.schema([("kind", pa.string()), ("d_sub", pa.int64()), ("at", pa.int64()),
                           ("op", pa.string()), ("chk", pa.int64()), ("sub", pa.int64()),
@@ -83,7 +95,7 @@ def data_columns(i: np.ndarray) -> dict:
     return {"kind": pa.array(["data"] * n, pa.string()), "op": pa.array([""] * n, pa.string()),
             "chk": np.full(n, -1, np.int64), "sub": np.full(n, -1, np.int64),
             "seq": np.full(n, -1, np.int64), "pid": np.full(n, -1, np.int64),
-            "key": i % KEYS, "i": i}
+            "key": i % KEYS, "i": i, "ts": i}
 
 
 class CallLog:
@@ -102,23 +114,30 @@ class Marking(rs.Operator):
     """A, B, C: forward every batch; emit one marker per D subtask before each barrier."""
 
     def __init__(self, name: str, log_dir: str, keys: list[int], *, tag_data: bool = False,
-                 sleep_s: float = 0.0) -> None:
+                 sleep_s: float = 0.0, slow_pre_barrier: dict[int, float] | None = None) -> None:
         super().__init__(name)
         self.log = CallLog(log_dir)
         self.keys = keys
         self.tag_data = tag_data
         self.sleep_s = sleep_s
+        self.slow_pre_barrier = slow_pre_barrier or {}  # subtask -> seconds
 
     def open(self) -> None:
         self.finished = False
         self.after = 0  # the last checkpoint whose pre-barrier ran here (0: none yet)
         self.data_after: collections.Counter[int] = collections.Counter()
+        self.barrier_just_passed = False
 
     def process_batch(self, batch, input_index=0):
         if self.finished:
             raise AssertionError(f"{self.name}: a batch after finish()")
-        if self.sleep_s:
-            time.sleep(self.sleep_s)  # slow data: several checkpoints during the run
+        # Slow data, so that several checkpoints complete during the run -- except
+        # for the first batch after a barrier: it leaves at once (its watermark
+        # flushes it), right behind the barrier, so it may overtake a barrier
+        # that travels on another lane.
+        if self.sleep_s and not self.barrier_just_passed:
+            time.sleep(self.sleep_s)
+        self.barrier_just_passed = False
         if self.tag_data:  # data rows: (chk, sub) = (last checkpoint passed, this subtask)
             n = batch.num_rows
             batch = batch.set_column(ROWS.get_field_index("chk"), ROWS.field("chk"),
@@ -136,8 +155,11 @@ class Marking(rs.Operator):
     def prepare_snapshot_pre_barrier(self, checkpoint_id: int) -> None:
         seq = next(_SEQ)
         self.after = checkpoint_id
+        self.barrier_just_passed = True
         emit = not self.finished  # after end of input nothing may be emitted (FLIP-147)
         sub = self.ctx.subtask_index
+        if emit:
+            time.sleep(self.slow_pre_barrier.get(sub, 0.0))
         self.log.write(event="pre", op=self.name, chk=checkpoint_id, sub=sub, seq=seq,
                        emitted=emit)
         if emit:
@@ -145,7 +167,7 @@ class Marking(rs.Operator):
             self.output.emit(pa.record_batch({
                 "kind": ["marker"] * k, "op": [self.name] * k, "chk": [checkpoint_id] * k,
                 "sub": [sub] * k, "seq": [seq] * k, "pid": [os.getpid()] * k,
-                "key": self.keys, "i": [-1] * k}, schema=ROWS))
+                "key": self.keys, "i": [-1] * k, "ts": [-1] * k}, schema=ROWS))
 
     def snapshot_state(self, checkpoint_id: int):
         self.log.write(event="snap", op=self.name, chk=checkpoint_id,
@@ -222,9 +244,11 @@ def test_pre_barrier_runs_head_to_tail_and_its_records_precede_the_barrier(ray_s
         checkpoints=rs.CheckpointConfig(interval_s=0.2, storage=str(tmp_path / "checkpoints")),
         restart=rs.RestartStrategy.none())
     logs = str(log_dir)
-    stream = env.from_sequence(N, data_columns, batch_size=BATCH, num_splits=4, name="numbers")
-    stream = stream.transform("A", lambda n: Marking(n, logs, keys, tag_data=True,
-                                                    sleep_s=SLEEP_PER_BATCH_S))
+    stream = env.from_sequence(N, data_columns, batch_size=BATCH, num_splits=SPLITS,
+                               name="numbers", watermarks=rs.BoundedOutOfOrderness("ts"))
+    stream = stream.transform("A", lambda n: Marking(
+        n, logs, keys, tag_data=True, sleep_s=SLEEP_PER_BATCH_S,
+        slow_pre_barrier={1: SLOW_PRE_BARRIER_S}))
     stream = stream.transform("B", lambda n: Marking(n, logs, keys))
     stream = stream.transform("C", lambda n: Marking(n, logs, keys))
     observed = stream.key_by("key").transform("D", lambda n: Observer(n, logs))
@@ -249,7 +273,6 @@ def test_pre_barrier_runs_head_to_tail_and_its_records_precede_the_barrier(ray_s
     out = result.table(sink).to_pylist()
     seen = [r for r in out if r["kind"] == "seen"]  # markers, as D saw them
     data = [r for r in out if r["kind"] == "data"]  # data rows, counted by D
-    json.dump({"calls": calls, "out": out, "cps": [vars(c) for c in result.checkpoints]}, open("/tmp/diag.json", "w"))
 
     # A, B, C of one upstream subtask run in one process (chained), D elsewhere.
     pids = collections.defaultdict(set)

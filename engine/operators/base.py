@@ -102,9 +102,10 @@ class Operator:
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def setup(self, ctx: RuntimeContext, output: Output) -> None:
+    def setup(self, ctx: RuntimeContext, output: Output, failpoints: Any = None) -> None:
         self.ctx = ctx
         self.output = output
+        self.failpoints = failpoints  # the subtask's seeded failpoints (tests), or None
 
     def open(self) -> None:
         """Called once before the first record."""

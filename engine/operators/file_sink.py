@@ -172,10 +172,12 @@ class _OpenFile:
         self.stream.close()
         return size
 
-    def abandon(self) -> None:
-        for closing in (self.writer.close, self.stream.close):
+    def abandon(self, loc: Location) -> None:
+        """Close and delete: the file was never emitted, so it can never be committed."""
+        for step in (self.writer.close, self.stream.close,
+                     lambda: loc.filesystem.delete_file(self.full)):
             try:
-                closing()
+                step()
             except Exception:
                 pass
 
@@ -325,7 +327,7 @@ class ParquetWriterOperator(Operator):
 
     def close(self) -> None:
         for f in self.files.values():  # a failure: these files are never committed
-            f.abandon()
+            f.abandon(self.loc)
         self.files.clear()
 
 
@@ -422,7 +424,5 @@ class ParquetCommitterOperator(SinkOperator):
             del self.pending[c]
 
     def _mid_commit(self) -> None:
-        # The subtask's Failpoints, when the runtime hands them to operators.
-        failpoints: Any = getattr(self, "failpoints", None) or getattr(self.ctx, "failpoints", None)
-        if failpoints is not None:
-            failpoints.hit("mid_commit")
+        if self.failpoints is not None:
+            self.failpoints.hit("mid_commit")
