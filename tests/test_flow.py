@@ -150,3 +150,24 @@ def test_watermarks_cross_a_shuffle_as_min_over_channels(ray_session):
         assert max(progress) <= highest_possible
         assert rows[-1]["late"] == 0                  # in-order splits: nothing behind a watermark
     assert sum(rows[-1]["rows"] for rows in by_subtask.values()) == n
+
+
+def test_cancel_stops_a_running_job_and_its_actors(ray_session):
+    env = rs.StreamEnvironment(parallelism=2)
+
+    def slow(batch: pa.RecordBatch) -> pa.RecordBatch:
+        time.sleep(0.05)
+        return batch
+
+    env.from_sequence(10_000_000, batch_size=1000).map_batches(slow, name="slow").discard()
+    client = env.execute_async("cancel-me")
+    deadline = time.monotonic() + 60
+    while client.status() != "RUNNING":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    actor = client.subtask_actor("slow", 0)
+    client.cancel()
+    result = client.wait(timeout_s=60)
+    assert result.status == "CANCELED"
+    with pytest.raises(ray.exceptions.RayActorError):  # the job's actors are gone
+        ray.get(actor.metrics.remote(), timeout=30)
