@@ -26,6 +26,7 @@ from raystream.engine.operators.file_sink import (ParquetCommitterOperator, Parq
                                                   ParquetWriterOperator)
 from raystream.spark import commit_log
 from raystream.spark.commit_log import committed_files, read_committed
+from tests.test_exactly_once import wait_for_checkpoint
 
 N = 24_000
 SPLITS = 4
@@ -68,16 +69,6 @@ def checkpointed_env(storage: str, *, failpoints=(),
 def build_job(env: rs.StreamEnvironment, out: str, **sink_options):
     source = env.from_sequence(N, rows, batch_size=200, num_splits=SPLITS, name="numbers")
     return source.map_batches(throttle, name="throttle").sink_to_parquet(out, **sink_options)
-
-
-def wait_for_checkpoint(client: rs.JobClient, after: int = 0, timeout_s: float = 60) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        completed = client.progress()["completed_checkpoints"]
-        if completed and completed[-1] > after:
-            return completed[-1]
-        time.sleep(0.02)
-    raise AssertionError("no checkpoint completed in time")
 
 
 def parquet_files_on_disk(out: str) -> set[str]:

@@ -55,6 +55,32 @@ class Source:
         return str(split)
 
 
+class RangeSplitReader(SplitReader):
+    """Reads a split that is a range ``[start, end)`` of row indexes, ``batch_size`` at a time."""
+
+    def __init__(self, split: tuple[int, int], position: int, batch_size: int) -> None:
+        self.start, self.end = split
+        self.position = position
+        self.batch_size = batch_size
+
+    def read_range(self, lo: int, hi: int) -> pa.RecordBatch:
+        """Rows ``lo`` to ``hi - 1`` as one batch."""
+        raise NotImplementedError
+
+    def next_batch(self) -> pa.RecordBatch | None:
+        lo = self.start + self.position
+        if lo >= self.end:
+            return None
+        hi = min(lo + self.batch_size, self.end)
+        batch = self.read_range(lo, hi)
+        self.position += hi - lo
+        return batch
+
+
+def range_split_id(split: tuple[int, int]) -> str:
+    return f"{split[0]}-{split[1]}"
+
+
 def assign_splits(num_splits: int, subtask_index: int, parallelism: int) -> list[int]:
     """Static assignment of split indexes to source subtasks (round-robin).
 

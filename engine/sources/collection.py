@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 
 from raystream.engine.batches import rows_to_batch
-from raystream.engine.sources.base import Source, SplitReader
+from raystream.engine.sources.base import RangeSplitReader, Source, range_split_id
 
 
 class Collection(Source):
@@ -34,21 +34,14 @@ class Collection(Source):
         return CollectionReader(self, split, position)
 
     def split_id(self, split) -> str:
-        return f"{split[0]}-{split[1]}"
+        return range_split_id(split)
 
 
-class CollectionReader(SplitReader):
+class CollectionReader(RangeSplitReader):
     def __init__(self, source: Collection, split: tuple[int, int], position: int) -> None:
+        super().__init__(split, position, source.batch_size)
         self.source = source
-        self.start, self.end = split
-        self.position = position
 
-    def next_batch(self) -> pa.RecordBatch | None:
-        lo = self.start + self.position
-        if lo >= self.end:
-            return None
-        hi = min(lo + self.source.batch_size, self.end)
-        batch = rows_to_batch(self.source.rows[lo:hi], schema=self.source.schema,
-                              where="collection source")
-        self.position += hi - lo
-        return batch
+    def read_range(self, lo: int, hi: int) -> pa.RecordBatch:
+        return rows_to_batch(self.source.rows[lo:hi], schema=self.source.schema,
+                             where="collection source")

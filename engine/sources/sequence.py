@@ -8,7 +8,7 @@ from typing import Callable, Mapping
 import numpy as np
 import pyarrow as pa
 
-from raystream.engine.sources.base import Source, SplitReader
+from raystream.engine.sources.base import RangeSplitReader, Source, range_split_id
 
 ColumnsFn = Callable[[np.ndarray], Mapping[str, object]]
 
@@ -53,26 +53,19 @@ class Sequence(Source):
         return SequenceReader(self, split, position)
 
     def split_id(self, split) -> str:
-        return f"{split[0]}-{split[1]}"
+        return range_split_id(split)
 
 
-class SequenceReader(SplitReader):
+class SequenceReader(RangeSplitReader):
     def __init__(self, source: Sequence, split: tuple[int, int], position: int) -> None:
+        super().__init__(split, position, source.batch_size)
         self.source = source
-        self.start, self.end = split
-        self.position = position
 
-    def next_batch(self) -> pa.RecordBatch | None:
-        lo = self.start + self.position
-        if lo >= self.end:
-            return None
-        hi = min(lo + self.source.batch_size, self.end)
-        index = np.arange(lo, hi, dtype=np.int64)
-        columns = self.source.columns(index)
+    def read_range(self, lo: int, hi: int) -> pa.RecordBatch:
+        columns = self.source.columns(np.arange(lo, hi, dtype=np.int64))
         batch = pa.RecordBatch.from_pydict({name: _as_array(v) for name, v in columns.items()})
         if batch.num_rows != hi - lo:
             raise ValueError(f"Sequence columns returned {batch.num_rows} rows for {hi - lo} indexes")
-        self.position += hi - lo
         return batch
 
 
