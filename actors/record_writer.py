@@ -41,7 +41,9 @@ from raystream.actors.partitioners import BroadcastPartitioner, Partitioner
 
 # Below this a batch travels inside the call: no shared-memory put and get.
 INLINE_BATCH_BYTES = 64 * 1024
-DEFAULT_BUFFER_BYTES = 1 << 20
+# Big enough to merge the parts a shuffle cuts a batch into, small enough that
+# credits x buffer (the data an aligned barrier queues behind) stays ~2 MiB.
+DEFAULT_BUFFER_BYTES = 256 * 1024
 DEFAULT_BUFFER_TIMEOUT_S = 0.05
 
 
