@@ -24,6 +24,7 @@ class JobResult:
         self.metrics = outcome.metrics
         self.restarts = outcome.restarts
         self.failures = outcome.failures
+        self.restores = outcome.restores  # per failover: attempt, checkpoint_id, restore_s
         self.checkpoints = outcome.checkpoints
         self._results = outcome.results
 

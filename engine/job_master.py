@@ -86,6 +86,7 @@ class JobOutcome:
     run_s: float = 0.0
     restarts: int = 0
     failures: list[str] = field(default_factory=list)
+    restores: list[dict] = field(default_factory=list)  # per failover: attempt, checkpoint, seconds
     checkpoints: list[Any] = field(default_factory=list)
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
 
@@ -111,6 +112,7 @@ class JobMaster:
         self.terminations: dict[Any, tuple[int, int]] = {}
         self.finished: dict[tuple[int, int], dict] = {}
         self.failures: list[str] = []
+        self.restores: list[dict] = []
         self.coordinator = None
         self.savepoints: dict[int, tuple[_Reply, bool]] = {}  # id -> (waiting client, stops job)
         self.drain_to: tuple[str, _Reply] | None = None  # stop-with-savepoint, draining
@@ -149,6 +151,7 @@ class JobMaster:
     def progress(self) -> dict[str, Any]:
         coordinator = self.coordinator
         return {"status": self.status, "attempt": self.attempt, "failures": list(self.failures),
+                "restores": list(self.restores),
                 "completed_checkpoints": [n for n, _ in coordinator.completed] if coordinator else [],
                 "checkpoints": coordinator.stats() if coordinator else []}
 
@@ -190,6 +193,7 @@ class JobMaster:
         outcome.run_s = time.perf_counter() - started - deploy_s
         outcome.restarts = self.attempt
         outcome.failures = list(self.failures)
+        outcome.restores = list(self.restores)
         outcome.checkpoints = self.coordinator.stats() if self.coordinator else []
         self.outcome = outcome
         self.status = outcome.status
@@ -374,8 +378,13 @@ class JobMaster:
         self.coordinator.attempt = self.attempt
         self.coordinator.failpoints = self._coordinator_failpoints()
         self.coordinator.final_checkpoint = None
+        started = time.perf_counter()
         try:
-            self._deploy(restore=self.coordinator.verified_restore_spec())
+            restore = self.coordinator.verified_restore_spec()
+            self._deploy(restore=restore)
+            self.restores.append({"attempt": self.attempt, "failure": report.error,
+                                  "checkpoint_id": restore.checkpoint_id if restore else None,
+                                  "restore_s": time.perf_counter() - started})
         except RayActorError as exc:  # a subtask died while being wired: fail over again
             return self._failover(_Failure(TerminationReport(
                 -1, -1, "FAILED", operator="deployment",

@@ -40,9 +40,12 @@ def add(acc: dict, row: dict) -> dict:
     return {"k": row["k"], "v": acc["v"] + row["v"], "i": row["i"], "n": acc["n"] + 1}
 
 
-def build_job(env: rs.StreamEnvironment) -> rs.SinkHandle:
+def build_job(env: rs.StreamEnvironment, parquet_path: str | None = None) -> rs.SinkHandle:
+    """The test job; with ``parquet_path`` its sink is the exactly-once Parquet sink."""
     source = env.from_sequence(N, numbers, batch_size=100, num_splits=SPLITS, name="numbers")
     running = source.map_batches(throttle, name="throttle").key_by("k").reduce(add, name="sum")
+    if parquet_path is not None:
+        return running.sink_to_parquet(parquet_path, name="out")
     return running.collect(name="out")
 
 
@@ -102,6 +105,9 @@ def test_kill_of_a_subtask_after_a_checkpoint_is_exactly_once(ray_session, stora
     result = client.wait(timeout_s=240)
     assert result.restarts == 1
     assert "died" in result.failures[0]
+    (restore,) = result.restores
+    assert restore["attempt"] == 1 and restore["checkpoint_id"] >= completed > 0
+    assert restore["restore_s"] > 0
     assert_exactly_once(result.table(sink))
     ids = [c.checkpoint_id for c in result.checkpoints]
     assert ids == sorted(set(ids)) and max(ids) > completed  # ids keep rising after the restore
@@ -110,7 +116,9 @@ def test_kill_of_a_subtask_after_a_checkpoint_is_exactly_once(ray_session, stora
     assert len(kept) <= 2 + 1  # retained completed checkpoints (+ at most one aborted)
 
 
-def test_placed_failures_in_every_phase_are_exactly_once(ray_session, storage):
+@pytest.mark.parametrize("sink_kind", ["collect", "parquet"])
+def test_placed_failures_in_every_phase_are_exactly_once(ray_session, storage, tmp_path,
+                                                         sink_kind):
     failpoints = [
         rs.Failpoint("in_processing", operator="sum", subtask=1, hit=5, attempt=0, action="raise"),
         rs.Failpoint("in_snapshot", operator="throttle", subtask=0, hit=2, attempt=1),
@@ -118,9 +126,11 @@ def test_placed_failures_in_every_phase_are_exactly_once(ray_session, storage):
         rs.Failpoint("right_after_restore", operator="sum", subtask=1, attempt=3),
         rs.Failpoint("after_metadata_before_notify", attempt=4, hit=2),
     ]
+    if sink_kind == "parquet":  # the committer dies between writing and publishing a log entry
+        failpoints[4] = rs.Failpoint("mid_commit", operator="out-committer", attempt=4, hit=2)
     env = checkpointed_env(storage, failpoints=failpoints, attempts=10)
-    sink = build_job(env)
-    client = env.execute_async("placed-failures")
+    sink = build_job(env, str(tmp_path / "parquet") if sink_kind == "parquet" else None)
+    client = env.execute_async(f"placed-failures-{sink_kind}")
     deadline = time.monotonic() + 180
     while client.progress()["attempt"] < 5:
         assert time.monotonic() < deadline, client.progress()
@@ -132,9 +142,10 @@ def test_placed_failures_in_every_phase_are_exactly_once(ray_session, storage):
     failures = result.failures
     assert "failpoint in_processing" in failures[0]
     assert all("died" in f for f in failures[1:4]), failures
-    assert "after_metadata_before_notify" in failures[4]
+    assert ("after_metadata_before_notify" in failures[4] if sink_kind == "collect"
+            else "out-committer" in failures[4] and "died" in failures[4]), failures
     assert "died" in failures[5]
-    assert_exactly_once(result.table(sink))
+    assert_exactly_once(result.table(sink))  # parquet: exactly the files in the commit log
 
 
 def test_unwritable_storage_declines_checkpoints_and_the_job_goes_on(ray_session, tmp_path):
