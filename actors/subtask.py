@@ -119,6 +119,8 @@ class Subtask:
         self.source_stopped = False  # stop-with-savepoint: emit nothing after its barrier
         self.failpoints = Failpoints(spec.failpoints, vertex.name, spec.index, spec.attempt)
         self.checkpointer: SubtaskCheckpointer | None = None
+        if spec.restore is not None:
+            self._restore_watermark(spec.restore)
         self.report: TerminationReport | None = None
         self.done = threading.Event()
         self.metrics = {"records_in": 0, "batches_in": 0, "backpressured_s": 0.0}
@@ -339,7 +341,8 @@ class Subtask:
             self.barriers.pop(aligned, None)
 
     def _checkpoint(self, barrier: Barrier) -> None:
-        self.checkpointer.checkpoint(barrier, forward=not self.inputs_ended)
+        self.checkpointer.checkpoint(barrier, forward=not self.inputs_ended,
+                                     watermark=self.watermark)
         self.gate.settle(barrier.checkpoint_id)
         if barrier.stop:
             self.source_stopped = True
@@ -377,6 +380,15 @@ class Subtask:
                 call_operator(self.operators[0], "end_input", index)
             if self.gate.all_finished():
                 self._end_of_input()
+
+    def _restore_watermark(self, restore: RestoreSpec) -> None:
+        """Start every input channel at the checkpoint's watermark: event time never
+        goes back, so a restored job does not re-open what it already fired."""
+        restored = restore.watermarks.get(self.spec.vertex.nodes[0].name)
+        if restored is not None and len(self.gate):
+            for channel in self.gate:
+                channel.watermark = max(channel.watermark, restored)
+            self.watermark = max(self.watermark, restored)
 
     def _advance_watermark(self) -> None:
         combined = min(c.watermark for c in self.gate)
@@ -433,6 +445,7 @@ class Subtask:
         metrics["records_out"] = sum(c.rows_sent for c in self.out_channels.values())
         metrics["batches_out"] = sum(c.batches_sent for c in self.out_channels.values())
         metrics["pid"] = os.getpid()
+        metrics["watermark"] = self.watermark
         metrics["attempt"] = self.spec.attempt
         for operator in self.operators:  # an operator may report its own figures
             for name, value in (operator.metrics() or {}).items():

@@ -46,6 +46,8 @@ class RestoreSpec:
     checkpoint_id: int
     storage_uri: str  # where the handles' files are (checkpoint storage or a savepoint)
     operators: dict[str, OperatorRestore] = field(default_factory=dict)  # operator name -> files
+    # per head operator: the lowest input watermark any of its subtasks had at the checkpoint
+    watermarks: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -92,8 +94,12 @@ class SubtaskCheckpointer:
             yield from decode_sections(_read(storage, handle), self.key_groups)
 
     # -- checkpoint n -------------------------------------------------------------------
-    def checkpoint(self, barrier: Barrier, forward: bool) -> None:
-        """Steps 1-3 on the mailbox thread; step 4 queued on the snapshot thread."""
+    def checkpoint(self, barrier: Barrier, forward: bool, watermark: int) -> None:
+        """Steps 1-3 on the mailbox thread; step 4 queued on the snapshot thread.
+
+        ``watermark`` is the subtask's input watermark at the barrier; it goes
+        into the checkpoint so a restored job does not go back in event time.
+        """
         started = time.perf_counter()
         n = barrier.checkpoint_id
         self.last_checkpoint_id = n
@@ -105,9 +111,10 @@ class SubtaskCheckpointer:
         snapshots = [(name, call_operator(op, "snapshot_state", n))
                      for name, op in zip(self.names, self.operators)]
         self.sync_pause_s.append(time.perf_counter() - started)
-        self._writer.submit(self._write_and_acknowledge, barrier, snapshots, started)
+        self._writer.submit(self._write_and_acknowledge, barrier, snapshots, started, watermark)
 
-    def _write_and_acknowledge(self, barrier: Barrier, snapshots, started: float) -> None:
+    def _write_and_acknowledge(self, barrier: Barrier, snapshots, started: float,
+                               watermark: int) -> None:
         n = barrier.checkpoint_id
         coordinator = self.spec.coordinator
         try:
@@ -122,7 +129,8 @@ class SubtaskCheckpointer:
                 written[name] = entry
             coordinator.acknowledge_checkpoint.remote(
                 self.attempt, n, self.vertex_id, self.index, written,
-                {"size": size, "duration_s": time.perf_counter() - started})
+                {"size": size, "duration_s": time.perf_counter() - started,
+                 "watermark": watermark})
         except Exception as exc:  # storage unwritable, serialization failed, ...
             coordinator.decline_checkpoint.remote(
                 self.attempt, n, self.vertex_id, self.index, f"{type(exc).__name__}: {exc}")

@@ -48,6 +48,7 @@ class PendingCheckpoint:
     started: float
     waiting: set[SubtaskKey]
     written: dict[SubtaskKey, dict] = field(default_factory=dict)
+    watermarks: dict[SubtaskKey, int] = field(default_factory=dict)
     size: int = 0
     final: bool = False
     savepoint_target: str | None = None
@@ -70,6 +71,7 @@ class CheckpointStats:
 class CheckpointCoordinator:
     def __init__(self, *, config: CheckpointConfig, job_key: str, job_name: str,
                  subtasks: list[SubtaskKey], max_parallelism: int,
+                 vertex_heads: dict[int, str] | None = None,
                  send_trigger: Callable[[Barrier], None],
                  notify_complete: Callable[[int], None],
                  notify_aborted: Callable[[int], None],
@@ -79,6 +81,9 @@ class CheckpointCoordinator:
         self.job_key, self.job_name = job_key, job_name
         self.subtasks = list(subtasks)
         self.max_parallelism = max_parallelism
+        # vertex id -> its head operator's name: restored watermarks follow operators,
+        # not vertex ids, which change with the chaining of another job version
+        self.vertex_heads = vertex_heads or {}
         self._send_trigger = send_trigger
         self._notify_complete = notify_complete
         self._notify_aborted = notify_aborted
@@ -134,6 +139,8 @@ class CheckpointCoordinator:
             return  # late: aborted, subsumed or of an older attempt
         pending.waiting.discard(subtask)
         pending.written[subtask] = written
+        if "watermark" in stats:
+            pending.watermarks[subtask] = int(stats["watermark"])
         pending.size += int(stats.get("size", 0))
         if not pending.waiting:
             self._complete(pending)
@@ -212,10 +219,15 @@ class CheckpointCoordinator:
                     if handle["path"] not in known:  # an origin offered again: commit once
                         committed.setdefault(name, []).append(handle)
                         known.add(handle["path"])
+        watermarks: dict[str, int] = {}
+        for (vertex, _), watermark in pending.watermarks.items():
+            head = self.vertex_heads.get(vertex, f"vertex-{vertex}")
+            watermarks[head] = min(watermarks.get(head, watermark), watermark)
         return {"job": self.job_name, "checkpoint_id": pending.checkpoint_id,
                 "attempt": self.attempt, "trigger_ts_ms": pending.trigger_ts_ms,
                 "max_parallelism": self.max_parallelism, "hash_version": HASH_VERSION,
-                "operators": operators, "committed": committed, "handles": handles}
+                "operators": operators, "committed": committed, "handles": handles,
+                "watermarks": watermarks}
 
     def _discard_beyond_retention(self) -> None:
         while len(self.completed) > self.config.retained:
@@ -297,7 +309,8 @@ class CheckpointCoordinator:
 def restore_spec_of(checkpoint_id: int, metadata: dict, storage_uri: str) -> RestoreSpec:
     return RestoreSpec(checkpoint_id, storage_uri,
                        {name: OperatorRestore(files["operator_state"], files["keyed_state"])
-                        for name, files in metadata["operators"].items()})
+                        for name, files in metadata["operators"].items()},
+                       dict(metadata.get("watermarks", {})))
 
 
 def locate_snapshot(path: str) -> tuple[str, str]:

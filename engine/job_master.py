@@ -409,6 +409,7 @@ class JobMaster:
             config=config, job_key=self.job_id, job_name=self.job_name,
             subtasks=[(v.id, i) for v in self.plan.vertices for i in range(v.parallelism)],
             max_parallelism=self.plan.max_parallelism,
+            vertex_heads={v.id: v.nodes[0].name for v in self.plan.vertices},
             send_trigger=lambda barrier: [a.trigger_checkpoint.remote(barrier)
                                           for a in self.actors.values()],
             notify_complete=lambda n: [a.notify_checkpoint_complete.remote(n, self.attempt)

@@ -13,6 +13,7 @@ import time
 
 import pyarrow as pa
 import pytest
+import ray
 
 import raystream as rs
 from tests.test_exactly_once import assert_exactly_once, build_job
@@ -98,3 +99,43 @@ def test_stop_with_savepoint_and_drain_then_restore(ray_session, tmp_path):
     sink_after = build_job(env)
     second = env.execute("after-drain", restore_from=str(tmp_path / "drained"))
     assert_exactly_once(pa.concat_tables([committed_before, second.table(sink_after)]))
+
+
+def test_event_time_does_not_go_back_after_a_restore(ray_session, tmp_path):
+    from tests.test_flow import WatermarkProbe
+
+    def ticks(i):
+        return {"k": i % 13, "ts": 1_700_000_000_000 + i * 10}  # in order: no record is late
+
+    def build(env: rs.StreamEnvironment) -> rs.SinkHandle:
+        source = env.from_sequence(20_000, ticks, batch_size=100, num_splits=2,
+                                   watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=50))
+        slowed = source.map_batches(lambda b: (time.sleep(0.01), b)[1], name="slow")
+        return slowed.key_by("k").transform("probe", WatermarkProbe).collect(name="marks")
+
+    env = env_at(2, str(tmp_path / "chk"))
+    sink = build(env)
+    client = env.execute_async("event-time")
+    deadline = time.monotonic() + 60
+    while len(client.progress()["completed_checkpoints"]) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    before = client.stop_with_savepoint(str(tmp_path / "sp")).table(sink).to_pylist()
+    last = {}
+    for row in before:  # the probe's watermark per subtask when the savepoint was taken
+        last[row["subtask"]] = max(last.get(row["subtask"], rs.MIN_WATERMARK), row["watermark"])
+    restored = savepoint_metadata(str(tmp_path / "sp"))["watermarks"]["probe"]
+    assert restored == min(last.values()) > rs.MIN_WATERMARK
+
+    env = env_at(1, str(tmp_path / "chk-after"))
+    sink = build(env)
+    client = env.execute_async("event-time-after", restore_from=str(tmp_path / "sp"))
+    while client.status() in ("CREATED", "DEPLOYING"):
+        time.sleep(0.01)
+    # Before any record or watermark arrives, the restored subtask is already at
+    # the checkpoint's event time (it would be MIN_WATERMARK otherwise).
+    first = ray.get(client.subtask_actor("probe", 0).metrics.remote())["watermark"]
+    assert first >= restored
+    after = client.wait(timeout_s=120).table(sink).to_pylist()
+    assert after and after[0]["watermark"] > restored  # watermarks resume above it
+    assert after[-1]["late"] == 0
