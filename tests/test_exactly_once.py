@@ -188,3 +188,16 @@ def test_corrupt_latest_checkpoint_falls_back_to_an_older_one(ray_session, stora
     statuses = {c.checkpoint_id: c.status for c in result.checkpoints}
     assert statuses[latest] == "CORRUPT"
     assert_exactly_once(result.table(sink))
+
+
+def test_the_job_fails_with_every_failure_named_when_restarts_run_out(ray_session, storage):
+    failpoints = [rs.Failpoint("in_processing", operator="sum", subtask=0, hit=3, attempt=a,
+                               action="raise") for a in range(3)]
+    env = checkpointed_env(storage, attempts=2, failpoints=failpoints)
+    build_job(env)
+    with pytest.raises(rs.JobFailedError) as failed:
+        env.execute("out-of-restarts")
+    message = str(failed.value).split("Original traceback")[0]
+    assert "restart attempts exhausted: 2" in message
+    assert message.count("failpoint in_processing") == 3  # the last failure and both earlier ones
+    assert "Earlier failures (restarted)" in message and failed.value.operator == "sum -> out"
