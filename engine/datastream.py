@@ -30,6 +30,8 @@ from raystream.engine.operators.functions import (FilterBatchesOperator, FilterO
 from raystream.engine.operators.keyed import (KeyedProcessFunction, KeyedProcessOperator,
                                               ReduceOperator)
 from raystream.engine.operators.sinks import CollectSink, DiscardSink, PrintSink, SinkOperator
+from raystream.engine.operators.two_phase import (Committer, CommitterOperator, SinkWriter,
+                                                  SinkWriterOperator)
 
 if TYPE_CHECKING:
     from raystream.engine.environment import StreamEnvironment
@@ -184,17 +186,28 @@ class DataStream:
         with ``rs.spark.read_committed(path)`` or ``handle.read()``; see
         :mod:`raystream.engine.operators.file_sink`.
         """
-        from raystream.engine.operators.file_sink import (ParquetCommitterOperator,
-                                                          ParquetSinkConfig, ParquetSinkHandle,
-                                                          ParquetWriterOperator)
+        from raystream.engine.operators.file_sink import (ParquetCommitter, ParquetSinkConfig,
+                                                          ParquetSinkHandle, ParquetWriter)
 
         config = ParquetSinkConfig.of(path, partition_by, max_rows_per_file, max_bytes_per_file)
-        writer = self._add("operator", name, lambda n: ParquetWriterOperator(n, config),
+        handle = self.sink_exactly_once(ParquetWriter(config), ParquetCommitter(config.path),
+                                        name=name)
+        return ParquetSinkHandle(handle.transformation_id, handle.name, config.path)
+
+    def sink_exactly_once(self, writer: SinkWriter, committer: Committer, *,
+                          name: str = "sink") -> "SinkHandle":
+        """An exactly-once sink from a :class:`SinkWriter` and a :class:`Committer` (Sink V2).
+
+        The writer runs at this stream's parallelism (operator ``name``) and
+        hands over committables before every barrier; one committer
+        (``<name>-committer``, parallelism 1) commits them when their
+        checkpoint completes. See :mod:`raystream.engine.operators.two_phase`.
+        """
+        stream = self._add("operator", name, lambda n: SinkWriterOperator(n, writer),
                            name=name, parallelism=self.transformation.parallelism)
-        committer = writer._add("sink", f"{writer.transformation.name}-committer",
-                                lambda n: ParquetCommitterOperator(n, config.path), parallelism=1)
-        return ParquetSinkHandle(committer.transformation.id, committer.transformation.name,
-                                 config.path)
+        sink = stream._add("sink", f"{stream.transformation.name}-committer",
+                           lambda n: CommitterOperator(n, committer), parallelism=1)
+        return SinkHandle(sink.transformation.id, sink.transformation.name)
 
 
 class KeyedStream(DataStream):

@@ -19,11 +19,13 @@ from raystream.engine.errors import (BadRecordError, InsufficientResourcesError,
                                      RaystreamError)
 from raystream.engine.operators.base import Operator, RuntimeContext
 from raystream.engine.operators.keyed import KeyedContext, KeyedProcessFunction
+from raystream.engine.operators.two_phase import Committer, SinkContext, SinkWriter
 from raystream.engine.watermarks import BoundedOutOfOrderness
 from raystream.actors.messages import MAX_WATERMARK, MIN_WATERMARK
 
 __all__ = [
-    "BadRecordError", "BoundedOutOfOrderness", "CheckpointConfig", "ConnectedStreams",
+    "BadRecordError", "BoundedOutOfOrderness", "CheckpointConfig", "Committer",
+    "ConnectedStreams", "SinkContext", "SinkWriter",
     "DataStream", "Failpoint", "RestartStrategy",
     "HASH_VERSION", "InsufficientResourcesError", "JobClient", "JobFailedError", "JobResult",
     "KeyedContext", "KeyedProcessFunction", "KeyedStream", "MAX_WATERMARK", "MIN_WATERMARK", "Operator", "RaystreamError",

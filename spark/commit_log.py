@@ -104,6 +104,7 @@ import pyarrow.parquet as pq
 from raystream.checkpoint.storage import (CheckpointStorage, _canonical_json, _fsync_dir,
                                           _remove_quietly)
 from raystream.engine.errors import RaystreamError
+from raystream.engine.operators.two_phase import new_incarnation  # noqa: F401  (re-exported)
 
 __all__ = ["LOG_DIR", "LogEntry", "CorruptCommitLogError", "write_entry", "list_entries",
            "truncate_entries", "committed_files", "read_committed", "new_incarnation"]
@@ -157,14 +158,6 @@ class Location:
     @property
     def log_dir(self) -> str:
         return self.join(LOG_DIR)
-
-
-def new_incarnation(job_name: str) -> str:
-    """``<job name, made path-safe>-<12 random hex digits>``."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_name) or "job"
-    if not safe[0].isalnum():
-        safe = "j" + safe
-    return f"{safe}-{uuid.uuid4().hex[:12]}"
 
 
 def entry_name(incarnation: str, checkpoint_id: int) -> str:

@@ -22,8 +22,9 @@ import ray
 import raystream as rs
 from raystream.engine.failpoints import Failpoints, InjectedFailure
 from raystream.engine.operators.base import CollectingOutput, RestoredState, RuntimeContext
-from raystream.engine.operators.file_sink import (ParquetCommitterOperator, ParquetSinkConfig,
-                                                  ParquetWriterOperator)
+from raystream.engine.operators.file_sink import (ParquetCommitter, ParquetSinkConfig,
+                                                  ParquetWriter)
+from raystream.engine.operators.two_phase import CommitterOperator, SinkWriterOperator
 from raystream.spark import commit_log
 from raystream.spark.commit_log import committed_files, read_committed
 from tests.test_exactly_once import wait_for_checkpoint
@@ -203,7 +204,7 @@ def test_partitions_and_rolling_without_checkpoints(ray_session, tmp_path):
 def _written(tmp_path, n_rows: int = 10, checkpoint: int = 1, attempt: int = 0):
     """Run a writer by hand: returns (sink dir, committable batch)."""
     out = str(tmp_path / "out")
-    writer = ParquetWriterOperator("parquet", ParquetSinkConfig.of(out, None, 4, None))
+    writer = SinkWriterOperator("parquet", ParquetWriter(ParquetSinkConfig.of(out, None, 4, None)))
     output = CollectingOutput()
     writer.setup(RuntimeContext("hand", "parquet", 0, 1, 128, attempt, checkpointing=True), output)
     writer.initialize_state(None)
@@ -215,7 +216,7 @@ def _written(tmp_path, n_rows: int = 10, checkpoint: int = 1, attempt: int = 0):
 
 
 def _committer(out: str, restored: RestoredState | None = None, attempt: int = 0):
-    committer = ParquetCommitterOperator("parquet-committer", out)
+    committer = CommitterOperator("parquet-committer", ParquetCommitter(out))
     committer.setup(RuntimeContext("hand", "parquet-committer", 0, 1, 128, attempt,
                                    checkpointing=True), CollectingOutput())
     committer.initialize_state(restored)
@@ -240,7 +241,8 @@ def test_committing_the_same_checkpoint_twice_is_a_no_op(tmp_path):
     first = _log(out)
     assert len(first) == 1 and committer.commits == 1
     files = committed_files(out)
-    assert sorted(files) == sorted(os.path.join(out, p) for p in batch.column("path").to_pylist())
+    written = [json.loads(c)["path"] for c in batch.column("committable").to_pylist()]
+    assert sorted(files) == sorted(os.path.join(out, p) for p in written)
 
     committer.notify_checkpoint_complete(1)  # again: nothing new
     committer.notify_checkpoint_complete(2)  # nothing pending: no entry

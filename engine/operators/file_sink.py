@@ -1,52 +1,31 @@
-"""Exactly-once Parquet sink in Flink's Sink V2 shape: a writer and one committer.
+"""Exactly-once Parquet output on the Sink V2 API (:mod:`~raystream.engine.operators.two_phase`).
 
-``stream.sink_to_parquet(path)`` adds two operators:
+``stream.sink_to_parquet(path)`` is ``sink_exactly_once(ParquetWriter, ParquetCommitter)``:
 
-* :class:`ParquetWriterOperator` (a ``SinkWriter``, at the stream's
-  parallelism) writes incoming batches to Parquet files under ``path`` (a
-  local directory or a ``pyarrow.fs`` URI) with final, unique names
+* :class:`ParquetWriter` (at the stream's parallelism) writes incoming
+  batches to Parquet files under ``path`` (a local directory or a
+  ``pyarrow.fs`` URI) with final, unique names
   ``<checkpoint>-<subtask>-<attempt>-<uuid>.parquet`` — ``checkpoint`` being
   the next checkpoint the data belongs to — in hive-style ``col=value/``
   directories when ``partition_by`` is given, rolling to a new file after
   ``max_rows_per_file`` rows or about ``max_bytes_per_file`` bytes.
   Timestamps are written as microseconds (Spark 3.5 rejects nanoseconds).
-  In ``prepare_snapshot_pre_barrier(n)`` it closes its open files, makes them
-  durable (``fsync`` of file and directories on local disk) and *emits* their
-  committables — one row per file: path, rows, bytes, checkpoint, subtask,
-  attempt, partition — so they travel before barrier ``n``. It keeps no
-  state: a file still open when an attempt fails is never committed.
-* :class:`ParquetCommitterOperator` (a ``Committer``, parallelism 1, fed by
-  every writer) keeps the committables it received; its checkpointed
-  operator state (JSON) holds those not committed yet, grouped by the
-  checkpoint whose snapshot first held them. On ``notify_checkpoint_complete(n)``
-  it commits every pending committable of checkpoints ``<= n`` by writing ONE
-  entry ``(incarnation, n)`` to the commit log (see
-  :mod:`raystream.spark.commit_log`). Restored with checkpoint ``k``, it
-  first deletes log entries of its incarnation above ``k`` (output that will
-  be produced again), then commits its restored committables again under
-  ``k`` — skipping files already in the log — which is how a checkpoint that
-  completed without its notification arriving gets committed. A commit is
-  idempotent per (incarnation, checkpoint id).
-
-Readers see committed files only: ``rs.spark.read_committed(path)``.
-
-Without checkpoints (``ctx.checkpointing`` false), writers close their files
-and emit committables at ``finish()`` (end of input), and the committer commits
-them all as one entry in its own ``finish()`` — so the output of a bounded job
-appears when the job finishes, and a job that fails commits nothing.
+  Before every barrier it closes its open files, makes them durable
+  (``fsync`` of file and directories on local disk) and hands over one
+  committable per file: path, rows, bytes, checkpoint, subtask, attempt,
+  partition. A file still open when an attempt fails is never committed.
+* :class:`ParquetCommitter` commits by writing ONE entry
+  ``(incarnation, checkpoint id)`` to the commit log (see
+  :mod:`raystream.spark.commit_log`); on restore it removes its entries
+  above the restored checkpoint. Readers see committed files only:
+  ``rs.spark.read_committed(path)``.
 
 Files left by failed attempts or aborted checkpoints stay on disk, unlisted;
 compaction and clean-up of such files are for later.
-
-The incarnation (``<job name>-<12 hex>``) is created by the committer on a
-fresh start and kept in its state, so it is the same across failovers and
-restores of a run and differs between runs.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import posixpath
 import uuid
@@ -59,25 +38,15 @@ import pyarrow.parquet as pq
 
 from raystream.checkpoint.storage import _fsync_dir
 from raystream.engine.datastream import SinkHandle
-from raystream.engine.operators.base import Operator, OperatorSnapshot, RestoredState
-from raystream.engine.operators.sinks import SinkOperator
+from raystream.engine.operators.two_phase import Committer, SinkContext, SinkWriter
 from raystream.spark import commit_log
 from raystream.spark.commit_log import Location
-
-log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES_PER_FILE = 128 * 1024 * 1024
 # Batches are buffered into row groups of about this size before they are encoded.
 ROW_GROUP_ROWS = 128 * 1024
 ROW_GROUP_BYTES = 16 * 1024 * 1024
-STATE_FORMAT = 1
 
-COMMITTABLE_SCHEMA = pa.schema([
-    ("checkpoint", pa.int64()), ("subtask", pa.int32()), ("attempt", pa.int32()),
-    ("path", pa.string()), ("rows", pa.int64()), ("bytes", pa.int64()),
-    ("partition", pa.string()),  # JSON [[column, value-as-text or null], ...] or null
-    ("partition_schema", pa.string()),  # base64 Arrow schema of the partition columns, or null
-])
 
 
 @dataclass(frozen=True)
@@ -182,35 +151,26 @@ class _OpenFile:
                 pass
 
 
-class ParquetWriterOperator(Operator):
-    """Writes Parquet files; emits their committables before each barrier (see module doc)."""
+class ParquetWriter(SinkWriter):
+    """Writes Parquet files; hands over one committable per closed file (see module doc)."""
 
-    def __init__(self, name: str, config: ParquetSinkConfig) -> None:
-        super().__init__(name)
+    def __init__(self, config: ParquetSinkConfig) -> None:
         self.config = config
         self.files: dict[tuple, _OpenFile] = {}
-        self.closed: list[dict] = []  # committables of closed files, not emitted yet
-        self.last_checkpoint = 0
+        self.closed: list[dict] = []  # committables of closed files, not handed over yet
         self.loc: Location | None = None
         self._dirs: set[str] = set()  # directories known to exist
         self._unsynced_dirs: set[str] = set()  # local: directories with new entries
 
-    def initialize_state(self, restored: RestoredState | None) -> None:
-        self.last_checkpoint = restored.checkpoint_id if restored is not None else 0
-
-    def open(self) -> None:
+    def open(self, ctx: SinkContext) -> None:
+        super().open(ctx)
         self.loc = Location.of(self.config.path)
         self._ensure_dir(self.loc.root)
 
     # -- data -----------------------------------------------------------------------------
-    def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
-        if batch.num_rows == 0:
-            return
+    def write(self, batch: pa.RecordBatch) -> None:
         for values, partition_schema, part in self._split(batch):
             self._append(values, partition_schema, part)
-
-    def process_watermark(self, watermark: int) -> None:
-        pass  # the committer has no use for event time
 
     def _split(self, batch: pa.RecordBatch):
         """(partition values as text, partition schema, rows without the partition columns)."""
@@ -256,8 +216,8 @@ class ParquetWriterOperator(Operator):
 
     def _open(self, values: tuple, partition_schema: pa.Schema | None,
               schema: pa.Schema) -> _OpenFile:
-        ctx, checkpoint = self.ctx, self.last_checkpoint + 1
-        name = f"{checkpoint}-{ctx.subtask_index}-{ctx.attempt}-{uuid.uuid4().hex}.parquet"
+        runtime, checkpoint = self.ctx.runtime, self.ctx.next_checkpoint_id
+        name = f"{checkpoint}-{runtime.subtask_index}-{runtime.attempt}-{uuid.uuid4().hex}.parquet"
         directory = commit_log.partition_dir(self.config.partition_by, values) if values else ""
         if directory:
             self._ensure_dir(self.loc.join(directory))
@@ -294,135 +254,52 @@ class ParquetWriterOperator(Operator):
             finally:
                 os.close(fd)
             self._unsynced_dirs.add(posixpath.dirname(f.full))
-        self.closed.append({
-            "checkpoint": f.checkpoint, "subtask": self.ctx.subtask_index,
-            "attempt": self.ctx.attempt, "path": f.relative, "rows": f.rows, "bytes": size,
-            "partition": json.dumps(f.partition) if f.partition else None,
-            "partition_schema": f.partition_schema})
+        runtime = self.ctx.runtime
+        committable = {"path": f.relative, "rows": f.rows, "bytes": size,
+                       "checkpoint": f.checkpoint, "subtask": runtime.subtask_index,
+                       "attempt": runtime.attempt}
+        if f.partition:
+            committable["partition"] = f.partition
+            committable["partition_schema"] = f.partition_schema
+        self.closed.append(committable)
 
-    def _close_all_and_emit(self) -> None:
+    def prepare_commit(self, checkpoint_id: int | None) -> list[dict]:
+        """Close every open file and make it durable; one committable per file."""
         for values in list(self.files):
             self._close(values)
         if self.loc is not None and self.loc.is_local:
             for d in sorted(self._unsynced_dirs, key=len, reverse=True):  # deepest first
                 _fsync_dir(d)
             self._unsynced_dirs.clear()
-        if self.closed:
-            batch = pa.RecordBatch.from_pylist(self.closed, schema=COMMITTABLE_SCHEMA)
-            self.closed = []
-            self.output.emit(batch)
+        closed, self.closed = self.closed, []
+        return closed
 
-    # -- checkpoints and the end -------------------------------------------------------------
-    def prepare_snapshot_pre_barrier(self, checkpoint_id: int) -> None:
-        self._close_all_and_emit()  # the committables travel before barrier n
-        self.last_checkpoint = max(self.last_checkpoint, checkpoint_id)
-
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        self.last_checkpoint = max(self.last_checkpoint, checkpoint_id)
-
-    def finish(self) -> None:
-        # End of input: emit while the output channels are still open (the
-        # final checkpoint's barrier comes after end-of-input on them).
-        self._close_all_and_emit()
-
-    def close(self) -> None:
+    def abort(self) -> None:
         for f in self.files.values():  # a failure: these files are never committed
             f.abandon(self.loc)
         self.files.clear()
 
 
-# -- the committer --------------------------------------------------------------------------
+class ParquetCommitter(Committer):
+    """Lists the writers' files in the commit log, one entry per checkpoint (module doc)."""
 
-
-def _committables(batch: pa.RecordBatch) -> list[dict]:
-    out = []
-    for row in batch.to_pylist():  # one row per file, not per record
-        entry = {"path": row["path"], "rows": row["rows"], "bytes": row["bytes"],
-                 "checkpoint": row["checkpoint"], "subtask": row["subtask"],
-                 "attempt": row["attempt"]}
-        if row.get("partition"):
-            entry["partition"] = json.loads(row["partition"])
-            entry["partition_schema"] = row["partition_schema"]
-        out.append(entry)
-    return out
-
-
-class ParquetCommitterOperator(SinkOperator):
-    """Commits the writers' files to the commit log when a checkpoint completes (module doc)."""
-
-    def __init__(self, name: str, path: str) -> None:
-        super().__init__(name)
+    def __init__(self, path: str) -> None:
         self.path = path
-        self.loc: Location | None = None
-        self.incarnation: str | None = None
-        self.pending: dict[int, list[dict]] = {}  # checkpoint id -> committables
-        self.incoming: list[dict] = []  # received since the last snapshot
-        self.commits = 0  # entries written by this instance
 
-    def initialize_state(self, restored: RestoredState | None) -> None:
+    def open(self, ctx: SinkContext) -> None:
+        super().open(ctx)
         self.loc = Location.of(self.path)
-        states = [json.loads(s) for s in (restored.operator_states if restored else []) if s]
-        if not states:
-            self.incarnation = commit_log.new_incarnation(self.ctx.job_name)
-            return
-        for state in states:
-            if state.get("format") != STATE_FORMAT:
-                raise ValueError(f"unknown Parquet committer state format {state.get('format')!r}")
-        self.incarnation = states[0]["incarnation"]
-        for state in states:
-            for checkpoint_id, files in state["pending"]:
-                self.pending.setdefault(int(checkpoint_id), []).extend(files)
-        k = restored.checkpoint_id
-        dropped = commit_log.truncate_entries(self.loc, self.incarnation, above=k)
-        if dropped:
-            log.warning("%s: restored checkpoint %d; removed newer commit-log entries %s of %s",
-                        self.name, k, dropped, self.incarnation)
-        # Committed already (under this or an earlier id): not again.
-        done = {f["path"] for e in commit_log.list_entries(self.loc, self.incarnation)
+
+    def commit(self, incarnation: str, checkpoint_id: int, committables: list[dict]) -> None:
+        commit_log.write_entry(self.loc, incarnation, checkpoint_id, committables,
+                               before_publish=lambda: self.ctx.failpoint("mid_commit"))
+
+    def committed_ids(self, incarnation: str) -> set[str]:
+        return {f["path"] for e in commit_log.list_entries(self.loc, incarnation)
                 for f in e.files}
-        for checkpoint_id in list(self.pending):
-            left = [f for f in self.pending[checkpoint_id] if f["path"] not in done]
-            if left:
-                self.pending[checkpoint_id] = left
-            else:
-                del self.pending[checkpoint_id]
-        # Checkpoint k completed: what its state holds may be committed now
-        # (its notification may never have arrived).
-        self._commit_upto(k)
 
-    def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
-        self.incoming.extend(_committables(batch))
+    def truncate(self, incarnation: str, above: int) -> list[int]:
+        return commit_log.truncate_entries(self.loc, incarnation, above=above)
 
-    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot | None:
-        if self.incoming:
-            self.pending.setdefault(checkpoint_id, []).extend(self.incoming)
-            self.incoming = []
-        data = json.dumps({"format": STATE_FORMAT, "incarnation": self.incarnation,
-                           "pending": [[c, files] for c, files in sorted(self.pending.items())]},
-                          sort_keys=True, separators=(",", ":")).encode()
-        return OperatorSnapshot(operator_state=lambda: data)  # serialized now: consistent
-
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        self._commit_upto(checkpoint_id)
-
-    def finish(self) -> None:
-        if not self.ctx.checkpointing:  # a bounded job without checkpoints commits at its end
-            if self.incoming:
-                self.pending.setdefault(0, []).extend(self.incoming)
-                self.incoming = []
-            self._commit_upto(0)
-
-    def _commit_upto(self, checkpoint_id: int) -> None:
-        ids = sorted(c for c in self.pending if c <= checkpoint_id)
-        if not ids:
-            return
-        files = [f for c in ids for f in self.pending[c]]
-        if commit_log.write_entry(self.loc, self.incarnation, checkpoint_id, files,
-                                  before_publish=self._mid_commit):
-            self.commits += 1
-        for c in ids:
-            del self.pending[c]
-
-    def _mid_commit(self) -> None:
-        if self.failpoints is not None:
-            self.failpoints.hit("mid_commit")
+    def committable_id(self, committable: dict) -> str:
+        return committable["path"]

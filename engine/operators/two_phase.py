@@ -1,0 +1,246 @@
+"""Exactly-once sinks in Flink's Sink V2 shape: a :class:`SinkWriter` and one :class:`Committer`.
+
+``stream.sink_exactly_once(writer, committer)`` adds two operators:
+
+* a writer operator at the stream's parallelism: it hands every batch to the
+  :class:`SinkWriter`, and in ``prepare_snapshot_pre_barrier(n)`` asks it to
+  finish what it wrote and give its *committables* (small JSON-able dicts:
+  a file name, a transaction id), which it emits so they travel before
+  barrier ``n``. At the end of input it does the same once more;
+* a committer operator (parallelism 1, fed by every writer): its
+  checkpointed state holds the committables not yet committed, grouped by
+  the checkpoint whose snapshot first held them. When checkpoint ``n``
+  completes it calls ``Committer.commit(incarnation, n, committables)`` once
+  for everything pending up to ``n``. Restored from checkpoint ``k``, it
+  first lets the committer drop what this incarnation committed above ``k``
+  (output that will be produced again), then commits the restored
+  committables under ``k`` again, skipping those already committed — so a
+  checkpoint whose notification was lost is committed on restore.
+
+A commit must be idempotent per (incarnation, checkpoint id). The
+incarnation (``<job name>-<12 hex>``) is made on a fresh start and kept in
+the committer's state: the same across failovers and restores of a run,
+different between runs. Without checkpoints, everything is committed as
+checkpoint 0 when a bounded job ends, and nothing if it fails.
+
+A minimal sink that commits files by renaming them:
+
+    >>> class Writer(SinkWriter):
+    ...     def open(self, ctx): self.rows = []
+    ...     def write(self, batch): self.rows.extend(batch.to_pylist())
+    ...     def prepare_commit(self, checkpoint_id):
+    ...         rows, self.rows = self.rows, []
+    ...         return [{"id": f"{checkpoint_id}-{len(rows)}", "rows": rows}] if rows else []
+    >>> class Printer(Committer):
+    ...     def commit(self, incarnation, checkpoint_id, committables):
+    ...         print(checkpoint_id, [c["id"] for c in committables])
+    >>> # stream.sink_exactly_once(Writer(), Printer(), name="printer")
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+
+import pyarrow as pa
+
+from raystream.engine.operators.base import (Operator, OperatorSnapshot, RestoredState,
+                                             RuntimeContext)
+from raystream.engine.operators.sinks import SinkOperator
+
+log = logging.getLogger(__name__)
+
+STATE_FORMAT = 1
+_TRANSPORT = pa.schema([("checkpoint", pa.int64()), ("committable", pa.string())])
+
+
+class SinkContext:
+    """What a writer or committer knows of where it runs."""
+
+    def __init__(self, operator: Operator) -> None:
+        self._operator = operator
+
+    @property
+    def runtime(self) -> RuntimeContext:
+        return self._operator.ctx
+
+    @property
+    def next_checkpoint_id(self) -> int:
+        """The checkpoint that what is written now will belong to."""
+        return self._operator.last_checkpoint + 1
+
+    def failpoint(self, point: str) -> None:
+        """Pass through a named failpoint (tests place failures there)."""
+        if self._operator.failpoints is not None:
+            self._operator.failpoints.hit(point)
+
+
+class SinkWriter:
+    """Writes batches; gives its committables before every barrier."""
+
+    def open(self, ctx: SinkContext) -> None:
+        self.ctx = ctx
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        raise NotImplementedError
+
+    def prepare_commit(self, checkpoint_id: int | None) -> list[dict]:
+        """Make what was written durable and return its committables (JSON-able dicts).
+
+        ``checkpoint_id`` is None at the end of input.
+        """
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        """The subtask is going away: discard output that was never handed over."""
+
+
+class Committer:
+    """Makes committables visible, once, when their checkpoint completes."""
+
+    def open(self, ctx: SinkContext) -> None:
+        self.ctx = ctx
+
+    def commit(self, incarnation: str, checkpoint_id: int, committables: list[dict]) -> None:
+        """Commit as one unit; a second call for the same (incarnation, id) changes nothing."""
+        raise NotImplementedError
+
+    def committed_ids(self, incarnation: str) -> set[str]:
+        """Ids (``committable_id``) of what this incarnation committed already."""
+        return set()
+
+    def truncate(self, incarnation: str, above: int) -> list[int]:
+        """Undo this incarnation's commits of checkpoints above ``above``; return their ids."""
+        return []
+
+    def committable_id(self, committable: dict) -> str:
+        return str(committable["id"])
+
+
+class SinkWriterOperator(Operator):
+    def __init__(self, name: str, writer: SinkWriter) -> None:
+        super().__init__(name)
+        self.writer = writer
+        self.last_checkpoint = 0
+        self.ended = False  # end of input: everything was handed over
+
+    def initialize_state(self, restored: RestoredState | None) -> None:
+        self.last_checkpoint = restored.checkpoint_id if restored is not None else 0
+
+    def open(self) -> None:
+        self.writer.open(SinkContext(self))
+
+    def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
+        if batch.num_rows:
+            self.writer.write(batch)
+
+    def process_watermark(self, watermark: int) -> None:
+        pass  # the committer has no use for event time
+
+    def _hand_over(self, checkpoint_id: int | None) -> None:
+        committables = self.writer.prepare_commit(checkpoint_id)
+        if committables:
+            label = checkpoint_id if checkpoint_id is not None else self.last_checkpoint + 1
+            self.output.emit(pa.RecordBatch.from_pydict({
+                "checkpoint": [label] * len(committables),
+                "committable": [json.dumps(c, sort_keys=True) for c in committables]},
+                schema=_TRANSPORT))
+
+    def prepare_snapshot_pre_barrier(self, checkpoint_id: int) -> None:
+        if not self.ended:
+            self._hand_over(checkpoint_id)  # the committables travel before barrier n
+        self.last_checkpoint = max(self.last_checkpoint, checkpoint_id)
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self.last_checkpoint = max(self.last_checkpoint, checkpoint_id)
+
+    def finish(self) -> None:
+        # End of input: hand over while the output channels are still open (the
+        # final checkpoint's barrier comes after end-of-input on them).
+        self._hand_over(None)
+        self.ended = True
+
+    def close(self) -> None:
+        self.writer.abort()
+
+
+class CommitterOperator(SinkOperator):
+    def __init__(self, name: str, committer: Committer) -> None:
+        super().__init__(name)
+        self.committer = committer
+        self.incarnation: str | None = None
+        self.pending: dict[int, list[dict]] = {}  # checkpoint id -> committables
+        self.incoming: list[dict] = []  # received since the last snapshot
+        self.commits = 0  # commits made by this instance
+
+    def initialize_state(self, restored: RestoredState | None) -> None:
+        self.committer.open(SinkContext(self))
+        states = [json.loads(s) for s in (restored.operator_states if restored else []) if s]
+        if not states:
+            self.incarnation = new_incarnation(self.ctx.job_name)
+            return
+        for state in states:
+            if state.get("format") != STATE_FORMAT:
+                raise ValueError(f"{self.name}: unknown committer state format "
+                                 f"{state.get('format')!r}")
+        self.incarnation = states[0]["incarnation"]
+        for state in states:
+            for checkpoint_id, committables in state["pending"]:
+                self.pending.setdefault(int(checkpoint_id), []).extend(committables)
+        k = restored.checkpoint_id
+        dropped = self.committer.truncate(self.incarnation, above=k)
+        if dropped:
+            log.warning("%s: restored checkpoint %d; undid newer commits %s of %s",
+                        self.name, k, dropped, self.incarnation)
+        done = self.committer.committed_ids(self.incarnation)
+        for checkpoint_id in list(self.pending):
+            left = [c for c in self.pending[checkpoint_id]
+                    if self.committer.committable_id(c) not in done]
+            if left:
+                self.pending[checkpoint_id] = left
+            else:
+                del self.pending[checkpoint_id]
+        # Checkpoint k completed: what its state holds may be committed now
+        # (its notification may never have arrived).
+        self._commit_upto(k)
+
+    def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
+        self.incoming.extend(json.loads(c) for c in batch.column("committable").to_pylist())
+
+    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot | None:
+        if self.incoming:
+            self.pending.setdefault(checkpoint_id, []).extend(self.incoming)
+            self.incoming = []
+        data = json.dumps({"format": STATE_FORMAT, "incarnation": self.incarnation,
+                           "pending": [[c, items] for c, items in sorted(self.pending.items())]},
+                          sort_keys=True, separators=(",", ":")).encode()
+        return OperatorSnapshot(operator_state=lambda: data)  # serialized now: consistent
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self._commit_upto(checkpoint_id)
+
+    def finish(self) -> None:
+        if not self.ctx.checkpointing:  # a bounded job without checkpoints commits at its end
+            if self.incoming:
+                self.pending.setdefault(0, []).extend(self.incoming)
+                self.incoming = []
+            self._commit_upto(0)
+
+    def _commit_upto(self, checkpoint_id: int) -> None:
+        ids = sorted(c for c in self.pending if c <= checkpoint_id)
+        if not ids:
+            return
+        self.committer.commit(self.incarnation, checkpoint_id,
+                              [c for i in ids for c in self.pending[i]])
+        self.commits += 1
+        for i in ids:
+            del self.pending[i]
+
+
+def new_incarnation(job_name: str) -> str:
+    """``<job name, made path-safe>-<12 random hex digits>``."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_name) or "job"
+    if not safe[0].isalnum():
+        safe = "j" + safe
+    return f"{safe}-{uuid.uuid4().hex[:12]}"
