@@ -70,10 +70,6 @@ def _bad_value(rows: list[Mapping], name: str, target: pa.DataType | None, where
     return BadRecordError(f"{where}: column '{name}' cannot be built: {exc}", column=name)
 
 
-def batch_to_rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
-    return batch.to_pylist()
-
-
 def concat_batches(batches: Iterable[pa.RecordBatch]) -> pa.Table:
     """One table from batches whose schemas may differ slightly (e.g. a null column)."""
     tables = [pa.Table.from_batches([b]) for b in batches]

@@ -49,10 +49,33 @@ class KeySelector:
                             f"not {spec!r}")
         return cls(columns=columns, where=where)
 
-    # -- vectorized -------------------------------------------------------
+    # -- extraction (once per batch) -----------------------------------------
     def key_arrays(self, batch: pa.RecordBatch) -> list[pa.Array]:
+        """The key columns of ``batch`` (for a key function: built from its results)."""
         if self.function is not None:
-            return self._function_keys(batch)
+            return self._arrays_of(self._call_function(batch))
+        return self._column_arrays(batch)
+
+    def key_groups(self, batch: pa.RecordBatch, max_parallelism: int) -> np.ndarray:
+        return self._groups(self.key_arrays(batch), max_parallelism)
+
+    def python_keys(self, batch: pa.RecordBatch) -> list[Any]:
+        """One hashable Python key per row (a tuple for several columns)."""
+        if self.function is not None:
+            return self._call_function(batch)
+        return _python_keys(self._column_arrays(batch))
+
+    def keys_and_groups(self, batch: pa.RecordBatch,
+                        max_parallelism: int) -> tuple[list[Any], np.ndarray]:
+        """Python keys and key groups of every row, extracting the keys only once
+        (a key function runs once per row)."""
+        if self.function is not None:
+            keys = self._call_function(batch)
+            return keys, self._groups(self._arrays_of(keys), max_parallelism)
+        arrays = self._column_arrays(batch)
+        return _python_keys(arrays), self._groups(arrays, max_parallelism)
+
+    def _column_arrays(self, batch: pa.RecordBatch) -> list[pa.Array]:
         arrays = []
         for name in self.columns:
             index = batch.schema.get_field_index(name)
@@ -65,15 +88,14 @@ class KeySelector:
             column = batch.column(index)
             if column.null_count:
                 row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+                record = batch.slice(row, 1).to_pylist()[0]
                 raise BadRecordError(
                     f"{self.where}: key column '{name}' is null in record "
-                    f"{describe_record(batch.slice(row, 1).to_pylist()[0])}", column=name,
-                    record=batch.slice(row, 1).to_pylist()[0])
+                    f"{describe_record(record)}", column=name, record=record)
             arrays.append(column)
         return arrays
 
-    def _function_keys(self, batch: pa.RecordBatch) -> list[pa.Array]:
-        keys = self.python_keys(batch)
+    def _arrays_of(self, keys: list[Any]) -> list[pa.Array]:
         if keys and isinstance(keys[0], tuple):
             return [pa.array([k[i] for k in keys]) for i in range(len(keys[0]))]
         try:
@@ -82,19 +104,13 @@ class KeySelector:
             raise BadRecordError(f"{self.where}: key function returned keys of mixed types: {exc}") \
                 from exc
 
-    def key_groups(self, batch: pa.RecordBatch, max_parallelism: int) -> np.ndarray:
-        arrays = self.key_arrays(batch)
+    def _groups(self, arrays: list[pa.Array], max_parallelism: int) -> np.ndarray:
         try:
             return key_groups_of_array(*arrays, max_parallelism=max_parallelism)
         except TypeError as exc:
             raise BadRecordError(f"{self.where}: {exc} (key {self})") from exc
 
-    # -- per row ----------------------------------------------------------
-    def python_keys(self, batch: pa.RecordBatch) -> list[Any]:
-        """One hashable Python key per row (a tuple for several columns)."""
-        if self.function is None:
-            columns = [a.to_pylist() for a in self.key_arrays(batch)]
-            return columns[0] if len(columns) == 1 else list(zip(*columns))
+    def _call_function(self, batch: pa.RecordBatch) -> list[Any]:
         keys = []
         for row in batch.to_pylist():
             try:
@@ -113,3 +129,8 @@ class KeySelector:
         if self.function is not None:
             return getattr(self.function, "__name__", "function")
         return ", ".join(self.columns)
+
+
+def _python_keys(arrays: list[pa.Array]) -> list[Any]:
+    columns = [a.to_pylist() for a in arrays]
+    return columns[0] if len(columns) == 1 else list(zip(*columns))

@@ -103,10 +103,9 @@ class _KeyedOperator(Operator):
 
     def keyed_rows(self, batch: pa.RecordBatch):
         """(key, row) per row, with the backend's current key set to it."""
-        keys = self.keys.python_keys(batch)
-        groups = self.keys.key_groups(batch, self.ctx.max_parallelism).tolist()
+        keys, groups = self.keys.keys_and_groups(batch, self.ctx.max_parallelism)
         backend = self.backend
-        for key, group, row in zip(keys, groups, batch.to_pylist()):
+        for key, group, row in zip(keys, groups.tolist(), batch.to_pylist()):
             backend.set_current_key(key, group)
             yield key, row
 
