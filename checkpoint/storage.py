@@ -306,60 +306,22 @@ class CheckpointStorage:
         if not isinstance(metadata, dict):
             raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
         _check_string_keys(metadata, "metadata")
-        canonical = _canonical_json(metadata)
-        doc = {"format": METADATA_FORMAT, "sha256": hashlib.sha256(canonical).hexdigest(),
-               "payload": json.loads(canonical)}
-        body = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+        body = checksummed_json(metadata, METADATA_FORMAT)
         chk = self.checkpoint_dir(job_key, checkpoint_id)
         final = self._join(chk, METADATA_FILE)
-        if self.is_local:
-            os.makedirs(chk, exist_ok=True)
-            if os.path.lexists(final):
-                raise FileExistsError(errno.EEXIST, "checkpoint metadata already exists", final)
-            tmp = self._join(chk, f"{_TMP_PREFIX}{uuid.uuid4().hex}")
-            try:
-                with open(tmp, "xb") as f:
-                    f.write(body)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.rename(tmp, final)
-            except BaseException:
-                _remove_quietly(tmp)
-                raise
-            for d in (chk, posixpath.dirname(chk), self.root):
-                _fsync_dir(d)
-        else:
-            self.filesystem.create_dir(chk, recursive=True)
-            if self.filesystem.get_file_info(final).type != pafs.FileType.NotFound:
-                raise FileExistsError(errno.EEXIST, "checkpoint metadata already exists", final)
-            with self.filesystem.open_output_stream(final, compression=None) as out:
-                out.write(body)
+        if not publish_new_file(self.filesystem, self.is_local, chk, METADATA_FILE, body,
+                                temp_name=f"{_TMP_PREFIX}{uuid.uuid4().hex}",
+                                fsync_dirs=(posixpath.dirname(chk), self.root)):
+            raise FileExistsError(errno.EEXIST, "checkpoint metadata already exists", final)
         return StateHandle(final, len(body), hashlib.sha256(body).hexdigest())
 
     def read_metadata(self, job_key: str, checkpoint_id: int) -> dict:
         """The payload of ``_metadata``, after checking its embedded checksum."""
         path = self._metadata_path(job_key, checkpoint_id)
-        raw = self._read_file(path)
         try:
-            doc = json.loads(raw)
-        except ValueError as e:  # invalid UTF-8 or JSON
-            reason = "truncated (no complete JSON document)" if _looks_truncated(raw) else "unparsable JSON"
-            raise CorruptCheckpointError(path, f"{reason}: {e}") from None
-        if not isinstance(doc, dict) or not {"format", "sha256", "payload"} <= doc.keys():
-            raise CorruptCheckpointError(path, "not a checkpoint metadata document")
-        if doc["format"] != METADATA_FORMAT:
-            raise CorruptCheckpointError(path, f"unsupported metadata format {doc['format']!r}")
-        payload = doc["payload"]
-        if not isinstance(payload, dict):
-            raise CorruptCheckpointError(path, "metadata payload is not an object")
-        try:
-            actual = hashlib.sha256(_canonical_json(payload)).hexdigest()
-        except ValueError as e:  # e.g. NaN smuggled in by a bit flip of a number
-            raise CorruptCheckpointError(path, f"unparsable payload: {e}") from None
-        if actual != doc["sha256"]:
-            raise CorruptCheckpointError(
-                path, f"checksum mismatch: expected sha256 {doc['sha256']}, got {actual}")
-        return payload
+            return verify_checksummed_json(self._read_file(path), METADATA_FORMAT)
+        except ValueError as e:
+            raise CorruptCheckpointError(path, str(e)) from None
 
     # -- listing, choosing, discarding ---------------------------------------
 
@@ -442,6 +404,85 @@ class CheckpointStorage:
 
 
 # -- helpers -----------------------------------------------------------------
+
+
+def checksummed_json(payload: dict, format_version: int) -> bytes:
+    """``{"format", "sha256" of the canonical JSON of payload, "payload"}``, compact.
+
+    Used for checkpoint metadata and commit-log entries; read back with
+    :func:`verify_checksummed_json`.
+    """
+    canonical = _canonical_json(payload)
+    doc = {"format": format_version, "sha256": hashlib.sha256(canonical).hexdigest(),
+           "payload": json.loads(canonical)}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def verify_checksummed_json(raw: bytes, format_version: int) -> dict:
+    """The payload of a :func:`checksummed_json` document; ``ValueError`` saying what is wrong."""
+    try:
+        doc = json.loads(raw)
+    except ValueError as e:  # invalid UTF-8 or JSON
+        reason = "truncated (no complete JSON document)" if _looks_truncated(raw) else "unparsable JSON"
+        raise ValueError(f"{reason}: {e}") from None
+    if not isinstance(doc, dict) or not {"format", "sha256", "payload"} <= doc.keys():
+        raise ValueError("not a checksummed document")
+    if doc["format"] != format_version:
+        raise ValueError(f"unsupported format {doc['format']!r}")
+    payload = doc["payload"]
+    if not isinstance(payload, dict):
+        raise ValueError("payload is not an object")
+    try:
+        actual = hashlib.sha256(_canonical_json(payload)).hexdigest()
+    except ValueError as e:  # e.g. NaN smuggled in by a bit flip of a number
+        raise ValueError(f"unparsable payload: {e}") from None
+    if actual != doc["sha256"]:
+        raise ValueError(f"checksum mismatch: expected sha256 {doc['sha256']}, got {actual}")
+    return payload
+
+
+def publish_new_file(filesystem: pafs.FileSystem, is_local: bool, directory: str, name: str,
+                     body: bytes, *, temp_name: str, fsync_dirs: tuple[str, ...] = (),
+                     before_publish: Callable[[], None] | None = None) -> bool:
+    """Make ``directory/name`` appear whole, with ``body``, never replacing a file.
+
+    Locally: a temp file in ``directory``, written, fsync-ed, renamed into
+    place, then ``directory`` and ``fsync_dirs`` fsync-ed. Elsewhere a single
+    PUT of the final key (object stores cannot rename atomically or fsync).
+    ``before_publish`` runs once the bytes are durable and before they become
+    visible. Returns False, writing nothing, if the file exists already.
+    """
+    final = posixpath.join(directory, name)
+    if not is_local:
+        filesystem.create_dir(directory, recursive=True)
+        if filesystem.get_file_info(final).type != pafs.FileType.NotFound:
+            return False
+        if before_publish is not None:
+            before_publish()
+        with filesystem.open_output_stream(final, compression=None) as out:
+            out.write(body)  # one PUT: the object appears whole or not at all
+        return True
+    os.makedirs(directory, exist_ok=True)
+    if os.path.lexists(final):
+        return False
+    tmp = posixpath.join(directory, temp_name)
+    try:
+        with open(tmp, "xb") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        if before_publish is not None:
+            before_publish()
+        if os.path.lexists(final):  # a concurrent writer of the same name won
+            _remove_quietly(tmp)
+            return False
+        os.rename(tmp, final)
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+    for d in (directory, *fsync_dirs):
+        _fsync_dir(d)
+    return True
 
 
 def _canonical_json(payload: Any) -> bytes:

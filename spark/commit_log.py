@@ -87,8 +87,6 @@ Example:
 from __future__ import annotations
 
 import base64
-import hashlib
-import json
 import os
 import posixpath
 import re
@@ -101,8 +99,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from raystream.checkpoint.storage import (CheckpointStorage, _canonical_json, _fsync_dir,
-                                          _remove_quietly)
+from raystream.checkpoint.storage import (CheckpointStorage, _fsync_dir, checksummed_json,
+                                          publish_new_file, verify_checksummed_json)
 from raystream.engine.errors import RaystreamError
 from raystream.engine.operators.two_phase import new_incarnation  # noqa: F401  (re-exported)
 
@@ -184,44 +182,13 @@ def write_entry(path: str | Location, incarnation: str, checkpoint_id: int, file
     name = entry_name(incarnation, checkpoint_id)
     payload = {"incarnation": incarnation, "checkpoint_id": checkpoint_id,
                "committed_at_ms": int(time.time() * 1000), "files": [dict(f) for f in files]}
-    canonical = _canonical_json(payload)
-    body = json.dumps({"format": LOG_FORMAT, "sha256": hashlib.sha256(canonical).hexdigest(),
-                       "payload": json.loads(canonical)},
-                      sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
     log_dir = loc.log_dir
-    final = posixpath.join(log_dir, name)
-    if loc.is_local:
-        created = not os.path.isdir(log_dir)
-        os.makedirs(log_dir, exist_ok=True)
-        if os.path.lexists(final):
-            return False
-        tmp = posixpath.join(log_dir, f".{name}.tmp-{uuid.uuid4().hex}")
-        try:
-            with open(tmp, "xb") as f:
-                f.write(body)
-                f.flush()
-                os.fsync(f.fileno())
-            if before_publish is not None:
-                before_publish()
-            if os.path.lexists(final):  # a concurrent commit of the same id won
-                _remove_quietly(tmp)
-                return False
-            os.rename(tmp, final)
-        except BaseException:
-            _remove_quietly(tmp)
-            raise
-        _fsync_dir(log_dir)
-        if created:
-            _fsync_dir(loc.root)
-    else:
-        loc.filesystem.create_dir(log_dir, recursive=True)
-        if loc.filesystem.get_file_info(final).type != pafs.FileType.NotFound:
-            return False
-        if before_publish is not None:
-            before_publish()
-        with loc.filesystem.open_output_stream(final, compression=None) as out:
-            out.write(body)  # one PUT: the object appears whole or not at all
-    return True
+    created = loc.is_local and not os.path.isdir(log_dir)  # its entry in root must be durable
+    return publish_new_file(loc.filesystem, loc.is_local, log_dir, name,
+                            checksummed_json(payload, LOG_FORMAT),
+                            temp_name=f".{name}.tmp-{uuid.uuid4().hex}",
+                            fsync_dirs=(loc.root,) if created else (),
+                            before_publish=before_publish)
 
 
 def truncate_entries(path: str | Location, incarnation: str, above: int) -> list[int]:
@@ -258,15 +225,9 @@ def _read_entry(loc: Location, entry_path: str) -> LogEntry:
     with loc.filesystem.open_input_stream(entry_path, compression=None) as f:
         raw = f.read()
     try:
-        doc = json.loads(raw)
-        payload = doc["payload"]
-        expected = doc["sha256"]
-        if doc["format"] != LOG_FORMAT:
-            raise CorruptCommitLogError(entry_path, f"unsupported format {doc['format']!r}")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptCommitLogError(entry_path, f"unparsable: {exc}") from None
-    if hashlib.sha256(_canonical_json(payload)).hexdigest() != expected:
-        raise CorruptCommitLogError(entry_path, "checksum mismatch")
+        payload = verify_checksummed_json(raw, LOG_FORMAT)
+    except ValueError as exc:
+        raise CorruptCommitLogError(entry_path, str(exc)) from None
     return LogEntry(payload["incarnation"], payload["checkpoint_id"],
                     payload["committed_at_ms"], payload["files"])
 
