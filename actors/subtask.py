@@ -40,7 +40,8 @@ from raystream.actors.subtask_checkpoints import (CheckpointingSpec, RestoreSpec
                                                   SubtaskCheckpointer)
 from raystream.engine.failpoints import Failpoint, Failpoints
 from raystream.engine.operators.base import (BroadcastingOutput, ChainedOutput, Operator,
-                                             OperatorFailure, RuntimeContext, call_operator)
+                                             OperatorFailure, RoutingOutput, RuntimeContext,
+                                             call_operator)
 from raystream.engine.operators.sinks import SinkOperator
 from raystream.engine.operators.source import SourceOperator
 from raystream.engine.plan import JobVertex
@@ -90,6 +91,11 @@ class NullOutput:
 
     def emit_watermark(self, watermark):
         pass
+
+
+def _fan_out(targets: list) -> Any:
+    return targets[0] if len(targets) == 1 else (
+        BroadcastingOutput(targets) if targets else NullOutput())
 
 
 class Subtask:
@@ -147,12 +153,21 @@ class Subtask:
         for node, operator in zip(vertex.nodes, self.operators):
             targets = [ChainedOutput(self.operators[i]) for i in node.chained_outputs]
             targets += [writers[e] for e in node.network_outputs]
-            output = targets[0] if len(targets) == 1 else (
-                BroadcastingOutput(targets) if targets else NullOutput())
+            output = _fan_out(targets)
+            sides: dict[str, list] = {}
+            for tag, i in node.side_chained_outputs:
+                sides.setdefault(tag, []).append(ChainedOutput(self.operators[i]))
+            for tag, e in node.side_network_outputs:
+                sides.setdefault(tag, []).append(writers[e])
+            if sides:
+                output = RoutingOutput(output, {tag: _fan_out(t) for tag, t in sides.items()})
             ctx = RuntimeContext(spec.job_name, node.name, spec.index, vertex.parallelism,
                                  spec.max_parallelism, spec.attempt,
                                  checkpointing=spec.checkpointing is not None)
             operator.setup(ctx, output, self.failpoints)
+        # operators with processing-time timers, polled by the mailbox loop
+        self.timed_operators = [op for op in self.operators
+                                if type(op).next_processing_time is not Operator.next_processing_time]
         head = self.operators[0]
         self.head_inputs = {i: ChainedOutput(head, i) for i in {e.input_index for e in vertex.inputs}}
         self.source = head if isinstance(head, SourceOperator) else None
@@ -255,6 +270,8 @@ class Subtask:
             if self.cancelled or self.stopped:
                 return
             take_input = take_input and not self.inputs_ended  # a control may have ended input
+            if take_input:
+                self._fire_processing_timers()
             if envelope is not None:
                 self._process(envelope)
             elif take_input and self.source is not None and not self.source_stopped:
@@ -380,6 +397,19 @@ class Subtask:
                 call_operator(self.operators[0], "end_input", index)
             if self.gate.all_finished():
                 self._end_of_input()
+
+    def _fire_processing_timers(self) -> None:
+        """Fire due processing-time timers (the idle wait bounds their lateness to
+        ``IDLE_WAIT_S``)."""
+        if not self.timed_operators:
+            return
+        now = None
+        for operator in self.timed_operators:
+            due = operator.next_processing_time()
+            if due is not None:
+                now = now or int(time.time() * 1000)
+                if due <= now:
+                    call_operator(operator, "on_processing_time", now)
 
     def _restore_watermark(self, restore: RestoreSpec) -> None:
         """Start every input channel at the checkpoint's watermark: event time never

@@ -263,3 +263,14 @@ def key_groups_of_array(*columns: pa.Array | pa.ChunkedArray,
                         max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> np.ndarray:
     """Key group (int64) of every row of one or more key columns, vectorized."""
     return (key_hashes(columns) % np.uint64(max_parallelism)).astype(np.int64)
+
+
+def check_key_group_range(key_groups: range, max_parallelism: int) -> None:
+    """Raise unless ``key_groups`` is a non-empty contiguous range within ``[0, max_parallelism)``."""
+    if not isinstance(key_groups, range) or key_groups.step != 1:
+        raise TypeError(f"key_groups must be a contiguous range, got {key_groups!r}")
+    if max_parallelism < 1:
+        raise ValueError(f"max_parallelism must be positive, got {max_parallelism}")
+    if len(key_groups) == 0 or key_groups.start < 0 or key_groups.stop > max_parallelism:
+        raise ValueError(
+            f"key_groups {key_groups!r} must be a non-empty range within [0, {max_parallelism})")

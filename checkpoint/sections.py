@@ -7,6 +7,12 @@ subtask reads the table and takes only the key groups of its range.
     >>> blob = encode_sections({3: b"abc", 7: b"de"})
     >>> list(decode_sections(blob, range(0, 5)))
     [(3, b'abc')]
+
+A key group's section may hold several named parts (an operator's keyed state
+*and* its timers, for example): :func:`encode_parts` / :func:`decode_parts`.
+
+    >>> decode_parts(encode_parts({"state": b"s", "timers": b"tt"}))
+    {'state': b's', 'timers': b'tt'}
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import struct
 from typing import Iterator, Mapping
 
 MAGIC = b"RSKG"
+PARTS_MAGIC = b"RSKP"
 _HEADER = struct.Struct("<4sI")
 _ENTRY = struct.Struct("<iQQ")
 
@@ -40,3 +47,27 @@ def decode_sections(blob: bytes, key_groups: range) -> Iterator[tuple[int, bytes
         group, offset, length = _ENTRY.unpack_from(blob, _HEADER.size + i * _ENTRY.size)
         if group in key_groups:
             yield group, bytes(view[offset:offset + length])
+
+
+def encode_parts(parts: Mapping[str, bytes]) -> bytes:
+    """Named byte strings in one section: magic, count, then (name, length, bytes) each."""
+    out = [PARTS_MAGIC, struct.pack("<I", len(parts))]
+    for name, data in parts.items():
+        encoded = name.encode()
+        out += [struct.pack("<HQ", len(encoded), len(data)), encoded, data]
+    return b"".join(out)
+
+
+def decode_parts(blob: bytes) -> dict[str, bytes]:
+    if blob[:4] != PARTS_MAGIC:
+        raise ValueError("not a multi-part key-group section (bad magic)")
+    (count,) = struct.unpack_from("<I", blob, 4)
+    view, offset, parts = memoryview(blob), 8, {}
+    for _ in range(count):
+        name_len, length = struct.unpack_from("<HQ", blob, offset)
+        offset += 10
+        name = bytes(view[offset:offset + name_len]).decode()
+        offset += name_len
+        parts[name] = bytes(view[offset:offset + length])
+        offset += length
+    return parts

@@ -97,7 +97,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 
-from raystream.checkpoint.keygroups import HASH_VERSION, key_group_of
+from raystream.checkpoint.keygroups import HASH_VERSION, check_key_group_range, key_group_of
 
 __all__ = [
     "CHUNK_ENTRIES",
@@ -113,7 +113,7 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 2  # 2: entries of the None namespace are keyed by the plain key
-_MAGIC = b"RSKS"
+MAGIC = b"RSKS"  # first bytes of every keyed-state section
 _HEADER = struct.Struct(">4sHHII")  # magic, format version, hash version, max_parallelism, key group
 CHUNK_ENTRIES = 8192
 
@@ -616,7 +616,7 @@ class StateSnapshot:
 
     def _section(self, kg: int, states: list[tuple[str, str, dict]]) -> bytes:
         buf = io.BytesIO()
-        buf.write(_HEADER.pack(_MAGIC, FORMAT_VERSION, HASH_VERSION, self._max_parallelism, kg))
+        buf.write(_HEADER.pack(MAGIC, FORMAT_VERSION, HASH_VERSION, self._max_parallelism, kg))
         pickler = pickle.Pickler(buf, protocol=5)
         # No memo: state values are written independently (as Flink serializes
         # each value), which halves the time for millions of small entries; a
@@ -676,14 +676,7 @@ class KeyedStateBackend:
     """
 
     def __init__(self, *, max_parallelism: int, key_groups: range) -> None:
-        if not isinstance(key_groups, range) or key_groups.step != 1:
-            raise TypeError(f"key_groups must be a contiguous range, got {key_groups!r}")
-        if max_parallelism < 1:
-            raise ValueError(f"max_parallelism must be positive, got {max_parallelism}")
-        if len(key_groups) == 0 or key_groups.start < 0 or key_groups.stop > max_parallelism:
-            raise ValueError(
-                f"key_groups {key_groups!r} must be a non-empty range within "
-                f"[0, {max_parallelism})")
+        check_key_group_range(key_groups, max_parallelism)
         self.max_parallelism = max_parallelism
         self.key_groups = key_groups
         self._kg_start = key_groups.start
@@ -820,7 +813,7 @@ class KeyedStateBackend:
             if len(view) < _HEADER.size:
                 raise ValueError(f"key group {kg}: section too short ({len(view)} bytes)")
             magic, fmt, hash_version, max_par, section_kg = _HEADER.unpack_from(view)
-            if magic != _MAGIC:
+            if magic != MAGIC:
                 raise ValueError(f"key group {kg}: not a keyed-state section")
             if fmt != FORMAT_VERSION:
                 raise ValueError(f"key group {kg}: unsupported keyed-state format {fmt}")

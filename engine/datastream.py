@@ -35,6 +35,8 @@ from raystream.engine.operators.two_phase import (Committer, CommitterOperator, 
 
 if TYPE_CHECKING:
     from raystream.engine.environment import StreamEnvironment
+    from raystream.engine.windows.assigners import WindowAssigner
+    from raystream.engine.windows.stream import WindowedStream
 
 Row = dict[str, Any]
 
@@ -48,10 +50,24 @@ class DataStream:
     """
 
     def __init__(self, env: "StreamEnvironment", transformation: Transformation,
-                 partitioning: PartitionSpec | None = None) -> None:
+                 partitioning: PartitionSpec | None = None, side_output: str | None = None) -> None:
         self.env = env
         self.transformation = transformation
         self.partitioning = partitioning
+        self.side_output_tag = side_output
+
+    def side_output(self, tag: str) -> "DataStream":
+        """The records this stream's operator emits on side output ``tag`` (e.g. late
+        records of a window with ``late_output=tag``)."""
+        return DataStream(self.env, self.transformation, None, side_output=tag)
+
+    def plain(self) -> "DataStream":
+        """This stream without a pending partitioning (what the next operator chains to)."""
+        return DataStream(self.env, self.transformation, None, self.side_output_tag)
+
+    def _edge(self, input_index: int = 0) -> InputEdge:
+        return InputEdge(self.transformation.id, self.partitioning, input_index,
+                         self.side_output_tag)
 
     # -- configuration of the producing operator ------------------------------------
     def name(self, name: str) -> "DataStream":
@@ -81,15 +97,18 @@ class DataStream:
     # -- partitioning ------------------------------------------------------------------
     def rebalance(self) -> "DataStream":
         """Distribute batches round-robin over the next operator's subtasks."""
-        return DataStream(self.env, self.transformation, PartitionSpec("rebalance"))
+        return DataStream(self.env, self.transformation, PartitionSpec("rebalance"),
+                          self.side_output_tag)
 
     def broadcast(self) -> "DataStream":
         """Send every batch to every subtask of the next operator."""
-        return DataStream(self.env, self.transformation, PartitionSpec("broadcast"))
+        return DataStream(self.env, self.transformation, PartitionSpec("broadcast"),
+                          self.side_output_tag)
 
     def forward(self) -> "DataStream":
         """Subtask i feeds subtask i (equal parallelism required)."""
-        return DataStream(self.env, self.transformation, PartitionSpec("forward"))
+        return DataStream(self.env, self.transformation, PartitionSpec("forward"),
+                          self.side_output_tag)
 
     def key_by(self, key: KeySpec) -> "KeyedStream":
         """Partition by key: a column, a list of columns, or a function of a row.
@@ -97,7 +116,7 @@ class DataStream:
         Every key goes to exactly one subtask, chosen by its key group.
         """
         selector = KeySelector.of(key, where=f"key_by after '{self.transformation.name}'")
-        return KeyedStream(self.env, self.transformation, selector)
+        return KeyedStream(self.env, self.transformation, selector, self.side_output_tag)
 
     # -- operators -----------------------------------------------------------------------
     def _add(self, kind: str, default_name: str, create: Callable[[str], Operator], *,
@@ -107,7 +126,7 @@ class DataStream:
         t = self.env._add_transformation(
             kind, op_name, lambda: create(op_name),
             parallelism or self.env.parallelism,
-            inputs if inputs is not None else [InputEdge(self.transformation.id, self.partitioning)])
+            inputs if inputs is not None else [self._edge()])
         return DataStream(self.env, t)
 
     def map(self, fn: Callable[[Row], Row], *, name: str | None = None,
@@ -148,7 +167,7 @@ class DataStream:
 
     def union(self, *others: "DataStream") -> "DataStream":
         """One stream of the records of this and ``others`` (schemas should match)."""
-        inputs = [InputEdge(s.transformation.id, s.partitioning) for s in (self, *others)]
+        inputs = [s._edge() for s in (self, *others)]
         return self._add("operator", "union", lambda n: _UnionOperator(n), inputs=inputs)
 
     def connect(self, other: "DataStream") -> "ConnectedStreams":
@@ -213,9 +232,28 @@ class DataStream:
 class KeyedStream(DataStream):
     """A stream partitioned by key: keyed operators see every record of a key."""
 
-    def __init__(self, env, transformation, keys: KeySelector) -> None:
-        super().__init__(env, transformation, PartitionSpec("hash", keys))
+    def __init__(self, env, transformation, keys: KeySelector,
+                 side_output: str | None = None) -> None:
+        super().__init__(env, transformation, PartitionSpec("hash", keys), side_output)
         self.keys = keys
+
+    def window(self, assigner: "WindowAssigner", *, timestamp: str | None = None,
+               allowed_lateness_ms: int = 0, late_output: str | None = None,
+               pre_aggregate: bool = True) -> "WindowedStream":
+        """Cut each key's records into windows (``rs.TumblingEventTimeWindows``,
+        ``rs.SlidingEventTimeWindows``, ``rs.EventTimeSessionWindows``,
+        ``rs.TumblingProcessingTimeWindows``); see :class:`WindowedStream`.
+
+            >>> import raystream as rs
+            >>> env = rs.StreamEnvironment(parallelism=1)
+            >>> events = env.from_collection([{"user": "a", "ts": 5, "x": 1.0}])
+            >>> hourly = events.key_by("user").window(
+            ...     rs.TumblingEventTimeWindows(size_ms=3_600_000), timestamp="ts").sum("x")
+        """
+        from raystream.engine.windows.stream import WindowedStream
+        return WindowedStream(self, assigner, timestamp=timestamp,
+                              allowed_lateness_ms=allowed_lateness_ms, late_output=late_output,
+                              pre_aggregate=pre_aggregate)
 
     def reduce(self, fn: Callable[[Row, Row], Row], *, name: str | None = None,
                schema: pa.Schema | None = None, parallelism: int | None = None) -> DataStream:
@@ -251,8 +289,7 @@ class ConnectedStreams:
         self.first, self.second = first, second
 
     def _add(self, default_name, create, name, parallelism) -> DataStream:
-        inputs = [InputEdge(self.first.transformation.id, self.first.partitioning, 0),
-                  InputEdge(self.second.transformation.id, self.second.partitioning, 1)]
+        inputs = [self.first._edge(0), self.second._edge(1)]
         return self.first._add("operator", default_name, create, name=name,
                                parallelism=parallelism, inputs=inputs)
 

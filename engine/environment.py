@@ -30,6 +30,7 @@ from raystream.engine.job_master import JobMaster, JobOptions
 from raystream.engine.operators.source import SourceOperator
 from raystream.engine.plan import JobPlan, build_plan
 from raystream.engine.sources.base import Source
+from raystream.engine.sources.arrow import ArrowTable
 from raystream.engine.sources.collection import Collection
 from raystream.engine.sources.files import Files
 from raystream.engine.sources.sequence import Sequence
@@ -126,6 +127,19 @@ class StreamEnvironment:
         """Rows from a Python list of dicts."""
         return self.from_source(Collection(rows, schema=schema, batch_size=batch_size,
                                            num_splits=num_splits),
+                                name=name, watermarks=watermarks, parallelism=parallelism)
+
+    def from_arrow(self, table: pa.Table | list[pa.RecordBatch], *, batch_size: int = 65536,
+                   num_splits: int = 4, name: str = "arrow",
+                   watermarks: BoundedOutOfOrderness | None = None,
+                   parallelism: int | None = None) -> DataStream:
+        """The rows of an in-memory Arrow table (shared through Ray's object store).
+
+            >>> import pyarrow as pa, raystream as rs
+            >>> env = rs.StreamEnvironment(parallelism=2)
+            >>> stream = env.from_arrow(pa.table({"user": [1, 2, 1], "ts": [10, 20, 30]}))
+        """
+        return self.from_source(ArrowTable(table, batch_size=batch_size, num_splits=num_splits),
                                 name=name, watermarks=watermarks, parallelism=parallelism)
 
     def read_files(self, path: str, *, format: str = "parquet", batch_size: int = 65536,

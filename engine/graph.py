@@ -70,6 +70,7 @@ class InputEdge:
     upstream: int  # transformation id
     partitioning: PartitionSpec | None  # None: forward if parallelism matches, else rebalance
     input_index: int = 0
+    side_output: str | None = None  # read the upstream's side output with this tag, not its main output
 
 
 @dataclass

@@ -7,6 +7,7 @@ evaluates its ``KeySelector`` in the partitioner and in the keyed operator.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -16,6 +17,18 @@ from raystream.checkpoint.keygroups import key_groups_of_array
 from raystream.engine.errors import BadRecordError, describe_record
 
 KeySpec = str | Sequence[str] | Callable[[dict], Any]
+
+
+@dataclass
+class DistinctKeys:
+    """A batch's distinct keys: ``arrays`` (one Arrow array per key column),
+    ``keys`` (Python keys), ``groups`` (key group per distinct key) and
+    ``inverse`` (per row, the index of its key)."""
+
+    arrays: list[pa.Array]
+    keys: list[Any]
+    groups: np.ndarray
+    inverse: np.ndarray
 
 
 class KeySelector:
@@ -74,6 +87,39 @@ class KeySelector:
             return keys, self._groups(self._arrays_of(keys), max_parallelism)
         arrays = self._column_arrays(batch)
         return _python_keys(arrays), self._groups(arrays, max_parallelism)
+
+    def distinct_keys(self, batch: pa.RecordBatch, max_parallelism: int) -> "DistinctKeys":
+        """The batch's distinct keys (in order of first appearance), their key groups,
+        and for every row the index of its key: Python objects are built once per
+        distinct key, never per row (a key function still runs once per row)."""
+        if self.function is not None:
+            index: dict[Any, int] = {}
+            keys = self._call_function(batch)
+            inverse = np.fromiter((index.setdefault(k, len(index)) for k in keys),
+                                  dtype=np.int64, count=len(keys))
+            distinct = list(index)
+            arrays = self._arrays_of(distinct) if distinct else []
+        else:
+            arrays = self._column_arrays(batch)
+            codes, dictionaries = [], []
+            for array in arrays:
+                encoded = array.dictionary_encode()  # dictionary in order of first appearance
+                codes.append(encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64))
+                dictionaries.append(encoded.dictionary)
+            if len(arrays) == 1:
+                inverse, arrays = codes[0], dictionaries
+            else:
+                combined = np.stack(codes, axis=1)
+                _, first, inverse = np.unique(combined, axis=0, return_index=True,
+                                              return_inverse=True)
+                order = np.argsort(first, kind="stable")  # keep first-appearance order
+                rank = np.empty_like(order)
+                rank[order] = np.arange(len(order))
+                inverse = rank[inverse.reshape(-1)]
+                arrays = [array.take(pa.array(first[order])) for array in arrays]
+            distinct = _python_keys(arrays)
+        groups = self._groups(arrays, max_parallelism) if distinct else np.zeros(0, np.int64)
+        return DistinctKeys(arrays, distinct, groups, inverse)
 
     def _column_arrays(self, batch: pa.RecordBatch) -> list[pa.Array]:
         arrays = []

@@ -28,6 +28,9 @@ class ChainNode:
     create_operator: Callable[[], Operator]
     chained_outputs: list[int] = field(default_factory=list)  # indexes into JobVertex.nodes
     network_outputs: list[int] = field(default_factory=list)  # JobEdge ids
+    # consumers of the operator's side outputs: (tag, node index) and (tag, JobEdge id)
+    side_chained_outputs: list[tuple[str, int]] = field(default_factory=list)
+    side_network_outputs: list[tuple[str, int]] = field(default_factory=list)
     is_sink: bool = False
 
 
@@ -41,6 +44,7 @@ class JobEdge:
     input_index: int
     source_parallelism: int
     target_parallelism: int
+    side_output: str | None = None
 
     def channels(self) -> list[ChannelId]:
         if self.partitioning.kind == "forward":
@@ -115,7 +119,11 @@ def build_plan(transformations: list[Transformation], max_parallelism: int) -> J
             vertex, upstream_index = place[t.inputs[0].upstream]
             vertex.nodes.append(node)
             vertex.resources = vertex.resources.merged(t.resources)
-            vertex.nodes[upstream_index].chained_outputs.append(len(vertex.nodes) - 1)
+            upstream_node, tag = vertex.nodes[upstream_index], t.inputs[0].side_output
+            if tag is None:
+                upstream_node.chained_outputs.append(len(vertex.nodes) - 1)
+            else:
+                upstream_node.side_chained_outputs.append((tag, len(vertex.nodes) - 1))
             place[t.id] = (vertex, len(vertex.nodes) - 1)
             continue
         vertex = JobVertex(len(vertices), t.parallelism, [node], t.resources, t.is_source)
@@ -124,10 +132,14 @@ def build_plan(transformations: list[Transformation], max_parallelism: int) -> J
         for edge_in, partitioning in resolved:
             source, source_node = place[edge_in.upstream]
             edge = JobEdge(len(edges), source.id, source_node, vertex.id, partitioning,
-                           edge_in.input_index, source.parallelism, vertex.parallelism)
+                           edge_in.input_index, source.parallelism, vertex.parallelism,
+                           edge_in.side_output)
             edges.append(edge)
             source.outputs.append(edge)
-            source.nodes[source_node].network_outputs.append(edge.id)
+            if edge_in.side_output is None:
+                source.nodes[source_node].network_outputs.append(edge.id)
+            else:
+                source.nodes[source_node].side_network_outputs.append((edge_in.side_output, edge.id))
             vertex.inputs.append(edge)
     return JobPlan(vertices, edges, max_parallelism)
 

@@ -21,6 +21,11 @@ from raystream.engine.operators.base import Operator, RuntimeContext
 from raystream.engine.operators.keyed import KeyedContext, KeyedProcessFunction
 from raystream.engine.operators.two_phase import Committer, SinkContext, SinkWriter
 from raystream.engine.watermarks import BoundedOutOfOrderness
+from raystream.engine.windows.assigners import (EventTimeSessionWindows, SlidingEventTimeWindows,
+                                                TumblingEventTimeWindows,
+                                                TumblingProcessingTimeWindows)
+from raystream.engine.windows.functions import ProcessWindowFunction, Window
+from raystream.engine.windows.stream import WindowedStream
 from raystream.actors.messages import MAX_WATERMARK, MIN_WATERMARK
 
 __all__ = [
@@ -31,4 +36,6 @@ __all__ = [
     "KeyedContext", "KeyedProcessFunction", "KeyedStream", "MAX_WATERMARK", "MIN_WATERMARK", "Operator", "RaystreamError",
     "RuntimeContext", "SinkHandle", "StreamEnvironment", "key_group_of", "key_group_range",
     "sources", "spark", "subtask_for_key_group",
+    "EventTimeSessionWindows", "ProcessWindowFunction", "SlidingEventTimeWindows",
+    "TumblingEventTimeWindows", "TumblingProcessingTimeWindows", "Window", "WindowedStream",
 ]

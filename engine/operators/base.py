@@ -129,6 +129,20 @@ class Operator:
         """Figures this operator reports in its subtask's metrics (read while running)."""
         return None
 
+    def emit_side(self, tag: str, batch: pa.RecordBatch) -> None:
+        """Emit ``batch`` on side output ``tag`` (a no-op when nothing consumes it)."""
+        route = getattr(self.output, "emit_side", None)
+        if route is not None:
+            route(tag, batch)
+
+    # -- processing time ---------------------------------------------------------------
+    def next_processing_time(self) -> int | None:
+        """Wall-clock ms of this operator's earliest processing-time timer, or None."""
+        return None
+
+    def on_processing_time(self, now_ms: int) -> None:
+        """Fire the processing-time timers due at ``now_ms`` (the subtask's clock)."""
+
     # -- checkpoints (Flink's order: pre-barrier, barrier, snapshot, notify) --
     def initialize_state(self, restored: RestoredState | None) -> None:
         """Called before ``open``; ``restored`` is None on a fresh start."""
@@ -189,15 +203,40 @@ class BroadcastingOutput:
             target.emit_watermark(watermark)
 
 
+class RoutingOutput:
+    """An operator's main output plus its side outputs by tag; watermarks go to all."""
+
+    def __init__(self, main: Output, sides: dict[str, Output]) -> None:
+        self.main = main
+        self.sides = sides
+
+    def emit(self, batch: pa.RecordBatch) -> None:
+        self.main.emit(batch)
+
+    def emit_side(self, tag: str, batch: pa.RecordBatch) -> None:
+        side = self.sides.get(tag)
+        if side is not None:
+            side.emit(batch)
+
+    def emit_watermark(self, watermark: int) -> None:
+        self.main.emit_watermark(watermark)
+        for side in self.sides.values():
+            side.emit_watermark(watermark)
+
+
 class CollectingOutput:
     """An output that keeps what it gets (for running operators by hand)."""
 
     def __init__(self) -> None:
         self.batches: list[pa.RecordBatch] = []
+        self.side_batches: dict[str, list[pa.RecordBatch]] = {}
         self.watermarks: list[int] = []
 
     def emit(self, batch: pa.RecordBatch) -> None:
         self.batches.append(batch)
+
+    def emit_side(self, tag: str, batch: pa.RecordBatch) -> None:
+        self.side_batches.setdefault(tag, []).append(batch)
 
     def emit_watermark(self, watermark: int) -> None:
         self.watermarks.append(watermark)

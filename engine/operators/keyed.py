@@ -21,25 +21,32 @@ at another parallelism.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Iterable, Mapping
 
 import pyarrow as pa
 
+from raystream.actors.messages import MIN_WATERMARK
 from raystream.checkpoint.keygroups import key_group_range
+from raystream.checkpoint.sections import decode_parts, encode_parts
+from raystream.checkpoint.state import MAGIC as STATE_MAGIC
 from raystream.checkpoint.state import AggregateFunction, KeyedStateBackend
 from raystream.engine.errors import BadRecordError, describe_record
 from raystream.engine.keys import KeySelector
 from raystream.engine.operators.base import (Operator, OperatorSnapshot, RestoredState,
                                              RuntimeContext)
 from raystream.engine.operators.functions import _call, _close_function, emit_rows
+from raystream.timers.service import TimerService
 
 
 class KeyedContext:
-    """What a keyed function sees: the current key, keyed state, and where it runs."""
+    """What a keyed function sees: the current key, keyed state, timers, and where it runs."""
 
-    def __init__(self, runtime: RuntimeContext, backend: KeyedStateBackend) -> None:
+    def __init__(self, runtime: RuntimeContext, operator: "_KeyedOperator") -> None:
         self.runtime = runtime
-        self._backend = backend
+        self._operator = operator
+        self._backend = operator.backend
+        self.time_domain: str | None = None  # in on_timer: "event_time" or "processing_time"
 
     @property
     def current_key(self) -> Any:
@@ -48,6 +55,16 @@ class KeyedContext:
     @property
     def subtask_index(self) -> int:
         return self.runtime.subtask_index
+
+    @property
+    def current_watermark(self) -> int:
+        """The operator's event time: the minimum watermark over its inputs."""
+        return self._operator.current_watermark
+
+    @staticmethod
+    def current_processing_time() -> int:
+        """The wall clock, in ms since the epoch (what processing-time timers compare to)."""
+        return int(time.time() * 1000)
 
     def value_state(self, name: str, default: Any = None):
         """One value per key (``value()``, ``update(v)``, ``clear()``)."""
@@ -69,9 +86,41 @@ class KeyedContext:
         """An accumulator per key driven by an :class:`AggregateFunction`."""
         return self._backend.aggregating_state(name, aggregate)
 
+    # -- timers of the current key (unique per timestamp and key) ---------------------
+    def register_event_time_timer(self, timestamp: int) -> None:
+        """Call ``on_timer(timestamp, ctx)`` for the current key once the watermark reaches it."""
+        self._operator.timers.register_event_time_timer(self._current_key_id(), 0, int(timestamp))
+
+    def delete_event_time_timer(self, timestamp: int) -> None:
+        self._operator.timers.delete_event_time_timer(self._current_key_id(), 0, int(timestamp))
+
+    def register_processing_time_timer(self, timestamp: int) -> None:
+        """Call ``on_timer(timestamp, ctx)`` for the current key once the wall clock reaches it."""
+        self._operator.timers.register_processing_time_timer(self._current_key_id(), 0,
+                                                             int(timestamp))
+
+    def delete_processing_time_timer(self, timestamp: int) -> None:
+        self._operator.timers.delete_processing_time_timer(self._current_key_id(), 0,
+                                                           int(timestamp))
+
+    def _current_key_id(self) -> int:
+        backend = self._backend
+        if backend.current_key_group is None:
+            raise RuntimeError("timers belong to a key: register them while processing a record "
+                               "or firing a timer")
+        return self._operator.timers.key_id(backend.current_key, backend.current_key_group)
+
 
 class KeyedProcessFunction:
-    """Base class for keyed functions: override ``process_element`` (and ``open``)."""
+    """Base class for keyed functions: override ``process_element`` (and ``open``, ``on_timer``).
+
+        >>> import raystream as rs
+        >>> class SessionEnd(rs.KeyedProcessFunction):
+        ...     def process_element(self, row, ctx):
+        ...         ctx.register_event_time_timer(row["ts"] + 1000)  # 1 s of inactivity
+        ...     def on_timer(self, timestamp, ctx):
+        ...         yield {"user": ctx.current_key, "fired_at": timestamp}
+    """
 
     def open(self, ctx: KeyedContext) -> None:
         """Create state handles here; they follow the current key."""
@@ -79,27 +128,66 @@ class KeyedProcessFunction:
     def process_element(self, row: dict, ctx: KeyedContext) -> Iterable[dict] | None:
         raise NotImplementedError
 
+    def on_timer(self, timestamp: int, ctx: KeyedContext) -> Iterable[dict] | None:
+        """A timer of ``ctx.current_key`` fired (``ctx.time_domain`` says which clock).
+
+        Event-time timers all fire at the end of a bounded input (the watermark
+        goes to +inf); processing-time timers still pending then do not, as in Flink.
+        """
+
     def close(self) -> None:
         pass
 
 
 class _KeyedOperator(Operator):
-    """An operator with a keyed state backend over its subtask's key-group range."""
+    """An operator with keyed state and timers over its subtask's key-group range.
+
+    Both are snapshotted per key group: one section per key group holds the
+    parts ``"state"`` and ``"timers"`` (and any a subclass adds through
+    :meth:`keyed_snapshot_parts`), so restore works at any parallelism.
+    """
 
     def __init__(self, name: str, keys: KeySelector) -> None:
         super().__init__(name)
         self.keys = keys
+        self.current_watermark = MIN_WATERMARK
 
     def initialize_state(self, restored: RestoredState | None) -> None:
         ctx = self.ctx
-        self.backend = KeyedStateBackend(
-            max_parallelism=ctx.max_parallelism,
-            key_groups=key_group_range(ctx.subtask_index, ctx.parallelism, ctx.max_parallelism))
+        groups = key_group_range(ctx.subtask_index, ctx.parallelism, ctx.max_parallelism)
+        self.backend = KeyedStateBackend(max_parallelism=ctx.max_parallelism, key_groups=groups)
+        self.timers = TimerService(max_parallelism=ctx.max_parallelism, key_groups=groups)
         if restored is not None:
-            self.backend.restore(restored.keyed_sections)
+            parts: dict[str, list[tuple[int, bytes]]] = {}
+            for group, section in restored.keyed_sections:
+                if section[:4] == STATE_MAGIC:  # a section of keyed state only
+                    parts.setdefault("state", []).append((group, section))
+                    continue
+                for name, data in decode_parts(section).items():
+                    parts.setdefault(name, []).append((group, data))
+            self.timers.restore(parts.pop("timers", []))  # first: it builds the key table
+            self.backend.restore(parts.pop("state", []))
+            self.restore_keyed_parts(parts)
+
+    def keyed_snapshot_parts(self) -> dict[str, Callable[[], dict[int, bytes]]]:
+        """Synchronous part: per named part, a callable giving its sections by key group."""
+        return {"state": self.backend.snapshot(), "timers": self.timers.snapshot()}
+
+    def restore_keyed_parts(self, parts: dict[str, list[tuple[int, bytes]]]) -> None:
+        """Restore the parts a subclass added to :meth:`keyed_snapshot_parts`."""
+        if parts:
+            raise ValueError(f"operator '{self.name}': unexpected keyed state parts {sorted(parts)}")
 
     def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
-        return OperatorSnapshot(keyed_state=self.backend.snapshot())
+        parts = self.keyed_snapshot_parts()
+
+        def sections() -> dict[int, bytes]:
+            by_group: dict[int, dict[str, bytes]] = {}
+            for name, part in parts.items():
+                for group, data in part().items():
+                    by_group.setdefault(group, {})[name] = data
+            return {group: encode_parts(named) for group, named in by_group.items()}
+        return OperatorSnapshot(keyed_state=sections)
 
     def keyed_rows(self, batch: pa.RecordBatch):
         """(key, row) per row, with the backend's current key set to it."""
@@ -118,7 +206,7 @@ class KeyedProcessOperator(_KeyedOperator):
         self.schema = schema
 
     def open(self) -> None:
-        self.keyed_ctx = KeyedContext(self.ctx, self.backend)
+        self.keyed_ctx = KeyedContext(self.ctx, self)
         self.fn.open(self.keyed_ctx)
 
     def close(self) -> None:
@@ -127,10 +215,39 @@ class KeyedProcessOperator(_KeyedOperator):
     def process_batch(self, batch, input_index=0):
         out: list[Any] = []
         process, ctx = self.fn.process_element, self.keyed_ctx
+        ctx.time_domain = None
         for _key, row in self.keyed_rows(batch):
             produced = _call(process, row, ctx)
             if produced is not None:
                 out.extend(produced)
+        emit_rows(self, out, self.schema)
+
+    def process_watermark(self, watermark: int) -> None:
+        self.current_watermark = watermark
+        self._fire("event_time", lambda: self.timers.advance_watermark(watermark))
+        self.output.emit_watermark(watermark)
+
+    def next_processing_time(self) -> int | None:
+        return self.timers.next_processing_time()
+
+    def on_processing_time(self, now_ms: int) -> None:
+        self._fire("processing_time", lambda: self.timers.fire_processing_time(now_ms))
+
+    def _fire(self, domain: str, pop: Callable[[], tuple]) -> None:
+        """Call ``on_timer`` for every due timer, in timestamp order, until none is due
+        (``on_timer`` may register timers that are due already)."""
+        ctx, timers, backend, out = self.keyed_ctx, self.timers, self.backend, []
+        ctx.time_domain = domain
+        while True:
+            timestamps, key_ids, _namespaces = pop()
+            if not len(timestamps):
+                break
+            for timestamp, key_id in zip(timestamps.tolist(), key_ids.tolist()):
+                backend.set_current_key(timers.key(key_id), timers.key_group(key_id))
+                produced = _call(self.fn.on_timer, timestamp, ctx)
+                if produced is not None:
+                    out.extend(produced)
+        ctx.time_domain = None
         emit_rows(self, out, self.schema)
 
 

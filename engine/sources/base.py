@@ -77,6 +77,16 @@ class RangeSplitReader(SplitReader):
         return batch
 
 
+def range_splits(n: int, num_splits: int) -> list[tuple[int, int]]:
+    """``[0, n)`` cut into ``num_splits`` contiguous ranges; empty ones are left out.
+
+    >>> range_splits(10, 3)
+    [(0, 3), (3, 6), (6, 10)]
+    """
+    bounds = [i * n // num_splits for i in range(num_splits + 1)]
+    return [(bounds[i], bounds[i + 1]) for i in range(num_splits) if bounds[i + 1] > bounds[i]]
+
+
 def range_split_id(split: tuple[int, int]) -> str:
     return f"{split[0]}-{split[1]}"
 

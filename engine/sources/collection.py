@@ -7,7 +7,8 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 
 from raystream.engine.batches import rows_to_batch
-from raystream.engine.sources.base import RangeSplitReader, Source, range_split_id
+from raystream.engine.sources.base import (RangeSplitReader, Source, range_split_id,
+                                           range_splits)
 
 
 class Collection(Source):
@@ -26,9 +27,7 @@ class Collection(Source):
         self.num_splits = max(1, min(num_splits, len(self.rows))) if self.rows else 1
 
     def splits(self) -> list[tuple[int, int]]:
-        n, k = len(self.rows), self.num_splits
-        bounds = [i * n // k for i in range(k + 1)]
-        return [(bounds[i], bounds[i + 1]) for i in range(k)]
+        return range_splits(len(self.rows), self.num_splits) or [(0, 0)]
 
     def reader(self, split: tuple[int, int], position: int = 0) -> "CollectionReader":
         return CollectionReader(self, split, position)

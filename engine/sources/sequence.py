@@ -8,7 +8,8 @@ from typing import Callable, Mapping
 import numpy as np
 import pyarrow as pa
 
-from raystream.engine.sources.base import RangeSplitReader, Source, range_split_id
+from raystream.engine.sources.base import (RangeSplitReader, Source, range_split_id,
+                                           range_splits)
 
 ColumnsFn = Callable[[np.ndarray], Mapping[str, object]]
 
@@ -45,9 +46,7 @@ class Sequence(Source):
 
     def splits(self) -> list[tuple[int, int]]:
         """Contiguous ranges; empty ones (``n < num_splits``) are left out."""
-        bounds = np.linspace(0, self.n, self.num_splits + 1).astype(np.int64).tolist()
-        return [(bounds[i], bounds[i + 1]) for i in range(self.num_splits)
-                if bounds[i + 1] > bounds[i]]
+        return range_splits(self.n, self.num_splits)
 
     def reader(self, split: tuple[int, int], position: int = 0) -> "SequenceReader":
         return SequenceReader(self, split, position)

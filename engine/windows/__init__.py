@@ -1,0 +1,1 @@
+"""Windows on the timer service: assigners, aggregates, the window operator and pre-aggregation."""

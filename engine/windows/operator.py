@@ -1,0 +1,521 @@
+"""The window operator: keyed windows on the timer service (Flink's ``WindowOperator``).
+
+Per record batch: assign windows (vectorized), drop or side-output the rows
+that are late for every window they belong to, fold the rest into one
+accumulator per (key, window), and register one timer per new (key, window)
+at ``end - 1`` (plus a cleanup timer at ``end - 1 + allowed_lateness`` when
+there is lateness). A timer firing emits the window's result; the cleanup
+timer drops its state. A record that is late but within the allowed lateness
+updates its window and re-emits the result at once.
+
+Two state layouts:
+
+* **dense** (tumbling/sliding/processing-time windows with built-in
+  aggregates; the fast path): per window start, numpy arrays of partials
+  indexed by key id. A batch becomes partials with one pyarrow ``group_by``
+  and merges with a handful of numpy operations: no Python per row.
+* **generic** (session windows, user ``AggregateFunction``, full-window
+  ``process``): one accumulator object per (key, window); Python runs per
+  (key, window) of a batch, and per row only inside a user function.
+
+The operator also reads *partials* from an upstream pre-aggregator
+(:mod:`raystream.engine.windows.pre_aggregate`) instead of raw rows.
+
+State and timers are snapshotted per key group (part ``"windows"`` beside
+``"state"`` and ``"timers"``), so windows survive failover and rescaling.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from raystream.engine.batches import rows_to_batch
+from raystream.engine.keys import DistinctKeys, KeySelector
+from raystream.engine.operators.functions import _close_function, _open_function
+from raystream.engine.operators.keyed import _KeyedOperator
+from raystream.engine.watermarks import timestamps_ms
+from raystream.engine.windows.aggregates import AggregateSpec
+from raystream.engine.windows.assigners import WindowAssigner
+from raystream.engine.windows.functions import (BuiltinAggregates, ProcessWindow, UserAggregate,
+                                                Window, WindowFunction)
+
+WINDOW_START = "__window_start"  # the window column of pre-aggregated partial rows
+_WINDOW_STATE_VERSION = 1
+
+
+class KeyColumns:
+    """Arrow columns of the keys, indexed by the timer service's key id (for output)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.chunks: list[list[pa.Array]] = [[] for _ in names]
+        self.covered = 0
+        self._combined: list[pa.Array] | None = None
+
+    def extend(self, arrays: list[pa.Array]) -> None:
+        for chunks, array in zip(self.chunks, arrays):
+            chunks.append(array)
+        self.covered += len(arrays[0]) if arrays else 0
+        self._combined = None
+
+    def extend_python(self, keys: list[Any]) -> None:
+        if not keys:
+            return
+        columns = [keys] if len(self.names) == 1 else [list(c) for c in zip(*keys)]
+        self.extend([pa.array(c) for c in columns])
+
+    def take(self, key_ids: np.ndarray) -> list[pa.Array]:
+        if self._combined is None:
+            self._combined = [_concat(chunks) for chunks in self.chunks]
+        index = pa.array(key_ids)
+        return [array.take(index) for array in self._combined]
+
+
+def _rows_of(table: pa.Table, columns: list[str], rows: np.ndarray) -> pa.Table:
+    """``columns`` of ``table`` at ``rows`` (a row may repeat); with no columns, a
+    placeholder column keeps the row count."""
+    if not columns:
+        return pa.table({"__row": pa.array(rows)})
+    selected = table.select(columns)
+    return selected if _is_identity(rows, table.num_rows) else selected.take(pa.array(rows))
+
+
+def _is_identity(rows: np.ndarray, n: int) -> bool:
+    """Is ``rows`` exactly ``0, 1, ..., n-1`` (every row once, in order)?"""
+    return len(rows) == n and (n == 0 or (rows[0] == 0 and rows[-1] == n - 1
+                                          and bool(np.all(np.diff(rows) == 1))))
+
+
+def _concat(chunks: list[pa.Array]) -> pa.Array:
+    kind = chunks[0].type
+    return pa.concat_arrays([c if c.type == kind else c.cast(kind) for c in chunks])
+
+
+class _DenseWindow:
+    """Partials of one window for every key id: ``present[k]`` and ``columns[name][k]``."""
+
+    __slots__ = ("present", "columns", "count")
+
+    def __init__(self, capacity: int, spec: AggregateSpec, dtypes: dict[str, np.dtype]) -> None:
+        self.present = np.zeros(capacity, dtype=bool)
+        self.columns = {name: np.full(capacity, spec.identity(name, dtypes[name]), dtype=dtypes[name])
+                        for name in spec.partial_columns}
+        self.count = 0
+
+    def grow(self, capacity: int, spec: AggregateSpec) -> None:
+        old = len(self.present)
+        if capacity <= old:
+            return
+        capacity = max(capacity, 2 * old)
+        present = np.zeros(capacity, dtype=bool)
+        present[:old] = self.present
+        self.present = present
+        for name, column in self.columns.items():
+            grown = np.full(capacity, spec.identity(name, column.dtype), dtype=column.dtype)
+            grown[:old] = column
+            self.columns[name] = grown
+
+
+class WindowOperator(_KeyedOperator):
+    """Keyed windows over ``assigner``, computing ``function`` per (key, window)."""
+
+    def __init__(self, name: str, keys: KeySelector, assigner: WindowAssigner, *,
+                 function: WindowFunction, timestamp: str | None, allowed_lateness_ms: int = 0,
+                 late_output: str | None = None, partial_input: bool = False,
+                 schema: pa.Schema | None = None) -> None:
+        super().__init__(name, keys)
+        if assigner.event_time and not timestamp and not partial_input:
+            raise ValueError(f"window '{name}': event-time windows need the timestamp column "
+                             f"(window(..., timestamp='ts'))")
+        if allowed_lateness_ms < 0:
+            raise ValueError(f"window '{name}': allowed_lateness_ms must be >= 0")
+        if not assigner.event_time and allowed_lateness_ms:
+            raise ValueError(f"window '{name}': allowed lateness applies to event-time windows only")
+        self.assigner = assigner
+        self.function = function
+        self.timestamp = timestamp
+        self.lateness = int(allowed_lateness_ms)
+        self.late_output = late_output
+        self.partial_input = partial_input
+        self.schema = schema
+        self.dense = isinstance(function, BuiltinAggregates) and not assigner.merging
+        self.key_names = list(keys.columns) if keys.columns else ["key"]
+        self.late_dropped = 0
+        self.late_side_output = 0
+        self.fired = 0
+
+    # -- life cycle ---------------------------------------------------------------------
+    def initialize_state(self, restored) -> None:
+        self.dense_windows: dict[int, _DenseWindow] = {}
+        self.dtypes: dict[str, np.dtype] | None = None
+        self.entries: dict[tuple[int, int], list] = {}  # (key id, start) -> [end, accumulator]
+        self.sessions: dict[int, list[int]] = {}  # key id -> starts of its open sessions
+        super().initialize_state(restored)  # timers first, then our part "windows"
+        self.key_columns = KeyColumns(self.key_names)
+        self._sync_key_columns(None, None)
+
+    def open(self) -> None:
+        fn = getattr(self.function, "fn", None)
+        if fn is not None:
+            _open_function(fn, self.ctx)
+
+    def close(self) -> None:
+        fn = getattr(self.function, "fn", None)
+        if fn is not None:
+            _close_function(fn)
+
+    def metrics(self) -> dict[str, float]:
+        return {"late_records_dropped": self.late_dropped,
+                "late_records_side_output": self.late_side_output,
+                "windows_fired": self.fired}
+
+    # -- records ------------------------------------------------------------------------
+    def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
+        if not batch.num_rows:
+            return
+        distinct = self.keys.distinct_keys(batch, self.ctx.max_parallelism)
+        ids = self.timers.key_ids(distinct.keys, distinct.groups)
+        self._sync_key_columns(ids, distinct)
+        key_ids = ids[distinct.inverse]
+        if self.partial_input:
+            starts = batch.column(batch.schema.get_field_index(WINDOW_START)).to_numpy()
+            rows = np.arange(batch.num_rows)
+        else:
+            if self.assigner.event_time:
+                times = timestamps_ms(batch, self.timestamp, where=f"window '{self.name}'")
+            else:
+                times = np.full(batch.num_rows, int(time.time() * 1000), dtype=np.int64)
+            rows, starts = self.assigner.assign(times)
+        ends = self._ends(starts)
+        if self.assigner.event_time:
+            rows, starts, ends = self._drop_late(batch, rows, starts, ends)
+            if not len(rows):
+                return
+        table = pa.Table.from_batches([batch])
+        if self.dense:
+            self._merge_dense(table, rows, starts, key_ids)
+        else:
+            self._merge_generic(table, rows, starts, ends, key_ids)
+
+    def _ends(self, starts: np.ndarray) -> np.ndarray:
+        if self.assigner.merging:
+            return starts + self.assigner.gap_ms
+        return self.assigner.end_of(starts)
+
+    def _drop_late(self, batch, rows, starts, ends):
+        """Keep assignments to windows that are not late; rows late for all of their
+        windows go to the late side output (or are dropped and counted)."""
+        late = ends - 1 + self.lateness <= self.current_watermark
+        if not late.any():
+            return rows, starts, ends
+        on_time_rows = np.zeros(batch.num_rows, dtype=bool)
+        on_time_rows[rows[~late]] = True
+        late_rows = np.flatnonzero(~on_time_rows)
+        if len(late_rows):
+            if self.late_output is not None and not self.partial_input:
+                self.emit_side(self.late_output, batch.take(pa.array(late_rows)))
+                self.late_side_output += len(late_rows)
+            else:
+                self.late_dropped += len(late_rows)
+        keep = ~late
+        return rows[keep], starts[keep], ends[keep]
+
+    # -- dense path -----------------------------------------------------------------------
+    def _merge_dense(self, table: pa.Table, rows, starts, key_ids) -> None:
+        spec: AggregateSpec = self.function.spec
+        by = [WINDOW_START, "__key_id"]
+        if self.partial_input:
+            table = table.select([WINDOW_START, *spec.partial_columns]).append_column(
+                "__key_id", pa.array(key_ids))
+            partials = spec.merge_partials(table, by)
+        else:
+            columns = _rows_of(table, spec.input_columns, rows).append_column(
+                WINDOW_START, pa.array(starts)).append_column("__key_id", pa.array(key_ids[rows]))
+            partials = spec.partials_of_rows(columns, by)
+        if self.dtypes is None:
+            self.dtypes = {name: partials[name].type.to_pandas_dtype()
+                           for name in spec.partial_columns}
+        window_of = partials[WINDOW_START].to_numpy()
+        kids_of = partials["__key_id"].to_numpy()
+        values = {name: partials[name].to_numpy() for name in spec.partial_columns}
+        capacity = self.key_columns.covered
+        fire_now = []
+        for start in np.unique(window_of).tolist():
+            mask = window_of == start
+            kids = kids_of[mask]
+            window = self.dense_windows.get(start)
+            if window is None:
+                window = self.dense_windows[start] = _DenseWindow(max(capacity, 64), spec,
+                                                                  self.dtypes)
+            window.grow(capacity, spec)
+            new = kids[~window.present[kids]]
+            for name in spec.partial_columns:
+                spec.merge_into(name, window.columns[name], kids,
+                                values[name][mask].astype(self.dtypes[name], copy=False))
+            if len(new):
+                window.present[new] = True
+                window.count += len(new)
+                self._register_timers(new, start, self._ends(np.array([start]))[0])
+            if self._fired_already(start):
+                fire_now.append((start, kids))
+        for start, kids in fire_now:  # late but within the allowed lateness: fire again
+            self._emit_dense(start, kids)
+
+    def _emit_dense(self, start: int, kids: np.ndarray) -> None:
+        window = self.dense_windows[start]
+        results = self.function.spec.results({n: c[kids] for n, c in window.columns.items()})
+        end = int(self._ends(np.array([start]))[0])
+        self._emit_columns(kids, start, end, results)
+
+    def _clear_dense(self, start: int, kids: np.ndarray) -> None:
+        window = self.dense_windows.get(start)
+        if window is None:
+            return
+        spec = self.function.spec
+        kids = kids[window.present[kids]]
+        window.present[kids] = False
+        for name, column in window.columns.items():
+            column[kids] = spec.identity(name, column.dtype)
+        window.count -= len(kids)
+        if window.count <= 0:
+            del self.dense_windows[start]
+
+    # -- generic path ---------------------------------------------------------------------
+    def _merge_generic(self, table: pa.Table, rows, starts, ends, key_ids) -> None:
+        kids = key_ids[rows]
+        if self.assigner.merging:  # sessions within the batch: sort by (key, time)
+            order = np.lexsort((starts, kids))
+            kids, starts, ends = kids[order], starts[order], ends[order]
+            breaks = np.flatnonzero((np.diff(kids) != 0) | (np.diff(starts) > self.assigner.gap_ms))
+        else:
+            order = np.lexsort((kids, starts))
+            kids, starts, ends = kids[order], starts[order], ends[order]
+            breaks = np.flatnonzero((np.diff(kids) != 0) | (np.diff(starts) != 0))
+        offsets = np.concatenate([[0], breaks + 1, [len(order)]])
+        firsts = offsets[:-1]
+        group_starts = np.minimum.reduceat(starts, firsts) if len(order) else starts
+        group_ends = np.maximum.reduceat(ends, firsts) if len(order) else ends
+        sorted_rows = _rows_of(table, self._input_columns(table), rows[order])
+        accumulators = self.function.accumulate(sorted_rows, offsets)
+        fire_now = []
+        for kid, start, end, acc in zip(kids[firsts].tolist(), group_starts.tolist(),
+                                        group_ends.tolist(), accumulators):
+            if self.assigner.merging:
+                start, end = self._merge_session(kid, start, end, acc)
+            else:
+                entry = self.entries.get((kid, start))
+                if entry is None:
+                    self.entries[(kid, start)] = [end, acc]
+                    self._register_timers(np.array([kid]), start, end)
+                else:
+                    entry[1] = self.function.merge(entry[1], acc)
+            if end - 1 <= self._now():
+                fire_now.append((kid, start))
+        if fire_now:  # late but within the allowed lateness: fire again
+            self._emit_generic(fire_now)
+
+    def _input_columns(self, table: pa.Table) -> list[str]:
+        if isinstance(self.function, BuiltinAggregates):
+            return self.function.spec.input_columns
+        return table.column_names
+
+    def _merge_session(self, kid: int, start: int, end: int, acc: Any) -> tuple[int, int]:
+        """Merge session ``[start, end)`` of key ``kid`` with the sessions it touches
+        (Flink: windows intersect when ``start <= other.end and end >= other.start``)."""
+        starts = self.sessions.setdefault(kid, [])
+        for other in [s for s in starts if s <= end and self.entries[(kid, s)][0] >= start]:
+            other_end, other_acc = self.entries.pop((kid, other))
+            starts.remove(other)
+            self._delete_timers(kid, other, other_end)
+            acc = self.function.merge(other_acc, acc)
+            start, end = min(start, other), max(end, other_end)
+        starts.append(start)
+        self.entries[(kid, start)] = [end, acc]
+        self._register_timers(np.array([kid]), start, end)
+        return start, end
+
+    def _emit_generic(self, fired: list[tuple[int, int]]) -> None:
+        fn, timers = self.function, self.timers
+        if isinstance(fn, BuiltinAggregates):
+            kids = np.array([k for k, _ in fired])
+            starts = np.array([s for _, s in fired])
+            ends = np.array([self.entries[f][0] for f in fired])
+            results = fn.results([self.entries[f][1] for f in fired])
+            self._emit_columns(kids, starts, ends, results)
+            return
+        out: list[dict] = []
+        for kid, start in fired:
+            end, acc = self.entries[(kid, start)]
+            window, key = Window(start, end), timers.key(kid)
+            if isinstance(fn, UserAggregate):
+                out.extend(fn.rows(self._key_fields(key), window, acc))
+            else:
+                out.extend(fn.rows(key, window, acc))
+        if out:
+            self.output.emit(rows_to_batch(out, schema=self.schema,
+                                           where=f"window '{self.name}'"))
+
+    def _clear_generic(self, kid: int, start: int) -> None:
+        if self.entries.pop((kid, start), None) is not None and self.assigner.merging:
+            self.sessions[kid].remove(start)
+            if not self.sessions[kid]:
+                del self.sessions[kid]
+
+    def _key_fields(self, key: Any) -> dict:
+        if len(self.key_names) == 1:
+            return {self.key_names[0]: key}
+        return dict(zip(self.key_names, key))
+
+    # -- timers -------------------------------------------------------------------------
+    def _now(self) -> int:
+        return self.current_watermark if self.assigner.event_time else int(time.time() * 1000)
+
+    def _fired_already(self, start: int) -> bool:
+        return int(self._ends(np.array([start]))[0]) - 1 <= self._now()
+
+    def _register_timers(self, kids: np.ndarray, start: int, end: int) -> None:
+        n = len(kids)
+        namespaces = np.full(n, start, dtype=np.int64)
+        if self.assigner.event_time:
+            self.timers.register_event_time_timers(kids, namespaces, np.full(n, end - 1))
+            if self.lateness:
+                self.timers.register_event_time_timers(kids, namespaces,
+                                                       np.full(n, end - 1 + self.lateness))
+        else:
+            for kid in kids.tolist():
+                self.timers.register_processing_time_timer(kid, start, end - 1)
+
+    def _delete_timers(self, kid: int, start: int, end: int) -> None:
+        self.timers.delete_event_time_timer(kid, start, end - 1)
+        if self.lateness:
+            self.timers.delete_event_time_timer(kid, start, end - 1 + self.lateness)
+
+    def process_watermark(self, watermark: int) -> None:
+        self.current_watermark = watermark
+        self._on_timers(lambda: self.timers.advance_watermark(watermark))
+        self.output.emit_watermark(watermark)
+
+    def next_processing_time(self) -> int | None:
+        return self.timers.next_processing_time()
+
+    def on_processing_time(self, now_ms: int) -> None:
+        self._on_timers(lambda: self.timers.fire_processing_time(now_ms))
+
+    def finish(self) -> None:
+        # Processing-time windows still open at the end of the input fire now
+        # rather than vanish (their time would never come).
+        if not self.assigner.event_time:
+            self._on_timers(lambda: self.timers.fire_processing_time(np.iinfo(np.int64).max))
+
+    def _on_timers(self, pop) -> None:
+        while True:
+            timestamps, kids, starts = pop()
+            if not len(timestamps):
+                return
+            if self.dense:
+                ends = self._ends(starts)
+            else:
+                ends = np.array([self.entries.get((k, s), [0])[0]
+                                 for k, s in zip(kids.tolist(), starts.tolist())], dtype=np.int64)
+            fire = timestamps == ends - 1
+            cleanup = timestamps == ends - 1 + self.lateness
+            if self.dense:
+                for start in np.unique(starts[fire]).tolist():
+                    self._emit_dense(start, kids[fire & (starts == start)])
+                for start in np.unique(starts[cleanup]).tolist():
+                    self._clear_dense(start, kids[cleanup & (starts == start)])
+            else:
+                fired = [(k, s) for k, s in zip(kids[fire].tolist(), starts[fire].tolist())
+                         if (k, s) in self.entries]
+                if fired:
+                    self._emit_generic(fired)
+                for k, s in zip(kids[cleanup].tolist(), starts[cleanup].tolist()):
+                    self._clear_generic(k, s)
+            self.fired += int(fire.sum())
+
+    # -- output ---------------------------------------------------------------------------
+    def _sync_key_columns(self, ids: np.ndarray | None, distinct: DistinctKeys | None) -> None:
+        """Keep :class:`KeyColumns` covering every key id the timer service knows."""
+        known = self.timers.num_keys
+        columns = self.key_columns
+        if columns.covered == known:
+            return
+        if ids is not None:
+            new = np.flatnonzero(ids >= columns.covered)
+            if len(new) == known - columns.covered and np.array_equal(
+                    ids[new], np.arange(columns.covered, known)):
+                index = pa.array(new)
+                columns.extend([array.take(index) for array in distinct.arrays])
+                return
+        columns.extend_python(self.timers.keys(np.arange(columns.covered, known)))
+
+    def _emit_columns(self, kids: np.ndarray, starts, ends, results: dict[str, pa.Array]) -> None:
+        n = len(kids)
+        if not n:
+            return
+        columns = dict(zip(self.key_names, self.key_columns.take(kids)))
+        columns["window_start"] = pa.array(np.broadcast_to(starts, n).astype(np.int64))
+        columns["window_end"] = pa.array(np.broadcast_to(ends, n).astype(np.int64))
+        columns.update(results)
+        self.output.emit(pa.RecordBatch.from_pydict(columns))
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def keyed_snapshot_parts(self):
+        parts = super().keyed_snapshot_parts()
+        # Synchronous: flat copies of the dense arrays, frozen accumulators.
+        dense = [(start, np.flatnonzero(w.present), {n: c.copy() for n, c in w.columns.items()})
+                 for start, w in self.dense_windows.items()]
+        freeze = self.function.frozen
+        generic = [(kid, start, end, freeze(acc))
+                   for (kid, start), (end, acc) in self.entries.items()]
+        timers = self.timers
+
+        def sections() -> dict[int, bytes]:
+            by_group: dict[int, dict[str, list]] = {}
+            for start, kids, columns in dense:
+                groups = timers.key_groups_of(kids)
+                for group in np.unique(groups).tolist():
+                    mine = kids[groups == group]
+                    by_group.setdefault(group, {"dense": [], "generic": []})["dense"].append(
+                        (start, timers.keys(mine), {n: c[mine] for n, c in columns.items()}))
+            for kid, start, end, acc in generic:
+                group = timers.key_group(kid)
+                by_group.setdefault(group, {"dense": [], "generic": []})["generic"].append(
+                    (timers.key(kid), start, end, acc))
+            return {group: pickle.dumps((_WINDOW_STATE_VERSION, content), protocol=5)
+                    for group, content in by_group.items()}
+        parts["windows"] = sections
+        return parts
+
+    def restore_keyed_parts(self, parts) -> None:
+        sections = parts.pop("windows", [])
+        super().restore_keyed_parts(parts)
+        spec = getattr(self.function, "spec", None)
+        for group, blob in sections:
+            version, content = pickle.loads(blob)  # this job's own checkpoint file
+            if version != _WINDOW_STATE_VERSION:
+                raise ValueError(f"window '{self.name}': window state version {version} in key "
+                                 f"group {group}; this raystream reads version "
+                                 f"{_WINDOW_STATE_VERSION}")
+            for start, keys, columns in content["dense"]:
+                kids = self.timers.key_ids(keys, np.full(len(keys), group))
+                if self.dtypes is None:
+                    self.dtypes = {n: c.dtype for n, c in columns.items()}
+                window = self.dense_windows.get(start)
+                if window is None:
+                    window = self.dense_windows[start] = _DenseWindow(64, spec, self.dtypes)
+                window.grow(self.timers.num_keys, spec)
+                for name, values in columns.items():
+                    window.columns[name][kids] = values
+                window.present[kids] = True
+                window.count += len(kids)
+            for key, start, end, acc in content["generic"]:
+                kid = self.timers.key_id(key, group)
+                self.entries[(kid, start)] = [end, self.function.thawed(acc)]
+                if self.assigner.merging:
+                    self.sessions.setdefault(kid, []).append(start)

@@ -1,0 +1,119 @@
+"""``key_by(...).window(...)``: the windowed stream and its aggregations.
+
+    >>> import raystream as rs
+    >>> env = rs.StreamEnvironment(parallelism=2)
+    >>> clicks = env.from_collection([{"user": "a", "ts": 1_000}, {"user": "a", "ts": 1_500},
+    ...                               {"user": "b", "ts": 2_500}])
+    >>> per_second = clicks.key_by("user").window(rs.TumblingEventTimeWindows(size_ms=1000),
+    ...                                           timestamp="ts").count()
+    >>> sink = per_second.collect()
+    >>> sorted(env.execute("count").table(sink).to_pylist(), key=str)  # doctest: +SKIP
+    [{'user': 'a', 'window_start': 1000, 'window_end': 2000, 'count': 2},
+     {'user': 'b', 'window_start': 2000, 'window_end': 3000, 'count': 1}]
+
+Every result row has the key column(s) (``key`` for a key function),
+``window_start``, ``window_end`` (ms, end exclusive) and the aggregates.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from raystream.checkpoint.state import AggregateFunction
+from raystream.engine.graph import InputEdge, PartitionSpec
+from raystream.engine.windows.aggregates import AggregateSpec
+from raystream.engine.windows.assigners import WindowAssigner
+from raystream.engine.windows.functions import (BuiltinAggregates, ProcessWindow,
+                                                ProcessWindowFunction, UserAggregate,
+                                                WindowFunction)
+from raystream.engine.windows.operator import WindowOperator
+from raystream.engine.windows.pre_aggregate import WindowPreAggregator
+
+if TYPE_CHECKING:
+    from raystream.engine.datastream import DataStream, KeyedStream
+
+
+class WindowedStream:
+    """A keyed stream cut into windows; finish it with an aggregation or ``process``.
+
+    ``timestamp``: the event-time column (int64 ms or a timestamp type) for
+    event-time windows. ``allowed_lateness_ms``: how long after a window fired
+    late records still update it (and re-fire it). ``late_output``: a side
+    output tag for records too late for every window they belong to (read it
+    with ``result.side_output(tag)``); without one they are dropped and
+    counted in the operator's metrics (``late_records_dropped``), as in Flink.
+    ``pre_aggregate``: combine per (key, window) before the shuffle where
+    possible (built-in aggregates, tumbling or sliding event time, column
+    keys, no late output).
+    """
+
+    def __init__(self, keyed: "KeyedStream", assigner: WindowAssigner, *, timestamp: str | None,
+                 allowed_lateness_ms: int, late_output: str | None, pre_aggregate: bool) -> None:
+        self.keyed = keyed
+        self.assigner = assigner
+        self.timestamp = timestamp
+        self.allowed_lateness_ms = allowed_lateness_ms
+        self.late_output = late_output
+        self.pre_aggregate = pre_aggregate
+
+    # -- built-in aggregates (vectorized) --------------------------------------------------
+    def count(self, *, output: str = "count", name: str | None = None) -> "DataStream":
+        """Rows per (key, window)."""
+        return self.agg(name=name, **{output: ("count", None)})
+
+    def sum(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
+        return self.agg(name=name, **{output or column: ("sum", column)})
+
+    def min(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
+        return self.agg(name=name, **{output or column: ("min", column)})
+
+    def max(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
+        return self.agg(name=name, **{output or column: ("max", column)})
+
+    def mean(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
+        return self.agg(name=name, **{output or column: ("mean", column)})
+
+    def agg(self, *, name: str | None = None, **named: tuple[str, str | None]) -> "DataStream":
+        """Several built-in aggregates at once: ``agg(clicks=("count", None),
+        dwell=("sum", "dwell_ms"), longest=("max", "dwell_ms"))``."""
+        spec = AggregateSpec.of(named)
+        return self._window(BuiltinAggregates(spec), name, spec=spec)
+
+    # -- user functions --------------------------------------------------------------------
+    def aggregate(self, fn: AggregateFunction, *, output: str = "result", name: str | None = None,
+                  schema: pa.Schema | None = None) -> "DataStream":
+        """A user ``AggregateFunction`` (``create_accumulator``/``add``/``merge``/
+        ``get_result``): a dict result becomes columns, any other value column ``output``."""
+        return self._window(UserAggregate(fn, output), name, schema=schema)
+
+    def process(self, fn: ProcessWindowFunction, *, name: str | None = None,
+                schema: pa.Schema | None = None) -> "DataStream":
+        """Call ``fn.process(key, window, rows: pyarrow.Table)`` once per fired window."""
+        return self._window(ProcessWindow(fn), name, schema=schema)
+
+    # -- building ----------------------------------------------------------------------------
+    def _window(self, function: WindowFunction, name: str | None, *,
+                spec: AggregateSpec | None = None, schema: pa.Schema | None = None) -> "DataStream":
+        keyed, assigner = self.keyed, self.assigner
+        keys = keyed.keys
+        options = dict(timestamp=self.timestamp, allowed_lateness_ms=self.allowed_lateness_ms,
+                       late_output=self.late_output, schema=schema)
+        name = name or "window"
+        if (spec is not None and self.pre_aggregate and assigner.event_time
+                and not assigner.merging and self.late_output is None and keys.columns):
+            upstream = keyed.plain()
+            pre = upstream._add(
+                "operator", f"{name}-pre-aggregate",
+                lambda n: WindowPreAggregator(n, list(keys.columns), assigner,
+                                              timestamp=self.timestamp, spec=spec),
+                parallelism=keyed.transformation.parallelism)
+            return pre._add(
+                "operator", name,
+                lambda n: WindowOperator(n, keys, assigner, function=function,
+                                         partial_input=True, **options),
+                inputs=[InputEdge(pre.transformation.id, PartitionSpec("hash", keys))])
+        return keyed._add("operator", name,
+                          lambda n: WindowOperator(n, keys, assigner, function=function,
+                                                   **options))

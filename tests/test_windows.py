@@ -1,0 +1,457 @@
+"""Windows: every assigner and function against a plain-Python/numpy oracle.
+
+Operator-level tests drive a :class:`WindowOperator` by hand with an explicit
+sequence of batches and watermarks (so lateness is exact); job-level tests
+run real jobs on Ray, with pre-aggregation, side outputs and placed failures.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import ray
+
+import raystream as rs
+from raystream.engine.operators.base import RestoredState
+from raystream.engine.keys import KeySelector
+from raystream.engine.operators.base import CollectingOutput, RuntimeContext
+from raystream.engine.windows.aggregates import AggregateSpec
+from raystream.engine.windows.functions import BuiltinAggregates, ProcessWindow, UserAggregate
+from raystream.engine.windows.operator import WindowOperator
+from raystream.engine.windows.pre_aggregate import WindowPreAggregator
+from tests.test_exactly_once import wait_for_checkpoint
+
+AGGS = {"n": ("count", None), "total": ("sum", "x"), "low": ("min", "x"), "high": ("max", "x"),
+        "avg": ("mean", "x")}
+
+
+def windows_of(assigner, ts: int) -> list[tuple[int, int]]:
+    """Oracle: the windows of one timestamp, from the definitions (not the code under test)."""
+    if isinstance(assigner, rs.TumblingEventTimeWindows):
+        start = (ts - assigner.offset_ms) // assigner.size_ms * assigner.size_ms + assigner.offset_ms
+        return [(start, start + assigner.size_ms)]
+    if isinstance(assigner, rs.SlidingEventTimeWindows):
+        return [(s, s + assigner.size_ms)
+                for s in range(ts - assigner.size_ms + 1, ts + 1)
+                if (s - assigner.offset_ms) % assigner.slide_ms == 0]
+    raise TypeError(assigner)
+
+
+def aggregate_oracle(values: list[float]) -> dict:
+    xs = [v for v in values if v is not None]
+    return {"n": len(values), "total": sum(xs), "low": min(xs) if xs else None,
+            "high": max(xs) if xs else None, "avg": (sum(xs) / len(xs)) if xs else None}
+
+
+def make_input(seed: int, n: int = 400, keys: int = 5, disorder: int = 30):
+    rng = np.random.default_rng(seed)
+    ts = np.arange(n) * 3 + rng.integers(-disorder, disorder + 1, n) + 1000
+    return (rng.integers(0, keys, n), ts, rng.integers(-50, 50, n).astype(np.float64))
+
+
+def drive(op, key, ts, x, *, batch=25, lag=20, late_tag="late"):
+    """Feed batches; after each, the watermark is max(ts seen) - lag - 1. Returns the
+    output, the watermark each row saw on arrival, and the side output rows."""
+    out = CollectingOutput()
+    op.setup(RuntimeContext.local(), out)
+    op.initialize_state(None)
+    op.open()
+    wm, seen, arrival = rs.MIN_WATERMARK, -(2 ** 62), []
+    for i in range(0, len(ts), batch):
+        sl = slice(i, i + batch)
+        op.process_batch(pa.record_batch({"k": key[sl], "ts": ts[sl], "x": x[sl]}))
+        arrival += [wm] * len(ts[sl])
+        seen = max(seen, int(ts[sl].max()))
+        if seen - lag - 1 > wm:
+            wm = seen - lag - 1
+            op.process_watermark(wm)
+    op.process_watermark(rs.MAX_WATERMARK)
+    op.finish()
+    table = pa.Table.from_batches(out.batches) if out.batches else pa.table({})
+    late = (pa.Table.from_batches(out.side_batches[late_tag]).to_pylist()
+            if late_tag in out.side_batches else [])
+    return table, arrival, late
+
+
+def last_per_window(table: pa.Table) -> dict:
+    """The latest emission per (key, window): a re-fired window replaces its result."""
+    result = {}
+    for row in table.to_pylist():
+        result[(row["k"], row["window_start"], row["window_end"])] = row
+    return result
+
+
+@pytest.mark.parametrize("assigner", [rs.TumblingEventTimeWindows(size_ms=50),
+                                      rs.TumblingEventTimeWindows(size_ms=40, offset_ms=7),
+                                      rs.SlidingEventTimeWindows(size_ms=60, slide_ms=20)])
+@pytest.mark.parametrize("lateness", [0, 25])
+def test_event_time_aggregates_with_lateness_equal_oracle(assigner, lateness):
+    key, ts, x = make_input(seed=lateness + assigner.size_ms, disorder=100)
+    op = WindowOperator("w", KeySelector.of("k"), assigner,
+                        function=BuiltinAggregates(AggregateSpec.of(AGGS)), timestamp="ts",
+                        allowed_lateness_ms=lateness, late_output="late")
+    table, arrival, late = drive(op, key, ts, x)
+
+    expected, expected_late = collections.defaultdict(list), []
+    for k, t, v, wm in zip(key.tolist(), ts.tolist(), x.tolist(), arrival):
+        kept = [w for w in windows_of(assigner, t) if w[1] - 1 + lateness > wm]
+        if not kept:
+            expected_late.append({"k": k, "ts": t, "x": v})
+        for start, end in kept:
+            expected[(k, start, end)].append(v)
+    assert expected_late, "the input must contain late rows for this test to mean something"
+    got = last_per_window(table)
+    assert set(got) == set(expected)
+    for window, values in expected.items():
+        row = got[window]
+        want = aggregate_oracle(values)
+        assert row["n"] == want["n"] and row["total"] == pytest.approx(want["total"])
+        assert row["low"] == want["low"] and row["high"] == want["high"]
+        assert row["avg"] == pytest.approx(want["avg"])
+    assert sorted(late, key=str) == sorted(expected_late, key=str)
+    # every window fires once on time, plus once per later batch that updated it
+    assert table.num_rows >= len(expected)
+    if lateness == 0:
+        assert table.num_rows == len(expected)
+
+
+def test_session_windows_merge_across_batches():
+    rng = np.random.default_rng(7)
+    n = 300
+    key = rng.integers(0, 4, n)
+    ts = np.sort(rng.integers(0, 3000, n))
+    x = rng.integers(0, 9, n).astype(np.float64)
+    order = rng.permutation(n)  # out of order, but never beyond the watermark lag
+    gap = 40
+    op = WindowOperator("s", KeySelector.of("k"), rs.EventTimeSessionWindows(gap_ms=gap),
+                        function=BuiltinAggregates(AggregateSpec.of(AGGS)), timestamp="ts")
+    table, _, late = drive(op, key[order], ts[order], x[order], lag=10_000)
+    assert late == []
+    expected = {}
+    for k in np.unique(key).tolist():
+        times, values = ts[key == k], x[key == k]
+        idx = np.argsort(times, kind="stable")
+        times, values = times[idx], values[idx]
+        cut = np.flatnonzero(np.diff(times) > gap) + 1
+        for t_part, v_part in zip(np.split(times, cut), np.split(values, cut)):
+            expected[(k, int(t_part[0]), int(t_part[-1]) + gap)] = aggregate_oracle(v_part.tolist())
+    got = last_per_window(table)
+    assert set(got) == set(expected)
+    for window, want in expected.items():
+        assert got[window]["n"] == want["n"] and got[window]["total"] == want["total"]
+
+
+class Average:
+    def create_accumulator(self):
+        return [0.0, 0]
+
+    def add(self, row, acc):  # mutates in place: snapshots must not see later changes
+        acc[0] += row["x"]
+        acc[1] += 1
+        return acc
+
+    def merge(self, a, b):
+        return [a[0] + b[0], a[1] + b[1]]
+
+    def get_result(self, acc):
+        return {"avg": acc[0] / acc[1], "rows": acc[1]}
+
+
+class Spread(rs.ProcessWindowFunction):
+    def process(self, key, window, rows):
+        xs = rows["x"].to_numpy()
+        yield {"k": key, "window_start": window.start, "window_end": window.end,
+               "spread": float(xs.max() - xs.min()), "rows": len(xs)}
+
+
+@pytest.mark.parametrize("function", ["aggregate", "process"])
+@pytest.mark.parametrize("assigner", [rs.TumblingEventTimeWindows(size_ms=50),
+                                      rs.EventTimeSessionWindows(gap_ms=15)])
+def test_user_functions_equal_oracle(function, assigner):
+    key, ts, x = make_input(seed=3, n=200, disorder=0)
+    fn = UserAggregate(Average(), "result") if function == "aggregate" else ProcessWindow(Spread())
+    op = WindowOperator("u", KeySelector.of("k"), assigner, function=fn, timestamp="ts")
+    table, _, late = drive(op, key, ts, x, lag=0)
+    assert late == []
+    groups = collections.defaultdict(list)
+    for k, t, v in zip(key.tolist(), ts.tolist(), x.tolist()):
+        groups[k].append((t, v))
+    expected = {}
+    for k, items in groups.items():
+        items.sort()
+        if isinstance(assigner, rs.TumblingEventTimeWindows):
+            by_window = collections.defaultdict(list)
+            for t, v in items:
+                (w,) = windows_of(assigner, t)
+                by_window[w].append(v)
+            for (start, end), vs in by_window.items():
+                expected[(k, start, end)] = vs
+        else:
+            session = [items[0]]
+            for t, v in items[1:]:
+                if t - session[-1][0] > assigner.gap_ms:
+                    expected[(k, session[0][0], session[-1][0] + assigner.gap_ms)] = [
+                        s[1] for s in session]
+                    session = []
+                session.append((t, v))
+            expected[(k, session[0][0], session[-1][0] + assigner.gap_ms)] = [s[1] for s in session]
+    got = last_per_window(table)
+    assert set(got) == set(expected)
+    for window, vs in expected.items():
+        assert got[window]["rows"] == len(vs)
+        if function == "aggregate":
+            assert got[window]["avg"] == pytest.approx(sum(vs) / len(vs))
+        else:
+            assert got[window]["spread"] == max(vs) - min(vs)
+
+
+def test_processing_time_windows_fire_on_the_clock_and_at_the_end():
+    op = WindowOperator("p", KeySelector.of("k"), rs.TumblingProcessingTimeWindows(size_ms=100),
+                        function=BuiltinAggregates(AggregateSpec.of({"n": ("count", None)})),
+                        timestamp=None)
+    out = CollectingOutput()
+    op.setup(RuntimeContext.local(), out)
+    op.initialize_state(None)
+    op.open()
+    op.process_batch(pa.record_batch({"k": [1, 2, 1]}))
+    due = op.next_processing_time()
+    assert due is not None
+    op.on_processing_time(due)  # the clock reached the window's end - 1
+    first = pa.Table.from_batches(out.batches).to_pylist()
+    assert sorted((r["k"], r["n"]) for r in first) == [(1, 2), (2, 1)]
+    assert all(r["window_end"] - 1 == due for r in first)
+    op.process_batch(pa.record_batch({"k": [3]}))
+    op.finish()  # end of input: open processing-time windows fire rather than vanish
+    assert pa.Table.from_batches(out.batches).num_rows == 3
+
+
+def test_snapshot_restore_at_other_parallelism_gives_the_same_results():
+    """Snapshot mid-stream, restore into 1, 2 and 3 subtasks by key group: the union of
+    their results equals an uninterrupted run."""
+    key, ts, x = make_input(seed=11, n=300, keys=40, disorder=0)
+    assigner = rs.SlidingEventTimeWindows(size_ms=60, slide_ms=30)
+
+    def operator(function, index=0, parallelism=1):
+        op = WindowOperator("w", KeySelector.of("k"), assigner, function=function, timestamp="ts")
+        op.setup(RuntimeContext("job", "w", index, parallelism, 128, 0), CollectingOutput())
+        return op
+
+    def function(kind):
+        return (BuiltinAggregates(AggregateSpec.of(AGGS)) if kind == "builtin"
+                else UserAggregate(Average(), "result"))
+
+    for kind in ("builtin", "aggregate"):
+        whole = operator(function(kind))
+        whole.initialize_state(None)
+        whole.open()
+        half = 150
+        whole.process_batch(pa.record_batch({"k": key[:half], "ts": ts[:half], "x": x[:half]}))
+        whole.process_watermark(int(ts[:half].max()) - 100)
+        snapshot = whole.snapshot_state(1).keyed_state  # the synchronous part
+        rest = pa.record_batch({"k": key[half:], "ts": ts[half:], "x": x[half:]})
+        whole.process_batch(rest)  # state changes before the asynchronous part runs
+        sections = snapshot()
+        whole.process_watermark(rs.MAX_WATERMARK)
+        expected = last_per_window(pa.Table.from_batches(whole.output.batches))
+        for parallelism in (1, 2, 3):
+            got = {}
+            for index in range(parallelism):
+                op = operator(function(kind), index, parallelism)
+                groups = rs.key_group_range(index, parallelism, 128)
+                restored = RestoredState(1, [], [(g, s) for g, s in sections.items()
+                                                  if g in groups])
+                op.initialize_state(restored)
+                op.open()
+                op.current_watermark = int(ts[:half].max()) - 100
+                mine = np.array([rs.key_group_of(k, 128) in groups for k in key[half:].tolist()])
+                op.process_batch(rest.filter(pa.array(mine)))
+                op.process_watermark(rs.MAX_WATERMARK)
+                got.update(last_per_window(pa.Table.from_batches(op.output.batches)))
+            # every window still open at the snapshot fires once, as in the whole run;
+            # those that fired before it do not fire again
+            snapshot_watermark = int(ts[:half].max()) - 100
+            open_at_snapshot = {w: row for w, row in expected.items()
+                                if w[2] - 1 > snapshot_watermark}
+            assert open_at_snapshot and got == open_at_snapshot, (kind, parallelism)
+
+
+def test_pre_aggregation_snapshot_is_empty_and_partials_precede_the_watermark():
+    spec = AggregateSpec.of(AGGS)
+    pre = WindowPreAggregator("pre", ["k"], rs.TumblingEventTimeWindows(size_ms=50), timestamp="ts",
+                              spec=spec, max_buffered_rows=10 ** 9)
+    out = CollectingOutput()
+    pre.setup(RuntimeContext.local(), out)
+    key, ts, x = make_input(seed=5, n=100)
+    pre.process_batch(pa.record_batch({"k": key, "ts": ts, "x": x}))
+    assert out.batches == []  # buffered
+    pre.prepare_snapshot_pre_barrier(1)
+    assert pre.snapshot_state(1) is None and pre.buffer == []
+    partials = pa.Table.from_batches(out.batches)
+    assert sum(partials["__n.n"].to_pylist()) == 100
+    pre.process_batch(pa.record_batch({"k": key, "ts": ts, "x": x}))
+    pre.process_watermark(123)
+    assert len(out.batches) == 2 and out.watermarks == [123]
+
+
+# -- jobs on Ray -------------------------------------------------------------------------------
+
+BASE = 1_700_000_000_000
+
+
+def events(i: np.ndarray) -> dict:
+    jitter = (i * 7919) % 400  # out of order by up to 400 ms
+    return {"user": i % 37, "ts": BASE + i * 5 - jitter, "x": (i % 11).astype(np.float64)}
+
+
+def oracle_tumbling(n: int, size: int) -> dict:
+    i = np.arange(n)
+    e = events(i)
+    start = (e["ts"] // size) * size
+    out = collections.defaultdict(lambda: [0, 0.0])
+    for u, s, v in zip(e["user"].tolist(), start.tolist(), e["x"].tolist()):
+        out[(u, s)][0] += 1
+        out[(u, s)][1] += v
+    return out
+
+
+@pytest.mark.parametrize("pre_aggregate", [True, False])
+def test_window_job_equals_oracle(ray_session, pre_aggregate):
+    n, size = 20_000, 1000
+    env = rs.StreamEnvironment(parallelism=2)
+    src = env.from_sequence(n, events, watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=500))
+    result = src.key_by("user").window(rs.TumblingEventTimeWindows(size_ms=size), timestamp="ts",
+                                       pre_aggregate=pre_aggregate).agg(
+        n=("count", None), total=("sum", "x"))
+    sink = result.collect()
+    job = env.execute("windows")
+    got = {(r["user"], r["window_start"]): [r["n"], r["total"]]
+           for r in job.table(sink).to_pylist()}
+    expected = oracle_tumbling(n, size)
+    assert job.table(sink).num_rows == len(expected)  # each window exactly once
+    assert got == dict(expected)
+
+
+def with_stragglers(i: np.ndarray) -> dict:
+    """In order, except every 500th record after the first 1000 is a minute late:
+    late under any interleaving of the subtasks."""
+    straggler = (i % 500 == 499) & (i > 1000)
+    return {"user": i % 37, "ts": BASE + i * 5 - np.where(straggler, 60_000, 0),
+            "x": (i % 11).astype(np.float64)}
+
+
+def test_late_records_go_to_the_side_output_and_nowhere_else(ray_session):
+    n, size = 10_000, 1000
+    env = rs.StreamEnvironment(parallelism=2)
+    src = env.from_sequence(n, with_stragglers, batch_size=200, num_splits=1,  # one reader: its
+                            # watermark alone decides what is late, whatever the interleaving
+                            watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=100))
+    windowed = src.key_by("user").window(rs.TumblingEventTimeWindows(size_ms=size), timestamp="ts",
+                                         late_output="late").count()
+    main, late = windowed.collect(), windowed.side_output("late").collect(name="late")
+    job = env.execute("late")
+    i = np.arange(n)
+    e = with_stragglers(i)
+    straggler = (i % 500 == 499) & (i > 1000)
+    late_rows = job.table(late)
+    assert sorted(late_rows["ts"].to_pylist()) == sorted(e["ts"][straggler].tolist())
+    expected = collections.Counter(zip(e["user"][~straggler].tolist(),
+                                       ((e["ts"][~straggler] // size) * size).tolist()))
+    got = {(r["user"], r["window_start"]): r["count"] for r in job.table(main).to_pylist()}
+    assert got == dict(expected)
+
+
+def throttle(batch: pa.RecordBatch) -> pa.RecordBatch:
+    time.sleep(0.03)  # keeps the job running long enough to place five failures
+    return batch
+
+
+def test_windows_exactly_once_under_placed_failures(ray_session, tmp_path):
+    n, size = 60_000, 1000
+    failpoints = [
+        rs.Failpoint("in_processing", operator="window", subtask=1, hit=40, attempt=0,
+                     action="raise"),
+        rs.Failpoint("in_snapshot", operator="window", subtask=0, hit=2, attempt=1),
+        rs.Failpoint("right_after_restore", operator="window", subtask=0, attempt=2),
+        rs.Failpoint("in_async_write", operator="window", subtask=1, hit=2, attempt=3),
+    ]
+    env = rs.StreamEnvironment(
+        parallelism=2, failpoints=failpoints,
+        checkpoints=rs.CheckpointConfig(interval_s=0.2, storage=str(tmp_path / "chk")),
+        restart=rs.RestartStrategy.fixed_delay(8, 0.1))
+    src = env.from_sequence(n, events, batch_size=250,
+                            watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=500))
+    result = src.map_batches(throttle, name="throttle").key_by("user").window(
+        rs.TumblingEventTimeWindows(size_ms=size), timestamp="ts").agg(
+        n=("count", None), total=("sum", "x"))
+    sink = result.collect()
+    client = env.execute_async("windows-failover")
+    deadline = time.monotonic() + 180
+    while client.progress()["attempt"] < 4:
+        assert time.monotonic() < deadline, client.progress()
+        time.sleep(0.05)
+    completed = client.progress()["completed_checkpoints"]
+    wait_for_checkpoint(client, after=max(completed or [0]))
+    ray.kill(client.subtask_actor("window", 0))
+    job = client.wait(timeout_s=240)
+    assert job.restarts == 5, job.failures
+    assert "failpoint in_processing" in job.failures[0]
+    assert all("died" in f for f in job.failures[1:]), job.failures
+    table = job.table(sink)
+    got = {(r["user"], r["window_start"]): [r["n"], r["total"]] for r in table.to_pylist()}
+    assert table.num_rows == len(got)  # no window emitted twice
+    assert got == dict(oracle_tumbling(n, size))
+
+
+class Inactivity(rs.KeyedProcessFunction):
+    """Emits a key's count when it has been idle for 100 ms of event time."""
+
+    def open(self, ctx):
+        self.count = ctx.value_state("count", default=0)
+        self.deadline = ctx.value_state("deadline")
+
+    def process_element(self, row, ctx):
+        self.count.update(self.count.value() + 1)
+        if self.deadline.value() is not None:
+            ctx.delete_event_time_timer(self.deadline.value())
+        self.deadline.update(row["ts"] + 100)
+        ctx.register_event_time_timer(row["ts"] + 100)
+
+    def on_timer(self, timestamp, ctx):
+        assert ctx.time_domain == "event_time"
+        yield {"user": ctx.current_key, "fired": timestamp, "count": self.count.value()}
+        self.count.clear()
+        self.deadline.clear()
+
+
+def phases(i: np.ndarray) -> dict:
+    """One event per 10 ms; user ``i % 3`` sits out every third phase of 90 events (its
+    events go to filler key 99 then), while the others move the watermark on."""
+    user = i % 3
+    idle = ((i // 90) + user) % 3 == 0
+    return {"user": np.where(idle, 99, user), "ts": BASE + i * 10}
+
+
+def test_keyed_process_function_timers_equal_oracle(ray_session):
+    n = 540
+    env = rs.StreamEnvironment(parallelism=2)
+    # one split, one row per batch: the watermark follows every row in order
+    src = env.from_sequence(n, phases, batch_size=1, num_splits=1,
+                            watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=0))
+    sink = src.key_by("user").process(Inactivity()).collect()
+    table = env.execute("timers").table(sink)
+    e = phases(np.arange(n))
+    expected = []
+    for user in np.unique(e["user"]).tolist():
+        times = e["ts"][e["user"] == user]
+        # a key's timer (last + 100) fires before its next row iff some row of another
+        # key moves the watermark past it first: a gap over 110 ms at 10 ms per row
+        cut = np.flatnonzero(np.diff(times) > 110) + 1
+        for part in np.split(times, cut):
+            expected.append((user, int(part[-1]) + 100, len(part)))
+    assert len(expected) >= 8  # several sessions per key
+    got = sorted((r["user"], r["fired"], r["count"]) for r in table.to_pylist())
+    assert got == sorted(expected)

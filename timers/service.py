@@ -1,0 +1,453 @@
+"""Timer service of a keyed operator: event-time and processing-time timer heaps
+over one append-only key table, with flat-copy snapshots partitioned by key group
+in the background (Flink ``InternalTimerServiceImpl``,
+``HeapPriorityQueueSnapshotRestoreWrapper``, ``KeyGroupPartitioner``).
+
+Key table
+---------
+Timers name their key by a dense int64 *key id*. The table maps key id -> key
+(a list), key -> key id (a dict) and key id -> key group (an int16/int32 numpy
+array). It only ever grows: an id, once given, keeps its key and key group, so a
+snapshot captures the table by its current length. The key-group array grows by
+allocating a larger array (never ``resize`` in place), so a snapshot's reference
+to the old one stays valid while the processing thread appends.
+
+Snapshots
+---------
+:meth:`TimerService.snapshot` is the synchronous part: one memcpy per heap
+column (``TimerHeap.arrays``) and the key table's length, nothing else. The
+:class:`TimerSnapshot` it returns is the asynchronous part, to run on a
+background thread while the service keeps changing: it partitions the copies by
+key group with a stable radix argsort on the key-group column (a counting sort)
+and writes one section per non-empty key group. Dedup and position indexes are
+not written; :meth:`TimerService.restore` rebuilds them (vectorized), at any
+parallelism: timers follow their key groups.
+
+Section format
+--------------
+A big-endian header ``struct(">4sHHIIQQQ")``: magic ``b"RSTM"``, format version
+(:data:`FORMAT_VERSION`), key-group hash version (``keygroups.HASH_VERSION``),
+max_parallelism, key group, number of event-time timers, number of
+processing-time timers, number of keys. Then six little-endian int64 arrays:
+event-time timestamps, key indexes, namespaces, then processing-time
+timestamps, key indexes, namespaces (a key index points into the section's key
+list). Then the section's keys as consecutive pickled lists (protocol 5) of at
+most ``CHUNK_ENTRIES`` keys: each is pickled in one C call holding the GIL, so
+chunks bound how long the background writer can stall the processing thread,
+however many keys a key group holds. Restore checks magic, version, hash
+version, max_parallelism and key group. As for keyed state, the bytes are only
+ever read back by the same job's restore.
+
+Example:
+    >>> from raystream.checkpoint.keygroups import key_group_of
+    >>> timers = TimerService(max_parallelism=128, key_groups=range(128))
+    >>> alice = timers.key_id("alice", key_group_of("alice", 128))
+    >>> timers.register_event_time_timer(alice, 0, 1999)
+    >>> timers.register_processing_time_timer(alice, 0, 5_000)
+    >>> write = timers.snapshot()            # synchronous part: flat copies
+    >>> timers.delete_event_time_timer(alice, 0, 1999)
+    >>> sections = write()                   # asynchronous part: {key group: bytes}
+    >>> restored = TimerService(max_parallelism=128, key_groups=range(128))
+    >>> restored.restore(sections.items())
+    >>> ts, key_ids, namespaces = restored.advance_watermark(2000)
+    >>> ts.tolist(), restored.keys(key_ids), namespaces.tolist()
+    ([1999], ['alice'], [0])
+    >>> restored.next_processing_time()
+    5000
+"""
+
+from __future__ import annotations
+
+import io
+import operator
+import pickle
+import struct
+from collections.abc import Mapping
+from typing import Any, Iterable
+
+import numpy as np
+
+from raystream.checkpoint.keygroups import HASH_VERSION, check_key_group_range
+from raystream.checkpoint.state import CHUNK_ENTRIES
+from raystream.timers.heap import TimerHeap
+
+__all__ = ["FORMAT_VERSION", "TimerService", "TimerSnapshot"]
+
+FORMAT_VERSION = 1
+_MAGIC = b"RSTM"
+# magic, format version, hash version, max_parallelism, key group,
+# event-time timers, processing-time timers, keys
+_HEADER = struct.Struct(">4sHHIIQQQ")
+_I64 = np.dtype("<i8")
+
+
+class TimerSnapshot:
+    """The asynchronous part of a timer snapshot: call it (on any thread) to get
+    ``{key_group: section_bytes}`` for every key group holding timers.
+
+    It owns flat copies of both heaps and reads only the first ``n_keys``
+    entries of the append-only key table, so it sees exactly the timers present
+    when :meth:`TimerService.snapshot` was called.
+
+    Example:
+        >>> timers = TimerService(max_parallelism=4, key_groups=range(4))
+        >>> timers.register_event_time_timer(timers.key_id("k", 2), 0, 10)
+        >>> sorted(timers.snapshot()())
+        [2]
+    """
+
+    def __init__(self, *, max_parallelism: int, event: tuple[np.ndarray, ...],
+                 processing: tuple[np.ndarray, ...], keys: list, key_groups: np.ndarray,
+                 n_keys: int) -> None:
+        self._max_parallelism = max_parallelism
+        self._event = event
+        self._processing = processing
+        self._keys = keys  # the live, append-only list: read below n_keys only
+        self._key_groups = key_groups  # never mutated below n_keys
+        self._n_keys = n_keys
+
+    @property
+    def num_timers(self) -> int:
+        return len(self._event[0]) + len(self._processing[0])
+
+    def __call__(self) -> dict[int, bytes]:
+        max_par = self._max_parallelism
+        ev_ts, ev_kid, ev_ns = self._event
+        pt_ts, pt_kid, pt_ns = self._processing
+        key_group_of_id = self._key_groups[:self._n_keys]
+        # Keys referenced by any timer, ordered by (key group, key id); each gets
+        # its index within its key group's key list.
+        referenced = np.zeros(self._n_keys, bool)
+        referenced[ev_kid] = True
+        referenced[pt_kid] = True
+        key_ids = np.flatnonzero(referenced)
+        key_ids = key_ids[np.argsort(key_group_of_id[key_ids], kind="stable")]
+        keys_per_group = np.bincount(key_group_of_id[key_ids], minlength=max_par)
+        key_starts = np.concatenate(([0], np.cumsum(keys_per_group)))
+        local_index = np.zeros(self._n_keys, np.int64)
+        local_index[key_ids] = (np.arange(len(key_ids), dtype=np.int64)
+                                - np.repeat(key_starts[:-1], keys_per_group))
+
+        def partition(kid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            groups = key_group_of_id[kid]
+            # stable argsort of a 16-bit column is a radix (counting) sort
+            return (np.argsort(groups, kind="stable"),
+                    np.concatenate(([0], np.cumsum(np.bincount(groups, minlength=max_par)))))
+
+        ev_order, ev_starts = partition(ev_kid)
+        pt_order, pt_starts = partition(pt_kid)
+        keys = self._keys
+        sections: dict[int, bytes] = {}
+        for kg in np.flatnonzero(keys_per_group).tolist():
+            e = ev_order[ev_starts[kg]:ev_starts[kg + 1]]
+            p = pt_order[pt_starts[kg]:pt_starts[kg + 1]]
+            ids = key_ids[key_starts[kg]:key_starts[kg + 1]].tolist()
+            group_keys = [keys[i] for i in ids]
+            sections[kg] = b"".join((
+                _HEADER.pack(_MAGIC, FORMAT_VERSION, HASH_VERSION, max_par, kg,
+                             len(e), len(p), len(group_keys)),
+                ev_ts[e].astype(_I64, copy=False).tobytes(),
+                local_index[ev_kid[e]].astype(_I64, copy=False).tobytes(),
+                ev_ns[e].astype(_I64, copy=False).tobytes(),
+                pt_ts[p].astype(_I64, copy=False).tobytes(),
+                local_index[pt_kid[p]].astype(_I64, copy=False).tobytes(),
+                pt_ns[p].astype(_I64, copy=False).tobytes(),
+                *(pickle.dumps(group_keys[i:i + CHUNK_ENTRIES], protocol=5)
+                  for i in range(0, len(group_keys), CHUNK_ENTRIES)),
+            ))
+        return sections
+
+
+class TimerService:
+    """Timers of one keyed operator subtask: an event-time and a processing-time
+    :class:`~raystream.timers.heap.TimerHeap` sharing one append-only key table.
+
+    A timer is (timestamp, key id, namespace), unique on all three; namespace
+    is an int64 chosen by the caller (0 = none; window operators use the window
+    start). Event-time timers fire when the watermark reaches them
+    (``timestamp <= watermark``), processing-time timers when the clock does,
+    in (timestamp, key id, namespace) order. All methods but the returned
+    :class:`TimerSnapshot` run on the operator's processing thread.
+
+    Example:
+        >>> import numpy as np
+        >>> from raystream.checkpoint.keygroups import key_group_of
+        >>> timers = TimerService(max_parallelism=128, key_groups=range(0, 64))
+        >>> keys = ["a", "b", "f"]
+        >>> groups = np.array([key_group_of(k, 128) for k in keys])
+        >>> groups.tolist()  # within this subtask's key groups 0..63
+        [50, 3, 59]
+        >>> ids = timers.key_ids(keys, groups)
+        >>> timers.register_event_time_timers(ids, np.zeros(3, np.int64), np.array([30, 10, 20]))
+        >>> ts, key_ids, _ = timers.advance_watermark(20)
+        >>> ts.tolist(), timers.keys(key_ids)
+        ([10, 20], ['b', 'f'])
+        >>> timers.key_id("c", key_group_of("c", 128))
+        Traceback (most recent call last):
+        ValueError: key 'c' is in key group 95, outside this subtask's key groups 0..63
+        >>> timers.num_event_time_timers
+        1
+    """
+
+    def __init__(self, *, max_parallelism: int, key_groups: range) -> None:
+        check_key_group_range(key_groups, max_parallelism)
+        self.max_parallelism = max_parallelism
+        self.key_groups = key_groups
+        self._event = TimerHeap()
+        self._processing = TimerHeap()
+        self._keys: list[Any] = []
+        self._ids: dict[Any, int] = {}
+        self._kg_dtype = np.int16 if max_parallelism <= 2**15 else np.int32
+        self._kg = np.empty(1024, self._kg_dtype)
+        self._restored: set[int] = set()
+
+    # -- key table ------------------------------------------------------------
+    def _check_group(self, key: Any, key_group: int) -> None:
+        if key_group not in self.key_groups:
+            raise ValueError(
+                f"key {key!r} is in key group {key_group}, outside this subtask's key "
+                f"groups {self.key_groups.start}..{self.key_groups.stop - 1}")
+
+    def _append_key(self, key: Any, key_group: int) -> int:
+        kid = len(self._keys)
+        if kid == len(self._kg):
+            # A new array, never an in-place resize: snapshots may hold the old one.
+            grown = np.empty(2 * kid, self._kg_dtype)
+            grown[:kid] = self._kg
+            self._kg = grown
+        self._kg[kid] = key_group
+        self._keys.append(key)
+        self._ids[key] = kid
+        return kid
+
+    def _mismatch(self, key: Any, kid: int, key_group: int) -> ValueError:
+        return ValueError(
+            f"key {key!r} was registered in key group {int(self._kg[kid])}, now given key "
+            f"group {key_group} (keys that compare equal must hash to the same key group)")
+
+    def key_id(self, key: Any, key_group: int) -> int:
+        """The id of ``key`` (whose key group is ``key_group``), appending it if new."""
+        kid = self._ids.get(key)
+        if kid is None:
+            self._check_group(key, key_group)
+            return self._append_key(key, key_group)
+        if self._kg[kid] != key_group:
+            raise self._mismatch(key, kid, key_group)
+        return kid
+
+    def key_ids(self, keys: list, key_groups: np.ndarray) -> np.ndarray:
+        """Ids of a batch's distinct ``keys`` (with their key groups), appending new ones."""
+        key_groups = np.asarray(key_groups)
+        if len(key_groups) != len(keys):
+            raise ValueError(f"{len(keys)} keys but {len(key_groups)} key groups")
+        if len(keys) == 0:
+            return np.empty(0, np.int64)
+        outside = np.flatnonzero((key_groups < self.key_groups.start)
+                                 | (key_groups >= self.key_groups.stop))
+        if outside.size:
+            i = int(outside[0])
+            self._check_group(keys[i], int(key_groups[i]))
+        get = self._ids.get
+        found = list(map(get, keys))
+        if None in found:
+            known = np.array([i for i, kid in enumerate(found) if kid is not None], np.int64)
+            if known.size:  # check before appending anything
+                self._check_groups(keys, np.array([found[i] for i in known.tolist()], np.int64),
+                                   key_groups[known], known)
+            groups = key_groups.tolist()
+            for i, kid in enumerate(found):
+                if kid is None:
+                    kid = get(keys[i])  # the batch may repeat a new key
+                    found[i] = kid if kid is not None else self._append_key(keys[i], groups[i])
+        ids = np.array(found, np.int64)
+        self._check_groups(keys, ids, key_groups, None)
+        return ids
+
+    def _check_groups(self, keys: list, ids: np.ndarray, key_groups: np.ndarray,
+                      positions: np.ndarray | None) -> None:
+        wrong = np.flatnonzero(self._kg[ids] != key_groups)
+        if wrong.size:
+            i = int(wrong[0])
+            key = keys[i if positions is None else int(positions[i])]
+            raise self._mismatch(key, int(ids[i]), int(key_groups[i]))
+
+    def key(self, key_id: int) -> Any:
+        """The key of ``key_id``."""
+        return self._keys[key_id]
+
+    def keys(self, key_ids: np.ndarray) -> list:
+        """The keys of ``key_ids``, in order."""
+        keys = self._keys
+        return [keys[i] for i in np.asarray(key_ids).tolist()]
+
+    def key_group(self, key_id: int) -> int:
+        """The key group of ``key_id``."""
+        if not 0 <= key_id < len(self._keys):
+            raise IndexError(f"no key id {key_id}")
+        return int(self._kg[key_id])
+
+    def key_groups_of(self, key_ids: np.ndarray) -> np.ndarray:
+        """Key groups (int64) of ``key_ids``, vectorized. Safe on another thread for ids
+        that existed when it got them (the table is append-only)."""
+        key_ids = np.asarray(key_ids)
+        n = len(self._keys)
+        if key_ids.size and (key_ids.min() < 0 or key_ids.max() >= n):
+            raise IndexError(f"key ids out of range: {n} keys known")
+        return self._kg[key_ids].astype(np.int64)
+
+    @property
+    def num_keys(self) -> int:
+        """How many keys the table holds (ids are 0..num_keys-1)."""
+        return len(self._keys)
+
+    def _check_key_id(self, key_id: int) -> int:
+        key_id = operator.index(key_id)
+        if not 0 <= key_id < len(self._keys):
+            raise ValueError(f"timer for unknown key id {key_id} ({len(self._keys)} keys known)")
+        return key_id
+
+    def _check_key_ids(self, key_ids: np.ndarray) -> np.ndarray:
+        key_ids = np.asarray(key_ids)
+        if key_ids.size and (key_ids.min() < 0 or key_ids.max() >= len(self._keys)):
+            bad = key_ids[(key_ids < 0) | (key_ids >= len(self._keys))][0]
+            raise ValueError(f"timer for unknown key id {bad} ({len(self._keys)} keys known)")
+        return key_ids
+
+    # -- event time -----------------------------------------------------------
+    def register_event_time_timer(self, key_id: int, namespace: int, timestamp: int) -> None:
+        """Fire at ``timestamp`` once the watermark reaches it (no-op if already set)."""
+        self._event.add(timestamp, self._check_key_id(key_id), namespace)
+
+    def register_event_time_timers(self, key_ids: np.ndarray, namespaces: np.ndarray,
+                                   timestamps: np.ndarray) -> None:
+        """Bulk :meth:`register_event_time_timer` (arrays; vectorized)."""
+        self._event.add_many(timestamps, self._check_key_ids(key_ids), namespaces)
+
+    def delete_event_time_timer(self, key_id: int, namespace: int, timestamp: int) -> None:
+        """Delete an event-time timer (no-op if absent)."""
+        self._event.remove(timestamp, key_id, namespace)
+
+    def advance_watermark(self, watermark: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Pop the event-time timers with ``timestamp <= watermark``:
+        (timestamps, key_ids, namespaces) in timer order."""
+        return self._event.pop_until(watermark)
+
+    def next_event_time(self) -> int | None:
+        """The earliest event-time timer's timestamp, or None."""
+        head = self._event.peek()
+        return None if head is None else head[0]
+
+    @property
+    def num_event_time_timers(self) -> int:
+        return len(self._event)
+
+    # -- processing time ------------------------------------------------------
+    def register_processing_time_timer(self, key_id: int, namespace: int, timestamp: int) -> None:
+        """Fire at wall-clock ``timestamp`` (ms; no-op if already set)."""
+        self._processing.add(timestamp, self._check_key_id(key_id), namespace)
+
+    def register_processing_time_timers(self, key_ids: np.ndarray, namespaces: np.ndarray,
+                                        timestamps: np.ndarray) -> None:
+        """Bulk :meth:`register_processing_time_timer` (arrays; vectorized)."""
+        self._processing.add_many(timestamps, self._check_key_ids(key_ids), namespaces)
+
+    def delete_processing_time_timer(self, key_id: int, namespace: int, timestamp: int) -> None:
+        """Delete a processing-time timer (no-op if absent)."""
+        self._processing.remove(timestamp, key_id, namespace)
+
+    def next_processing_time(self) -> int | None:
+        """The earliest processing-time timer's timestamp (when to wake up), or None."""
+        head = self._processing.peek()
+        return None if head is None else head[0]
+
+    def fire_processing_time(self, now_ms: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Pop the processing-time timers with ``timestamp <= now_ms``, in timer order."""
+        return self._processing.pop_until(now_ms)
+
+    @property
+    def num_processing_time_timers(self) -> int:
+        return len(self._processing)
+
+    # -- checkpoints ----------------------------------------------------------
+    def snapshot(self) -> TimerSnapshot:
+        """Synchronous part of a checkpoint: flat copies of both heaps and the key
+        table's length. Call the result (on any thread) for ``{key_group: bytes}``."""
+        return TimerSnapshot(max_parallelism=self.max_parallelism,
+                             event=self._event.arrays(), processing=self._processing.arrays(),
+                             keys=self._keys, key_groups=self._kg, n_keys=len(self._keys))
+
+    def restore(self, sections: Iterable[tuple[int, bytes]] | Mapping[int, bytes]) -> None:
+        """Add the timers of snapshot ``sections`` (``(key_group, bytes)`` pairs, each key
+        group once, all within ``self.key_groups``), written at any parallelism."""
+        if isinstance(sections, Mapping):
+            sections = sections.items()
+        event: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        processing: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        for kg, data in sections:
+            if kg not in self.key_groups:
+                raise ValueError(
+                    f"timer section of key group {kg} handed to a subtask owning key groups "
+                    f"{self.key_groups.start}..{self.key_groups.stop - 1}")
+            if kg in self._restored:
+                raise ValueError(f"timers of key group {kg} restored twice")
+            ev, pt = self._read_section(kg, data)
+            event.append(ev)
+            processing.append(pt)
+            self._restored.add(kg)
+        for heap, parts in ((self._event, event), (self._processing, processing)):
+            if parts:
+                ts, kid, ns = (np.concatenate(cols) for cols in zip(*parts))
+                heap.add_many(ts, kid, ns)
+
+    def _read_section(self, kg: int, data: bytes) -> tuple[tuple[np.ndarray, ...], ...]:
+        view = memoryview(data)
+        if len(view) < _HEADER.size:
+            raise ValueError(f"key group {kg}: timer section too short ({len(view)} bytes)")
+        magic, fmt, hash_version, max_par, section_kg, n_ev, n_pt, n_keys = \
+            _HEADER.unpack_from(view)
+        if magic != _MAGIC:
+            raise ValueError(f"key group {kg}: not a timer section (magic {magic!r})")
+        if fmt != FORMAT_VERSION:
+            raise ValueError(f"key group {kg}: unsupported timer section format {fmt} "
+                             f"(this build reads {FORMAT_VERSION})")
+        if hash_version != HASH_VERSION:
+            raise ValueError(
+                f"key group {kg}: timers written with key-group hash version {hash_version}, "
+                f"this build uses {HASH_VERSION}")
+        if max_par != self.max_parallelism:
+            raise ValueError(
+                f"key group {kg}: timers written with max_parallelism {max_par}, "
+                f"restoring with {self.max_parallelism}")
+        if section_kg != kg:
+            raise ValueError(f"timer section handed over as key group {kg} holds key group "
+                             f"{section_kg}")
+        offset = _HEADER.size
+        arrays = []
+        for count in (n_ev, n_ev, n_ev, n_pt, n_pt, n_pt):
+            end = offset + 8 * count
+            if end > len(view):
+                raise ValueError(f"key group {kg}: timer section truncated")
+            arrays.append(np.frombuffer(view, _I64, count, offset).astype(np.int64))
+            offset = end
+        keys: list = []
+        stream = io.BytesIO(view[offset:])
+        while len(keys) < n_keys:
+            try:
+                chunk = pickle.load(stream)  # a fresh memo per chunk, as each was written
+            except (EOFError, pickle.UnpicklingError) as e:
+                raise ValueError(f"key group {kg}: timer section truncated in its keys") from e
+            if not isinstance(chunk, list):
+                break
+            keys += chunk
+        if len(keys) != n_keys:
+            raise ValueError(f"key group {kg}: timer section holds a bad key list")
+        ids = self.key_ids(keys, np.full(n_keys, kg, np.int64))
+        for local in (arrays[1], arrays[4]):
+            if local.size and (local.min() < 0 or local.max() >= n_keys):
+                raise ValueError(f"key group {kg}: timer section refers to a missing key")
+        return ((arrays[0], ids[arrays[1]], arrays[2]), (arrays[3], ids[arrays[4]], arrays[5]))
+
+    def __repr__(self) -> str:
+        return (f"TimerService(key_groups={self.key_groups!r}, keys={len(self._keys)}, "
+                f"event_time_timers={len(self._event)}, "
+                f"processing_time_timers={len(self._processing)})")
