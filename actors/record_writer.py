@@ -70,6 +70,7 @@ class RecordWriter:
             pending = self._pending[index]
             if pending and not pending[0].schema.equals(part.schema):
                 self._flush_channel(index)  # batches of one object share a schema
+                pending = self._pending[index]
             pending.append(part)
             self._pending_bytes[index] += part.nbytes
             if self._oldest is None:

@@ -387,3 +387,28 @@ def test_credit_counter_counts_only_data():
     assert out.credits == 0
     out.add_credit(10)
     assert len(sent) == 12 and out.credits == 10 - 4
+
+
+# ---------------------------------------------------------------------------
+# RecordWriter: buffering per channel
+# ---------------------------------------------------------------------------
+
+def test_record_writer_keeps_every_row_when_the_schema_changes():
+    """A batch of another schema flushes the pending rows first (one object holds one
+    schema); the new batch must still be buffered and sent, in order."""
+    import pyarrow as pa
+
+    from raystream.actors.partitioners import ForwardPartitioner
+    from raystream.actors.record_writer import RecordWriter
+
+    sent: list[Envelope] = []
+    out = OutputChannel(ChannelId(0, 0, 0), attempt=0, credits=100, transmit=sent.append)
+    writer = RecordWriter(ForwardPartitioner(), [out], buffer_bytes=100)
+    narrow = pa.record_batch({"x": [1, 2]})
+    wide = pa.record_batch({"x": list(range(3, 20)), "y": list(range(17))})  # > buffer_bytes
+    writer.emit(narrow)
+    writer.emit(wide)
+    writer.emit(narrow)
+    writer.flush()
+    rows = [x for e in sent for x in e.payload[0].column("x").to_pylist()]
+    assert rows == [1, 2] + list(range(3, 20)) + [1, 2]
