@@ -9,6 +9,15 @@ upstream and the number of unconsumed batches in flight per channel never
 exceeds ``credits``. Watermarks and end-of-input cost no credit, but they
 wait in the same backlog so a channel's order is kept.
 
+Barriers travel beside the data, on the control lane, as *announcements*
+(the barrier and the sequence number it sits after). A message carries the
+number of announcements its sender had made when it transmitted it
+(``Envelope.announced``); the gate hands a message out only once it has seen
+that many, so no message overtakes a barrier that was announced before it.
+The gate blocks a channel at an aligned barrier, replays restored channel
+state before anything new, and feeds the recorders of unaligned checkpoints
+(:mod:`raystream.actors.channel_state`).
+
 Neither class is thread-safe: the subtask guards both with its mailbox lock.
 """
 
@@ -31,21 +40,36 @@ class InputChannel:
     finished: bool = False
     # (checkpoint_id, upto) of barriers announced on this channel, oldest first
     barriers: collections.deque = field(default_factory=collections.deque)
-    barrier_seen: int = 0  # highest barrier id announced on this channel
+    announced: int = 0  # barrier announcements 1..announced of the sender have been seen
+    early_announcements: set = field(default_factory=set)  # seen out of order
+    # restored input channel state: consumed before any message of this attempt
+    replay: collections.deque = field(default_factory=collections.deque)
+    end_of_input: Envelope | None = None  # arrived (not necessarily consumed)
 
     def at_barrier(self) -> int | None:
         """Id of the barrier this channel has reached (it is then blocked), else None."""
-        if self.barriers and self.next_seq > self.barriers[0][1]:
+        if not self.replay and self.barriers and self.next_seq > self.barriers[0][1]:
             return self.barriers[0][0]
         return None
 
-    def ready(self, settled: int = 0) -> bool:
-        """The next message may be consumed: it has arrived, no barrier blocks the
-        channel, and any barrier sent before it has been announced (or its
-        checkpoint is ``settled``: taken or aborted here)."""
+    def ready(self) -> bool:
+        """The next message may be consumed: replayed channel state first; then the
+        next message has arrived, no barrier blocks the channel, and every barrier
+        announcement its sender made before transmitting it has been seen."""
+        if self.replay:
+            return True
         head = self.pending.get(self.next_seq)
         return (head is not None and self.at_barrier() is None
-                and head.epoch <= max(self.barrier_seen, settled))
+                and head.announced <= self.announced)
+
+    def note_announcement(self, index: int) -> None:
+        """The sender's ``index``-th barrier announcement (1-based) has been seen."""
+        if index <= self.announced:
+            return
+        self.early_announcements.add(index)
+        while self.announced + 1 in self.early_announcements:
+            self.announced += 1
+            self.early_announcements.discard(self.announced)
 
 
 class InputGate:
@@ -67,7 +91,8 @@ class InputGate:
             ch: InputChannel(ch, input_index) for ch, input_index in channels}
         self._order = list(self.channels.values())
         self._next = 0
-        self.settled = 0  # checkpoints up to this id are taken or aborted at this subtask
+        # unaligned checkpoints still recording in-flight input (ChannelStateRecorder)
+        self.recorders: list[Any] = []
 
     def add(self, envelope: Envelope) -> None:
         channel = self.channels.get(envelope.channel)
@@ -76,17 +101,25 @@ class InputGate:
         if envelope.seq < channel.next_seq or envelope.seq in channel.pending:
             raise RuntimeError(f"duplicate message seq {envelope.seq} on channel {envelope.channel}")
         channel.pending[envelope.seq] = envelope
+        if envelope.kind == Kind.END_OF_INPUT:
+            channel.end_of_input = envelope
+        if self.recorders:
+            for recorder in self.recorders:
+                recorder.on_arrival(channel, envelope)
+            self._drop_done_recorders()
 
     def has_ready(self) -> bool:
-        return any(c.ready(self.settled) for c in self._order)
+        return any(c.ready() for c in self._order)
 
     def poll(self) -> Envelope | None:
         """Next in-order message of the next channel that has one, or None."""
         n = len(self._order)
         for i in range(n):
             channel = self._order[(self._next + i) % n]
-            if channel.ready(self.settled):
+            if channel.ready():
                 self._next = (self._next + i + 1) % n
+                if channel.replay:
+                    return channel.replay.popleft()
                 envelope = channel.pending.pop(channel.next_seq)
                 channel.next_seq += 1
                 return envelope
@@ -95,23 +128,43 @@ class InputGate:
     def all_finished(self) -> bool:
         return all(c.finished for c in self._order)
 
-    def note_barrier(self, channel: ChannelId, checkpoint_id: int) -> None:
-        """Barrier ``checkpoint_id`` was announced on ``channel`` (taken, aborted or not)."""
-        c = self.channels[channel]
-        c.barrier_seen = max(c.barrier_seen, checkpoint_id)
-
-    def settle(self, checkpoint_id: int) -> None:
-        """Checkpoint ``checkpoint_id`` is taken or aborted here: stop waiting for its barriers."""
-        self.settled = max(self.settled, checkpoint_id)
+    def note_announcement(self, channel: ChannelId, index: int) -> None:
+        """The sender of ``channel`` made its ``index``-th barrier announcement (taken,
+        aborted or not: later messages may wait for it)."""
+        self.channels[channel].note_announcement(index)
+        if self.recorders:
+            for recorder in self.recorders:
+                recorder.check()
+            self._drop_done_recorders()
 
     def add_barrier(self, channel: ChannelId, checkpoint_id: int, upto: int) -> None:
-        self.note_barrier(channel, checkpoint_id)
+        """Barrier ``checkpoint_id`` sits after message ``upto`` on ``channel``. Announced
+        again (an aligned barrier its sender turned unaligned), it moves forward."""
         barriers = self.channels[channel].barriers
+        for i, (n, known) in enumerate(barriers):
+            if n == checkpoint_id:
+                barriers[i] = (n, min(known, upto))
+                return
         barriers.append((checkpoint_id, upto))
         if len(barriers) > 1 and barriers[-2][0] > checkpoint_id:  # arrived out of order
             ordered = sorted(barriers)
             barriers.clear()
             barriers.extend(ordered)
+
+    def barrier_upto(self, channel: ChannelId, checkpoint_id: int) -> int | None:
+        """Where barrier ``checkpoint_id`` sits on ``channel``, if announced and pending."""
+        for n, upto in self.channels[channel].barriers:
+            if n == checkpoint_id:
+                return upto
+        return None
+
+    def restore_channel_state(self, channel: ChannelId, envelopes: list[Envelope]) -> None:
+        """Replay ``envelopes`` (a restored checkpoint's input channel state) on
+        ``channel`` before anything that arrives on it."""
+        self.channels[channel].replay.extend(envelopes)
+
+    def _drop_done_recorders(self) -> None:
+        self.recorders = [r for r in self.recorders if not r.done.is_set()]
 
     def aligned_checkpoint(self) -> int | None:
         """The oldest announced checkpoint every channel has reached (or ended before), if any.
@@ -172,16 +225,26 @@ class OutputChannel:
         self.batches_sent = 0
         self.rows_sent = 0
         self.ended = False  # END_OF_INPUT was put on the channel
-        self.epoch = 0  # id of the last barrier forwarded on this channel
+        self.announcements = 0  # barrier announcements made on this channel
+        self.transmitted_upto = -1  # sequence number of the last message transmitted
 
     def send(self, kind: Kind, payload: object = None, rows: int = 0) -> None:
         if self.ended:
             raise RuntimeError(f"{kind.name} sent after END_OF_INPUT on channel {self.channel}")
         self.ended = kind == Kind.END_OF_INPUT
-        self._backlog.append(Envelope(self.channel, self._seq, self.attempt, kind, payload, rows,
-                                      self.epoch))
+        self._backlog.append(Envelope(self.channel, self._seq, self.attempt, kind, payload, rows))
         self._seq += 1
         self.flush()
+
+    def announce(self) -> int:
+        """Count a barrier announcement on this channel; returns its 1-based index.
+        Messages transmitted from now on carry it (receivers wait for it)."""
+        self.announcements += 1
+        return self.announcements
+
+    def untransmitted(self, upto: int | None = None) -> list[Envelope]:
+        """The messages waiting for credit (up to sequence number ``upto``), oldest first."""
+        return [e for e in self._backlog if upto is None or e.seq <= upto]
 
     def add_credit(self, n: int) -> None:
         self.credits += n
@@ -197,6 +260,8 @@ class OutputChannel:
                 self.batches_sent += 1
                 self.rows_sent += head.rows
             self._backlog.popleft()
+            head.announced = self.announcements
+            self.transmitted_upto = head.seq
             self._transmit(head)
 
     def backlogged(self) -> bool:

@@ -54,11 +54,18 @@ class Envelope:
     ``None`` for END_OF_INPUT. ``rows`` is the batch's row count (for metrics
     and tests without fetching the batch).
 
-    ``epoch`` is the id of the last barrier the sender forwarded on this
-    channel before this message. Barriers travel on the control lane, so a
-    message can overtake its barrier; a receiver that has not seen barrier
-    ``epoch`` yet must wait for it before consuming the message, or the
-    message's effect would land in the checkpoint before it.
+    ``announced`` is how many barrier announcements the sender had made on
+    this channel when it *transmitted* the message (stamped at transmission,
+    not when the message was queued for credit). Barriers travel on the
+    control lane, so a message can overtake an announcement made before it;
+    a receiver that has not seen that many announcements must wait for them
+    before consuming the message, or the message's effect could land in a
+    checkpoint before its barrier. An unaligned barrier overtakes the data
+    still queued at its sender, so that data is transmitted after the
+    announcement and carries it.
+
+    ``seq`` is -1 for a message replayed from a restored checkpoint's
+    channel state (it costs no credit).
     """
 
     channel: ChannelId
@@ -67,19 +74,28 @@ class Envelope:
     kind: Kind
     payload: object = None
     rows: int = 0
-    epoch: int = 0
+    announced: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Barrier:
     """Checkpoint barrier ``checkpoint_id``; travels on the control lane.
 
-    It is sent to each downstream channel with ``upto``: the sequence number of
-    the last in-band message its sender put on that channel before the barrier
-    (-1 if none). The receiver treats the barrier as *arrived* on the channel
-    once it has consumed every message up to ``upto`` — exactly where an
-    in-band barrier would have been — so aligned checkpoints keep Flink's
-    semantics while the barrier itself never waits for credit.
+    It is announced to each downstream channel with ``upto``: the sequence
+    number of the last in-band message logically before the barrier on that
+    channel (-1 if none). An *aligned* barrier sits behind everything its
+    sender had put on the channel, sent or still waiting for credit; the
+    receiver treats it as arrived once it has consumed every message up to
+    ``upto`` — exactly where an in-band barrier would have been — so aligned
+    checkpoints keep Flink's semantics while the barrier itself never waits
+    for credit. An *unaligned* barrier (``unaligned=True``, Flink FLIP-76)
+    overtakes the data its sender had not yet transmitted: ``upto`` is then
+    the last sequence number *sent*, and the untransmitted rest is the
+    sender's output channel state.
+
+    ``aligned_timeout_ms``: the checkpoint starts aligned and turns unaligned
+    wherever it is still in progress ``aligned_timeout_ms`` after
+    ``trigger_ts_ms``. Savepoints are always aligned (both fields unset).
     """
 
     checkpoint_id: int
@@ -87,6 +103,15 @@ class Barrier:
     trigger_ts_ms: int
     savepoint_target: str | None = None  # a savepoint's state goes here, not to checkpoint storage
     stop: bool = False  # stop-with-savepoint: sources emit nothing after this barrier
+    unaligned: bool = False
+    aligned_timeout_ms: int | None = None
+
+    @property
+    def timeout_at_ms(self) -> int | None:
+        """Wall-clock ms at which this aligned checkpoint turns unaligned, if ever."""
+        if self.aligned_timeout_ms is None:
+            return None
+        return self.trigger_ts_ms + self.aligned_timeout_ms
 
     @property
     def is_savepoint(self) -> bool:

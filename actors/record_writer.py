@@ -62,7 +62,7 @@ class RecordWriter:
 
     def emit(self, batch: pa.RecordBatch) -> None:
         if not self._buffered:
-            ref = _payload(batch)
+            ref = batch_payload(batch)
             for index, part in self.partitioner.route(batch):
                 self.channels[index].send(Kind.DATA, [ref], part.num_rows)
             return
@@ -94,7 +94,7 @@ class RecordWriter:
         batch = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
         self._pending[index] = []
         self._pending_bytes[index] = 0
-        self.channels[index].send(Kind.DATA, [_payload(batch)], batch.num_rows)
+        self.channels[index].send(Kind.DATA, [batch_payload(batch)], batch.num_rows)
 
     def emit_watermark(self, watermark: int) -> None:
         self.flush()
@@ -107,5 +107,6 @@ class RecordWriter:
             channel.send(Kind.END_OF_INPUT)
 
 
-def _payload(batch: pa.RecordBatch) -> Any:
+def batch_payload(batch: pa.RecordBatch) -> Any:
+    """How a batch travels in a message: inline when small, else one ``ray.put``."""
     return batch if batch.nbytes < INLINE_BATCH_BYTES else ray.put(batch)

@@ -23,6 +23,7 @@ master stops it.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import threading
 import time
@@ -32,10 +33,12 @@ from typing import Any
 import pyarrow as pa
 import ray
 
+from raystream.actors.channel_state import InputStateRecorder, OutputStateCapture
 from raystream.actors.channels import InputGate, OutputChannel
 from raystream.actors.messages import (MAX_WATERMARK, MIN_WATERMARK, Barrier, ChannelId,
                                        Envelope, Kind)
-from raystream.actors.record_writer import RecordWriter
+from raystream.actors.record_writer import RecordWriter, batch_payload
+from raystream.checkpoint.channel_state_file import ChannelStateContents
 from raystream.actors.subtask_checkpoints import (CheckpointingSpec, RestoreSpec,
                                                   SubtaskCheckpointer)
 from raystream.engine.failpoints import Failpoint, Failpoints
@@ -47,6 +50,12 @@ from raystream.engine.operators.source import SourceOperator
 from raystream.engine.plan import JobVertex
 
 IDLE_WAIT_S = 0.05
+
+
+def _timed_out(barrier: Barrier) -> bool:
+    """The aligned checkpoint of ``barrier`` has passed its alignment timeout."""
+    deadline = barrier.timeout_at_ms
+    return deadline is not None and time.time() * 1000 >= deadline
 
 
 @dataclass
@@ -70,6 +79,32 @@ class SubtaskSpec:
 
 def subtask_actor_name(job_id: str, vertex_name: str, index: int, attempt: int) -> str:
     return f"raystream/{job_id}/{vertex_name}/{index}@{attempt}"
+
+
+@dataclass
+class _InProgress:
+    """A received batch handed to the chain slice by slice."""
+
+    envelope: Envelope
+    batch: pa.RecordBatch
+    step: int  # rows per slice
+    offset: int = 0  # rows handed over so far
+
+    def next_slice(self) -> pa.RecordBatch:
+        part = self.batch if self.step >= self.batch.num_rows else self.batch.slice(
+            self.offset, self.step)
+        self.offset += part.num_rows
+        return part
+
+    @property
+    def done(self) -> bool:
+        return self.offset >= self.batch.num_rows
+
+    def remainder(self) -> Envelope:
+        """The rows not handed over yet, as a replayable message."""
+        rest = self.batch.slice(self.offset)
+        return Envelope(self.envelope.channel, -1, self.envelope.attempt, Kind.DATA, [rest],
+                        rest.num_rows)
 
 
 @dataclass
@@ -121,7 +156,12 @@ class Subtask:
         self.cancelled = False
         self.trigger: Barrier | None = None  # the latest checkpoint trigger not yet acted on
         self.barriers: dict[int, Barrier] = {}  # announced by upstream channels, by id
+        self.alignment_started: dict[int, float] = {}  # first announcement of each barrier
         self.aborted_upto = 0  # barriers of checkpoints up to this id are stale
+        # unaligned checkpoints whose input in flight is still being recorded, by id
+        self.input_states: dict[int, InputStateRecorder] = {}
+        # aligned barriers with a timeout still queued behind output, by id
+        self.output_states: dict[int, tuple[Barrier, OutputStateCapture]] = {}
         self.source_stopped = False  # stop-with-savepoint: emit nothing after its barrier
         self.failpoints = Failpoints(spec.failpoints, vertex.name, spec.index, spec.attempt)
         self.checkpointer: SubtaskCheckpointer | None = None
@@ -130,6 +170,9 @@ class Subtask:
         self.report: TerminationReport | None = None
         self.done = threading.Event()
         self.metrics = {"records_in": 0, "batches_in": 0, "backpressured_s": 0.0}
+        # a received batch being processed in slices (unaligned checkpoints)
+        self.in_progress: _InProgress | None = None
+        self.slice_bytes = spec.checkpointing.slice_bytes if spec.checkpointing else None
         self._thread: threading.Thread | None = None
 
     # -- wiring ---------------------------------------------------------------
@@ -174,10 +217,10 @@ class Subtask:
         if spec.checkpointing is not None:
             self.checkpointer = SubtaskCheckpointer(
                 spec=spec.checkpointing, names=[n.name for n in vertex.nodes],
-                operators=self.operators, vertex_id=vertex.id, index=spec.index,
-                parallelism=vertex.parallelism, max_parallelism=spec.max_parallelism,
-                attempt=spec.attempt, failpoints=self.failpoints,
-                forward_barrier=self._forward_barrier)
+                operators=self.operators, vertex_id=vertex.id, vertex_name=vertex.name,
+                index=spec.index, parallelism=vertex.parallelism,
+                max_parallelism=spec.max_parallelism, attempt=spec.attempt,
+                failpoints=self.failpoints, forward_barrier=self._forward_barrier)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"subtask {self.spec.actor_name}",
@@ -207,6 +250,8 @@ class Subtask:
             return False
         if self.inputs_ended:
             return not self.finished_reported  # report once, then only control messages
+        if self.in_progress is not None:
+            return True
         if self.source is not None:
             return not self.source_stopped
         return self.gate.has_ready()
@@ -214,9 +259,11 @@ class Subtask:
     def _run(self) -> None:
         try:
             if self.checkpointer is not None:
-                self.checkpointer.restore(self.spec.restore)
+                channel_state = self.checkpointer.restore(self.spec.restore)
                 if self.spec.restore is not None:
                     self.failpoints.hit("right_after_restore")
+                if channel_state is not None:
+                    self._replay_channel_state(channel_state)
             else:
                 for operator in self.operators:
                     call_operator(operator, "initialize_state", None)
@@ -255,29 +302,43 @@ class Subtask:
                     writer.flush()
                 self._send_credits(idle=True)
                 waited_from = time.perf_counter()
+                deadline_ms = self._next_deadline_ms()
                 with self.cond:
                     while not self.mailbox and not self._runnable():
-                        self.cond.wait(IDLE_WAIT_S)
+                        wait_s = IDLE_WAIT_S
+                        if deadline_ms is not None:
+                            wait_s = min(wait_s, deadline_ms / 1000 - time.time())
+                            if wait_s <= 0:
+                                break  # an aligned checkpoint times out: act on it
+                        self.cond.wait(wait_s)
                 if self._backlogged():
                     self.metrics["backpressured_s"] += time.perf_counter() - waited_from
             with self.cond:
                 controls = list(self.mailbox)
                 self.mailbox.clear()
-                take_input = not self._backlogged() and not self.inputs_ended
-                envelope = self.gate.poll() if take_input and self.source is None else None
             for control in controls:
                 self._handle_control(control)
             if self.cancelled or self.stopped:
                 return
-            take_input = take_input and not self.inputs_ended  # a control may have ended input
+            if controls:
+                self._maybe_checkpoint()  # an unaligned barrier goes before any more input
+            with self.cond:
+                take_input = not self._backlogged() and not self.inputs_ended
+                envelope = None
+                if take_input and self.source is None and self.in_progress is None:
+                    envelope = self.gate.poll()
             if take_input:
                 self._fire_processing_timers()
-            if envelope is not None:
+            if take_input and self.in_progress is not None:
+                self._process_slice()
+            elif envelope is not None:
                 self._process(envelope)
             elif take_input and self.source is not None and not self.source_stopped:
                 if not call_operator(self.source, "emit_next"):
                     self._end_of_input()
             self._maybe_checkpoint()
+            if self.output_states:
+                self._settle_output_states()
             if self.inputs_ended and not self._backlogged() and not self.finished_reported:
                 self._report_finished()
 
@@ -296,6 +357,7 @@ class Subtask:
             self.checkpointer.notify_complete(control[1])
         elif kind == "abort":
             self._abort_alignment(control[1])
+            self._cancel_channel_state(control[1])
             self.checkpointer.notify_aborted(control[1])
         elif kind == "stop":
             self.stopped = True
@@ -309,13 +371,23 @@ class Subtask:
             raise ValueError(f"unknown control message {kind!r}")
 
     # -- checkpoints ---------------------------------------------------------------------
-    def _on_barrier(self, channel: ChannelId, barrier: Barrier, upto: int) -> None:
+    def _on_barrier(self, channel: ChannelId, barrier: Barrier, upto: int, index: int) -> None:
+        """Barrier announcement number ``index`` of ``channel``'s sender: ``barrier``
+        sits after message ``upto`` (announced again when its sender turned it unaligned)."""
         n = barrier.checkpoint_id
-        self.gate.note_barrier(channel, n)
-        if n <= self._last_checkpoint() or n <= self.aborted_upto:
-            return  # taken already, or aborted: a late barrier must not block the channel
-        self.gate.add_barrier(channel, n, upto)
-        self.barriers[n] = barrier
+        with self.cond:  # the gate and its recorders are shared with the data lane
+            self.gate.note_announcement(channel, index)
+            recorder = self.input_states.get(n)
+            if recorder is not None and not recorder.done.is_set():
+                recorder.on_barrier(channel, upto)  # unaligned here: it bounds what is recorded
+                return
+            if n <= self._last_checkpoint() or n <= self.aborted_upto:
+                return  # taken already, or aborted: a late barrier must not block the channel
+            self.gate.add_barrier(channel, n, upto)
+        self.alignment_started.setdefault(n, time.perf_counter())
+        known = self.barriers.get(n)
+        if known is None or (barrier.unaligned and not known.unaligned):
+            self.barriers[n] = barrier  # one unaligned announcement makes it unaligned here
         for older in [m for m in self.barriers if m < n]:
             # A newer barrier overtook an unfinished alignment (Flink: the
             # older checkpoint can no longer align here): abort it.
@@ -326,17 +398,28 @@ class Subtask:
 
     def _abort_alignment(self, checkpoint_id: int) -> None:
         self.aborted_upto = max(self.aborted_upto, checkpoint_id)
-        self.gate.settle(checkpoint_id)
-        self.gate.release_barrier(checkpoint_id)
+        with self.cond:
+            self.gate.release_barrier(checkpoint_id)
         for m in [m for m in self.barriers if m <= checkpoint_id]:
             del self.barriers[m]
+            self.alignment_started.pop(m, None)
+
+    def _cancel_channel_state(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` was aborted: stop recording and awaiting its
+        channel state (and that of older ones)."""
+        for n in [n for n in self.input_states if n <= checkpoint_id]:
+            self.input_states.pop(n).cancel()
+        for n in [n for n in self.output_states if n <= checkpoint_id]:
+            self.output_states.pop(n)[1].cancel()
+        self.checkpointer.cancel_channel_state(checkpoint_id)
 
     def _last_checkpoint(self) -> int:
         return self.checkpointer.last_checkpoint_id if self.checkpointer else 0
 
     def _maybe_checkpoint(self) -> None:
         """Take a checkpoint when one is due: at once in a source or a finished
-        subtask (on the coordinator's trigger), on alignment elsewhere."""
+        subtask (on the coordinator's trigger); elsewhere on the first barrier
+        (unaligned), on alignment, or when the alignment times out."""
         if self.checkpointer is None:
             return
         last = self._last_checkpoint()
@@ -350,28 +433,143 @@ class Subtask:
             self.trigger = None
             self._checkpoint(trigger)
             return
+        if (trigger is not None and (trigger.unaligned or _timed_out(trigger))
+                and all(c.finished or c.end_of_input is not None for c in self.gate)):
+            # Every input has ended before the barrier (none will come), but not
+            # everything is processed: unaligned, that rest is channel state.
+            self.trigger = None
+            self._checkpoint_unaligned(trigger)
+            return
+        if self.barriers:
+            n = min(self.barriers)
+            barrier = self.barriers[n]
+            if n > last and (barrier.unaligned or _timed_out(barrier)):
+                self._checkpoint_unaligned(barrier)
+                return
+        if self.in_progress is not None:
+            return  # an aligned barrier sits between two messages, never inside one
         aligned = self.gate.aligned_checkpoint() if len(self.gate) else None
         if aligned is not None:
             if aligned > last:
-                self._checkpoint(self.barriers[aligned])
-            self.gate.release_barrier(aligned)
+                self._checkpoint(self.barriers[aligned], alignment_s=self._alignment_s(aligned))
+            with self.cond:
+                self.gate.release_barrier(aligned)
             self.barriers.pop(aligned, None)
+            self.alignment_started.pop(aligned, None)
 
-    def _checkpoint(self, barrier: Barrier) -> None:
+    def _alignment_s(self, checkpoint_id: int) -> float:
+        started = self.alignment_started.pop(checkpoint_id, None)
+        return 0.0 if started is None else time.perf_counter() - started
+
+    def _checkpoint_unaligned(self, barrier: Barrier) -> None:
+        """Snapshot at once; what is in flight on the inputs becomes channel state."""
+        n = barrier.checkpoint_id
+        for older in [m for m in self.input_states if m < n]:
+            self.input_states.pop(older).cancel()  # one unaligned checkpoint at a time
+        partial = {}
+        if self.in_progress is not None:  # the rest of the batch is input in flight
+            partial[self.in_progress.envelope.channel] = self.in_progress.remainder()
+        with self.cond:
+            recorder = InputStateRecorder(n, self.gate, partial)
+            if not recorder.done.is_set():
+                self.gate.recorders.append(recorder)
+                self.input_states[n] = recorder
+            self.gate.release_barrier(n)
+        self.barriers.pop(n, None)
+        self._checkpoint(barrier, unaligned=True, input_state=recorder,
+                         alignment_s=self._alignment_s(n))
+
+    def _checkpoint(self, barrier: Barrier, *, unaligned: bool = False,
+                    input_state: InputStateRecorder | None = None,
+                    alignment_s: float = 0.0) -> None:
         self.checkpointer.checkpoint(barrier, forward=not self.inputs_ended,
-                                     watermark=self.watermark)
-        self.gate.settle(barrier.checkpoint_id)
+                                     watermark=self.watermark, unaligned=unaligned,
+                                     input_state=input_state, alignment_s=alignment_s)
         if barrier.stop:
             self.source_stopped = True
 
-    def _forward_barrier(self, barrier: Barrier) -> None:
+    def _forward_barrier(self, barrier: Barrier, unaligned: bool) -> OutputStateCapture:
+        """Announce ``barrier`` on every output channel; return the output channel state.
+
+        Unaligned, the barrier overtakes what is still queued (waiting for
+        credit), which is captured. Aligned, it sits behind it; with a
+        timeout, the channels with data queued before it are watched until
+        that data is sent or the timeout turns the barrier unaligned.
+        """
         for writer in self.writers:  # rows emitted before the barrier go before it
             writer.flush()
+        n = barrier.checkpoint_id
+        unaligned = unaligned or barrier.unaligned or _timed_out(barrier)
+        capture = OutputStateCapture(n)
+        capture.unaligned = unaligned
+        announced = dataclasses.replace(barrier, unaligned=True) if unaligned else barrier
         for out in self.out_channels.values():
-            if not out.ended:
-                self.downstream[out.channel].receive_barrier.remote(out.channel, barrier,
-                                                                    out.last_seq)
-                out.epoch = barrier.checkpoint_id  # what follows belongs after the barrier
+            if out.ended:
+                continue  # the receiver records up to END_OF_INPUT instead
+            if unaligned:
+                capture.capture(out.channel, out.untransmitted())
+                self._announce(out, announced, out.transmitted_upto)
+            else:
+                self._announce(out, barrier, out.last_seq)
+                if barrier.aligned_timeout_ms is not None and out.transmitted_upto < out.last_seq:
+                    capture.await_channel(out.channel, out.last_seq)
+        capture.seal()
+        if not capture.done.is_set():
+            self.output_states[n] = (barrier, capture)
+        return capture
+
+    def _announce(self, out: OutputChannel, barrier: Barrier, upto: int) -> None:
+        index = out.announce()
+        self.downstream[out.channel].receive_barrier.remote(out.channel, barrier, upto, index)
+
+    def _settle_output_states(self) -> None:
+        """Aligned barriers with a timeout queued behind output: settled once the data
+        before them is sent; past the timeout, announced again as unaligned, ahead of
+        that data, which becomes output channel state (Flink: a timed-out aligned
+        barrier becomes a priority event)."""
+        now_ms = time.time() * 1000
+        for n, (barrier, capture) in list(self.output_states.items()):
+            for channel, upto in list(capture.awaiting.items()):
+                out = self.out_channels[channel]
+                if out.transmitted_upto >= upto:
+                    capture.settle(channel)
+                elif now_ms >= barrier.timeout_at_ms:
+                    capture.capture(channel, out.untransmitted(upto))
+                    capture.unaligned = True
+                    self._announce(out, dataclasses.replace(barrier, unaligned=True),
+                                   out.transmitted_upto)
+                    capture.settle(channel)
+            capture.seal()
+            if capture.done.is_set():
+                del self.output_states[n]
+
+    def _next_deadline_ms(self) -> float | None:
+        """Wall-clock ms of the earliest aligned-checkpoint timeout still to act on."""
+        last = self._last_checkpoint()
+        deadlines = [b.timeout_at_ms for n, b in self.barriers.items()
+                     if b.timeout_at_ms is not None and not b.unaligned and n > last]
+        deadlines += [b.timeout_at_ms for b, _ in self.output_states.values()]
+        return min(deadlines) if deadlines else None
+
+    def _replay_channel_state(self, state: ChannelStateContents) -> None:
+        """Restored channel state: the input part is consumed before anything that
+        arrives on its channel; the output part is sent before any new output."""
+        with self.cond:
+            for channel, envelopes in state.inputs.items():
+                if channel not in self.gate.channels:
+                    raise RuntimeError(f"restored channel state of input {channel}, which this "
+                                       f"job does not have (was the job graph changed?)")
+                self.gate.restore_channel_state(channel, envelopes)
+        for channel, envelopes in state.outputs.items():
+            out = self.out_channels.get(channel)
+            if out is None:
+                raise RuntimeError(f"restored channel state of output {channel}, which this "
+                                   f"job does not have (was the job graph changed?)")
+            for envelope in envelopes:
+                payload = envelope.payload
+                if envelope.kind == Kind.DATA:
+                    payload = [batch_payload(payload[0])]
+                out.send(envelope.kind, payload, envelope.rows)
 
     def _process(self, envelope: Envelope) -> None:
         channel = self.gate.channels[envelope.channel]
@@ -382,9 +580,13 @@ class Subtask:
                 batch = ray.get(batch)
             self.metrics["records_in"] += batch.num_rows
             self.metrics["batches_in"] += 1
-            self.sender_credits[channel.channel] -= 1
-            self.head_inputs[channel.input_index].emit(batch)
-            self.pending_credits[channel.channel] += 1
+            if envelope.seq >= 0:  # a replayed one (from restored channel state) cost no credit
+                self.sender_credits[channel.channel] -= 1
+            step = batch.num_rows
+            if self.slice_bytes is not None and batch.nbytes > self.slice_bytes:
+                step = max(1, batch.num_rows * self.slice_bytes // batch.nbytes)
+            self.in_progress = _InProgress(envelope, batch, step)
+            self._process_slice()
         elif envelope.kind == Kind.WATERMARK:
             channel.watermark = max(channel.watermark, envelope.payload)
             self._advance_watermark()
@@ -397,6 +599,18 @@ class Subtask:
                 call_operator(self.operators[0], "end_input", index)
             if self.gate.all_finished():
                 self._end_of_input()
+
+    def _process_slice(self) -> None:
+        """Hand the next slice of the batch in progress to the chain; its credit goes
+        back once the whole batch is processed."""
+        progress = self.in_progress
+        part = progress.next_slice()
+        channel = self.gate.channels[progress.envelope.channel]
+        self.head_inputs[channel.input_index].emit(part)
+        if progress.done:
+            self.in_progress = None
+            if progress.envelope.seq >= 0:
+                self.pending_credits[channel.channel] += 1
 
     def _fire_processing_timers(self) -> None:
         """Fire due processing-time timers (the idle wait bounds their lateness to
@@ -517,9 +731,10 @@ class SubtaskActor:
             self.subtask.post("trigger", barrier)
 
     @ray.method(concurrency_group="control")
-    def receive_barrier(self, channel: ChannelId, barrier: Barrier, upto: int) -> None:
+    def receive_barrier(self, channel: ChannelId, barrier: Barrier, upto: int,
+                        index: int) -> None:
         if barrier.attempt == self.subtask.spec.attempt:
-            self.subtask.post("barrier", channel, barrier, upto)
+            self.subtask.post("barrier", channel, barrier, upto, index)
 
     @ray.method(concurrency_group="control")
     def notify_checkpoint_complete(self, checkpoint_id: int, attempt: int) -> None:

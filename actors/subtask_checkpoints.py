@@ -5,16 +5,21 @@ For checkpoint ``n``, always in this order, on the mailbox thread:
 1. ``prepare_snapshot_pre_barrier(n)`` on every operator, head to tail —
    records they emit land before the barrier;
 2. barrier ``n`` to every output channel, on the control lane, carrying the
-   last sequence number put on that channel;
+   last sequence number before it on that channel (an unaligned barrier: the
+   last one *sent*; what is still queued becomes output channel state);
 3. the synchronous snapshot of every operator (cheap, consistent copies);
 
 then, on one background thread (so checkpoints are acknowledged in order):
 
 4. the asynchronous part — serialize and write every operator's state to
-   checkpoint storage — and the acknowledgement to the coordinator with the
-   state handles, or a decline with the reason if anything failed.
+   checkpoint storage; for an unaligned checkpoint wait until the channel
+   state is complete (input still in flight has arrived, an aligned barrier
+   queued behind data was sent or turned unaligned) and write it too — and
+   the acknowledgement to the coordinator with the state handles and the
+   checkpoint's statistics, or a decline with the reason if anything failed.
 
-It also reads a restored checkpoint's state for the chain's operators.
+It also reads a restored checkpoint's state for the chain's operators and
+the subtask's channel state.
 """
 
 from __future__ import annotations
@@ -24,7 +29,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from raystream.actors.channel_state import (InputStateRecorder, OutputStateCapture,
+                                            resolve_batches)
 from raystream.actors.messages import Barrier
+from raystream.checkpoint.channel_state_file import (ChannelStateContents, channel_state_key,
+                                                     decode_channel_state, encode_channel_state)
 from raystream.checkpoint.keygroups import key_group_range
 from raystream.checkpoint.sections import decode_sections, encode_sections
 from raystream.checkpoint.storage import SAVEPOINT_JOB_KEY, CheckpointStorage, StateHandle
@@ -48,6 +57,8 @@ class RestoreSpec:
     operators: dict[str, OperatorRestore] = field(default_factory=dict)  # operator name -> files
     # per head operator: the lowest input watermark any of its subtasks had at the checkpoint
     watermarks: dict[str, int] = field(default_factory=dict)
+    # channel state of an unaligned checkpoint: channel_state_key(chain, subtask) -> handle
+    channel_state: dict[str, dict] = field(default_factory=dict)
 
 
 @dataclass
@@ -57,26 +68,36 @@ class CheckpointingSpec:
     storage_uri: str
     job_key: str
     coordinator: Any  # the job master actor
+    # unaligned checkpoints: received batches are processed in slices of about this
+    # many bytes, so a barrier waits for one slice, never a whole message
+    slice_bytes: int | None = None
 
 
 class SubtaskCheckpointer:
+    """``forward_barrier(barrier, unaligned)`` forwards the barrier and returns the
+    output channel state it captured (or None when nothing can be queued)."""
+
     def __init__(self, *, spec: CheckpointingSpec, names: list[str], operators: list[Operator],
-                 vertex_id: int, index: int, parallelism: int, max_parallelism: int, attempt: int,
-                 failpoints: Failpoints, forward_barrier: Callable[[Barrier], None]) -> None:
+                 vertex_id: int, vertex_name: str, index: int, parallelism: int,
+                 max_parallelism: int, attempt: int, failpoints: Failpoints,
+                 forward_barrier: Callable[[Barrier, bool], OutputStateCapture | None]) -> None:
         self.spec = spec
         self.storage = CheckpointStorage(spec.storage_uri)
         self.names = names
         self.operators = operators
         self.vertex_id, self.index, self.attempt = vertex_id, index, attempt
+        self.channel_state_key = channel_state_key(vertex_name, index)
         self.key_groups = key_group_range(index, parallelism, max_parallelism)
         self.failpoints = failpoints
         self.forward_barrier = forward_barrier
         self.last_checkpoint_id = 0
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshot")
         self.sync_pause_s: list[float] = []
+        self._channel_parts: list[InputStateRecorder | OutputStateCapture] = []
 
     # -- restore ----------------------------------------------------------------------
-    def restore(self, restore: RestoreSpec | None) -> None:
+    def restore(self, restore: RestoreSpec | None) -> ChannelStateContents | None:
+        """Initialize every operator's state; return this subtask's channel state, if any."""
         source = CheckpointStorage(restore.storage_uri) if restore is not None else None
         for name, operator in zip(self.names, self.operators):
             state = None
@@ -88,33 +109,53 @@ class SubtaskCheckpointer:
                     self._keyed_sections(source, files.keyed_state))
                 self.last_checkpoint_id = restore.checkpoint_id
             call_operator(operator, "initialize_state", state)
+        if restore is None or self.channel_state_key not in restore.channel_state:
+            return None
+        blob = _read(source, restore.channel_state[self.channel_state_key])
+        return decode_channel_state(blob, self.attempt)
 
     def _keyed_sections(self, storage, handles: list[dict]):
         for handle in handles:
             yield from decode_sections(_read(storage, handle), self.key_groups)
 
     # -- checkpoint n -------------------------------------------------------------------
-    def checkpoint(self, barrier: Barrier, forward: bool, watermark: int) -> None:
+    def checkpoint(self, barrier: Barrier, forward: bool, watermark: int, *,
+                   unaligned: bool = False, input_state: InputStateRecorder | None = None,
+                   alignment_s: float = 0.0) -> None:
         """Steps 1-3 on the mailbox thread; step 4 queued on the snapshot thread.
 
         ``watermark`` is the subtask's input watermark at the barrier; it goes
         into the checkpoint so a restored job does not go back in event time.
+        ``unaligned``: forward the barrier ahead of queued output;
+        ``input_state`` records the input in flight (unaligned at this
+        subtask); ``alignment_s``: how long the subtask waited for barriers.
         """
         started = time.perf_counter()
         n = barrier.checkpoint_id
         self.last_checkpoint_id = n
         for operator in self.operators:
             call_operator(operator, "prepare_snapshot_pre_barrier", n)
-        if forward:
-            self.forward_barrier(barrier)
+        output_state = self.forward_barrier(barrier, unaligned) if forward else None
+        parts = [p for p in (input_state, output_state) if p is not None]
+        self._channel_parts = [p for p in self._channel_parts if not p.done.is_set()] + parts
         self.failpoints.hit("in_snapshot")
         snapshots = [(name, call_operator(op, "snapshot_state", n))
                      for name, op in zip(self.names, self.operators)]
         self.sync_pause_s.append(time.perf_counter() - started)
-        self._writer.submit(self._write_and_acknowledge, barrier, snapshots, started, watermark)
+        stats = {"watermark": watermark, "alignment_s": alignment_s}
+        self._writer.submit(self._write_and_acknowledge, barrier, snapshots, started, stats,
+                            input_state, output_state)
 
-    def _write_and_acknowledge(self, barrier: Barrier, snapshots, started: float,
-                               watermark: int) -> None:
+    def cancel_channel_state(self, upto: int | None = None) -> None:
+        """Checkpoints up to ``upto`` (all: None) were aborted: stop waiting for their
+        channel state."""
+        for part in self._channel_parts:
+            if upto is None or part.checkpoint_id <= upto:
+                part.cancel()
+
+    def _write_and_acknowledge(self, barrier: Barrier, snapshots, started: float, stats: dict,
+                               input_state: InputStateRecorder | None,
+                               output_state: OutputStateCapture | None) -> None:
         n = barrier.checkpoint_id
         coordinator = self.spec.coordinator
         try:
@@ -127,13 +168,40 @@ class SubtaskCheckpointer:
                 entry = self._write_operator(barrier, name, snapshot)
                 size += sum(h["size"] for key, h in entry.items() if key != "committables")
                 written[name] = entry
+            channel_state = self._write_channel_state(n, input_state, output_state)
+            if channel_state is False:
+                return  # aborted while the channel state was completing: nothing to acknowledge
+            stats["channel_state_bytes"] = channel_state["size"] if channel_state else 0
+            stats["channel_state"] = channel_state
+            stats["channel_state_key"] = self.channel_state_key
+            stats["unaligned"] = input_state is not None or (
+                output_state is not None and output_state.unaligned)
+            size += stats["channel_state_bytes"]
+            stats.update(size=size, duration_s=time.perf_counter() - started)
             coordinator.acknowledge_checkpoint.remote(
-                self.attempt, n, self.vertex_id, self.index, written,
-                {"size": size, "duration_s": time.perf_counter() - started,
-                 "watermark": watermark})
+                self.attempt, n, self.vertex_id, self.index, written, stats)
         except Exception as exc:  # storage unwritable, serialization failed, ...
             coordinator.decline_checkpoint.remote(
                 self.attempt, n, self.vertex_id, self.index, f"{type(exc).__name__}: {exc}")
+
+    def _write_channel_state(self, n: int, input_state: InputStateRecorder | None,
+                             output_state: OutputStateCapture | None) -> dict | None | bool:
+        """Wait for the channel state, write it; its handle, None if empty, False if aborted."""
+        inputs, outputs = {}, {}
+        if input_state is not None:
+            if not input_state.wait():
+                return False
+            inputs = {c: resolve_batches(e) for c, e in input_state.entries().items() if e}
+        if output_state is not None:
+            if not output_state.wait():
+                return False
+            outputs = {c: resolve_batches(e) for c, e in output_state.entries.items() if e}
+        if not inputs and not outputs:
+            return None
+        blob = encode_channel_state(inputs, outputs)
+        handle = self.storage.write_state(self.spec.job_key, n,
+                                          f"{_safe(self.channel_state_key)}.channels", blob)
+        return handle.to_json()
 
     def _write_operator(self, barrier: Barrier, name: str,
                         snapshot: OperatorSnapshot) -> dict[str, dict]:
@@ -164,6 +232,7 @@ class SubtaskCheckpointer:
             call_operator(operator, "notify_checkpoint_aborted", checkpoint_id)
 
     def close(self) -> None:
+        self.cancel_channel_state()
         self._writer.shutdown(wait=False, cancel_futures=True)
 
 

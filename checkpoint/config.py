@@ -2,8 +2,12 @@
 
     >>> import raystream as rs
     >>> config = rs.CheckpointConfig(interval_s=1.0, storage="/tmp/raystream-checkpoints")
-    >>> config.max_concurrent, config.retained
-    (1, 3)
+    >>> config.max_concurrent, config.retained, config.alignment
+    (1, 3, 'aligned')
+    >>> rs.CheckpointConfig(unaligned=True).alignment, rs.CheckpointConfig(mode="unaligned").unaligned
+    ('unaligned', True)
+    >>> rs.CheckpointConfig(aligned_timeout=0.2).alignment
+    'aligned_timeout'
     >>> rs.RestartStrategy.fixed_delay(attempts=3, delay_s=0.5).delay_before(2)
     0.5
     >>> rs.RestartStrategy.exponential_backoff(attempts=5, initial_s=0.1, max_s=1.0).delay_before(4)
@@ -36,6 +40,17 @@ class CheckpointConfig:
         tolerable_failures: checkpoints that may fail in a row before the job
             fails over (declines and timeouts count; the job keeps running
             while below this number).
+        unaligned: unaligned checkpoints (Flink FLIP-76): barriers overtake
+            the data in flight, which becomes part of the checkpoint (channel
+            state), so a checkpoint does not wait for backpressured queues to
+            drain. Runs with ``max_concurrent=1``; savepoints stay aligned. A
+            job restores channel state at the same parallelism only.
+        aligned_timeout: seconds; a checkpoint starts aligned and turns
+            unaligned wherever it is still aligning this long after it was
+            triggered (Flink's ``alignedCheckpointTimeout``). Implies
+            unaligned checkpoints, ``max_concurrent=1``; 0 means unaligned
+            at once.
+        mode: ``"aligned"`` or ``"unaligned"``, another way to say ``unaligned``.
     """
 
     interval_s: float = 1.0
@@ -45,12 +60,33 @@ class CheckpointConfig:
     retained: int = 3
     storage: str = field(default_factory=_default_storage)
     tolerable_failures: int = 1_000_000
+    unaligned: bool = False
+    aligned_timeout: float | None = None
+    mode: str | None = None
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.timeout_s <= 0:
             raise ValueError("interval_s and timeout_s must be > 0")
         if self.max_concurrent < 1 or self.retained < 1:
             raise ValueError("max_concurrent and retained must be >= 1")
+        if self.mode is not None:
+            if self.mode not in ("aligned", "unaligned"):
+                raise ValueError(f"mode must be 'aligned' or 'unaligned', got {self.mode!r}")
+            if self.mode == "aligned" and self.unaligned:
+                raise ValueError("mode='aligned' contradicts unaligned=True")
+            object.__setattr__(self, "unaligned", self.mode == "unaligned")
+        if self.aligned_timeout is not None and self.aligned_timeout < 0:
+            raise ValueError(f"aligned_timeout must be >= 0 seconds, got {self.aligned_timeout}")
+        if self.alignment != "aligned" and self.max_concurrent != 1:
+            raise ValueError(f"unaligned checkpoints (and aligned_timeout) run one at a time: "
+                             f"max_concurrent must be 1, got {self.max_concurrent}")
+
+    @property
+    def alignment(self) -> str:
+        """``"aligned"``, ``"unaligned"`` or ``"aligned_timeout"``."""
+        if self.aligned_timeout is not None:
+            return "aligned_timeout"
+        return "unaligned" if self.unaligned else "aligned"
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,11 @@ restarts (the next id is above every ``chk-<id>`` directory in storage).
 Output committed by a checkpoint (a collect sink's batches) is listed in the
 metadata, cumulatively: restoring checkpoint ``n`` restores exactly the
 output committed up to ``n``.
+
+Unaligned checkpoints (``CheckpointConfig(unaligned=True)`` or
+``aligned_timeout``) also list each subtask's channel state file; such a
+checkpoint restores only into the same job graph at the same parallelism
+(its metadata keeps the plan's description to check that).
 """
 
 from __future__ import annotations
@@ -53,6 +58,10 @@ class PendingCheckpoint:
     final: bool = False
     savepoint_target: str | None = None
     stop: bool = False
+    channel_state: dict[str, dict] = field(default_factory=dict)  # subtask key -> handle
+    alignment_s: float = 0.0
+    channel_state_bytes: int = 0
+    unaligned: bool = False
 
 
 @dataclass
@@ -62,16 +71,19 @@ class CheckpointStats:
     checkpoint_id: int
     trigger_ts_ms: int
     status: str  # "PENDING" | "COMPLETED" | "ABORTED" | "CORRUPT"
-    duration_s: float = 0.0
-    size: int = 0
+    duration_s: float = 0.0  # trigger to completion (or abort)
+    size: int = 0  # bytes written: operator state and channel state
     reason: str = ""
     savepoint: str | None = None  # the savepoint's location, for savepoints
+    alignment_s: float = 0.0  # longest time a subtask waited for barriers to align
+    channel_state_bytes: int = 0  # in-flight data written (unaligned checkpoints)
+    unaligned: bool = False  # some subtask took it unaligned (or a barrier overtook data)
 
 
 class CheckpointCoordinator:
     def __init__(self, *, config: CheckpointConfig, job_key: str, job_name: str,
                  subtasks: list[SubtaskKey], max_parallelism: int,
-                 vertex_heads: dict[int, str] | None = None,
+                 vertex_heads: dict[int, str] | None = None, topology: str = "",
                  send_trigger: Callable[[Barrier], None],
                  notify_complete: Callable[[int], None],
                  notify_aborted: Callable[[int], None],
@@ -84,6 +96,7 @@ class CheckpointCoordinator:
         # vertex id -> its head operator's name: restored watermarks follow operators,
         # not vertex ids, which change with the chaining of another job version
         self.vertex_heads = vertex_heads or {}
+        self.topology = topology  # the plan's description: channel state needs the same plan
         self._send_trigger = send_trigger
         self._notify_complete = notify_complete
         self._notify_aborted = notify_aborted
@@ -128,7 +141,13 @@ class CheckpointCoordinator:
         self.history[n] = CheckpointStats(n, ts, "PENDING", savepoint=savepoint_target)
         if final:
             self.final_checkpoint = n
-        self._send_trigger(Barrier(n, self.attempt, ts, savepoint_target, stop))
+        unaligned, timeout_ms = False, None
+        if savepoint_target is None:  # savepoints are always aligned
+            unaligned = self.config.alignment == "unaligned"
+            if self.config.aligned_timeout is not None:
+                timeout_ms = int(round(self.config.aligned_timeout * 1000))
+        self._send_trigger(Barrier(n, self.attempt, ts, savepoint_target, stop,
+                                   unaligned=unaligned, aligned_timeout_ms=timeout_ms))
         return n
 
     # -- acknowledgements -------------------------------------------------------------------
@@ -142,6 +161,11 @@ class CheckpointCoordinator:
         if "watermark" in stats:
             pending.watermarks[subtask] = int(stats["watermark"])
         pending.size += int(stats.get("size", 0))
+        pending.alignment_s = max(pending.alignment_s, float(stats.get("alignment_s", 0.0)))
+        pending.channel_state_bytes += int(stats.get("channel_state_bytes", 0))
+        pending.unaligned = pending.unaligned or bool(stats.get("unaligned"))
+        if stats.get("channel_state"):
+            pending.channel_state[stats["channel_state_key"]] = stats["channel_state"]
         if not pending.waiting:
             self._complete(pending)
 
@@ -192,6 +216,8 @@ class CheckpointCoordinator:
         stats = self.history[n]
         stats.status, stats.size = "COMPLETED", pending.size
         stats.duration_s = time.monotonic() - pending.started
+        stats.alignment_s, stats.unaligned = pending.alignment_s, pending.unaligned
+        stats.channel_state_bytes = pending.channel_state_bytes
         if pending.savepoint_target is not None and not (pending.stop or pending.final):
             return  # a savepoint of a running job: no commit, no failover target
         self.completed.append((n, metadata))
@@ -223,11 +249,16 @@ class CheckpointCoordinator:
         for (vertex, _), watermark in pending.watermarks.items():
             head = self.vertex_heads.get(vertex, f"vertex-{vertex}")
             watermarks[head] = min(watermarks.get(head, watermark), watermark)
-        return {"job": self.job_name, "checkpoint_id": pending.checkpoint_id,
-                "attempt": self.attempt, "trigger_ts_ms": pending.trigger_ts_ms,
-                "max_parallelism": self.max_parallelism, "hash_version": HASH_VERSION,
-                "operators": operators, "committed": committed, "handles": handles,
-                "watermarks": watermarks}
+        metadata = {"job": self.job_name, "checkpoint_id": pending.checkpoint_id,
+                    "attempt": self.attempt, "trigger_ts_ms": pending.trigger_ts_ms,
+                    "max_parallelism": self.max_parallelism, "hash_version": HASH_VERSION,
+                    "operators": operators, "committed": committed, "handles": handles,
+                    "watermarks": watermarks}
+        if pending.channel_state:
+            metadata["channel_state"] = dict(sorted(pending.channel_state.items()))
+            metadata["topology"] = self.topology
+            handles.extend(metadata["channel_state"].values())
+        return metadata
 
     def _discard_beyond_retention(self) -> None:
         while len(self.completed) > self.config.retained:
@@ -293,6 +324,12 @@ class CheckpointCoordinator:
         if metadata["hash_version"] != HASH_VERSION:
             raise ValueError(f"{path} used key hash version {metadata['hash_version']}; this "
                              f"raystream uses {HASH_VERSION}")
+        if metadata.get("channel_state") and metadata.get("topology") != self.topology:
+            raise ValueError(
+                f"{path} is an unaligned checkpoint holding in-flight data (channel state) of "
+                f"a job graph other than this one:\n{metadata.get('topology')}\nthis job:\n"
+                f"{self.topology}\nChannel state is not redistributed: restore it at the same "
+                f"parallelism and job graph, or restore from a savepoint (always aligned).")
         self._last_id = max(self._last_id, n)
         self.initial_restore = restore_spec_of(n, metadata, storage_uri)
         return self.initial_restore
@@ -310,7 +347,8 @@ def restore_spec_of(checkpoint_id: int, metadata: dict, storage_uri: str) -> Res
     return RestoreSpec(checkpoint_id, storage_uri,
                        {name: OperatorRestore(files["operator_state"], files["keyed_state"])
                         for name, files in metadata["operators"].items()},
-                       dict(metadata.get("watermarks", {})))
+                       dict(metadata.get("watermarks", {})),
+                       dict(metadata.get("channel_state", {})))
 
 
 def locate_snapshot(path: str) -> tuple[str, str]:

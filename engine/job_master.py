@@ -41,6 +41,9 @@ from raystream.engine.plan import JobPlan
 
 NAMESPACE = "raystream"
 POLL_S = 0.05
+# Unaligned checkpoints are taken between two slices of a received batch: about
+# Flink's network buffer (32 KiB), so a barrier never waits behind a whole message.
+UNALIGNED_SLICE_BYTES = 32 * 1024
 STOP_TIMEOUT_S = 30.0
 
 
@@ -410,6 +413,7 @@ class JobMaster:
             subtasks=[(v.id, i) for v in self.plan.vertices for i in range(v.parallelism)],
             max_parallelism=self.plan.max_parallelism,
             vertex_heads={v.id: v.nodes[0].name for v in self.plan.vertices},
+            topology=self.plan.describe(),
             send_trigger=lambda barrier: [a.trigger_checkpoint.remote(barrier)
                                           for a in self.actors.values()],
             notify_complete=lambda n: [a.notify_checkpoint_complete.remote(n, self.attempt)
@@ -424,7 +428,9 @@ class JobMaster:
         me = ray.get_runtime_context().current_actor
         checkpointing = None
         if options.checkpoints is not None:
-            checkpointing = CheckpointingSpec(options.checkpoints.storage, self.job_id, me)
+            unaligned = options.checkpoints.alignment != "aligned"
+            checkpointing = CheckpointingSpec(options.checkpoints.storage, self.job_id, me,
+                                              UNALIGNED_SLICE_BYTES if unaligned else None)
         for vertex in plan.vertices:
             for index in range(vertex.parallelism):
                 spec = SubtaskSpec(self.job_id, self.job_name, self.attempt, vertex, index,
