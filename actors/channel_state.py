@@ -205,15 +205,19 @@ class OutputStateCapture(_PendingPart):
 
 def resolve_batches(envelopes: Iterable[Envelope]) -> list[tuple[Kind, object, int]]:
     """``(kind, batch or watermark, rows)`` per message, data fetched from Ray's object
-    store (channel state is written to storage, never kept as object refs)."""
+    store in one call (channel state is written to storage, never kept as object refs)."""
     import ray
 
+    envelopes = list(envelopes)
+    refs = [e.payload[0] for e in envelopes
+            if e.kind == Kind.DATA and not isinstance(e.payload[0], pa.RecordBatch)]
+    fetched = iter(ray.get(refs)) if refs else iter(())
     out = []
     for envelope in envelopes:
         if envelope.kind == Kind.DATA:
             batch = envelope.payload[0]
             if not isinstance(batch, pa.RecordBatch):
-                batch = ray.get(batch)
+                batch = next(fetched)
             out.append((Kind.DATA, batch, batch.num_rows))
         elif envelope.kind == Kind.WATERMARK:
             out.append((Kind.WATERMARK, envelope.payload, 0))
