@@ -482,9 +482,14 @@ class Subtask:
     def _checkpoint(self, barrier: Barrier, *, unaligned: bool = False,
                     input_state: InputStateRecorder | None = None,
                     alignment_s: float = 0.0) -> None:
-        self.checkpointer.checkpoint(barrier, forward=not self.inputs_ended,
-                                     watermark=self.watermark, unaligned=unaligned,
-                                     input_state=input_state, alignment_s=alignment_s)
+        # A subtask whose input ended forwards no aligned barrier (its receivers
+        # count its END_OF_INPUT instead); an unaligned one still overtakes the
+        # output it has not sent, so its receivers need not wait for that.
+        forward = not self.inputs_ended or (
+            (unaligned or barrier.unaligned or _timed_out(barrier)) and self._backlogged())
+        self.checkpointer.checkpoint(barrier, forward=forward, watermark=self.watermark,
+                                     unaligned=unaligned, input_state=input_state,
+                                     alignment_s=alignment_s)
         if barrier.stop:
             self.source_stopped = True
 
@@ -504,10 +509,11 @@ class Subtask:
         capture.unaligned = unaligned
         announced = dataclasses.replace(barrier, unaligned=True) if unaligned else barrier
         for out in self.out_channels.values():
-            if out.ended:
+            queued = out.untransmitted()
+            if out.ended and (not unaligned or not queued):
                 continue  # the receiver records up to END_OF_INPUT instead
-            if unaligned:
-                capture.capture(out.channel, out.untransmitted())
+            if unaligned:  # ahead of what is queued (END_OF_INPUT stays after it)
+                capture.capture(out.channel, [e for e in queued if e.kind != Kind.END_OF_INPUT])
                 self._announce(out, announced, out.transmitted_upto)
             else:
                 self._announce(out, barrier, out.last_seq)

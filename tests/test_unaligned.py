@@ -25,7 +25,7 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import raystream as rs
@@ -54,6 +54,12 @@ class _Sender:
         self.awaiting: int | None = None  # aligned barrier with timeout queued behind data
 
     def emit(self, kind: Kind) -> None:
+        if self.out.ended:
+            return
+        if kind == Kind.END_OF_INPUT:
+            self.emitted.append("END")
+            self.out.send(Kind.END_OF_INPUT)
+            return
         ident = len(self.emitted)
         self.emitted.append(ident)
         if kind == Kind.DATA:
@@ -65,9 +71,14 @@ class _Sender:
         self.net_control.append((unaligned, upto, self.out.announce()))
 
     def forward(self, unaligned: bool) -> None:
-        self.before_barrier = list(self.emitted)
+        """As Subtask._forward_barrier: after END_OF_INPUT only an unaligned barrier,
+        ahead of what is still queued, is announced."""
+        self.before_barrier = [i for i in self.emitted if i != "END"]
+        queued = self.out.untransmitted()
+        if self.out.ended and (not unaligned or not queued):
+            return  # the receiver records up to END_OF_INPUT
         if unaligned:
-            self.captured = [_ident(e) for e in self.out.untransmitted()]
+            self.captured = [_ident(e) for e in queued if e.kind != Kind.END_OF_INPUT]
             self._announce(True, self.out.transmitted_upto)
         else:
             self._announce(False, self.out.last_seq)
@@ -84,7 +95,9 @@ class _Sender:
         self.awaiting = None
 
 
-def _ident(envelope: Envelope) -> int:
+def _ident(envelope: Envelope) -> int | str:
+    if envelope.kind == Kind.END_OF_INPUT:
+        return "END"
     return envelope.payload[0] if envelope.kind == Kind.DATA else envelope.payload
 
 
@@ -139,6 +152,8 @@ class _Receiver:
         if envelope is None:
             return False
         self.consumed.append(_ident(envelope))
+        if envelope.kind == Kind.END_OF_INPUT:
+            self.gate.channels[CH].finished = True
         if envelope.kind == Kind.DATA:
             self.ungranted += 1
             if self.ungranted >= grant_every:
@@ -154,10 +169,11 @@ def _channel_runs(draw):
     credits = draw(st.integers(1, 3))
     actions = draw(st.lists(st.sampled_from(
         ["data", "data", "watermark", "deliver", "deliver", "announce", "consume", "consume",
-         "forward", "snapshot", "time_out"]), min_size=1, max_size=60))
+         "forward", "snapshot", "time_out", "end"]), min_size=1, max_size=60))
     return mode, credits, actions, draw(st.integers(0, 2 ** 32 - 1)), draw(st.integers(1, 3))
 
 
+@settings(max_examples=400)
 @given(_channel_runs())
 def test_consumed_then_input_state_then_output_state_is_what_preceded_the_barrier(run):
     mode, credits, actions, seed, grant_every = run
@@ -180,8 +196,9 @@ def test_consumed_then_input_state_then_output_state_is_what_preceded_the_barrie
         return True
 
     for action in actions:
-        if action in ("data", "watermark"):
-            sender.emit(Kind.DATA if action == "data" else Kind.WATERMARK)
+        if action in ("data", "watermark", "end"):
+            sender.emit({"data": Kind.DATA, "watermark": Kind.WATERMARK,
+                         "end": Kind.END_OF_INPUT}[action])
         elif action == "deliver":
             deliver_one()
         elif action == "announce" and net_control:
@@ -207,6 +224,9 @@ def test_consumed_then_input_state_then_output_state_is_what_preceded_the_barrie
         sender.out.add_credit(receiver.ungranted)
     while deliver_one() or receiver.consume(1):
         pass
+    if not receiver.snapshotted:  # no barrier came (the sender ended first): a trigger
+        assert sender.out.ended
+        receiver.snapshot_unaligned()
 
     assert receiver.consumed == sender.emitted  # the channel itself: in order, complete
     assert receiver.snapshotted
@@ -215,7 +235,8 @@ def test_consumed_then_input_state_then_output_state_is_what_preceded_the_barrie
     if receiver.recorder is not None:
         assert receiver.recorded is not None, "the input state never completed"
         recorded = receiver.recorded
-    assert receiver.before_snapshot + recorded + sender.captured == sender.before_barrier
+    consumed_before = [i for i in receiver.before_snapshot if i != "END"]
+    assert consumed_before + recorded + sender.captured == sender.before_barrier
 
 
 def test_receiver_switched_to_unaligned_waits_for_its_sender_turning_the_barrier():
