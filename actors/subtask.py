@@ -14,6 +14,14 @@ output channel is out of credit (backpressure) or the checkpoint barrier has
 blocked it — one input message or, in a source subtask, one batch from the
 source. No actor method blocks waiting for a peer.
 
+Checkpoints: aligned (a channel blocks at its barrier until all have it),
+unaligned (the first barrier snapshots at once; in-flight data becomes
+channel state, :mod:`raystream.actors.channel_state`), or aligned with a
+timeout (turns unaligned when the timeout passes, here and at senders whose
+barrier is still queued behind output). With unaligned checkpoints a received
+batch is handed to the chain in ~32 KiB slices, so a barrier waits for one
+slice rather than a whole message.
+
 Life cycle: RUNNING until every input has ended and all output is sent; then
 the subtask reports *finished* to the job master but stays alive, taking part
 in checkpoints (the final one commits its last output, FLIP-147) until the
