@@ -20,6 +20,9 @@ from dataclasses import dataclass
 MAX_WATERMARK = (1 << 63) - 1
 # Watermark before any was seen.
 MIN_WATERMARK = -(1 << 63)
+# Sequence number of a message replayed from restored channel state: it belongs
+# to no sequence of this attempt and cost its sender no credit.
+REPLAYED_SEQ = -1
 
 
 class Kind(enum.IntEnum):
@@ -64,8 +67,8 @@ class Envelope:
     still queued at its sender, so that data is transmitted after the
     announcement and carries it.
 
-    ``seq`` is -1 for a message replayed from a restored checkpoint's
-    channel state (it costs no credit).
+    ``seq`` is ``REPLAYED_SEQ`` for a message replayed from a restored
+    checkpoint's channel state (it costs no credit).
     """
 
     channel: ChannelId

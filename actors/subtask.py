@@ -43,8 +43,8 @@ import ray
 
 from raystream.actors.channel_state import InputStateRecorder, OutputStateCapture
 from raystream.actors.channels import InputGate, OutputChannel
-from raystream.actors.messages import (MAX_WATERMARK, MIN_WATERMARK, Barrier, ChannelId,
-                                       Envelope, Kind)
+from raystream.actors.messages import (MAX_WATERMARK, MIN_WATERMARK, REPLAYED_SEQ, Barrier,
+                                       ChannelId, Envelope, Kind)
 from raystream.actors.record_writer import RecordWriter, batch_payload
 from raystream.checkpoint.channel_state_file import ChannelStateContents
 from raystream.actors.subtask_checkpoints import (CheckpointingSpec, RestoreSpec,
@@ -111,8 +111,8 @@ class _InProgress:
     def remainder(self) -> Envelope:
         """The rows not handed over yet, as a replayable message."""
         rest = self.batch.slice(self.offset)
-        return Envelope(self.envelope.channel, -1, self.envelope.attempt, Kind.DATA, [rest],
-                        rest.num_rows)
+        return Envelope(self.envelope.channel, REPLAYED_SEQ, self.envelope.attempt, Kind.DATA,
+                        [rest], rest.num_rows)
 
 
 @dataclass
@@ -594,7 +594,7 @@ class Subtask:
                 batch = ray.get(batch)
             self.metrics["records_in"] += batch.num_rows
             self.metrics["batches_in"] += 1
-            if envelope.seq >= 0:  # a replayed one (from restored channel state) cost no credit
+            if envelope.seq != REPLAYED_SEQ:  # a replayed one cost no credit
                 self.sender_credits[channel.channel] -= 1
             step = batch.num_rows
             if self.slice_bytes is not None and batch.nbytes > self.slice_bytes:
@@ -623,7 +623,7 @@ class Subtask:
         self.head_inputs[channel.input_index].emit(part)
         if progress.done:
             self.in_progress = None
-            if progress.envelope.seq >= 0:
+            if progress.envelope.seq != REPLAYED_SEQ:
                 self.pending_credits[channel.channel] += 1
 
     def _fire_processing_timers(self) -> None:

@@ -29,11 +29,10 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from raystream.actors.messages import ChannelId, Envelope, Kind
+from raystream.actors.messages import REPLAYED_SEQ, ChannelId, Envelope, Kind
 from raystream.checkpoint.sections import decode_parts, encode_parts
 
 FORMAT = 1
-REPLAYED_SEQ = -1  # a replayed message has no sequence number of this attempt
 
 # (kind, batch or watermark, rows) per message, in channel order
 Entries = dict[ChannelId, list[tuple[Kind, object, int]]]

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 import raystream as rs
 from raystream.actors.channel_state import InputStateRecorder
 from raystream.actors.channels import InputGate, OutputChannel
-from raystream.actors.messages import ChannelId, Envelope, Kind
+from raystream.actors.messages import REPLAYED_SEQ, ChannelId, Envelope, Kind
 from raystream.checkpoint.channel_state_file import decode_channel_state, encode_channel_state
 
 CH = ChannelId(edge=0, upstream=0, downstream=0)
@@ -310,11 +310,11 @@ def test_sender_ended_before_the_barrier_is_recorded_up_to_end_of_input():
 
 def test_the_rest_of_a_half_processed_batch_leads_the_input_state():
     gate = InputGate([(CH, 0)])
-    gate.restore_channel_state(CH, [Envelope(CH, -1, 0, Kind.DATA, ["r0"], 1),
-                                    Envelope(CH, -1, 0, Kind.DATA, ["r1"], 1)])
+    gate.restore_channel_state(CH, [Envelope(CH, REPLAYED_SEQ, 0, Kind.DATA, ["r0"], 1),
+                                    Envelope(CH, REPLAYED_SEQ, 0, Kind.DATA, ["r1"], 1)])
     in_progress = gate.poll()  # r0, being processed in slices when the snapshot comes
     gate.add(Envelope(CH, 0, 0, Kind.DATA, ["a"], 1))
-    rest = Envelope(CH, -1, 0, Kind.DATA, ["rest of r0"], 1)
+    rest = Envelope(CH, REPLAYED_SEQ, 0, Kind.DATA, ["rest of r0"], 1)
     recorder = InputStateRecorder(2, gate, partial={CH: rest})
     recorder.on_barrier(CH, 1)
     assert in_progress.payload == ["r0"] and not recorder.done.is_set()
@@ -326,7 +326,7 @@ def test_the_rest_of_a_half_processed_batch_leads_the_input_state():
 
 def test_restored_input_state_is_consumed_first_and_counts_before_a_new_barrier():
     gate = InputGate([(CH, 0)])
-    replayed = [Envelope(CH, -1, 0, Kind.DATA, [f"r{i}"], 1) for i in range(2)]
+    replayed = [Envelope(CH, REPLAYED_SEQ, 0, Kind.DATA, [f"r{i}"], 1) for i in range(2)]
     gate.restore_channel_state(CH, replayed)
     gate.add_barrier(CH, 9, -1)  # a barrier before any message of this attempt
     assert gate.aligned_checkpoint() is None  # the replayed messages come before it
@@ -350,7 +350,7 @@ def test_channel_state_file_round_trip_keeps_order_kinds_and_rows():
     for decoded, original in ((state.inputs, inputs), (state.outputs, outputs)):
         assert list(decoded) == list(original)
         for channel, envelopes in decoded.items():
-            assert all(e.seq == -1 and e.attempt == 4 and e.channel == channel
+            assert all(e.seq == REPLAYED_SEQ and e.attempt == 4 and e.channel == channel
                        for e in envelopes)
             assert [e.kind for e in envelopes] == [k for k, _, _ in original[channel]]
             for e, (kind, value, rows) in zip(envelopes, original[channel]):
