@@ -483,16 +483,36 @@ class Subtask:
         return metrics
 
 
+HOST_STOP_TIMEOUT_S = 10.0
+
+
 @ray.remote(concurrency_groups={"data": 1, "control": 1, "monitor": 1}, max_restarts=0,
             max_task_retries=0)
 class SubtaskActor:
-    """Ray actor hosting one :class:`Subtask` (its methods only enqueue or report)."""
+    """Ray actor hosting one :class:`Subtask` (its methods only enqueue or report).
 
-    def __init__(self, spec: SubtaskSpec) -> None:
-        self.subtask = Subtask(spec)
+    Created with a spec, or empty as a warm spare; :meth:`host` swaps in the
+    subtask of a new attempt. Failover reuses live actors that way: a new
+    attempt need not wait for new worker processes to start and import.
+    """
+
+    def __init__(self, spec: SubtaskSpec | None = None) -> None:
+        self.subtask = Subtask(spec) if spec is not None else None
 
     def ready(self) -> str:
-        return self.subtask.spec.actor_name
+        return self.subtask.spec.actor_name if self.subtask is not None else "spare"
+
+    @ray.method(concurrency_group="control")
+    def host(self, spec: SubtaskSpec) -> str:
+        """Cancel the current subtask, wait until it has stopped, and host ``spec``'s."""
+        old = self.subtask
+        if old is not None and old._thread is not None:
+            old.post("cancel")
+            if not old.done.wait(HOST_STOP_TIMEOUT_S):
+                raise RuntimeError(f"subtask {old.spec.actor_name} did not stop within "
+                                   f"{HOST_STOP_TIMEOUT_S:.0f} s")
+        self.subtask = Subtask(spec)
+        return spec.actor_name
 
     @ray.method(concurrency_group="control")
     def connect(self, downstream: dict, upstream: dict) -> None:
@@ -504,32 +524,39 @@ class SubtaskActor:
 
     @ray.method(concurrency_group="data")
     def deliver(self, envelope: Envelope) -> None:
-        self.subtask.deliver(envelope)
+        subtask = self.subtask
+        if subtask is not None:
+            subtask.deliver(envelope)
 
     @ray.method(concurrency_group="control")
     def add_credit(self, channel: ChannelId, n: int, attempt: int) -> None:
-        if attempt == self.subtask.spec.attempt:
-            self.subtask.post("credit", channel, n)
+        subtask = self.subtask
+        if subtask is not None and attempt == subtask.spec.attempt:
+            subtask.post("credit", channel, n)
 
     @ray.method(concurrency_group="control")
     def trigger_checkpoint(self, barrier: Barrier) -> None:
-        if barrier.attempt == self.subtask.spec.attempt:
-            self.subtask.post("trigger", barrier)
+        subtask = self.subtask
+        if subtask is not None and barrier.attempt == subtask.spec.attempt:
+            subtask.post("trigger", barrier)
 
     @ray.method(concurrency_group="control")
     def receive_barrier(self, channel: ChannelId, barrier: Barrier, upto: int) -> None:
-        if barrier.attempt == self.subtask.spec.attempt:
-            self.subtask.post("barrier", channel, barrier, upto)
+        subtask = self.subtask
+        if subtask is not None and barrier.attempt == subtask.spec.attempt:
+            subtask.post("barrier", channel, barrier, upto)
 
     @ray.method(concurrency_group="control")
     def notify_checkpoint_complete(self, checkpoint_id: int, attempt: int) -> None:
-        if attempt == self.subtask.spec.attempt:
-            self.subtask.post("complete", checkpoint_id)
+        subtask = self.subtask
+        if subtask is not None and attempt == subtask.spec.attempt:
+            subtask.post("complete", checkpoint_id)
 
     @ray.method(concurrency_group="control")
     def notify_checkpoint_aborted(self, checkpoint_id: int, attempt: int) -> None:
-        if attempt == self.subtask.spec.attempt:
-            self.subtask.post("abort", checkpoint_id)
+        subtask = self.subtask
+        if subtask is not None and attempt == subtask.spec.attempt:
+            subtask.post("abort", checkpoint_id)
 
     @ray.method(concurrency_group="control")
     def drain(self) -> None:
@@ -551,5 +578,6 @@ class SubtaskActor:
 
     @ray.method(concurrency_group="monitor")
     def await_termination(self) -> TerminationReport:
-        self.subtask.done.wait()
-        return self.subtask.report
+        subtask = self.subtask  # the one hosted now, even if host() swaps it meanwhile
+        subtask.done.wait()
+        return subtask.report

@@ -91,6 +91,7 @@ class CheckpointCoordinator:
         self.attempt = 0
         self.pending: dict[int, PendingCheckpoint] = {}
         self.completed: list[tuple[int, dict]] = []  # (id, metadata), oldest first
+        self._undeleted: set[int] = set()  # discarded checkpoints whose directory remained
         self.history: dict[int, CheckpointStats] = {}
         self.failures_in_a_row = 0
         self._last_id = self.storage.highest_checkpoint_id(job_key)
@@ -233,12 +234,19 @@ class CheckpointCoordinator:
         while len(self.completed) > self.config.retained:
             n, _ = self.completed.pop(0)
             self._discard(n)
+        # Directories that could not be deleted before: a subtask of an older
+        # attempt may still have been writing into an aborted checkpoint.
+        for n in sorted(self._undeleted):
+            self._undeleted.discard(n)
+            self._discard(n, again=True)
 
-    def _discard(self, n: int) -> None:
+    def _discard(self, n: int, again: bool = False) -> None:
         try:
             self.storage.discard(self.job_key, n)
         except OSError as exc:
-            log.warning("could not delete checkpoint %d: %s", n, exc)
+            self._undeleted.add(n)
+            if again:
+                log.warning("could not delete checkpoint %d: %s", n, exc)
 
     # -- restore ------------------------------------------------------------------------------
     def latest(self) -> tuple[int, dict] | None:

@@ -9,7 +9,7 @@ import ray
 
 from raystream.engine.datastream import SinkHandle
 from raystream.engine.errors import JobFailedError
-from raystream.engine.job_master import NAMESPACE, JobOutcome
+from raystream.engine.job_master import JobOutcome
 from raystream.engine.plan import JobPlan
 
 
@@ -114,8 +114,11 @@ class JobClient:
         """The Ray actor running subtask ``index`` of the chain holding ``operator_name``
         in the job's current attempt (a test kills it with ``ray.kill``)."""
         vertex = self.plan.vertex_of(operator_name)
-        names = ray.get(self._master.subtask_names.remote())
-        return ray.get_actor(names[vertex.name][index], namespace=NAMESPACE)
+        actor = ray.get(self._master.subtask_actors.remote())[vertex.name][index]
+        if actor is None:
+            raise ValueError(f"subtask {index} of '{vertex.name}' is not deployed (the job is "
+                             f"starting or restarting)")
+        return actor
 
     def progress(self) -> dict[str, Any]:
         """Status, attempt, failures so far and checkpoint history of a running job."""

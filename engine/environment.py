@@ -195,6 +195,9 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> None:
         return
     init_kwargs.setdefault("include_dashboard", False)
     if address is None:
+        # "local": always a Ray of our own, even where `ray start` left a cluster
+        # running on this machine (plain ray.init() would attach to that one).
+        address = "local"
         init_kwargs.setdefault("_system_config", EMBEDDED_RAY_SYSTEM_CONFIG)
     ray.init(address=address, **init_kwargs)
 

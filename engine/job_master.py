@@ -31,12 +31,12 @@ import pyarrow as pa
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from raystream.actors.subtask import (SubtaskActor, SubtaskSpec, TerminationReport,
-                                      subtask_actor_name)
+from raystream.actors.subtask import SubtaskActor, SubtaskSpec, TerminationReport
 from raystream.actors.subtask_checkpoints import CheckpointingSpec, RestoreSpec
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.checkpoint.coordinator import CheckpointCoordinator, TooManyCheckpointFailures
 from raystream.engine.failpoints import Failpoint, Failpoints, InjectedFailure
+from raystream.engine.graph import Resources
 from raystream.engine.plan import JobPlan
 
 NAMESPACE = "raystream"
@@ -114,6 +114,7 @@ class JobMaster:
         self.failures: list[str] = []
         self.restores: list[dict] = []
         self.coordinator = None
+        self.spare: Any = None  # a warm, empty subtask actor for failover
         self.savepoints: dict[int, tuple[_Reply, bool]] = {}  # id -> (waiting client, stops job)
         self.drain_to: tuple[str, _Reply] | None = None  # stop-with-savepoint, draining
         self._thread = threading.Thread(target=self._run, name="job master", daemon=True)
@@ -142,10 +143,11 @@ class JobMaster:
         return reply.wait(timeout_s)
 
     @ray.method(concurrency_group="client")
-    def subtask_names(self) -> dict[str, list[str]]:
-        """Actor names of the current attempt's subtasks, by chain."""
-        return {v.name: [subtask_actor_name(self.job_id, v.name, i, self.attempt)
-                         for i in range(v.parallelism)] for v in self.plan.vertices}
+    def subtask_actors(self) -> dict[str, list[Any]]:
+        """The actors hosting the current attempt's subtasks, by chain."""
+        actors = dict(self.actors)
+        return {v.name: [actors.get((v.id, i)) for i in range(v.parallelism)]
+                for v in self.plan.vertices}
 
     @ray.method(concurrency_group="client")
     def progress(self) -> dict[str, Any]:
@@ -372,7 +374,6 @@ class JobMaster:
                               traceback=report.traceback)
         self.status = "RESTARTING"
         self.coordinator.abort_all(f"failover after: {report.error}")
-        self._kill_all()
         time.sleep(self.options.restart.delay_before(restart))
         self.attempt += 1
         self.coordinator.attempt = self.attempt
@@ -419,21 +420,43 @@ class JobMaster:
             failpoints=self._coordinator_failpoints())
 
     def _deploy(self, restore: RestoreSpec | None) -> None:
+        """Deploy the current attempt. Actors of the previous attempt that are still
+        alive host their new subtask (no new process to start); a dead one is
+        replaced by the warm spare where its resources allow, else by a new actor."""
         plan, options = self.plan, self.options
-        self.actors, self.terminations, self.finished = {}, {}, {}
+        previous, self.actors, self.terminations, self.finished = self.actors, {}, {}, {}
         me = ray.get_runtime_context().current_actor
         checkpointing = None
         if options.checkpoints is not None:
             checkpointing = CheckpointingSpec(options.checkpoints.storage, self.job_id, me)
-        for vertex in plan.vertices:
-            for index in range(vertex.parallelism):
-                spec = SubtaskSpec(self.job_id, self.job_name, self.attempt, vertex, index,
-                                   plan.max_parallelism, options.credits, master=me,
-                                   checkpointing=checkpointing, restore=restore,
-                                   failpoints=options.failpoints)
-                self.actors[(vertex.id, index)] = SubtaskActor.options(
-                    name=spec.actor_name, namespace=NAMESPACE,
-                    **vertex.resources.ray_options()).remote(spec)
+        specs = {(vertex.id, index): SubtaskSpec(
+                     self.job_id, self.job_name, self.attempt, vertex, index, plan.max_parallelism,
+                     options.credits, master=me, checkpointing=checkpointing, restore=restore,
+                     failpoints=options.failpoints)
+                 for vertex in plan.vertices for index in range(vertex.parallelism)}
+        hosted = {key: previous[key].host.remote(spec)
+                  for key, spec in specs.items() if key in previous}
+        for key, ref in hosted.items():
+            try:
+                ray.get(ref)
+                self.actors[key] = previous[key]
+            except (RayActorError, RuntimeError, ray.exceptions.RayTaskError):
+                ray.kill(previous[key])  # dead, or its subtask would not stop
+        for key, spec in specs.items():
+            if key in self.actors:
+                continue
+            vertex = plan.vertices[key[0]]
+            if self.spare is not None and vertex.resources == Resources():
+                spare, self.spare = self.spare, None
+                try:
+                    ray.get(spare.host.remote(spec), timeout=options.actor_start_timeout_s)
+                    self.actors[key] = spare
+                    continue
+                except (RayActorError, GetTimeoutError):
+                    ray.kill(spare)
+            self.actors[key] = SubtaskActor.options(
+                name=spec.actor_name, namespace=NAMESPACE,
+                **vertex.resources.ray_options()).remote(spec)
         try:
             ray.get([a.ready.remote() for a in self.actors.values()],
                     timeout=options.actor_start_timeout_s)
@@ -454,9 +477,15 @@ class JobMaster:
         self.terminations = {a.await_termination.remote(): key for key, a in self.actors.items()}
         for actor in self.actors.values():
             actor.start.remote()  # a subtask that dies from here on is seen by its termination
+        if self.spare is None and options.checkpoints is not None and options.restart.attempts:
+            # A warm, empty actor (process started, modules imported) to replace a
+            # subtask that dies; created in the background, never waited for here.
+            self.spare = SubtaskActor.options(
+                name=f"raystream/{self.job_id}/spare@{self.attempt}", namespace=NAMESPACE,
+                **Resources().ray_options()).remote(None)
 
     def _kill_all(self) -> None:
-        for actor in self.actors.values():
+        for actor in [*self.actors.values(), *([self.spare] if self.spare is not None else [])]:
             try:
                 ray.kill(actor)
             except Exception:
