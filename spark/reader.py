@@ -3,6 +3,10 @@
 :func:`read` lists the files of the commit log (the source of truth) and
 hands exactly those to Spark, with the sink's schema (timestamps as Spark
 timestamps, partition columns restored from the ``col=value`` directories).
+When Spark's log (``_spark_metadata``) lists the same files, as it does but
+for the moment between a commit and its Spark batch or after a crash there,
+Spark reads them from that log (no lookup per file); otherwise the files are
+named one by one.
 It can be called while the job is still writing: the DataFrame holds the
 files committed when it was made -- a prefix, by commit, of the final output
 -- and never a file of an uncommitted or aborted checkpoint.
@@ -30,7 +34,7 @@ import pyarrow.parquet as pq
 from raystream.spark import commit_log
 from raystream.spark.commit_log import Location
 from raystream.spark.schema import spark_schema
-from raystream.spark.spark_log import SPARK_LOG_DIR, spark_base_path, spark_base_uri
+from raystream.spark.spark_log import SPARK_LOG_DIR, SparkSinkLog, spark_base_path
 
 _GLOB = set("{}[]*?\\")
 
@@ -78,8 +82,15 @@ def read(spark: Any, path: str, *, schema: Any = None, merge_schema: bool = Fals
     if not files:
         return spark.createDataFrame([], struct)
     base = spark_base_path(path)
-    return (spark.read.schema(struct).option("basePath", base)
-            .parquet(*(_no_glob(f"{base}/{f['path']}") for f in files)))
+    reader = spark.read.schema(struct)
+    spark_log = SparkSinkLog.of(path)
+    if not _GLOB & set(base) and (
+            {r["path"] for r in spark_log.files()} == {spark_log.uri(f["path"]) for f in files}):
+        # Spark's log lists exactly these files (the usual case): let Spark take them from
+        # there, with sizes and times, instead of looking every file up.
+        return reader.parquet(_no_glob(base))
+    return reader.option("basePath", base).parquet(*(_no_glob(f"{base}/{f['path']}")
+                                                     for f in files))
 
 
 def read_stream(spark: Any, path: str, *, schema: Any = None, **options: Any) -> Any:
@@ -90,6 +101,11 @@ def read_stream(spark: Any, path: str, *, schema: Any = None, **options: Any) ->
     Spark) is given -- required while nothing is committed yet. ``options``
     go to Spark's file source (``maxFilesPerTrigger``, ...).
     """
+    base = spark_base_path(path)
+    if _GLOB & set(base):
+        raise ValueError(f"{path!r} contains glob characters ({''.join(sorted(_GLOB))}): "
+                         f"Spark's file stream source would glob the paths of its files and "
+                         f"miss them; write the sink to a path without them")
     loc = Location.of(path)
     if loc.filesystem.get_file_info(loc.join(SPARK_LOG_DIR)).type != pafs.FileType.Directory:
         raise FileNotFoundError(
@@ -100,5 +116,5 @@ def read_stream(spark: Any, path: str, *, schema: Any = None, **options: Any) ->
         if schema is None:
             raise ValueError(f"nothing is committed to {path} yet, so its schema is unknown: "
                              f"pass schema=")
-    return (spark.readStream.schema(_struct(schema)).options(**options)
-            .parquet(spark_base_uri(path)))
+    # Spark looks for _spark_metadata under this literal path (it is not globbed first).
+    return spark.readStream.schema(_struct(schema)).options(**options).parquet(base)

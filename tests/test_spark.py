@@ -8,6 +8,7 @@ object store usage is measured by Ray itself.
 from __future__ import annotations
 
 import gc
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -107,7 +108,10 @@ def test_twenty_handoffs_leave_the_object_store_flat(spark):
     spark.range(1).count()  # Spark keeps the last job's plan until it runs another
     assert handoff.release_unused(spark) >= 1
     assert not ray.get(handoff._registry().keys.remote())
-    assert object_store_bytes() - baseline < table.nbytes / 4, (object_store_bytes(), baseline)
+    deadline = time.monotonic() + 30  # owners free objects once borrowers report back
+    while object_store_bytes() - baseline >= table.nbytes / 4:
+        assert time.monotonic() < deadline, (object_store_bytes(), baseline)
+        time.sleep(0.1)
 
 
 def test_a_derived_dataframe_keeps_its_blocks_until_it_is_dropped(spark):

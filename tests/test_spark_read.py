@@ -150,3 +150,22 @@ def test_spark_log_compacts_and_follows_truncation_and_crashes(spark, tmp_path):
     committer(out, attempt=3)  # any start of the committer reconciles
     assert plain_ids(spark, out) == sorted(upto(24) + list(range(90_000, 90_010)))
     assert os.path.isdir(os.path.join(out, SPARK_LOG_DIR))
+
+
+def test_sink_paths_with_spaces_percent_signs_and_glob_characters(spark, tmp_path):
+    for name in ("o u%2Ft", "g[1]{a,b}*"):
+        out = str(tmp_path / name)
+        op = committer(out)
+        commit(op, out, 1, np.arange(0, 10))
+        commit(op, out, 2, np.arange(10, 25))
+        write_checkpoint(out, 3, np.arange(100, 110))  # never committed
+        assert ids_of(rs.spark.read(spark, out)) == list(range(25)), name
+    # Spark's file stream source globs the paths of the files it found (as it does for its
+    # own sink's output): only a path without glob characters can be followed.
+    with pytest.raises(ValueError, match="glob"):
+        rs.spark.read_stream(spark, out)
+    out = str(tmp_path / "o u%2Ft")
+    query = (rs.spark.read_stream(spark, out).writeStream.format("memory").queryName("odd_path")
+             .trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert ids_of(spark.table("odd_path")) == list(range(25))
