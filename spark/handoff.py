@@ -18,10 +18,10 @@ itself, one derived from it, a cached or temp-view copy -- and are released
 after that, like Spark's ``ContextCleaner`` releases RDDs: the hand-off
 holds a JVM weak reference to the ``mapInArrow`` function that every such
 plan shares, and each later :func:`to_spark` (or :func:`release_unused`)
-runs the JVM's garbage collector and releases the blocks of the hand-offs
-whose function is gone. Spark itself keeps the plan of the last job it ran
-until it runs another, so a dropped DataFrame is released by the second
-hand-off after it at the latest. :func:`raystream.spark.stop` releases all.
+runs the JVM's garbage collector (in a background thread) and releases the
+blocks of the hand-offs whose function is gone. Spark itself keeps the plan
+of the last job it ran until it runs another, so a dropped DataFrame is
+released by the second hand-off after it at the latest. :func:`raystream.spark.stop` releases all.
 (RayDP's own ``to_spark`` keeps every block in its master actor until Spark
 stops.)
 
@@ -53,9 +53,11 @@ log = logging.getLogger(__name__)
 
 REGISTRY_NAME = "raystream-spark-handoff"
 REGISTRY_NAMESPACE = "raystream"
-# Rows per Ray block (one Spark partition each) and per Arrow batch handed to Spark.
+# Ray blocks (one Spark partition each): one per executor core, not smaller than this.
 MIN_ROWS_PER_BLOCK = 1 << 18
-BATCH_ROWS = 1 << 16
+# Arrow batches handed to Spark: bigger ones cost less per row (bench/spark_handoff.py).
+BATCH_ROWS = 1 << 18
+BATCH_BYTES = 32 << 20
 
 
 @ray.remote(num_cpus=0)
@@ -133,7 +135,10 @@ def _fetch_blocks(batches: Iterator[pa.RecordBatch], *, key: str, address: str,
             if ref is None:
                 raise RuntimeError(f"the Ray blocks of hand-off {key} were released: a DataFrame "
                                    f"from rs.spark.to_spark was used after rs.spark.stop()")
-            yield from ray.get(ref).to_batches(max_chunksize=BATCH_ROWS)
+            block = ray.get(ref)
+            row_bytes = max(1, block.nbytes // max(1, block.num_rows))
+            yield from block.to_batches(max_chunksize=max(1024, min(BATCH_ROWS,
+                                                                    BATCH_BYTES // row_bytes)))
 
 
 def to_spark(spark: Any, table: pa.Table) -> Any:
@@ -143,13 +148,11 @@ def to_spark(spark: Any, table: pa.Table) -> Any:
     preserved; an empty table gives an empty DataFrame with its columns.
     """
     struct = spark_schema(table.schema)
-    release_unused(spark, wait=False)
     if table.num_rows == 0 or table.num_columns == 0:
         empty = spark.createDataFrame([], struct)
         return empty if table.num_rows == 0 else spark.range(table.num_rows).select()
     table = _for_transfer(table, transfer_schema(struct))
-    parallelism = max(1, int(spark.sparkContext.defaultParallelism))
-    rows_per_block = max(MIN_ROWS_PER_BLOCK, -(-table.num_rows // parallelism))
+    rows_per_block = max(MIN_ROWS_PER_BLOCK, -(-table.num_rows // _executor_cores(spark)))
     refs = [ray.put(table.slice(offset, rows_per_block))  # owned by this driver
             for offset in range(0, table.num_rows, rows_per_block)]
     key = uuid.uuid4().hex
@@ -161,7 +164,49 @@ def to_spark(spark: Any, table: pa.Table) -> Any:
     df = spark.range(0, len(refs), 1, len(refs)).mapInArrow(fetch, struct)
     with _lock:
         _live[key] = _Handoff(refs, _weak_function(spark, df))
+    _sweep_soon(spark)
     return df
+
+
+_sweeper: threading.Thread | None = None
+_sweep_requested = False
+
+
+def _sweep_soon(spark: Any) -> None:
+    """Release unused hand-offs from a background thread: the garbage collections take a
+    tenth of a second or more, which the caller need not wait for. The thread sweeps
+    again as long as hand-offs were made during its last sweep."""
+    global _sweeper, _sweep_requested
+    with _lock:
+        _sweep_requested = True
+        if _sweeper is None or not _sweeper.is_alive():
+            _sweeper = threading.Thread(target=_sweep, args=(spark,), daemon=True,
+                                        name="raystream-handoff-sweep")
+            _sweeper.start()
+
+
+def _sweep(spark: Any) -> None:
+    global _sweep_requested
+    while True:
+        with _lock:
+            if not _sweep_requested:
+                return
+            _sweep_requested = False
+        try:
+            release_unused(spark)
+        except Exception:  # Spark or Ray stopped meanwhile: stop() released everything
+            log.debug("hand-off sweep failed", exc_info=True)
+            return
+
+
+def _executor_cores(spark: Any) -> int:
+    """Tasks Spark runs at once: more blocks than that only add tasks."""
+    conf = spark.sparkContext.getConf()
+    try:
+        return max(1, int(conf.get("spark.executor.instances")) *
+                   int(conf.get("spark.executor.cores")))
+    except (TypeError, ValueError):
+        return max(1, int(spark.sparkContext.defaultParallelism))
 
 
 def _weak_function(spark: Any, df: Any) -> Any:
@@ -181,8 +226,8 @@ def release_unused(spark: Any, *, wait: bool = True) -> int:
 
     Runs Python's and the JVM's garbage collectors. py4j tells the JVM about
     dropped DataFrames from a thread that wakes up every second: ``wait``
-    gives it that second (:func:`to_spark` does not wait; it catches up with
-    the DataFrames dropped before).
+    gives it that second. Every :func:`to_spark` runs this in a background
+    thread.
     """
     with _lock:
         tracked = [key for key, h in _live.items() if h.function is not None]

