@@ -21,8 +21,9 @@ paths must give the same hash sum (the same rows, types and values). With
 ``--stock`` RayDP's own ``ray.data.from_arrow(table).to_spark(spark)``
 (through pandas) is timed too, for reference (it keeps every block until
 Spark stops). ``--profile`` splits the hand-off's time: the driver side
-(cast, put, DataFrame), the Python workers alone (fetch and yield batches
-that Spark then drops) and the whole query.
+(cast, put, DataFrame), then queries that stop after each step -- a Spark
+job whose Python workers yield nothing, one that also fetches the blocks
+from Ray, one that hands them to the JVM and counts rows -- and the query.
 
     ./dev bench bench/spark_handoff.py            # prints both medians, last line RESULT
     ./dev bench bench/spark_handoff.py --stock --profile
@@ -95,7 +96,7 @@ def main() -> None:
         print(f"result: {table.nbytes / 1e6:.0f} MB in the driver; {len(files)} committed "
               f"Parquet files, {sum(os.path.getsize(f) for f in files) / 1e6:.0f} MB")
 
-        spark = rs.spark.session("spark-handoff")
+        spark = rs.spark.session("spark-handoff", configs={"spark.ui.showConsoleProgress": "false"})
         paths = {"raydp": lambda: result.to_spark(spark, collected),
                  "parquet": lambda: result.to_spark(spark, written)}
         if args.stock:
@@ -129,11 +130,24 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _drain(batches, **fetch_args):
+    """A mapInArrow function that fetches the blocks like the hand-off and yields nothing."""
+    from raystream.spark.handoff import _fetch_blocks
+
+    for _ in _fetch_blocks(batches, **fetch_args):
+        pass
+    return iter(())
+
+
 def profile(spark, table: pa.Table) -> None:
-    """Where the hand-off's time goes (medians of 3)."""
+    """Where the hand-off's time goes (medians of 5), step by step."""
+    import functools
+
+    import ray
+
     from raystream.spark import handoff
 
-    def median_of(fn, n: int = 3) -> float:
+    def median_of(fn, n: int = 5) -> float:
         samples = []
         for _ in range(n):
             start = time.perf_counter()
@@ -141,13 +155,25 @@ def profile(spark, table: pa.Table) -> None:
             samples.append(time.perf_counter() - start)
         return statistics.median(samples)
 
+    def count(df) -> int:
+        return df.selectExpr("count(1)").collect()[0][0]
+
     driver = median_of(lambda: handoff.to_spark(spark, table))
     df = handoff.to_spark(spark, table)
-    workers = median_of(lambda: df.selectExpr("count(1)").collect())  # no column is decoded
-    query = median_of(lambda: consume(df))
-    print(f"profile (hand-off): driver side (cast, put, DataFrame) {driver:.3f} s; "
-          f"transfer and count, no hashing {workers:.3f} s; "
-          f"query decoding every value {query:.3f} s")
+    blocks = df.rdd.getNumPartitions()
+    key = list(handoff._live)[-1]
+    context = ray.get_runtime_context()
+    nothing = spark.range(0, blocks, 1, blocks).mapInArrow(lambda it: iter(()), df.schema)
+    fetched = spark.range(0, blocks, 1, blocks).mapInArrow(functools.partial(
+        _drain, key=key, address=context.gcs_address, namespace=context.namespace), df.schema)
+    steps = [("driver: cast, ray.put, DataFrame", driver),
+             ("Spark job + Python workers, no data", median_of(lambda: count(nothing))),
+             ("... + fetching the blocks from Ray", median_of(lambda: count(fetched))),
+             ("... + Arrow to the JVM, rows counted", median_of(lambda: count(df))),
+             ("... + every value hashed (the query)", median_of(lambda: consume(df)))]
+    print(f"profile of the hand-off ({blocks} block(s), {table.num_rows:,} rows):")
+    for label, seconds in steps:
+        print(f"  {label:<40} {seconds:.3f} s")
 
 
 if __name__ == "__main__":

@@ -15,15 +15,16 @@ Block lifetime. A worker asks a small registry actor for its block's ref,
 so the ref travels in-band and Ray counts the borrow. The blocks stay in the
 object store while any Spark plan still uses the DataFrame -- the DataFrame
 itself, one derived from it, a cached or temp-view copy -- and are released
-after that, like Spark's ``ContextCleaner`` releases RDDs: the hand-off
+after that, the way Spark's ``ContextCleaner`` releases RDDs: the hand-off
 holds a JVM weak reference to the ``mapInArrow`` function that every such
-plan shares, and each later :func:`to_spark` (or :func:`release_unused`)
-runs the JVM's garbage collector (in a background thread) and releases the
-blocks of the hand-offs whose function is gone. Spark itself keeps the plan
-of the last job it ran until it runs another, so a dropped DataFrame is
-released by the second hand-off after it at the latest. :func:`raystream.spark.stop` releases all.
-(RayDP's own ``to_spark`` keeps every block in its master actor until Spark
-stops.)
+plan shares; after each :func:`to_spark` a background thread runs Python's
+and the JVM's garbage collectors and releases the blocks of the hand-offs
+whose function is gone (:func:`release_unused` does the same on demand).
+Spark keeps the plan of the last job it ran until it runs another, and py4j
+tells the JVM about dropped Python objects about once a second, so blocks
+leave the store a second or two after their last DataFrame is dropped and
+Spark ran something else. :func:`raystream.spark.stop` releases all. (RayDP's
+own ``to_spark`` keeps every block in its master actor until Spark stops.)
 
     >>> import pyarrow as pa, raystream as rs
     >>> spark = rs.spark.session()                                         # doctest: +SKIP
