@@ -77,6 +77,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import time
 import urllib.parse
 import uuid
 from dataclasses import dataclass
@@ -212,7 +213,7 @@ class SparkSinkLog:
             if info.type != pafs.FileType.File:
                 raise FileNotFoundError(f"committed data file {info.path} is missing")
             records.append({"path": self.uri(f["path"]), "size": info.size, "isDir": False,
-                            "modificationTime": info.mtime_ns // 1_000_000,
+                            "modificationTime": (info.mtime_ns or time.time_ns()) // 1_000_000,
                             "blockReplication": 1, "blockSize": BLOCK_SIZE, "action": "add"})
         return records
 
@@ -285,7 +286,7 @@ class SparkSinkLog:
         while first_bad in batches and all(r["path"] in committed
                                           for r in self._read(batches[first_bad])):
             first_bad += 1
-        dropped = list(range(latest, first_bad - 1, -1))
+        dropped = [i for i in sorted(batches, reverse=True) if i >= first_bad]
         for batch_id in dropped:  # newest first: the log stays a prefix if this is interrupted
             try:
                 self.loc.filesystem.delete_file(posixpath.join(self.directory, batches[batch_id]))
