@@ -47,8 +47,10 @@ def _no_glob(hadoop_path: str) -> str:
 def committed_schema(path: str, *, merge: bool = False) -> pa.Schema | None:
     """The Arrow schema of the committed output (data columns, then partition columns),
     from the first committed file -- or every one with ``merge`` -- or None if none."""
-    loc = Location.of(path)
-    files = commit_log.committed_file_entries(loc)
+    return _schema_of(Location.of(path), commit_log.committed_file_entries(path), merge)
+
+
+def _schema_of(loc: Location, files: list[dict], merge: bool) -> pa.Schema | None:
     if not files:
         return None
     schemas = []
@@ -77,7 +79,7 @@ def read(spark: Any, path: str, *, schema: Any = None, merge_schema: bool = Fals
 
     files = commit_log.committed_file_entries(path)
     if schema is None:
-        schema = committed_schema(path, merge=merge_schema)
+        schema = _schema_of(Location.of(path), files, merge_schema)
     struct = _struct(schema) if schema is not None else StructType([])
     if not files:
         return spark.createDataFrame([], struct)
@@ -88,7 +90,7 @@ def read(spark: Any, path: str, *, schema: Any = None, merge_schema: bool = Fals
             {r["path"] for r in spark_log.files()} == {spark_log.uri(f["path"]) for f in files}):
         # Spark's log lists exactly these files (the usual case): let Spark take them from
         # there, with sizes and times, instead of looking every file up.
-        return reader.parquet(_no_glob(base))
+        return reader.parquet(base)
     return reader.option("basePath", base).parquet(*(_no_glob(f"{base}/{f['path']}")
                                                      for f in files))
 
