@@ -40,6 +40,24 @@ class JobResult:
         non_empty = [p for p in parts if p.num_columns]
         return pa.concat_tables(non_empty, promote_options="default") if non_empty else pa.table({})
 
+    def to_spark(self, spark: Any, sink: SinkHandle) -> Any:
+        """A Spark DataFrame of what ``sink`` received, without files in between.
+
+        A ``collect()`` sink's rows go through Ray's object store
+        (``rs.spark.to_spark``: blocks owned by this driver, exact types);
+        a Parquet sink's committed files are read by Spark itself
+        (``rs.spark.read``).
+
+            >>> df = result.to_spark(rs.spark.session(), sink)   # doctest: +SKIP
+            >>> df.groupBy("k").count().show()                     # doctest: +SKIP
+        """
+        from raystream.spark import read, to_spark
+
+        path = getattr(sink, "path", None)
+        if path is not None:
+            return read(spark, path)
+        return to_spark(spark, self.table(sink))
+
     def count(self, sink: SinkHandle) -> int:
         """Number of records a ``discard()`` or ``collect()`` sink received."""
         parts = self._results[sink.transformation_id]

@@ -59,5 +59,8 @@ def stop() -> None:
         return
     import raydp
 
+    from raystream.spark.handoff import release_all
+
+    release_all()  # no DataFrame can use hand-off blocks once Spark is gone
     raydp.stop_spark()
     _session = None
