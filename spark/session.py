@@ -18,6 +18,7 @@ from raystream.engine.environment import ensure_ray
 LAPTOP_CONFIGS = {
     # Few partitions: a laptop has few cores and small results.
     "spark.sql.shuffle.partitions": "2",
+    "spark.ui.showConsoleProgress": "false",  # no progress bars between the rows a job prints
     "spark.default.parallelism": "2",
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.enabled": "false",
