@@ -21,6 +21,8 @@ output is committed. Then the subtasks are stopped.
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import queue
 import threading
 import time
@@ -36,12 +38,22 @@ from raystream.actors.subtask import (SubtaskActor, SubtaskSpec, TerminationRepo
 from raystream.actors.subtask_checkpoints import CheckpointingSpec, RestoreSpec
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.checkpoint.coordinator import CheckpointCoordinator, TooManyCheckpointFailures
+from raystream.engine import registry
 from raystream.engine.failpoints import Failpoint, Failpoints, InjectedFailure
 from raystream.engine.plan import JobPlan
+
+log = logging.getLogger(__name__)
 
 NAMESPACE = "raystream"
 POLL_S = 0.05
 STOP_TIMEOUT_S = 30.0
+PUBLISH_EVERY_S = 1.0  # how often a changed job summary goes to the cluster's job directory
+PUBLISHED_CHECKPOINTS = 100  # the newest checkpoints a summary lists
+
+
+def master_actor_name(job_id: str) -> str:
+    """The Ray actor name (in namespace ``raystream``) of a job's master."""
+    return f"raystream/{job_id}/master"
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,7 @@ class JobOptions:
     restart: RestartStrategy = field(default_factory=RestartStrategy.none)
     failpoints: tuple[Failpoint, ...] = ()
     restore_from: str | None = None
+    submission_id: str | None = None  # the Ray Jobs API submission that runs the driver
 
 
 class _Reply:
@@ -116,6 +129,8 @@ class JobMaster:
         self.coordinator = None
         self.savepoints: dict[int, tuple[_Reply, bool]] = {}  # id -> (waiting client, stops job)
         self.drain_to: tuple[str, _Reply] | None = None  # stop-with-savepoint, draining
+        self.started_at = time.time()
+        self._published: tuple[float, str] = (float("-inf"), "")  # when, what
         self._thread = threading.Thread(target=self._run, name="job master", daemon=True)
         self._thread.start()
 
@@ -148,6 +163,12 @@ class JobMaster:
                          for i in range(v.parallelism)] for v in self.plan.vertices}
 
     @ray.method(concurrency_group="client")
+    def metrics(self) -> dict[str, dict[str, float]]:
+        """Live metrics of every subtask of the current attempt, by "chain/index"
+        (none while the job deploys or restarts)."""
+        return self._collect_metrics() if self.status == "RUNNING" else {}
+
+    @ray.method(concurrency_group="client")
     def progress(self) -> dict[str, Any]:
         coordinator = self.coordinator
         return {"status": self.status, "attempt": self.attempt, "failures": list(self.failures),
@@ -176,6 +197,7 @@ class JobMaster:
         deploy_s = 0.0
         try:
             self.status = "DEPLOYING"
+            self._publish()
             self._create_coordinator()
             restore = None
             if self.options.restore_from is not None:
@@ -183,6 +205,7 @@ class JobMaster:
             self._deploy(restore=restore)
             deploy_s = time.perf_counter() - started
             self.status = "RUNNING"
+            self._publish()
             outcome = self._event_loop()
         except Exception as exc:  # could not deploy: report it, never hang the client
             outcome = JobOutcome("FAILED", error=f"job '{self.job_name}' could not run: "
@@ -197,6 +220,7 @@ class JobMaster:
         outcome.checkpoints = self.coordinator.stats() if self.coordinator else []
         self.outcome = outcome
         self.status = outcome.status
+        self._publish()
         self.done.set()
 
     def _event_loop(self) -> JobOutcome:
@@ -234,6 +258,8 @@ class JobMaster:
             outcome = self._answer_savepoints()
             if outcome is not None:
                 return outcome
+        if time.monotonic() - self._published[0] >= PUBLISH_EVERY_S:
+            self._publish()
         return self._maybe_finish()
 
     def _answer_savepoints(self) -> JobOutcome | None:
@@ -336,12 +362,42 @@ class JobMaster:
         return pa.concat_tables(tables, promote_options="default") if tables else pa.table({})
 
     def _collect_metrics(self) -> dict[str, dict[str, float]]:
-        names = {key: f"{self.plan.vertices[key[0]].name}/{key[1]}" for key in self.actors}
-        refs = {key: actor.metrics.remote() for key, actor in self.actors.items()}
+        actors = self.actors  # the event thread may replace it (failover)
+        names = {key: f"{self.plan.vertices[key[0]].name}/{key[1]}" for key in actors}
+        refs = {key: actor.metrics.remote() for key, actor in actors.items()}
         try:
             return {names[k]: v for k, v in zip(refs, ray.get(list(refs.values()), timeout=10))}
         except Exception:
             return {}
+
+    # -- the cluster's job directory ----------------------------------------------------------
+    def _summary(self) -> dict[str, Any]:
+        coordinator, outcome = self.coordinator, self.outcome
+        checkpoints = coordinator.stats()[-PUBLISHED_CHECKPOINTS:] if coordinator else []
+        summary = {
+            "job_id": self.job_id, "name": self.job_name, "status": self.status,
+            "attempt": self.attempt, "submission_id": self.options.submission_id,
+            "started_at": self.started_at, "ended_at": None, "failures": list(self.failures),
+            "restores": list(self.restores), "plan": self.plan.describe(),
+            "checkpoints": [dataclasses.asdict(stats) for stats in checkpoints],
+        }
+        if outcome is not None:
+            summary.update(ended_at=time.time(), error=outcome.error, metrics=outcome.metrics,
+                           deploy_s=outcome.deploy_s, run_s=outcome.run_s)
+        return summary
+
+    def _publish(self) -> None:
+        """Publish the job's summary if it changed; never fails the job."""
+        summary = self._summary()
+        text = json.dumps({k: v for k, v in summary.items() if k != "ended_at"}, default=str)
+        if text == self._published[1]:
+            self._published = (time.monotonic(), text)
+            return
+        try:
+            registry.publish(summary)
+            self._published = (time.monotonic(), text)
+        except Exception as exc:  # the directory is for people watching, not for the job
+            log.warning("could not publish the summary of %s: %s", self.job_id, exc)
 
     def _termination_report(self, ref: Any) -> TerminationReport:
         key = self.terminations.pop(ref)
@@ -371,6 +427,7 @@ class JobMaster:
                               subtask=report.index if report.index >= 0 else None,
                               traceback=report.traceback)
         self.status = "RESTARTING"
+        self._publish()
         self.coordinator.abort_all(f"failover after: {report.error}")
         self._kill_all()
         time.sleep(self.options.restart.delay_before(restart))
