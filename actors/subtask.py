@@ -462,7 +462,8 @@ class SubtaskActor:
         self.subtask = Subtask(spec)
 
     def ready(self) -> str:
-        return self.subtask.spec.actor_name
+        """Answered once the actor is up: the id of the Ray node it runs on."""
+        return ray.get_runtime_context().get_node_id()
 
     @ray.method(concurrency_group="control")
     def connect(self, downstream: dict, upstream: dict) -> None:

@@ -270,6 +270,13 @@ def cmd_status(args: argparse.Namespace) -> int:
                              + (f", latest #{completed[-1]['checkpoint_id']}" if completed else ""))]
     if job.get("submission_id"):
         lines.append(("submission", job["submission_id"]))
+    placement = dict(job.get("placement") or {})
+    if placement:
+        per_node: dict[str, int] = {}
+        for node in placement.values():
+            per_node[node] = per_node.get(node, 0) + 1
+        lines.append(("nodes", ", ".join(f"{node[:12]} ({count} subtasks)"
+                                         for node, count in sorted(per_node.items()))))
     if job.get("error"):
         lines.append(("error", job["error"].splitlines()[0]))
     for failure in job["failures"]:

@@ -172,6 +172,11 @@ class JobClient:
             return dict(self._outcome.metrics)
         return ray.get(self._master.metrics.remote())
 
+    def placement(self) -> dict[str, str]:
+        """The Ray node id of the job master (``"job master"``) and of every subtask of the
+        running job (``"chain/index"``)."""
+        return ray.get(self._master.get_placement.remote())
+
     def _outcome_from_directory(self) -> JobOutcome:
         summary = registry.find_job(self.job_id)
         if summary["status"] not in registry.TERMINAL_STATUSES:

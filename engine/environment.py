@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence as SequenceT
 import numpy as np
 import pyarrow as pa
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.checkpoint.keygroups import DEFAULT_MAX_PARALLELISM
@@ -39,7 +40,11 @@ from raystream.engine.sources.files import Files
 from raystream.engine.sources.sequence import Sequence
 from raystream.engine.watermarks import BoundedOutOfOrderness
 
-MASTER_RESOURCES = Resources(num_cpus=0.01)
+# The job master (and its checkpoint coordinator) needs no CPU of its own and runs on
+# the head node, which lives as long as the cluster: losing a worker node loses
+# subtasks, which the master restores, never the master.
+MASTER_RESOURCES = Resources(num_cpus=0)
+HEAD_NODE_RESOURCE = "node:__internal_head__"  # Ray gives it to the head node only
 
 
 @dataclass
@@ -193,6 +198,7 @@ class StreamEnvironment:
                              failpoints=self.failpoints, restore_from=restore_from,
                              submission_id=_submission_id())
         master = JobMaster.options(name=master_actor_name(job_id), namespace=NAMESPACE,
+                                   scheduling_strategy=on_head_node(),
                                    **MASTER_RESOURCES.ray_options()).remote(job_id, name, plan,
                                                                             options)
         client = JobClient(job_id, name, master, plan)
@@ -224,6 +230,14 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> None:
     if address is None and not os.environ.get("RAY_ADDRESS"):
         init_kwargs.setdefault("_system_config", EMBEDDED_RAY_SYSTEM_CONFIG)
     ray.init(address=address, **init_kwargs)
+
+
+def on_head_node() -> NodeAffinitySchedulingStrategy | None:
+    """A strategy that places an actor on the cluster's head node (None: no head found)."""
+    for node in ray.nodes():
+        if node.get("Alive") and HEAD_NODE_RESOURCE in node.get("Resources", {}):
+            return NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+    return None
 
 
 def _submission_id() -> str | None:

@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 NAMESPACE = "raystream"
 POLL_S = 0.05
 STOP_TIMEOUT_S = 30.0
+# Subtasks spread over the cluster's nodes (within what each operator asks for), so one
+# lost node costs a part of every operator, and a job uses every node's CPUs and memory.
+SUBTASK_SCHEDULING = "SPREAD"
 PUBLISH_EVERY_S = 1.0  # how often a changed job summary goes to the cluster's job directory
 PUBLISHED_CHECKPOINTS = 100  # the newest checkpoints a summary lists
 
@@ -122,6 +125,7 @@ class JobMaster:
         self.done = threading.Event()
         self.events: queue.Queue = queue.Queue()
         self.actors: dict[tuple[int, int], Any] = {}
+        self.placement: dict[str, str] = {}  # "chain/index" -> id of the node it runs on
         self.terminations: dict[Any, tuple[int, int]] = {}
         self.finished: dict[tuple[int, int], dict] = {}
         self.failures: list[str] = []
@@ -155,6 +159,12 @@ class JobMaster:
         reply = _Reply()
         self.events.put(("savepoint", path, stop, drain, reply))
         return reply.wait(timeout_s)
+
+    @ray.method(concurrency_group="client")
+    def get_placement(self) -> dict[str, str]:
+        """The node (id) of the job master and of every subtask of the current attempt,
+        by "chain/index"."""
+        return {"job master": ray.get_runtime_context().get_node_id(), **self.placement}
 
     @ray.method(concurrency_group="client")
     def subtask_names(self) -> dict[str, list[str]]:
@@ -379,6 +389,7 @@ class JobMaster:
             "attempt": self.attempt, "submission_id": self.options.submission_id,
             "started_at": self.started_at, "ended_at": None, "failures": list(self.failures),
             "restores": list(self.restores), "plan": self.plan.describe(),
+            "placement": dict(self.placement),
             "checkpoints": [dataclasses.asdict(stats) for stats in checkpoints],
         }
         if outcome is not None:
@@ -490,15 +501,18 @@ class JobMaster:
                                    failpoints=options.failpoints)
                 self.actors[(vertex.id, index)] = SubtaskActor.options(
                     name=spec.actor_name, namespace=NAMESPACE,
+                    scheduling_strategy=SUBTASK_SCHEDULING,
                     **vertex.resources.ray_options()).remote(spec)
         try:
-            ray.get([a.ready.remote() for a in self.actors.values()],
-                    timeout=options.actor_start_timeout_s)
+            nodes = ray.get([a.ready.remote() for a in self.actors.values()],
+                            timeout=options.actor_start_timeout_s)
         except GetTimeoutError:
             raise RuntimeError(
                 f"{len(self.actors)} subtask actors did not start within "
                 f"{options.actor_start_timeout_s:.0f} s; the cluster has "
                 f"{ray.available_resources()} available") from None
+        self.placement = {f"{plan.vertices[v].name}/{i}": node
+                          for (v, i), node in zip(self.actors, nodes)}
         calls = []
         for vertex in plan.vertices:
             for index in range(vertex.parallelism):
