@@ -50,6 +50,7 @@ STOP_TIMEOUT_S = 30.0
 # Subtasks spread over the cluster's nodes (within what each operator asks for), so one
 # lost node costs a part of every operator, and a job uses every node's CPUs and memory.
 SUBTASK_SCHEDULING = "SPREAD"
+NODE_PING_TIMEOUT_S = 2.0  # how long the subtasks of a node that may be lost get to answer
 PUBLISH_EVERY_S = 1.0  # how often a changed job summary goes to the cluster's job directory
 PUBLISHED_CHECKPOINTS = 100  # the newest checkpoints a summary lists
 
@@ -126,6 +127,7 @@ class JobMaster:
         self.events: queue.Queue = queue.Queue()
         self.actors: dict[tuple[int, int], Any] = {}
         self.placement: dict[str, str] = {}  # "chain/index" -> id of the node it runs on
+        self.died_on: set[str] = set()  # nodes where subtasks of this attempt died
         self.terminations: dict[Any, tuple[int, int]] = {}
         self.finished: dict[tuple[int, int], dict] = {}
         self.failures: list[str] = []
@@ -416,6 +418,9 @@ class JobMaster:
             return ray.get(ref)
         except RayActorError as exc:
             vertex = self.plan.vertices[key[0]]
+            node = self.placement.get(f"{vertex.name}/{key[1]}")
+            if node is not None:
+                self.died_on.add(node)
             first_line = str(exc).splitlines()[0] if str(exc) else ""
             return TerminationReport(
                 key[0], key[1], "FAILED", operator=vertex.name,
@@ -440,6 +445,7 @@ class JobMaster:
         self.status = "RESTARTING"
         self._publish()
         self.coordinator.abort_all(f"failover after: {report.error}")
+        lost_nodes = self._lost_nodes()
         self._kill_all()
         time.sleep(self.options.restart.delay_before(restart))
         self.attempt += 1
@@ -449,16 +455,45 @@ class JobMaster:
         started = time.perf_counter()
         try:
             restore = self.coordinator.verified_restore_spec()
-            self._deploy(restore=restore)
+            self._deploy(restore=restore, avoid_nodes=lost_nodes)
             self.restores.append({"attempt": self.attempt, "failure": report.error,
                                   "checkpoint_id": restore.checkpoint_id if restore else None,
-                                  "restore_s": time.perf_counter() - started})
+                                  "restore_s": time.perf_counter() - started,
+                                  "lost_nodes": lost_nodes})
         except RayActorError as exc:  # a subtask died while being wired: fail over again
             return self._failover(_Failure(TerminationReport(
                 -1, -1, "FAILED", operator="deployment",
                 error=f"a subtask died during restart: {type(exc).__name__}")))
         self.status = "RUNNING"
         return None
+
+    def _lost_nodes(self) -> list[str]:
+        """Nodes that seem to have died with subtasks of this job, to keep the restart off.
+
+        Ray declares a node dead only once its health checks fail (15 s by default); until
+        then it would place new subtasks there and the restart would fail again. A node is
+        taken for lost when a subtask on it died, it is not this master's node, and none of
+        the job's other subtasks there answers within ``NODE_PING_TIMEOUT_S``.
+        """
+        suspects, self.died_on = self.died_on - {ray.get_runtime_context().get_node_id()}, set()
+        if not suspects:
+            return []
+        on_node = {node: [actor for (v, i), actor in self.actors.items()
+                          if self.placement.get(f"{self.plan.vertices[v].name}/{i}") == node]
+                   for node in suspects}
+        pings = {node: [actor.ready.remote() for actor in actors] for node, actors in on_node.items()}
+        refs = [ref for node_refs in pings.values() for ref in node_refs]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=NODE_PING_TIMEOUT_S)
+        answered = set()
+        for ref in done:
+            try:
+                ray.get(ref)
+                answered.add(ref)
+            except Exception:  # a dead subtask answers with an error
+                pass
+        alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+        return sorted(node for node, node_refs in pings.items()
+                      if node in alive and not answered.intersection(node_refs))
 
     # -- deployment -------------------------------------------------------------------------------
     def _coordinator_failpoints(self) -> Failpoints:
@@ -486,9 +521,13 @@ class JobMaster:
                                       for a in self.actors.values()],
             failpoints=self._coordinator_failpoints())
 
-    def _deploy(self, restore: RestoreSpec | None) -> None:
+    def _deploy(self, restore: RestoreSpec | None, avoid_nodes: list[str] = ()) -> None:
+        """Start, wire and run every subtask; none on ``avoid_nodes`` (ids of lost nodes)."""
         plan, options = self.plan, self.options
         self.actors, self.terminations, self.finished = {}, {}, {}
+        self.died_on = set()
+        avoid = {"label_selector": {"ray.io/node-id": f"!in({','.join(avoid_nodes)})"}
+                 } if avoid_nodes else {}
         me = ray.get_runtime_context().current_actor
         checkpointing = None
         if options.checkpoints is not None:
@@ -501,7 +540,7 @@ class JobMaster:
                                    failpoints=options.failpoints)
                 self.actors[(vertex.id, index)] = SubtaskActor.options(
                     name=spec.actor_name, namespace=NAMESPACE,
-                    scheduling_strategy=SUBTASK_SCHEDULING,
+                    scheduling_strategy=SUBTASK_SCHEDULING, **avoid,
                     **vertex.resources.ray_options()).remote(spec)
         try:
             nodes = ray.get([a.ready.remote() for a in self.actors.values()],

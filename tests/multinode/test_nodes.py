@@ -110,3 +110,41 @@ def rs_wait_for_placement(client: rs.JobClient) -> dict[str, str]:
             return placement
         time.sleep(0.1)
     raise AssertionError("the job did not deploy")
+
+
+def test_a_lost_worker_node_restores_its_subtasks_elsewhere_exactly_once(cluster, tmp_path):
+    n = 100_000  # at 10,000 rows/s: still running when the node is lost
+    env = rs.StreamEnvironment(
+        parallelism=4,
+        checkpoints=rs.CheckpointConfig(interval_s=0.3, storage=str(tmp_path / "checkpoints")),
+        restart=rs.RestartStrategy.fixed_delay(attempts=3, delay_s=0.2))
+    sink = build(env, n, rows_per_second=10_000)
+    client = env.execute_async("node-loss")
+    placement = rs_wait_for_placement(client)
+    victim = next(node for node in cluster.worker_nodes
+                  if node.node_id in set(placement.values()) - {placement["job master"]})
+    lost = sorted(name for name, node in placement.items() if node == victim.node_id)
+    deadline = time.monotonic() + 60
+    while not client.progress()["completed_checkpoints"]:
+        assert time.monotonic() < deadline, "no checkpoint completed"
+        time.sleep(0.1)
+    completed_before = max(client.progress()["completed_checkpoints"])
+
+    cluster.remove_node(victim, allow_graceful=False)  # the whole node dies at once
+
+    deadline = time.monotonic() + 120
+    while (progress := client.progress())["attempt"] < 1 or progress["status"] != "RUNNING":
+        assert progress["status"] not in ("FAILED", "FINISHED"), progress
+        assert time.monotonic() < deadline, "no restart"
+        time.sleep(0.1)
+    restarted_on = set(client.placement().values())
+    result = client.wait(timeout_s=180)
+    assert_exactly_once(result.table(sink), n)
+    assert lost, "the lost node held subtasks"
+    assert victim.node_id not in restarted_on  # every subtask restarted elsewhere
+    assert result.restarts == 1, result.failures  # the restart did not try the lost node
+    assert "died" in result.failures[0], result.failures
+    restore = result.restores[0]
+    assert restore["checkpoint_id"] is not None and restore["checkpoint_id"] >= completed_before
+    assert restore["lost_nodes"] == [victim.node_id]
+
