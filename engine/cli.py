@@ -395,7 +395,10 @@ METRIC_COLUMNS = [("records_in", "RECORDS IN", "{:,.0f}"), ("records_out", "RECO
                   ("bytes_in", "BYTES IN", None), ("bytes_out", "BYTES OUT", None),
                   ("batches_in", "BATCHES IN", "{:,.0f}"), ("batches_out", "BATCHES OUT", "{:,.0f}"),
                   ("backpressure", "BACKPRESSURE", "{:.0%}"),
-                  ("watermark_lag_ms", "WATERMARK LAG", "{:,.0f} ms")]
+                  ("watermark_lag_ms", "WATERMARK LAG", "{:,.0f} ms"),
+                  ("checkpoint_duration_s", "LAST CHECKPOINT", "{:.3f} s"),
+                  ("checkpoint_alignment_s", "ALIGNMENT", "{:.3f} s"),
+                  ("checkpoint_size", "STATE", None)]
 
 
 def _print_metrics(metrics: dict[str, dict[str, float]], indent: str = "") -> None:

@@ -40,6 +40,7 @@ from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.checkpoint.coordinator import CheckpointCoordinator, TooManyCheckpointFailures
 from raystream.engine import registry
 from raystream.engine.failpoints import Failpoint, Failpoints, InjectedFailure
+from raystream.engine.metrics import JobMetricsExporter
 from raystream.engine.plan import JobPlan
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,7 @@ class JobMaster:
         self.savepoints: dict[int, tuple[_Reply, bool]] = {}  # id -> (waiting client, stops job)
         self.drain_to: tuple[str, _Reply] | None = None  # stop-with-savepoint, draining
         self.started_at = time.time()
+        self.exporter = JobMetricsExporter(job_name, job_id)
         self._published: tuple[float, str] = (float("-inf"), "")  # when, what
         self._thread = threading.Thread(target=self._run, name="job master", daemon=True)
         self._thread.start()
@@ -400,7 +402,9 @@ class JobMaster:
         return summary
 
     def _publish(self) -> None:
-        """Publish the job's summary if it changed; never fails the job."""
+        """Export the job's checkpoint metrics; publish its summary if it changed.
+        Never fails the job."""
+        self.exporter.export(self.coordinator.stats() if self.coordinator else [], self.attempt)
         summary = self._summary()
         text = json.dumps({k: v for k, v in summary.items() if k != "ended_at"}, default=str)
         if text == self._published[1]:

@@ -6,7 +6,10 @@ checkpoint costs a restore, never a row: the output is checked against numpy.
 
 from __future__ import annotations
 
+import re
 import time
+import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -15,13 +18,15 @@ import ray
 from ray.cluster_utils import Cluster
 
 import raystream as rs
+from raystream.engine.operators.base import Operator
 from tests.multinode.ray_clusters import machine_wide_ray_address_untouched
 
 # Ray declares a lost node dead after about 8 s (its default is 15 s): in seconds, and
 # still after the job has noticed its subtasks died and restarted them elsewhere.
 SYSTEM_CONFIG = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000,
                  "health_check_timeout_ms": 500, "health_check_failure_threshold": 8,
-                 "free_objects_period_milliseconds": 50}
+                 "free_objects_period_milliseconds": 50,
+                 "metrics_report_interval_ms": 500}  # metrics reach Prometheus in 0.5 s
 NODE = {"object_store_memory": 150 * 1024 * 1024}
 KEYS = 64
 
@@ -147,4 +152,92 @@ def test_a_lost_worker_node_restores_its_subtasks_elsewhere_exactly_once(cluster
     restore = result.restores[0]
     assert restore["checkpoint_id"] is not None and restore["checkpoint_id"] >= completed_before
     assert restore["lost_nodes"] == [victim.node_id]
+
+
+class HoldAtEnd(Operator):
+    """Passes batches on; at the end of its input waits until ``release`` exists, keeping the
+    job (and every subtask) alive meanwhile."""
+
+    def __init__(self, name: str, release: str) -> None:
+        super().__init__(name)
+        self.release = Path(release)
+
+    def process_batch(self, batch, input_index=0):
+        self.output.emit(batch)
+
+    def finish(self):
+        deadline = time.monotonic() + 120
+        while not self.release.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+PROMETHEUS_LINE = re.compile(r'^(\w+)\{(.*)\} (\S+)$')
+
+
+def prometheus(job_id: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every raystream series of ``job_id`` on the metrics endpoint of every live node."""
+    series = []
+    for node in ray.nodes():
+        if not node["Alive"]:
+            continue
+        url = f"http://127.0.0.1:{node['MetricsExportPort']}/metrics"
+        for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
+            match = PROMETHEUS_LINE.match(line)
+            if match and match.group(1).startswith("ray_raystream_"):
+                labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match.group(2)))
+                if labels.get("job_id") == job_id:
+                    series.append((match.group(1), labels, float(match.group(3))))
+    return series
+
+
+def exported(series, metric: str, operator: str | None = None) -> float:
+    return sum(value for name, labels, value in series
+               if name == metric and (operator is None or labels["operator"] == operator))
+
+
+def test_metrics_reach_rays_prometheus_endpoints(cluster, tmp_path):
+    n = 20_000
+    release = tmp_path / "release"
+    env = rs.StreamEnvironment(parallelism=2, checkpoints=rs.CheckpointConfig(
+        interval_s=0.5, storage=str(tmp_path / "checkpoints")))
+    keyed = env.from_sequence(n, readings, batch_size=500, num_splits=4, name="readings") \
+        .key_by("key").map_batches(lambda b: b, name="count")
+    keyed.rebalance().transform("hold", lambda name: HoldAtEnd(name, str(release)),
+                                parallelism=1).discard(name="sink")
+    client = env.execute_async("prometheus")
+    deadline = time.monotonic() + 120
+    while True:  # every record has passed "count"; "hold" keeps the job alive
+        live = client.metrics()
+        counted = sum(m["records_in"] for name, m in live.items() if name.startswith("count"))
+        if counted == n:
+            break
+        assert time.monotonic() < deadline, live
+        time.sleep(0.2)
+    completed = len(client.progress()["completed_checkpoints"])
+
+    def expectations(series) -> dict[str, bool]:
+        return {
+            "records into count": exported(series, "ray_raystream_records_in_total", "count") == n,
+            "records out of readings":
+                exported(series, "ray_raystream_records_out_total", "readings") == n,
+            "bytes out == bytes in":
+                exported(series, "ray_raystream_bytes_out_total", "readings") ==
+                exported(series, "ray_raystream_bytes_in_total", "count") > 0,
+            "checkpoints": exported(series, "ray_raystream_checkpoints_completed_total") >= completed,
+        }
+
+    while True:  # each subtask exports every 2 s; Ray reports every 0.5 s
+        series = prometheus(client.job_id)
+        met = expectations(series)
+        if all(met.values()):
+            break
+        assert time.monotonic() < deadline, met
+        time.sleep(0.5)
+    subtasks = {labels["subtask"] for name, labels, _ in series
+                if name == "ray_raystream_records_in_total" and labels["operator"] == "count"}
+    assert subtasks == {"0", "1"}
+    assert all(labels["job"] == "prometheus" for _, labels, _ in series)
+    assert any(name == "ray_raystream_backpressure_ratio" for name, _, _ in series)
+    release.touch()
+    assert client.wait(timeout_s=120).status == "FINISHED"
 
