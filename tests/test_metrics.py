@@ -30,9 +30,9 @@ def total(subtasks: list[dict[str, float]], key: str) -> float:
 
 
 def test_counters_match_what_the_job_processed(ray_session, tmp_path):
-    n = 50_000
+    n = 20_000
     env = rs.StreamEnvironment(parallelism=2, checkpoints=rs.CheckpointConfig(
-        interval_s=0.2, storage=str(tmp_path)))
+        interval_s=0.5, storage=str(tmp_path)))
     rows = env.from_sequence(n, lambda i: {"id": i, "key": i % 97, "ts": BASE_TS + i},
                              batch_size=1000, name="numbers",
                              watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=0))
