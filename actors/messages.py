@@ -51,8 +51,8 @@ class Envelope:
 
     ``payload`` is ``[ObjectRef]`` for DATA (the list keeps Ray from resolving
     the ref before the call), the watermark timestamp for WATERMARK, and
-    ``None`` for END_OF_INPUT. ``rows`` is the batch's row count (for metrics
-    and tests without fetching the batch).
+    ``None`` for END_OF_INPUT. ``rows`` and ``nbytes`` are the batch's row
+    count and size (for the sender's metrics, without fetching the batch).
 
     ``epoch`` is the id of the last barrier the sender forwarded on this
     channel before this message. Barriers travel on the control lane, so a
@@ -68,6 +68,7 @@ class Envelope:
     payload: object = None
     rows: int = 0
     epoch: int = 0
+    nbytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ from raystream.actors.record_writer import RecordWriter
 from raystream.actors.subtask_checkpoints import (CheckpointingSpec, RestoreSpec,
                                                   SubtaskCheckpointer)
 from raystream.engine.failpoints import Failpoint, Failpoints
+from raystream.engine.metrics import SubtaskMetricsExporter
 from raystream.engine.operators.base import (BroadcastingOutput, ChainedOutput, Operator,
                                              OperatorFailure, RoutingOutput, RuntimeContext,
                                              call_operator)
@@ -121,6 +122,7 @@ class Subtask:
         self.cancelled = False
         self.trigger: Barrier | None = None  # the latest checkpoint trigger not yet acted on
         self.barriers: dict[int, Barrier] = {}  # announced by upstream channels, by id
+        self.alignment_started: dict[int, float] = {}  # checkpoint id -> its first barrier's arrival
         self.aborted_upto = 0  # barriers of checkpoints up to this id are stale
         self.source_stopped = False  # stop-with-savepoint: emit nothing after its barrier
         self.failpoints = Failpoints(spec.failpoints, vertex.name, spec.index, spec.attempt)
@@ -129,7 +131,9 @@ class Subtask:
             self._restore_watermark(spec.restore)
         self.report: TerminationReport | None = None
         self.done = threading.Event()
-        self.metrics = {"records_in": 0, "batches_in": 0, "backpressured_s": 0.0}
+        self.metrics = {"records_in": 0, "batches_in": 0, "bytes_in": 0, "backpressured_s": 0.0}
+        self.created = time.monotonic()
+        self.exporter = SubtaskMetricsExporter(spec.job_name, spec.job_id, vertex.name, spec.index)
         self._thread: threading.Thread | None = None
 
     # -- wiring ---------------------------------------------------------------
@@ -242,6 +246,7 @@ class Subtask:
     def _loop(self) -> None:
         while True:
             now = time.monotonic()
+            self.exporter.maybe_export(now, self._metrics)
             for writer in self.writers:
                 writer.flush_if_due(now)
             self._send_credits(idle=False)
@@ -258,6 +263,8 @@ class Subtask:
                 with self.cond:
                     while not self.mailbox and not self._runnable():
                         self.cond.wait(IDLE_WAIT_S)
+                        if self.exporter.due(time.monotonic()):
+                            break  # an idle subtask's metrics (watermark lag) still go out
                 if self._backlogged():
                     self.metrics["backpressured_s"] += time.perf_counter() - waited_from
             with self.cond:
@@ -316,6 +323,7 @@ class Subtask:
             return  # taken already, or aborted: a late barrier must not block the channel
         self.gate.add_barrier(channel, n, upto)
         self.barriers[n] = barrier
+        self.alignment_started.setdefault(n, time.monotonic())
         for older in [m for m in self.barriers if m < n]:
             # A newer barrier overtook an unfinished alignment (Flink: the
             # older checkpoint can no longer align here): abort it.
@@ -330,6 +338,7 @@ class Subtask:
         self.gate.release_barrier(checkpoint_id)
         for m in [m for m in self.barriers if m <= checkpoint_id]:
             del self.barriers[m]
+            self.alignment_started.pop(m, None)
 
     def _last_checkpoint(self) -> int:
         return self.checkpointer.last_checkpoint_id if self.checkpointer else 0
@@ -358,8 +367,10 @@ class Subtask:
             self.barriers.pop(aligned, None)
 
     def _checkpoint(self, barrier: Barrier) -> None:
+        started = self.alignment_started.pop(barrier.checkpoint_id, None)
         self.checkpointer.checkpoint(barrier, forward=not self.inputs_ended,
-                                     watermark=self.watermark)
+                                     watermark=self.watermark,
+                                     alignment_s=time.monotonic() - started if started else 0.0)
         self.gate.settle(barrier.checkpoint_id)
         if barrier.stop:
             self.source_stopped = True
@@ -382,6 +393,7 @@ class Subtask:
                 batch = ray.get(batch)
             self.metrics["records_in"] += batch.num_rows
             self.metrics["batches_in"] += 1
+            self.metrics["bytes_in"] += batch.nbytes
             self.sender_credits[channel.channel] -= 1
             self.head_inputs[channel.input_index].emit(batch)
             self.pending_credits[channel.channel] += 1
@@ -460,6 +472,7 @@ class Subtask:
     def _finish(self, status: str) -> None:
         self.report = TerminationReport(self.spec.vertex.id, self.spec.index, status,
                                         metrics=self._metrics())
+        self.exporter.export(self.report.metrics)
 
     def _fail(self, operator: str, cause: BaseException, traceback_text: str) -> None:
         vertex = self.spec.vertex
@@ -469,14 +482,22 @@ class Subtask:
         self.report = TerminationReport(vertex.id, self.spec.index, "FAILED", error=message,
                                         operator=operator, traceback=traceback_text,
                                         metrics=self._metrics())
+        self.exporter.export(self.report.metrics)
 
     def _metrics(self) -> dict[str, float]:
         metrics = dict(self.metrics)
         metrics["records_out"] = sum(c.rows_sent for c in self.out_channels.values())
         metrics["batches_out"] = sum(c.batches_sent for c in self.out_channels.values())
+        metrics["bytes_out"] = sum(c.bytes_sent for c in self.out_channels.values())
+        metrics["backpressure"] = metrics["backpressured_s"] / max(
+            time.monotonic() - self.created, 1e-9)
         metrics["pid"] = os.getpid()
         metrics["watermark"] = self.watermark
+        if MIN_WATERMARK < self.watermark < MAX_WATERMARK:
+            metrics["watermark_lag_ms"] = time.time() * 1000 - self.watermark
         metrics["attempt"] = self.spec.attempt
+        if self.checkpointer is not None:
+            metrics.update(self.checkpointer.last_acknowledged)
         for operator in self.operators:  # an operator may report its own figures
             for name, value in (operator.metrics() or {}).items():
                 metrics[f"{operator.name}.{name}"] = value
@@ -500,7 +521,8 @@ class SubtaskActor:
         self.subtask = Subtask(spec) if spec is not None else None
 
     def ready(self) -> str:
-        return self.subtask.spec.actor_name if self.subtask is not None else "spare"
+        """Answered once the actor is up: the id of the Ray node it runs on."""
+        return ray.get_runtime_context().get_node_id()
 
     @ray.method(concurrency_group="control")
     def host(self, spec: SubtaskSpec) -> str:

@@ -74,6 +74,7 @@ class SubtaskCheckpointer:
         self.last_checkpoint_id = 0
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshot")
         self.sync_pause_s: list[float] = []
+        self.last_acknowledged: dict[str, float] = {}  # figures of the last checkpoint acknowledged
 
     # -- restore ----------------------------------------------------------------------
     def restore(self, restore: RestoreSpec | None) -> None:
@@ -94,11 +95,13 @@ class SubtaskCheckpointer:
             yield from decode_sections(_read(storage, handle), self.key_groups)
 
     # -- checkpoint n -------------------------------------------------------------------
-    def checkpoint(self, barrier: Barrier, forward: bool, watermark: int) -> None:
+    def checkpoint(self, barrier: Barrier, forward: bool, watermark: int,
+                   alignment_s: float = 0.0) -> None:
         """Steps 1-3 on the mailbox thread; step 4 queued on the snapshot thread.
 
         ``watermark`` is the subtask's input watermark at the barrier; it goes
         into the checkpoint so a restored job does not go back in event time.
+        ``alignment_s``: how long the subtask waited for the barrier on all its inputs.
         """
         started = time.perf_counter()
         n = barrier.checkpoint_id
@@ -111,10 +114,11 @@ class SubtaskCheckpointer:
         snapshots = [(name, call_operator(op, "snapshot_state", n))
                      for name, op in zip(self.names, self.operators)]
         self.sync_pause_s.append(time.perf_counter() - started)
-        self._writer.submit(self._write_and_acknowledge, barrier, snapshots, started, watermark)
+        self._writer.submit(self._write_and_acknowledge, barrier, snapshots, started, watermark,
+                            alignment_s)
 
     def _write_and_acknowledge(self, barrier: Barrier, snapshots, started: float,
-                               watermark: int) -> None:
+                               watermark: int, alignment_s: float) -> None:
         n = barrier.checkpoint_id
         coordinator = self.spec.coordinator
         try:
@@ -127,10 +131,14 @@ class SubtaskCheckpointer:
                 entry = self._write_operator(barrier, name, snapshot)
                 size += sum(h["size"] for key, h in entry.items() if key != "committables")
                 written[name] = entry
+            stats = {"size": size, "duration_s": time.perf_counter() - started,
+                     "watermark": watermark, "alignment_s": alignment_s}
             coordinator.acknowledge_checkpoint.remote(
-                self.attempt, n, self.vertex_id, self.index, written,
-                {"size": size, "duration_s": time.perf_counter() - started,
-                 "watermark": watermark})
+                self.attempt, n, self.vertex_id, self.index, written, stats)
+            self.last_acknowledged = {
+                "checkpoint_id": n, "checkpoint_size": size, "checkpoint_alignment_s": alignment_s,
+                "checkpoint_duration_s": stats["duration_s"],
+                "checkpoint_sync_pause_s": self.sync_pause_s[-1] if self.sync_pause_s else 0.0}
         except Exception as exc:  # storage unwritable, serialization failed, ...
             coordinator.decline_checkpoint.remote(
                 self.attempt, n, self.vertex_id, self.index, f"{type(exc).__name__}: {exc}")

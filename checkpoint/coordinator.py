@@ -50,6 +50,7 @@ class PendingCheckpoint:
     written: dict[SubtaskKey, dict] = field(default_factory=dict)
     watermarks: dict[SubtaskKey, int] = field(default_factory=dict)
     size: int = 0
+    alignment_s: float = 0.0  # the longest any subtask waited for the barrier on all inputs
     final: bool = False
     savepoint_target: str | None = None
     stop: bool = False
@@ -66,6 +67,7 @@ class CheckpointStats:
     size: int = 0
     reason: str = ""
     savepoint: str | None = None  # the savepoint's location, for savepoints
+    alignment_s: float | None = None  # the longest barrier alignment of any subtask
 
 
 class CheckpointCoordinator:
@@ -143,6 +145,7 @@ class CheckpointCoordinator:
         if "watermark" in stats:
             pending.watermarks[subtask] = int(stats["watermark"])
         pending.size += int(stats.get("size", 0))
+        pending.alignment_s = max(pending.alignment_s, float(stats.get("alignment_s", 0.0)))
         if not pending.waiting:
             self._complete(pending)
 
@@ -191,7 +194,7 @@ class CheckpointCoordinator:
             return
         del self.pending[n]
         stats = self.history[n]
-        stats.status, stats.size = "COMPLETED", pending.size
+        stats.status, stats.size, stats.alignment_s = "COMPLETED", pending.size, pending.alignment_s
         stats.duration_s = time.monotonic() - pending.started
         if pending.savepoint_target is not None and not (pending.stop or pending.final):
             return  # a savepoint of a running job: no commit, no failover target
