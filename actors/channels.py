@@ -224,15 +224,17 @@ class OutputChannel:
         self._backlog: collections.deque[Envelope] = collections.deque()
         self.batches_sent = 0
         self.rows_sent = 0
+        self.bytes_sent = 0
         self.ended = False  # END_OF_INPUT was put on the channel
         self.announcements = 0  # barrier announcements made on this channel
         self.transmitted_upto = -1  # sequence number of the last message transmitted
 
-    def send(self, kind: Kind, payload: object = None, rows: int = 0) -> None:
+    def send(self, kind: Kind, payload: object = None, rows: int = 0, nbytes: int = 0) -> None:
         if self.ended:
             raise RuntimeError(f"{kind.name} sent after END_OF_INPUT on channel {self.channel}")
         self.ended = kind == Kind.END_OF_INPUT
-        self._backlog.append(Envelope(self.channel, self._seq, self.attempt, kind, payload, rows))
+        self._backlog.append(Envelope(self.channel, self._seq, self.attempt, kind, payload, rows,
+                                      nbytes=nbytes))
         self._seq += 1
         self.flush()
 
@@ -259,6 +261,7 @@ class OutputChannel:
                 self.credits -= 1
                 self.batches_sent += 1
                 self.rows_sent += head.rows
+                self.bytes_sent += head.nbytes
             self._backlog.popleft()
             head.announced = self.announcements
             self.transmitted_upto = head.seq

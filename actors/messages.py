@@ -54,8 +54,8 @@ class Envelope:
 
     ``payload`` is ``[ObjectRef]`` for DATA (the list keeps Ray from resolving
     the ref before the call), the watermark timestamp for WATERMARK, and
-    ``None`` for END_OF_INPUT. ``rows`` is the batch's row count (for metrics
-    and tests without fetching the batch).
+    ``None`` for END_OF_INPUT. ``rows`` and ``nbytes`` are the batch's row
+    count and size (for the sender's metrics, without fetching the batch).
 
     ``announced`` is how many barrier announcements the sender had made on
     this channel when it *transmitted* the message (stamped at transmission,
@@ -78,6 +78,7 @@ class Envelope:
     payload: object = None
     rows: int = 0
     announced: int = 0
+    nbytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,7 +64,7 @@ class RecordWriter:
         if not self._buffered:
             ref = batch_payload(batch)
             for index, part in self.partitioner.route(batch):
-                self.channels[index].send(Kind.DATA, [ref], part.num_rows)
+                self.channels[index].send(Kind.DATA, [ref], part.num_rows, part.nbytes)
             return
         for index, part in self.partitioner.route(batch):
             pending = self._pending[index]
@@ -94,7 +94,7 @@ class RecordWriter:
         batch = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
         self._pending[index] = []
         self._pending_bytes[index] = 0
-        self.channels[index].send(Kind.DATA, [batch_payload(batch)], batch.num_rows)
+        self.channels[index].send(Kind.DATA, [batch_payload(batch)], batch.num_rows, batch.nbytes)
 
     def emit_watermark(self, watermark: int) -> None:
         self.flush()

@@ -50,6 +50,7 @@ from raystream.checkpoint.channel_state_file import ChannelStateContents
 from raystream.actors.subtask_checkpoints import (CheckpointingSpec, RestoreSpec,
                                                   SubtaskCheckpointer)
 from raystream.engine.failpoints import Failpoint, Failpoints
+from raystream.engine.metrics import SubtaskMetricsExporter
 from raystream.engine.operators.base import (BroadcastingOutput, ChainedOutput, Operator,
                                              OperatorFailure, RoutingOutput, RuntimeContext,
                                              call_operator)
@@ -177,7 +178,9 @@ class Subtask:
             self._restore_watermark(spec.restore)
         self.report: TerminationReport | None = None
         self.done = threading.Event()
-        self.metrics = {"records_in": 0, "batches_in": 0, "backpressured_s": 0.0}
+        self.metrics = {"records_in": 0, "batches_in": 0, "bytes_in": 0, "backpressured_s": 0.0}
+        self.created = time.monotonic()
+        self.exporter = SubtaskMetricsExporter(spec.job_name, spec.job_id, vertex.name, spec.index)
         # a received batch being processed in slices (unaligned checkpoints)
         self.in_progress: _InProgress | None = None
         self.slice_bytes = spec.checkpointing.slice_bytes if spec.checkpointing else None
@@ -297,6 +300,7 @@ class Subtask:
     def _loop(self) -> None:
         while True:
             now = time.monotonic()
+            self.exporter.maybe_export(now, self._metrics)
             for writer in self.writers:
                 writer.flush_if_due(now)
             self._send_credits(idle=False)
@@ -319,6 +323,8 @@ class Subtask:
                             if wait_s <= 0:
                                 break  # an aligned checkpoint times out: act on it
                         self.cond.wait(wait_s)
+                        if self.exporter.due(time.monotonic()):
+                            break  # an idle subtask's metrics (watermark lag) still go out
                 if self._backlogged():
                     self.metrics["backpressured_s"] += time.perf_counter() - waited_from
             with self.cond:
@@ -594,6 +600,7 @@ class Subtask:
                 batch = ray.get(batch)
             self.metrics["records_in"] += batch.num_rows
             self.metrics["batches_in"] += 1
+            self.metrics["bytes_in"] += batch.nbytes
             if envelope.seq != REPLAYED_SEQ:  # a replayed one cost no credit
                 self.sender_credits[channel.channel] -= 1
             step = batch.num_rows
@@ -688,6 +695,7 @@ class Subtask:
     def _finish(self, status: str) -> None:
         self.report = TerminationReport(self.spec.vertex.id, self.spec.index, status,
                                         metrics=self._metrics())
+        self.exporter.export(self.report.metrics)
 
     def _fail(self, operator: str, cause: BaseException, traceback_text: str) -> None:
         vertex = self.spec.vertex
@@ -697,30 +705,59 @@ class Subtask:
         self.report = TerminationReport(vertex.id, self.spec.index, "FAILED", error=message,
                                         operator=operator, traceback=traceback_text,
                                         metrics=self._metrics())
+        self.exporter.export(self.report.metrics)
 
     def _metrics(self) -> dict[str, float]:
         metrics = dict(self.metrics)
         metrics["records_out"] = sum(c.rows_sent for c in self.out_channels.values())
         metrics["batches_out"] = sum(c.batches_sent for c in self.out_channels.values())
+        metrics["bytes_out"] = sum(c.bytes_sent for c in self.out_channels.values())
+        metrics["backpressure"] = metrics["backpressured_s"] / max(
+            time.monotonic() - self.created, 1e-9)
         metrics["pid"] = os.getpid()
         metrics["watermark"] = self.watermark
+        if MIN_WATERMARK < self.watermark < MAX_WATERMARK:
+            metrics["watermark_lag_ms"] = time.time() * 1000 - self.watermark
         metrics["attempt"] = self.spec.attempt
+        if self.checkpointer is not None:
+            metrics.update(self.checkpointer.last_acknowledged)
         for operator in self.operators:  # an operator may report its own figures
             for name, value in (operator.metrics() or {}).items():
                 metrics[f"{operator.name}.{name}"] = value
         return metrics
 
 
+HOST_STOP_TIMEOUT_S = 10.0
+
+
 @ray.remote(concurrency_groups={"data": 1, "control": 1, "monitor": 1}, max_restarts=0,
             max_task_retries=0)
 class SubtaskActor:
-    """Ray actor hosting one :class:`Subtask` (its methods only enqueue or report)."""
+    """Ray actor hosting one :class:`Subtask` (its methods only enqueue or report).
 
-    def __init__(self, spec: SubtaskSpec) -> None:
-        self.subtask = Subtask(spec)
+    Created with a spec, or empty as a warm spare; :meth:`host` swaps in the
+    subtask of a new attempt. Failover reuses live actors that way: a new
+    attempt need not wait for new worker processes to start and import.
+    """
+
+    def __init__(self, spec: SubtaskSpec | None = None) -> None:
+        self.subtask = Subtask(spec) if spec is not None else None
 
     def ready(self) -> str:
-        return self.subtask.spec.actor_name
+        """Answered once the actor is up: the id of the Ray node it runs on."""
+        return ray.get_runtime_context().get_node_id()
+
+    @ray.method(concurrency_group="control")
+    def host(self, spec: SubtaskSpec) -> str:
+        """Cancel the current subtask, wait until it has stopped, and host ``spec``'s."""
+        old = self.subtask
+        if old is not None and old._thread is not None:
+            old.post("cancel")
+            if not old.done.wait(HOST_STOP_TIMEOUT_S):
+                raise RuntimeError(f"subtask {old.spec.actor_name} did not stop within "
+                                   f"{HOST_STOP_TIMEOUT_S:.0f} s")
+        self.subtask = Subtask(spec)
+        return spec.actor_name
 
     @ray.method(concurrency_group="control")
     def connect(self, downstream: dict, upstream: dict) -> None:
@@ -732,33 +769,40 @@ class SubtaskActor:
 
     @ray.method(concurrency_group="data")
     def deliver(self, envelope: Envelope) -> None:
-        self.subtask.deliver(envelope)
+        subtask = self.subtask
+        if subtask is not None:
+            subtask.deliver(envelope)
 
     @ray.method(concurrency_group="control")
     def add_credit(self, channel: ChannelId, n: int, attempt: int) -> None:
-        if attempt == self.subtask.spec.attempt:
-            self.subtask.post("credit", channel, n)
+        subtask = self.subtask
+        if subtask is not None and attempt == subtask.spec.attempt:
+            subtask.post("credit", channel, n)
 
     @ray.method(concurrency_group="control")
     def trigger_checkpoint(self, barrier: Barrier) -> None:
-        if barrier.attempt == self.subtask.spec.attempt:
-            self.subtask.post("trigger", barrier)
+        subtask = self.subtask
+        if subtask is not None and barrier.attempt == subtask.spec.attempt:
+            subtask.post("trigger", barrier)
 
     @ray.method(concurrency_group="control")
     def receive_barrier(self, channel: ChannelId, barrier: Barrier, upto: int,
                         index: int) -> None:
-        if barrier.attempt == self.subtask.spec.attempt:
-            self.subtask.post("barrier", channel, barrier, upto, index)
+        subtask = self.subtask
+        if subtask is not None and barrier.attempt == subtask.spec.attempt:
+            subtask.post("barrier", channel, barrier, upto, index)
 
     @ray.method(concurrency_group="control")
     def notify_checkpoint_complete(self, checkpoint_id: int, attempt: int) -> None:
-        if attempt == self.subtask.spec.attempt:
-            self.subtask.post("complete", checkpoint_id)
+        subtask = self.subtask
+        if subtask is not None and attempt == subtask.spec.attempt:
+            subtask.post("complete", checkpoint_id)
 
     @ray.method(concurrency_group="control")
     def notify_checkpoint_aborted(self, checkpoint_id: int, attempt: int) -> None:
-        if attempt == self.subtask.spec.attempt:
-            self.subtask.post("abort", checkpoint_id)
+        subtask = self.subtask
+        if subtask is not None and attempt == subtask.spec.attempt:
+            subtask.post("abort", checkpoint_id)
 
     @ray.method(concurrency_group="control")
     def drain(self) -> None:
@@ -780,5 +824,6 @@ class SubtaskActor:
 
     @ray.method(concurrency_group="monitor")
     def await_termination(self) -> TerminationReport:
-        self.subtask.done.wait()
-        return self.subtask.report
+        subtask = self.subtask  # the one hosted now, even if host() swaps it meanwhile
+        subtask.done.wait()
+        return subtask.report

@@ -93,6 +93,7 @@ class SubtaskCheckpointer:
         self.last_checkpoint_id = 0
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshot")
         self.sync_pause_s: list[float] = []
+        self.last_acknowledged: dict[str, float] = {}  # figures of the last checkpoint acknowledged
         self._channel_parts: list[InputStateRecorder | OutputStateCapture] = []
 
     # -- restore ----------------------------------------------------------------------
@@ -180,6 +181,11 @@ class SubtaskCheckpointer:
             stats.update(size=size, duration_s=time.perf_counter() - started)
             coordinator.acknowledge_checkpoint.remote(
                 self.attempt, n, self.vertex_id, self.index, written, stats)
+            self.last_acknowledged = {
+                "checkpoint_id": n, "checkpoint_size": size,
+                "checkpoint_alignment_s": stats["alignment_s"],
+                "checkpoint_duration_s": stats["duration_s"],
+                "checkpoint_sync_pause_s": self.sync_pause_s[-1] if self.sync_pause_s else 0.0}
         except Exception as exc:  # storage unwritable, serialization failed, ...
             coordinator.decline_checkpoint.remote(
                 self.attempt, n, self.vertex_id, self.index, f"{type(exc).__name__}: {exc}")

@@ -511,6 +511,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill times and victims")
     parser.add_argument("--restart-delay", type=float, default=0.0,
                         help="restart strategy delay in s, counted in the restore time")
+    parser.add_argument("--recovery-only", action="store_true",
+                        help="measure recovery only (no throughput runs, no RESULT line)")
     parser.add_argument("--storage", default=tempfile.gettempdir(),
                         help="directory for the checkpoint directories (removed after each job)")
     args = parser.parse_args()
@@ -520,6 +522,13 @@ def main() -> None:
     keys = QUICK_KEYS if args.quick else KEYS
 
     ensure_ray(**RAY_INIT_KWARGS)  # Ray's own start-up is not job start-up
+    if args.recovery_only:
+        recoveries = measure_recovery(keys, args.batch_size, kills, args.seed, args.restart_delay,
+                                      args.storage)
+        ray.shutdown()
+        print_recoveries(recoveries)
+        print(f"median recovery: {statistics.median(r.total_s for r in recoveries):.2f} s")
+        return
     plain_run = partial(run_timed, False, keys, args.batch_size, args.storage)
     checkpointed_run = partial(run_timed, True, keys, args.batch_size, args.storage)
     if args.quick:

@@ -1,6 +1,8 @@
 """The processing pause a checkpoint costs a keyed operator holding many timers (FLINK-9182).
 
-A running job, parallelism 1, ``sequence -> key_by("key") -> timers -> discard``,
+A running job, parallelism 1, ``sequence -> key_by("key") -> timers -> discard``
+(practically unbounded; cancelled once ``--checkpoints`` checkpoints completed with all
+timers loaded),
 holding N event-time timers (100,000 / 1,000,000 / 10,000,000) over 1,000,000
 keys, with a checkpoint every ``--interval`` seconds:
 
@@ -29,7 +31,7 @@ Prints a table and a last line::
 Run from the repo root::
 
     ./dev bench bench/timer_snapshot.py                  # 100k, 1M, 10M timers
-    ./dev bench bench/timer_snapshot.py --timers 100000 1000000   # quicker
+    ./dev bench bench/timer_snapshot.py --timers 100000 1000000 --checkpoints 3   # quicker
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
+import ray
 
 import raystream as rs
 from raystream.engine.keys import KeySelector
@@ -104,27 +107,53 @@ class TimerLoad(_KeyedOperator):
         snapshot.keyed_state = timed_write
         return snapshot
 
-    def close(self) -> None:
-        with open(os.path.join(self.log_dir, "pauses.json"), "w") as f:
+    def metrics(self) -> dict[str, float]:
+        timers = getattr(self, "timers", None)  # None until the state is initialized
+        return {"timers": timers.num_event_time_timers if timers is not None else 0}
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        # the whole log, atomically: the job is cancelled (and killed) at some point
+        path = os.path.join(self.log_dir, "pauses.json")
+        with open(path + ".tmp", "w") as f:
             json.dump(self.log, f)
+        os.replace(path + ".tmp", path)
 
 
-def measure(n_timers: int, seconds_after_load: float, interval_s: float) -> dict:
+def measure(n_timers: int, checkpoints: int, interval_s: float) -> dict:
     with tempfile.TemporaryDirectory() as work:
         env = rs.StreamEnvironment(parallelism=1, checkpoints=rs.CheckpointConfig(
             interval_s=interval_s, storage=os.path.join(work, "chk")))
-        # rows: the load, then enough for ``seconds_after_load`` at ~1M rows/s
-        total = n_timers + int(seconds_after_load * 1_000_000)
-        src = env.from_sequence(total, rows, batch_size=BATCH, num_splits=1)
+        # practically unbounded rows: the job is cancelled once enough checkpoints
+        # of the loaded operator completed
+        src = env.from_sequence(10**12, rows, batch_size=BATCH, num_splits=1)
         load = n_timers
         src.key_by("key").transform("timers", lambda name: TimerLoad(name, load, work)).discard()
-        result = env.execute(f"timer-snapshot-{n_timers}")
+        client = env.execute_async(f"timer-snapshot-{n_timers}")
+        actor = None
+        loaded_at = None
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            completed = max(client.progress()["completed_checkpoints"] or [0])  # latest id
+            if loaded_at is None:
+                try:
+                    actor = actor or client.subtask_actor("timers", 0)
+                except ValueError:
+                    continue  # still deploying
+                if ray.get(actor.metrics.remote()).get("timers.timers", 0) >= n_timers:
+                    loaded_at = completed
+            elif completed >= loaded_at + checkpoints + 1:
+                break
+        client.cancel()
+        try:
+            client.wait(timeout_s=120)
+        except rs.JobFailedError:
+            pass  # cancelled
         with open(os.path.join(work, "pauses.json")) as f:
             log = json.load(f)
     full = [e for e in log if e["timers"] == n_timers and "pause_s" in e and "async_s" in e]
     if len(full) < 3:
-        sys.exit(f"{n_timers} timers: only {len(full)} checkpoints with all timers loaded; "
-                 f"raise --seconds")
+        sys.exit(f"{n_timers} timers: only {len(full)} checkpoints with all timers loaded")
     pauses = [e["pause_s"] for e in full]
     arrays = [np.arange(n_timers, dtype=np.int64) for _ in range(3)]
     copies = []
@@ -142,19 +171,18 @@ def measure(n_timers: int, seconds_after_load: float, interval_s: float) -> dict
             "pause_max_s": max(pauses), "sync_s": statistics.median(e["sync_s"] for e in full),
             "memcpy_s": statistics.median(copies), "naive_s": naive,
             "async_s": statistics.median(e["async_s"] for e in full),
-            "records_during_async": statistics.median(e["records_during_async"] for e in full),
-            "run_s": result.run_s}
+            "records_during_async": statistics.median(e["records_during_async"] for e in full)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--timers", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000])
-    parser.add_argument("--seconds", type=float, default=8.0,
-                        help="seconds of rows after the load (checkpoints measured then)")
+    parser.add_argument("--checkpoints", type=int, default=5,
+                        help="checkpoints measured per size, once all timers are loaded")
     parser.add_argument("--interval", type=float, default=1.0)
     args = parser.parse_args()
     rs.StreamEnvironment(parallelism=1)  # start Ray outside the timed parts
-    results = [measure(n, args.seconds, args.interval) for n in args.timers]
+    results = [measure(n, args.checkpoints, args.interval) for n in args.timers]
     print(f"{'timers':>11} {'ckpts':>5} {'pause ms':>9} {'max ms':>8} {'memcpy ms':>10} "
           f"{'pause/memcpy':>12} {'naive ms':>9} {'naive/pause':>11} {'async ms':>9} "
           f"{'rows during async':>17}")

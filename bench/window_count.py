@@ -144,6 +144,7 @@ def main() -> None:
     figures = {}
     for parallelism, per_row in ((1, False), (2, False), (1, True)):
         got, m = run_raystream(table, parallelism, per_row)
+        print(f"  raystream p={parallelism} per_row={per_row}: {m}", flush=True)
         if got != expected:
             sys.exit(f"raystream p={parallelism} per_row={per_row}: result differs from numpy")
         if m["checkpoints"] < 5:

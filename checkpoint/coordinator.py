@@ -55,11 +55,11 @@ class PendingCheckpoint:
     written: dict[SubtaskKey, dict] = field(default_factory=dict)
     watermarks: dict[SubtaskKey, int] = field(default_factory=dict)
     size: int = 0
+    alignment_s: float = 0.0  # the longest any subtask waited for the barrier on all inputs
     final: bool = False
     savepoint_target: str | None = None
     stop: bool = False
     channel_state: dict[str, dict] = field(default_factory=dict)  # subtask key -> handle
-    alignment_s: float = 0.0
     channel_state_bytes: int = 0
     unaligned: bool = False
 
@@ -104,6 +104,7 @@ class CheckpointCoordinator:
         self.attempt = 0
         self.pending: dict[int, PendingCheckpoint] = {}
         self.completed: list[tuple[int, dict]] = []  # (id, metadata), oldest first
+        self._undeleted: set[int] = set()  # discarded checkpoints whose directory remained
         self.history: dict[int, CheckpointStats] = {}
         self.failures_in_a_row = 0
         self._last_id = self.storage.highest_checkpoint_id(job_key)
@@ -264,12 +265,19 @@ class CheckpointCoordinator:
         while len(self.completed) > self.config.retained:
             n, _ = self.completed.pop(0)
             self._discard(n)
+        # Directories that could not be deleted before: a subtask of an older
+        # attempt may still have been writing into an aborted checkpoint.
+        for n in sorted(self._undeleted):
+            self._undeleted.discard(n)
+            self._discard(n, again=True)
 
-    def _discard(self, n: int) -> None:
+    def _discard(self, n: int, again: bool = False) -> None:
         try:
             self.storage.discard(self.job_key, n)
         except OSError as exc:
-            log.warning("could not delete checkpoint %d: %s", n, exc)
+            self._undeleted.add(n)
+            if again:
+                log.warning("could not delete checkpoint %d: %s", n, exc)
 
     # -- restore ------------------------------------------------------------------------------
     def latest(self) -> tuple[int, dict] | None:

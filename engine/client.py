@@ -6,10 +6,13 @@ from typing import Any
 
 import pyarrow as pa
 import ray
+from ray.exceptions import RayActorError
 
+from raystream.checkpoint.coordinator import CheckpointStats
+from raystream.engine import registry
 from raystream.engine.datastream import SinkHandle
-from raystream.engine.errors import JobFailedError
-from raystream.engine.job_master import NAMESPACE, JobOutcome
+from raystream.engine.errors import JobFailedError, JobNotRunningError
+from raystream.engine.job_master import NAMESPACE, JobOutcome, master_actor_name
 from raystream.engine.plan import JobPlan
 
 
@@ -40,6 +43,24 @@ class JobResult:
         non_empty = [p for p in parts if p.num_columns]
         return pa.concat_tables(non_empty, promote_options="default") if non_empty else pa.table({})
 
+    def to_spark(self, spark: Any, sink: SinkHandle) -> Any:
+        """A Spark DataFrame of what ``sink`` received, without files in between.
+
+        A ``collect()`` sink's rows go through Ray's object store
+        (``rs.spark.to_spark``: blocks owned by this driver, exact types);
+        a Parquet sink's committed files are read by Spark itself
+        (``rs.spark.read``).
+
+            >>> df = result.to_spark(rs.spark.session(), sink)   # doctest: +SKIP
+            >>> df.groupBy("k").count().show()                     # doctest: +SKIP
+        """
+        from raystream.spark import read, to_spark
+
+        path = getattr(sink, "path", None)
+        if path is not None:
+            return read(spark, path)
+        return to_spark(spark, self.table(sink))
+
     def count(self, sink: SinkHandle) -> int:
         """Number of records a ``discard()`` or ``collect()`` sink received."""
         parts = self._results[sink.transformation_id]
@@ -50,14 +71,41 @@ class JobResult:
 
 
 class JobClient:
-    """Handle on a job started with ``env.execute_async``."""
+    """Handle on a job started with ``env.execute_async``, or attached to a running job
+    of the Ray cluster with :meth:`attach`."""
 
-    def __init__(self, job_id: str, job_name: str, master: Any, plan: JobPlan) -> None:
+    def __init__(self, job_id: str, job_name: str, master: Any, plan: JobPlan | None,
+                 *, owner: bool = True) -> None:
         self.job_id = job_id
         self.job_name = job_name
         self.plan = plan
         self._master = master
+        self._owner = owner  # the driver that started the job ends its master after it
         self._outcome: JobOutcome | None = None
+
+    @classmethod
+    def attach(cls, job: str) -> "JobClient":
+        """A client for a running job of the connected Ray cluster, started by another
+        process (``raystream run`` or ``submit``, another driver). ``job`` is a job id,
+        a unique prefix of one, or a job name.
+
+            >>> import ray, raystream as rs
+            >>> ray.init(address="auto")  # doctest: +SKIP
+            >>> rs.JobClient.attach("clickstream").savepoint("s3://bucket/savepoints/sp1")  # doctest: +SKIP
+            's3://bucket/savepoints/sp1'
+
+        Its ``wait()`` does not end the job's master: the driver that started the job does.
+        """
+        summary = registry.find_job(job)
+        try:
+            master = ray.get_actor(master_actor_name(summary["job_id"]), namespace=NAMESPACE)
+        except ValueError:
+            raise JobNotRunningError(
+                f"job {summary['job_id']} is {summary['status']}"
+                + ("" if summary["status"] in registry.TERMINAL_STATUSES
+                   else " as last reported, but its job master is gone (its driver exited)")
+            ) from None
+        return cls(summary["job_id"], summary["name"], master, None, owner=False)
 
     def status(self) -> str:
         """CREATED, DEPLOYING, RUNNING, CANCELING, FINISHED, FAILED or CANCELED."""
@@ -68,11 +116,17 @@ class JobClient:
     def wait(self, timeout_s: float | None = None) -> JobResult:
         """Block until the job ends; raise :class:`JobFailedError` if it failed."""
         if self._outcome is None:
-            outcome = ray.get(self._master.wait.remote(timeout_s))
+            try:
+                outcome = ray.get(self._master.wait.remote(timeout_s))
+            except RayActorError:
+                if self._owner:
+                    raise
+                outcome = self._outcome_from_directory()  # its driver took the outcome and left
             if outcome is None:
                 raise TimeoutError(f"job '{self.job_name}' still running after {timeout_s} s")
             self._outcome = outcome
-            ray.kill(self._master)
+            if self._owner:
+                ray.kill(self._master)
         outcome = self._outcome
         if outcome.status == "FAILED":
             message = f"job '{self.job_name}' failed: {outcome.error}"
@@ -113,10 +167,45 @@ class JobClient:
     def subtask_actor(self, operator_name: str, index: int) -> Any:
         """The Ray actor running subtask ``index`` of the chain holding ``operator_name``
         in the job's current attempt (a test kills it with ``ray.kill``)."""
+        if self.plan is None:
+            raise ValueError("an attached client does not know the job's plan")
         vertex = self.plan.vertex_of(operator_name)
-        names = ray.get(self._master.subtask_names.remote())
-        return ray.get_actor(names[vertex.name][index], namespace=NAMESPACE)
+        actor = ray.get(self._master.subtask_actors.remote())[vertex.name][index]
+        if actor is None:
+            raise ValueError(f"subtask {index} of '{vertex.name}' is not deployed (the job is "
+                             f"starting or restarting)")
+        return actor
 
     def progress(self) -> dict[str, Any]:
         """Status, attempt, failures so far and checkpoint history of a running job."""
         return ray.get(self._master.progress.remote())
+
+    def checkpoints(self) -> list[CheckpointStats]:
+        """The job's checkpoint history: id, status, duration, size, savepoint location."""
+        if self._outcome is not None:
+            return list(self._outcome.checkpoints)
+        return self.progress()["checkpoints"]
+
+    def metrics(self) -> dict[str, dict[str, float]]:
+        """Metrics of every subtask (records and bytes in/out, batches, backpressure,
+        watermark), by ``"chain/index"``: live while the job runs, final after it ended."""
+        if self._outcome is not None:
+            return dict(self._outcome.metrics)
+        return ray.get(self._master.metrics.remote())
+
+    def placement(self) -> dict[str, str]:
+        """The Ray node id of the job master (``"job master"``) and of every subtask of the
+        running job (``"chain/index"``)."""
+        return ray.get(self._master.get_placement.remote())
+
+    def _outcome_from_directory(self) -> JobOutcome:
+        summary = registry.find_job(self.job_id)
+        if summary["status"] not in registry.TERMINAL_STATUSES:
+            return JobOutcome("FAILED", error=f"the job master of {self.job_id} is gone "
+                                              f"(its driver exited while it was {summary['status']})")
+        return JobOutcome(summary["status"], error=summary.get("error"),
+                          deploy_s=summary.get("deploy_s", 0.0), run_s=summary.get("run_s", 0.0),
+                          restarts=summary["attempt"], failures=summary["failures"],
+                          restores=summary["restores"],
+                          checkpoints=[CheckpointStats(**c) for c in summary["checkpoints"]],
+                          metrics=summary.get("metrics") or {})

@@ -11,13 +11,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
+import os
 import uuid
-from typing import Any, Callable, Mapping, Sequence as SequenceT
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence as SequenceT
 
 import numpy as np
 import pyarrow as pa
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.checkpoint.keygroups import DEFAULT_MAX_PARALLELISM
@@ -26,7 +31,7 @@ from raystream.engine.client import JobClient, JobResult
 from raystream.engine.datastream import DataStream
 from raystream.engine.errors import InsufficientResourcesError
 from raystream.engine.graph import InputEdge, Resources, Transformation
-from raystream.engine.job_master import JobMaster, JobOptions
+from raystream.engine.job_master import NAMESPACE, JobMaster, JobOptions, master_actor_name
 from raystream.engine.operators.source import SourceOperator
 from raystream.engine.plan import JobPlan, build_plan
 from raystream.engine.sources.base import Source
@@ -36,7 +41,38 @@ from raystream.engine.sources.files import Files
 from raystream.engine.sources.sequence import Sequence
 from raystream.engine.watermarks import BoundedOutOfOrderness
 
-MASTER_RESOURCES = Resources(num_cpus=0.01)
+# The job master (and its checkpoint coordinator) needs no CPU of its own and runs on
+# the head node, which lives as long as the cluster: losing a worker node loses
+# subtasks, which the master restores, never the master.
+MASTER_RESOURCES = Resources(num_cpus=0)
+HEAD_NODE_RESOURCE = "node:__internal_head__"  # Ray gives it to the head node only
+
+
+@dataclass
+class RunDefaults:
+    """What ``raystream run`` sets for the jobs of the script it runs (Flink: ``flink run -s``)."""
+
+    restore_from: str | None = None  # for every job that does not name its own
+    on_start: Callable[[JobClient], None] | None = None  # called with each started job's client
+
+
+_run_defaults = RunDefaults()
+
+
+@contextlib.contextmanager
+def run_defaults(restore_from: str | None = None,
+                 on_start: Callable[[JobClient], None] | None = None) -> Iterator[None]:
+    """Within the block, jobs restore from ``restore_from`` and ``on_start`` sees their clients.
+
+        >>> with run_defaults(restore_from="/savepoints/sp1"):  # doctest: +SKIP
+        ...     env.execute("orders")   # as env.execute("orders", restore_from="/savepoints/sp1")
+    """
+    global _run_defaults
+    previous, _run_defaults = _run_defaults, RunDefaults(restore_from, on_start)
+    try:
+        yield
+    finally:
+        _run_defaults = previous
 
 
 class StreamEnvironment:
@@ -161,6 +197,8 @@ class StreamEnvironment:
         ``restore_from``: a savepoint (or a retained checkpoint directory) to
         start from, at this job's parallelism; operators are matched by name.
         """
+        if restore_from is None:
+            restore_from = _run_defaults.restore_from
         if restore_from is not None and self.checkpoints is None:
             raise ValueError("restore_from needs checkpoints: pass StreamEnvironment(checkpoints="
                              "rs.CheckpointConfig(...))")
@@ -171,11 +209,16 @@ class StreamEnvironment:
         options = JobOptions(credits=self.credits,
                              actor_start_timeout_s=self.actor_start_timeout_s,
                              checkpoints=self.checkpoints, restart=self.restart,
-                             failpoints=self.failpoints, restore_from=restore_from)
-        master = JobMaster.options(name=f"raystream/{job_id}/master", namespace="raystream",
+                             failpoints=self.failpoints, restore_from=restore_from,
+                             submission_id=_submission_id())
+        master = JobMaster.options(name=master_actor_name(job_id), namespace=NAMESPACE,
+                                   scheduling_strategy=on_head_node(),
                                    **MASTER_RESOURCES.ray_options()).remote(job_id, name, plan,
                                                                             options)
-        return JobClient(job_id, name, master, plan)
+        client = JobClient(job_id, name, master, plan)
+        if _run_defaults.on_start is not None:
+            _run_defaults.on_start(client)
+        return client
 
     def execute(self, name: str = "job", *, restore_from: str | None = None) -> JobResult:
         """Run the job until it ends and return its result (raises JobFailedError on failure)."""
@@ -190,13 +233,39 @@ EMBEDDED_RAY_SYSTEM_CONFIG = {"free_objects_period_milliseconds": 50}
 
 
 def ensure_ray(address: str | None = None, **init_kwargs: Any) -> None:
-    """Start Ray in this process (or connect to ``address``) unless it is already up."""
+    """Start Ray in this process (or connect to ``address``) unless it is already up.
+
+    Without ``address``, a ``RAY_ADDRESS`` in the environment names the cluster
+    (the Jobs API sets it for the drivers it starts), as for ``ray.init()``.
+    """
     if ray.is_initialized():
         return
     init_kwargs.setdefault("include_dashboard", False)
-    if address is None:
+    if address is None and not os.environ.get("RAY_ADDRESS"):
+        # "local": always a Ray of our own, even where `ray start` left a cluster
+        # running on this machine (plain ray.init() would attach to that one).
+        address = "local"
         init_kwargs.setdefault("_system_config", EMBEDDED_RAY_SYSTEM_CONFIG)
     ray.init(address=address, **init_kwargs)
+
+
+def on_head_node() -> NodeAffinitySchedulingStrategy | None:
+    """A strategy that places an actor on the cluster's head node (None: no head found)."""
+    for node in ray.nodes():
+        if node.get("Alive") and HEAD_NODE_RESOURCE in node.get("Resources", {}):
+            return NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+    return None
+
+
+def _submission_id() -> str | None:
+    """The Ray Jobs API submission running this driver, if any."""
+    config = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    if not config:
+        return None
+    try:
+        return json.loads(config).get("metadata", {}).get("job_submission_id")
+    except (ValueError, AttributeError):
+        return None
 
 
 def check_resources(plan: JobPlan, job_name: str) -> None:

@@ -20,6 +20,14 @@ class JobFailedError(RaystreamError):
         self.traceback = traceback
 
 
+class JobNotFoundError(RaystreamError, LookupError):
+    """No job of that id or name is known on this Ray cluster."""
+
+
+class JobNotRunningError(RaystreamError):
+    """The job has ended (or its driver has gone): it cannot be acted on any more."""
+
+
 class InsufficientResourcesError(RaystreamError):
     """The cluster cannot host the job; raised before any actor is created."""
 

@@ -21,6 +21,8 @@ output is committed. Then the subtasks are stopped.
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import queue
 import threading
 import time
@@ -31,13 +33,17 @@ import pyarrow as pa
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from raystream.actors.subtask import (SubtaskActor, SubtaskSpec, TerminationReport,
-                                      subtask_actor_name)
+from raystream.actors.subtask import SubtaskActor, SubtaskSpec, TerminationReport
 from raystream.actors.subtask_checkpoints import CheckpointingSpec, RestoreSpec
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.checkpoint.coordinator import CheckpointCoordinator, TooManyCheckpointFailures
+from raystream.engine import registry
 from raystream.engine.failpoints import Failpoint, Failpoints, InjectedFailure
+from raystream.engine.graph import Resources
+from raystream.engine.metrics import JobMetricsExporter
 from raystream.engine.plan import JobPlan
+
+log = logging.getLogger(__name__)
 
 NAMESPACE = "raystream"
 POLL_S = 0.05
@@ -45,6 +51,18 @@ POLL_S = 0.05
 # Flink's network buffer (32 KiB), so a barrier never waits behind a whole message.
 UNALIGNED_SLICE_BYTES = 32 * 1024
 STOP_TIMEOUT_S = 30.0
+HOST_TIMEOUT_S = 20.0  # a live actor hosts its next subtask within this (it stops the old one first)
+# Subtasks spread over the cluster's nodes (within what each operator asks for), so one
+# lost node costs a part of every operator, and a job uses every node's CPUs and memory.
+SUBTASK_SCHEDULING = "SPREAD"
+NODE_PING_TIMEOUT_S = 2.0  # how long the subtasks of a node that may be lost get to answer
+PUBLISH_EVERY_S = 1.0  # how often a changed job summary goes to the cluster's job directory
+PUBLISHED_CHECKPOINTS = 100  # the newest checkpoints a summary lists
+
+
+def master_actor_name(job_id: str) -> str:
+    """The Ray actor name (in namespace ``raystream``) of a job's master."""
+    return f"raystream/{job_id}/master"
 
 
 @dataclass(frozen=True)
@@ -55,6 +73,7 @@ class JobOptions:
     restart: RestartStrategy = field(default_factory=RestartStrategy.none)
     failpoints: tuple[Failpoint, ...] = ()
     restore_from: str | None = None
+    submission_id: str | None = None  # the Ray Jobs API submission that runs the driver
 
 
 class _Reply:
@@ -112,13 +131,19 @@ class JobMaster:
         self.done = threading.Event()
         self.events: queue.Queue = queue.Queue()
         self.actors: dict[tuple[int, int], Any] = {}
+        self.placement: dict[str, str] = {}  # "chain/index" -> id of the node it runs on
+        self.died_on: set[str] = set()  # nodes where subtasks of this attempt died
         self.terminations: dict[Any, tuple[int, int]] = {}
         self.finished: dict[tuple[int, int], dict] = {}
         self.failures: list[str] = []
         self.restores: list[dict] = []
         self.coordinator = None
+        self.spare: Any = None  # a warm, empty subtask actor for failover
         self.savepoints: dict[int, tuple[_Reply, bool]] = {}  # id -> (waiting client, stops job)
         self.drain_to: tuple[str, _Reply] | None = None  # stop-with-savepoint, draining
+        self.started_at = time.time()
+        self.exporter = JobMetricsExporter(job_name, job_id)
+        self._published: tuple[float, str] = (float("-inf"), "")  # when, what
         self._thread = threading.Thread(target=self._run, name="job master", daemon=True)
         self._thread.start()
 
@@ -145,10 +170,23 @@ class JobMaster:
         return reply.wait(timeout_s)
 
     @ray.method(concurrency_group="client")
-    def subtask_names(self) -> dict[str, list[str]]:
-        """Actor names of the current attempt's subtasks, by chain."""
-        return {v.name: [subtask_actor_name(self.job_id, v.name, i, self.attempt)
-                         for i in range(v.parallelism)] for v in self.plan.vertices}
+    def subtask_actors(self) -> dict[str, list[Any]]:
+        """The actors hosting the current attempt's subtasks, by chain."""
+        actors = dict(self.actors)
+        return {v.name: [actors.get((v.id, i)) for i in range(v.parallelism)]
+                for v in self.plan.vertices}
+
+    @ray.method(concurrency_group="client")
+    def get_placement(self) -> dict[str, str]:
+        """The node (id) of the job master and of every subtask of the current attempt,
+        by "chain/index"."""
+        return {"job master": ray.get_runtime_context().get_node_id(), **self.placement}
+
+    @ray.method(concurrency_group="client")
+    def metrics(self) -> dict[str, dict[str, float]]:
+        """Live metrics of every subtask of the current attempt, by "chain/index"
+        (none while the job deploys or restarts)."""
+        return self._collect_metrics() if self.status == "RUNNING" else {}
 
     @ray.method(concurrency_group="client")
     def progress(self) -> dict[str, Any]:
@@ -179,6 +217,7 @@ class JobMaster:
         deploy_s = 0.0
         try:
             self.status = "DEPLOYING"
+            self._publish()
             self._create_coordinator()
             restore = None
             if self.options.restore_from is not None:
@@ -186,6 +225,7 @@ class JobMaster:
             self._deploy(restore=restore)
             deploy_s = time.perf_counter() - started
             self.status = "RUNNING"
+            self._publish()
             outcome = self._event_loop()
         except Exception as exc:  # could not deploy: report it, never hang the client
             outcome = JobOutcome("FAILED", error=f"job '{self.job_name}' could not run: "
@@ -200,6 +240,7 @@ class JobMaster:
         outcome.checkpoints = self.coordinator.stats() if self.coordinator else []
         self.outcome = outcome
         self.status = outcome.status
+        self._publish()
         self.done.set()
 
     def _event_loop(self) -> JobOutcome:
@@ -237,6 +278,8 @@ class JobMaster:
             outcome = self._answer_savepoints()
             if outcome is not None:
                 return outcome
+        if time.monotonic() - self._published[0] >= PUBLISH_EVERY_S:
+            self._publish()
         return self._maybe_finish()
 
     def _answer_savepoints(self) -> JobOutcome | None:
@@ -339,12 +382,45 @@ class JobMaster:
         return pa.concat_tables(tables, promote_options="default") if tables else pa.table({})
 
     def _collect_metrics(self) -> dict[str, dict[str, float]]:
-        names = {key: f"{self.plan.vertices[key[0]].name}/{key[1]}" for key in self.actors}
-        refs = {key: actor.metrics.remote() for key, actor in self.actors.items()}
+        actors = self.actors  # the event thread may replace it (failover)
+        names = {key: f"{self.plan.vertices[key[0]].name}/{key[1]}" for key in actors}
+        refs = {key: actor.metrics.remote() for key, actor in actors.items()}
         try:
             return {names[k]: v for k, v in zip(refs, ray.get(list(refs.values()), timeout=10))}
         except Exception:
             return {}
+
+    # -- the cluster's job directory ----------------------------------------------------------
+    def _summary(self) -> dict[str, Any]:
+        coordinator, outcome = self.coordinator, self.outcome
+        checkpoints = coordinator.stats()[-PUBLISHED_CHECKPOINTS:] if coordinator else []
+        summary = {
+            "job_id": self.job_id, "name": self.job_name, "status": self.status,
+            "attempt": self.attempt, "submission_id": self.options.submission_id,
+            "started_at": self.started_at, "ended_at": None, "failures": list(self.failures),
+            "restores": list(self.restores), "plan": self.plan.describe(),
+            "placement": dict(self.placement),
+            "checkpoints": [dataclasses.asdict(stats) for stats in checkpoints],
+        }
+        if outcome is not None:
+            summary.update(ended_at=time.time(), error=outcome.error, metrics=outcome.metrics,
+                           deploy_s=outcome.deploy_s, run_s=outcome.run_s)
+        return summary
+
+    def _publish(self) -> None:
+        """Export the job's checkpoint metrics; publish its summary if it changed.
+        Never fails the job."""
+        self.exporter.export(self.coordinator.stats() if self.coordinator else [], self.attempt)
+        summary = self._summary()
+        text = json.dumps({k: v for k, v in summary.items() if k != "ended_at"}, default=str)
+        if text == self._published[1]:
+            self._published = (time.monotonic(), text)
+            return
+        try:
+            registry.publish(summary)
+            self._published = (time.monotonic(), text)
+        except Exception as exc:  # the directory is for people watching, not for the job
+            log.warning("could not publish the summary of %s: %s", self.job_id, exc)
 
     def _termination_report(self, ref: Any) -> TerminationReport:
         key = self.terminations.pop(ref)
@@ -352,6 +428,9 @@ class JobMaster:
             return ray.get(ref)
         except RayActorError as exc:
             vertex = self.plan.vertices[key[0]]
+            node = self.placement.get(f"{vertex.name}/{key[1]}")
+            if node is not None:
+                self.died_on.add(node)
             first_line = str(exc).splitlines()[0] if str(exc) else ""
             return TerminationReport(
                 key[0], key[1], "FAILED", operator=vertex.name,
@@ -374,8 +453,9 @@ class JobMaster:
                               subtask=report.index if report.index >= 0 else None,
                               traceback=report.traceback)
         self.status = "RESTARTING"
+        self._publish()
         self.coordinator.abort_all(f"failover after: {report.error}")
-        self._kill_all()
+        lost_nodes = self._lost_nodes()
         time.sleep(self.options.restart.delay_before(restart))
         self.attempt += 1
         self.coordinator.attempt = self.attempt
@@ -384,16 +464,45 @@ class JobMaster:
         started = time.perf_counter()
         try:
             restore = self.coordinator.verified_restore_spec()
-            self._deploy(restore=restore)
+            self._deploy(restore=restore, avoid_nodes=lost_nodes)
             self.restores.append({"attempt": self.attempt, "failure": report.error,
                                   "checkpoint_id": restore.checkpoint_id if restore else None,
-                                  "restore_s": time.perf_counter() - started})
+                                  "restore_s": time.perf_counter() - started,
+                                  "lost_nodes": lost_nodes})
         except RayActorError as exc:  # a subtask died while being wired: fail over again
             return self._failover(_Failure(TerminationReport(
                 -1, -1, "FAILED", operator="deployment",
                 error=f"a subtask died during restart: {type(exc).__name__}")))
         self.status = "RUNNING"
         return None
+
+    def _lost_nodes(self) -> list[str]:
+        """Nodes that seem to have died with subtasks of this job, to keep the restart off.
+
+        Ray declares a node dead only once its health checks fail (15 s by default); until
+        then it would place new subtasks there and the restart would fail again. A node is
+        taken for lost when a subtask on it died, it is not this master's node, and none of
+        the job's other subtasks there answers within ``NODE_PING_TIMEOUT_S``.
+        """
+        suspects, self.died_on = self.died_on - {ray.get_runtime_context().get_node_id()}, set()
+        if not suspects:
+            return []
+        on_node = {node: [actor for (v, i), actor in self.actors.items()
+                          if self.placement.get(f"{self.plan.vertices[v].name}/{i}") == node]
+                   for node in suspects}
+        pings = {node: [actor.ready.remote() for actor in actors] for node, actors in on_node.items()}
+        refs = [ref for node_refs in pings.values() for ref in node_refs]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=NODE_PING_TIMEOUT_S)
+        answered = set()
+        for ref in done:
+            try:
+                ray.get(ref)
+                answered.add(ref)
+            except Exception:  # a dead subtask answers with an error
+                pass
+        alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+        return sorted(node for node, node_refs in pings.items()
+                      if node in alive and not answered.intersection(node_refs))
 
     # -- deployment -------------------------------------------------------------------------------
     def _coordinator_failpoints(self) -> Failpoints:
@@ -422,32 +531,70 @@ class JobMaster:
                                       for a in self.actors.values()],
             failpoints=self._coordinator_failpoints())
 
-    def _deploy(self, restore: RestoreSpec | None) -> None:
+    def _deploy(self, restore: RestoreSpec | None, avoid_nodes: list[str] = ()) -> None:
+        """Deploy the current attempt, none of it on ``avoid_nodes`` (ids of lost nodes).
+
+        Actors of the previous attempt that are still alive host their new subtask
+        (no new process to start); a dead one is replaced by the warm spare where
+        its resources allow, else by a new actor."""
         plan, options = self.plan, self.options
-        self.actors, self.terminations, self.finished = {}, {}, {}
+        previous, self.actors, self.terminations, self.finished = self.actors, {}, {}, {}
+        self.died_on = set()
+        avoid = {"label_selector": {"ray.io/node-id": f"!in({','.join(avoid_nodes)})"}
+                 } if avoid_nodes else {}
         me = ray.get_runtime_context().current_actor
         checkpointing = None
         if options.checkpoints is not None:
             unaligned = options.checkpoints.alignment != "aligned"
             checkpointing = CheckpointingSpec(options.checkpoints.storage, self.job_id, me,
                                               UNALIGNED_SLICE_BYTES if unaligned else None)
-        for vertex in plan.vertices:
-            for index in range(vertex.parallelism):
-                spec = SubtaskSpec(self.job_id, self.job_name, self.attempt, vertex, index,
-                                   plan.max_parallelism, options.credits, master=me,
-                                   checkpointing=checkpointing, restore=restore,
-                                   failpoints=options.failpoints)
-                self.actors[(vertex.id, index)] = SubtaskActor.options(
-                    name=spec.actor_name, namespace=NAMESPACE,
-                    **vertex.resources.ray_options()).remote(spec)
+        specs = {(vertex.id, index): SubtaskSpec(
+                     self.job_id, self.job_name, self.attempt, vertex, index, plan.max_parallelism,
+                     options.credits, master=me, checkpointing=checkpointing, restore=restore,
+                     failpoints=options.failpoints)
+                 for vertex in plan.vertices for index in range(vertex.parallelism)}
+        lost = set(avoid_nodes)
+        on_lost = {key for key in previous
+                   if self.placement.get(f"{plan.vertices[key[0]].name}/{key[1]}") in lost}
+        for key in on_lost:  # calls to them could hang until Ray declares the node dead
+            ray.kill(previous[key])
+        hosted = {key: previous[key].host.remote(spec)
+                  for key, spec in specs.items() if key in previous and key not in on_lost}
+        for key, ref in hosted.items():
+            try:
+                ray.get(ref, timeout=HOST_TIMEOUT_S)
+                self.actors[key] = previous[key]
+            except (RayActorError, RuntimeError, GetTimeoutError, ray.exceptions.RayTaskError):
+                ray.kill(previous[key])  # dead, or its subtask would not stop
+        for key, spec in specs.items():
+            if key in self.actors:
+                continue
+            vertex = plan.vertices[key[0]]
+            if self.spare is not None and lost:  # it may be on a lost node: do not wait on it
+                ray.kill(self.spare)
+                self.spare = None
+            if self.spare is not None and vertex.resources == Resources():
+                spare, self.spare = self.spare, None
+                try:
+                    ray.get(spare.host.remote(spec), timeout=HOST_TIMEOUT_S)
+                    self.actors[key] = spare
+                    continue
+                except (RayActorError, GetTimeoutError):
+                    ray.kill(spare)
+            self.actors[key] = SubtaskActor.options(
+                name=spec.actor_name, namespace=NAMESPACE,
+                scheduling_strategy=SUBTASK_SCHEDULING, **avoid,
+                **vertex.resources.ray_options()).remote(spec)
         try:
-            ray.get([a.ready.remote() for a in self.actors.values()],
-                    timeout=options.actor_start_timeout_s)
+            nodes = ray.get([a.ready.remote() for a in self.actors.values()],
+                            timeout=options.actor_start_timeout_s)
         except GetTimeoutError:
             raise RuntimeError(
                 f"{len(self.actors)} subtask actors did not start within "
                 f"{options.actor_start_timeout_s:.0f} s; the cluster has "
                 f"{ray.available_resources()} available") from None
+        self.placement = {f"{plan.vertices[v].name}/{i}": node
+                          for (v, i), node in zip(self.actors, nodes)}
         calls = []
         for vertex in plan.vertices:
             for index in range(vertex.parallelism):
@@ -460,9 +607,16 @@ class JobMaster:
         self.terminations = {a.await_termination.remote(): key for key, a in self.actors.items()}
         for actor in self.actors.values():
             actor.start.remote()  # a subtask that dies from here on is seen by its termination
+        if self.spare is None and options.checkpoints is not None and options.restart.attempts:
+            # A warm, empty actor (process started, modules imported) to replace a
+            # subtask that dies; created in the background, never waited for here.
+            self.spare = SubtaskActor.options(
+                name=f"raystream/{self.job_id}/spare@{self.attempt}", namespace=NAMESPACE,
+                scheduling_strategy=SUBTASK_SCHEDULING, **avoid,
+                **Resources().ray_options()).remote(None)
 
     def _kill_all(self) -> None:
-        for actor in self.actors.values():
+        for actor in [*self.actors.values(), *([self.spare] if self.spare is not None else [])]:
             try:
                 ray.kill(actor)
             except Exception:

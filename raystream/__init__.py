@@ -16,7 +16,7 @@ from raystream.engine.client import JobClient, JobResult
 from raystream.engine.datastream import ConnectedStreams, DataStream, KeyedStream, SinkHandle
 from raystream.engine.environment import StreamEnvironment
 from raystream.engine.errors import (BadRecordError, InsufficientResourcesError, JobFailedError,
-                                     RaystreamError)
+                                     JobNotFoundError, JobNotRunningError, RaystreamError)
 from raystream.engine.operators.base import Operator, RuntimeContext
 from raystream.engine.operators.keyed import KeyedContext, KeyedProcessFunction
 from raystream.engine.operators.two_phase import Committer, SinkContext, SinkWriter
@@ -32,7 +32,8 @@ __all__ = [
     "BadRecordError", "BoundedOutOfOrderness", "CheckpointConfig", "Committer",
     "ConnectedStreams", "SinkContext", "SinkWriter",
     "DataStream", "Failpoint", "RestartStrategy",
-    "HASH_VERSION", "InsufficientResourcesError", "JobClient", "JobFailedError", "JobResult",
+    "HASH_VERSION", "InsufficientResourcesError", "JobClient", "JobFailedError", "JobNotFoundError",
+    "JobNotRunningError", "JobResult",
     "KeyedContext", "KeyedProcessFunction", "KeyedStream", "MAX_WATERMARK", "MIN_WATERMARK", "Operator", "RaystreamError",
     "RuntimeContext", "SinkHandle", "StreamEnvironment", "key_group_of", "key_group_range",
     "sources", "spark", "subtask_for_key_group",

@@ -1,7 +1,9 @@
-"""Spark integration: sessions through RayDP and hand-off of results into DataFrames."""
+"""Spark integration: sessions through RayDP, committed output as DataFrames, hand-off of results."""
 
 from raystream.spark.commit_log import read_committed
-from raystream.spark.handoff import to_spark
+from raystream.spark.handoff import release_unused, to_spark
+from raystream.spark.reader import read, read_stream
 from raystream.spark.session import session, stop
 
-__all__ = ["session", "stop", "to_spark"]
+__all__ = ["read", "read_committed", "read_stream", "release_unused", "session", "stop",
+           "to_spark"]

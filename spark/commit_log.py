@@ -53,19 +53,18 @@ incarnations in the order of their first commit (``committed_at_ms``). A file
 listed by several entries (a restored committable committed again under a
 newer id) is read once.
 
-Why not Spark's ``_spark_metadata``
------------------------------------
-Spark's file-sink log (``_spark_metadata/<batch id>``, ``v1`` + JSON lines
-of absolute file URIs, compacted every 10 batches into ``<id>.compact``)
-would let a plain ``spark.read.parquet(path)`` see committed files only. It was
-not chosen for now: its batch ids must be dense (0, 1, 2, ...) while
-checkpoint ids are sparse and idempotency is per (incarnation, checkpoint id),
-so the committer would have to find the latest batch id (a LIST per commit)
-and keep its own idempotency record; paths are absolute URIs (moving the
-dataset breaks it); and the compaction protocol is Spark-internal and
-unversioned. This format is simple to write atomically and to check; a later
-issue decides whether to also (or instead) emit ``_spark_metadata``. Until
-then read with :func:`read_committed` (or hand its table to Spark).
+Spark's ``_spark_metadata``
+---------------------------
+This log stays the source of truth; the Parquet sink also keeps Spark's own
+file-sink log ``<path>/_spark_metadata`` as a mirror of it
+(:mod:`raystream.spark.spark_log`), so that a plain ``spark.read.parquet(path)``
+and ``spark.readStream.parquet(path)`` see committed files only. Spark's
+format alone would not do: its batch ids are dense (0, 1, 2, ...) while
+commits are identified by (incarnation, checkpoint id), its paths are
+absolute URIs (a moved dataset breaks it; this log's are relative), and it
+has no retraction for the truncation a restore needs -- the mirror is
+rebuilt from this log instead. Read with :func:`read_committed` (Arrow) or
+``rs.spark.read(spark, path)`` (Spark).
 
 Example:
 

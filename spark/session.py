@@ -18,6 +18,7 @@ from raystream.engine.environment import ensure_ray
 LAPTOP_CONFIGS = {
     # Few partitions: a laptop has few cores and small results.
     "spark.sql.shuffle.partitions": "2",
+    "spark.ui.showConsoleProgress": "false",  # no progress bars between the rows a job prints
     "spark.default.parallelism": "2",
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.enabled": "false",
@@ -59,5 +60,8 @@ def stop() -> None:
         return
     import raydp
 
+    from raystream.spark.handoff import release_all
+
+    release_all()  # no DataFrame can use hand-off blocks once Spark is gone
     raydp.stop_spark()
     _session = None

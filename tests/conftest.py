@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import ray
@@ -12,6 +13,18 @@ from hypothesis import settings
 settings.register_profile("ci", deadline=None, derandomize=True, max_examples=60)
 settings.register_profile("dev", deadline=None, max_examples=60)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+MULTINODE = Path(__file__).parent / "multinode"
+
+
+def pytest_ignore_collect(collection_path, config):
+    """tests/multinode starts Ray clusters of its own: it runs in a pytest process of its
+    own (``./dev test`` runs it after the main suite), collected only when named."""
+    if collection_path == MULTINODE:
+        return not any(Path(arg.split("::")[0]).resolve().is_relative_to(MULTINODE)
+                       for arg in config.args)
+    return None
+
 
 # Ray and Spark CPUs for the whole session: subtasks ask for 0.01 CPU each,
 # the Spark executor (RayDP) for 1.

@@ -201,3 +201,37 @@ def test_the_job_fails_with_every_failure_named_when_restarts_run_out(ray_sessio
     assert "restart attempts exhausted: 2" in message
     assert message.count("failpoint in_processing") == 3  # the last failure and both earlier ones
     assert "Earlier failures (restarted)" in message and failed.value.operator == "sum -> out"
+
+
+def _pids(client: rs.JobClient, attempt: int) -> dict[tuple[str, int], int]:
+    """Process id of every subtask, once all of them answer for ``attempt``."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            pids = {}
+            for chain in ("numbers", "sum", "out"):
+                for index in range(2):
+                    metrics = ray.get(client.subtask_actor(chain, index).metrics.remote())
+                    if metrics["attempt"] != attempt:
+                        raise ValueError("not yet")
+                    pids[(chain, index)] = int(metrics["pid"])
+            return pids
+        except (ValueError, ray.exceptions.RayError):
+            time.sleep(0.05)
+    raise AssertionError(f"attempt {attempt} did not come up")
+
+
+def test_failover_reuses_the_live_actors_and_a_warm_spare(ray_session, storage):
+    env = checkpointed_env(storage)
+    sink = build_job(env)
+    client = env.execute_async("reuse")
+    wait_for_checkpoint(client)
+    before = _pids(client, 0)
+    ray.kill(client.subtask_actor("sum", 1))
+    after = _pids(client, 1)
+    result = client.wait(timeout_s=240)
+    assert result.restarts == 1
+    survivors = {key for key in before if before[key] != before[("sum", 1)]}
+    assert survivors and all(after[key] == before[key] for key in survivors)  # same processes
+    assert after[("sum", 1)] not in before.values()  # the spare (or a new actor) took over
+    assert_exactly_once(result.table(sink))

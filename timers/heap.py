@@ -65,8 +65,11 @@ __all__ = ["TimerHeap"]
 
 _EMPTY = -1  # index slot never used since the last rebuild
 _DELETED = -2  # index slot whose timer was removed (probes continue past it)
-_MAX_LOAD = 0.75  # (live + deleted) / slots before the index is rebuilt
-_TARGET_LOAD = 0.6  # live / slots right after a rebuild
+# Linear probing: a vectorized insertion runs as many rounds as its *longest* probe
+# chain, so the index is kept sparse (at 10M timers: 160 MiB of int32 slots).
+_MAX_LOAD = 0.5  # (live + deleted) / slots before the index is rebuilt
+_TARGET_LOAD = 0.25  # live / slots right after a rebuild
+_SCALAR_TAIL = 16  # pending insertions finished one by one in Python (long chains)
 _MAX_TIMERS = 2**31 - 1  # positions and slots are int32
 
 _INT64_MIN = -(2**63)
@@ -307,6 +310,29 @@ class TimerHeap:
                 moving = pending[moving]
             slot[moving] = (slot[moving] + 1) & mask
             pending = np.flatnonzero(~finished) if pending is None else pending[~finished]
+            if 0 < pending.size <= _SCALAR_TAIL:  # a few long chains: cheaper one by one
+                self._index_insert_scalar(lo, pending, slot, added, where)
+                return
+
+    def _index_insert_scalar(self, lo: int, pending: np.ndarray, slot: np.ndarray,
+                             added: np.ndarray, where: np.ndarray) -> None:
+        """Finish the insertions of ``pending`` (positions ``lo + j``) from their
+        current probe slots, with the same rules as the vectorized rounds."""
+        T, K, N, TB = self._mts, self._mkid, self._mns, self._mtable
+        mask = self._mask
+        for j in pending.tolist():
+            pos, i = lo + j, int(slot[j])
+            t, k, s = T[pos], K[pos], N[pos]
+            while True:
+                p = TB[i]
+                if p == _EMPTY:
+                    TB[i] = pos
+                    added[j] = True
+                    where[j] = i
+                    break
+                if p >= 0 and T[p] == t and K[p] == k and N[p] == s:
+                    break  # a duplicate
+                i = (i + 1) & mask
 
     # -- Python-path sifts ----------------------------------------------------
     def _sift_up(self, pos: int, t: int, k: int, s: int, sl: int) -> None:

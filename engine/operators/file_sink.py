@@ -18,7 +18,12 @@
   ``(incarnation, checkpoint id)`` to the commit log (see
   :mod:`raystream.spark.commit_log`); on restore it removes its entries
   above the restored checkpoint. Readers see committed files only:
-  ``rs.spark.read_committed(path)``.
+  ``rs.spark.read_committed(path)``, ``rs.spark.read(spark, path)``.
+* Spark's own file-sink log ``<path>/_spark_metadata`` mirrors the commit
+  log (:mod:`raystream.spark.spark_log`): the writers create it before their
+  first file, the committer appends one Spark batch per commit and repairs
+  or rolls it back when it starts, so a plain ``spark.read.parquet(path)`` or
+  ``spark.readStream.parquet(path)`` sees committed files only too.
 
 Files left by failed attempts or aborted checkpoints stay on disk, unlisted;
 compaction and clean-up of such files are for later.
@@ -41,6 +46,7 @@ from raystream.engine.datastream import SinkHandle
 from raystream.engine.operators.two_phase import Committer, SinkContext, SinkWriter
 from raystream.spark import commit_log
 from raystream.spark.commit_log import Location
+from raystream.spark.spark_log import SPARK_LOG_DIR, SparkSinkLog
 
 DEFAULT_MAX_BYTES_PER_FILE = 128 * 1024 * 1024
 # Batches are buffered into row groups of about this size before they are encoded.
@@ -166,6 +172,9 @@ class ParquetWriter(SinkWriter):
         super().open(ctx)
         self.loc = Location.of(self.config.path)
         self._ensure_dir(self.loc.root)
+        # Before any data file: Spark's file stream source decides once whether the
+        # directory has a log to follow (see raystream.spark.spark_log).
+        self._ensure_dir(self.loc.join(SPARK_LOG_DIR))
 
     # -- data -----------------------------------------------------------------------------
     def write(self, batch: pa.RecordBatch) -> None:
@@ -289,17 +298,27 @@ class ParquetCommitter(Committer):
     def open(self, ctx: SinkContext) -> None:
         super().open(ctx)
         self.loc = Location.of(self.path)
+        self.spark_log = SparkSinkLog.of(self.path)
+        # Catch up with commits a crash kept out of Spark's log.
+        self.spark_log.reconcile(commit_log.list_entries(self.loc))
 
     def commit(self, incarnation: str, checkpoint_id: int, committables: list[dict]) -> None:
-        commit_log.write_entry(self.loc, incarnation, checkpoint_id, committables,
-                               before_publish=lambda: self.ctx.failpoint("mid_commit"))
+        written = commit_log.write_entry(self.loc, incarnation, checkpoint_id, committables,
+                                         before_publish=lambda: self.ctx.failpoint("mid_commit"))
+        if written:
+            self.spark_log.append(committables)  # one Spark batch for this checkpoint
+        else:  # committed before: Spark's log follows the commit log, not these committables
+            self.spark_log.reconcile(commit_log.list_entries(self.loc))
 
     def committed_ids(self, incarnation: str) -> set[str]:
         return {f["path"] for e in commit_log.list_entries(self.loc, incarnation)
                 for f in e.files}
 
     def truncate(self, incarnation: str, above: int) -> list[int]:
-        return commit_log.truncate_entries(self.loc, incarnation, above=above)
+        dropped = commit_log.truncate_entries(self.loc, incarnation, above=above)
+        if dropped:  # roll Spark's log back too (see raystream.spark.spark_log)
+            self.spark_log.reconcile(commit_log.list_entries(self.loc))
+        return dropped
 
     def committable_id(self, committable: dict) -> str:
         return committable["path"]

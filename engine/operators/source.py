@@ -37,6 +37,7 @@ class SourceOperator(Operator):
         self.finished_splits: set[str] = set()
         self._restored_positions: dict[str, int] = {}
         self._restored_max_ts: dict[str, int] = {}
+        self.records_read = 0  # by this attempt
 
     def initialize_state(self, restored: RestoredState | None) -> None:
         for blob in restored.operator_states if restored else ():
@@ -82,6 +83,7 @@ class SourceOperator(Operator):
                 ts = self.watermarks.max_timestamp(batch)
                 self.split_max_ts[split_id] = max(self.split_max_ts[split_id], ts)
             if batch.num_rows:
+                self.records_read += batch.num_rows
                 self.output.emit(batch)
             self._advance_watermark()
             return True
@@ -89,6 +91,9 @@ class SourceOperator(Operator):
             self.finished = True
             self._emit_watermark(MAX_WATERMARK)  # end of input: every window may fire
         return False
+
+    def metrics(self) -> dict[str, float]:
+        return {"records_read": self.records_read, "splits_open": len(self.readers)}
 
     def end_input_early(self) -> None:
         """Stop reading (drain) and advance event time to the end; the splits keep

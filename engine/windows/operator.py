@@ -261,7 +261,7 @@ class WindowOperator(_KeyedOperator):
                 window.present[new] = True
                 window.count += len(new)
                 self._register_timers(new, start, self._ends(np.array([start]))[0])
-            if self._fired_already(start):
+            if self.assigner.event_time and self._fired_already(start):
                 fire_now.append((start, kids))
         for start, kids in fire_now:  # late but within the allowed lateness: fire again
             self._emit_dense(start, kids)
@@ -314,7 +314,7 @@ class WindowOperator(_KeyedOperator):
                     self._register_timers(np.array([kid]), start, end)
                 else:
                     entry[1] = self.function.merge(entry[1], acc)
-            if end - 1 <= self._now():
+            if self.assigner.event_time and end - 1 <= self.current_watermark:
                 fire_now.append((kid, start))
         if fire_now:  # late but within the allowed lateness: fire again
             self._emit_generic(fire_now)
@@ -372,11 +372,10 @@ class WindowOperator(_KeyedOperator):
         return dict(zip(self.key_names, key))
 
     # -- timers -------------------------------------------------------------------------
-    def _now(self) -> int:
-        return self.current_watermark if self.assigner.event_time else int(time.time() * 1000)
-
     def _fired_already(self, start: int) -> bool:
-        return int(self._ends(np.array([start]))[0]) - 1 <= self._now()
+        """Event time: has the window of ``start`` fired (a late record within the
+        allowed lateness updates it and fires it again)?"""
+        return int(self._ends(np.array([start]))[0]) - 1 <= self.current_watermark
 
     def _register_timers(self, kids: np.ndarray, start: int, end: int) -> None:
         n = len(kids)

@@ -1,0 +1,539 @@
+"""The ``raystream`` command: run job scripts, submit them to a Ray cluster, manage their jobs.
+
+    raystream run job.py [--restore-from PATH] [-- ARGS]   run a job script in this process
+    raystream submit job.py --address http://HEAD:8265 [--wait] [-- ARGS]
+                                                          run it on a cluster (Ray Jobs API)
+    raystream list                                        the cluster's jobs
+    raystream status JOB | checkpoints JOB | metrics JOB  one job: summary, checkpoints, metrics
+    raystream cancel JOB                                  cancel a running job
+    raystream savepoint JOB PATH                          savepoint a running job (it keeps running)
+    raystream stop JOB --savepoint PATH [--drain]         savepoint it and stop it
+
+A job script builds a job and runs it with ``env.execute(...)``, like
+``examples/meter_totals.py``. ``run`` runs it with Ray in this process, or
+on the cluster named by ``RAY_ADDRESS``; it prints the progress of each job
+every few seconds. ``submit`` uploads the script's directory and runs
+``raystream run`` on the cluster's head through the Ray Jobs API.
+
+The job commands connect to the Ray cluster at ``--address`` (default:
+``RAY_ADDRESS``, else the cluster running on this machine): run them on the
+head node (``ray exec cluster.yaml 'raystream list'``) or anywhere that
+reaches the cluster. ``JOB`` is a job id, a unique prefix of one, or a job
+name (the newest job of that name). With token authentication on, set
+``RAY_AUTH_MODE=token`` and the cluster's token (``~/.ray/auth_token`` or
+``RAY_AUTH_TOKEN_PATH``), as for any Ray client.
+
+Errors print as one line; ``RAYSTREAM_DEBUG=1`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import runpy
+import shlex
+import socket
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+PROG = "raystream"
+TERMINAL_SUBMISSION_STATUSES = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+
+# -- run ---------------------------------------------------------------------------------------
+def cmd_run(args: argparse.Namespace) -> int:
+    from raystream.engine.environment import run_defaults
+
+    script = Path(args.script)
+    if not script.is_file():
+        raise FileNotFoundError(f"no job script {script}")
+    watch = ProgressPrinter(args.progress_every).watch if args.progress_every > 0 else None
+    sys.argv = [str(script), *args.args]
+    sys.path.insert(0, str(script.resolve().parent))  # as `python job.py` does
+    with run_defaults(restore_from=args.restore_from, on_start=watch):
+        try:
+            runpy.run_path(str(script), run_name="__main__")
+        except SystemExit as exit_:
+            return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    return 0
+
+
+class ProgressPrinter:
+    """Prints a line about each running job every ``every_s`` seconds until it ends."""
+
+    def __init__(self, every_s: float, out: Callable[[str], None] = print) -> None:
+        self.every_s = every_s
+        self.out = out
+
+    def watch(self, client: Any) -> None:
+        threading.Thread(target=self._loop, args=(client,), name="raystream progress",
+                         daemon=True).start()
+
+    def _loop(self, client: Any) -> None:
+        started = time.monotonic()
+        while True:
+            time.sleep(self.every_s)
+            try:
+                progress = client.progress()
+                if progress["status"] in ("FINISHED", "FAILED", "CANCELED"):
+                    return
+                metrics = client.metrics() if progress["status"] == "RUNNING" else {}
+            except Exception:  # the job ended and its master with it
+                return
+            self.out(progress_line(client.job_name, progress, metrics,
+                                   time.monotonic() - started))
+
+
+def progress_line(name: str, progress: dict, metrics: dict[str, dict[str, float]],
+                  elapsed_s: float) -> str:
+    read = sum(v for m in metrics.values() for k, v in m.items() if k.endswith(".records_read"))
+    parts = [f"[{elapsed_s:6.0f} s] {name} {progress['status']}",
+             f"read {read:,.0f} rows ({read / max(elapsed_s, 1e-9):,.0f}/s this attempt)"]
+    completed = [c for c in progress["checkpoints"] if _field(c, "status") == "COMPLETED"]
+    if completed:
+        last = completed[-1]
+        parts.append(f"checkpoints {len(completed)} (last #{_field(last, 'checkpoint_id')}: "
+                     f"{_field(last, 'duration_s'):.2f} s, {_bytes(_field(last, 'size'))})")
+    if progress["attempt"]:
+        parts.append(f"restarts {progress['attempt']}")
+    return " | ".join(parts)
+
+
+# -- submit (Ray Jobs API) -----------------------------------------------------------------------
+def cmd_submit(args: argparse.Namespace) -> int:
+    from ray.job_submission import JobSubmissionClient
+
+    script = Path(args.script).resolve()
+    if not script.is_file():
+        raise FileNotFoundError(f"no job script {args.script}")
+    working_dir = Path(args.working_dir).resolve() if args.working_dir else script.parent
+    if not script.is_relative_to(working_dir):
+        raise ValueError(f"{script} is not inside the working directory {working_dir}")
+    entrypoint = ["raystream", "run", str(script.relative_to(working_dir)),
+                  "--progress-every", str(args.progress_every)]
+    if args.restore_from:
+        entrypoint += ["--restore-from", args.restore_from]
+    if args.args:
+        entrypoint += ["--", *args.args]
+    where = args.address or "the default address"
+    with _captured_stderr(), _refusal_explained(where):
+        client = JobSubmissionClient(args.address)
+        submission = client.submit_job(
+            entrypoint=shlex.join(entrypoint), submission_id=args.submission_id,
+            runtime_env={"working_dir": str(working_dir),
+                         "excludes": [".venv", ".git", "__pycache__", "*.parquet"]})
+    print(f"submitted {submission}: {shlex.join(entrypoint)}", flush=True)
+    if not args.wait:
+        print(f"follow it with: ray job logs --follow {submission}  or  raystream list")
+        return 0
+    status = follow_submission(client, submission)
+    if status != "SUCCEEDED":
+        info = client.get_job_info(submission)
+        message = (info.message or "").strip().splitlines()
+        raise RuntimeError(f"submission {submission} {status}" +
+                           (f": {message[-1]}" if message else ""))
+    print(f"submission {submission} SUCCEEDED")
+    return 0
+
+
+def follow_submission(client: Any, submission: str, poll_s: float = 1.0) -> str:
+    """Print the submission's log as it grows until it ends; return its final status."""
+    printed = 0
+    while True:
+        status = str(client.get_job_status(submission).value)
+        logs = client.get_job_logs(submission)
+        if len(logs) > printed:
+            sys.stdout.write(logs[printed:])
+            sys.stdout.flush()
+            printed = len(logs)
+        if status in TERMINAL_SUBMISSION_STATUSES:
+            return status
+        time.sleep(poll_s)
+
+
+# -- job commands ------------------------------------------------------------------------------------
+def connect(address: str | None) -> None:
+    """Connect to the Ray cluster (never start one): ``address``, ``RAY_ADDRESS`` or "auto"."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS") or "auto"
+    # Fail within seconds when the cluster is not there or refuses the token (Ray would
+    # retry for 20 s), and say why in one line instead of Ray's log of every attempt.
+    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "5")
+    _check_reachable(address)
+    with _captured_stderr() as captured:
+        try:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+        except Exception as exc:
+            reasons = [line.split("Unauthenticated: ", 1)[1].strip()
+                       for line in captured.read().splitlines() if "Unauthenticated: " in line]
+            if reasons:
+                raise ConnectionError(_refused(address, reasons[-1])) from None
+            raise ConnectionError(f"cannot connect to the Ray cluster at {address}: "
+                                  f"{str(exc).splitlines()[0]}") from None
+
+
+@contextlib.contextmanager
+def _refusal_explained(address: str) -> Iterator[None]:
+    from ray.exceptions import AuthenticationError
+
+    try:
+        yield
+    except AuthenticationError as exc:
+        raise ConnectionError(_refused(address, str(exc).split(". ")[0])) from None
+
+
+def _refused(address: str, reason: str) -> str:
+    return (f"the Ray cluster at {address} refused this client: {reason} (set RAY_AUTH_MODE=token "
+            f"and the cluster's token: ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN)")
+
+
+def _check_reachable(address: str) -> None:
+    """A ``host:port`` address must accept a TCP connection (Ray would keep retrying for minutes)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return  # "auto", ray://...: Ray resolves those itself
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise ConnectionError(f"no Ray cluster answers at {address}: {exc.strerror or exc}") from None
+
+
+@contextlib.contextmanager
+def _captured_stderr() -> Iterator[Any]:
+    """Everything written to file descriptor 2 (also by Ray's C++ core) goes to a temp file."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+") as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield _Rewound(capture)
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+class _Rewound:
+    def __init__(self, file: Any) -> None:
+        self.file = file
+
+    def read(self) -> str:
+        self.file.flush()
+        self.file.seek(0)
+        return self.file.read()
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from raystream.engine import registry
+
+    connect(args.address)
+    jobs = registry.all_jobs()
+    live = _live_masters()
+    if args.json:
+        return _print_json([{**job, "status": _status(job, live)} for job in jobs])
+    if not jobs:
+        print("no raystream jobs on this Ray cluster")
+        return 0
+    rows = [[job["job_id"], job["name"], _status(job, live), str(job["attempt"]),
+             str(sum(c["status"] == "COMPLETED" for c in job["checkpoints"])),
+             _when(job["started_at"]), _duration(job)] for job in jobs]
+    _table(["JOB ID", "NAME", "STATUS", "RESTARTS", "CHECKPOINTS", "STARTED", "DURATION"], rows)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from raystream.engine import registry
+
+    connect(args.address)
+    job = registry.find_job(args.job)
+    live = _live_masters()
+    if args.json:
+        return _print_json({**job, "status": _status(job, live), "metrics": _metrics_of(job, live)})
+    checkpoints = job["checkpoints"]
+    completed = [c for c in checkpoints if c["status"] == "COMPLETED"]
+    lines = [("job", f"{job['job_id']} ({job['name']})"),
+             ("status", _status(job, live)),
+             ("restarts", str(job["attempt"])),
+             ("started", f"{_when(job['started_at'])} ({_duration(job)})"),
+             ("checkpoints", f"{len(completed)} completed of {len(checkpoints)}"
+                             + (f", latest #{completed[-1]['checkpoint_id']}" if completed else ""))]
+    if job.get("submission_id"):
+        lines.append(("submission", job["submission_id"]))
+    placement = dict(job.get("placement") or {})
+    if placement:
+        per_node: dict[str, int] = {}
+        for node in placement.values():
+            per_node[node] = per_node.get(node, 0) + 1
+        lines.append(("nodes", ", ".join(f"{node[:12]} ({count} subtasks)"
+                                         for node, count in sorted(per_node.items()))))
+    if job.get("error"):
+        lines.append(("error", job["error"].splitlines()[0]))
+    for failure in job["failures"]:
+        lines.append(("failure", failure.splitlines()[0]))
+    width = max(len(k) for k, _ in lines)
+    for key, value in lines:
+        print(f"{key:<{width}}  {value}")
+    print("plan")
+    for line in job["plan"].splitlines():
+        print(f"  {line}")
+    metrics = _metrics_of(job, live)
+    if metrics:
+        print("metrics")
+        _print_metrics(metrics, indent="  ")
+    return 0
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    from raystream.engine import registry
+
+    connect(args.address)
+    job = registry.find_job(args.job)
+    if args.json:
+        return _print_json(job["checkpoints"])
+    if not job["checkpoints"]:
+        print(f"job {job['job_id']} has taken no checkpoints")
+        return 0
+    rows = []
+    for c in job["checkpoints"]:
+        note = c.get("savepoint") or c.get("reason") or ""
+        alignment = c.get("alignment_s")
+        rows.append([str(c["checkpoint_id"]), c["status"], _when(c["trigger_ts_ms"] / 1000),
+                     f"{c['duration_s']:.3f} s", _bytes(c["size"]),
+                     f"{alignment:.3f} s" if alignment is not None else "-", note])
+    _table(["ID", "STATUS", "TRIGGERED", "DURATION", "SIZE", "ALIGNMENT", "SAVEPOINT / REASON"],
+           rows)
+    return 0
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from raystream.engine import registry
+
+    connect(args.address)
+    job = registry.find_job(args.job)
+    metrics = _metrics_of(job, _live_masters())
+    if args.json:
+        return _print_json(metrics)
+    if not metrics:
+        print(f"job {job['job_id']}: no metrics (yet)")
+        return 0
+    _print_metrics(metrics)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    client = _attach(args)
+    client.cancel()
+    print(f"job {client.job_id}: {client.wait(timeout_s=args.timeout).status}")
+    return 0
+
+
+def cmd_savepoint(args: argparse.Namespace) -> int:
+    client = _attach(args)
+    path = client.savepoint(args.path, timeout_s=args.timeout)
+    print(f"job {client.job_id}: savepoint written to {path}")
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    client = _attach(args)
+    result = client.stop_with_savepoint(args.savepoint, drain=args.drain, timeout_s=args.timeout)
+    print(f"job {client.job_id}: {result.status}, savepoint written to {args.savepoint}")
+    return 0
+
+
+def _attach(args: argparse.Namespace) -> Any:
+    from raystream.engine.client import JobClient
+
+    connect(args.address)
+    return JobClient.attach(args.job)
+
+
+def _live_masters() -> set[str]:
+    import ray
+
+    from raystream.engine.job_master import NAMESPACE
+
+    return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == NAMESPACE}
+
+
+def _status(job: dict, live: set[str]) -> str:
+    from raystream.engine.job_master import master_actor_name
+    from raystream.engine.registry import TERMINAL_STATUSES
+
+    if job["status"] in TERMINAL_STATUSES or master_actor_name(job["job_id"]) in live:
+        return job["status"]
+    return f"LOST (was {job['status']}; its driver exited)"
+
+
+def _metrics_of(job: dict, live: set[str]) -> dict[str, dict[str, float]]:
+    """Live metrics of a running job, the final ones of an ended job."""
+    from raystream.engine.client import JobClient
+    from raystream.engine.job_master import master_actor_name
+
+    if job["status"] not in ("FINISHED", "FAILED", "CANCELED") and \
+            master_actor_name(job["job_id"]) in live:
+        try:
+            return JobClient.attach(job["job_id"]).metrics()
+        except Exception:
+            pass  # it just ended: its summary has the final figures
+    return job.get("metrics") or {}
+
+
+METRIC_COLUMNS = [("records_in", "RECORDS IN", "{:,.0f}"), ("records_out", "RECORDS OUT", "{:,.0f}"),
+                  ("bytes_in", "BYTES IN", None), ("bytes_out", "BYTES OUT", None),
+                  ("batches_in", "BATCHES IN", "{:,.0f}"), ("batches_out", "BATCHES OUT", "{:,.0f}"),
+                  ("backpressure", "BACKPRESSURE", "{:.0%}"),
+                  ("watermark_lag_ms", "WATERMARK LAG", "{:,.0f} ms"),
+                  ("checkpoint_duration_s", "LAST CHECKPOINT", "{:.3f} s"),
+                  ("checkpoint_alignment_s", "ALIGNMENT", "{:.3f} s"),
+                  ("checkpoint_size", "STATE", None)]
+
+
+def _print_metrics(metrics: dict[str, dict[str, float]], indent: str = "") -> None:
+    rows = []
+    for subtask in sorted(metrics):
+        m = metrics[subtask]
+        row = [subtask]
+        for key, _, fmt in METRIC_COLUMNS:
+            value = m.get(key)
+            row.append("-" if value is None else (_bytes(value) if fmt is None else fmt.format(value)))
+        rows.append(row)
+    _table(["SUBTASK"] + [title for _, title, _ in METRIC_COLUMNS], rows, indent=indent)
+
+
+# -- formatting --------------------------------------------------------------------------------------
+def _print_json(value: Any) -> int:
+    print(json.dumps(value, indent=1, default=str))
+    return 0
+
+
+def _table(header: list[str], rows: list[list[str]], indent: str = "") -> None:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print(indent + "  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
+
+
+def _field(record: Any, name: str) -> Any:
+    return record[name] if isinstance(record, dict) else getattr(record, name)
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def _when(epoch_s: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch_s)) if epoch_s else "-"
+
+
+def _duration(job: dict) -> str:
+    end = job.get("ended_at") or time.time()
+    return f"{end - job['started_at']:.1f} s" + ("" if job.get("ended_at") else " so far")
+
+
+# -- entry point -------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.splitlines()[2:12]))
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="run a job script here (Ray in this process, or RAY_ADDRESS)")
+    run.add_argument("script")
+    run.add_argument("--restore-from", metavar="PATH",
+                     help="start the script's jobs from this savepoint or retained checkpoint")
+    run.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS",
+                     help="print each running job's progress this often (0: never)")
+    run.set_defaults(handler=cmd_run)
+
+    submit = commands.add_parser("submit", help="run a job script on a Ray cluster (Ray Jobs API)")
+    submit.add_argument("script")
+    submit.add_argument("--address", help="the cluster's dashboard, e.g. http://127.0.0.1:8265 "
+                                          "(default: RAY_API_SERVER_ADDRESS or RAY_ADDRESS)")
+    submit.add_argument("--restore-from", metavar="PATH")
+    submit.add_argument("--working-dir", help="directory to upload (default: the script's)")
+    submit.add_argument("--submission-id")
+    submit.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS")
+    submit.add_argument("--wait", action="store_true",
+                        help="follow the job's output until it ends; fail if it fails")
+    submit.set_defaults(handler=cmd_submit)
+
+    def job_command(name: str, handler: Callable, help_text: str, *, job: bool = True,
+                    timeout: bool = False, as_json: bool = False) -> argparse.ArgumentParser:
+        command = commands.add_parser(name, help=help_text)
+        if job:
+            command.add_argument("job", metavar="JOB", help="job id, unique id prefix, or name")
+        command.add_argument("--address", help="the Ray cluster (default: RAY_ADDRESS or the "
+                                               "cluster on this machine)")
+        if as_json:
+            command.add_argument("--json", action="store_true", help="print JSON, for scripts")
+        if timeout:
+            command.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS")
+        command.set_defaults(handler=handler)
+        return command
+
+    job_command("list", cmd_list, "the cluster's raystream jobs", job=False, as_json=True)
+    job_command("status", cmd_status, "a job's status, plan and metrics", as_json=True)
+    job_command("checkpoints", cmd_checkpoints, "a job's checkpoint history", as_json=True)
+    job_command("metrics", cmd_metrics, "a job's metrics per subtask", as_json=True)
+    job_command("cancel", cmd_cancel, "cancel a running job", timeout=True)
+    savepoint = job_command("savepoint", cmd_savepoint, "savepoint a running job", timeout=True)
+    savepoint.add_argument("path", metavar="PATH", help="directory or URI for the savepoint")
+    stop = job_command("stop", cmd_stop, "savepoint a running job and stop it", timeout=True)
+    stop.add_argument("--savepoint", required=True, metavar="PATH")
+    stop.add_argument("--drain", action="store_true",
+                      help="end the input first, so every window fires")
+    return parser
+
+
+def one_line(exc: BaseException, script: str | None = None) -> str:
+    """An error as one readable line: the message's first line, and where in the script."""
+    from raystream.engine.errors import RaystreamError
+
+    lines = str(exc).strip().splitlines()
+    message = lines[0] if lines else ""
+    text = message if isinstance(exc, RaystreamError) else f"{type(exc).__name__}: {message}"
+    if script is not None:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                  if Path(f.filename).resolve() == Path(script).resolve()]
+        if frames:
+            text += f" (at {Path(script).name}:{frames[-1].lineno})"
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script_args: list[str] = []
+    if "--" in argv:  # what follows goes to the job script
+        argv, script_args = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    args = build_parser().parse_args(argv)
+    args.args = script_args
+    try:
+        return args.handler(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if os.environ.get("RAYSTREAM_DEBUG"):
+            raise
+        script = args.script if args.command == "run" else None
+        print(f"{PROG} {args.command}: error: {one_line(exc, script)}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

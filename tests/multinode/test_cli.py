@@ -1,0 +1,182 @@
+"""The ``raystream`` command against a real Ray cluster: `ray start --head` on loopback with
+token authentication, jobs submitted through the Ray Jobs API.
+
+Every command runs as a separate process, as a user would run it; the job's
+committed Parquet output is checked against numpy over the same readings.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from raystream.checkpoint.storage import SAVEPOINT_JOB_KEY, CheckpointStorage
+from raystream.spark.commit_log import read_committed
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+sys.path.insert(0, str(EXAMPLES))
+from meter_totals import expected_totals  # noqa: E402  (the example's own oracle, numpy)
+
+METERS = 50
+
+
+def job_args(tmp: Path, readings: int, rows_per_second: float | None) -> list[str]:
+    args = ["--readings", str(readings), "--meters", str(METERS), "--out", str(tmp / "out"),
+            "--checkpoints", str(tmp / "checkpoints"), "--checkpoint-interval", "0.5"]
+    return args + (["--rows-per-second", str(rows_per_second)] if rows_per_second else [])
+
+
+def assert_exactly_once(out: Path, readings: int) -> None:
+    table = read_committed(str(out))
+    ids = np.sort(table["reading"].to_numpy())
+    assert len(ids) == readings and (ids == np.arange(readings)).all(), "lost or duplicated rows"
+    totals = table.group_by("meter").aggregate([("total_wh", "max")]).sort_by("meter")
+    assert (totals["total_wh_max"].to_numpy() == expected_totals(readings, METERS)).all()
+
+
+def ok(result) -> str:
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+RAY_INFO_LOG = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+\s+INFO ")  # ray.init's "Connecting to ..."
+
+
+def one_line_error(result, *fragments: str) -> str:
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.strip().splitlines() if not RAY_INFO_LOG.match(line)]
+    assert len(lines) == 1, f"not one line:\n{result.stderr}"
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def wait_until(condition, timeout_s: float = 90, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def job_id_from_list(head, name: str, status: str) -> str | None:
+    jobs = json.loads(ok(head.run("raystream", "list", "--json")))
+    found = [job["job_id"] for job in jobs if job["name"] == name and job["status"] == status]
+    return found[-1] if found else None
+
+
+def completed_checkpoints(head, job: str) -> list[int]:
+    history = json.loads(ok(head.run("raystream", "checkpoints", job, "--json")))
+    return [c["checkpoint_id"] for c in history if c["status"] == "COMPLETED"]
+
+
+def test_submit_through_the_jobs_api_then_list_status_and_checkpoints(ray_head, tmp_path):
+    readings = 100_000  # at 20,000 rows/s: long enough to show progress
+    submitted = ray_head.run(
+        "raystream", "submit", str(EXAMPLES / "meter_totals.py"), "--address",
+        ray_head.dashboard_url, "--wait", "--progress-every", "1", "--",
+        *job_args(tmp_path, readings, rows_per_second=20_000), timeout=180)
+    output = ok(submitted)
+    submission = re.search(r"submitted (raysubmit_\w+)", output).group(1)
+    assert re.search(r"meter-totals RUNNING \| read [\d,]+ rows", output), output  # progress
+    assert f"submission {submission} SUCCEEDED" in output
+    assert_exactly_once(tmp_path / "out", readings)
+
+    job_id = job_id_from_list(ray_head, "meter-totals", "FINISHED")
+    assert job_id is not None
+    listed = ok(ray_head.run("raystream", "list"))
+    assert re.search(rf"^{job_id}\s+meter-totals\s+FINISHED\s", listed, re.M), listed
+    status = ok(ray_head.run("raystream", "status", job_id))
+    assert re.search(r"^status\s+FINISHED$", status, re.M)
+    assert re.search(rf"^submission\s+{submission}$", status, re.M)
+    # every reading reached the keyed operator, in subtasks of the same chain
+    metrics = json.loads(ok(ray_head.run("raystream", "metrics", job_id, "--json")))
+    keyed = [m for name, m in metrics.items() if name.startswith("per-meter")]
+    assert len(keyed) == 2 and sum(m["records_in"] for m in keyed) == readings
+
+    history = ok(ray_head.run("raystream", "checkpoints", job_id))
+    completed = completed_checkpoints(ray_head, job_id)
+    retained = CheckpointStorage(str(tmp_path / "checkpoints")).completed_checkpoint_ids(job_id)
+    assert retained and set(retained) <= set(completed), (retained, completed)
+    for n in retained:
+        assert re.search(rf"^{n}\s+COMPLETED\s", history, re.M), history
+
+
+def test_savepoint_stop_and_restore_from_the_command_line(ray_head, tmp_path):
+    readings = 300_000  # at 15,000 rows/s: stopped long before its end
+    args = job_args(tmp_path, readings, rows_per_second=15_000)
+    ok(ray_head.run("raystream", "submit", str(EXAMPLES / "meter_totals.py"), "--address",
+                    ray_head.dashboard_url, "--", *args))
+    job_id = wait_until(lambda: job_id_from_list(ray_head, "meter-totals", "RUNNING"),
+                        what="the job to run")
+    wait_until(lambda: completed_checkpoints(ray_head, job_id), what="a checkpoint")
+
+    savepoint = tmp_path / "savepoint-running"
+    assert "savepoint written to" in ok(ray_head.run("raystream", "savepoint", job_id,
+                                                     str(savepoint)))
+    assert CheckpointStorage(str(savepoint)).completed_checkpoint_ids(SAVEPOINT_JOB_KEY)
+    assert "RUNNING" in ok(ray_head.run("raystream", "status", job_id))  # it keeps running
+
+    stopped = tmp_path / "savepoint-stop"
+    assert "FINISHED" in ok(ray_head.run("raystream", "stop", job_id, "--savepoint", str(stopped)))
+    assert re.search(r"^status\s+FINISHED$", ok(ray_head.run("raystream", "status", job_id)), re.M)
+    assert CheckpointStorage(str(stopped)).completed_checkpoint_ids(SAVEPOINT_JOB_KEY)
+    partial = read_committed(str(tmp_path / "out")).num_rows
+    assert 0 < partial < readings, "the stop did not stop the job early"
+
+    # resume from the savepoint, unpaced, as a driver of the same cluster
+    resumed = ray_head.run("raystream", "run", str(EXAMPLES / "meter_totals.py"), "--restore-from",
+                           str(stopped), "--", *job_args(tmp_path, readings, None), timeout=180)
+    assert "meter-totals FINISHED" in ok(resumed)
+    assert_exactly_once(tmp_path / "out", readings)
+
+
+def test_cancel_a_running_job(ray_head, tmp_path):
+    ok(ray_head.run("raystream", "submit", str(EXAMPLES / "meter_totals.py"), "--address",
+                    ray_head.dashboard_url, "--",
+                    *job_args(tmp_path, 1_000_000, rows_per_second=10_000)))
+    job_id = wait_until(lambda: job_id_from_list(ray_head, "meter-totals", "RUNNING"),
+                        what="the job to run")
+    assert "CANCELED" in ok(ray_head.run("raystream", "cancel", job_id))
+    assert re.search(r"^status\s+CANCELED$", ok(ray_head.run("raystream", "status", job_id)), re.M)
+
+
+def test_errors_are_one_line(ray_head, tmp_path):
+    one_line_error(ray_head.run("raystream", "status", "no-such-job"), "no job 'no-such-job'")
+    one_line_error(ray_head.run("raystream", "run", str(tmp_path / "missing.py")),
+                   "no job script")
+    one_line_error(ray_head.run("raystream", "list", "--address", "127.0.0.1:1"),
+                   "no Ray cluster answers at 127.0.0.1:1")
+    finished = job_id_from_list(ray_head, "meter-totals", "FINISHED")
+    if finished is not None:  # after the first test
+        one_line_error(ray_head.run("raystream", "savepoint", finished, str(tmp_path / "sp")),
+                       f"job {finished} is FINISHED")
+    failing = tmp_path / "failing.py"
+    failing.write_text("import raystream as rs\n"
+                       "env = rs.StreamEnvironment()\n"
+                       "env.from_sequence(10).map(lambda r: r['no_such_column']).collect()\n"
+                       "env.execute('failing')\n")
+    line = one_line_error(ray_head.run("raystream", "run", str(failing), timeout=180),
+                          "job 'failing' failed", "no_such_column", "(at failing.py:4)")
+    assert "Traceback" not in line
+
+
+@pytest.mark.parametrize("token", [None, "not-the-cluster-token"])
+def test_token_authentication_stays_on(ray_head, tmp_path, token):
+    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": None, "RAY_AUTH_TOKEN": token}
+    if token is None:  # a client without token authentication
+        env = {"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN_PATH": None}
+    refused = ray_head.run("raystream", "submit", str(EXAMPLES / "meter_totals.py"), "--address",
+                           ray_head.dashboard_url, "--", *job_args(tmp_path, 10, None), env=env)
+    one_line_error(refused, f"the Ray cluster at {ray_head.dashboard_url} refused this client")
+    listed = ray_head.run("raystream", "list", env=env, timeout=60)
+    one_line_error(listed, f"the Ray cluster at {ray_head.gcs_address} refused this client")
