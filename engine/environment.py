@@ -241,7 +241,7 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> None:
     if ray.is_initialized():
         return
     init_kwargs.setdefault("include_dashboard", False)
-    if address is None and not os.environ.get("RAY_ADDRESS"):
+    if address is None and os.environ.get("RAY_ADDRESS", "local") in ("", "local"):
         # "local": always a Ray of our own, even where `ray start` left a cluster
         # running on this machine (plain ray.init() would attach to that one).
         address = "local"
