@@ -1,0 +1,238 @@
+"""Runs the operator coordinators of a job inside its job master (Flink
+``OperatorCoordinatorHolder``): their gateways, their part in checkpoints, failover.
+
+The checkpoint coordinator calls, for checkpoint ``n``, in this order:
+
+1. :meth:`OperatorCoordinators.checkpoint` -- mark every gateway for ``n``,
+   snapshot every coordinator, close every gateway (later events are held);
+2. :meth:`OperatorCoordinators.ready_to_trigger` until it is true -- every
+   event sent before the snapshots is delivered, and so is every event an
+   earlier checkpoint held (they are part of the snapshots too: a gateway that
+   still holds them keeps ``n`` waiting); only then are the sources triggered;
+3. :meth:`OperatorCoordinators.complete` or :meth:`OperatorCoordinators.abort`.
+
+A subtask reopens its gateways with :meth:`OperatorCoordinators.acknowledge`
+right after its synchronous snapshot of ``n``. On failover
+:meth:`OperatorCoordinators.reset` drops held events and resets every
+coordinator to the restored checkpoint; :meth:`OperatorCoordinators.bind`
+then connects the gateways to the new attempt's subtasks and tells each
+coordinator that they are ready.
+
+Everything runs on the job master's one event thread. A coordinator that
+raises fails the job over (:class:`CoordinatorFailure`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from raystream.checkpoint.operator_coordinator import OperatorCoordinator
+from raystream.checkpoint.subtask_gateway import Delivery, SubtaskGateway
+
+# (operator name, subtask index) -> a function that transmits one event to that subtask
+Transport = Callable[[str, int], Callable[[Any], Delivery]]
+CoordinatorFactory = Callable[[Any], OperatorCoordinator]
+
+
+class CoordinatorFailure(RuntimeError):
+    """An operator coordinator raised, or asked to fail the job."""
+
+    def __init__(self, operator: str, message: str) -> None:
+        super().__init__(f"operator coordinator of '{operator}': {message}")
+        self.operator = operator
+
+
+@dataclass(frozen=True)
+class CoordinatedOperator:
+    """An operator of the plan that has a coordinator."""
+
+    name: str
+    parallelism: int
+    create: CoordinatorFactory
+
+
+class _Context:
+    """The :class:`~raystream.checkpoint.operator_coordinator.OperatorCoordinatorContext`
+    of one coordinator."""
+
+    def __init__(self, holder: "_Holder") -> None:
+        self._holder = holder
+        self.operator_name = holder.name
+        self.parallelism = holder.parallelism
+
+    def send_event(self, subtask: int, event: Any) -> None:
+        gateways = self._holder.gateways
+        if not 0 <= subtask < len(gateways):
+            raise IndexError(f"'{self.operator_name}' has subtasks 0..{self.parallelism - 1}, "
+                             f"not {subtask}")
+        gateways[subtask].send_event(event)
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> None:
+        self._holder.owner._schedule(self._holder, delay_s, callback)
+
+    def fail_job(self, reason: str) -> None:
+        raise CoordinatorFailure(self.operator_name, reason)
+
+
+class _Holder:
+    def __init__(self, owner: "OperatorCoordinators", operator: CoordinatedOperator) -> None:
+        self.owner = owner
+        self.name, self.parallelism = operator.name, operator.parallelism
+        self.gateways: list[SubtaskGateway] = []
+        self.context = _Context(self)
+        self.coordinator = operator.create(self.context)
+
+    def call(self, method: str, *args: Any) -> Any:
+        try:
+            return getattr(self.coordinator, method)(*args)
+        except CoordinatorFailure:
+            raise
+        except Exception as exc:
+            raise CoordinatorFailure(self.name, f"{method} raised {type(exc).__name__}: "
+                                                f"{exc}") from exc
+
+
+class _GatewayHandle:
+    """What ``subtask_ready`` hands a coordinator: a send function bound to one subtask."""
+
+    def __init__(self, gateway: SubtaskGateway) -> None:
+        self._gateway = gateway
+
+    def send_event(self, event: Any) -> None:
+        self._gateway.send_event(event)
+
+
+class OperatorCoordinators:
+    """Every coordinator of one job, with their subtask gateways."""
+
+    def __init__(self, operators: list[CoordinatedOperator]) -> None:
+        self._holders = {op.name: _Holder(self, op) for op in operators}
+        self._timers: list[tuple[float, int, int, _Holder, Callable[[], None]]] = []
+        self._sequence = itertools.count()
+        self._generation = 0  # timers of an older attempt are dropped
+
+    def __bool__(self) -> bool:
+        return bool(self._holders)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._holders)
+
+    def gateway(self, operator: str, subtask: int) -> SubtaskGateway:
+        return self._holders[operator].gateways[subtask]
+
+    def coordinator(self, operator: str) -> OperatorCoordinator:
+        return self._holders[operator].coordinator
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        for holder in self._holders.values():
+            holder.call("start")
+
+    def bind(self, transport: Transport) -> None:
+        """The subtasks of a new attempt run: connect the gateways and call ``subtask_ready``."""
+        for holder in self._holders.values():
+            if not holder.gateways:
+                holder.gateways = [SubtaskGateway(i, transport(holder.name, i), operator=holder.name)
+                                   for i in range(holder.parallelism)]
+            else:
+                for i, gateway in enumerate(holder.gateways):
+                    gateway.reset(transport(holder.name, i))
+        for holder in self._holders.values():
+            for i, gateway in enumerate(holder.gateways):
+                holder.call("subtask_ready", i, _GatewayHandle(gateway))
+
+    def reset(self, checkpoint_id: int | None, states: dict[str, bytes]) -> None:
+        """Global failover to ``checkpoint_id`` (None: the start): held and undelivered
+        events are dropped and every coordinator goes back to the checkpoint's state."""
+        self._generation += 1
+        self._timers.clear()
+        for holder in self._holders.values():
+            for gateway in holder.gateways:
+                gateway.reset()
+            holder.call("reset_to_checkpoint", checkpoint_id, states.get(holder.name))
+
+    def close(self) -> None:
+        for holder in self._holders.values():
+            try:
+                holder.coordinator.close()
+            except Exception:  # the job is over either way
+                pass
+
+    # -- events -------------------------------------------------------------------------------
+    def handle_event_from_subtask(self, operator: str, subtask: int, event: Any) -> None:
+        holder = self._holders.get(operator)
+        if holder is None:
+            raise CoordinatorFailure(operator, "an operator event arrived for an operator that "
+                                               "has no coordinator")
+        holder.call("handle_event_from_subtask", subtask, event)
+
+    def _schedule(self, holder: _Holder, delay_s: float, callback: Callable[[], None]) -> None:
+        heapq.heappush(self._timers, (time.monotonic() + max(0.0, delay_s), next(self._sequence),
+                                      self._generation, holder, callback))
+
+    def run_due(self, now: float) -> None:
+        """Run the ``call_later`` callbacks that are due."""
+        while self._timers and self._timers[0][0] <= now:
+            _, _, generation, holder, callback = heapq.heappop(self._timers)
+            if generation != self._generation:
+                continue
+            try:
+                callback()
+            except CoordinatorFailure:
+                raise
+            except Exception as exc:
+                raise CoordinatorFailure(holder.name, f"a call_later callback raised "
+                                                      f"{type(exc).__name__}: {exc}") from exc
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def checkpoint(self, checkpoint_id: int) -> dict[str, bytes]:
+        """Snapshot every coordinator for ``checkpoint_id``; events sent afterwards are
+        held until each subtask acknowledges its own snapshot of it."""
+        states = {}
+        for holder in self._holders.values():
+            for gateway in holder.gateways:
+                gateway.mark_for_checkpoint(checkpoint_id)
+            state = holder.call("checkpoint_coordinator", checkpoint_id)
+            if not isinstance(state, (bytes, bytearray, memoryview)):
+                raise CoordinatorFailure(holder.name, f"checkpoint_coordinator returned "
+                                                      f"{type(state).__name__}, not bytes")
+            states[holder.name] = bytes(state)
+            for gateway in holder.gateways:
+                gateway.close_for_checkpoint(checkpoint_id)
+        return states
+
+    def ready_to_trigger(self, checkpoint_id: int) -> bool:
+        """True once the sources may get barrier ``checkpoint_id``: every event sent before
+        the coordinators' snapshots is delivered and no gateway holds events of an
+        earlier checkpoint. Raises :class:`EventDeliveryError` for a failed delivery."""
+        # Until the subtask's snapshot of checkpoint_id its own held events stay held, so
+        # whatever has been transmitted must arrive first: sent before the snapshots, or
+        # released since by an earlier checkpoint (those are "sent" in its state too).
+        for holder in self._holders.values():
+            for gateway in holder.gateways:
+                if gateway.holds_before(checkpoint_id) or not gateway.all_delivered():
+                    return False
+        return True
+
+    def acknowledge(self, operators: list[str], subtask: int, checkpoint_id: int) -> None:
+        """The subtask took its synchronous snapshot of ``checkpoint_id``."""
+        for name in operators:
+            holder = self._holders.get(name)
+            if holder is not None and subtask < len(holder.gateways):
+                holder.gateways[subtask].acknowledge_checkpoint(checkpoint_id)
+
+    def complete(self, checkpoint_id: int) -> None:
+        for holder in self._holders.values():
+            holder.call("notify_checkpoint_complete", checkpoint_id)
+
+    def abort(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` was aborted: what its gateways held goes out."""
+        for holder in self._holders.values():
+            for gateway in holder.gateways:
+                gateway.release(checkpoint_id)
+            holder.call("notify_checkpoint_aborted", checkpoint_id)
