@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import os
 import threading
 import time
@@ -215,9 +216,14 @@ class Subtask:
                 sides.setdefault(tag, []).append(writers[e])
             if sides:
                 output = RoutingOutput(output, {tag: _fan_out(t) for tag, t in sides.items()})
+            events = None
+            if node.coordinator is not None and spec.master is not None:
+                events = functools.partial(spec.master.operator_event.remote, spec.attempt,
+                                           node.name, spec.index)
             ctx = RuntimeContext(spec.job_name, node.name, spec.index, vertex.parallelism,
                                  spec.max_parallelism, spec.attempt,
-                                 checkpointing=spec.checkpointing is not None)
+                                 checkpointing=spec.checkpointing is not None,
+                                 coordinator_events=events)
             operator.setup(ctx, output, self.failpoints)
         # operators with processing-time timers, polled by the mailbox loop
         self.timed_operators = [op for op in self.operators
@@ -225,6 +231,9 @@ class Subtask:
         head = self.operators[0]
         self.head_inputs = {i: ChainedOutput(head, i) for i in {e.input_index for e in vertex.inputs}}
         self.source = head if isinstance(head, SourceOperator) else None
+        # operators with an operator coordinator, by name: they receive its events
+        self.coordinated = {node.name: op for node, op in zip(vertex.nodes, self.operators)
+                            if node.coordinator is not None}
         if spec.checkpointing is not None:
             self.checkpointer = SubtaskCheckpointer(
                 spec=spec.checkpointing, names=[n.name for n in vertex.nodes],
@@ -264,7 +273,7 @@ class Subtask:
         if self.in_progress is not None:
             return True
         if self.source is not None:
-            return not self.source_stopped
+            return not self.source_stopped and self.source.is_available()
         return self.gate.has_ready()
 
     def _run(self) -> None:
@@ -347,7 +356,8 @@ class Subtask:
                 self._process_slice()
             elif envelope is not None:
                 self._process(envelope)
-            elif take_input and self.source is not None and not self.source_stopped:
+            elif (take_input and self.source is not None and not self.source_stopped
+                  and call_operator(self.source, "is_available")):
                 if not call_operator(self.source, "emit_next"):
                     self._end_of_input()
             self._maybe_checkpoint()
@@ -365,6 +375,9 @@ class Subtask:
                 out.add_credit(n)
         elif kind == "trigger":
             self.trigger = control[1]
+        elif kind == "event":  # from an operator coordinator, before any later barrier
+            _, name, event = control
+            call_operator(self.coordinated[name], "handle_operator_event", event)
         elif kind == "barrier":
             self._on_barrier(*control[1:])
         elif kind == "complete":
@@ -504,6 +517,9 @@ class Subtask:
         self.checkpointer.checkpoint(barrier, forward=forward, watermark=self.watermark,
                                      unaligned=unaligned, input_state=input_state,
                                      alignment_s=alignment_s)
+        if self.coordinated:  # the synchronous snapshot is taken: reopen their gateways
+            self.spec.master.acknowledge_coordinator_checkpoint.remote(
+                self.spec.attempt, list(self.coordinated), self.spec.index, barrier.checkpoint_id)
         if barrier.stop:
             self.source_stopped = True
 
@@ -778,6 +794,13 @@ class SubtaskActor:
         subtask = self.subtask
         if subtask is not None and attempt == subtask.spec.attempt:
             subtask.post("credit", channel, n)
+
+    @ray.method(concurrency_group="control")
+    def handle_operator_event(self, attempt: int, operator: str, event: Any) -> None:
+        """An event from ``operator``'s coordinator: queued in the mailbox, in order."""
+        subtask = self.subtask
+        if subtask is not None and attempt == subtask.spec.attempt:
+            subtask.post("event", operator, event)
 
     @ray.method(concurrency_group="control")
     def trigger_checkpoint(self, barrier: Barrier) -> None:

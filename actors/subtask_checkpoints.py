@@ -59,6 +59,8 @@ class RestoreSpec:
     watermarks: dict[str, int] = field(default_factory=dict)
     # channel state of an unaligned checkpoint: channel_state_key(chain, subtask) -> handle
     channel_state: dict[str, dict] = field(default_factory=dict)
+    # operator coordinators' states: operator name -> handle
+    coordinators: dict[str, dict] = field(default_factory=dict)
 
 
 @dataclass

@@ -33,6 +33,7 @@ from typing import Callable
 from raystream.actors.messages import Barrier
 from raystream.actors.subtask_checkpoints import OperatorRestore, RestoreSpec
 from raystream.checkpoint.config import CheckpointConfig
+from raystream.checkpoint.coordinator_holder import OperatorCoordinators
 from raystream.checkpoint.keygroups import HASH_VERSION
 from raystream.checkpoint.storage import SAVEPOINT_JOB_KEY, CheckpointStorage
 from raystream.engine.failpoints import Failpoints
@@ -62,6 +63,8 @@ class PendingCheckpoint:
     channel_state: dict[str, dict] = field(default_factory=dict)  # subtask key -> handle
     channel_state_bytes: int = 0
     unaligned: bool = False
+    coordinators: dict[str, dict] = field(default_factory=dict)  # operator name -> state handle
+    barrier: Barrier | None = None  # not sent yet: waiting for operator events' delivery
 
 
 @dataclass
@@ -87,7 +90,8 @@ class CheckpointCoordinator:
                  send_trigger: Callable[[Barrier], None],
                  notify_complete: Callable[[int], None],
                  notify_aborted: Callable[[int], None],
-                 failpoints: Failpoints) -> None:
+                 failpoints: Failpoints,
+                 operator_coordinators: OperatorCoordinators | None = None) -> None:
         self.config = config
         self.storage = CheckpointStorage(config.storage)
         self.job_key, self.job_name = job_key, job_name
@@ -101,6 +105,8 @@ class CheckpointCoordinator:
         self._notify_complete = notify_complete
         self._notify_aborted = notify_aborted
         self.failpoints = failpoints
+        # snapshotted first in every checkpoint; barriers wait for their events' delivery
+        self.operator_coordinators = operator_coordinators or OperatorCoordinators([])
         self.attempt = 0
         self.pending: dict[int, PendingCheckpoint] = {}
         self.completed: list[tuple[int, dict]] = []  # (id, metadata), oldest first
@@ -115,10 +121,13 @@ class CheckpointCoordinator:
 
     # -- triggering ------------------------------------------------------------------------
     def tick(self, now: float) -> None:
-        """Called often by the master: periodic trigger and timeouts."""
+        """Called often by the master: periodic trigger, barriers held for operator
+        events, timeouts."""
         for n, pending in list(self.pending.items()):
             if now - pending.started > self.config.timeout_s:
                 self.abort(n, f"timed out after {self.config.timeout_s:g} s")
+            elif pending.barrier is not None:
+                self._send_barrier_when_events_are_done(pending)
         if (self.final_checkpoint is None and len(self.pending) < self.config.max_concurrent
                 and now - self._last_trigger >= self.config.interval_s
                 and now - self._last_completion >= self.config.min_pause_s):
@@ -147,9 +156,42 @@ class CheckpointCoordinator:
             unaligned = self.config.alignment == "unaligned"
             if self.config.aligned_timeout is not None:
                 timeout_ms = int(round(self.config.aligned_timeout * 1000))
-        self._send_trigger(Barrier(n, self.attempt, ts, savepoint_target, stop,
-                                   unaligned=unaligned, aligned_timeout_ms=timeout_ms))
+        pending = self.pending[n]
+        pending.barrier = Barrier(n, self.attempt, ts, savepoint_target, stop,
+                                  unaligned=unaligned, aligned_timeout_ms=timeout_ms)
+        if self.operator_coordinators:  # operator coordinators first (Flink's order)
+            states = self.operator_coordinators.checkpoint(n)
+            try:
+                pending.coordinators = self._write_coordinator_states(n, states, savepoint_target)
+            except Exception as exc:
+                self.abort(n, f"operator coordinator state could not be written: "
+                              f"{type(exc).__name__}: {exc}")
+                return n
+        self._send_barrier_when_events_are_done(pending)
         return n
+
+    def _write_coordinator_states(self, n: int, states: dict[str, bytes],
+                                  savepoint_target: str | None) -> dict[str, dict]:
+        storage, job_key = self.storage, self.job_key
+        if savepoint_target is not None:
+            storage, job_key = CheckpointStorage(savepoint_target), SAVEPOINT_JOB_KEY
+        return {name: storage.write_state(job_key, n, f"coordinator-{index}.state",
+                                          state).to_json()
+                for index, (name, state) in enumerate(sorted(states.items()))}
+
+    def _send_barrier_when_events_are_done(self, pending: PendingCheckpoint) -> None:
+        """Inject the barrier at the sources once every operator event sent before the
+        coordinators' snapshots has reached its subtask (FLINK-26029); a failed delivery
+        fails the checkpoint, and the job fails over."""
+        n = pending.checkpoint_id
+        try:
+            ready = self.operator_coordinators.ready_to_trigger(n)
+        except Exception as exc:
+            self.abort(n, f"operator event not delivered: {exc}")
+            raise
+        if ready:
+            barrier, pending.barrier = pending.barrier, None
+            self._send_trigger(barrier)
 
     # -- acknowledgements -------------------------------------------------------------------
     def acknowledge(self, attempt: int, n: int, subtask: SubtaskKey, written: dict,
@@ -188,6 +230,7 @@ class CheckpointCoordinator:
             self.final_checkpoint = None  # the master triggers another final checkpoint
         log.warning("checkpoint %d of %s aborted: %s", n, self.job_name, reason)
         self._notify_aborted(n)
+        self.operator_coordinators.abort(n)
         if pending.savepoint_target is None:
             self._discard(n)  # files a subtask still writes later stay: the job dir is theirs
         if failed:
@@ -229,6 +272,7 @@ class CheckpointCoordinator:
         self._discard_beyond_retention()
         self.failpoints.hit("after_metadata_before_notify")
         self._notify_complete(n)
+        self.operator_coordinators.complete(n)
 
     def _metadata(self, pending: PendingCheckpoint) -> dict:
         operators: dict[str, dict[str, list]] = {}
@@ -255,6 +299,9 @@ class CheckpointCoordinator:
                     "max_parallelism": self.max_parallelism, "hash_version": HASH_VERSION,
                     "operators": operators, "committed": committed, "handles": handles,
                     "watermarks": watermarks}
+        if pending.coordinators:
+            metadata["coordinators"] = pending.coordinators
+            handles.extend(pending.coordinators.values())
         if pending.channel_state:
             metadata["channel_state"] = dict(sorted(pending.channel_state.items()))
             metadata["topology"] = self.topology
@@ -356,7 +403,8 @@ def restore_spec_of(checkpoint_id: int, metadata: dict, storage_uri: str) -> Res
                        {name: OperatorRestore(files["operator_state"], files["keyed_state"])
                         for name, files in metadata["operators"].items()},
                        dict(metadata.get("watermarks", {})),
-                       dict(metadata.get("channel_state", {})))
+                       dict(metadata.get("channel_state", {})),
+                       dict(metadata.get("coordinators", {})))
 
 
 def locate_snapshot(path: str) -> tuple[str, str]:

@@ -84,7 +84,11 @@ class _Holder:
         self.name, self.parallelism = operator.name, operator.parallelism
         self.gateways: list[SubtaskGateway] = []
         self.context = _Context(self)
-        self.coordinator = operator.create(self.context)
+        try:
+            self.coordinator = operator.create(self.context)
+        except Exception as exc:
+            raise CoordinatorFailure(self.name, f"could not be created: {type(exc).__name__}: "
+                                                f"{exc}") from exc
 
     def call(self, method: str, *args: Any) -> Any:
         try:
@@ -174,6 +178,10 @@ class OperatorCoordinators:
     def _schedule(self, holder: _Holder, delay_s: float, callback: Callable[[], None]) -> None:
         heapq.heappush(self._timers, (time.monotonic() + max(0.0, delay_s), next(self._sequence),
                                       self._generation, holder, callback))
+
+    def next_due(self) -> float | None:
+        """When (``time.monotonic()``) the next ``call_later`` callback is due, if any."""
+        return self._timers[0][0] if self._timers else None
 
     def run_due(self, now: float) -> None:
         """Run the ``call_later`` callbacks that are due."""

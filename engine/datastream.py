@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import pyarrow as pa
 
+from raystream.checkpoint.operator_coordinator import OperatorCoordinator
 from raystream.engine.graph import InputEdge, PartitionSpec, Resources, Transformation
 from raystream.engine.keys import KeySelector, KeySpec
 from raystream.engine.operators.base import Operator
@@ -121,12 +122,14 @@ class DataStream:
     # -- operators -----------------------------------------------------------------------
     def _add(self, kind: str, default_name: str, create: Callable[[str], Operator], *,
              name: str | None = None, parallelism: int | None = None,
-             inputs: list[InputEdge] | None = None) -> "DataStream":
+             inputs: list[InputEdge] | None = None,
+             coordinator: Callable[[Any], Any] | None = None) -> "DataStream":
         op_name = self.env._unique_name(name or default_name)
         t = self.env._add_transformation(
             kind, op_name, lambda: create(op_name),
             parallelism or self.env.parallelism,
             inputs if inputs is not None else [self._edge()])
+        t.coordinator = coordinator
         return DataStream(self.env, t)
 
     def map(self, fn: Callable[[Row], Row], *, name: str | None = None,
@@ -161,9 +164,15 @@ class DataStream:
                          name=name, parallelism=parallelism)
 
     def transform(self, name: str, create_operator: Callable[[str], Operator], *,
-                  parallelism: int | None = None) -> "DataStream":
-        """Add a custom :class:`~raystream.engine.operators.base.Operator` (created per subtask)."""
-        return self._add("operator", name, create_operator, name=name, parallelism=parallelism)
+                  parallelism: int | None = None,
+                  coordinator: Callable[[Any], OperatorCoordinator] | None = None) -> "DataStream":
+        """Add a custom :class:`~raystream.engine.operators.base.Operator` (created per subtask).
+
+        ``coordinator(context)`` creates its :class:`~raystream.OperatorCoordinator` in the
+        job master; the operator exchanges events with it (``handle_operator_event``,
+        ``self.ctx.send_event_to_coordinator``)."""
+        return self._add("operator", name, create_operator, name=name, parallelism=parallelism,
+                         coordinator=coordinator)
 
     def union(self, *others: "DataStream") -> "DataStream":
         """One stream of the records of this and ``others`` (schemas should match)."""

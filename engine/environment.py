@@ -32,7 +32,8 @@ from raystream.engine.datastream import DataStream
 from raystream.engine.errors import InsufficientResourcesError
 from raystream.engine.graph import InputEdge, Resources, Transformation
 from raystream.engine.job_master import NAMESPACE, JobMaster, JobOptions, master_actor_name
-from raystream.engine.operators.source import SourceOperator
+from raystream.checkpoint.operator_coordinator import OperatorCoordinator
+from raystream.engine.operators.source import SourceOperator, SplitSourceOperator
 from raystream.engine.plan import JobPlan, build_plan
 from raystream.engine.sources.base import Source
 from raystream.engine.sources.arrow import ArrowTable
@@ -143,8 +144,32 @@ class StreamEnvironment:
         """A stream read from ``source``'s splits, with optional event-time watermarks."""
         op_name = self._unique_name(name)
         t = self._add_transformation("source", op_name,
-                                     lambda: SourceOperator(op_name, source, watermarks),
+                                     lambda: SplitSourceOperator(op_name, source, watermarks),
                                      parallelism or self.parallelism, [])
+        return DataStream(self, t)
+
+    def add_source(self, create_operator: Callable[[str], SourceOperator], *,
+                   name: str = "source", parallelism: int | None = None,
+                   coordinator: Callable[[Any], OperatorCoordinator] | None = None) -> DataStream:
+        """A stream from a source operator of your own (created per subtask with its name),
+        optionally with an operator coordinator (``coordinator(context)``) that sends it
+        events: a split enumerator, say.
+
+            >>> import pyarrow as pa, raystream as rs
+            >>> class Once(rs.SourceOperator):
+            ...     def emit_next(self):
+            ...         if getattr(self, "done", False): return False
+            ...         self.output.emit(pa.record_batch({"x": [self.ctx.subtask_index]}))
+            ...         self.done = True; return True
+            >>> env = rs.StreamEnvironment(parallelism=2)                  # doctest: +SKIP
+            >>> sink = env.add_source(Once, name="once").collect()          # doctest: +SKIP
+            >>> sorted(env.execute("once").table(sink)["x"].to_pylist())    # doctest: +SKIP
+            [0, 1]
+        """
+        op_name = self._unique_name(name)
+        t = self._add_transformation("source", op_name, lambda: create_operator(op_name),
+                                     parallelism or self.parallelism, [])
+        t.coordinator = coordinator
         return DataStream(self, t)
 
     def from_sequence(self, n: int, columns: Callable[[np.ndarray], Mapping[str, Any]] | None = None,

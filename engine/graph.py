@@ -7,7 +7,7 @@ smaller ids and creation order is a topological order.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from raystream.actors.partitioners import (BroadcastPartitioner, ForwardPartitioner,
                                            KeyGroupPartitioner, Partitioner,
@@ -83,6 +83,8 @@ class Transformation:
     inputs: list[InputEdge] = field(default_factory=list)
     resources: Resources = field(default_factory=Resources)
     chainable: bool = True
+    # creates the operator's coordinator in the job master: ``coordinator(context)``
+    coordinator: Callable[[Any], Any] | None = None
 
     @property
     def is_source(self) -> bool:

@@ -37,6 +37,9 @@ from raystream.actors.subtask import SubtaskActor, SubtaskSpec, TerminationRepor
 from raystream.actors.subtask_checkpoints import CheckpointingSpec, RestoreSpec
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.checkpoint.coordinator import CheckpointCoordinator, TooManyCheckpointFailures
+from raystream.checkpoint.coordinator_holder import CoordinatorFailure, OperatorCoordinators
+from raystream.checkpoint.storage import CheckpointStorage, StateHandle
+from raystream.checkpoint.subtask_gateway import EventDeliveryError, GatewayProtocolError
 from raystream.engine import registry
 from raystream.engine.failpoints import Failpoint, Failpoints, InjectedFailure
 from raystream.engine.graph import Resources
@@ -113,6 +116,29 @@ class JobOutcome:
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
+class _RayDelivery:
+    """The delivery of an operator event: a Ray call to the subtask's control lane."""
+
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+        self._error: BaseException | None = None
+        self._done = False
+
+    def done(self) -> bool:
+        if not self._done:
+            ready, _ = ray.wait([self.ref], timeout=0)
+            if ready:
+                self._done = True
+                try:
+                    ray.get(self.ref)
+                except Exception as exc:
+                    self._error = exc
+        return self._done
+
+    def error(self) -> BaseException | None:
+        return self._error
+
+
 class _Failure(Exception):
     """A subtask failed (raised inside the event thread to start a failover)."""
 
@@ -138,6 +164,8 @@ class JobMaster:
         self.failures: list[str] = []
         self.restores: list[dict] = []
         self.coordinator = None
+        # the operator coordinators (split enumerators, ...) with their subtask gateways
+        self.operator_coordinators = OperatorCoordinators([])  # created by the event thread
         self.spare: Any = None  # a warm, empty subtask actor for failover
         self.savepoints: dict[int, tuple[_Reply, bool]] = {}  # id -> (waiting client, stops job)
         self.drain_to: tuple[str, _Reply] | None = None  # stop-with-savepoint, draining
@@ -211,6 +239,17 @@ class JobMaster:
                            reason: str) -> None:
         self.events.put(("decline", attempt, checkpoint_id, (vertex, index), reason))
 
+    @ray.method(concurrency_group="control")
+    def operator_event(self, attempt: int, operator: str, index: int, event: Any) -> None:
+        """An operator event from subtask ``index`` of ``operator`` to its coordinator."""
+        self.events.put(("operator_event", attempt, operator, index, event))
+
+    @ray.method(concurrency_group="control")
+    def acknowledge_coordinator_checkpoint(self, attempt: int, operators: list[str], index: int,
+                                           checkpoint_id: int) -> None:
+        """Subtask ``index`` of ``operators`` took its synchronous snapshot of the checkpoint."""
+        self.events.put(("gateway_ack", attempt, operators, index, checkpoint_id))
+
     # -- the event thread ------------------------------------------------------------------------
     def _run(self) -> None:
         started = time.perf_counter()
@@ -218,10 +257,14 @@ class JobMaster:
         try:
             self.status = "DEPLOYING"
             self._publish()
+            self.operator_coordinators = OperatorCoordinators(self.plan.coordinated_operators())
             self._create_coordinator()
             restore = None
             if self.options.restore_from is not None:
                 restore = self.coordinator.restore_from(self.options.restore_from)
+            self.operator_coordinators.start()
+            if restore is not None:
+                self._reset_operator_coordinators(restore)
             self._deploy(restore=restore)
             deploy_s = time.perf_counter() - started
             self.status = "RUNNING"
@@ -231,6 +274,7 @@ class JobMaster:
             outcome = JobOutcome("FAILED", error=f"job '{self.job_name}' could not run: "
                                                  f"{type(exc).__name__}: {exc}")
         finally:
+            self.operator_coordinators.close()
             self._kill_all()
         outcome.deploy_s = deploy_s
         outcome.run_s = time.perf_counter() - started - deploy_s
@@ -249,15 +293,20 @@ class JobMaster:
                 outcome = self._step()
                 if outcome is not None:
                     return outcome
-            except (_Failure, InjectedFailure, TooManyCheckpointFailures) as failure:
+            except (_Failure, InjectedFailure, TooManyCheckpointFailures, CoordinatorFailure,
+                    EventDeliveryError, GatewayProtocolError) as failure:
                 outcome = self._failover(failure)
                 if outcome is not None:
                     return outcome
 
     def _step(self) -> JobOutcome | None:
         """Handle what happened since the last step; an outcome ends the job."""
+        timeout = POLL_S
+        due = self.operator_coordinators.next_due()
+        if due is not None:  # a coordinator's call_later: do not sleep past it
+            timeout = min(POLL_S, max(0.0, due - time.monotonic()))
         try:
-            event = self.events.get(timeout=POLL_S)
+            event = self.events.get(timeout=timeout)
         except queue.Empty:
             event = None
         while event is not None:
@@ -273,6 +322,7 @@ class JobMaster:
             report = self._termination_report(ready[0])
             if report.status != "FINISHED":
                 raise _Failure(report)
+        self.operator_coordinators.run_due(time.monotonic())
         if self.coordinator is not None:
             self.coordinator.tick(time.monotonic())
             outcome = self._answer_savepoints()
@@ -318,6 +368,14 @@ class JobMaster:
             else:
                 n = self.coordinator.trigger(savepoint_target=path, stop=stop)
                 self.savepoints[n] = (reply, stop)
+        elif kind == "operator_event":
+            _, attempt, operator, index, payload = event
+            if attempt == self.attempt:
+                self.operator_coordinators.handle_event_from_subtask(operator, index, payload)
+        elif kind == "gateway_ack":
+            _, attempt, operators, index, n = event
+            if attempt == self.attempt:
+                self.operator_coordinators.acknowledge(operators, index, n)
         elif kind == "ack" and self.coordinator is not None:
             self.coordinator.acknowledge(*event[1:])
         elif kind == "decline" and self.coordinator is not None:
@@ -439,8 +497,14 @@ class JobMaster:
 
     # -- failover ---------------------------------------------------------------------------------
     def _failover(self, failure: Exception) -> JobOutcome | None:
-        report = failure.report if isinstance(failure, _Failure) else TerminationReport(
-            -1, -1, "FAILED", error=f"checkpoint coordinator: {failure}", operator="coordinator")
+        if isinstance(failure, _Failure):
+            report = failure.report
+        elif isinstance(failure, (CoordinatorFailure, EventDeliveryError, GatewayProtocolError)):
+            report = TerminationReport(-1, -1, "FAILED", error=str(failure),
+                                       operator=getattr(failure, "operator", "coordinator"))
+        else:
+            report = TerminationReport(-1, -1, "FAILED", error=f"checkpoint coordinator: {failure}",
+                                       operator="coordinator")
         self.failures.append(report.error or "unknown failure")
         restart = len(self.failures)
         if self.options.checkpoints is None or restart > self.options.restart.attempts:
@@ -464,6 +528,7 @@ class JobMaster:
         started = time.perf_counter()
         try:
             restore = self.coordinator.verified_restore_spec()
+            self._reset_operator_coordinators(restore)
             self._deploy(restore=restore, avoid_nodes=lost_nodes)
             self.restores.append({"attempt": self.attempt, "failure": report.error,
                                   "checkpoint_id": restore.checkpoint_id if restore else None,
@@ -529,7 +594,8 @@ class JobMaster:
                                        for a in self.actors.values()],
             notify_aborted=lambda n: [a.notify_checkpoint_aborted.remote(n, self.attempt)
                                       for a in self.actors.values()],
-            failpoints=self._coordinator_failpoints())
+            failpoints=self._coordinator_failpoints(),
+            operator_coordinators=self.operator_coordinators)
 
     def _deploy(self, restore: RestoreSpec | None, avoid_nodes: list[str] = ()) -> None:
         """Deploy the current attempt, none of it on ``avoid_nodes`` (ids of lost nodes).
@@ -607,6 +673,8 @@ class JobMaster:
         self.terminations = {a.await_termination.remote(): key for key, a in self.actors.items()}
         for actor in self.actors.values():
             actor.start.remote()  # a subtask that dies from here on is seen by its termination
+        if self.operator_coordinators:
+            self.operator_coordinators.bind(self._event_transport())
         if self.spare is None and options.checkpoints is not None and options.restart.attempts:
             # A warm, empty actor (process started, modules imported) to replace a
             # subtask that dies; created in the background, never waited for here.
@@ -614,6 +682,30 @@ class JobMaster:
                 name=f"raystream/{self.job_id}/spare@{self.attempt}", namespace=NAMESPACE,
                 scheduling_strategy=SUBTASK_SCHEDULING, **avoid,
                 **Resources().ray_options()).remote(None)
+
+    def _event_transport(self):
+        """Operator events of this attempt go to a subtask's control lane; delivered once
+        the call returned (the event is in the subtask's mailbox)."""
+        vertex_of = {node.name: vertex.id for vertex in self.plan.vertices for node in vertex.nodes}
+        actors, attempt = dict(self.actors), self.attempt
+
+        def transport(operator: str, index: int):
+            actor = actors[(vertex_of[operator], index)]
+            return lambda event: _RayDelivery(
+                actor.handle_operator_event.remote(attempt, operator, event))
+        return transport
+
+    def _reset_operator_coordinators(self, restore: RestoreSpec | None) -> None:
+        """Global failover (or a start from a savepoint): every operator coordinator goes
+        back to the restored checkpoint's state, or to its start without one."""
+        if not self.operator_coordinators:
+            return
+        states = {}
+        if restore is not None:
+            storage = CheckpointStorage(restore.storage_uri)
+            states = {name: storage.read_state(StateHandle.from_json(handle))
+                      for name, handle in restore.coordinators.items()}
+        self.operator_coordinators.reset(restore.checkpoint_id if restore else None, states)
 
     def _kill_all(self) -> None:
         for actor in [*self.actors.values(), *([self.spare] if self.spare is not None else [])]:

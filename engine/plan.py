@@ -11,9 +11,10 @@ Between vertices, :class:`JobEdge` s carry batches over channels: one per
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from raystream.actors.messages import ChannelId
+from raystream.checkpoint.coordinator_holder import CoordinatedOperator
 from raystream.checkpoint.keygroups import check_max_parallelism
 from raystream.engine.graph import PartitionSpec, Resources, Transformation
 from raystream.engine.operators.base import Operator
@@ -32,6 +33,7 @@ class ChainNode:
     side_chained_outputs: list[tuple[str, int]] = field(default_factory=list)
     side_network_outputs: list[tuple[str, int]] = field(default_factory=list)
     is_sink: bool = False
+    coordinator: Callable[[Any], Any] | None = None  # the operator coordinator's factory
 
 
 @dataclass
@@ -91,6 +93,11 @@ class JobPlan:
         raise KeyError(f"no operator named {operator_name!r}; operators: "
                        f"{[n.name for v in self.vertices for n in v.nodes]}")
 
+    def coordinated_operators(self) -> list[CoordinatedOperator]:
+        """The operators that have an operator coordinator."""
+        return [CoordinatedOperator(node.name, v.parallelism, node.coordinator)
+                for v in self.vertices for node in v.nodes if node.coordinator is not None]
+
     def num_subtasks(self) -> int:
         return sum(v.parallelism for v in self.vertices)
 
@@ -113,7 +120,8 @@ def build_plan(transformations: list[Transformation], max_parallelism: int) -> J
     place: dict[int, tuple[JobVertex, int]] = {}  # transformation id -> (vertex, node index)
     for t in sorted((by_id[i] for i in needed), key=lambda t: t.id):
         check_max_parallelism(t.parallelism, max_parallelism)
-        node = ChainNode(t.id, t.name, t.create_operator, is_sink=t.is_sink)
+        node = ChainNode(t.id, t.name, t.create_operator, is_sink=t.is_sink,
+                         coordinator=t.coordinator)
         resolved = [(e, _resolve(e.partitioning, by_id[e.upstream], t)) for e in t.inputs]
         if _chainable(t, resolved, by_id):
             vertex, upstream_index = place[t.inputs[0].upstream]

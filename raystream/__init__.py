@@ -17,7 +17,11 @@ from raystream.engine.datastream import ConnectedStreams, DataStream, KeyedStrea
 from raystream.engine.environment import StreamEnvironment
 from raystream.engine.errors import (BadRecordError, InsufficientResourcesError, JobFailedError,
                                      JobNotFoundError, JobNotRunningError, RaystreamError)
+from raystream.checkpoint.operator_coordinator import (OperatorCoordinator,
+                                                        OperatorCoordinatorContext,
+                                                        SubtaskEventGateway)
 from raystream.engine.operators.base import Operator, RuntimeContext
+from raystream.engine.operators.source import SourceOperator
 from raystream.engine.operators.keyed import KeyedContext, KeyedProcessFunction
 from raystream.engine.operators.two_phase import Committer, SinkContext, SinkWriter
 from raystream.engine.watermarks import BoundedOutOfOrderness
@@ -35,6 +39,7 @@ __all__ = [
     "HASH_VERSION", "InsufficientResourcesError", "JobClient", "JobFailedError", "JobNotFoundError",
     "JobNotRunningError", "JobResult",
     "KeyedContext", "KeyedProcessFunction", "KeyedStream", "MAX_WATERMARK", "MIN_WATERMARK", "Operator", "RaystreamError",
+    "OperatorCoordinator", "OperatorCoordinatorContext", "SourceOperator", "SubtaskEventGateway",
     "RuntimeContext", "SinkHandle", "StreamEnvironment", "key_group_of", "key_group_range",
     "sources", "spark", "subtask_for_key_group",
     "EventTimeSessionWindows", "ProcessWindowFunction", "SlidingEventTimeWindows",

@@ -36,6 +36,17 @@ class RuntimeContext:
     max_parallelism: int
     attempt: int
     checkpointing: bool = False
+    # sends an operator event to this operator's coordinator (None: it has none)
+    coordinator_events: Callable[[Any], None] | None = field(default=None, compare=False)
+
+    def send_event_to_coordinator(self, event: Any) -> None:
+        """Send ``event`` (any picklable value) to the operator's coordinator, which gets it
+        in ``handle_event_from_subtask(subtask_index, event)``."""
+        if self.coordinator_events is None:
+            raise RuntimeError(f"operator '{self.operator_name}' has no operator coordinator: "
+                               f"give it one with transform(..., coordinator=...) or "
+                               f"add_source(..., coordinator=...)")
+        self.coordinator_events(event)
 
     @classmethod
     def local(cls, operator_name: str = "operator") -> "RuntimeContext":
@@ -121,6 +132,13 @@ class Operator:
 
     def finish(self) -> None:
         """All inputs ended: flush what is buffered (Flink ``StreamOperator.finish``)."""
+
+    def handle_operator_event(self, event: Any) -> None:
+        """An event from this operator's coordinator. It is handled on the subtask's
+        processing thread, before any barrier that arrives after it, so what it changes
+        is part of the next snapshot; the operator may emit records here."""
+        raise NotImplementedError(f"operator '{self.name}' got an operator event but does not "
+                                  f"implement handle_operator_event")
 
     def close(self) -> None:
         """Release resources; called on success and on failure."""

@@ -1,14 +1,34 @@
-"""The source operator: the head of a source subtask's chain.
+"""Source operators: the head of a source subtask's chain.
 
-It reads its splits round-robin, one batch at a time (so each split advances
-at a similar pace), and generates watermarks per split: the subtask's
-watermark is the minimum over its unfinished splits (Flink's per-split
-watermarks), so a slow split never makes another split's records late.
+:class:`SourceOperator` is the contract the subtask drives: it calls
+:meth:`SourceOperator.emit_next` whenever the operator :meth:`is_available`
+and its output has credit, and ends the input when ``emit_next`` returns
+False. A source that waits for something (an operator event with a split, a
+file to appear) says so with ``is_available() == False``; the subtask then
+sleeps until a control message (an operator event) or a short poll wakes it.
 
-Its state is each split's position, the finished splits and each split's
-largest timestamp, as JSON. On restore every subtask gets the states of all
-old subtasks and takes the splits assigned to it now, so the job can restore
-at another parallelism.
+:class:`SplitSourceOperator` reads a :class:`~raystream.engine.sources.base.Source`'s
+splits round-robin, one batch at a time (so each split advances at a similar
+pace), and generates watermarks per split: the subtask's watermark is the
+minimum over its unfinished splits (Flink's per-split watermarks), so a slow
+split never makes another split's records late. Its state is each split's
+position, the finished splits and each split's largest timestamp, as JSON.
+On restore every subtask gets the states of all old subtasks and takes the
+splits assigned to it now, so the job can restore at another parallelism.
+
+A source of its own (used with ``StreamEnvironment.add_source``):
+
+    >>> import pyarrow as pa
+    >>> class Countdown(SourceOperator):
+    ...     def open(self): self.left = 3
+    ...     def emit_next(self):
+    ...         if self.left == 0: return False
+    ...         self.output.emit(pa.record_batch({"n": [self.left]})); self.left -= 1
+    ...         return True
+    >>> from raystream.engine.operators.base import CollectingOutput, RuntimeContext
+    >>> op = Countdown("countdown"); out = CollectingOutput(); op.setup(RuntimeContext.local(), out)
+    >>> op.open(); [op.emit_next() for _ in range(4)], [b["n"][0].as_py() for b in out.batches]
+    ([True, True, True, False], [3, 2, 1])
 """
 
 from __future__ import annotations
@@ -23,6 +43,28 @@ from raystream.engine.watermarks import BoundedOutOfOrderness
 
 
 class SourceOperator(Operator):
+    """A chain head without input: the subtask asks it for output."""
+
+    def process_batch(self, batch, input_index=0):
+        raise RuntimeError(f"source '{self.name}' has no input")
+
+    def is_available(self) -> bool:
+        """False while the source has nothing to emit now (it waits for an event or
+        for data to appear); the subtask then waits instead of calling emit_next."""
+        return True
+
+    def emit_next(self) -> bool:
+        """Emit what is next (a batch, or nothing yet); False once the input has ended."""
+        raise NotImplementedError
+
+    def end_input_early(self) -> None:
+        """Stop-with-savepoint with drain: stop reading and advance event time to the end."""
+        self.output.emit_watermark(MAX_WATERMARK)
+
+
+class SplitSourceOperator(SourceOperator):
+    """Reads a :class:`Source`'s splits (see the module docstring)."""
+
     def __init__(self, name: str, source: Source,
                  watermarks: BoundedOutOfOrderness | None = None) -> None:
         super().__init__(name)
@@ -61,9 +103,6 @@ class SourceOperator(Operator):
         self.readers[split_id] = self.source.reader(split, position)
         self.split_max_ts[split_id] = max_ts
         self._order.append(split_id)
-
-    def process_batch(self, batch, input_index=0):
-        raise RuntimeError("a source operator has no input")
 
     def emit_next(self) -> bool:
         """Emit the next batch of the next split; False once every split is done."""
