@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -33,9 +34,10 @@ from raystream.engine.errors import InsufficientResourcesError
 from raystream.engine.graph import InputEdge, Resources, Transformation
 from raystream.engine.job_master import NAMESPACE, JobMaster, JobOptions, master_actor_name
 from raystream.checkpoint.operator_coordinator import OperatorCoordinator
-from raystream.engine.operators.source import SourceOperator, SplitSourceOperator
+from raystream.engine.operators.source import SourceOperator, SourceReaderOperator
 from raystream.engine.plan import JobPlan, build_plan
 from raystream.engine.sources.base import Source
+from raystream.engine.sources.split_enumerator import SourceCoordinator
 from raystream.engine.sources.arrow import ArrowTable
 from raystream.engine.sources.collection import Collection
 from raystream.engine.sources.files import Files
@@ -144,8 +146,9 @@ class StreamEnvironment:
         """A stream read from ``source``'s splits, with optional event-time watermarks."""
         op_name = self._unique_name(name)
         t = self._add_transformation("source", op_name,
-                                     lambda: SplitSourceOperator(op_name, source, watermarks),
+                                     lambda: SourceReaderOperator(op_name, source, watermarks),
                                      parallelism or self.parallelism, [])
+        t.coordinator = functools.partial(SourceCoordinator, source=source)  # its enumerator
         return DataStream(self, t)
 
     def add_source(self, create_operator: Callable[[str], SourceOperator], *,
@@ -204,11 +207,21 @@ class StreamEnvironment:
                                 name=name, watermarks=watermarks, parallelism=parallelism)
 
     def read_files(self, path: str, *, format: str = "parquet", batch_size: int = 65536,
-                   schema: pa.Schema | None = None, name: str = "files",
-                   watermarks: BoundedOutOfOrderness | None = None,
+                   schema: pa.Schema | None = None, monitor_interval_s: float | None = None,
+                   name: str = "files", watermarks: BoundedOutOfOrderness | None = None,
                    parallelism: int | None = None) -> DataStream:
-        """Bounded read of Parquet, CSV or JSON-lines files (one file per split)."""
-        return self.from_source(Files(path, format=format, batch_size=batch_size, schema=schema),
+        """Parquet, CSV or JSON-lines files under ``path`` (a file per split, a Parquet
+        file with several row groups a split per row group), handed to the subtasks as
+        they ask. Bounded: the files there are at the start. With ``monitor_interval_s``,
+        continuous: the directory is listed again at that interval and new files are
+        read as they appear (see :class:`~raystream.sources.Files`).
+
+            >>> env = rs.StreamEnvironment()                                      # doctest: +SKIP
+            >>> rows = env.read_files("s3://bucket/clicks/", format="jsonl",      # doctest: +SKIP
+            ...                       monitor_interval_s=5.0, schema=CLICK_SCHEMA)
+        """
+        return self.from_source(Files(path, format=format, batch_size=batch_size, schema=schema,
+                                      monitor_interval_s=monitor_interval_s),
                                 name=name, watermarks=watermarks, parallelism=parallelism)
 
     # -- running -------------------------------------------------------------------------

@@ -7,14 +7,17 @@ False. A source that waits for something (an operator event with a split, a
 file to appear) says so with ``is_available() == False``; the subtask then
 sleeps until a control message (an operator event) or a short poll wakes it.
 
-:class:`SplitSourceOperator` reads a :class:`~raystream.engine.sources.base.Source`'s
-splits round-robin, one batch at a time (so each split advances at a similar
-pace), and generates watermarks per split: the subtask's watermark is the
-minimum over its unfinished splits (Flink's per-split watermarks), so a slow
-split never makes another split's records late. Its state is each split's
-position, the finished splits and each split's largest timestamp, as JSON.
-On restore every subtask gets the states of all old subtasks and takes the
-splits assigned to it now, so the job can restore at another parallelism.
+:class:`SourceReaderOperator` is a split-based source's reader (FLIP-27): it
+gets its splits from the source's enumerator (an operator coordinator in the
+job master, :mod:`raystream.engine.sources.split_enumerator`), reads them
+round-robin, one batch at a time (so each split advances at a similar pace),
+and generates watermarks per split: the subtask's watermark is the minimum
+over its unfinished splits (Flink's per-split watermarks), so a slow split
+never makes another split's records late. Its state is its splits with their
+positions and largest timestamps, as JSON; a split it has finished is in no
+state any more, and one not yet assigned is in the enumerator's. On restore
+at the same parallelism each reader takes its own splits back; at another
+parallelism the old readers' splits are dealt out again.
 
 A source of its own (used with ``StreamEnvironment.add_source``):
 
@@ -38,7 +41,9 @@ from typing import Any
 
 from raystream.actors.messages import MAX_WATERMARK, MIN_WATERMARK
 from raystream.engine.operators.base import Operator, OperatorSnapshot, RestoredState
-from raystream.engine.sources.base import Source, SplitReader, assign_splits
+from raystream.engine.sources.base import Source, SplitReader
+from raystream.engine.sources.split_enumerator import (NO_MORE_SPLITS, REGISTER, REQUEST, SOURCE_EVENT,
+                                                       SPLITS)
 from raystream.engine.watermarks import BoundedOutOfOrderness
 
 
@@ -62,50 +67,75 @@ class SourceOperator(Operator):
         self.output.emit_watermark(MAX_WATERMARK)
 
 
-class SplitSourceOperator(SourceOperator):
-    """Reads a :class:`Source`'s splits (see the module docstring)."""
+class SourceReaderOperator(SourceOperator):
+    """The reader of a split-based :class:`Source` in one subtask (Flink FLIP-27
+    ``SourceReader``): it registers with the source's enumerator, reads the splits the
+    enumerator assigns (see the module docstring), asks for more when it has none, and
+    ends once the enumerator said no more will come and its splits are read."""
 
     def __init__(self, name: str, source: Source,
                  watermarks: BoundedOutOfOrderness | None = None) -> None:
         super().__init__(name)
         self.source = source
         self.watermarks = watermarks
+        self.splits: dict[str, Any] = {}  # split id -> split, for the ones being read
         self.readers: dict[str, SplitReader] = {}
         self.split_max_ts: dict[str, int] = {}
         self._order: list[str] = []
         self._next = 0
         self._watermark = MIN_WATERMARK
+        self.no_more_splits = False
+        self.requested = False  # a split request is on its way and not answered yet
         self.finished = False
-        self.finished_splits: set[str] = set()
-        self._restored_positions: dict[str, int] = {}
-        self._restored_max_ts: dict[str, int] = {}
+        self._restored: list[list[Any]] = []  # [split, position, max_ts]
         self.records_read = 0  # by this attempt
 
     def initialize_state(self, restored: RestoredState | None) -> None:
-        for blob in restored.operator_states if restored else ():
-            state = json.loads(blob)
-            self._restored_positions.update(state["positions"])
-            self._restored_max_ts.update(state["max_ts"])
-            self.finished_splits.update(state["finished"])
+        states = [json.loads(blob) for blob in restored.operator_states] if restored else []
+        p, index = self.ctx.parallelism, self.ctx.subtask_index
+        if all(state["parallelism"] == p for state in states):
+            self._restored = [entry for state in states if state["subtask"] == index
+                              for entry in state["splits"]]
+        else:  # rescaled: the old readers' splits are dealt out again
+            entries = sorted((e for state in states for e in state["splits"]),
+                             key=lambda e: self.source.split_id(e[0]))
+            self._restored = [e for k, e in enumerate(entries) if k % p == index]
 
     def open(self) -> None:
-        splits = self.source.splits()
-        for index in assign_splits(len(splits), self.ctx.subtask_index, self.ctx.parallelism):
-            split_id = self.source.split_id(splits[index])
-            if split_id not in self.finished_splits:
-                self.add_split(splits[index], self._restored_positions.get(split_id, 0),
-                               self._restored_max_ts.get(split_id, MIN_WATERMARK))
+        for split, position, max_ts in self._restored:
+            self.add_split(split, position, max_ts)
+        self.ctx.send_event_to_coordinator((REGISTER, None))
+
+    def handle_operator_event(self, event: tuple) -> None:
+        kind, payload = event
+        if kind == SPLITS:
+            for split in payload:
+                self.add_split(split)
+            self.requested = False
+        elif kind == NO_MORE_SPLITS:
+            self.no_more_splits = True
+            self.requested = False
+        elif kind == SOURCE_EVENT:
+            self.source.handle_source_event(self, payload)
+        else:
+            raise ValueError(f"source '{self.name}': unknown event {kind!r}")
 
     def add_split(self, split: Any, position: int = 0, max_ts: int = MIN_WATERMARK) -> None:
         split_id = self.source.split_id(split)
         if split_id in self.readers:
             raise ValueError(f"source '{self.name}': two splits have the id {split_id!r}")
+        self.splits[split_id] = split
         self.readers[split_id] = self.source.reader(split, position)
         self.split_max_ts[split_id] = max_ts
         self._order.append(split_id)
 
+    def is_available(self) -> bool:
+        # without a split, it waits for the enumerator's answer (an event wakes it)
+        return bool(self._order) or self.no_more_splits or not self.requested
+
     def emit_next(self) -> bool:
-        """Emit the next batch of the next split; False once every split is done."""
+        """Emit the next batch of the next split (round-robin); ask for splits when none
+        is left; False once no more will come and every split is read."""
         while self._order:
             self._next %= len(self._order)
             split_id = self._order[self._next]
@@ -113,8 +143,8 @@ class SplitSourceOperator(SourceOperator):
             if batch is None:
                 self.readers.pop(split_id).close()
                 self.split_max_ts.pop(split_id)
+                self.splits.pop(split_id)
                 self._order.remove(split_id)
-                self.finished_splits.add(split_id)
                 self._advance_watermark()
                 continue
             self._next += 1
@@ -126,10 +156,15 @@ class SplitSourceOperator(SourceOperator):
                 self.output.emit(batch)
             self._advance_watermark()
             return True
-        if not self.finished:
-            self.finished = True
-            self._emit_watermark(MAX_WATERMARK)  # end of input: every window may fire
-        return False
+        if self.no_more_splits:
+            if not self.finished:
+                self.finished = True
+                self._emit_watermark(MAX_WATERMARK)  # end of input: every window may fire
+            return False
+        if not self.requested:
+            self.requested = True
+            self.ctx.send_event_to_coordinator((REQUEST, None))
+        return True
 
     def metrics(self) -> dict[str, float]:
         return {"records_read": self.records_read, "splits_open": len(self.readers)}
@@ -159,6 +194,8 @@ class SplitSourceOperator(SourceOperator):
         return {split_id: reader.position for split_id, reader in self.readers.items()}
 
     def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
-        state = json.dumps({"positions": self.positions(), "max_ts": self.split_max_ts,
-                            "finished": sorted(self.finished_splits)}).encode()
+        splits = [[self.splits[split_id], self.readers[split_id].position,
+                   self.split_max_ts[split_id]] for split_id in self._order]
+        state = json.dumps({"subtask": self.ctx.subtask_index,
+                            "parallelism": self.ctx.parallelism, "splits": splits}).encode()
         return OperatorSnapshot(operator_state=lambda: state)

@@ -43,9 +43,17 @@ class SplitReader:
 
 
 class Source:
-    """A bounded or unbounded source of record batches, cut into splits."""
+    """A bounded or unbounded source of record batches, cut into splits (JSON values).
+
+    Its enumerator (``create_enumerator``, in the job master) decides which
+    subtask reads which split; by default the fixed :meth:`splits` are dealt
+    out when the readers start. Each subtask reads its splits with
+    :meth:`reader`, from a position a checkpoint recorded.
+    """
 
     def splits(self) -> list[Any]:
+        """The splits, for the default enumerator; their number never depends on the
+        job's parallelism."""
         raise NotImplementedError
 
     def reader(self, split: Any, position: int = 0) -> SplitReader:
@@ -53,6 +61,18 @@ class Source:
 
     def split_id(self, split: Any) -> str:
         return str(split)
+
+    def create_enumerator(self, context: Any, state: Any | None) -> Any:
+        """The :class:`~raystream.engine.sources.split_enumerator.SplitEnumerator` that
+        hands out the splits, restored from ``state`` (None at the start)."""
+        from raystream.engine.sources.split_enumerator import StaticSplitEnumerator
+
+        return StaticSplitEnumerator(context, self.splits(), state)
+
+    def handle_source_event(self, reader: Any, event: Any) -> None:
+        """A custom event from the enumerator (``send_event_to_reader``) to a reader."""
+        raise NotImplementedError(f"{type(self).__name__} got a source event but does not "
+                                  f"implement handle_source_event")
 
 
 class RangeSplitReader(SplitReader):
@@ -89,12 +109,3 @@ def range_splits(n: int, num_splits: int) -> list[tuple[int, int]]:
 
 def range_split_id(split: tuple[int, int]) -> str:
     return f"{split[0]}-{split[1]}"
-
-
-def assign_splits(num_splits: int, subtask_index: int, parallelism: int) -> list[int]:
-    """Static assignment of split indexes to source subtasks (round-robin).
-
-    >>> assign_splits(5, 1, 2)
-    [1, 3]
-    """
-    return list(range(subtask_index, num_splits, parallelism))

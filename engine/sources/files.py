@@ -1,7 +1,16 @@
-"""Bounded reads of Parquet, CSV and JSON-lines files (one file = one split).
+"""Parquet, CSV and JSON-lines files as a split-based source, bounded or continuous.
 
 Paths may be local paths or any ``pyarrow.fs`` URI (``file://``, ``s3://``,
-``gs://``, ``hdfs://``). A directory is read in file-name order.
+``gs://``, ``hdfs://``). A file is a split; a Parquet file with several row
+groups is a split per row group. :class:`FileSplitEnumerator` (in the job
+master) lists the directory -- once (bounded: the job ends when every file
+that was there is read) or every ``monitor_interval_s`` seconds (continuous:
+new files are picked up while the job runs) -- and hands the splits of new
+files, in file-name order, to readers that ask. It checkpoints the files it
+has seen and the splits not handed out; each reader checkpoints its position
+in its splits, so after a failure every row of every file is read exactly
+once. Files must appear whole (written elsewhere and moved in, as Spark and
+Flink expect); names starting with ``_`` or ``.`` are skipped.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from raystream.engine.sources.base import Source, SplitReader
+from raystream.engine.sources.split_enumerator import SplitEnumerator, SplitEnumeratorContext
 
 FORMATS = {"parquet": (".parquet", ".pq"), "csv": (".csv",), "jsonl": (".jsonl", ".json", ".ndjson")}
 
@@ -28,16 +38,24 @@ class Files(Source):
     ['a.parquet']
     >>> src.reader(src.splits()[0], position=1).next_batch().to_pydict()
     {'x': [2, 3]}
+
+    ``monitor_interval_s`` makes it continuous: the directory is listed again
+    at that interval and new files are read as they appear (give ``schema``
+    when the first files may not show every column).
     """
 
     def __init__(self, path: str, *, format: str = "parquet", batch_size: int = 65536,
-                 schema: pa.Schema | None = None) -> None:
+                 schema: pa.Schema | None = None,
+                 monitor_interval_s: float | None = None) -> None:
         if format not in FORMATS:
             raise ValueError(f"format must be one of {sorted(FORMATS)}, not {format!r}")
+        if monitor_interval_s is not None and monitor_interval_s <= 0:
+            raise ValueError(f"monitor_interval_s must be > 0, not {monitor_interval_s}")
         self.path = path
         self.format = format
         self.batch_size = batch_size
         self.schema = schema
+        self.monitor_interval_s = monitor_interval_s
         self._files: list[str] | None = None
         self._unified: pa.Schema | None = None
 
@@ -45,24 +63,44 @@ class Files(Source):
         return pafs.FileSystem.from_uri(self.path) if "://" in self.path else (
             pafs.LocalFileSystem(), self.path)
 
+    def list_files(self) -> list[str]:
+        """The files of ``format`` under ``path`` now, in name order."""
+        fs, root = self._filesystem()
+        info = fs.get_file_info(root)
+        if info.type == pafs.FileType.NotFound:
+            raise FileNotFoundError(f"file source: {self.path} does not exist")
+        if info.type == pafs.FileType.File:
+            return [root]
+        selector = pafs.FileSelector(root, recursive=True)
+        return sorted(i.path for i in fs.get_file_info(selector)
+                      if i.type == pafs.FileType.File
+                      and i.path.lower().endswith(FORMATS[self.format])
+                      and not i.base_name.startswith(("_", ".")))
+
     def splits(self) -> list[str]:
+        """The files there were when first asked (what a bounded read reads)."""
         if self._files is None:
-            fs, root = self._filesystem()
-            info = fs.get_file_info(root)
-            if info.type == pafs.FileType.NotFound:
-                raise FileNotFoundError(f"file source: {self.path} does not exist")
-            if info.type == pafs.FileType.File:
-                files = [root]
-            else:
-                selector = pafs.FileSelector(root, recursive=True)
-                files = sorted(i.path for i in fs.get_file_info(selector)
-                               if i.type == pafs.FileType.File
-                               and i.path.lower().endswith(FORMATS[self.format])
-                               and not i.base_name.startswith(("_", ".")))
-            self._files = files
+            self._files = self.list_files()
         return list(self._files)
 
-    def reader(self, split: str, position: int = 0) -> "FileReader":
+    def splits_of(self, path: str) -> list[str | dict]:
+        """A file's splits: the file, or each row group of a Parquet file with several."""
+        if self.format == "parquet":
+            fs, _ = self._filesystem()
+            if fs.get_file_info(path).size:
+                groups = pq.ParquetFile(path, filesystem=fs).num_row_groups
+                if groups > 1:
+                    return [{"path": path, "row_group": k} for k in range(groups)]
+        return [path]
+
+    def split_id(self, split: str | dict) -> str:
+        return split if isinstance(split, str) else f"{split['path']}#{split['row_group']}"
+
+    def create_enumerator(self, context: SplitEnumeratorContext,
+                          state: dict | None) -> "FileSplitEnumerator":
+        return FileSplitEnumerator(context, self, state)
+
+    def reader(self, split: str | dict, position: int = 0) -> "FileReader":
         return FileReader(self, split, position)
 
     def unified_schema(self) -> pa.Schema | None:
@@ -90,10 +128,61 @@ class Files(Source):
         return self._unified
 
 
+class FileSplitEnumerator(SplitEnumerator):
+    """Discovers files (once, or every ``monitor_interval_s``) and hands their splits to
+    readers that ask, in file-name order; its state is the files it has seen and the
+    splits not handed out yet."""
+
+    def __init__(self, context: SplitEnumeratorContext, source: Files,
+                 state: dict | None = None) -> None:
+        self.context, self.source = context, source
+        self.seen: set[str] = set(state["seen"]) if state else set()
+        self.pending: list[str | dict] = list(state["pending"]) if state else []
+        self.waiting: list[int] = []  # readers that asked while nothing was pending
+        self.bounded = source.monitor_interval_s is None
+
+    def start(self) -> None:
+        if self.bounded:
+            if not self.seen:  # restored: what it had listed is all there is
+                self._discover(self.source.splits())
+        else:
+            self._monitor()
+
+    def _monitor(self) -> None:
+        self._discover(self.source.list_files())
+        self.context.call_later(self.source.monitor_interval_s, self._monitor)
+
+    def _discover(self, files: list[str]) -> None:
+        for path in files:
+            if path not in self.seen:
+                self.seen.add(path)
+                self.pending.extend(self.source.splits_of(path))
+        while self.waiting and self.pending:
+            self.context.assign_split(self.pending.pop(0), self.waiting.pop(0))
+        if self.bounded:
+            while self.waiting:
+                self.context.signal_no_more_splits(self.waiting.pop(0))
+
+    def add_reader(self, subtask: int) -> None:
+        pass  # it asks for splits when it needs them
+
+    def handle_split_request(self, subtask: int) -> None:
+        if self.pending:
+            self.context.assign_split(self.pending.pop(0), subtask)
+        elif self.bounded:
+            self.context.signal_no_more_splits(subtask)
+        elif subtask not in self.waiting:
+            self.waiting.append(subtask)
+
+    def snapshot_state(self, checkpoint_id: int) -> dict:
+        return {"seen": sorted(self.seen), "pending": list(self.pending)}
+
+
 class FileReader(SplitReader):
-    def __init__(self, source: Files, path: str, position: int) -> None:
+    def __init__(self, source: Files, split: str | dict, position: int) -> None:
         self.source = source
-        self.path = path
+        self.path = split if isinstance(split, str) else split["path"]
+        self.row_groups = None if isinstance(split, str) else [split["row_group"]]
         self.position = position
         self._batches: Iterator[pa.RecordBatch] | None = None
         self._stream = None
@@ -105,7 +194,8 @@ class FileReader(SplitReader):
         fmt, size = self.source.format, self.source.batch_size
         schema = self.source.unified_schema()
         if fmt == "parquet":
-            batches = pq.ParquetFile(self.path, filesystem=fs).iter_batches(batch_size=size)
+            batches = pq.ParquetFile(self.path, filesystem=fs).iter_batches(
+                batch_size=size, row_groups=self.row_groups)
             if schema is not None:
                 batches = (_conform(b, schema) for b in batches)
         else:

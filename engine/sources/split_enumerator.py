@@ -1,0 +1,209 @@
+"""Split enumerators: which source subtask reads which split (Flink FLIP-27 ``SplitEnumerator``).
+
+A source's enumerator runs in the job master as its operator coordinator
+(:class:`SourceCoordinator`). Each source subtask (the *reader*,
+:class:`~raystream.engine.operators.source.SourceReaderOperator`) registers
+when it opens, asks for splits when it has none, and checkpoints its splits
+with their positions; the enumerator hands out splits with
+``context.assign_split`` and checkpoints the ones not handed out yet. The
+subtask gateways make the two consistent: a split is in the enumerator's
+checkpoint *or* in one reader's, never both and never neither, so on
+failover every split is read exactly once.
+
+Splits and enumerator state must be JSON values (strings, numbers, lists,
+dicts): they are written into checkpoints as JSON, never pickled.
+
+Writing an enumerator (this one hands out ``"a"``, ``"b"``, ``"c"`` to
+whoever asks first, then tells readers there is no more):
+
+    >>> class Letters(SplitEnumerator):
+    ...     def __init__(self, context, state):
+    ...         self.context, self.left = context, state if state is not None else ["a", "b", "c"]
+    ...     def handle_split_request(self, subtask):
+    ...         if self.left:
+    ...             self.context.assign_split(self.left.pop(0), subtask)
+    ...         else:
+    ...             self.context.signal_no_more_splits(subtask)
+    ...     def snapshot_state(self, checkpoint_id):
+    ...         return list(self.left)
+
+A :class:`~raystream.engine.sources.base.Source` returns it from
+``create_enumerator(context, state)``; by default a source's fixed
+``splits()`` are handed out by :class:`StaticSplitEnumerator`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from raystream.checkpoint.operator_coordinator import OperatorCoordinator
+
+if TYPE_CHECKING:
+    from raystream.engine.sources.base import Source
+
+# Events between a reader and its enumerator's coordinator.
+REGISTER, REQUEST, SPLITS, NO_MORE_SPLITS, SOURCE_EVENT = (
+    "register", "request", "splits", "no_more_splits", "source_event")
+
+
+class SplitEnumeratorContext(Protocol):
+    """What an enumerator can do."""
+
+    parallelism: int
+
+    def registered_readers(self) -> set[int]:
+        """The source subtasks of the current attempt that have registered."""
+
+    def assign_split(self, split: Any, subtask: int) -> None:
+        """Give ``split`` to a registered reader."""
+
+    def signal_no_more_splits(self, subtask: int) -> None:
+        """Tell a reader no split will come: it ends once its splits are read."""
+
+    def send_event_to_reader(self, subtask: int, event: Any) -> None:
+        """A custom event, to the reader's ``handle_source_event``."""
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the job master's event thread after ``delay_s`` seconds."""
+
+
+class SplitEnumerator:
+    """Base class of split enumerators. Created by ``Source.create_enumerator(context,
+    state)`` with the state of the checkpoint the job restores (None at the start)."""
+
+    def start(self) -> None:
+        """Called once (and again after each failover, on the restored enumerator)."""
+
+    def add_reader(self, subtask: int) -> None:
+        """Reader ``subtask`` registered (at its start, and after each failover)."""
+
+    def handle_split_request(self, subtask: int) -> None:
+        """Reader ``subtask`` has no split left to read."""
+
+    def handle_source_event(self, subtask: int, event: Any) -> None:
+        """A custom event from reader ``subtask``."""
+
+    def snapshot_state(self, checkpoint_id: int) -> Any:
+        """The splits not handed out yet (and anything else to restore), as JSON."""
+        return None
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class StaticSplitEnumerator(SplitEnumerator):
+    """Hands a fixed list of splits out as soon as readers register: split ``k`` to
+    reader ``k mod parallelism`` (so every reader reads its splits side by side and
+    per-split watermarks stay fair), then signals that no more will come. Its state
+    is the ``[k, split]`` pairs not handed out yet."""
+
+    def __init__(self, context: SplitEnumeratorContext, splits: list[Any],
+                 state: Any | None = None) -> None:
+        self.context = context
+        self.unassigned: list[list[Any]] = (
+            [[k, split] for k, split in enumerate(splits)] if state is None else list(state))
+
+    def add_reader(self, subtask: int) -> None:
+        p = self.context.parallelism
+        mine = [split for k, split in self.unassigned if k % p == subtask]
+        self.unassigned = [[k, split] for k, split in self.unassigned if k % p != subtask]
+        for split in mine:
+            self.context.assign_split(split, subtask)
+        self.context.signal_no_more_splits(subtask)
+
+    def snapshot_state(self, checkpoint_id: int) -> Any:
+        return self.unassigned
+
+
+class SourceCoordinator(OperatorCoordinator):
+    """Runs a source's :class:`SplitEnumerator` as its operator coordinator."""
+
+    def __init__(self, context: Any, source: "Source") -> None:
+        self.context = context
+        self.source = source
+        self.gateways: dict[int, Any] = {}
+        self.registered: set[int] = set()
+        self.enumerator: SplitEnumerator | None = None
+
+    # -- the enumerator's context --------------------------------------------------------------
+    @property
+    def parallelism(self) -> int:
+        return self.context.parallelism
+
+    def registered_readers(self) -> set[int]:
+        return set(self.registered)
+
+    def assign_split(self, split: Any, subtask: int) -> None:
+        self._send(subtask, (SPLITS, [_json_value(split, "a split")]))
+
+    def signal_no_more_splits(self, subtask: int) -> None:
+        self._send(subtask, (NO_MORE_SPLITS, None))
+
+    def send_event_to_reader(self, subtask: int, event: Any) -> None:
+        self._send(subtask, (SOURCE_EVENT, event))
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> None:
+        self.context.call_later(delay_s, callback)
+
+    def _send(self, subtask: int, event: tuple) -> None:
+        if subtask not in self.registered:
+            raise RuntimeError(f"source '{self.context.operator_name}': subtask {subtask} has "
+                               f"not registered (registered: {sorted(self.registered)})")
+        self.gateways[subtask].send_event(event)
+
+    # -- the operator coordinator ---------------------------------------------------------------
+    def start(self) -> None:
+        if self.enumerator is None:
+            self._create(None)
+
+    def _create(self, state: Any | None) -> None:
+        if self.enumerator is not None:
+            self.enumerator.close()
+        self.enumerator = self.source.create_enumerator(self, state)
+        self.enumerator.start()
+
+    def subtask_ready(self, subtask: int, gateway: Any) -> None:
+        self.gateways[subtask] = gateway
+
+    def handle_event_from_subtask(self, subtask: int, event: tuple) -> None:
+        kind, payload = event
+        if kind == REGISTER:
+            self.registered.add(subtask)
+            self.enumerator.add_reader(subtask)
+        elif kind == REQUEST:
+            self.enumerator.handle_split_request(subtask)
+        elif kind == SOURCE_EVENT:
+            self.enumerator.handle_source_event(subtask, payload)
+        else:
+            raise ValueError(f"unknown source event {kind!r}")
+
+    def checkpoint_coordinator(self, checkpoint_id: int) -> bytes:
+        state = self.enumerator.snapshot_state(checkpoint_id)
+        return json.dumps(_json_value(state, "the enumerator state")).encode()
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self.enumerator.notify_checkpoint_complete(checkpoint_id)
+
+    def reset_to_checkpoint(self, checkpoint_id: int | None, state: bytes | None) -> None:
+        # The readers of the new attempt register again; what was assigned after the
+        # checkpoint is unassigned again in the restored enumerator.
+        self.registered.clear()
+        self.gateways.clear()
+        self._create(json.loads(state) if state else None)
+
+    def close(self) -> None:
+        if self.enumerator is not None:
+            self.enumerator.close()
+
+
+def _json_value(value: Any, what: str) -> Any:
+    """``value`` as it will come back from a checkpoint: JSON (tuples become lists)."""
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{what} must be a JSON value (str, number, list, dict), got "
+                        f"{type(value).__name__}: {exc}") from None
