@@ -163,9 +163,10 @@ class CheckpointCoordinator:
             states = self.operator_coordinators.checkpoint(n)
             try:
                 pending.coordinators = self._write_coordinator_states(n, states, savepoint_target)
+                pending.size += sum(handle["size"] for handle in pending.coordinators.values())
             except Exception as exc:
-                self.abort(n, f"operator coordinator state could not be written: "
-                              f"{type(exc).__name__}: {exc}")
+                self.abort(n, f"declined: the operator coordinators' state could not be "
+                              f"written: {type(exc).__name__}: {exc}")
                 return n
         self._send_barrier_when_events_are_done(pending)
         return n

@@ -35,7 +35,10 @@ class Assignments:
         return set(range(self.parallelism))
 
     def assign_split(self, split, subtask):
-        self.assigned.setdefault(subtask, []).append(split)
+        self.assign_splits([split], subtask)
+
+    def assign_splits(self, splits, subtask):
+        self.assigned.setdefault(subtask, []).extend(splits)
 
     def signal_no_more_splits(self, subtask):
         self.ended.append(subtask)

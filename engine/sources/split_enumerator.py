@@ -58,6 +58,10 @@ class SplitEnumeratorContext(Protocol):
     def assign_split(self, split: Any, subtask: int) -> None:
         """Give ``split`` to a registered reader."""
 
+    def assign_splits(self, splits: list[Any], subtask: int) -> None:
+        """Give several splits to a reader at once: it starts reading them together
+        (so per-split watermarks hold back for every one of them)."""
+
     def signal_no_more_splits(self, subtask: int) -> None:
         """Tell a reader no split will come: it ends once its splits are read."""
 
@@ -111,8 +115,8 @@ class StaticSplitEnumerator(SplitEnumerator):
         p = self.context.parallelism
         mine = [split for k, split in self.unassigned if k % p == subtask]
         self.unassigned = [[k, split] for k, split in self.unassigned if k % p != subtask]
-        for split in mine:
-            self.context.assign_split(split, subtask)
+        if mine:
+            self.context.assign_splits(mine, subtask)
         self.context.signal_no_more_splits(subtask)
 
     def snapshot_state(self, checkpoint_id: int) -> Any:
@@ -138,7 +142,10 @@ class SourceCoordinator(OperatorCoordinator):
         return set(self.registered)
 
     def assign_split(self, split: Any, subtask: int) -> None:
-        self._send(subtask, (SPLITS, [_json_value(split, "a split")]))
+        self.assign_splits([split], subtask)
+
+    def assign_splits(self, splits: list[Any], subtask: int) -> None:
+        self._send(subtask, (SPLITS, [_json_value(split, "a split") for split in splits]))
 
     def signal_no_more_splits(self, subtask: int) -> None:
         self._send(subtask, (NO_MORE_SPLITS, None))
