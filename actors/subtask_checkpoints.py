@@ -181,13 +181,15 @@ class SubtaskCheckpointer:
                 output_state is not None and output_state.unaligned)
             size += stats["channel_state_bytes"]
             stats.update(size=size, duration_s=time.perf_counter() - started)
-            coordinator.acknowledge_checkpoint.remote(
-                self.attempt, n, self.vertex_id, self.index, written, stats)
+            # The figures first: the acknowledgement may complete the job's last checkpoint,
+            # and the job then reads every subtask's metrics at once.
             self.last_acknowledged = {
                 "checkpoint_id": n, "checkpoint_size": size,
                 "checkpoint_alignment_s": stats["alignment_s"],
                 "checkpoint_duration_s": stats["duration_s"],
                 "checkpoint_sync_pause_s": self.sync_pause_s[-1] if self.sync_pause_s else 0.0}
+            coordinator.acknowledge_checkpoint.remote(
+                self.attempt, n, self.vertex_id, self.index, written, stats)
         except Exception as exc:  # storage unwritable, serialization failed, ...
             coordinator.decline_checkpoint.remote(
                 self.attempt, n, self.vertex_id, self.index, f"{type(exc).__name__}: {exc}")

@@ -25,7 +25,7 @@ that discovers files polls that way).
     ...     def __init__(self, context): self.context = context
     ...     def subtask_ready(self, subtask, gateway):
     ...         for n in (3, 2, 1): gateway.send_event(n)
-    >>> # stream.transform("receiver", Receiver, coordinator=Countdown)   # doctest: +SKIP
+    >>> stream.transform("receiver", Receiver, coordinator=Countdown)   # doctest: +SKIP
 """
 
 from __future__ import annotations

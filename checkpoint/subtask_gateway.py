@@ -34,6 +34,7 @@ checkpoint and the subtask.
     >>> gateway = SubtaskGateway(0, lambda event: sent.append(event) or Done())
     >>> gateway.send_event("a")
     >>> gateway.mark_for_checkpoint(1); gateway.close_for_checkpoint(1)
+    True
     >>> gateway.send_event("b"); sent
     ['a']
     >>> gateway.acknowledge_checkpoint(1); sent

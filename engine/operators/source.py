@@ -92,6 +92,10 @@ class SourceReaderOperator(SourceOperator):
 
     def initialize_state(self, restored: RestoredState | None) -> None:
         states = [json.loads(blob) for blob in restored.operator_states] if restored else []
+        if any("splits" not in state for state in states):
+            raise ValueError(f"source '{self.name}': the checkpoint holds its state in the "
+                             f"format of raystream before split enumerators (split positions "
+                             f"without the splits); it cannot be restored by this version")
         p, index = self.ctx.parallelism, self.ctx.subtask_index
         if all(state["parallelism"] == p for state in states):
             self._restored = [entry for state in states if state["subtask"] == index
