@@ -35,7 +35,8 @@ from raystream.actors.subtask_checkpoints import OperatorRestore, RestoreSpec
 from raystream.checkpoint.config import CheckpointConfig
 from raystream.checkpoint.coordinator_holder import OperatorCoordinators
 from raystream.checkpoint.keygroups import HASH_VERSION
-from raystream.checkpoint.storage import SAVEPOINT_JOB_KEY, CheckpointStorage
+from raystream.checkpoint.storage import (SAVEPOINT_JOB_KEY, CheckpointStorage,
+                                          CorruptCheckpointError)
 from raystream.engine.failpoints import Failpoints
 
 log = logging.getLogger(__name__)
@@ -340,10 +341,11 @@ class CheckpointCoordinator:
         """
         if not self.completed:
             return self.initial_restore
-        found = self.storage.latest_valid_checkpoint(self.job_key)
+        corrupt: list[CorruptCheckpointError] = []
+        found = self.storage.latest_valid_checkpoint(self.job_key, skipped=corrupt)
         if found is None:
             raise RuntimeError(f"no completed checkpoint of {self.job_name} verifies in "
-                               f"{self.config.storage}")
+                               f"{self.config.storage}: " + "; ".join(map(str, corrupt)))
         n = found[0]
         skipped = [m for m, _ in self.completed if m > n]
         if skipped:

@@ -350,6 +350,7 @@ class CheckpointStorage:
 
     def latest_valid_checkpoint(
         self, job_key: str, must_not_skip: Callable[[int], bool] = lambda _id: False,
+        skipped: list[CorruptCheckpointError] | None = None,
     ) -> tuple[int, dict] | None:
         """The newest checkpoint whose metadata and every state file in ``metadata["handles"]`` verify.
 
@@ -359,7 +360,8 @@ class CheckpointStorage:
         ``must_not_skip(id)`` is true (output was committed for it): then this
         raises :class:`CorruptCheckpointError` instead of falling back past it.
         Errors that are not corruption (permissions, network) propagate.
-        Returns ``(id, metadata)`` or ``None`` when no valid checkpoint exists.
+        Returns ``(id, metadata)`` or ``None`` when no valid checkpoint exists;
+        the corruption of each complete checkpoint it skipped goes to ``skipped``.
         """
         completed = set(self.completed_checkpoint_ids(job_key))
         for cid in range(self.highest_checkpoint_id(job_key), -1, -1):
@@ -379,6 +381,8 @@ class CheckpointStorage:
                         e.path, f"{e.reason}; checkpoint {cid} of job {job_key!r} must not be "
                                 f"skipped (output was committed for it)") from e
                 logger.warning("skipping checkpoint %d of job %r: %s", cid, job_key, e)
+                if skipped is not None:
+                    skipped.append(e)
         return None
 
     def _verify_handles(self, metadata_path: str, metadata: dict) -> None:

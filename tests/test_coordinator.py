@@ -21,6 +21,7 @@ copied back.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 
@@ -548,6 +549,19 @@ def test_verified_restore_spec_skips_a_corrupt_newest_checkpoint(tmp_path):
     assert coord.latest()[0] == 1
     # ids stay monotonic: the corrupt id is not reused
     assert coord.trigger() == 3
+
+
+def test_when_no_checkpoint_verifies_the_error_names_each_corrupt_file(tmp_path):
+    coord, _ = make(tmp_path)
+    a, b, _ = SUBTASKS
+    n = coord.trigger()
+    op = state(coord, n, "op-0.op", b"operator state")
+    ack_all(coord, n, {a: {"op": {"operator_state": op}}})
+    with open(op["path"], "r+b") as f:
+        f.write(b"X")
+    with pytest.raises(RuntimeError, match=f"no completed checkpoint of .* verifies .*"
+                                           f"{re.escape(op['path'])}.*checksum mismatch"):
+        coord.verified_restore_spec()
 
 
 def test_restore_spec_without_completed_checkpoints_is_none(tmp_path):
