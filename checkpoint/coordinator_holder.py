@@ -122,10 +122,6 @@ class OperatorCoordinators:
     def __bool__(self) -> bool:
         return bool(self._holders)
 
-    @property
-    def names(self) -> list[str]:
-        return list(self._holders)
-
     def gateway(self, operator: str, subtask: int) -> SubtaskGateway:
         return self._holders[operator].gateways[subtask]
 

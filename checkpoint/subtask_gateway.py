@@ -86,7 +86,6 @@ class SubtaskGateway:
         # checkpoint id -> events held since the gateway closed for it, in order
         self._held: dict[int, list[Any]] = {}
         self._in_flight: list[Delivery] = []  # deliveries not known to be done
-        self._sent = 0  # events transmitted so far
 
     # -- sending ----------------------------------------------------------------------------
     def send_event(self, event: Any) -> None:
@@ -98,17 +97,11 @@ class SubtaskGateway:
 
     def _transmit(self, event: Any) -> None:
         self._in_flight.append(self._send(event))
-        self._sent += 1
 
     @property
     def held(self) -> int:
         """How many events wait for a checkpoint acknowledgement."""
         return sum(len(events) for events in self._held.values())
-
-    @property
-    def sent(self) -> int:
-        """How many events were transmitted (not held) so far."""
-        return self._sent
 
     def holds_before(self, checkpoint_id: int) -> bool:
         """Events are held for a checkpoint older than ``checkpoint_id``."""

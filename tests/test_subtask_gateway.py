@@ -49,6 +49,12 @@ class Link:
         return delivery
 
 
+def coordinator_snapshot(gateway: SubtaskGateway, n: int) -> None:
+    """What the holder does to each gateway around a coordinator's snapshot of ``n``."""
+    gateway.mark_for_checkpoint(n)
+    gateway.close_for_checkpoint(n)
+
+
 def test_events_pass_until_the_coordinator_snapshot_then_wait_for_the_acknowledgement():
     link = Link()
     gateway = SubtaskGateway(0, link.send)
@@ -66,8 +72,7 @@ def test_events_pass_until_the_coordinator_snapshot_then_wait_for_the_acknowledg
 def test_abort_releases_what_the_checkpoint_held():
     link = Link()
     gateway = SubtaskGateway(0, link.send)
-    gateway.mark_for_checkpoint(1)
-    gateway.close_for_checkpoint(1)
+    coordinator_snapshot(gateway, 1)
     gateway.send_event("a")
     gateway.release(1)
     assert link.received == ["a"]
@@ -79,11 +84,9 @@ def test_abort_releases_what_the_checkpoint_held():
 def test_with_several_pending_checkpoints_events_wait_for_every_earlier_one():
     link = Link()
     gateway = SubtaskGateway(0, link.send)
-    gateway.mark_for_checkpoint(1)
-    gateway.close_for_checkpoint(1)
+    coordinator_snapshot(gateway, 1)
     gateway.send_event("after-1")
-    gateway.mark_for_checkpoint(2)
-    gateway.close_for_checkpoint(2)
+    coordinator_snapshot(gateway, 2)
     gateway.send_event("after-2")
     gateway.acknowledge_checkpoint(2)  # 1 still holds the gateway: nothing goes out
     assert link.received == [] and gateway.held == 2
@@ -95,8 +98,7 @@ def test_acknowledging_the_earlier_checkpoint_first_keeps_the_later_ones_events_
     link = Link()
     gateway = SubtaskGateway(0, link.send)
     for n, event in ((1, "after-1"), (2, "after-2")):
-        gateway.mark_for_checkpoint(n)
-        gateway.close_for_checkpoint(n)
+        coordinator_snapshot(gateway, n)
         gateway.send_event(event)
     gateway.acknowledge_checkpoint(1)
     assert link.received == ["after-1"]  # sent before 2's snapshot: it belongs before it
@@ -119,8 +121,7 @@ def test_reset_drops_held_and_undelivered_events_and_binds_the_new_subtask():
     old, new = Link(instant=False), Link()
     gateway = SubtaskGateway(0, old.send)
     gateway.send_event("in flight")
-    gateway.mark_for_checkpoint(1)
-    gateway.close_for_checkpoint(1)
+    coordinator_snapshot(gateway, 1)
     gateway.send_event("held")
     gateway.reset(new.send)
     assert gateway.all_delivered()
