@@ -43,6 +43,7 @@ checkpoint and the subtask.
 
 from __future__ import annotations
 
+import collections
 from typing import Any, Callable, Protocol
 
 
@@ -85,7 +86,7 @@ class SubtaskGateway:
         self._latest_marked = 0
         # checkpoint id -> events held since the gateway closed for it, in order
         self._held: dict[int, list[Any]] = {}
-        self._in_flight: list[Delivery] = []  # deliveries not known to be done
+        self._in_flight: collections.deque[Delivery] = collections.deque()  # not known done
 
     # -- sending ----------------------------------------------------------------------------
     def send_event(self, event: Any) -> None:
@@ -97,6 +98,16 @@ class SubtaskGateway:
 
     def _transmit(self, event: Any) -> None:
         self._in_flight.append(self._send(event))
+        # Forget deliveries done (in order) so that a job without checkpoints, whose
+        # gateways are never asked about deliveries, does not keep every one of them.
+        # A failed one stays, for all_delivered to report.
+        while self._in_flight and self._in_flight[0].done() and self._in_flight[0].error() is None:
+            self._in_flight.popleft()
+
+    @property
+    def undelivered(self) -> int:
+        """How many transmitted events are not known to be delivered."""
+        return len(self._in_flight)
 
     @property
     def held(self) -> int:
@@ -175,5 +186,5 @@ class SubtaskGateway:
                     raise EventDeliveryError(self.operator, self.subtask, error)
             else:
                 still.append(delivery)
-        self._in_flight = still
+        self._in_flight = collections.deque(still)
         return not still

@@ -117,6 +117,24 @@ def test_an_acknowledgement_above_the_highest_marked_checkpoint_is_an_error():
         gateway.mark_for_checkpoint(3)
 
 
+def test_delivered_events_are_forgotten_as_new_ones_go_out():
+    link = Link(instant=False)
+    gateway = SubtaskGateway(0, link.send)
+    for event in range(100):  # no checkpoint ever asks about deliveries here
+        gateway.send_event(event)
+    for delivery in link.deliveries[:60]:
+        delivery.finished = True
+    gateway.send_event(100)
+    assert gateway.undelivered == 41
+    link.deliveries[60].finished, link.deliveries[60].failure = True, ConnectionError("gone")
+    for delivery in link.deliveries[61:]:
+        delivery.finished = True
+    gateway.send_event(101)  # a failed delivery is kept until someone asks
+    assert gateway.undelivered > 0
+    with pytest.raises(EventDeliveryError, match="ConnectionError: gone"):
+        gateway.all_delivered()
+
+
 def test_reset_drops_held_and_undelivered_events_and_binds_the_new_subtask():
     old, new = Link(instant=False), Link()
     gateway = SubtaskGateway(0, old.send)
