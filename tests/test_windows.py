@@ -229,6 +229,38 @@ def test_processing_time_windows_fire_on_the_clock_and_at_the_end():
     assert pa.Table.from_batches(out.batches).num_rows == 3
 
 
+def test_dense_windows_hold_one_timer_per_key_group_and_fire_every_key():
+    """A window of thousands of keys costs at most one timer per key group; a firing
+    emits every key of its window once, and allowed lateness re-fires a late key and
+    then clears the window."""
+    max_parallelism = 128
+    op = WindowOperator("d", KeySelector.of("k"), rs.TumblingEventTimeWindows(size_ms=100),
+                        function=BuiltinAggregates(AggregateSpec.of({"n": ("count", None)})),
+                        timestamp="ts", allowed_lateness_ms=50)
+    out = CollectingOutput()
+    op.setup(RuntimeContext("job", "d", 0, 1, max_parallelism, 0), out)
+    op.initialize_state(None)
+    rng = np.random.default_rng(3)
+    key, ts = rng.integers(0, 5000, 20_000), rng.integers(0, 200, 20_000)
+    for lo in range(0, len(key), 4000):
+        op.process_batch(pa.record_batch({"k": key[lo:lo + 4000], "ts": ts[lo:lo + 4000]}))
+    # two windows, each with a firing and a cleanup timer per key group
+    assert op.timers.num_event_time_timers <= 2 * 2 * max_parallelism
+    op.process_watermark(99)  # the first window fires, its state stays for lateness
+    first = pa.Table.from_batches(out.batches).to_pydict()
+    expected = collections.Counter(key[ts < 100].tolist())
+    assert dict(zip(first["k"], first["n"])) == expected and len(first["k"]) == len(expected)
+    late_key = int(key.max()) + 1  # a key the window has not seen, late within lateness
+    op.process_batch(pa.record_batch({"k": [late_key], "ts": [10]}))
+    assert out.batches[-1].to_pydict()["k"] == [late_key]
+    op.process_watermark(149)  # cleanup of the first window: nothing fires, state goes
+    assert sorted(op.dense_windows) == [100]
+    op.process_watermark(rs.MAX_WATERMARK)
+    rest = pa.Table.from_batches(out.batches).to_pydict()
+    assert len(rest["k"]) == len(expected) + 1 + len(set(key[ts >= 100].tolist()))
+    assert not op.dense_windows and op.timers.num_event_time_timers == 0
+
+
 def test_snapshot_restore_at_other_parallelism_gives_the_same_results():
     """Snapshot mid-stream, restore into 1, 2 and 3 subtasks by key group: the union of
     their results equals an uninterrupted run."""

@@ -2,18 +2,23 @@
 
 Per record batch: assign windows (vectorized), drop or side-output the rows
 that are late for every window they belong to, fold the rest into one
-accumulator per (key, window), and register one timer per new (key, window)
-at ``end - 1`` (plus a cleanup timer at ``end - 1 + allowed_lateness`` when
-there is lateness). A timer firing emits the window's result; the cleanup
-timer drops its state. A record that is late but within the allowed lateness
-updates its window and re-emits the result at once.
+accumulator per (key, window), and register the window's timers at ``end - 1``
+(plus a cleanup timer at ``end - 1 + allowed_lateness`` when there is
+lateness). A timer firing emits the window's result; the cleanup timer drops
+its state. A record that is late but within the allowed lateness updates its
+window and re-emits the result at once.
 
 Two state layouts:
 
 * **dense** (tumbling/sliding/processing-time windows with built-in
   aggregates; the fast path): per window start, numpy arrays of partials
   indexed by key id. A batch becomes partials with one pyarrow ``group_by``
-  and merges with a handful of numpy operations: no Python per row.
+  and merges with a handful of numpy operations: no Python per row. All keys
+  of a window fire at the same instant, so the window registers one timer per
+  *key group* it holds keys of (scoped to one of them, its representative),
+  not one per key: a firing timer emits every key of its window in its key
+  group. Timers still follow their key groups on rescaling, and a window of a
+  million keys costs at most ``max_parallelism`` timers instead of a million.
 * **generic** (session windows, user ``AggregateFunction``, full-window
   ``process``): one accumulator object per (key, window); Python runs per
   (key, window) of a batch, and per row only inside a user function.
@@ -45,7 +50,7 @@ from raystream.engine.windows.functions import (BuiltinAggregates, ProcessWindow
                                                 Window, WindowFunction)
 
 WINDOW_START = "__window_start"  # the window column of pre-aggregated partial rows
-_WINDOW_STATE_VERSION = 1
+_WINDOW_STATE_VERSION = 2  # 2: a key group's dense windows as flat arrays
 
 
 class KeyColumns:
@@ -97,15 +102,18 @@ def _concat(chunks: list[pa.Array]) -> pa.Array:
 
 
 class _DenseWindow:
-    """Partials of one window for every key id: ``present[k]`` and ``columns[name][k]``."""
+    """Partials of one window for every key id: ``present[k]`` and ``columns[name][k]``;
+    ``timed[g]``: the window's timers for key group ``g`` are registered."""
 
-    __slots__ = ("present", "columns", "count")
+    __slots__ = ("present", "columns", "count", "timed")
 
-    def __init__(self, capacity: int, spec: AggregateSpec, dtypes: dict[str, np.dtype]) -> None:
+    def __init__(self, capacity: int, spec: AggregateSpec, dtypes: dict[str, np.dtype],
+                 max_parallelism: int) -> None:
         self.present = np.zeros(capacity, dtype=bool)
         self.columns = {name: np.full(capacity, spec.identity(name, dtypes[name]), dtype=dtypes[name])
                         for name in spec.partial_columns}
         self.count = 0
+        self.timed = np.zeros(max_parallelism, dtype=bool)
 
     def grow(self, capacity: int, spec: AggregateSpec) -> None:
         old = len(self.present)
@@ -244,15 +252,11 @@ class WindowOperator(_KeyedOperator):
         kids_of = partials["__key_id"].to_numpy()
         values = {name: partials[name].to_numpy() for name in spec.partial_columns}
         capacity = self.key_columns.covered
-        fire_now = []
+        fire_now, timed = [], []
         for start in np.unique(window_of).tolist():
             mask = window_of == start
             kids = kids_of[mask]
-            window = self.dense_windows.get(start)
-            if window is None:
-                window = self.dense_windows[start] = _DenseWindow(max(capacity, 64), spec,
-                                                                  self.dtypes)
-            window.grow(capacity, spec)
+            window = self._dense_window(start, capacity)
             new = kids[~window.present[kids]]
             for name in spec.partial_columns:
                 spec.merge_into(name, window.columns[name], kids,
@@ -260,11 +264,43 @@ class WindowOperator(_KeyedOperator):
             if len(new):
                 window.present[new] = True
                 window.count += len(new)
-                self._register_timers(new, start, self._ends(np.array([start]))[0])
+                timed.append(self._untimed_groups(window, start, new))
             if self.assigner.event_time and self._fired_already(start):
                 fire_now.append((start, kids))
+        if timed:  # one call for the batch: add_many is vectorized for large batches
+            kids, starts = (np.concatenate(c) for c in zip(*timed))
+            self._register_timers(kids, starts, self._ends(starts))
         for start, kids in fire_now:  # late but within the allowed lateness: fire again
             self._emit_dense(start, kids)
+
+    def _dense_window(self, start: int, capacity: int) -> _DenseWindow:
+        window = self.dense_windows.get(start)
+        if window is None:
+            window = self.dense_windows[start] = _DenseWindow(
+                max(capacity, 64), self.function.spec, self.dtypes, self.ctx.max_parallelism)
+        window.grow(capacity, self.function.spec)
+        return window
+
+    def _untimed_groups(self, window: _DenseWindow, start: int,
+                        new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Marks the key groups of ``new`` keys that ``window`` has no timers for yet as
+        timed; returns the (key id, window start) to scope their timers to: the first
+        new key of each group."""
+        groups = self.timers.key_groups_of(new)
+        untimed = ~window.timed[groups]
+        fresh, first = np.unique(groups[untimed], return_index=True)
+        window.timed[fresh] = True
+        return new[untimed][first], np.full(len(fresh), start, dtype=np.int64)
+
+    def _dense_keys_of_groups(self, start: int, groups: np.ndarray) -> np.ndarray:
+        """Key ids present in the window of ``start`` whose key group is in ``groups``."""
+        window = self.dense_windows.get(start)
+        if window is None:
+            return np.empty(0, dtype=np.int64)
+        kids = np.flatnonzero(window.present)
+        if np.count_nonzero(window.timed[groups]) == np.count_nonzero(window.timed):
+            return kids  # every key group of the window (the usual case)
+        return kids[np.isin(self.timers.key_groups_of(kids), groups)]
 
     def _emit_dense(self, start: int, kids: np.ndarray) -> None:
         window = self.dense_windows[start]
@@ -279,6 +315,7 @@ class WindowOperator(_KeyedOperator):
         spec = self.function.spec
         kids = kids[window.present[kids]]
         window.present[kids] = False
+        window.timed[self.timers.key_groups_of(kids)] = False
         for name, column in window.columns.items():
             column[kids] = spec.identity(name, column.dtype)
         window.count -= len(kids)
@@ -311,7 +348,7 @@ class WindowOperator(_KeyedOperator):
                 entry = self.entries.get((kid, start))
                 if entry is None:
                     self.entries[(kid, start)] = [end, acc]
-                    self._register_timers(np.array([kid]), start, end)
+                    self._register_timers(np.array([kid]), np.array([start]), np.array([end]))
                 else:
                     entry[1] = self.function.merge(entry[1], acc)
             if self.assigner.event_time and end - 1 <= self.current_watermark:
@@ -336,7 +373,7 @@ class WindowOperator(_KeyedOperator):
             start, end = min(start, other), max(end, other_end)
         starts.append(start)
         self.entries[(kid, start)] = [end, acc]
-        self._register_timers(np.array([kid]), start, end)
+        self._register_timers(np.array([kid]), np.array([start]), np.array([end]))
         return start, end
 
     def _emit_generic(self, fired: list[tuple[int, int]]) -> None:
@@ -349,6 +386,7 @@ class WindowOperator(_KeyedOperator):
             self._emit_columns(kids, starts, ends, results)
             return
         out: list[dict] = []
+        self.fired += len(fired)
         for kid, start in fired:
             end, acc = self.entries[(kid, start)]
             window, key = Window(start, end), timers.key(kid)
@@ -377,17 +415,17 @@ class WindowOperator(_KeyedOperator):
         allowed lateness updates it and fires it again)?"""
         return int(self._ends(np.array([start]))[0]) - 1 <= self.current_watermark
 
-    def _register_timers(self, kids: np.ndarray, start: int, end: int) -> None:
-        n = len(kids)
-        namespaces = np.full(n, start, dtype=np.int64)
-        if self.assigner.event_time:
-            self.timers.register_event_time_timers(kids, namespaces, np.full(n, end - 1))
-            if self.lateness:
-                self.timers.register_event_time_timers(kids, namespaces,
-                                                       np.full(n, end - 1 + self.lateness))
-        else:
-            for kid in kids.tolist():
-                self.timers.register_processing_time_timer(kid, start, end - 1)
+    def _register_timers(self, kids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        """The timers of windows ``[starts, ends)`` scoped to ``kids`` (window start as the
+        namespace): firing at ``end - 1``, cleanup at ``end - 1 + allowed_lateness``."""
+        timers = self.timers
+        if not self.assigner.event_time:
+            timers.register_processing_time_timers(kids, starts, ends - 1)
+            return
+        pending = ends - 1 > self.current_watermark  # else it fired: a late record re-fires it
+        timers.register_event_time_timers(kids[pending], starts[pending], ends[pending] - 1)
+        if self.lateness:
+            timers.register_event_time_timers(kids, starts, ends - 1 + self.lateness)
 
     def _delete_timers(self, kid: int, start: int, end: int) -> None:
         self.timers.delete_event_time_timer(kid, start, end - 1)
@@ -423,11 +461,14 @@ class WindowOperator(_KeyedOperator):
                                  for k, s in zip(kids.tolist(), starts.tolist())], dtype=np.int64)
             fire = timestamps == ends - 1
             cleanup = timestamps == ends - 1 + self.lateness
-            if self.dense:
+            if self.dense:  # a timer stands for its key group in its window
+                groups = self.timers.key_groups_of(kids)
                 for start in np.unique(starts[fire]).tolist():
-                    self._emit_dense(start, kids[fire & (starts == start)])
+                    self._emit_dense(start, self._dense_keys_of_groups(
+                        start, groups[fire & (starts == start)]))
                 for start in np.unique(starts[cleanup]).tolist():
-                    self._clear_dense(start, kids[cleanup & (starts == start)])
+                    self._clear_dense(start, self._dense_keys_of_groups(
+                        start, groups[cleanup & (starts == start)]))
             else:
                 fired = [(k, s) for k, s in zip(kids[fire].tolist(), starts[fire].tolist())
                          if (k, s) in self.entries]
@@ -435,7 +476,6 @@ class WindowOperator(_KeyedOperator):
                     self._emit_generic(fired)
                 for k, s in zip(kids[cleanup].tolist(), starts[cleanup].tolist()):
                     self._clear_generic(k, s)
-            self.fired += int(fire.sum())
 
     # -- output ---------------------------------------------------------------------------
     def _sync_key_columns(self, ids: np.ndarray | None, distinct: DistinctKeys | None) -> None:
@@ -457,6 +497,7 @@ class WindowOperator(_KeyedOperator):
         n = len(kids)
         if not n:
             return
+        self.fired += n
         columns = dict(zip(self.key_names, self.key_columns.take(kids)))
         columns["window_start"] = pa.array(np.broadcast_to(starts, n).astype(np.int64))
         columns["window_end"] = pa.array(np.broadcast_to(ends, n).astype(np.int64))
@@ -466,55 +507,78 @@ class WindowOperator(_KeyedOperator):
     # -- checkpoints ------------------------------------------------------------------------
     def keyed_snapshot_parts(self):
         parts = super().keyed_snapshot_parts()
-        # Synchronous: flat copies of the dense arrays, frozen accumulators.
-        dense = [(start, np.flatnonzero(w.present), {n: c.copy() for n, c in w.columns.items()})
-                 for start, w in self.dense_windows.items()]
+        # Synchronous: flat copies of the dense windows' present entries, frozen accumulators.
+        dense = self._dense_entries()
         freeze = self.function.frozen
         generic = [(kid, start, end, freeze(acc))
                    for (kid, start), (end, acc) in self.entries.items()]
         timers = self.timers
 
         def sections() -> dict[int, bytes]:
-            by_group: dict[int, dict[str, list]] = {}
-            for start, kids, columns in dense:
+            by_group: dict[int, dict[str, Any]] = {}
+            kids, starts, columns = dense
+            if len(kids):  # sort by key group once, then one slice per group
                 groups = timers.key_groups_of(kids)
-                for group in np.unique(groups).tolist():
-                    mine = kids[groups == group]
-                    by_group.setdefault(group, {"dense": [], "generic": []})["dense"].append(
-                        (start, timers.keys(mine), {n: c[mine] for n, c in columns.items()}))
+                order = np.argsort(groups, kind="stable")
+                groups, kids, starts = groups[order], kids[order], starts[order]
+                columns = {n: c[order] for n, c in columns.items()}
+                keys = timers.keys(kids)
+                edges = [0, *(np.flatnonzero(np.diff(groups)) + 1).tolist(), len(kids)]
+                for a, b in zip(edges[:-1], edges[1:]):
+                    by_group[int(groups[a])] = {
+                        "dense": (starts[a:b], keys[a:b], {n: c[a:b] for n, c in columns.items()}),
+                        "generic": []}
             for kid, start, end, acc in generic:
                 group = timers.key_group(kid)
-                by_group.setdefault(group, {"dense": [], "generic": []})["generic"].append(
+                by_group.setdefault(group, {"dense": None, "generic": []})["generic"].append(
                     (timers.key(kid), start, end, acc))
             return {group: pickle.dumps((_WINDOW_STATE_VERSION, content), protocol=5)
                     for group, content in by_group.items()}
         parts["windows"] = sections
         return parts
 
+    def _dense_entries(self) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """(key ids, window starts, partial columns) of every (key, window) the dense
+        windows hold, as new flat arrays."""
+        kids, starts, columns = [], [], {}
+        for start, window in self.dense_windows.items():
+            present = np.flatnonzero(window.present)
+            kids.append(present)
+            starts.append(np.full(len(present), start, dtype=np.int64))
+            for name, column in window.columns.items():
+                columns.setdefault(name, []).append(column[present])
+        if not kids:
+            return np.empty(0, np.int64), np.empty(0, np.int64), {}
+        return (np.concatenate(kids), np.concatenate(starts),
+                {n: np.concatenate(c) for n, c in columns.items()})
+
     def restore_keyed_parts(self, parts) -> None:
         sections = parts.pop("windows", [])
         super().restore_keyed_parts(parts)
-        spec = getattr(self.function, "spec", None)
         for group, blob in sections:
             version, content = pickle.loads(blob)  # this job's own checkpoint file
             if version != _WINDOW_STATE_VERSION:
                 raise ValueError(f"window '{self.name}': window state version {version} in key "
                                  f"group {group}; this raystream reads version "
                                  f"{_WINDOW_STATE_VERSION}")
-            for start, keys, columns in content["dense"]:
-                kids = self.timers.key_ids(keys, np.full(len(keys), group))
-                if self.dtypes is None:
-                    self.dtypes = {n: c.dtype for n, c in columns.items()}
-                window = self.dense_windows.get(start)
-                if window is None:
-                    window = self.dense_windows[start] = _DenseWindow(64, spec, self.dtypes)
-                window.grow(self.timers.num_keys, spec)
-                for name, values in columns.items():
-                    window.columns[name][kids] = values
-                window.present[kids] = True
-                window.count += len(kids)
+            if content["dense"] is not None:
+                self._restore_dense(group, *content["dense"])
             for key, start, end, acc in content["generic"]:
                 kid = self.timers.key_id(key, group)
                 self.entries[(kid, start)] = [end, self.function.thawed(acc)]
                 if self.assigner.merging:
                     self.sessions.setdefault(kid, []).append(start)
+
+    def _restore_dense(self, group: int, starts: np.ndarray, keys: list,
+                       columns: dict[str, np.ndarray]) -> None:
+        kids = self.timers.key_ids(keys, np.full(len(keys), group))
+        if self.dtypes is None:
+            self.dtypes = {n: c.dtype for n, c in columns.items()}
+        for start in np.unique(starts).tolist():
+            mine = starts == start
+            window = self._dense_window(start, self.timers.num_keys)
+            for name, values in columns.items():
+                window.columns[name][kids[mine]] = values[mine]
+            window.present[kids[mine]] = True
+            window.count += int(np.count_nonzero(mine))
+            window.timed[group] = True  # its timers are in the restored timer sections
