@@ -270,8 +270,7 @@ class WindowOperator(_KeyedOperator):
         if timed:  # one call for the batch: add_many is vectorized for large batches
             kids, starts = (np.concatenate(c) for c in zip(*timed))
             self._register_timers(kids, starts, self._ends(starts))
-        for start, kids in fire_now:  # late but within the allowed lateness: fire again
-            self._emit_dense(start, kids)
+        self._emit_dense(fire_now)  # late but within the allowed lateness: fire again
 
     def _dense_window(self, start: int, capacity: int) -> _DenseWindow:
         window = self.dense_windows.get(start)
@@ -302,11 +301,18 @@ class WindowOperator(_KeyedOperator):
             return kids  # every key group of the window (the usual case)
         return kids[np.isin(self.timers.key_groups_of(kids), groups)]
 
-    def _emit_dense(self, start: int, kids: np.ndarray) -> None:
-        window = self.dense_windows[start]
-        results = self.function.spec.results({n: c[kids] for n, c in window.columns.items()})
-        end = int(self._ends(np.array([start]))[0])
-        self._emit_columns(kids, start, end, results)
+    def _emit_dense(self, fired: list[tuple[int, np.ndarray]]) -> None:
+        """Emit the results of (window start, key ids) pairs as one batch."""
+        fired = [(start, kids) for start, kids in fired if len(kids)]
+        if not fired:
+            return
+        windows = self.dense_windows
+        kids = np.concatenate([k for _, k in fired])
+        starts = np.concatenate([np.full(len(k), s, dtype=np.int64) for s, k in fired])
+        results = self.function.spec.results(
+            {name: np.concatenate([windows[s].columns[name][k] for s, k in fired])
+             for name in self.function.spec.partial_columns})
+        self._emit_columns(kids, starts, self._ends(starts), results)
 
     def _clear_dense(self, start: int, kids: np.ndarray) -> None:
         window = self.dense_windows.get(start)
@@ -463,9 +469,9 @@ class WindowOperator(_KeyedOperator):
             cleanup = timestamps == ends - 1 + self.lateness
             if self.dense:  # a timer stands for its key group in its window
                 groups = self.timers.key_groups_of(kids)
-                for start in np.unique(starts[fire]).tolist():
-                    self._emit_dense(start, self._dense_keys_of_groups(
-                        start, groups[fire & (starts == start)]))
+                self._emit_dense([(start, self._dense_keys_of_groups(
+                    start, groups[fire & (starts == start)]))
+                    for start in np.unique(starts[fire]).tolist()])
                 for start in np.unique(starts[cleanup]).tolist():
                     self._clear_dense(start, self._dense_keys_of_groups(
                         start, groups[cleanup & (starts == start)]))
