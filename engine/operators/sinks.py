@@ -49,6 +49,7 @@ class CollectSink(SinkOperator):
         super().__init__(name)
         self.batches: list[pa.RecordBatch] = []
         self.uncommitted: dict[int, list[pa.RecordBatch]] = {}  # origin checkpoint -> batches
+        self.encoded: dict[int, bytes] = {}  # origin -> its file, once a snapshot wrote it
 
     def process_batch(self, batch, input_index=0):
         self.batches.append(batch)
@@ -59,12 +60,19 @@ class CollectSink(SinkOperator):
         if self.batches:
             self.uncommitted[checkpoint_id], self.batches = self.batches, []
         offered = dict(self.uncommitted)  # batches are immutable: a shallow copy is consistent
-        return OperatorSnapshot(committable=lambda: {origin: _ipc_bytes(batches)
-                                                     for origin, batches in offered.items()})
+        encoded = self.encoded  # an origin offered again is encoded once
+
+        def committable() -> dict[int, bytes]:
+            return {origin: encoded.get(origin) or encoded.setdefault(origin, _ipc_bytes(batches))
+                    for origin, batches in offered.items()}
+        return OperatorSnapshot(committable=committable)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         for origin in [o for o in self.uncommitted if o <= checkpoint_id]:
             del self.uncommitted[origin]
+        # also any origin a late background write encoded after its commit
+        for origin in [o for o in list(self.encoded) if o not in self.uncommitted]:
+            self.encoded.pop(origin, None)
 
     def final_result(self) -> pa.Table | None:
         return None if self.ctx.checkpointing else concat_batches(self.batches)
