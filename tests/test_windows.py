@@ -261,6 +261,20 @@ def test_dense_windows_hold_one_timer_per_key_group_and_fire_every_key():
     assert not op.dense_windows and op.timers.num_event_time_timers == 0
 
 
+def test_a_dense_timer_fires_only_its_own_key_group():
+    op = WindowOperator("g", KeySelector.of("k"), rs.TumblingEventTimeWindows(size_ms=100),
+                        function=BuiltinAggregates(AggregateSpec.of({"n": ("count", None)})),
+                        timestamp="ts")
+    op.setup(RuntimeContext.local(), CollectingOutput())
+    op.initialize_state(None)
+    a, b = 0, next(k for k in range(1, 1000) if rs.key_group_of(k, 128) != rs.key_group_of(0, 128))
+    op.process_batch(pa.record_batch({"k": [a, b], "ts": [5, 6]}))
+    kid_a = op.timers.key_ids([a], np.array([rs.key_group_of(a, 128)]))
+    group_a = op.timers.key_groups_of(kid_a)
+    # a group named twice (two timers of one group) is still that one group
+    assert op._dense_keys_of_groups(0, np.repeat(group_a, 2)).tolist() == kid_a.tolist()
+
+
 def test_snapshot_restore_at_other_parallelism_gives_the_same_results():
     """Snapshot mid-stream, restore into 1, 2 and 3 subtasks by key group: the union of
     their results equals an uninterrupted run."""

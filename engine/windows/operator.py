@@ -297,7 +297,9 @@ class WindowOperator(_KeyedOperator):
         if window is None:
             return np.empty(0, dtype=np.int64)
         kids = np.flatnonzero(window.present)
-        if np.count_nonzero(window.timed[groups]) == np.count_nonzero(window.timed):
+        asked = np.zeros(len(window.timed), dtype=bool)
+        asked[groups] = True
+        if not (window.timed & ~asked).any():
             return kids  # every key group of the window (the usual case)
         return kids[np.isin(self.timers.key_groups_of(kids), groups)]
 
