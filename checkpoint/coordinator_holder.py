@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import queue
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -74,6 +76,10 @@ class _Context:
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> None:
         self._holder.owner._schedule(self._holder, delay_s, callback)
 
+    def call_async(self, work: Callable[[], Any],
+                   handler: Callable[[Any, BaseException | None], None]) -> None:
+        self._holder.owner._submit(self._holder, work, handler)
+
     def fail_job(self, reason: str) -> None:
         raise CoordinatorFailure(self.operator_name, reason)
 
@@ -117,7 +123,9 @@ class OperatorCoordinators:
         self._holders = {op.name: _Holder(self, op) for op in operators}
         self._timers: list[tuple[float, int, int, _Holder, Callable[[], None]]] = []
         self._sequence = itertools.count()
-        self._generation = 0  # timers of an older attempt are dropped
+        self._generation = 0  # timers and async results of an older attempt are dropped
+        self._workers: ThreadPoolExecutor | None = None  # call_async's, made on first use
+        self._finished: queue.SimpleQueue = queue.SimpleQueue()  # call_async work done
 
     def __bool__(self) -> bool:
         return bool(self._holders)
@@ -157,6 +165,8 @@ class OperatorCoordinators:
             holder.call("reset_to_checkpoint", checkpoint_id, states.get(holder.name))
 
     def close(self) -> None:
+        if self._workers is not None:
+            self._workers.shutdown(wait=False, cancel_futures=True)
         for holder in self._holders.values():
             try:
                 holder.coordinator.close()
@@ -179,19 +189,31 @@ class OperatorCoordinators:
         """When (``time.monotonic()``) the next ``call_later`` callback is due, if any."""
         return self._timers[0][0] if self._timers else None
 
+    def _submit(self, holder: _Holder, work: Callable[[], Any],
+                handler: Callable[[Any, BaseException | None], None]) -> None:
+        if self._workers is None:
+            self._workers = ThreadPoolExecutor(max_workers=2,
+                                               thread_name_prefix="coordinator-call-async")
+        generation, finished = self._generation, self._finished
+        self._workers.submit(work).add_done_callback(
+            lambda future: finished.put((generation, holder, handler, future)))
+
     def run_due(self, now: float) -> None:
-        """Run the ``call_later`` callbacks that are due."""
+        """Run the ``call_later`` callbacks that are due and the handlers of finished
+        ``call_async`` work."""
         while self._timers and self._timers[0][0] <= now:
             _, _, generation, holder, callback = heapq.heappop(self._timers)
-            if generation != self._generation:
-                continue
+            if generation == self._generation:
+                _run_callback(holder, "a call_later callback", callback)
+        while True:
             try:
-                callback()
-            except CoordinatorFailure:
-                raise
-            except Exception as exc:
-                raise CoordinatorFailure(holder.name, f"a call_later callback raised "
-                                                      f"{type(exc).__name__}: {exc}") from exc
+                generation, holder, handler, future = self._finished.get_nowait()
+            except queue.Empty:
+                return
+            if generation == self._generation and not future.cancelled():
+                error = future.exception()
+                result = None if error is not None else future.result()
+                _run_callback(holder, "a call_async handler", lambda: handler(result, error))
 
     # -- checkpoints --------------------------------------------------------------------------
     def checkpoint(self, checkpoint_id: int) -> dict[str, bytes]:
@@ -240,3 +262,13 @@ class OperatorCoordinators:
             for gateway in holder.gateways:
                 gateway.release(checkpoint_id)
             holder.call("notify_checkpoint_aborted", checkpoint_id)
+
+
+def _run_callback(holder: _Holder, what: str, callback: Callable[[], None]) -> None:
+    try:
+        callback()
+    except CoordinatorFailure:
+        raise
+    except Exception as exc:
+        raise CoordinatorFailure(holder.name, f"{what} raised {type(exc).__name__}: "
+                                              f"{exc}") from exc

@@ -17,8 +17,9 @@ reset to the checkpoint the job restores (:meth:`reset_to_checkpoint`); events
 it had sent after that checkpoint are forgotten on both sides.
 
 All methods run on the job master's event thread, one at a time: never block
-in them. ``context.call_later`` schedules work on that thread (a coordinator
-that discovers files polls that way).
+in them. ``context.call_later`` schedules work on that thread, and
+``context.call_async`` runs blocking work on a worker thread and hands its
+result back to that thread (a coordinator that discovers files polls that way).
 
     >>> class Countdown(OperatorCoordinator):
     ...     '''Sends 3, 2, 1 to every subtask once it is ready.'''
@@ -30,7 +31,9 @@ that discovers files polls that way).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class SubtaskEventGateway(Protocol):
@@ -51,6 +54,14 @@ class OperatorCoordinatorContext(Protocol):
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> None:
         """Run ``callback`` on the job master's event thread after ``delay_s`` seconds.
         Calls scheduled before a failover are dropped."""
+
+    def call_async(self, work: Callable[[], T],
+                   handler: Callable[[T | None, BaseException | None], None]) -> None:
+        """Run ``work`` on a worker thread (for what may block: listing a directory,
+        reading file footers), then ``handler(result, None)`` -- or
+        ``handler(None, error)`` if it raised -- on the event thread. ``work`` must
+        not touch the coordinator's state; ``handler`` may. Results of work started
+        before a failover are dropped."""
 
     def fail_job(self, reason: str) -> None:
         """Fail the job (it fails over where its restart strategy allows)."""

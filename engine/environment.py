@@ -275,6 +275,7 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> None:
 
     Without ``address``, a ``RAY_ADDRESS`` in the environment names the cluster
     (the Jobs API sets it for the drivers it starts), as for ``ray.init()``.
+    The Ray it starts itself serves this machine only: see :func:`_embedded_on_loopback`.
     """
     if ray.is_initialized():
         return
@@ -284,7 +285,26 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> None:
         # running on this machine (plain ray.init() would attach to that one).
         address = "local"
         init_kwargs.setdefault("_system_config", EMBEDDED_RAY_SYSTEM_CONFIG)
+        _embedded_on_loopback()
     ray.init(address=address, **init_kwargs)
+
+
+def _embedded_on_loopback() -> None:
+    """Make the embedded Ray's node address 127.0.0.1, so that its servers (GCS,
+    raylet, object manager, workers) listen on loopback only.
+
+    Ray binds its servers to the node's IP, and on Linux it turns a loopback
+    ``_node_ip_address`` into the first external interface's address, since a
+    cluster needs one. Its single-machine mode (the default on macOS and
+    Windows, switched by ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``) keeps loopback.
+    The variable is read when Ray is imported, so this process's copy is set
+    too; the processes Ray starts inherit the variable. A Ray ``ray start``
+    launched for several machines is not affected.
+    """
+    from ray._private import ray_constants
+
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def on_head_node() -> NodeAffinitySchedulingStrategy | None:

@@ -30,6 +30,7 @@ class Assignments:
         self.assigned: dict[int, list] = {}
         self.ended: list[int] = []
         self.later: list = []
+        self.async_calls: list = []
 
     def registered_readers(self):
         return set(range(self.parallelism))
@@ -45,6 +46,15 @@ class Assignments:
 
     def call_later(self, delay_s, callback):
         self.later.append(callback)
+
+    def call_async(self, work, handler):
+        self.async_calls.append((work, handler))
+
+    def finish_async(self) -> None:
+        """Run the pending call_async work and handlers, as the master's threads would."""
+        while self.async_calls:
+            work, handler = self.async_calls.pop(0)
+            handler(work(), None)
 
 
 def test_the_static_enumerator_deals_splits_round_robin_and_restores_what_it_kept():
@@ -73,14 +83,36 @@ def test_the_file_enumerator_splits_parquet_by_row_group_and_waits_for_new_files
     context = Assignments(parallelism=2)
     enumerator = FileSplitEnumerator(context, Files(str(tmp_path), monitor_interval_s=1.0))
     enumerator.start()
-    for reader in (0, 1, 0, 1):
+    enumerator.handle_split_request(0)  # the listing is still running: the reader waits
+    assert context.assigned == {} and context.ended == []
+    context.finish_async()
+    for reader in (1, 0, 1):
         enumerator.handle_split_request(reader)
     assert [s["row_group"] for s in context.assigned[0] + context.assigned[1]] == [0, 2, 1]
     write_file(tmp_path, 1, rows=5)
     context.later.pop()()  # the next listing: the waiting reader gets the new file
+    context.finish_async()
     assert context.assigned[1][-1].endswith("part-001.parquet") and context.ended == []
     state = enumerator.snapshot_state(7)
     assert len(state["seen"]) == 2 and state["pending"] == []
+
+
+def test_a_bounded_file_enumerator_ends_readers_only_after_its_listing(tmp_path):
+    write_file(tmp_path, 0, rows=10)
+    context = Assignments(parallelism=2)
+    enumerator = FileSplitEnumerator(context, Files(str(tmp_path)))
+    enumerator.start()
+    enumerator.handle_split_request(1)
+    assert context.ended == []  # not "no more splits" before the files are listed
+    context.finish_async()
+    assert context.assigned[1][0].endswith("part-000.parquet")
+    enumerator.handle_split_request(0)
+    assert context.ended == [0]
+    restored = FileSplitEnumerator(Assignments(parallelism=2), Files(str(tmp_path)),
+                                   enumerator.snapshot_state(3))
+    restored.start()  # a restored bounded read does not list again
+    restored.handle_split_request(0)
+    assert restored.context.async_calls == [] and restored.context.ended == [0]
 
 
 def test_a_bounded_file_read_ends_when_the_files_are_read(ray_session, tmp_path):

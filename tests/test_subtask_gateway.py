@@ -9,6 +9,9 @@ what the subtask had received at its snapshot of ``n``.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -248,6 +251,58 @@ def test_a_raising_coordinator_fails_the_job_naming_it():
     with pytest.raises(CoordinatorFailure, match="'enumerator': checkpoint_coordinator raised "
                                                  "KeyError"):
         holders.checkpoint(1)
+
+
+def run_until(holders, condition, timeout_s: float = 10.0) -> None:
+    """Step ``run_due`` as the job master's event loop does, until ``condition()``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "call_async did not finish in time"
+        holders.run_due(time.monotonic())
+        time.sleep(0.005)
+
+
+def test_call_async_runs_work_on_a_worker_and_its_handler_on_the_event_thread():
+    holders, coordinator, _ = coordinators(1)
+    context = holders._holders["op"].context
+    seen = []
+    context.call_async(lambda: threading.get_ident(),
+                       lambda worker, error: seen.append((worker, error, threading.get_ident())))
+    run_until(holders, lambda: seen)
+    worker, error, handler_thread = seen[0]
+    assert error is None and worker != handler_thread == threading.get_ident()
+
+    context.call_async(lambda: 1 / 0, lambda result, error: seen.append((result, error)))
+    run_until(holders, lambda: len(seen) == 2)
+    assert seen[1][0] is None and isinstance(seen[1][1], ZeroDivisionError)
+
+    def broken_handler(result, error):
+        raise ValueError("bad listing")
+    context.call_async(lambda: None, broken_handler)
+    with pytest.raises(CoordinatorFailure, match="'op': a call_async handler raised ValueError"):
+        run_until(holders, lambda: False)
+    holders.close()
+
+
+def test_call_async_work_started_before_a_failover_is_dropped():
+    holders, coordinator, _ = coordinators(1)
+    context = holders._holders["op"].context
+    started, release, seen = threading.Event(), threading.Event(), []
+
+    def slow():
+        started.set()
+        release.wait(10)
+        return "old attempt"
+    context.call_async(slow, lambda result, error: seen.append(result))
+    started.wait(10)
+    holders.reset(None, {})  # failover while the work runs
+    release.set()
+    context.call_async(lambda: "new attempt", lambda result, error: seen.append(result))
+    run_until(holders, lambda: seen)
+    time.sleep(0.05)
+    holders.run_due(time.monotonic())
+    assert seen == ["new attempt"]
+    holders.close()
 
 
 # -- the model check --------------------------------------------------------------------------

@@ -131,7 +131,12 @@ class Files(Source):
 class FileSplitEnumerator(SplitEnumerator):
     """Discovers files (once, or every ``monitor_interval_s``) and hands their splits to
     readers that ask, in file-name order; its state is the files it has seen and the
-    splits not handed out yet."""
+    splits not handed out yet.
+
+    Listing the directory and reading Parquet footers (for the row groups) run on a
+    worker thread (``context.call_async``), so a slow file system never stalls the job
+    master's event thread; a reader that asks meanwhile waits for the listing.
+    """
 
     def __init__(self, context: SplitEnumeratorContext, source: Files,
                  state: dict | None = None) -> None:
@@ -140,28 +145,38 @@ class FileSplitEnumerator(SplitEnumerator):
         self.pending: list[str | dict] = list(state["pending"]) if state else []
         self.waiting: list[int] = []  # readers that asked while nothing was pending
         self.bounded = source.monitor_interval_s is None
+        # a bounded read restored after its listing: what it had listed is all there is
+        self.listed = self.bounded and bool(self.seen)
 
     def start(self) -> None:
-        if self.bounded:
-            if not self.seen:  # restored: what it had listed is all there is
-                self._discover(self.source.splits())
-        else:
-            self._monitor()
+        if not self.listed:
+            self._list()
 
-    def _monitor(self) -> None:
-        self._discover(self.source.list_files())
-        self.context.call_later(self.source.monitor_interval_s, self._monitor)
+    def _list(self) -> None:
+        source, seen = self.source, frozenset(self.seen)
 
-    def _discover(self, files: list[str]) -> None:
-        for path in files:
+        def new_files() -> list[tuple[str, list[str | dict]]]:  # on a worker thread
+            paths = source.splits() if self.bounded else source.list_files()
+            return [(path, source.splits_of(path)) for path in paths if path not in seen]
+        self.context.call_async(new_files, self._on_listed)
+
+    def _on_listed(self, found: list[tuple[str, list[str | dict]]] | None,
+                   error: BaseException | None) -> None:
+        if error is not None:
+            raise RuntimeError(f"file source: listing {self.source.path} failed: "
+                               f"{type(error).__name__}: {error}") from error
+        for path, splits in found or []:
             if path not in self.seen:
                 self.seen.add(path)
-                self.pending.extend(self.source.splits_of(path))
+                self.pending.extend(splits)
+        self.listed = self.bounded
         while self.waiting and self.pending:
             self.context.assign_split(self.pending.pop(0), self.waiting.pop(0))
         if self.bounded:
             while self.waiting:
                 self.context.signal_no_more_splits(self.waiting.pop(0))
+        else:
+            self.context.call_later(self.source.monitor_interval_s, self._list)
 
     def add_reader(self, subtask: int) -> None:
         pass  # it asks for splits when it needs them
@@ -169,7 +184,7 @@ class FileSplitEnumerator(SplitEnumerator):
     def handle_split_request(self, subtask: int) -> None:
         if self.pending:
             self.context.assign_split(self.pending.pop(0), subtask)
-        elif self.bounded:
+        elif self.listed:
             self.context.signal_no_more_splits(subtask)
         elif subtask not in self.waiting:
             self.waiting.append(subtask)

@@ -71,6 +71,11 @@ class SplitEnumeratorContext(Protocol):
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> None:
         """Run ``callback`` on the job master's event thread after ``delay_s`` seconds."""
 
+    def call_async(self, work: Callable[[], Any],
+                   handler: Callable[[Any, BaseException | None], None]) -> None:
+        """Run ``work`` on a worker thread, then ``handler(result, error)`` on the event
+        thread (Flink ``SplitEnumeratorContext.callAsync``): for blocking discovery."""
+
 
 class SplitEnumerator:
     """Base class of split enumerators. Created by ``Source.create_enumerator(context,
@@ -155,6 +160,10 @@ class SourceCoordinator(OperatorCoordinator):
 
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> None:
         self.context.call_later(delay_s, callback)
+
+    def call_async(self, work: Callable[[], Any],
+                   handler: Callable[[Any, BaseException | None], None]) -> None:
+        self.context.call_async(work, handler)
 
     def _send(self, subtask: int, event: tuple) -> None:
         if subtask not in self.registered:
