@@ -297,10 +297,14 @@ def test_call_async_work_started_before_a_failover_is_dropped():
     started.wait(10)
     holders.reset(None, {})  # failover while the work runs
     release.set()
+    deadline = time.monotonic() + 10
+    while holders._finished.qsize() < 1:  # done, its handler queued (not yet run)
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    holders.run_due(time.monotonic())
+    assert seen == []  # dropped: it belonged to the attempt before the failover
     context.call_async(lambda: "new attempt", lambda result, error: seen.append(result))
     run_until(holders, lambda: seen)
-    time.sleep(0.05)
-    holders.run_due(time.monotonic())
     assert seen == ["new attempt"]
     holders.close()
 
