@@ -39,7 +39,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import pandas  # noqa: F401  (see below)
+# pyarrow imports pandas at the first Arrow -> numpy conversion, about half a second of a
+# subtask's first batch; importing it with this module puts that into the process start,
+# before the subtask reports ready (so a job's start-up, not its first records, pays it).
+import pandas  # noqa: F401
 import pyarrow as pa
 import ray
 
@@ -61,9 +64,6 @@ from raystream.engine.operators.source import SourceOperator
 from raystream.engine.plan import JobVertex
 
 IDLE_WAIT_S = 0.05
-# pyarrow imports pandas at the first Arrow -> numpy conversion, about half a second of a
-# subtask's first batch; importing it with this module puts that into the process start,
-# before the subtask reports ready (so a job's start-up, not its first records, pays it).
 
 
 def _timed_out(barrier: Barrier) -> bool:

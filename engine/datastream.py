@@ -128,8 +128,7 @@ class DataStream:
         t = self.env._add_transformation(
             kind, op_name, lambda: create(op_name),
             parallelism or self.env.parallelism,
-            inputs if inputs is not None else [self._edge()])
-        t.coordinator = coordinator
+            inputs if inputs is not None else [self._edge()], coordinator=coordinator)
         return DataStream(self.env, t)
 
     def map(self, fn: Callable[[Row], Row], *, name: str | None = None,

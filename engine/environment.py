@@ -134,8 +134,10 @@ class StreamEnvironment:
         raise AssertionError
 
     def _add_transformation(self, kind: str, name: str, create: Callable, parallelism: int,
-                            inputs: list[InputEdge]) -> Transformation:
-        t = Transformation(len(self.transformations), name, kind, create, parallelism, inputs)
+                            inputs: list[InputEdge], *,
+                            coordinator: Callable[[Any], Any] | None = None) -> Transformation:
+        t = Transformation(len(self.transformations), name, kind, create, parallelism, inputs,
+                           coordinator=coordinator)
         self.transformations.append(t)
         return t
 
@@ -144,12 +146,9 @@ class StreamEnvironment:
                     watermarks: BoundedOutOfOrderness | None = None,
                     parallelism: int | None = None) -> DataStream:
         """A stream read from ``source``'s splits, with optional event-time watermarks."""
-        op_name = self._unique_name(name)
-        t = self._add_transformation("source", op_name,
-                                     lambda: SourceReaderOperator(op_name, source, watermarks),
-                                     parallelism or self.parallelism, [])
-        t.coordinator = functools.partial(SourceCoordinator, source=source)  # its enumerator
-        return DataStream(self, t)
+        return self.add_source(lambda op_name: SourceReaderOperator(op_name, source, watermarks),
+                               name=name, parallelism=parallelism,
+                               coordinator=functools.partial(SourceCoordinator, source=source))
 
     def add_source(self, create_operator: Callable[[str], SourceOperator], *,
                    name: str = "source", parallelism: int | None = None,
@@ -171,8 +170,7 @@ class StreamEnvironment:
         """
         op_name = self._unique_name(name)
         t = self._add_transformation("source", op_name, lambda: create_operator(op_name),
-                                     parallelism or self.parallelism, [])
-        t.coordinator = coordinator
+                                     parallelism or self.parallelism, [], coordinator=coordinator)
         return DataStream(self, t)
 
     def from_sequence(self, n: int, columns: Callable[[np.ndarray], Mapping[str, Any]] | None = None,
