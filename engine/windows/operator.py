@@ -303,6 +303,13 @@ class WindowOperator(_KeyedOperator):
             return kids  # every key group of the window (the usual case)
         return kids[np.isin(self.timers.key_groups_of(kids), groups)]
 
+    def _dense_due(self, starts: np.ndarray,
+                   groups: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """(window start, key ids) for due timers given by their windows' starts and their
+        key groups."""
+        return [(start, self._dense_keys_of_groups(start, groups[starts == start]))
+                for start in np.unique(starts).tolist()]
+
     def _emit_dense(self, fired: list[tuple[int, np.ndarray]]) -> None:
         """Emit the results of (window start, key ids) pairs as one batch."""
         fired = [(start, kids) for start, kids in fired if len(kids)]
@@ -471,12 +478,12 @@ class WindowOperator(_KeyedOperator):
             cleanup = timestamps == ends - 1 + self.lateness
             if self.dense:  # a timer stands for its key group in its window
                 groups = self.timers.key_groups_of(kids)
-                self._emit_dense([(start, self._dense_keys_of_groups(
-                    start, groups[fire & (starts == start)]))
-                    for start in np.unique(starts[fire]).tolist()])
-                for start in np.unique(starts[cleanup]).tolist():
-                    self._clear_dense(start, self._dense_keys_of_groups(
-                        start, groups[cleanup & (starts == start)]))
+                fired = self._dense_due(starts[fire], groups[fire])
+                self._emit_dense(fired)
+                cleared = (self._dense_due(starts[cleanup], groups[cleanup]) if self.lateness
+                           else fired)  # without lateness the firing timer is the cleanup one
+                for start, keys in cleared:
+                    self._clear_dense(start, keys)
             else:
                 fired = [(k, s) for k, s in zip(kids[fire].tolist(), starts[fire].tolist())
                          if (k, s) in self.entries]
