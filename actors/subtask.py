@@ -52,6 +52,7 @@ from raystream.actors.messages import (MAX_WATERMARK, MIN_WATERMARK, REPLAYED_SE
                                        ChannelId, Envelope, Kind)
 from raystream.actors.record_writer import RecordWriter, batch_payload
 from raystream.checkpoint.channel_state_file import ChannelStateContents
+from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.actors.subtask_checkpoints import (CheckpointingSpec, RestoreSpec,
                                                   SubtaskCheckpointer)
 from raystream.engine.failpoints import Failpoint, Failpoints
@@ -671,6 +672,9 @@ class Subtask:
         goes back, so a restored job does not re-open what it already fired."""
         restored = restore.watermarks.get(self.spec.vertex.nodes[0].name)
         if restored is not None and len(self.gate):
+            # the lowest any key group had reached: keyed operators keep each group's own
+            restored = WatermarkFloors.from_json(
+                restored, max_parallelism=self.spec.max_parallelism).minimum()
             for channel in self.gate:
                 channel.watermark = max(channel.watermark, restored)
             self.watermark = max(self.watermark, restored)

@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
+
 from raystream.actors.channel_state import (InputStateRecorder, OutputStateCapture,
                                             resolve_batches)
 from raystream.actors.messages import Barrier
@@ -37,6 +39,7 @@ from raystream.checkpoint.channel_state_file import (ChannelStateContents, chann
 from raystream.checkpoint.keygroups import key_group_range
 from raystream.checkpoint.sections import decode_sections, encode_sections
 from raystream.checkpoint.storage import SAVEPOINT_JOB_KEY, CheckpointStorage, StateHandle
+from raystream.checkpoint.watermark_floors import WatermarkFloors, runs_of
 from raystream.engine.failpoints import Failpoints
 from raystream.engine.operators.base import (Operator, OperatorSnapshot, RestoredState,
                                              call_operator)
@@ -55,8 +58,9 @@ class RestoreSpec:
     checkpoint_id: int
     storage_uri: str  # where the handles' files are (checkpoint storage or a savepoint)
     operators: dict[str, OperatorRestore] = field(default_factory=dict)  # operator name -> files
-    # per head operator: the lowest input watermark any of its subtasks had at the checkpoint
-    watermarks: dict[str, int] = field(default_factory=dict)
+    # per head operator: the watermark its subtasks had reached at the checkpoint, as
+    # runs over key groups (WatermarkFloors JSON; an int in older checkpoints)
+    watermarks: dict[str, Any] = field(default_factory=dict)
     # channel state of an unaligned checkpoint: channel_state_key(chain, subtask) -> handle
     channel_state: dict[str, dict] = field(default_factory=dict)
     # operator coordinators' states: operator name -> handle
@@ -90,6 +94,9 @@ class SubtaskCheckpointer:
         self.vertex_id, self.index, self.attempt = vertex_id, index, attempt
         self.channel_state_key = channel_state_key(vertex_name, index)
         self.key_groups = key_group_range(index, parallelism, max_parallelism)
+        self.max_parallelism = max_parallelism
+        # restored watermarks of our key groups that our own watermark has not passed yet
+        self.watermark_floors: np.ndarray | None = None
         self.failpoints = failpoints
         self.forward_barrier = forward_barrier
         self.last_checkpoint_id = 0
@@ -102,6 +109,7 @@ class SubtaskCheckpointer:
     def restore(self, restore: RestoreSpec | None) -> ChannelStateContents | None:
         """Initialize every operator's state; return this subtask's channel state, if any."""
         source = CheckpointStorage(restore.storage_uri) if restore is not None else None
+        floors = self._restored_floors(restore)
         for name, operator in zip(self.names, self.operators):
             state = None
             if restore is not None:
@@ -109,13 +117,34 @@ class SubtaskCheckpointer:
                 state = RestoredState(
                     restore.checkpoint_id,
                     [_read(source, h) for h in files.operator_state],
-                    self._keyed_sections(source, files.keyed_state))
+                    self._keyed_sections(source, files.keyed_state), floors)
                 self.last_checkpoint_id = restore.checkpoint_id
             call_operator(operator, "initialize_state", state)
         if restore is None or self.channel_state_key not in restore.channel_state:
             return None
         blob = _read(source, restore.channel_state[self.channel_state_key])
         return decode_channel_state(blob, self.attempt)
+
+    def _restored_floors(self, restore: RestoreSpec | None) -> WatermarkFloors | None:
+        """The chain's watermark per key group at the restored checkpoint (all operators
+        of a chain had reached the head's input watermark)."""
+        restored = restore.watermarks.get(self.names[0]) if restore is not None else None
+        if restored is None:
+            return None
+        floors = WatermarkFloors.from_json(restored, max_parallelism=self.max_parallelism)
+        mine = floors.of_groups(self.key_groups)
+        self.watermark_floors = mine
+        return floors
+
+    def _watermark_runs(self, watermark: int) -> list[list[int]]:
+        """What the checkpoint records as this subtask's event time, per key group: its
+        watermark, or a restored floor it has not passed yet."""
+        floors = self.watermark_floors
+        if floors is not None and watermark >= floors.max():
+            floors = self.watermark_floors = None
+        if floors is None:
+            return [[self.key_groups.start, self.key_groups.stop - 1, watermark]]
+        return runs_of(self.key_groups, np.maximum(floors, watermark))
 
     def _keyed_sections(self, storage, handles: list[dict]):
         for handle in handles:
@@ -145,7 +174,7 @@ class SubtaskCheckpointer:
         snapshots = [(name, call_operator(op, "snapshot_state", n))
                      for name, op in zip(self.names, self.operators)]
         self.sync_pause_s.append(time.perf_counter() - started)
-        stats = {"watermark": watermark, "alignment_s": alignment_s}
+        stats = {"watermarks": self._watermark_runs(watermark), "alignment_s": alignment_s}
         self._writer.submit(self._write_and_acknowledge, barrier, snapshots, started, stats,
                             input_state, output_state)
 

@@ -37,6 +37,7 @@ from raystream.checkpoint.coordinator_holder import OperatorCoordinators
 from raystream.checkpoint.keygroups import HASH_VERSION
 from raystream.checkpoint.storage import (SAVEPOINT_JOB_KEY, CheckpointStorage,
                                           CorruptCheckpointError)
+from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.failpoints import Failpoints
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ class PendingCheckpoint:
     started: float
     waiting: set[SubtaskKey]
     written: dict[SubtaskKey, dict] = field(default_factory=dict)
-    watermarks: dict[SubtaskKey, int] = field(default_factory=dict)
+    watermarks: dict[SubtaskKey, list[list[int]]] = field(default_factory=dict)  # runs per subtask
     size: int = 0
     alignment_s: float = 0.0  # the longest any subtask waited for the barrier on all inputs
     final: bool = False
@@ -203,8 +204,8 @@ class CheckpointCoordinator:
             return  # late: aborted, subsumed or of an older attempt
         pending.waiting.discard(subtask)
         pending.written[subtask] = written
-        if "watermark" in stats:
-            pending.watermarks[subtask] = int(stats["watermark"])
+        if "watermarks" in stats:
+            pending.watermarks[subtask] = stats["watermarks"]
         pending.size += int(stats.get("size", 0))
         pending.alignment_s = max(pending.alignment_s, float(stats.get("alignment_s", 0.0)))
         pending.channel_state_bytes += int(stats.get("channel_state_bytes", 0))
@@ -292,10 +293,11 @@ class CheckpointCoordinator:
                     if handle["path"] not in known:  # an origin offered again: commit once
                         committed.setdefault(name, []).append(handle)
                         known.add(handle["path"])
-        watermarks: dict[str, int] = {}
-        for (vertex, _), watermark in pending.watermarks.items():
-            head = self.vertex_heads.get(vertex, f"vertex-{vertex}")
-            watermarks[head] = min(watermarks.get(head, watermark), watermark)
+        by_head: dict[str, list[list[list[int]]]] = {}
+        for (vertex, _), runs in pending.watermarks.items():
+            by_head.setdefault(self.vertex_heads.get(vertex, f"vertex-{vertex}"), []).append(runs)
+        watermarks = {head: WatermarkFloors.combine(runs, max_parallelism=self.max_parallelism)
+                      .to_json() for head, runs in by_head.items()}
         metadata = {"job": self.job_name, "checkpoint_id": pending.checkpoint_id,
                     "attempt": self.attempt, "trigger_ts_ms": pending.trigger_ts_ms,
                     "max_parallelism": self.max_parallelism, "hash_version": HASH_VERSION,

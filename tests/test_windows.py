@@ -16,9 +16,9 @@ import pytest
 import ray
 
 import raystream as rs
-from raystream.engine.operators.base import RestoredState
+from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
-from raystream.engine.operators.base import CollectingOutput, RuntimeContext
+from raystream.engine.operators.base import CollectingOutput, RestoredState, RuntimeContext
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.functions import BuiltinAggregates, ProcessWindow, UserAggregate
 from raystream.engine.windows.operator import WindowOperator
@@ -308,11 +308,12 @@ def test_snapshot_restore_at_other_parallelism_gives_the_same_results():
             for index in range(parallelism):
                 op = operator(function(kind), index, parallelism)
                 groups = rs.key_group_range(index, parallelism, 128)
+                # the watermark the checkpoint recorded, as the coordinator hands it on
+                floors = WatermarkFloors.from_json(int(ts[:half].max()) - 100, max_parallelism=128)
                 restored = RestoredState(1, [], [(g, s) for g, s in sections.items()
-                                                  if g in groups])
+                                                  if g in groups], floors)
                 op.initialize_state(restored)
                 op.open()
-                op.current_watermark = int(ts[:half].max()) - 100
                 mine = np.array([rs.key_group_of(k, 128) in groups for k in key[half:].tolist()])
                 op.process_batch(rest.filter(pa.array(mine)))
                 op.process_watermark(rs.MAX_WATERMARK)

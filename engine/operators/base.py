@@ -8,6 +8,9 @@ parallel instance runs inside one subtask actor, chained with its neighbours
 Writing a custom operator (used with ``DataStream.transform``):
 
     >>> import pyarrow as pa
+
+if TYPE_CHECKING:
+    from raystream.checkpoint.watermark_floors import WatermarkFloors
     >>> class AddOne(Operator):
     ...     def process_batch(self, batch, input_index=0):
     ...         self.output.emit(batch.set_column(0, "x", pa.compute.add(batch.column(0), 1)))
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 import pyarrow as pa
 
@@ -85,6 +88,9 @@ class RestoredState:
     checkpoint_id: int
     operator_states: list[bytes] = field(default_factory=list)
     keyed_sections: Iterable[tuple[int, bytes]] = ()
+    # the watermark each key group had reached at the checkpoint (keyed operators judge
+    # lateness by it until their own watermark passes it); None: the minimum everywhere
+    watermark_floors: "WatermarkFloors | None" = None
 
 
 class Output(Protocol):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterable, Mapping
 
+import numpy as np
 import pyarrow as pa
 
 from raystream.actors.messages import MIN_WATERMARK
@@ -58,8 +59,11 @@ class KeyedContext:
 
     @property
     def current_watermark(self) -> int:
-        """The operator's event time: the minimum watermark over its inputs."""
-        return self._operator.current_watermark
+        """The operator's event time for the current key: the minimum watermark over its
+        inputs (after a restore, at least what the key's group had reached before)."""
+        group = self._backend.current_key_group
+        operator = self._operator
+        return operator.current_watermark if group is None else operator.watermark_of_group(group)
 
     @staticmethod
     def current_processing_time() -> int:
@@ -151,12 +155,23 @@ class _KeyedOperator(Operator):
         super().__init__(name)
         self.keys = keys
         self.current_watermark = MIN_WATERMARK
+        # after a restore: the watermark each of our key groups had reached at the
+        # checkpoint (indexed by group - first group), until current_watermark passes them
+        self._floors: np.ndarray | None = None
 
     def initialize_state(self, restored: RestoredState | None) -> None:
         ctx = self.ctx
         groups = key_group_range(ctx.subtask_index, ctx.parallelism, ctx.max_parallelism)
         self.backend = KeyedStateBackend(max_parallelism=ctx.max_parallelism, key_groups=groups)
         self.timers = TimerService(max_parallelism=ctx.max_parallelism, key_groups=groups)
+        self._first_group = groups.start
+        if restored is not None and restored.watermark_floors is not None:
+            # event time never goes back: what was late before the checkpoint stays late
+            floors = restored.watermark_floors
+            self.current_watermark = max(self.current_watermark, floors.minimum())
+            mine = floors.of_groups(groups)
+            if len(mine) and mine.max() > self.current_watermark:
+                self._floors = mine
         if restored is not None:
             parts: dict[str, list[tuple[int, bytes]]] = {}
             for group, section in restored.keyed_sections:
@@ -168,6 +183,26 @@ class _KeyedOperator(Operator):
             self.timers.restore(parts.pop("timers", []))  # first: it builds the key table
             self.backend.restore(parts.pop("state", []))
             self.restore_keyed_parts(parts)
+
+    def advance_watermark(self, watermark: int) -> None:
+        """The operator's event time moves to ``watermark`` (never back)."""
+        if watermark > self.current_watermark:
+            self.current_watermark = watermark
+            if self._floors is not None and watermark >= self._floors.max():
+                self._floors = None
+
+    def watermarks_of_key_ids(self, key_ids: np.ndarray) -> np.ndarray | int:
+        """The watermark that judges lateness for each of the timer service's ``key_ids``:
+        the operator's, or where it is further the one its key group had restored."""
+        if self._floors is None:
+            return self.current_watermark
+        groups = self.timers.key_groups_of(key_ids)
+        return np.maximum(self.current_watermark, self._floors[groups - self._first_group])
+
+    def watermark_of_group(self, group: int) -> int:
+        if self._floors is None:
+            return self.current_watermark
+        return max(self.current_watermark, int(self._floors[group - self._first_group]))
 
     def keyed_snapshot_parts(self) -> dict[str, Callable[[], dict[int, bytes]]]:
         """Synchronous part: per named part, a callable giving its sections by key group."""
@@ -223,7 +258,7 @@ class KeyedProcessOperator(_KeyedOperator):
         emit_rows(self, out, self.schema)
 
     def process_watermark(self, watermark: int) -> None:
-        self.current_watermark = watermark
+        self.advance_watermark(watermark)
         self._fire("event_time", lambda: self.timers.advance_watermark(watermark))
         self.output.emit_watermark(watermark)
 

@@ -201,7 +201,7 @@ class WindowOperator(_KeyedOperator):
             rows, starts = self.assigner.assign(times)
         ends = self._ends(starts)
         if self.assigner.event_time:
-            rows, starts, ends = self._drop_late(batch, rows, starts, ends)
+            rows, starts, ends = self._drop_late(batch, rows, starts, ends, key_ids[rows])
             if not len(rows):
                 return
         table = pa.Table.from_batches([batch])
@@ -215,10 +215,12 @@ class WindowOperator(_KeyedOperator):
             return starts + self.assigner.gap_ms
         return self.assigner.end_of(starts)
 
-    def _drop_late(self, batch, rows, starts, ends):
+    def _drop_late(self, batch, rows, starts, ends, kids):
         """Keep assignments to windows that are not late; rows late for all of their
-        windows go to the late side output (or are dropped and counted)."""
-        late = ends - 1 + self.lateness <= self.current_watermark
+        windows go to the late side output (or are dropped and counted). A partial
+        (pre-aggregated input) is one assignment: late or not as a whole, by the same rule,
+        since all its rows belong to its window."""
+        late = ends - 1 + self.lateness <= self.watermarks_of_key_ids(kids)
         if not late.any():
             return rows, starts, ends
         on_time_rows = np.zeros(batch.num_rows, dtype=bool)
@@ -237,9 +239,9 @@ class WindowOperator(_KeyedOperator):
     def _merge_dense(self, table: pa.Table, rows, starts, key_ids) -> None:
         spec: AggregateSpec = self.function.spec
         by = [WINDOW_START, "__key_id"]
-        if self.partial_input:
-            table = table.select([WINDOW_START, *spec.partial_columns]).append_column(
-                "__key_id", pa.array(key_ids))
+        if self.partial_input:  # rows: the partials that are not late
+            table = _rows_of(table, [WINDOW_START, *spec.partial_columns], rows).append_column(
+                "__key_id", pa.array(key_ids[rows]))
             partials = spec.merge_partials(table, by)
         else:
             columns = _rows_of(table, spec.input_columns, rows).append_column(
@@ -265,8 +267,10 @@ class WindowOperator(_KeyedOperator):
                 window.present[new] = True
                 window.count += len(new)
                 timed.append(self._untimed_groups(window, start, new))
-            if self.assigner.event_time and self._fired_already(start):
-                fire_now.append((start, kids))
+            if self.assigner.event_time:
+                fired = self._fired_already(start, kids)
+                if fired.any():
+                    fire_now.append((start, kids[fired]))
         if timed:  # one call for the batch: add_many is vectorized for large batches
             kids, starts = (np.concatenate(c) for c in zip(*timed))
             self._register_timers(kids, starts, self._ends(starts))
@@ -366,7 +370,8 @@ class WindowOperator(_KeyedOperator):
                     self._register_timers(np.array([kid]), np.array([start]), np.array([end]))
                 else:
                     entry[1] = self.function.merge(entry[1], acc)
-            if self.assigner.event_time and end - 1 <= self.current_watermark:
+            if self.assigner.event_time and end - 1 <= self.watermark_of_group(
+                    self.timers.key_group(kid)):
                 fire_now.append((kid, start))
         if fire_now:  # late but within the allowed lateness: fire again
             self._emit_generic(fire_now)
@@ -425,10 +430,11 @@ class WindowOperator(_KeyedOperator):
         return dict(zip(self.key_names, key))
 
     # -- timers -------------------------------------------------------------------------
-    def _fired_already(self, start: int) -> bool:
-        """Event time: has the window of ``start`` fired (a late record within the
-        allowed lateness updates it and fires it again)?"""
-        return int(self._ends(np.array([start]))[0]) - 1 <= self.current_watermark
+    def _fired_already(self, start: int, kids: np.ndarray) -> np.ndarray:
+        """Event time: has the window of ``start`` fired for each of ``kids`` (a record
+        within the allowed lateness updates it and fires it again)?"""
+        end = int(self._ends(np.array([start]))[0])
+        return np.broadcast_to(end - 1 <= self.watermarks_of_key_ids(kids), kids.shape)
 
     def _register_timers(self, kids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
         """The timers of windows ``[starts, ends)`` scoped to ``kids`` (window start as the
@@ -437,7 +443,8 @@ class WindowOperator(_KeyedOperator):
         if not self.assigner.event_time:
             timers.register_processing_time_timers(kids, starts, ends - 1)
             return
-        pending = ends - 1 > self.current_watermark  # else it fired: a late record re-fires it
+        # else it fired: a record within the lateness re-fires it at once
+        pending = ends - 1 > self.watermarks_of_key_ids(kids)
         timers.register_event_time_timers(kids[pending], starts[pending], ends[pending] - 1)
         if self.lateness:
             timers.register_event_time_timers(kids, starts, ends - 1 + self.lateness)
@@ -448,7 +455,7 @@ class WindowOperator(_KeyedOperator):
             self.timers.delete_event_time_timer(kid, start, end - 1 + self.lateness)
 
     def process_watermark(self, watermark: int) -> None:
-        self.current_watermark = watermark
+        self.advance_watermark(watermark)
         self._on_timers(lambda: self.timers.advance_watermark(watermark))
         self.output.emit_watermark(watermark)
 
