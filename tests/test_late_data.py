@@ -214,3 +214,53 @@ def test_allowed_lateness_survives_a_stop_and_a_rescaled_restore(ray_session, tm
         got_late = sorted((r["user"], r["ts"]) for r in pa.concat_tables(
             [first.table(late), second.table(late2)]).to_pylist())
         assert got_late == late_rows
+
+
+def test_a_rescaled_restore_judges_each_key_group_by_its_former_owners_watermark():
+    """Two subtasks at different watermarks (100 and 900) checkpoint; restored into one,
+    a row late for the faster one's groups is dropped there, while the same timestamp is
+    still on time for the slower one's groups. With one watermark for all (the lowest),
+    the faster one's fired windows would open again."""
+    from raystream.checkpoint.watermark_floors import WatermarkFloors
+    from raystream.engine.keys import KeySelector
+    from raystream.engine.operators.base import CollectingOutput, RestoredState, RuntimeContext
+    from raystream.engine.windows.aggregates import AggregateSpec
+    from raystream.engine.windows.functions import BuiltinAggregates
+    from raystream.engine.windows.operator import WindowOperator
+
+    def operator(index: int, parallelism: int) -> WindowOperator:
+        op = WindowOperator("w", KeySelector.of("k"), rs.TumblingEventTimeWindows(size_ms=100),
+                            function=BuiltinAggregates(AggregateSpec.of({"n": ("count", None)})),
+                            timestamp="ts", late_output="late")
+        op.setup(RuntimeContext("job", "w", index, parallelism, 128, 0), CollectingOutput())
+        return op
+
+    keys = np.arange(200)
+    owner = np.array([rs.key_group_of(k, 128) * 2 // 128 for k in keys.tolist()])
+    sections, runs = {}, []
+    for index, watermark in ((0, 100), (1, 900)):
+        op = operator(index, 2)
+        op.initialize_state(None)
+        mine = keys[owner == index]
+        op.process_batch(pa.record_batch({"k": mine, "ts": np.full(len(mine), 50)}))
+        op.process_watermark(watermark)  # window [0, 100) fired (and, lateness 0, purged)
+        sections.update(op.snapshot_state(1).keyed_state())
+        groups = rs.key_group_range(index, 2, 128)
+        runs.append([[groups.start, groups.stop - 1, watermark]])
+    floors = WatermarkFloors.combine(runs, max_parallelism=128)
+
+    restored = operator(0, 1)
+    restored.initialize_state(RestoredState(1, [], list(sections.items()), floors))
+    assert restored.current_watermark == 100  # the lowest: no group goes back in time
+    # ts 50 is late everywhere; ts 500 is late only where the watermark had reached 900
+    restored.process_batch(pa.record_batch({"k": keys, "ts": np.full(len(keys), 50)}))
+    restored.process_batch(pa.record_batch({"k": keys, "ts": np.full(len(keys), 500)}))
+    restored.process_watermark(rs.MAX_WATERMARK)
+    out = restored.output
+    late = pa.Table.from_batches(out.side_batches["late"])
+    fired = pa.Table.from_batches(out.batches) if out.batches else pa.table({"k": []})
+    expected_late = [(k, 50) for k in keys.tolist()] + [
+        (k, 500) for k in keys[owner == 1].tolist()]
+    assert sorted(zip(late["k"].to_pylist(), late["ts"].to_pylist())) == sorted(expected_late)
+    assert sorted(fired["k"].to_pylist()) == sorted(keys[owner == 0].tolist())
+    assert set(fired["window_start"].to_pylist()) == {500}

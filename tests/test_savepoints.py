@@ -16,6 +16,7 @@ import pytest
 import ray
 
 import raystream as rs
+from raystream.checkpoint.watermark_floors import WatermarkFloors
 from tests.test_exactly_once import assert_exactly_once, build_job
 
 
@@ -124,7 +125,12 @@ def test_event_time_does_not_go_back_after_a_restore(ray_session, tmp_path):
     last = {}
     for row in before:  # the probe's watermark per subtask when the savepoint was taken
         last[row["subtask"]] = max(last.get(row["subtask"], rs.MIN_WATERMARK), row["watermark"])
-    restored = savepoint_metadata(str(tmp_path / "sp"))["watermarks"]["probe"]
+    # per key group: the watermark of the subtask that owned it
+    floors = WatermarkFloors.from_json(savepoint_metadata(str(tmp_path / "sp"))["watermarks"]["probe"],
+                                       max_parallelism=128)
+    for subtask, watermark in last.items():
+        assert set(floors.of_groups(rs.key_group_range(subtask, 2, 128)).tolist()) == {watermark}
+    restored = floors.minimum()
     assert restored == min(last.values()) > rs.MIN_WATERMARK
 
     env = env_at(1, str(tmp_path / "chk-after"))
