@@ -12,7 +12,6 @@ across a stop-with-savepoint restored at another parallelism.
 
 from __future__ import annotations
 
-import collections
 import time
 
 import numpy as np
@@ -20,75 +19,19 @@ import pyarrow as pa
 import pytest
 
 import raystream as rs
+from tests.chaos.model import Events, emission_differences, emissions_of, window_emissions
 from tests.test_exactly_once import wait_for_checkpoint
 
-BASE = 1_700_000_000_000
-N = 20_000
-BATCH = 500
-BOUND = 300
-KEYS = 23
-
-
-def late_events(i: np.ndarray) -> dict:
-    """2 ms per row, out of order by up to 200 ms (within the bound), and 1 % of the rows
-    after the first 2,000 arrive 3 to 4.6 s late: beyond the bound; with a lateness of 2.5 s
-    some of them still update their windows, others are late for good."""
-    disorder = (i * 7919) % 200
-    late = (i % 100 == 37) & (i > 2000)
-    return {"user": i % KEYS, "ts": BASE + i * 2 - disorder - np.where(late, 3000 + i % 3 * 800, 0),
-            "x": (i % 11).astype(np.float64)}
-
+EVENTS = Events()
+N, BATCH, BOUND = EVENTS.n, EVENTS.batch, EVENTS.bound_ms
+late_events = EVENTS.columns
 
 ASSIGNERS = {"tumbling": rs.TumblingEventTimeWindows(size_ms=1000),
              "sliding": rs.SlidingEventTimeWindows(size_ms=1000, slide_ms=500)}
 
 
-def window_starts(assigner, ts: np.ndarray) -> list[np.ndarray]:
-    """Oracle: per window a row belongs to, the window start of every row (from the
-    definitions, not the code under test)."""
-    if isinstance(assigner, rs.TumblingEventTimeWindows):
-        return [ts // assigner.size_ms * assigner.size_ms]
-    last = ts // assigner.slide_ms * assigner.slide_ms
-    return [last - k * assigner.slide_ms for k in range(assigner.size_ms // assigner.slide_ms)]
-
-
-def watermark_seen(ts: np.ndarray) -> np.ndarray:
-    """The watermark each row meets at the window: the one after the previous batch."""
-    batch_max = np.maximum.accumulate(ts.reshape(-1, BATCH).max(axis=1))
-    before = np.concatenate([[rs.MIN_WATERMARK], batch_max[:-1] - BOUND - 1])
-    return np.repeat(before, BATCH)
-
-
-def oracle(assigner, lateness: int, rows: slice = slice(None)):
-    """Emissions per (user, window start) as a sorted list of (count, sum), and the late
-    rows (late for every window they belong to)."""
-    e = late_events(np.arange(N))
-    wm = watermark_seen(e["ts"])
-    user, ts, x, batch = e["user"][rows], e["ts"][rows], e["x"][rows], np.arange(N)[rows] // BATCH
-    wm = wm[rows]
-    kept_anywhere = np.zeros(len(ts), dtype=bool)
-    per = collections.defaultdict(list)  # (user, window start) -> [(fired, batch, x)]
-    for starts in window_starts(assigner, ts):
-        end = starts + assigner.size_ms
-        late = end - 1 + lateness <= wm
-        fired = end - 1 <= wm  # the window fired before this row arrived
-        kept_anywhere |= ~late
-        for u, s, f, b, v in zip(*(a[~late].tolist() for a in (user, starts, fired, batch, x))):
-            per[(u, s)].append((f, b, v))
-    emissions: dict[tuple[int, int], list[tuple[int, float]]] = {}
-    for window, items in per.items():
-        # on time: one emission when the watermark passes the end; then one re-firing
-        # per batch that brought rows within the allowed lateness
-        on_time = [v for f, _, v in items if not f]
-        out = [(len(on_time), sum(on_time))] if on_time else []
-        count, total = len(on_time), sum(on_time)
-        for b in sorted({b for f, b, _ in items if f}):
-            more = [v for f, bb, v in items if f and bb == b]
-            count, total = count + len(more), total + sum(more)
-            out.append((count, total))
-        emissions[window] = sorted(out)
-    late_rows = sorted(zip(user[~kept_anywhere].tolist(), ts[~kept_anywhere].tolist()))
-    return emissions, late_rows
+def oracle(assigner, lateness: int):
+    return window_emissions(EVENTS, assigner, lateness)
 
 
 class CountAndSum:
@@ -134,18 +77,13 @@ def build(env: rs.StreamEnvironment, path: str, assigner, lateness: int, *, slow
     return windowed.collect(), late
 
 
-def emissions_of(tables: list[pa.Table]) -> dict:
-    got = collections.defaultdict(list)
-    for table in tables:
-        for r in table.to_pylist():
-            got[(r["user"], r["window_start"])].append((r["n"], r["total"]))
-    return {w: sorted(v) for w, v in got.items()}
+def rows_of(tables: list[pa.Table]) -> list[dict]:
+    return [r for table in tables for r in table.to_pylist()]
 
 
-def assert_equal_emissions(got: dict, expected: dict) -> None:
-    assert set(got) == set(expected), (sorted(set(got) ^ set(expected))[:5])
-    wrong = {w: (got[w], expected[w]) for w in expected if got[w] != expected[w]}
-    assert not wrong, f"{len(wrong)} windows differ, e.g. {list(wrong.items())[:3]}"
+def assert_equal_emissions(got: list[dict], expected) -> None:
+    differences = emission_differences(emissions_of(got), expected)
+    assert not differences, "\n".join(differences)
 
 
 @pytest.mark.parametrize("assigner, lateness", [("tumbling", 0), ("sliding", 2500)])
@@ -158,7 +96,7 @@ def test_every_path_handles_late_records_like_the_oracle(ray_session, path, assi
     env = rs.StreamEnvironment(parallelism=2)
     sink, late = build(env, path, ASSIGNERS[assigner], lateness)
     job = env.execute(f"late-{path}")
-    assert_equal_emissions(emissions_of([job.table(sink)]), expected)
+    assert_equal_emissions(rows_of([job.table(sink)]), expected)
     if late is not None:
         got_late = sorted((r["user"], r["ts"]) for r in job.table(late).to_pylist())
         assert got_late == late_rows
@@ -181,7 +119,7 @@ def test_a_failover_does_not_reopen_fired_windows(ray_session, tmp_path, path):
     ray.kill(client.subtask_actor("window", 0))
     job = client.wait(timeout_s=240)
     assert job.restarts == 1, job.failures
-    assert_equal_emissions(emissions_of([job.table(sink)]), expected)
+    assert_equal_emissions(rows_of([job.table(sink)]), expected)
     if late is not None:
         got_late = sorted((r["user"], r["ts"]) for r in job.table(late).to_pylist())
         assert got_late == late_rows
@@ -209,7 +147,7 @@ def test_allowed_lateness_survives_a_stop_and_a_rescaled_restore(ray_session, tm
     second = env.execute(f"lateness-after-{path}", restore_from=str(tmp_path / "savepoint"))
     before = first.table(sink)
     assert 0 < before.num_rows, "stopped midway"
-    assert_equal_emissions(emissions_of([before, second.table(sink2)]), expected)
+    assert_equal_emissions(rows_of([before, second.table(sink2)]), expected)
     if late is not None:
         got_late = sorted((r["user"], r["ts"]) for r in pa.concat_tables(
             [first.table(late), second.table(late2)]).to_pylist())

@@ -1,0 +1,121 @@
+"""The input of the failure harness and an independent numpy model of what jobs make of it.
+
+One reader (one split, source parallelism 1) emits batches of ``batch`` rows
+and a watermark after each, so the watermark every row meets downstream is
+known exactly, and with it which rows are late, which update a window that
+already fired, and so the exact list of emissions per (key, window). Batch
+maxima only grow (disorder is under a batch's time span), so a reader that
+resumes from a checkpoint emits the same watermarks as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+import numpy as np
+
+import raystream as rs
+
+BASE = 1_700_000_000_000
+
+
+@dataclass(frozen=True)
+class Events:
+    """``n`` rows, 2 ms apart, out of order by less than ``bound_ms``; one row in
+    ``late_every`` (after the first ``on_time_prefix``) arrives 3 to 4.6 s late."""
+
+    n: int = 20_000
+    batch: int = 500
+    bound_ms: int = 300
+    keys: int = 23
+    late_every: int = 100
+    on_time_prefix: int = 2000
+    string_keys: bool = False
+
+    def __post_init__(self) -> None:
+        if self.n % self.batch:
+            raise ValueError("n must be a multiple of batch")
+
+    def columns(self, i: np.ndarray) -> dict:
+        disorder = (i * 7919) % 200
+        late = (i % self.late_every == 37 % self.late_every) & (i > self.on_time_prefix)
+        user = i % self.keys
+        return {"user": np.char.add("u", user.astype(str)) if self.string_keys else user,
+                "ts": BASE + i * 2 - disorder - np.where(late, 3000 + i % 3 * 800, 0),
+                "x": (i % 11).astype(np.float64)}
+
+    def all(self) -> dict:
+        return self.columns(np.arange(self.n))
+
+    def watermark_seen(self) -> np.ndarray:
+        """The watermark each row meets: the one the reader emitted after the batch before."""
+        ts = self.all()["ts"]
+        batch_max = np.maximum.accumulate(ts.reshape(-1, self.batch).max(axis=1))
+        before = np.concatenate([[rs.MIN_WATERMARK], batch_max[:-1] - self.bound_ms - 1])
+        return np.repeat(before, self.batch)
+
+
+def window_starts(assigner, ts: np.ndarray) -> list[np.ndarray]:
+    """Per window a row belongs to, every row's window start (from the definitions)."""
+    if isinstance(assigner, rs.TumblingEventTimeWindows):
+        return [ts // assigner.size_ms * assigner.size_ms]
+    last = ts // assigner.slide_ms * assigner.slide_ms
+    return [last - k * assigner.slide_ms for k in range(assigner.size_ms // assigner.slide_ms)]
+
+
+Emissions = dict[tuple, list[tuple[int, float]]]  # (key, window start) -> sorted (count, sum)
+
+
+def window_emissions(events: Events, assigner, lateness: int) -> tuple[Emissions, list]:
+    """Every emission per (key, window) of a count-and-sum window, and the rows late for
+    every window they belong to, as (key, ts)."""
+    e = events.all()
+    wm = events.watermark_seen()
+    user, ts, x = e["user"], e["ts"], e["x"]
+    batch = np.arange(events.n) // events.batch
+    kept_anywhere = np.zeros(len(ts), dtype=bool)
+    per = collections.defaultdict(list)  # (user, window start) -> [(fired, batch, x)]
+    for starts in window_starts(assigner, ts):
+        end = starts + assigner.size_ms
+        late = end - 1 + lateness <= wm
+        fired = end - 1 <= wm  # the window fired before this row arrived
+        kept_anywhere |= ~late
+        for u, s, f, b, v in zip(*(a[~late].tolist() for a in (user, starts, fired, batch, x))):
+            per[(u, s)].append((f, b, v))
+    emissions: Emissions = {}
+    for window, items in per.items():
+        # on time: one emission when the watermark passes the end; then one re-firing
+        # per batch that brought rows within the allowed lateness
+        on_time = [v for f, _, v in items if not f]
+        out = [(len(on_time), sum(on_time))] if on_time else []
+        count, total = len(on_time), sum(on_time)
+        for b in sorted({b for f, b, _ in items if f}):
+            more = [v for f, bb, v in items if f and bb == b]
+            count, total = count + len(more), total + sum(more)
+            out.append((count, total))
+        emissions[window] = sorted(out)
+    late_rows = sorted(zip(user[~kept_anywhere].tolist(), ts[~kept_anywhere].tolist()))
+    return emissions, late_rows
+
+
+def emissions_of(rows: list[dict]) -> Emissions:
+    got = collections.defaultdict(list)
+    for r in rows:
+        got[(r["user"], r["window_start"])].append((r["n"], r["total"]))
+    return {w: sorted(v) for w, v in got.items()}
+
+
+def emission_differences(got: Emissions, expected: Emissions) -> list[str]:
+    out = []
+    missing, extra = set(expected) - set(got), set(got) - set(expected)
+    if missing:
+        out.append(f"{len(missing)} windows never emitted, e.g. {sorted(missing)[:3]}")
+    if extra:
+        out.append(f"{len(extra)} windows emitted that should not be, e.g. "
+                   f"{[(w, got[w]) for w in sorted(extra)[:3]]}")
+    wrong = [w for w in expected if w in got and got[w] != expected[w]]
+    if wrong:
+        out.append(f"{len(wrong)} windows emitted differently (got, expected), e.g. "
+                   f"{[(w, got[w], expected[w]) for w in wrong[:3]]}")
+    return out

@@ -1,0 +1,363 @@
+"""Runs a :class:`~tests.chaos.scenarios.Scenario` with its failures and compares its
+committed output with the oracles.
+
+Oracles: for windows over tumbling and sliding assigners and for running sums,
+the numpy model of :mod:`tests.chaos.model`; for session windows and the
+process function, the same job run once without failures (its own output is
+checked against invariants of the model: every input row counted once). Every
+difference is returned as a line of text; none means the run was exactly once.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path as FsPath
+
+import numpy as np
+import pyarrow as pa
+import ray
+
+import raystream as rs
+from raystream.spark.commit_log import read_committed
+from tests.chaos.model import emission_differences, emissions_of, window_emissions
+from tests.chaos.scenarios import (Alignment, Failure, FailureKind, JobKind, Path, Scenario,
+                                   Sink)
+
+ASSIGNERS = {JobKind.TUMBLING: rs.TumblingEventTimeWindows(size_ms=1000),
+             JobKind.SLIDING: rs.SlidingEventTimeWindows(size_ms=1000, slide_ms=500),
+             JobKind.SESSION: rs.EventTimeSessionWindows(gap_ms=300)}
+KEYED = {JobKind.TUMBLING: "window", JobKind.SLIDING: "window", JobKind.SESSION: "window",
+         JobKind.REDUCE: "sum", JobKind.PROCESS: "process"}
+TIMEOUT_S = 240
+
+
+@dataclass
+class Outcome:
+    """What a run did: its failures as placed (or why not), and the differences found."""
+
+    scenario: Scenario
+    placed: list[str] = field(default_factory=list)
+    differences: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.differences
+
+
+class CountAndSum:
+    """The generic path's user aggregate: what ``agg(n=count, total=sum)`` computes."""
+
+    def create_accumulator(self):
+        return [0, 0.0]
+
+    def add(self, row, acc):
+        acc[0] += 1
+        acc[1] += row["x"]
+        return acc
+
+    def merge(self, a, b):
+        return [a[0] + b[0], a[1] + b[1]]
+
+    def get_result(self, acc):
+        return {"n": acc[0], "total": acc[1]}
+
+
+class Activity(rs.KeyedProcessFunction):
+    """Per key: a count in state, an event-time timer 500 ms after each row (reported
+    with the count then), rows late by the operator's watermark reported as such, and
+    a processing-time timer whose firing only marks state (its time is not replayable)."""
+
+    def open(self, ctx):
+        self.count = ctx.value_state("count", default=0)
+        self.ticks = ctx.value_state("ticks", default=0)
+
+    def process_element(self, row, ctx):
+        self.count.update(self.count.value() + 1)
+        if row["ts"] <= ctx.current_watermark:
+            yield {"user": ctx.current_key, "kind": "late", "at": row["ts"], "count": -1}
+        ctx.register_event_time_timer(row["ts"] + 500)
+        ctx.register_processing_time_timer(ctx.current_processing_time() + 50)
+
+    def on_timer(self, timestamp, ctx):
+        if ctx.time_domain == "event_time":
+            yield {"user": ctx.current_key, "kind": "timer", "at": timestamp,
+                   "count": self.count.value()}
+        else:
+            self.ticks.update(self.ticks.value() + 1)
+
+
+def reduce_columns(events, i: np.ndarray) -> dict:
+    return {**events.columns(i), "i": i, "n": np.ones(len(i), np.int64)}
+
+
+def add(acc: dict, row: dict) -> dict:
+    return {**row, "x": acc["x"] + row["x"], "n": acc["n"] + row["n"]}
+
+
+def throttle(batch: pa.RecordBatch) -> pa.RecordBatch:
+    time.sleep(0.05)  # keeps the job running long enough to place its failures
+    return batch
+
+
+def build(scenario: Scenario, env: rs.StreamEnvironment, out: str):
+    """The scenario's job on ``env``; returns (main output, late output or None)."""
+    events = scenario.events
+    watermarks = rs.BoundedOutOfOrderness("ts", bound_ms=events.bound_ms)
+
+    def source(name: str, columns, n: int = events.n):
+        stream = env.from_sequence(n, columns, batch_size=events.batch, num_splits=1,
+                                   parallelism=1, name=name, watermarks=watermarks)
+        return stream.map_batches(throttle, name=f"{name}-throttle", parallelism=1)
+
+    late = None
+    if scenario.job is JobKind.REDUCE:
+        # two readers of one half of the rows each: their union feeds the running sums
+        half = events.n // 2
+        first = source("source", lambda i: reduce_columns(events, i), half)
+        second = source("source-2", lambda i: reduce_columns(events, i + half), half)
+        result = first.union(second).key_by("user").reduce(add, name="sum")
+    elif scenario.job is JobKind.PROCESS:
+        result = source("source", events.columns).key_by("user").process(Activity(),
+                                                                         name="process")
+    else:
+        windows = source("source", events.columns).key_by("user").window(
+            ASSIGNERS[scenario.job], timestamp="ts", allowed_lateness_ms=scenario.lateness_ms,
+            late_output="late" if scenario.path is Path.LATE_OUTPUT else None,
+            pre_aggregate=scenario.path is Path.PRE_AGGREGATED)
+        if scenario.path is Path.GENERIC:
+            result = windows.aggregate(CountAndSum(), name="window")
+        else:
+            result = windows.agg(n=("count", None), total=("sum", "x"), name="window")
+        if scenario.path is Path.LATE_OUTPUT:
+            late = result.side_output("late").collect(name="late")
+    if scenario.sink is Sink.PARQUET:
+        return result.sink_to_parquet(out, name="out"), late
+    return result.collect(name="out"), late
+
+
+# -- running a scenario ----------------------------------------------------------------------
+
+def run_scenario(scenario: Scenario, workdir: str) -> Outcome:
+    """Run ``scenario`` with its failures in ``workdir``; compare with the oracles."""
+    started = time.monotonic()
+    outcome = Outcome(scenario)
+    work = FsPath(workdir)
+    out = str(work / "out")
+    phases: list[list[Failure]] = [[]]
+    for failure in scenario.failures:
+        phases[-1].append(failure)
+        if failure.kind is FailureKind.STOP_AND_RESCALE:
+            phases.append([])
+    parallelism, restore_from = scenario.parallelism, None
+    tables, late_tables = [], []
+    for number, phase in enumerate(phases):
+        env = environment(scenario, parallelism, str(work / f"checkpoints-{number}"),
+                          failpoints(scenario, phase, parallelism))
+        sink, late = build(scenario, env, out)
+        client = env.execute_async(f"chaos-{scenario.seed}-{number}", restore_from=restore_from)
+        result = None
+        attempt = 0
+        for failure in phase:
+            if failure.kind is FailureKind.STOP_AND_RESCALE:
+                if wait_for_checkpoints(client, failure.after_checkpoints):
+                    savepoint = str(work / f"savepoint-{number}")
+                    result = client.stop_with_savepoint(savepoint, timeout_s=TIMEOUT_S)
+                    restore_from, parallelism = savepoint, failure.new_parallelism
+                    outcome.placed.append(f"stop at p={env.parallelism}, restore at "
+                                          f"p={parallelism}")
+                else:
+                    outcome.placed.append("stop: the job finished first")
+            else:
+                outcome.placed.append(place(scenario, client, failure, attempt, parallelism))
+                attempt += 1
+        if result is None:
+            result = client.wait(timeout_s=TIMEOUT_S)
+        if scenario.sink is Sink.COLLECT:
+            tables.append(result.table(sink))
+        if late is not None:
+            late_tables.append(result.table(late))
+        outcome.placed.append(f"run {number}: {result.restarts} restarts")
+    if scenario.sink is Sink.PARQUET:
+        tables = [read_committed(out)]
+    rows = [r for t in tables for r in t.to_pylist()]
+    late_rows = sorted((r["user"], r["ts"]) for t in late_tables for r in t.to_pylist())
+    outcome.differences = compare(scenario, rows, late_rows, str(work / "reference"))
+    outcome.seconds = time.monotonic() - started
+    return outcome
+
+
+def environment(scenario: Scenario, parallelism: int, storage: str,
+                failpoints: list[rs.Failpoint]) -> rs.StreamEnvironment:
+    alignment = scenario.alignment
+    config = rs.CheckpointConfig(
+        interval_s=0.15, storage=storage, unaligned=alignment is Alignment.UNALIGNED,
+        aligned_timeout=0.05 if alignment is Alignment.ALIGNED_TIMEOUT else None)
+    return rs.StreamEnvironment(parallelism=parallelism, checkpoints=config,
+                                failpoints=failpoints,
+                                restart=rs.RestartStrategy.fixed_delay(10, 0.1))
+
+
+def operator_of(scenario: Scenario, failure: Failure) -> str:
+    return KEYED[scenario.job] if failure.target == "keyed" else "source-throttle"
+
+
+def failpoints(scenario: Scenario, phase: list[Failure], parallelism: int) -> list[rs.Failpoint]:
+    """The phase's failpoints, each armed in the attempt its place in the phase gives."""
+    armed = []
+    for attempt, failure in enumerate(f for f in phase
+                                      if f.kind is not FailureKind.STOP_AND_RESCALE):
+        if failure.kind is FailureKind.FAILPOINT:
+            subtask = failure.subtask % parallelism if failure.target == "keyed" else 0
+            armed.append(rs.Failpoint(failure.point, operator=operator_of(scenario, failure),
+                                      subtask=subtask, hit=failure.hit, attempt=attempt,
+                                      action=failure.action))
+    return armed
+
+
+def place(scenario: Scenario, client: rs.JobClient, failure: Failure, attempt: int,
+          parallelism: int) -> str:
+    """Carry out ``failure`` in job attempt ``attempt``; say what happened."""
+    subtask = failure.subtask % parallelism if failure.target == "keyed" else 0
+    operator = operator_of(scenario, failure)
+    if failure.kind is FailureKind.FAILPOINT:  # armed: wait until it fired or the job ended
+        if wait_until(client, lambda: progress(client)["attempt"] > attempt):
+            return f"failpoint {failure.point} in {operator}[{subtask}]"
+        return f"failpoint {failure.point}: not reached"
+    if failure.kind is FailureKind.DEPLOY_KILL:
+        pid = wait_for_pid(client, operator, subtask, while_deploying=True)
+        if pid is None:
+            return "deploy kill: deployed before a subtask could be killed"
+        state = client.status()
+        os.kill(pid, signal.SIGKILL)
+        return f"SIGKILL of {operator}[{subtask}] while {state}"
+    # SIGKILL: in this attempt, after some checkpoints
+    if not wait_until(client, lambda: progress(client)["attempt"] >= attempt):
+        return "sigkill: the job finished first"
+    if not wait_for_checkpoints(client, failure.after_checkpoints):
+        return "sigkill: the job finished first"
+    pid = wait_for_pid(client, operator, subtask)
+    if pid is None:
+        return "sigkill: the job finished first"
+    os.kill(pid, signal.SIGKILL)
+    return f"SIGKILL of {operator}[{subtask}] after checkpoints"
+
+
+def progress(client: rs.JobClient) -> dict:
+    try:
+        return client.progress()
+    except Exception:  # the job master is gone: the job ended
+        return {"attempt": 1 << 30, "completed_checkpoints": [], "status": "ENDED"}
+
+
+def finished(client: rs.JobClient) -> bool:
+    try:
+        return client.status() in ("FINISHED", "FAILED", "CANCELED")
+    except Exception:
+        return True
+
+
+def wait_until(client: rs.JobClient, condition, timeout_s: float = 120) -> bool:
+    """True once ``condition()`` holds; False if the job ended (or time ran out) first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        if finished(client):
+            return condition()
+        time.sleep(0.02)
+    return False
+
+
+def wait_for_checkpoints(client: rs.JobClient, count: int) -> bool:
+    """Wait for ``count`` more completed checkpoints than there are now."""
+    done = len(progress(client)["completed_checkpoints"])
+    return wait_until(client, lambda: len(progress(client)["completed_checkpoints"]) >= done + count)
+
+
+def wait_for_pid(client: rs.JobClient, operator: str, subtask: int, *,
+                 while_deploying: bool = False) -> int | None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not finished(client):
+        if while_deploying and client.status() not in ("CREATED", "DEPLOYING"):
+            return None
+        try:
+            actor = client.subtask_actor(operator, subtask)
+            return ray.get(actor.metrics.remote(), timeout=5)["pid"]
+        except Exception:
+            time.sleep(0.005)
+    return None
+
+
+# -- oracles ---------------------------------------------------------------------------------
+
+_references: dict[tuple, list] = {}
+
+
+def compare(scenario: Scenario, rows: list[dict], late_rows: list, reference_dir: str) -> list[str]:
+    job = scenario.job
+    if job in (JobKind.TUMBLING, JobKind.SLIDING):
+        expected, expected_late = window_emissions(scenario.events, ASSIGNERS[job],
+                                                   scenario.lateness_ms)
+        differences = emission_differences(emissions_of(rows), expected)
+        if scenario.path is Path.LATE_OUTPUT and late_rows != expected_late:
+            differences.append(f"late output: {len(late_rows)} rows, expected "
+                               f"{len(expected_late)}")
+        return differences
+    if job is JobKind.REDUCE:
+        return running_sum_differences(scenario, rows)
+    # sessions and the process function: the same job once, without failures
+    key = (job, scenario.path, scenario.lateness_ms, scenario.events)
+    if key not in _references:
+        calm = Scenario(seed=scenario.seed, job=job, path=scenario.path,
+                        lateness_ms=scenario.lateness_ms, events=scenario.events, parallelism=2)
+        outcome_rows = reference_rows(calm, reference_dir)
+        _references[key] = outcome_rows
+    expected = _references[key]
+    got = canonical(rows)
+    if got == expected:
+        return []
+    missing = collections.Counter(expected) - collections.Counter(got)
+    extra = collections.Counter(got) - collections.Counter(expected)
+    return [f"differs from the run without failures: {sum(missing.values())} rows missing "
+            f"(e.g. {list(missing)[:3]}), {sum(extra.values())} extra (e.g. {list(extra)[:3]})"]
+
+
+def reference_rows(calm: Scenario, workdir: str) -> list[tuple]:
+    env = environment(calm, calm.parallelism, os.path.join(workdir, "checkpoints"), [])
+    sink, _ = build(calm, env, os.path.join(workdir, "out"))
+    return canonical(env.execute(f"chaos-reference-{calm.seed}").table(sink).to_pylist())
+
+
+def canonical(rows: list[dict]) -> list[tuple]:
+    return sorted(tuple(sorted(r.items())) for r in rows)
+
+
+def running_sum_differences(scenario: Scenario, rows: list[dict]) -> list[str]:
+    """Per key: updates numbered 1..count once each, every update adding exactly one
+    input row of the key, every input row of the key applied once."""
+    e = scenario.events.all()
+    user, x = e["user"], e["x"]
+    by_key = collections.defaultdict(list)
+    for r in rows:
+        by_key[r["user"]].append((r["n"], r["x"], r["i"]))
+    out = []
+    keys = sorted(set(user.tolist()))
+    if sorted(by_key) != keys:
+        out.append(f"keys differ: {len(by_key)} keys in the output, {len(keys)} in the input")
+    for key in keys:
+        updates = sorted(by_key.get(key, []))
+        mine = np.flatnonzero(user == key)
+        if [n for n, _, _ in updates] != list(range(1, len(mine) + 1)):
+            out.append(f"key {key}: {len(updates)} updates numbered "
+                       f"{[n for n, _, _ in updates][:5]}..., expected 1..{len(mine)}")
+            continue
+        applied = np.diff([0.0] + [v for _, v, _ in updates])
+        last = np.array([j for _, _, j in updates])
+        if not np.array_equal(np.sort(last), mine) or not np.array_equal(applied, x[last]):
+            out.append(f"key {key}: the sums do not add each input row once")
+    return out

@@ -1,0 +1,138 @@
+"""Seeded jobs and failures for the exactly-once harness.
+
+A :class:`Scenario` is a job (what it computes, on which keys, into which
+sink, under which checkpoint mode) and the failures placed in its run. It is a
+frozen dataclass whose ``repr`` is valid Python: a failing seed prints it as
+the reproduction, and ``Scenario(...)`` pasted into :func:`run_scenario` (in
+``runner.py``) replays it alone.
+
+    >>> generate(7) == generate(7)
+    True
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from dataclasses import dataclass, field
+
+from tests.chaos.model import Events
+
+
+class JobKind(enum.Enum):
+    TUMBLING = "tumbling"        # count and sum per (key, 1 s window)
+    SLIDING = "sliding"          # count and sum per (key, 1 s window every 0.5 s)
+    SESSION = "session"          # count and sum per (key, session with a 300 ms gap)
+    REDUCE = "reduce"            # running sums per key over the union of two sources
+    PROCESS = "process"          # a KeyedProcessFunction with state and both timer kinds
+
+
+class Path(enum.Enum):
+    """How a window aggregates: pre-aggregated partials (the default), dense per-key
+    arrays without pre-aggregation, dense with a late side output, or a user
+    AggregateFunction (the generic path)."""
+
+    PRE_AGGREGATED = "pre_aggregated"
+    DENSE = "dense"
+    LATE_OUTPUT = "late_output"
+    GENERIC = "generic"
+
+
+class Sink(enum.Enum):
+    COLLECT = "collect"
+    PARQUET = "parquet"
+
+
+class Alignment(enum.Enum):
+    ALIGNED = "aligned"
+    UNALIGNED = "unaligned"
+    ALIGNED_TIMEOUT = "aligned_timeout"
+
+
+class FailureKind(enum.Enum):
+    FAILPOINT = "failpoint"          # a named failpoint, armed before the job starts
+    SIGKILL = "sigkill"              # SIGKILL of a subtask's process after a checkpoint
+    DEPLOY_KILL = "deploy_kill"      # SIGKILL of a subtask's process while deploying
+    STOP_AND_RESCALE = "stop"        # stop with a savepoint, restore at another parallelism
+
+
+FAILPOINTS = ("in_processing", "in_snapshot", "in_async_write", "right_after_restore")
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: FailureKind
+    target: str = "keyed"           # "keyed" (the keyed operator's chain) or "source"
+    subtask: int = 0
+    point: str = ""                 # FAILPOINT: which one
+    hit: int = 1                    # FAILPOINT: at which pass (in the next attempt)
+    action: str = "exit"            # FAILPOINT: "exit" or "raise"
+    after_checkpoints: int = 1      # SIGKILL, STOP_AND_RESCALE: completed checkpoints first
+    new_parallelism: int = 3        # STOP_AND_RESCALE
+
+
+@dataclass(frozen=True)
+class Scenario:
+    seed: int
+    job: JobKind
+    path: Path = Path.PRE_AGGREGATED
+    lateness_ms: int = 0
+    sink: Sink = Sink.COLLECT
+    alignment: Alignment = Alignment.ALIGNED
+    parallelism: int = 2
+    events: Events = field(default_factory=Events)
+    failures: tuple[Failure, ...] = ()
+
+    @property
+    def windowed(self) -> bool:
+        return self.job in (JobKind.TUMBLING, JobKind.SLIDING, JobKind.SESSION)
+
+    def describe(self) -> str:
+        failures = ", ".join(f.kind.value + (f"({f.point})" if f.point else "")
+                             for f in self.failures) or "none"
+        return (f"seed {self.seed}: {self.job.value}"
+                + (f"/{self.path.value}, lateness {self.lateness_ms}" if self.windowed else "")
+                + f", {'string' if self.events.string_keys else 'int'} keys, "
+                f"{self.sink.value}, {self.alignment.value}, p={self.parallelism}; "
+                f"failures: {failures}")
+
+
+def generate(seed: int) -> Scenario:
+    """A random job and one to three failures, all from ``seed``."""
+    rng = random.Random(seed)
+    job = rng.choice(list(JobKind))
+    path = rng.choice(list(Path)) if job in (JobKind.TUMBLING, JobKind.SLIDING) else (
+        rng.choice([Path.DENSE, Path.LATE_OUTPUT, Path.GENERIC]) if job is JobKind.SESSION
+        else Path.DENSE)
+    lateness = rng.choice([0, 0, 2500]) if job is not JobKind.REDUCE else 0
+    alignment = rng.choice(list(Alignment))
+    failures: list[Failure] = []
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.choice([FailureKind.FAILPOINT, FailureKind.FAILPOINT, FailureKind.SIGKILL,
+                           FailureKind.SIGKILL, FailureKind.DEPLOY_KILL,
+                           FailureKind.STOP_AND_RESCALE])
+        if kind is FailureKind.STOP_AND_RESCALE and (
+                alignment is not Alignment.ALIGNED
+                or any(f.kind is kind for f in failures)):
+            kind = FailureKind.SIGKILL  # unaligned checkpoints restore at one parallelism only
+        target = rng.choice(["keyed", "keyed", "source"])
+        failures.append(Failure(
+            kind, target=target, subtask=rng.randint(0, 1) if target == "keyed" else 0,
+            point=rng.choice(FAILPOINTS) if kind is FailureKind.FAILPOINT else "",
+            hit=rng.randint(1, 8) if kind is FailureKind.FAILPOINT else 1,
+            action=rng.choice(["exit", "raise"]),
+            after_checkpoints=rng.randint(1, 2),
+            new_parallelism=rng.choice([1, 3])))
+    # a restore happens once per attempt: its failpoint can only fire at its first pass
+    failures = [Failure(f.kind, f.target, f.subtask, f.point, 1, f.action, f.after_checkpoints,
+                        f.new_parallelism) if f.point == "right_after_restore" else f
+                for f in failures]
+    # a kill while deploying comes first (the runner starts the job with it), once
+    failures.sort(key=lambda f: f.kind is not FailureKind.DEPLOY_KILL)
+    failures[1:] = [Failure(FailureKind.SIGKILL, f.target, f.subtask)
+                    if f.kind is FailureKind.DEPLOY_KILL else f for f in failures[1:]]
+    return Scenario(seed=seed, job=job, path=path, lateness_ms=lateness,
+                    sink=rng.choice(list(Sink)), alignment=alignment,
+                    parallelism=rng.choice([1, 2, 2, 3]),
+                    events=Events(string_keys=rng.random() < 0.5),
+                    failures=tuple(failures))
