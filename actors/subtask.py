@@ -228,7 +228,7 @@ class Subtask:
             ctx = RuntimeContext(spec.job_name, node.name, spec.index, vertex.parallelism,
                                  spec.max_parallelism, spec.attempt,
                                  checkpointing=spec.checkpointing is not None,
-                                 coordinator_events=events)
+                                 job_id=spec.job_id, coordinator_events=events)
             operator.setup(ctx, output, self.failpoints)
         # operators with processing-time timers, polled by the mailbox loop
         self.timed_operators = [op for op in self.operators

@@ -218,7 +218,7 @@ def _written(tmp_path, n_rows: int = 10, checkpoint: int = 1, attempt: int = 0):
 def _committer(out: str, restored: RestoredState | None = None, attempt: int = 0):
     committer = CommitterOperator("parquet-committer", ParquetCommitter(out))
     committer.setup(RuntimeContext("hand", "parquet-committer", 0, 1, 128, attempt,
-                                   checkpointing=True), CollectingOutput())
+                                   checkpointing=True, job_id="hand-0001"), CollectingOutput())
     committer.initialize_state(restored)
     return committer
 

@@ -39,6 +39,9 @@ class RuntimeContext:
     max_parallelism: int
     attempt: int
     checkpointing: bool = False
+    # this run of the job (a fresh start, a restore from a savepoint): the same across its
+    # failovers; empty for an operator run by hand
+    job_id: str = ""
     # sends an operator event to this operator's coordinator (None: it has none)
     coordinator_events: Callable[[Any], None] | None = field(default=None, compare=False)
 

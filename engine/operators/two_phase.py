@@ -18,9 +18,11 @@
   checkpoint whose notification was lost is committed on restore.
 
 A commit must be idempotent per (incarnation, checkpoint id). The
-incarnation (``<job name>-<12 hex>``) is made on a fresh start and kept in
-the committer's state: the same across failovers and restores of a run,
-different between runs. Without checkpoints, everything is committed as
+incarnation is the run's job id (``<job name>-<8 hex>``): the same across
+the failovers of a run, different for every run, also for two runs restored
+from one savepoint. A run restored from another run's snapshot undoes what
+that run committed after the snapshot and commits the snapshot's pending
+committables that run had not committed, under its own incarnation. Without checkpoints, everything is committed as
 checkpoint 0 when a bounded job ends, and nothing if it fails.
 
 A minimal sink that commits files by renaming them:
@@ -177,23 +179,28 @@ class CommitterOperator(SinkOperator):
     def initialize_state(self, restored: RestoredState | None) -> None:
         self.committer.open(SinkContext(self))
         states = [json.loads(s) for s in (restored.operator_states if restored else []) if s]
+        # Every run commits under its own incarnation: two runs restored from one
+        # savepoint never take each other's commits for their own.
+        self.incarnation = run_incarnation(self.ctx)
         if not states:
-            self.incarnation = new_incarnation(self.ctx.job_name)
             return
         for state in states:
             if state.get("format") != STATE_FORMAT:
                 raise ValueError(f"{self.name}: unknown committer state format "
                                  f"{state.get('format')!r}")
-        self.incarnation = states[0]["incarnation"]
+        origin = states[0]["incarnation"]  # the run that took the snapshot (maybe this one)
         for state in states:
             for checkpoint_id, committables in state["pending"]:
                 self.pending.setdefault(int(checkpoint_id), []).extend(committables)
         k = restored.checkpoint_id
-        dropped = self.committer.truncate(self.incarnation, above=k)
+        # What the snapshot's run committed after it will be produced again from here.
+        dropped = self.committer.truncate(origin, above=k)
         if dropped:
             log.warning("%s: restored checkpoint %d; undid newer commits %s of %s",
-                        self.name, k, dropped, self.incarnation)
-        done = self.committer.committed_ids(self.incarnation)
+                        self.name, k, dropped, origin)
+        done = self.committer.committed_ids(origin)
+        if origin != self.incarnation:
+            done |= self.committer.committed_ids(self.incarnation)
         for checkpoint_id in list(self.pending):
             left = [c for c in self.pending[checkpoint_id]
                     if self.committer.committable_id(c) not in done]
@@ -238,9 +245,17 @@ class CommitterOperator(SinkOperator):
             del self.pending[i]
 
 
+def run_incarnation(ctx: RuntimeContext) -> str:
+    """The commit-log incarnation of the run ``ctx`` belongs to: its job id, made
+    path-safe (``<job name>-<8 hex>``); for an operator run by hand, a new one."""
+    return _path_safe(ctx.job_id) if ctx.job_id else new_incarnation(ctx.job_name)
+
+
 def new_incarnation(job_name: str) -> str:
     """``<job name, made path-safe>-<12 random hex digits>``."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_name) or "job"
-    if not safe[0].isalnum():
-        safe = "j" + safe
-    return f"{safe}-{uuid.uuid4().hex[:12]}"
+    return f"{_path_safe(job_name)}-{uuid.uuid4().hex[:12]}"
+
+
+def _path_safe(name: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "job"
+    return safe if safe[0].isalnum() else "j" + safe
