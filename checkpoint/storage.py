@@ -194,12 +194,21 @@ class CheckpointStorage:
         Output lives outside the ``chk-<id>`` directories because it stays
         committed after the checkpoint that committed it is deleted by
         retention; the metadata of later checkpoints keeps listing it.
+
+        An output file is written once and never rewritten: a sink offers the
+        same bytes under the same name with every checkpoint until one commits
+        them, and rewriting a committed file in place could corrupt it if the
+        process died midway. It appears whole (temporary file, fsync, rename; one
+        PUT on object stores) or not at all.
         """
         output = self._join(self.job_dir(job_key), OUTPUT_DIR)
-        handle = self._write_file(output, self._checked_name(name), data)
-        if self.is_local:
-            _fsync_dir(output)
-        return handle
+        path = self._join(output, self._checked_name(name))
+        body = bytes(data)
+        publish_new_file(self.filesystem, self.is_local, posixpath.dirname(path),
+                         posixpath.basename(path), body,
+                         temp_name=f".{posixpath.basename(path)}.tmp-{uuid.uuid4().hex}",
+                         fsync_dirs=(output,) if self.is_local else ())
+        return StateHandle(path, len(body), hashlib.sha256(body).hexdigest())
 
     @staticmethod
     def _checked_name(name: str) -> str:

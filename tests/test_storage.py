@@ -579,3 +579,25 @@ def test_storage_pickles_for_ray(local):
     other = pickle.loads(pickle.dumps(local))
     assert other.root == local.root and other.is_local
     assert other.read_state(h) == b"abc"
+
+
+def test_sink_output_is_written_once_and_never_rewritten(local, monkeypatch):
+    """A sink offers an uncommitted origin again with every checkpoint; a later offer must
+    not touch the file a completed checkpoint may have committed already: a process that
+    dies midway through a rewrite (here: its fsync fails) would corrupt committed output."""
+    first = local.write_output(JOB, "collect/3-0-0.arrow", b"rows of origin 3")
+
+    def dying(fd):
+        raise OSError(5, "the process dies here")
+    monkeypatch.setattr(os, "fsync", dying)
+    again = local.write_output(JOB, "collect/3-0-0.arrow", b"rows of origin 3")
+    monkeypatch.undo()
+    assert again == first
+    assert local.read_state(first) == b"rows of origin 3"
+    assert os.listdir(os.path.dirname(first.path)) == ["3-0-0.arrow"]  # no temporary left
+
+
+def test_sink_output_on_an_object_store_is_one_put(storage):
+    handle = storage.write_output(JOB, "collect/4-1-0.arrow", b"rows")
+    assert storage.write_output(JOB, "collect/4-1-0.arrow", b"rows") == handle
+    assert storage.read_state(handle) == b"rows"

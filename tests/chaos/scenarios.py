@@ -119,7 +119,8 @@ def generate(seed: int) -> Scenario:
         failures.append(Failure(
             kind, target=target, subtask=rng.randint(0, 1) if target == "keyed" else 0,
             point=rng.choice(FAILPOINTS) if kind is FailureKind.FAILPOINT else "",
-            hit=rng.randint(1, 8) if kind is FailureKind.FAILPOINT else 1,
+            # about a dozen checkpoints and forty batches per run: points that can be reached
+            hit=(rng.randint(1, 4) if kind is FailureKind.FAILPOINT else 1),
             action=rng.choice(["exit", "raise"]),
             after_checkpoints=rng.randint(1, 2),
             new_parallelism=rng.choice([1, 3])))
