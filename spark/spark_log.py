@@ -80,7 +80,7 @@ import posixpath
 import time
 import urllib.parse
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
 
@@ -139,6 +139,9 @@ class SparkSinkLog:
 
     loc: Location
     base_uri: str
+    # (latest batch id, what Spark lists at it): a long job's appends do not read the whole
+    # log again each time; invalid once anyone else changed the log (a newer latest batch)
+    _view: tuple[int, list[dict]] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, path: str) -> "SparkSinkLog":
@@ -189,6 +192,8 @@ class SparkSinkLog:
 
     def _view_at(self, batch_id: int, batches: dict[int, str], interval: int) -> list[dict]:
         """Every file Spark lists at ``batch_id`` (its ``allFiles``)."""
+        if self._view is not None and self._view[0] == batch_id:
+            return list(self._view[1])
         start = max(0, (batch_id + 1) // interval * interval - 1)
         missing = [i for i in range(start, batch_id + 1) if i not in batches]
         if missing:
@@ -220,8 +225,9 @@ class SparkSinkLog:
     def _publish(self, batch_id: int, interval: int, batches: dict[int, str],
                  records: list[dict]) -> int:
         compaction = (batch_id + 1) % interval == 0
-        if compaction and batch_id > 0:
-            records = self._view_at(batch_id - 1, batches, interval) + records
+        view = (self._view_at(batch_id - 1, batches, interval) if batch_id > 0 else []) + records
+        if compaction:
+            records = view
         name = f"{batch_id}{COMPACT_SUFFIX}" if compaction else str(batch_id)
         body = "\n".join([VERSION_LINE, *(json.dumps(r, separators=(",", ":"))
                                           for r in records)]).encode("utf-8")
@@ -231,6 +237,7 @@ class SparkSinkLog:
                                f"written by someone else: only one job may write a sink "
                                f"directory at a time")
         batches[batch_id] = name
+        self._view = (batch_id, view)
         return batch_id
 
     def append(self, files: list[dict]) -> int | None:
@@ -287,6 +294,7 @@ class SparkSinkLog:
                                           for r in self._read(batches[first_bad])):
             first_bad += 1
         dropped = [i for i in sorted(batches, reverse=True) if i >= first_bad]
+        self._view = None
         for batch_id in dropped:  # newest first: the log stays a prefix if this is interrupted
             try:
                 self.loc.filesystem.delete_file(posixpath.join(self.directory, batches[batch_id]))

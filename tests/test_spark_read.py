@@ -53,7 +53,7 @@ def committer(out: str, restored: RestoredState | None = None,
     op = CommitterOperator("parquet-committer", ParquetCommitter(ParquetSinkConfig.of(
         out, None, None, None).path))
     op.setup(RuntimeContext("hand", "parquet-committer", 0, 1, 128, attempt,
-                            checkpointing=True), CollectingOutput())
+                            checkpointing=True, job_id="hand-0001"), CollectingOutput())
     op.initialize_state(restored)
     return op
 
@@ -150,6 +150,27 @@ def test_spark_log_compacts_and_follows_truncation_and_crashes(spark, tmp_path):
     committer(out, attempt=3)  # any start of the committer reconciles
     assert plain_ids(spark, out) == sorted(upto(24) + list(range(90_000, 90_010)))
     assert os.path.isdir(os.path.join(out, SPARK_LOG_DIR))
+
+
+def test_a_long_jobs_commits_do_not_read_the_whole_spark_log_again(tmp_path, monkeypatch):
+    """Each commit appends one Spark batch; listing what Spark already has comes from the
+    committer's own view of the log, not from reading the log (compactions and deltas)
+    once more per commit."""
+    out = str(tmp_path / "out")
+    op = committer(out)
+    reads = []
+    original = SparkSinkLog._read
+    monkeypatch.setattr(SparkSinkLog, "_read", lambda self, name: reads.append(name) or
+                        original(self, name))
+    for c in range(1, 31):  # Spark batches 0..29 with compactions 9, 19 and 29
+        commit(op, out, c, np.arange(c * 100, c * 100 + 3))
+    assert reads == []
+    monkeypatch.undo()
+    log = SparkSinkLog.of(out)  # a new reader sees what the committer wrote
+    committed = {log.uri(f["path"]) for f in commit_log.committed_file_entries(out)}
+    assert len(committed) == 90  # three partitions per checkpoint
+    assert {r["path"] for r in log.files()} == committed
+    assert "29.compact" in log.batches().values()
 
 
 def test_sink_paths_with_spaces_percent_signs_and_glob_characters(spark, tmp_path):
