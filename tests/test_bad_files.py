@@ -310,3 +310,14 @@ def test_a_bad_file_that_appears_while_the_job_runs_is_a_dead_letter_exactly_onc
     assert "failpoint in_processing" in progress["failures"][0]
     assert "dead-tag" in progress["failures"][0]  # it failed on the dead letter
 
+
+def test_the_readme_dead_letter_example_runs(ray_session):
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Bad input files"):]
+    start = section.index("```python\n") + len("```python\n")
+    namespace: dict = {}
+    exec(compile(section[start:section.index("```", start)], "README.md", "exec"), namespace)
+    result, inbox = namespace["result"], namespace["inbox"]
+    assert result.table(namespace["good"]).sort_by("order").to_pydict() == {
+        "order": [1, 2], "amount": [10, 20]}
+    assert result.table(namespace["bad"]).column("path").to_pylist() == [f"{inbox}/b.parquet"]
