@@ -40,7 +40,7 @@ from raystream.engine.sources.base import Source
 from raystream.engine.sources.split_enumerator import SourceCoordinator
 from raystream.engine.sources.arrow import ArrowTable
 from raystream.engine.sources.collection import Collection
-from raystream.engine.sources.files import Files
+from raystream.engine.sources.files import Files, OnError
 from raystream.engine.sources.sequence import Sequence
 from raystream.engine.watermarks import BoundedOutOfOrderness
 
@@ -206,6 +206,7 @@ class StreamEnvironment:
 
     def read_files(self, path: str, *, format: str = "parquet", batch_size: int = 65536,
                    schema: pa.Schema | None = None, monitor_interval_s: float | None = None,
+                   errors: OnError | str = OnError.FAIL,
                    name: str = "files", watermarks: BoundedOutOfOrderness | None = None,
                    parallelism: int | None = None) -> DataStream:
         """Parquet, CSV or JSON-lines files under ``path`` (a file per split, a Parquet
@@ -214,12 +215,18 @@ class StreamEnvironment:
         continuous: the directory is listed again at that interval and new files are
         read as they appear (see :class:`~raystream.sources.Files`).
 
+        ``errors``: ``"fail"`` (a file that cannot be read fails the job, naming it)
+        or ``"dead_letter"`` (an unreadable file or row group is skipped whole and
+        described on side output ``rs.sources.DEAD_LETTERS``).
+
             >>> env = rs.StreamEnvironment()                                      # doctest: +SKIP
             >>> rows = env.read_files("s3://bucket/clicks/", format="jsonl",      # doctest: +SKIP
-            ...                       monitor_interval_s=5.0, schema=CLICK_SCHEMA)
+            ...                       monitor_interval_s=5.0, schema=CLICK_SCHEMA,
+            ...                       errors="dead_letter")
+            >>> bad_files = rows.side_output(rs.sources.DEAD_LETTERS)            # doctest: +SKIP
         """
         return self.from_source(Files(path, format=format, batch_size=batch_size, schema=schema,
-                                      monitor_interval_s=monitor_interval_s),
+                                      monitor_interval_s=monitor_interval_s, errors=errors),
                                 name=name, watermarks=watermarks, parallelism=parallelism)
 
     # -- running -------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -42,6 +43,40 @@ class BadRecordError(RaystreamError, ValueError):
         super().__init__(message)
         self.column = column
         self.record = record
+
+
+@dataclass(frozen=True)
+class FilePosition:
+    """Where in a file a read failed, as far as the format lets us know it."""
+
+    row_group: int | None = None  # Parquet
+    row: int | None = None  # CSV, 1-based, counting the header row (a record, not a line)
+    line: int | None = None  # JSON lines, 1-based
+    offset: int | None = None  # byte offset of that line
+
+    def __str__(self) -> str:
+        parts = [f"row group {self.row_group}" if self.row_group is not None else "",
+                 f"row {self.row}" if self.row is not None else "",
+                 f"line {self.line}" if self.line is not None else "",
+                 f"byte offset {self.offset}" if self.offset is not None else ""]
+        return ", ".join(part for part in parts if part)
+
+
+class FileReadError(RaystreamError):
+    """A file source could not read or parse a file.
+
+    The message names the file, where in it (``position``) when known, and the
+    cause, which is also the ``__cause__``.
+    """
+
+    def __init__(self, path: str, cause: BaseException, position: FilePosition = FilePosition(),
+                 *, context: str = "", detail: str | None = None) -> None:
+        where = f" ({position})" if str(position) else ""
+        detail = str(cause) if detail is None else detail  # the cause's text, or a clearer one
+        super().__init__(f"cannot read {path}{where}: {context}{type(cause).__name__}: {detail}")
+        self.path = path
+        self.position = position
+        self.__cause__ = cause
 
 
 def describe_record(record: Any, limit: int = 300) -> str:

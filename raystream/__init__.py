@@ -15,8 +15,9 @@ from raystream.checkpoint.keygroups import (HASH_VERSION, key_group_of, key_grou
 from raystream.engine.client import JobClient, JobResult
 from raystream.engine.datastream import ConnectedStreams, DataStream, KeyedStream, SinkHandle
 from raystream.engine.environment import StreamEnvironment
-from raystream.engine.errors import (BadRecordError, InsufficientResourcesError, JobFailedError,
-                                     JobNotFoundError, JobNotRunningError, RaystreamError)
+from raystream.engine.errors import (BadRecordError, FileReadError, InsufficientResourcesError,
+                                     JobFailedError, JobNotFoundError, JobNotRunningError,
+                                     RaystreamError)
 from raystream.checkpoint.operator_coordinator import (OperatorCoordinator,
                                                         OperatorCoordinatorContext,
                                                         SubtaskEventGateway)
@@ -33,7 +34,7 @@ from raystream.engine.windows.stream import WindowedStream
 from raystream.actors.messages import MAX_WATERMARK, MIN_WATERMARK
 
 __all__ = [
-    "BadRecordError", "BoundedOutOfOrderness", "CheckpointConfig", "Committer",
+    "BadRecordError", "BoundedOutOfOrderness", "FileReadError", "CheckpointConfig", "Committer",
     "ConnectedStreams", "SinkContext", "SinkWriter",
     "DataStream", "Failpoint", "RestartStrategy",
     "HASH_VERSION", "InsufficientResourcesError", "JobClient", "JobFailedError", "JobNotFoundError",

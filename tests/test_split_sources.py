@@ -128,6 +128,16 @@ def committed_rows(out) -> int:
     return read_committed(str(out)).num_rows if (out / "_raystream_log").exists() else 0
 
 
+def cancel_after_a_checkpoint(client: rs.JobClient) -> dict:
+    """Wait for one more completed checkpoint (it must commit nothing new), cancel the job
+    and return its progress from before the cancel."""
+    wait_for_checkpoint(client, after=max(client.progress()["completed_checkpoints"], default=0))
+    progress = client.progress()
+    client.cancel()
+    client.wait(timeout_s=60)
+    return progress
+
+
 def test_files_that_appear_while_the_job_runs_are_read_exactly_once_across_failures(
         ray_session, tmp_path):
     source_dir, out = tmp_path / "in", tmp_path / "out"
@@ -160,11 +170,7 @@ def test_files_that_appear_while_the_job_runs_are_read_exactly_once_across_failu
     while committed_rows(out) < files * rows or client.progress()["attempt"] < 3:
         assert time.monotonic() < deadline, (committed_rows(out), client.progress()["failures"])
         time.sleep(0.2)
-    # the last attempt completes a checkpoint, and commits nothing new
-    wait_for_checkpoint(client, after=max(client.progress()["completed_checkpoints"], default=0))
-    progress = client.progress()
-    client.cancel()
-    client.wait(timeout_s=60)
+    progress = cancel_after_a_checkpoint(client)  # the last attempt commits nothing new
     ids = np.sort(read_committed(str(out))["id"].to_numpy())
     np.testing.assert_array_equal(ids, np.arange(files * rows))  # every row, once
     assert progress["attempt"] == 3, progress["failures"]

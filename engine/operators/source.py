@@ -41,7 +41,7 @@ from typing import Any
 
 from raystream.actors.messages import MAX_WATERMARK, MIN_WATERMARK
 from raystream.engine.operators.base import Operator, OperatorSnapshot, RestoredState
-from raystream.engine.sources.base import Source, SplitReader
+from raystream.engine.sources.base import DEAD_LETTERS, Source, SplitReader
 from raystream.engine.sources.split_enumerator import (NO_MORE_SPLITS, REGISTER, REQUEST, SOURCE_EVENT,
                                                        SPLITS)
 from raystream.engine.watermarks import BoundedOutOfOrderness
@@ -89,6 +89,7 @@ class SourceReaderOperator(SourceOperator):
         self.finished = False
         self._restored: list[list[Any]] = []  # [split, position, max_ts]
         self.records_read = 0  # by this attempt
+        self.dead_letters = 0  # unreadable splits skipped by this attempt
 
     def initialize_state(self, restored: RestoredState | None) -> None:
         states = [json.loads(blob) for blob in restored.operator_states] if restored else []
@@ -145,7 +146,11 @@ class SourceReaderOperator(SourceOperator):
             split_id = self._order[self._next]
             batch = self.readers[split_id].next_batch()
             if batch is None:
-                self.readers.pop(split_id).close()
+                reader = self.readers.pop(split_id)
+                reader.close()
+                if reader.dead_letter is not None:  # with the split's end: once per split
+                    self.emit_side(DEAD_LETTERS, reader.dead_letter)
+                    self.dead_letters += 1
                 self.split_max_ts.pop(split_id)
                 self.splits.pop(split_id)
                 self._order.remove(split_id)
@@ -171,7 +176,8 @@ class SourceReaderOperator(SourceOperator):
         return True
 
     def metrics(self) -> dict[str, float]:
-        return {"records_read": self.records_read, "splits_open": len(self.readers)}
+        return {"records_read": self.records_read, "splits_open": len(self.readers),
+                "dead_letters": self.dead_letters}
 
     def end_input_early(self) -> None:
         """Stop reading (drain) and advance event time to the end; the splits keep

@@ -29,10 +29,21 @@ from typing import Any
 import pyarrow as pa
 
 
+# The side output on which a source reader emits the rows describing splits it skipped
+# as unreadable (``read_files(..., errors="dead_letter")``).
+DEAD_LETTERS = "dead_letters"
+
+
 class SplitReader:
-    """Reads one split. ``position`` is the number of rows emitted so far."""
+    """Reads one split. ``position`` is the number of rows emitted so far.
+
+    A reader that finds its split unreadable and may skip it ends it without a
+    row and sets ``dead_letter`` to one row describing it, which the source
+    reader emits on side output :data:`DEAD_LETTERS`.
+    """
 
     position: int = 0
+    dead_letter: pa.RecordBatch | None = None
 
     def next_batch(self) -> pa.RecordBatch | None:
         """The next batch, or None when the split is exhausted."""

@@ -15,18 +15,48 @@ Flink expect); names starting with ``_`` or ``.`` are skipped.
 
 from __future__ import annotations
 
+import re
+from enum import Enum
 from typing import Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.fs as pafs
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from raystream.engine.errors import FilePosition, FileReadError
 from raystream.engine.sources.base import Source, SplitReader
 from raystream.engine.sources.split_enumerator import SplitEnumerator, SplitEnumeratorContext
 
 FORMATS = {"parquet": (".parquet", ".pq"), "csv": (".csv",), "jsonl": (".jsonl", ".json", ".ndjson")}
+
+# What pyarrow raises for a file it cannot parse or decode (a corrupt Parquet page is an
+# OSError); MemoryError and ArrowMemoryError are not a file's fault.
+PARSE_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError)
+# The one row describing a split skipped under errors="dead_letter".
+DEAD_LETTER_SCHEMA = pa.schema([("path", pa.string()), ("row_group", pa.int64()),
+                                ("error", pa.string())])
+# A JSON line is located by parsing prefixes of the file (binary search): not for huge files.
+LOCATE_JSON_LINE_MAX_BYTES = 256 << 20
+# pyarrow's "in row N" counts records within one read block: not a place in the file.
+JSON_BLOCK_ROW = re.compile(r" in row \d+$")
+
+
+class OnError(Enum):
+    """What a file source does with a file (or Parquet row group) it cannot read."""
+
+    FAIL = "fail"  # the job fails with a FileReadError naming the file
+    DEAD_LETTER = "dead_letter"  # no row of it is read; one row describes it on DEAD_LETTERS
+
+    @classmethod
+    def of(cls, value: "OnError | str") -> "OnError":
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"errors must be one of {sorted(e.value for e in cls)}, "
+                             f"not {value!r}") from None
 
 
 class Files(Source):
@@ -42,11 +72,18 @@ class Files(Source):
     ``monitor_interval_s`` makes it continuous: the directory is listed again
     at that interval and new files are read as they appear (give ``schema``
     when the first files may not show every column).
+
+    A file that cannot be read fails the job with a :class:`FileReadError`
+    naming it (and the row group, CSV row or JSON line where known). With
+    ``errors="dead_letter"`` such a split is skipped whole instead: it is
+    parsed completely before its first row is emitted, and one row (``path``,
+    ``row_group``, ``error``) describes it on side output ``DEAD_LETTERS``.
     """
 
     def __init__(self, path: str, *, format: str = "parquet", batch_size: int = 65536,
                  schema: pa.Schema | None = None,
-                 monitor_interval_s: float | None = None) -> None:
+                 monitor_interval_s: float | None = None,
+                 errors: OnError | str = OnError.FAIL) -> None:
         if format not in FORMATS:
             raise ValueError(f"format must be one of {sorted(FORMATS)}, not {format!r}")
         if monitor_interval_s is not None and monitor_interval_s <= 0:
@@ -56,8 +93,10 @@ class Files(Source):
         self.batch_size = batch_size
         self.schema = schema
         self.monitor_interval_s = monitor_interval_s
+        self.errors = OnError.of(errors)
         self._files: list[str] | None = None
-        self._unified: pa.Schema | None = None
+        # the files' common schema, and the files whose schema could not be read or merged
+        self._unified: tuple[pa.Schema | None, dict[str, FileReadError]] | None = None
 
     def _filesystem(self) -> tuple[pafs.FileSystem, str]:
         return pafs.FileSystem.from_uri(self.path) if "://" in self.path else (
@@ -88,7 +127,10 @@ class Files(Source):
         if self.format == "parquet":
             fs, _ = self._filesystem()
             if fs.get_file_info(path).size:
-                groups = pq.ParquetFile(path, filesystem=fs).num_row_groups
+                try:
+                    groups = pq.ParquetFile(path, filesystem=fs).num_row_groups
+                except PARSE_ERRORS:
+                    return [path]  # an unreadable footer: its reader reports it
                 if groups > 1:
                     return [{"path": path, "row_group": k} for k in range(groups)]
         return [path]
@@ -109,23 +151,43 @@ class Files(Source):
         The given ``schema``, or each non-empty file's schema (CSV and JSON
         inferred from its first block) unified with numeric promotion: a
         column that is whole numbers in one CSV file and decimals in another
-        is double everywhere.
+        is double everywhere. A file whose schema cannot be read is left out
+        (reading it fails); one whose schema does not unify with the files
+        before it (in name order) too, and is in :meth:`schema_errors`.
         """
-        if self.schema is not None or self._unified is not None:
-            return self.schema or self._unified
+        return self.schema if self.schema is not None else self._unify()[0]
+
+    def schema_errors(self) -> dict[str, FileReadError]:
+        """The files left out of :meth:`unified_schema`, with why."""
+        return {} if self.schema is not None else self._unify()[1]
+
+    def _unify(self) -> tuple[pa.Schema | None, dict[str, FileReadError]]:
+        if self._unified is not None:
+            return self._unified
         fs, _ = self._filesystem()
-        schemas = []
+        unified, errors = None, {}
         for path in self.splits():
             if fs.get_file_info(path).size == 0:
                 continue
-            if self.format == "parquet":
-                schemas.append(pq.ParquetFile(path, filesystem=fs).schema_arrow)
-                continue
-            with fs.open_input_stream(path) as stream:
-                opener = pacsv.open_csv if self.format == "csv" else pajson.open_json
-                schemas.append(opener(stream).schema)
-        self._unified = pa.unify_schemas(schemas, promote_options="permissive") if schemas else None
+            try:
+                schema = self._file_schema(fs, path)
+            except PARSE_ERRORS:
+                continue  # unreadable: reading it fails the same way, and says where
+            try:
+                unified = schema if unified is None else pa.unify_schemas(
+                    [unified, schema], promote_options="permissive")
+            except PARSE_ERRORS as exc:
+                errors[path] = FileReadError(
+                    path, exc, context="its schema does not unify with the files before it: ")
+        self._unified = unified, errors
         return self._unified
+
+    def _file_schema(self, fs: pafs.FileSystem, path: str) -> pa.Schema:
+        if self.format == "parquet":
+            return pq.ParquetFile(path, filesystem=fs).schema_arrow
+        with fs.open_input_stream(path) as stream:
+            opener = pacsv.open_csv if self.format == "csv" else pajson.open_json
+            return opener(stream).schema
 
 
 class FileSplitEnumerator(SplitEnumerator):
@@ -194,44 +256,88 @@ class FileSplitEnumerator(SplitEnumerator):
 
 
 class FileReader(SplitReader):
+    """Reads one file, or one row group of a Parquet file.
+
+    A parse error becomes a :class:`FileReadError` naming the file and where
+    in it; under ``errors="dead_letter"`` the split is parsed whole before
+    its first row is emitted, so an unreadable one emits no row, only its
+    ``dead_letter``, and the same one on every re-read after a failover.
+    """
+
     def __init__(self, source: Files, split: str | dict, position: int) -> None:
         self.source = source
         self.path = split if isinstance(split, str) else split["path"]
-        self.row_groups = None if isinstance(split, str) else [split["row_group"]]
+        self.row_group: int | None = None if isinstance(split, str) else split["row_group"]
         self.position = position
         self._batches: Iterator[pa.RecordBatch] | None = None
         self._stream = None
 
     def _open(self) -> Iterator[pa.RecordBatch]:
+        # Failing to open (a vanished file, a flaky store) fails the job in any mode: a
+        # dead letter must be decided by the file's bytes, the same on every re-read.
+        # (Parquet reads lazily: on an object store a failed read of its footer or of a
+        # page cannot be told from a corrupt one and counts as unreadable.)
         fs, _ = self.source._filesystem()
-        if fs.get_file_info(self.path).size == 0:
-            return iter(())  # an empty file is a split without rows, not an error
-        fmt, size = self.source.format, self.source.batch_size
-        schema = self.source.unified_schema()
-        if fmt == "parquet":
-            batches = pq.ParquetFile(self.path, filesystem=fs).iter_batches(
-                batch_size=size, row_groups=self.row_groups)
-            if schema is not None:
-                batches = (_conform(b, schema) for b in batches)
-        else:
-            self._stream = fs.open_input_stream(self.path)
-            if fmt == "csv":
-                convert = pacsv.ConvertOptions(column_types=schema) if schema else None
-                read = pacsv.ReadOptions(block_size=max(size * 64, 1 << 16))
-                batches = iter(pacsv.open_csv(self._stream, read_options=read,
-                                              convert_options=convert))
-            else:
-                parse = pajson.ParseOptions(explicit_schema=schema) if schema else None
-                batches = iter(pajson.read_json(self._stream, parse_options=parse).to_batches(size))
+        try:
+            if fs.get_file_info(self.path).size == 0:
+                return iter(())  # an empty file is a split without rows, not an error
+            if self.source.format != "parquet":
+                self._stream = fs.open_input_stream(self.path)
+        except OSError as exc:
+            raise FileReadError(self.path, exc)
+        try:
+            batches = self._parse(fs)
+            if self.source.errors is OnError.DEAD_LETTER:
+                batches = iter(list(batches))  # every row parsed before the first is emitted
+        except (*PARSE_ERRORS, FileReadError) as exc:
+            error = self._read_error(exc)
+            if self.source.errors is OnError.FAIL:
+                raise error
+            self.dead_letter = pa.record_batch(
+                [[self.path], [self.row_group], [str(error)]], schema=DEAD_LETTER_SCHEMA)
+            return iter(())
         return _skip_rows(batches, self.position)
+
+    def _parse(self, fs: pafs.FileSystem) -> Iterator[pa.RecordBatch]:
+        source = self.source
+        fmt, size = source.format, source.batch_size
+        schema = source.unified_schema()
+        mismatch = source.schema_errors().get(self.path)
+        if mismatch is not None:
+            raise mismatch
+        if fmt == "parquet":
+            row_groups = None if self.row_group is None else [self.row_group]
+            batches = pq.ParquetFile(self.path, filesystem=fs).iter_batches(
+                batch_size=size, row_groups=row_groups)
+            return batches if schema is None else (_conform(b, schema) for b in batches)
+        if fmt == "csv":
+            return iter(pacsv.open_csv(self._stream, read_options=self._csv_read_options(),
+                                       convert_options=self._csv_convert_options()))
+        return iter(pajson.read_json(self._stream,
+                                     parse_options=self._json_parse_options()).to_batches(size))
+
+    def _csv_read_options(self, use_threads: bool = True) -> pacsv.ReadOptions:
+        return pacsv.ReadOptions(block_size=max(self.source.batch_size * 64, 1 << 16),
+                                 use_threads=use_threads)
+
+    def _csv_convert_options(self) -> pacsv.ConvertOptions | None:
+        schema = self.source.unified_schema()
+        return pacsv.ConvertOptions(column_types=schema) if schema else None
+
+    def _json_parse_options(self) -> pajson.ParseOptions | None:
+        schema = self.source.unified_schema()
+        return pajson.ParseOptions(explicit_schema=schema) if schema else None
 
     def next_batch(self) -> pa.RecordBatch | None:
         if self._batches is None:
             self._batches = self._open()
-        for batch in self._batches:
-            if batch.num_rows:
-                self.position += batch.num_rows
-                return batch
+        try:
+            for batch in self._batches:
+                if batch.num_rows:
+                    self.position += batch.num_rows
+                    return batch
+        except PARSE_ERRORS as exc:  # further into a file streamed under errors="fail"
+            raise self._read_error(exc)
         self.close()
         return None
 
@@ -240,14 +346,82 @@ class FileReader(SplitReader):
             self._stream.close()
             self._stream = None
 
+    def _read_error(self, exc: BaseException) -> FileReadError:
+        """``exc`` as a FileReadError (its ``__cause__``), with where in the file it happened
+        when that can be known (found on this error path only: reads stay as they are)."""
+        if isinstance(exc, FileReadError):
+            return exc
+        fs, _ = self.source._filesystem()
+        if self.source.format == "csv":
+            position = _csv_position(exc) or self._locate_csv_row(fs)
+        elif self.source.format == "jsonl":
+            return FileReadError(self.path, exc, self._locate_json_line(fs) or FilePosition(),
+                                 detail=JSON_BLOCK_ROW.sub("", str(exc)))
+        else:
+            position = FilePosition(row_group=self.row_group)
+        return FileReadError(self.path, exc, position or FilePosition())
+
+    def _locate_csv_row(self, fs: pafs.FileSystem) -> FilePosition | None:
+        # pyarrow numbers the failing row only when it reads on one thread
+        try:
+            with fs.open_input_stream(self.path) as stream:
+                for _ in pacsv.open_csv(stream, read_options=self._csv_read_options(False),
+                                        convert_options=self._csv_convert_options()):
+                    pass
+        except PARSE_ERRORS as exc:
+            return _csv_position(exc)
+        return None
+
+    def _locate_json_line(self, fs: pafs.FileSystem) -> FilePosition | None:
+        """The first line at which the file's lines so far stop parsing (pyarrow's own
+        "row" counts records within a block, blank lines not included)."""
+        if fs.get_file_info(self.path).size > LOCATE_JSON_LINE_MAX_BYTES:
+            return None
+        with fs.open_input_file(self.path) as f:
+            data = f.read()
+        ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n")) + 1
+        if not len(ends) or ends[-1] != len(data):
+            ends = np.append(ends, len(data))
+        options = self._json_parse_options()
+
+        def parses(lines: int) -> bool:
+            try:
+                pajson.read_json(pa.BufferReader(data[:ends[lines - 1]]), parse_options=options)
+                return True
+            except PARSE_ERRORS:
+                return False
+
+        if parses(len(ends)):
+            return None
+        lo, hi = 1, len(ends)  # the first `hi` lines do not parse
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (mid + 1, hi) if parses(mid) else (lo, mid)
+        return FilePosition(line=hi, offset=int(ends[hi - 2]) if hi > 1 else 0)
+
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     """``batch`` with ``schema``'s columns and types (missing columns are null)."""
     if batch.schema.equals(schema):
         return batch
-    columns = [batch.column(f.name).cast(f.type) if f.name in batch.schema.names
-               else pa.nulls(batch.num_rows, f.type) for f in schema]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    return pa.RecordBatch.from_arrays([_conform_column(batch, f) for f in schema], schema=schema)
+
+
+def _conform_column(batch: pa.RecordBatch, field: pa.Field) -> pa.Array:
+    if field.name not in batch.schema.names:
+        return pa.nulls(batch.num_rows, field.type)
+    column = batch.column(field.name)
+    try:
+        return column.cast(field.type)
+    except PARSE_ERRORS as exc:  # pyarrow's message does not say which column
+        raise type(exc)(f"column '{field.name}' ({column.type}) does not cast to "
+                        f"{field.type}: {exc}") from exc
+
+
+def _csv_position(exc: BaseException) -> FilePosition | None:
+    """The row pyarrow names in a CSV error ("Row #N", counting the header), if any."""
+    found = re.search(r"Row #(\d+)", str(exc))
+    return FilePosition(row=int(found.group(1))) if found else None
 
 
 def _skip_rows(batches: Iterator[pa.RecordBatch], skip: int) -> Iterator[pa.RecordBatch]:
