@@ -143,10 +143,19 @@ def build(scenario: Scenario, env: rs.StreamEnvironment, out: str):
 # -- running a scenario ----------------------------------------------------------------------
 
 def run_scenario(scenario: Scenario, workdir: str) -> Outcome:
-    """Run ``scenario`` with its failures in ``workdir``; compare with the oracles."""
+    """Run ``scenario`` with its failures in ``workdir``; compare with the oracles. A job
+    that fails or hangs is a difference too (with the failures placed until then)."""
     started = time.monotonic()
     outcome = Outcome(scenario)
-    work = FsPath(workdir)
+    try:
+        outcome.differences = _run(scenario, FsPath(workdir), outcome.placed)
+    except Exception as exc:
+        outcome.differences = [f"{type(exc).__name__}: {exc}"]
+    outcome.seconds = time.monotonic() - started
+    return outcome
+
+
+def _run(scenario: Scenario, work: FsPath, placed: list[str]) -> list[str]:
     out = str(work / "out")
     phases: list[list[Failure]] = [[]]
     for failure in scenario.failures:
@@ -155,7 +164,9 @@ def run_scenario(scenario: Scenario, workdir: str) -> Outcome:
             phases.append([])
     parallelism, restore_from = scenario.parallelism, None
     tables, late_tables = [], []
-    for number, phase in enumerate(phases):
+    number = 0
+    while number < len(phases):
+        phase = phases[number]
         env = environment(scenario, parallelism, str(work / f"checkpoints-{number}"),
                           failpoints(scenario, phase, parallelism))
         sink, late = build(scenario, env, out)
@@ -168,12 +179,13 @@ def run_scenario(scenario: Scenario, workdir: str) -> Outcome:
                     savepoint = str(work / f"savepoint-{number}")
                     result = client.stop_with_savepoint(savepoint, timeout_s=TIMEOUT_S)
                     restore_from, parallelism = savepoint, failure.new_parallelism
-                    outcome.placed.append(f"stop at p={env.parallelism}, restore at "
+                    placed.append(f"stop at p={env.parallelism}, restore at "
                                           f"p={parallelism}")
-                else:
-                    outcome.placed.append("stop: the job finished first")
+                else:  # nothing to restore: the phases after this one cannot run
+                    placed.append("stop: the job finished first")
+                    phases = phases[:number + 1]
             else:
-                outcome.placed.append(place(scenario, client, failure, attempt, parallelism))
+                placed.append(place(scenario, client, failure, attempt, parallelism))
                 attempt += 1
         if result is None:
             result = client.wait(timeout_s=TIMEOUT_S)
@@ -181,14 +193,13 @@ def run_scenario(scenario: Scenario, workdir: str) -> Outcome:
             tables.append(result.table(sink))
         if late is not None:
             late_tables.append(result.table(late))
-        outcome.placed.append(f"run {number}: {result.restarts} restarts")
+        placed.append(f"run {number}: {result.restarts} restarts")
+        number += 1
     if scenario.sink is Sink.PARQUET:
         tables = [read_committed(out)]
     rows = [r for t in tables for r in t.to_pylist()]
     late_rows = sorted((r["user"], r["ts"]) for t in late_tables for r in t.to_pylist())
-    outcome.differences = compare(scenario, rows, late_rows, str(work / "reference"))
-    outcome.seconds = time.monotonic() - started
-    return outcome
+    return compare(scenario, rows, late_rows, str(work / "reference"))
 
 
 def environment(scenario: Scenario, parallelism: int, storage: str,
