@@ -78,7 +78,7 @@ def test_backpressure_is_the_time_a_fast_source_waits_for_a_slow_sink(ray_sessio
     env = rs.StreamEnvironment(parallelism=1, credits=1)
     batch_rows = 40_000  # 320 KB a batch: more than an output buffer, so each goes at once
     slow = env.from_sequence(20 * batch_rows, batch_size=batch_rows, num_splits=1, name="fast") \
-        .rebalance().map_batches(lambda b: (time.sleep(0.1), b)[1], name="slow")
+        .rebalance().map_batches(lambda b: (time.sleep(0.2), b)[1], name="slow")
     slow.discard(name="sink")
     result = env.execute("backpressure")
     fast, = by_chain(result.metrics, "fast")
