@@ -420,13 +420,19 @@ class Subtask:
         known = self.barriers.get(n)
         if known is None or (barrier.unaligned and not known.unaligned):
             self.barriers[n] = barrier  # one unaligned announcement makes it unaligned here
-        for older in [m for m in self.barriers if m < n]:
-            # A newer barrier overtook an unfinished alignment (Flink: the
-            # older checkpoint can no longer align here): abort it.
+        with self.cond:
+            # Announcements come ahead of the data, in order per channel: barrier n
+            # behind an older one still aligning waits its turn on the channel
+            # (max_concurrent > 1). Only a channel that announces n without the older
+            # one pending (its sender skipped it) shows the older can never align here.
+            skipped = [m for m in self.barriers
+                       if m < n and self.gate.barrier_upto(channel, m) is None]
+        for older in skipped:
             self._abort_alignment(older)
             self.spec.master.decline_checkpoint.remote(
                 self.spec.attempt, older, self.spec.vertex.id, self.spec.index,
-                f"barrier {n} arrived before alignment of {older} finished")
+                f"barrier {n} came on channel {channel} without barrier {older}: "
+                f"{older} can no longer align")
 
     def _abort_alignment(self, checkpoint_id: int) -> None:
         self.aborted_upto = max(self.aborted_upto, checkpoint_id)
