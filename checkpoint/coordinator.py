@@ -220,8 +220,9 @@ class CheckpointCoordinator:
 
     def abort(self, n: int, reason: str, *, failed: bool = True) -> None:
         """Abort pending checkpoint ``n``. A *failed* one (declined, timed out,
-        not writable) counts toward ``tolerable_failures``; a subsumed one or
-        one cut short by a failover does not."""
+        not writable) counts toward ``tolerable_failures``; a subsumed one, one
+        cut short by a failover, or a savepoint (its failure goes to whoever asked
+        for it, as in Flink) does not."""
         pending = self.pending.pop(n, None)
         if pending is None:
             return
@@ -235,7 +236,7 @@ class CheckpointCoordinator:
         self.operator_coordinators.abort(n)
         if pending.savepoint_target is None:
             self._discard(n)  # files a subtask still writes later stay: the job dir is theirs
-        if failed:
+        if failed and pending.savepoint_target is None:
             self.failures_in_a_row += 1
             if self.failures_in_a_row > self.config.tolerable_failures:
                 raise TooManyCheckpointFailures(
@@ -287,10 +288,14 @@ class CheckpointCoordinator:
                     if kind in entry:
                         files[kind].append(entry[kind])
                         handles.append(entry[kind])
-                known = {h["path"] for h in committed.get(name, [])}
-                for handle in entry.get("committables", []):
+                if "committables" not in entry:
+                    continue
+                # listed even before it commits anything: an empty sink is an empty result
+                output = committed.setdefault(name, [])
+                known = {h["path"] for h in output}
+                for handle in entry["committables"]:
                     if handle["path"] not in known:  # an origin offered again: commit once
-                        committed.setdefault(name, []).append(handle)
+                        output.append(handle)
                         known.add(handle["path"])
         watermarks: dict[str, int] = {}
         for (vertex, _), watermark in pending.watermarks.items():

@@ -366,7 +366,11 @@ class JobMaster:
                     if self.plan.vertices[vertex].is_source:
                         actor.drain.remote()
             else:
-                n = self.coordinator.trigger(savepoint_target=path, stop=stop)
+                try:
+                    n = self.coordinator.trigger(savepoint_target=path, stop=stop)
+                except Exception as exc:  # the job may fail over: the caller still hears
+                    reply.set(error=f"savepoint to {path} failed: {type(exc).__name__}: {exc}")
+                    raise
                 self.savepoints[n] = (reply, stop)
         elif kind == "operator_event":
             _, attempt, operator, index, payload = event
