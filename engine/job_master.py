@@ -147,6 +147,14 @@ class _Failure(Exception):
         self.report = report
 
 
+def _deployment_failure(exc: RayActorError) -> _Failure:
+    """A subtask's process died while its attempt was being deployed."""
+    first_line = str(exc).splitlines()[0] if str(exc) else ""
+    return _Failure(TerminationReport(
+        -1, -1, "FAILED", operator="deployment",
+        error=f"a subtask died during deployment: {type(exc).__name__}: {first_line}"))
+
+
 @ray.remote(concurrency_groups={"client": 8, "control": 1}, max_restarts=0, max_task_retries=0)
 class JobMaster:
     def __init__(self, job_id: str, job_name: str, plan: JobPlan, options: JobOptions) -> None:
@@ -265,11 +273,12 @@ class JobMaster:
             self.operator_coordinators.start()
             if restore is not None:
                 self._reset_operator_coordinators(restore)
-            self._deploy(restore=restore)
+            outcome = self._deploy_first(restore)
             deploy_s = time.perf_counter() - started
-            self.status = "RUNNING"
-            self._publish()
-            outcome = self._event_loop()
+            if outcome is None:
+                self.status = "RUNNING"
+                self._publish()
+                outcome = self._event_loop()
         except Exception as exc:  # could not deploy: report it, never hang the client
             outcome = JobOutcome("FAILED", error=f"job '{self.job_name}' could not run: "
                                                  f"{type(exc).__name__}: {exc}")
@@ -539,10 +548,17 @@ class JobMaster:
                                   "restore_s": time.perf_counter() - started,
                                   "lost_nodes": lost_nodes})
         except RayActorError as exc:  # a subtask died while being wired: fail over again
-            return self._failover(_Failure(TerminationReport(
-                -1, -1, "FAILED", operator="deployment",
-                error=f"a subtask died during restart: {type(exc).__name__}")))
+            return self._failover(_deployment_failure(exc))
         self.status = "RUNNING"
+        return None
+
+    def _deploy_first(self, restore: RestoreSpec | None) -> JobOutcome | None:
+        """Deploy the first attempt. A subtask lost meanwhile is a failure like any
+        other: the restart strategy applies (an outcome only if it ends the job)."""
+        try:
+            self._deploy(restore=restore)
+        except RayActorError as exc:
+            return self._failover(_deployment_failure(exc))
         return None
 
     def _lost_nodes(self) -> list[str]:
