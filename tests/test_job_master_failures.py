@@ -132,3 +132,32 @@ def test_a_subtask_killed_while_deploying_a_restore_at_parallelism_3_restarts_fr
     assert result.restarts == 1, result.failures
     assert result.restores[0]["checkpoint_id"] is not None  # the savepoint, not a fresh start
     assert_exactly_once(pa.concat_tables([before, result.table(sink)]))
+
+
+def held_while(flag: str, batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Processing stops while the file ``flag`` exists (a stuck downstream: backpressure)."""
+    while os.path.exists(flag):
+        time.sleep(0.01)
+    return batch
+
+
+def test_a_stop_with_savepoint_that_times_out_resumes_the_sources(ray_session, tmp_path):
+    flag = str(tmp_path / "hold")
+    env = rs.StreamEnvironment(
+        parallelism=2,
+        checkpoints=rs.CheckpointConfig(interval_s=0.25, timeout_s=2.0,
+                                        storage=str(tmp_path / "chk")),
+        restart=rs.RestartStrategy.fixed_delay(3, 0.1))
+    source = env.from_sequence(N, numbers, batch_size=100, num_splits=4, name="numbers")
+    running = source.map_batches(throttle, name="throttle").key_by("k").reduce(add, name="sum")
+    sink = running.map_batches(functools.partial(held_while, flag), name="held").collect(
+        name="out")
+    client = env.execute_async("stop-times-out")
+    wait_for_checkpoint(client)
+    open(flag, "w").close()  # the savepoint's barrier cannot pass 'sum -> held' now
+    with pytest.raises(Exception, match="savepoint .* failed: timed out"):
+        client.stop_with_savepoint(str(tmp_path / "sp"), timeout_s=60)
+    os.unlink(flag)
+    result = client.wait(timeout_s=120)  # the sources went on: the job ends by itself
+    assert result.restarts == 0, result.failures
+    assert_exactly_once(result.table(sink))
