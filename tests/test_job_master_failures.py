@@ -161,3 +161,55 @@ def test_a_stop_with_savepoint_that_times_out_resumes_the_sources(ray_session, t
     result = client.wait(timeout_s=120)  # the sources went on: the job ends by itself
     assert result.restarts == 0, result.failures
     assert_exactly_once(result.table(sink))
+
+
+def wait_for_records(client: rs.JobClient, chain: str, records: int) -> None:
+    """Until the subtasks of ``chain`` (a chain's first operator) have taken ``records``."""
+    deadline = time.monotonic() + 60
+    while sum(m["records_in"] for name, m in client.metrics().items()
+              if name.startswith(chain)) < records:
+        assert time.monotonic() < deadline, client.metrics()
+        time.sleep(0.02)
+
+
+def test_a_failure_after_the_stop_savepoint_completed_restores_from_it(ray_session, tmp_path):
+    # The stop savepoint is durable, then the job fails before anyone is told of it.
+    env = rs.StreamEnvironment(
+        parallelism=2,
+        failpoints=[rs.Failpoint("after_metadata_before_notify", attempt=0, hit=1)],
+        checkpoints=rs.CheckpointConfig(interval_s=60, storage=str(tmp_path / "chk")),
+        restart=rs.RestartStrategy.fixed_delay(3, 0.1))
+    sink = build_job(env)
+    client = env.execute_async("fails-after-the-stop")
+    wait_for_records(client, "sum", N // 10)  # none committed yet: no checkpoint so far
+    with pytest.raises(Exception, match="is complete, but the job did not stop"):
+        client.stop_with_savepoint(str(tmp_path / "sp"), timeout_s=60)
+    result = client.wait(timeout_s=240)  # it went on from the savepoint, to the end
+    savepoint = next(c for c in result.checkpoints if c.savepoint == str(tmp_path / "sp"))
+    assert savepoint.status == "COMPLETED"
+    assert result.restarts == 1 and "after_metadata_before_notify" in result.failures[0]
+    assert result.restores[0]["checkpoint_id"] == savepoint.checkpoint_id
+    assert os.listdir(tmp_path / "sp" / "savepoint")  # never deleted
+    assert_exactly_once(result.table(sink))
+
+
+def test_a_committer_dying_after_the_stop_savepoint_never_rolls_its_commit_back(
+        ray_session, tmp_path):
+    # The stop savepoint completes and its Parquet files are being committed when the
+    # committer's process dies: the job must go on from the savepoint, not from before it.
+    out = str(tmp_path / "parquet")
+    env = rs.StreamEnvironment(
+        parallelism=2,
+        failpoints=[rs.Failpoint("mid_commit", operator="out-committer", attempt=0, hit=1)],
+        checkpoints=rs.CheckpointConfig(interval_s=60, storage=str(tmp_path / "chk")),
+        restart=rs.RestartStrategy.fixed_delay(3, 0.1))
+    sink = build_job(env, out)
+    client = env.execute_async("committer-dies-after-the-stop")
+    wait_for_records(client, "sum", N // 10)
+    with pytest.raises(Exception, match="is complete, but the job did not stop"):
+        client.stop_with_savepoint(str(tmp_path / "sp"), timeout_s=60)
+    result = client.wait(timeout_s=240)
+    savepoint = next(c for c in result.checkpoints if c.savepoint == str(tmp_path / "sp"))
+    assert result.restarts == 1 and "died" in result.failures[0], result.failures
+    assert result.restores[0]["checkpoint_id"] == savepoint.checkpoint_id
+    assert_exactly_once(result.table(sink))  # exactly the files in the commit log
