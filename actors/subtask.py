@@ -177,7 +177,8 @@ class Subtask:
         self.input_states: dict[int, InputStateRecorder] = {}
         # aligned barriers with a timeout still queued behind output, by id
         self.output_states: dict[int, tuple[Barrier, OutputStateCapture]] = {}
-        self.source_stopped = False  # stop-with-savepoint: emit nothing after its barrier
+        # stop-with-savepoint: emit nothing after this savepoint's barrier, unless it aborts
+        self.stopped_by: int | None = None
         self.failpoints = Failpoints(spec.failpoints, vertex.name, spec.index, spec.attempt)
         self.checkpointer: SubtaskCheckpointer | None = None
         if spec.restore is not None:
@@ -278,7 +279,7 @@ class Subtask:
         if self.in_progress is not None:
             return True
         if self.source is not None:
-            return not self.source_stopped and self.source.is_available()
+            return self.stopped_by is None and self.source.is_available()
         return self.gate.has_ready()
 
     def _run(self) -> None:
@@ -361,7 +362,7 @@ class Subtask:
                 self._process_slice()
             elif envelope is not None:
                 self._process(envelope)
-            elif (take_input and self.source is not None and not self.source_stopped
+            elif (take_input and self.source is not None and self.stopped_by is None
                   and call_operator(self.source, "is_available")):
                 if not call_operator(self.source, "emit_next"):
                     self._end_of_input()
@@ -391,6 +392,8 @@ class Subtask:
             self._abort_alignment(control[1])
             self._cancel_channel_state(control[1])
             self.checkpointer.notify_aborted(control[1])
+            if control[1] == self.stopped_by:  # a failed stop resumes the sources (Flink)
+                self.stopped_by = None
         elif kind == "stop":
             self.stopped = True
         elif kind == "drain":  # stop-with-savepoint, draining: end the input now
@@ -532,7 +535,7 @@ class Subtask:
             self.spec.master.acknowledge_coordinator_checkpoint.remote(
                 self.spec.attempt, list(self.coordinated), self.spec.index, barrier.checkpoint_id)
         if barrier.stop:
-            self.source_stopped = True
+            self.stopped_by = barrier.checkpoint_id
 
     def _forward_barrier(self, barrier: Barrier, unaligned: bool) -> OutputStateCapture:
         """Announce ``barrier`` on every output channel; return the output channel state.

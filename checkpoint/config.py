@@ -38,8 +38,11 @@ class CheckpointConfig:
         retained: completed checkpoints kept in storage; older ones are deleted.
         storage: a local directory or any ``pyarrow.fs`` URI (``s3://...``).
         tolerable_failures: checkpoints that may fail in a row before the job
-            fails over (declines and timeouts count; the job keeps running
-            while below this number).
+            fails over (declines, timeouts and unwritable storage count;
+            savepoints do not, their failure goes to the caller). The default,
+            3, rides out a passing hiccup but not storage that stays broken:
+            a job that cannot checkpoint commits nothing, so it should fail
+            (and restart, or stop with the cause) rather than run on silently.
         unaligned: unaligned checkpoints (Flink FLIP-76): barriers overtake
             the data in flight, which becomes part of the checkpoint (channel
             state), so a checkpoint does not wait for backpressured queues to
@@ -59,7 +62,7 @@ class CheckpointConfig:
     max_concurrent: int = 1
     retained: int = 3
     storage: str = field(default_factory=_default_storage)
-    tolerable_failures: int = 1_000_000
+    tolerable_failures: int = 3
     unaligned: bool = False
     aligned_timeout: float | None = None
     mode: str | None = None

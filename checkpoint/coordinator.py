@@ -45,8 +45,31 @@ log = logging.getLogger(__name__)
 SubtaskKey = tuple[int, int]  # (vertex id, subtask index)
 
 
+ABORT_LOG_EVERY_S = 5.0  # at most one "checkpoint aborted" line per job this often
+
+
 class TooManyCheckpointFailures(RuntimeError):
     """More checkpoints failed in a row than ``tolerable_failures``: the job fails over."""
+
+
+class _ThrottledLog:
+    """A warning repeated often (checkpoints aborting one after another) is logged at most
+    once per ``every_s``, with the number of lines left out since."""
+
+    def __init__(self, logger: logging.Logger, every_s: float) -> None:
+        self.logger, self.every_s = logger, every_s
+        self._last = float("-inf")
+        self._left_out = 0
+
+    def warning(self, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._last < self.every_s:
+            self._left_out += 1
+            return
+        if self._left_out:
+            message, args = message + " (%d more since the last such line)", (*args, self._left_out)
+        self.logger.warning(message, *args)
+        self._last, self._left_out = now, 0
 
 
 @dataclass
@@ -67,6 +90,24 @@ class PendingCheckpoint:
     unaligned: bool = False
     coordinators: dict[str, dict] = field(default_factory=dict)  # operator name -> state handle
     barrier: Barrier | None = None  # not sent yet: waiting for operator events' delivery
+
+
+@dataclass(frozen=True)
+class CompletedCheckpoint:
+    """A completed checkpoint, or a completed stop savepoint (final: it committed its
+    output, so a restore goes back to it like to a checkpoint)."""
+
+    checkpoint_id: int
+    metadata: dict
+    storage_uri: str
+    job_key: str
+
+    @property
+    def is_savepoint(self) -> bool:
+        return self.job_key == SAVEPOINT_JOB_KEY
+
+    def restore_spec(self) -> RestoreSpec:
+        return restore_spec_of(self.checkpoint_id, self.metadata, self.storage_uri)
 
 
 @dataclass
@@ -96,6 +137,7 @@ class CheckpointCoordinator:
                  operator_coordinators: OperatorCoordinators | None = None) -> None:
         self.config = config
         self.storage = CheckpointStorage(config.storage)
+        self.storage.check_writable(job_key)
         self.job_key, self.job_name = job_key, job_name
         self.subtasks = list(subtasks)
         self.max_parallelism = max_parallelism
@@ -111,14 +153,19 @@ class CheckpointCoordinator:
         self.operator_coordinators = operator_coordinators or OperatorCoordinators([])
         self.attempt = 0
         self.pending: dict[int, PendingCheckpoint] = {}
-        self.completed: list[tuple[int, dict]] = []  # (id, metadata), oldest first
+        self.completed: list[CompletedCheckpoint] = []  # oldest first
         self._undeleted: set[int] = set()  # discarded checkpoints whose directory remained
         self.history: dict[int, CheckpointStats] = {}
         self.failures_in_a_row = 0
+        # The newest checkpoint whose completion was notified: its output may be committed
+        # (what a committer did with the notification is not visible here).
+        self.committed_upto = 0
         self._last_id = self.storage.highest_checkpoint_id(job_key)
         self._last_trigger = time.monotonic()
         self._last_completion = float("-inf")  # min_pause never delays the first checkpoint
         self.final_checkpoint: int | None = None
+        self._final_aborted = False  # a final checkpoint failed: retry it at the interval
+        self._aborts_log = _ThrottledLog(log, ABORT_LOG_EVERY_S)
         self.initial_restore: RestoreSpec | None = None  # savepoint the job started from
 
     # -- triggering ------------------------------------------------------------------------
@@ -134,6 +181,11 @@ class CheckpointCoordinator:
                 and now - self._last_trigger >= self.config.interval_s
                 and now - self._last_completion >= self.config.min_pause_s):
             self.trigger()
+
+    def final_due(self, now: float) -> bool:
+        """May the master trigger the final checkpoint (FLIP-147) now? At once the first
+        time; after one failed, no sooner than ``interval_s`` after the last trigger."""
+        return not self._final_aborted or now - self._last_trigger >= self.config.interval_s
 
     def trigger(self, *, final: bool = False, savepoint_target: str | None = None,
                 stop: bool = False) -> int:
@@ -221,8 +273,9 @@ class CheckpointCoordinator:
 
     def abort(self, n: int, reason: str, *, failed: bool = True) -> None:
         """Abort pending checkpoint ``n``. A *failed* one (declined, timed out,
-        not writable) counts toward ``tolerable_failures``; a subsumed one or
-        one cut short by a failover does not."""
+        not writable) counts toward ``tolerable_failures``; a subsumed one, one
+        cut short by a failover, or a savepoint (its failure goes to whoever asked
+        for it, as in Flink) does not."""
         pending = self.pending.pop(n, None)
         if pending is None:
             return
@@ -231,12 +284,13 @@ class CheckpointCoordinator:
         stats.duration_s = time.monotonic() - pending.started
         if pending.final:
             self.final_checkpoint = None  # the master triggers another final checkpoint
-        log.warning("checkpoint %d of %s aborted: %s", n, self.job_name, reason)
+            self._final_aborted = True
+        self._aborts_log.warning("checkpoint %d of %s aborted: %s", n, self.job_name, reason)
         self._notify_aborted(n)
         self.operator_coordinators.abort(n)
         if pending.savepoint_target is None:
             self._discard(n)  # files a subtask still writes later stay: the job dir is theirs
-        if failed:
+        if failed and pending.savepoint_target is None:
             self.failures_in_a_row += 1
             if self.failures_in_a_row > self.config.tolerable_failures:
                 raise TooManyCheckpointFailures(
@@ -267,19 +321,21 @@ class CheckpointCoordinator:
         stats.channel_state_bytes = pending.channel_state_bytes
         if pending.savepoint_target is not None and not (pending.stop or pending.final):
             return  # a savepoint of a running job: no commit, no failover target
-        self.completed.append((n, metadata))
+        self.completed.append(CompletedCheckpoint(n, metadata, storage.uri, job_key))
         self._last_completion = time.monotonic()
         self.failures_in_a_row = 0
         for older in [m for m in self.pending if m < n]:
             self.abort(older, f"subsumed by checkpoint {n}", failed=False)
         self._discard_beyond_retention()
         self.failpoints.hit("after_metadata_before_notify")
+        self.committed_upto = n
         self._notify_complete(n)
         self.operator_coordinators.complete(n)
 
     def _metadata(self, pending: PendingCheckpoint) -> dict:
         operators: dict[str, dict[str, list]] = {}
-        committed = copy.deepcopy(self.completed[-1][1]["committed"]) if self.completed else {}
+        latest = self.latest()
+        committed = copy.deepcopy(latest.metadata["committed"]) if latest else {}
         handles = []
         for subtask in sorted(pending.written):
             for name, entry in pending.written[subtask].items():
@@ -288,10 +344,14 @@ class CheckpointCoordinator:
                     if kind in entry:
                         files[kind].append(entry[kind])
                         handles.append(entry[kind])
-                known = {h["path"] for h in committed.get(name, [])}
-                for handle in entry.get("committables", []):
+                if "committables" not in entry:
+                    continue
+                # listed even before it commits anything: an empty sink is an empty result
+                output = committed.setdefault(name, [])
+                known = {h["path"] for h in output}
+                for handle in entry["committables"]:
                     if handle["path"] not in known:  # an origin offered again: commit once
-                        committed.setdefault(name, []).append(handle)
+                        output.append(handle)
                         known.add(handle["path"])
         by_head: dict[str, list[list[list[int]]]] = {}
         for (vertex, _), runs in pending.watermarks.items():
@@ -314,8 +374,9 @@ class CheckpointCoordinator:
 
     def _discard_beyond_retention(self) -> None:
         while len(self.completed) > self.config.retained:
-            n, _ = self.completed.pop(0)
-            self._discard(n)
+            oldest = self.completed.pop(0)
+            if not oldest.is_savepoint:  # savepoints are never deleted automatically
+                self._discard(oldest.checkpoint_id)
         # Directories that could not be deleted before: a subtask of an older
         # attempt may still have been writing into an aborted checkpoint.
         for n in sorted(self._undeleted):
@@ -331,39 +392,42 @@ class CheckpointCoordinator:
                 log.warning("could not delete checkpoint %d: %s", n, exc)
 
     # -- restore ------------------------------------------------------------------------------
-    def latest(self) -> tuple[int, dict] | None:
+    def latest(self) -> CompletedCheckpoint | None:
         return self.completed[-1] if self.completed else None
 
     def verified_restore_spec(self) -> RestoreSpec | None:
-        """The restore spec of the newest checkpoint whose files all verify.
+        """The restore spec of the newest completed checkpoint (or stop savepoint) whose
+        files all verify.
 
-        A corrupt newer checkpoint is skipped in favour of an older one (its
-        collect-sink output was committed only in its own metadata, so falling
-        back re-commits nothing twice); a skipped checkpoint is forgotten.
+        A corrupt one is skipped (and forgotten) in favour of an older one only if no
+        output was committed for it, i.e. its completion was never notified: restoring
+        older state would commit that output again. Otherwise this raises
+        :class:`CorruptCheckpointError` naming the corrupt file.
         """
-        if not self.completed:
-            return self.initial_restore
-        corrupt: list[CorruptCheckpointError] = []
-        found = self.storage.latest_valid_checkpoint(self.job_key, skipped=corrupt)
-        if found is None:
-            raise RuntimeError(f"no completed checkpoint of {self.job_name} verifies in "
-                               f"{self.config.storage}: " + "; ".join(map(str, corrupt)))
-        n = found[0]
-        skipped = [m for m, _ in self.completed if m > n]
-        if skipped:
-            log.warning("checkpoints %s of %s are corrupt: restoring %d", skipped,
-                        self.job_name, n)
-            self.completed = [(m, md) for m, md in self.completed if m <= n]
-            for m in skipped:
-                self.history[m].status, self.history[m].reason = "CORRUPT", "failed verification"
-        return self.restore_spec()
+        while self.completed:
+            latest = self.completed[-1]
+            n = latest.checkpoint_id
+            try:
+                CheckpointStorage(latest.storage_uri).verified_metadata(latest.job_key, n)
+                return latest.restore_spec()
+            except CorruptCheckpointError as exc:
+                if n <= self.committed_upto:
+                    raise CorruptCheckpointError(
+                        exc.path, f"{exc.reason}; output was committed up to checkpoint "
+                                  f"{self.committed_upto} of {self.job_name}, so no older "
+                                  f"checkpoint may replace {n}") from exc
+                log.warning("checkpoint %d of %s is corrupt and committed nothing: restoring an "
+                            "older one: %s", n, self.job_name, exc)
+                self.completed.pop()
+                self.history[n].status, self.history[n].reason = "CORRUPT", str(exc)
+        if self.committed_upto:  # what committed it was discarded by retention
+            raise RuntimeError(f"no completed checkpoint of {self.job_name} since checkpoint "
+                               f"{self.committed_upto} (which committed output) verifies")
+        return self.initial_restore
 
     def restore_spec(self) -> RestoreSpec | None:
         latest = self.latest()
-        if latest is None:
-            return None
-        n, metadata = latest
-        return restore_spec_of(n, metadata, self.config.storage)
+        return latest.restore_spec() if latest is not None else None
 
     def restore_from(self, path: str) -> RestoreSpec:
         """The spec of a savepoint or retained checkpoint of another run, for a new job.
@@ -397,7 +461,7 @@ class CheckpointCoordinator:
     def committed_outputs(self) -> dict[str, list[dict]]:
         """Committable handles of every sink, as of the latest completed checkpoint."""
         latest = self.latest()
-        return latest[1]["committed"] if latest else {}
+        return latest.metadata["committed"] if latest else {}
 
     def stats(self) -> list[CheckpointStats]:
         return [self.history[n] for n in sorted(self.history)]

@@ -174,6 +174,21 @@ class CheckpointStorage:
     def _metadata_path(self, job_key: str, checkpoint_id: int) -> str:
         return self._join(self.checkpoint_dir(job_key, checkpoint_id), METADATA_FILE)
 
+    def check_writable(self, job_key: str) -> None:
+        """Create the job's directory and a probe file in it, then delete the probe;
+        raises ``OSError`` naming the path and the cause where that fails (checked
+        when a job starts, so it fails at once rather than at every checkpoint)."""
+        job_dir = self.job_dir(job_key)
+        probe = self._join(job_dir, f".write-probe-{uuid.uuid4().hex}")
+        try:
+            self.filesystem.create_dir(job_dir, recursive=True)
+            with self.filesystem.open_output_stream(probe, compression=None):
+                pass
+            self.filesystem.delete_file(probe)
+        except OSError as exc:
+            raise OSError(f"checkpoint storage {self.uri} is not writable: could not create "
+                          f"{probe}: {type(exc).__name__}: {exc}") from exc
+
     # -- state files ---------------------------------------------------------
 
     def write_state(self, job_key: str, checkpoint_id: int, name: str,
@@ -381,9 +396,7 @@ class CheckpointStorage:
                         raise CorruptCheckpointError(self._metadata_path(job_key, cid), "missing")
                     logger.debug("checkpoint %d of job %r is not complete; looking further", cid, job_key)
                     continue
-                metadata = self.read_metadata(job_key, cid)
-                self._verify_handles(self._metadata_path(job_key, cid), metadata)
-                return cid, metadata
+                return cid, self.verified_metadata(job_key, cid)
             except CorruptCheckpointError as e:
                 if must_not_skip(cid):
                     raise CorruptCheckpointError(
@@ -393,6 +406,13 @@ class CheckpointStorage:
                 if skipped is not None:
                     skipped.append(e)
         return None
+
+    def verified_metadata(self, job_key: str, checkpoint_id: int) -> dict:
+        """The checkpoint's metadata, once it and every state file it lists verify;
+        else :class:`CorruptCheckpointError` naming the file."""
+        metadata = self.read_metadata(job_key, checkpoint_id)
+        self._verify_handles(self._metadata_path(job_key, checkpoint_id), metadata)
+        return metadata
 
     def _verify_handles(self, metadata_path: str, metadata: dict) -> None:
         handles = metadata.get("handles", [])

@@ -27,6 +27,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import pyarrow as pa
@@ -38,7 +39,7 @@ from raystream.actors.subtask_checkpoints import CheckpointingSpec, RestoreSpec
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.checkpoint.coordinator import CheckpointCoordinator, TooManyCheckpointFailures
 from raystream.checkpoint.coordinator_holder import CoordinatorFailure, OperatorCoordinators
-from raystream.checkpoint.storage import CheckpointStorage, StateHandle
+from raystream.checkpoint.storage import CheckpointStorage, CorruptCheckpointError, StateHandle
 from raystream.checkpoint.subtask_gateway import EventDeliveryError, GatewayProtocolError
 from raystream.engine import registry
 from raystream.engine.failpoints import Failpoint, Failpoints, InjectedFailure
@@ -99,6 +100,21 @@ class _Reply:
         return self.value
 
 
+class SavepointMode(Enum):
+    KEEP_RUNNING = "keep running"  # the job goes on; the savepoint commits nothing
+    STOP = "stop"  # the sources stop at its barrier; the job ends after it
+    DRAIN = "drain"  # the sources end their input; the final checkpoint is the savepoint
+
+
+@dataclass(frozen=True)
+class SavepointRequest:
+    """A client waiting for a savepoint."""
+
+    path: str
+    mode: SavepointMode
+    reply: _Reply
+
+
 @dataclass
 class JobOutcome:
     status: str  # "FINISHED" | "FAILED" | "CANCELED"
@@ -147,6 +163,14 @@ class _Failure(Exception):
         self.report = report
 
 
+def _deployment_failure(exc: RayActorError) -> _Failure:
+    """A subtask's process died while its attempt was being deployed."""
+    first_line = str(exc).splitlines()[0] if str(exc) else ""
+    return _Failure(TerminationReport(
+        -1, -1, "FAILED", operator="deployment",
+        error=f"a subtask died during deployment: {type(exc).__name__}: {first_line}"))
+
+
 @ray.remote(concurrency_groups={"client": 8, "control": 1}, max_restarts=0, max_task_retries=0)
 class JobMaster:
     def __init__(self, job_id: str, job_name: str, plan: JobPlan, options: JobOptions) -> None:
@@ -167,8 +191,8 @@ class JobMaster:
         # the operator coordinators (split enumerators, ...) with their subtask gateways
         self.operator_coordinators = OperatorCoordinators([])  # created by the event thread
         self.spare: Any = None  # a warm, empty subtask actor for failover
-        self.savepoints: dict[int, tuple[_Reply, bool]] = {}  # id -> (waiting client, stops job)
-        self.drain_to: tuple[str, _Reply] | None = None  # stop-with-savepoint, draining
+        self.savepoints: dict[int, SavepointRequest] = {}  # by the id of its checkpoint
+        self.draining: SavepointRequest | None = None  # its savepoint is the final checkpoint
         self.started_at = time.time()
         self.exporter = JobMetricsExporter(job_name, job_id)
         self._published: tuple[float, str] = (float("-inf"), "")  # when, what
@@ -193,9 +217,11 @@ class JobMaster:
     def savepoint(self, path: str, stop: bool = False, drain: bool = False,
                   timeout_s: float | None = None) -> str:
         """Take a savepoint to ``path``; with ``stop`` the job ends after it (FINISHED)."""
-        reply = _Reply()
-        self.events.put(("savepoint", path, stop, drain, reply))
-        return reply.wait(timeout_s)
+        mode = (SavepointMode.DRAIN if drain else SavepointMode.STOP if stop
+                else SavepointMode.KEEP_RUNNING)
+        request = SavepointRequest(path, mode, _Reply())
+        self.events.put(("savepoint", request))
+        return request.reply.wait(timeout_s)
 
     @ray.method(concurrency_group="client")
     def subtask_actors(self) -> dict[str, list[Any]]:
@@ -221,7 +247,8 @@ class JobMaster:
         coordinator = self.coordinator
         return {"status": self.status, "attempt": self.attempt, "failures": list(self.failures),
                 "restores": list(self.restores),
-                "completed_checkpoints": [n for n, _ in coordinator.completed] if coordinator else [],
+                "completed_checkpoints": ([c.checkpoint_id for c in coordinator.completed]
+                                          if coordinator else []),
                 "checkpoints": coordinator.stats() if coordinator else []}
 
     # -- subtask calls (control lane) ---------------------------------------------------------
@@ -265,15 +292,17 @@ class JobMaster:
             self.operator_coordinators.start()
             if restore is not None:
                 self._reset_operator_coordinators(restore)
-            self._deploy(restore=restore)
+            outcome = self._deploy_first(restore)
             deploy_s = time.perf_counter() - started
-            self.status = "RUNNING"
-            self._publish()
-            outcome = self._event_loop()
+            if outcome is None:
+                self.status = "RUNNING"
+                self._publish()
+                outcome = self._event_loop()
         except Exception as exc:  # could not deploy: report it, never hang the client
             outcome = JobOutcome("FAILED", error=f"job '{self.job_name}' could not run: "
                                                  f"{type(exc).__name__}: {exc}")
         finally:
+            self._answer_open_savepoints("the job ended before it")
             self.operator_coordinators.close()
             self._kill_all()
         outcome.deploy_s = deploy_s
@@ -333,18 +362,51 @@ class JobMaster:
         return self._maybe_finish()
 
     def _answer_savepoints(self) -> JobOutcome | None:
-        for n, (reply, stop) in list(self.savepoints.items()):
+        for n, request in list(self.savepoints.items()):
             stats = self.coordinator.history[n]
             if stats.status == "PENDING":
                 continue
             del self.savepoints[n]
             if stats.status != "COMPLETED":
-                reply.set(error=f"savepoint {n} failed: {stats.reason}")
-                continue
-            reply.set(stats.savepoint)
-            if stop:
-                return self._end("FINISHED")
+                request.reply.set(error=f"savepoint {n} failed: {stats.reason}")
+                if request is self.draining:  # the input has ended: a checkpoint ends the job
+                    self.draining = None
+            elif request.mode is SavepointMode.KEEP_RUNNING:
+                request.reply.set(stats.savepoint)
+            elif request.mode is SavepointMode.STOP:
+                return self._end_after_savepoint(request)
         return None
+
+    def _end_after_savepoint(self, request: SavepointRequest) -> JobOutcome:
+        """End the job after its completed stop savepoint. The caller hears of success once
+        every subtask has stopped; if one fails instead, the job fails over to the savepoint
+        (its output is committed: never rolled back) and the caller is told so."""
+        try:
+            outcome = self._end("FINISHED")
+        except _Failure as failure:
+            request.reply.set(error=f"savepoint {request.path} is complete, but the job did not "
+                                    f"stop ({failure}); it goes on from that savepoint")
+            raise
+        request.reply.set(request.path)
+        return outcome
+
+    def _answer_open_savepoints(self, reason: str) -> None:
+        """A failover or the end of the job: every savepoint not answered yet is answered
+        now (a completed one that was to stop the job did not stop it)."""
+        open_requests = list(self.savepoints.items())
+        if self.draining is not None and self.draining not in self.savepoints.values():
+            open_requests.append((None, self.draining))
+        self.savepoints, self.draining = {}, None
+        for n, request in open_requests:
+            stats = self.coordinator.history.get(n) if self.coordinator and n else None
+            if stats is not None and stats.status == "COMPLETED":
+                if request.mode is SavepointMode.KEEP_RUNNING:
+                    request.reply.set(stats.savepoint)
+                else:
+                    request.reply.set(error=f"savepoint {request.path} is complete, but the job "
+                                            f"did not stop: {reason}")
+            else:
+                request.reply.set(error=f"savepoint to {request.path} failed: {reason}")
 
     def _handle(self, event: tuple) -> JobOutcome | None:
         kind = event[0]
@@ -357,17 +419,24 @@ class JobMaster:
             if attempt == self.attempt:
                 self.finished[subtask] = results
         elif kind == "savepoint":
-            _, path, stop, drain, reply = event
+            request: SavepointRequest = event[1]
             if self.coordinator is None:
-                reply.set(error="savepoints need checkpoints: StreamEnvironment(checkpoints=...)")
-            elif drain:  # sources end their input; the final checkpoint goes to `path`
-                self.drain_to = (path, reply)
+                request.reply.set(
+                    error="savepoints need checkpoints: StreamEnvironment(checkpoints=...)")
+            elif request.mode is SavepointMode.DRAIN:  # the final checkpoint goes to its path
+                self.draining = request
                 for (vertex, _), actor in self.actors.items():
                     if self.plan.vertices[vertex].is_source:
                         actor.drain.remote()
             else:
-                n = self.coordinator.trigger(savepoint_target=path, stop=stop)
-                self.savepoints[n] = (reply, stop)
+                try:
+                    n = self.coordinator.trigger(savepoint_target=request.path,
+                                                 stop=request.mode is SavepointMode.STOP)
+                except Exception as exc:  # the job may fail over: the caller still hears
+                    request.reply.set(error=f"savepoint to {request.path} failed: "
+                                            f"{type(exc).__name__}: {exc}")
+                    raise
+                self.savepoints[n] = request
         elif kind == "operator_event":
             _, attempt, operator, index, payload = event
             if attempt == self.attempt:
@@ -389,13 +458,19 @@ class JobMaster:
         if coordinator is not None:
             final = coordinator.final_checkpoint
             if final is None:
-                target = self.drain_to[0] if self.drain_to else None
-                coordinator.trigger(final=True, savepoint_target=target, stop=target is not None)
+                if not coordinator.final_due(time.monotonic()):
+                    return None
+                target = self.draining.path if self.draining else None
+                n = coordinator.trigger(final=True, savepoint_target=target,
+                                        stop=target is not None)
+                if self.draining is not None:
+                    self.savepoints[n] = self.draining
                 return None
-            if not any(n == final for n, _ in coordinator.completed):
+            if not any(c.checkpoint_id == final for c in coordinator.completed):
                 return None
-            if self.drain_to is not None:
-                self.drain_to[1].set(self.drain_to[0])
+            if self.draining is not None:
+                request, self.draining = self.draining, None
+                return self._end_after_savepoint(request)
         return self._end("FINISHED")
 
     def _end(self, status: str) -> JobOutcome:
@@ -506,6 +581,7 @@ class JobMaster:
             report = TerminationReport(-1, -1, "FAILED", error=f"checkpoint coordinator: {failure}",
                                        operator="coordinator")
         self.failures.append(report.error or "unknown failure")
+        self._answer_open_savepoints(f"the job failed over after: {report.error}")
         restart = len(self.failures)
         if self.options.checkpoints is None or restart > self.options.restart.attempts:
             for actor in self.actors.values():
@@ -528,6 +604,10 @@ class JobMaster:
         started = time.perf_counter()
         try:
             restore = self.coordinator.verified_restore_spec()
+        except (CorruptCheckpointError, OSError, RuntimeError) as exc:  # nowhere to go back to
+            return JobOutcome("FAILED", error=f"{report.error}; the job cannot restore: {exc}",
+                              operator=report.operator, traceback=report.traceback)
+        try:
             self._reset_operator_coordinators(restore)
             self._deploy(restore=restore, avoid_nodes=lost_nodes)
             self.restores.append({"attempt": self.attempt, "failure": report.error,
@@ -535,10 +615,17 @@ class JobMaster:
                                   "restore_s": time.perf_counter() - started,
                                   "lost_nodes": lost_nodes})
         except RayActorError as exc:  # a subtask died while being wired: fail over again
-            return self._failover(_Failure(TerminationReport(
-                -1, -1, "FAILED", operator="deployment",
-                error=f"a subtask died during restart: {type(exc).__name__}")))
+            return self._failover(_deployment_failure(exc))
         self.status = "RUNNING"
+        return None
+
+    def _deploy_first(self, restore: RestoreSpec | None) -> JobOutcome | None:
+        """Deploy the first attempt. A subtask lost meanwhile is a failure like any
+        other: the restart strategy applies (an outcome only if it ends the job)."""
+        try:
+            self._deploy(restore=restore)
+        except RayActorError as exc:
+            return self._failover(_deployment_failure(exc))
         return None
 
     def _lost_nodes(self) -> list[str]:

@@ -31,7 +31,7 @@ from raystream.actors.messages import Barrier
 from raystream.actors.subtask_checkpoints import OperatorRestore, RestoreSpec
 from raystream.checkpoint.config import CheckpointConfig
 from raystream.checkpoint.coordinator import CheckpointCoordinator
-from raystream.checkpoint.storage import CheckpointStorage, StateHandle
+from raystream.checkpoint.storage import CheckpointStorage, CorruptCheckpointError, StateHandle
 from raystream.engine.failpoints import Failpoint, Failpoints, InjectedFailure
 
 JOB = "job-1"
@@ -123,7 +123,7 @@ def chk_dirs(tmp_path) -> list[int]:
 
 
 def completed_ids(coord: CheckpointCoordinator) -> list[int]:
-    return [n for n, _ in coord.completed]
+    return [c.checkpoint_id for c in coord.completed]
 
 
 # -- triggering --------------------------------------------------------------------------------
@@ -466,6 +466,16 @@ def test_no_periodic_trigger_after_the_final_checkpoint_completed(tmp_path):
     assert rec.triggered == [final]
 
 
+def test_a_failed_final_checkpoint_is_triggered_again_at_the_interval_only(tmp_path):
+    coord, _ = make(tmp_path, interval_s=1000.0)
+    assert coord.final_due(time.monotonic())  # the first one at once
+    final = coord.trigger(final=True)
+    coord.decline(0, final, SUBTASKS[0], "storage is not writable")
+    assert coord.final_checkpoint is None
+    assert not coord.final_due(time.monotonic())  # never a busy loop of final checkpoints
+    assert coord.final_due(time.monotonic() + 1000.0)
+
+
 def test_final_checkpoint_timing_out_resets_it(tmp_path):
     coord, rec = make(tmp_path, interval_s=1000.0, timeout_s=5.0)
     final = coord.trigger(final=True)
@@ -515,8 +525,8 @@ def test_committables_of_an_aborted_checkpoint_are_not_committed(tmp_path):
 # -- restore -------------------------------------------------------------------------------------
 
 
-def test_verified_restore_spec_skips_a_corrupt_newest_checkpoint(tmp_path):
-    coord, rec = make(tmp_path)
+def two_checkpoints(coord: CheckpointCoordinator) -> dict[int, tuple[dict, dict]]:
+    """Checkpoints 1 and 2 with operator and keyed state; their handles."""
     a, b, _ = SUBTASKS
     handles = {}
     for n_expected in (1, 2):
@@ -524,44 +534,56 @@ def test_verified_restore_spec_skips_a_corrupt_newest_checkpoint(tmp_path):
         assert n == n_expected
         op = state(coord, n, "op-0.op", f"operator state {n}".encode())
         keyed = state(coord, n, "op-1.keyed", f"keyed state {n}".encode())
-        ack_all(coord, n, {a: {"op": {"operator_state": op}}, b: {"op": {"keyed_state": keyed}}})
         handles[n] = (op, keyed)
-    assert rec.completed == [1, 2]
+        try:
+            ack_all(coord, n, {a: {"op": {"operator_state": op}},
+                               b: {"op": {"keyed_state": keyed}}})
+        except InjectedFailure:
+            pass
+    return handles
+
+
+def flip_first_byte(path: str) -> None:
+    with open(path, "r+b") as f:
+        byte = f.read(1)
+        f.seek(0)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_verified_restore_spec_skips_a_corrupt_newest_checkpoint_that_committed_nothing(tmp_path):
+    # checkpoint 2 is durable, but the failure comes before anyone is told: nothing committed
+    coord, rec = make(tmp_path, failpoints=[
+        Failpoint("after_metadata_before_notify", hit=2, action="raise")])
+    handles = two_checkpoints(coord)
+    assert rec.completed == [1] and completed_ids(coord) == [1, 2]
 
     spec = coord.verified_restore_spec()  # nothing corrupt: the newest
     storage = coord.config.storage  # restored files are read from the job's checkpoint storage
     assert spec == RestoreSpec(2, storage,
                                {"op": OperatorRestore([handles[2][0]], [handles[2][1]])})
 
-    path = handles[2][1]["path"]
-    with open(path, "rb") as f:
-        data = bytearray(f.read())
-    data[0] ^= 0xFF
-    with open(path, "wb") as f:
-        f.write(data)
-
+    flip_first_byte(handles[2][1]["path"])
     spec = coord.verified_restore_spec()
     assert spec == RestoreSpec(1, storage,
                                {"op": OperatorRestore([handles[1][0]], [handles[1][1]])})
     assert completed_ids(coord) == [1]
     assert coord.history[2].status == "CORRUPT"
     assert coord.history[1].status == "COMPLETED"
-    assert coord.latest()[0] == 1
+    assert coord.latest().checkpoint_id == 1
     # ids stay monotonic: the corrupt id is not reused
     assert coord.trigger() == 3
 
 
-def test_when_no_checkpoint_verifies_the_error_names_each_corrupt_file(tmp_path):
-    coord, _ = make(tmp_path)
-    a, b, _ = SUBTASKS
-    n = coord.trigger()
-    op = state(coord, n, "op-0.op", b"operator state")
-    ack_all(coord, n, {a: {"op": {"operator_state": op}}})
-    with open(op["path"], "r+b") as f:
-        f.write(b"X")
-    with pytest.raises(RuntimeError, match=f"no completed checkpoint of .* verifies .*"
-                                           f"{re.escape(op['path'])}.*checksum mismatch"):
+def test_a_corrupt_checkpoint_that_committed_output_is_never_skipped(tmp_path):
+    coord, rec = make(tmp_path)
+    handles = two_checkpoints(coord)
+    assert rec.completed == [1, 2]  # both notified: committers may have committed them
+    flip_first_byte(handles[2][1]["path"])
+    with pytest.raises(CorruptCheckpointError,
+                       match=f"{re.escape(handles[2][1]['path'])}.*checksum mismatch.*committed "
+                             f"up to checkpoint 2"):
         coord.verified_restore_spec()
+    assert completed_ids(coord) == [1, 2]  # nothing forgotten
 
 
 def test_restore_spec_without_completed_checkpoints_is_none(tmp_path):

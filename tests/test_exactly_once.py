@@ -148,45 +148,126 @@ def test_placed_failures_in_every_phase_are_exactly_once(ray_session, storage, t
     assert_exactly_once(result.table(sink))  # parquet: exactly the files in the commit log
 
 
-def test_unwritable_storage_declines_checkpoints_and_the_job_goes_on(ray_session, tmp_path):
+def test_unwritable_storage_fails_the_job_at_start_naming_the_path(ray_session, tmp_path):
     blocked = tmp_path / "blocked"
     blocked.write_text("a file where the checkpoint directory should be")
     storage = str(blocked / "checkpoints")
     env = checkpointed_env(storage, interval_s=0.1)
+    build_job(env)
+    started = time.monotonic()
+    with pytest.raises(rs.JobFailedError, match=f"checkpoint storage {storage} is not writable"
+                                                f".*NotADirectoryError"):
+        env.execute("unwritable-at-start")
+    assert time.monotonic() - started < 30
+
+
+class StorageOutage:
+    """The checkpoint storage directory is moved away and a regular file put in its
+    place: every write below it fails (as root, permissions would not stop one)."""
+
+    def __init__(self, storage: str) -> None:
+        self.storage, self.away = storage, storage + "-away"
+
+    def begin(self) -> None:
+        os.rename(self.storage, self.away)
+        with open(self.storage, "w") as f:
+            f.write("not a directory")
+
+    def end(self) -> None:
+        os.unlink(self.storage)
+        os.rename(self.away, self.storage)
+
+
+def test_a_short_storage_outage_declines_checkpoints_and_the_job_goes_on(ray_session, storage):
+    env = rs.StreamEnvironment(
+        parallelism=2,
+        checkpoints=rs.CheckpointConfig(interval_s=0.1, storage=storage, retained=2,
+                                        tolerable_failures=1000),
+        restart=rs.RestartStrategy.fixed_delay(3, 0.1))
     sink = build_job(env)
-    client = env.execute_async("unwritable")
+    client = env.execute_async("storage-outage")
+    wait_for_checkpoint(client)
+    outage = StorageOutage(storage)
+    outage.begin()
     deadline = time.monotonic() + 60
     while sum(c.status == "ABORTED" for c in client.progress()["checkpoints"]) < 3:
         assert time.monotonic() < deadline
         time.sleep(0.02)
     assert client.status() == "RUNNING"
-    blocked.unlink()  # storage becomes writable: checkpoints complete again
+    outage.end()  # storage is writable again: checkpoints complete again
     result = client.wait(timeout_s=240)
     aborted = [c for c in result.checkpoints if c.status == "ABORTED"]
     assert len(aborted) >= 3 and all("declined" in c.reason for c in aborted)
-    assert any(c.status == "COMPLETED" for c in result.checkpoints)
+    assert result.checkpoints[-1].status == "COMPLETED"
     assert result.restarts == 0
     assert_exactly_once(result.table(sink))
 
 
-def test_corrupt_latest_checkpoint_falls_back_to_an_older_one(ray_session, storage):
-    env = checkpointed_env(storage, interval_s=0.5)
-    sink = build_job(env)
-    client = env.execute_async("corrupt")
-    first = wait_for_checkpoint(client)
-    latest = wait_for_checkpoint(client, after=first)
-    chk = os.path.join(storage, client.job_id, f"chk-{latest}")
-    state_files = [f for f in os.listdir(chk) if f.endswith(".keyed")]
-    with open(os.path.join(chk, state_files[0]), "r+b") as f:  # flip one byte
+def test_storage_that_stays_unwritable_fails_the_job_with_the_cause(ray_session, storage):
+    env = checkpointed_env(storage, interval_s=0.1, attempts=1)
+    build_job(env)
+    client = env.execute_async("storage-gone")
+    wait_for_checkpoint(client)
+    StorageOutage(storage).begin()
+    started = time.monotonic()
+    with pytest.raises(rs.JobFailedError) as failed:
+        client.wait(timeout_s=120)
+    message = str(failed.value)
+    assert "4 checkpoints failed in a row (tolerable: 3)" in message  # the default
+    assert "NotADirectoryError" in message and storage in message
+    assert time.monotonic() - started < 60
+
+
+def corrupt_a_keyed_state_file(checkpoint_dir: str) -> str:
+    """Flip one byte of a keyed state file of the checkpoint; its path."""
+    path = os.path.join(checkpoint_dir, next(f for f in sorted(os.listdir(checkpoint_dir))
+                                             if f.endswith(".keyed")))
+    with open(path, "r+b") as f:
         f.seek(20)
         byte = f.read(1)
         f.seek(20)
         f.write(bytes([byte[0] ^ 0xFF]))
+    return path
+
+
+def test_a_corrupt_latest_checkpoint_that_committed_output_fails_the_job_naming_the_file(
+        ray_session, storage):
+    env = checkpointed_env(storage, interval_s=0.5)
+    build_job(env)
+    client = env.execute_async("corrupt")
+    first = wait_for_checkpoint(client)
+    latest = wait_for_checkpoint(client, after=first)
+    path = corrupt_a_keyed_state_file(os.path.join(storage, client.job_id, f"chk-{latest}"))
     ray.kill(client.subtask_actor("sum", 0))
+    # Its output may be read already: restoring an older checkpoint would commit it twice.
+    with pytest.raises(rs.JobFailedError, match=f"cannot restore.*{path}.*checksum mismatch"):
+        client.wait(timeout_s=240)
+
+
+def test_a_corrupt_latest_checkpoint_that_committed_nothing_falls_back_to_an_older_one(
+        ray_session, storage):
+    # The third checkpoint is durable, but the job fails before anyone is told of it, so
+    # nothing was committed for it; the restart waits long enough to corrupt it meanwhile.
+    env = rs.StreamEnvironment(
+        parallelism=2,
+        failpoints=[rs.Failpoint("after_metadata_before_notify", attempt=0, hit=3)],
+        checkpoints=rs.CheckpointConfig(interval_s=0.25, storage=storage, retained=2),
+        restart=rs.RestartStrategy.fixed_delay(3, 3.0))
+    sink = build_job(env)
+    client = env.execute_async("corrupt-uncommitted")
+    deadline = time.monotonic() + 60
+    while client.status() != "RESTARTING":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    job_dir = os.path.join(storage, client.job_id)
+    durable = max(int(d[4:]) for d in os.listdir(job_dir)
+                  if os.path.exists(os.path.join(job_dir, d, "_metadata")))
+    corrupt_a_keyed_state_file(os.path.join(job_dir, f"chk-{durable}"))
     result = client.wait(timeout_s=240)
-    assert result.restarts == 1
+    assert result.restarts == 1 and "after_metadata_before_notify" in result.failures[0]
     statuses = {c.checkpoint_id: c.status for c in result.checkpoints}
-    assert statuses[latest] == "CORRUPT"
+    assert statuses[durable] == "CORRUPT"
+    assert result.restores[0]["checkpoint_id"] < durable
     assert_exactly_once(result.table(sink))
 
 
