@@ -17,9 +17,11 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
+import ray
 
 import raystream as rs
-from tests.chaos.model import Events, emission_differences, emissions_of, window_emissions
+from tests.chaos.model import (CountAndSum, Events, emission_differences, emissions_of,
+                               window_emissions)
 from tests.test_exactly_once import wait_for_checkpoint
 
 EVENTS = Events()
@@ -32,24 +34,6 @@ ASSIGNERS = {"tumbling": rs.TumblingEventTimeWindows(size_ms=1000),
 
 def oracle(assigner, lateness: int):
     return window_emissions(EVENTS, assigner, lateness)
-
-
-class CountAndSum:
-    """A user aggregate (the generic path) computing what ``agg(n=count, total=sum)`` does."""
-
-    def create_accumulator(self):
-        return [0, 0.0]
-
-    def add(self, row, acc):
-        acc[0] += 1
-        acc[1] += row["x"]
-        return acc
-
-    def merge(self, a, b):
-        return [a[0] + b[0], a[1] + b[1]]
-
-    def get_result(self, acc):
-        return {"n": acc[0], "total": acc[1]}
 
 
 PATHS = ("pre_aggregated", "dense", "late_output", "generic")
@@ -81,6 +65,10 @@ def rows_of(tables: list[pa.Table]) -> list[dict]:
     return [r for table in tables for r in table.to_pylist()]
 
 
+def late_of(tables: list[pa.Table]) -> list[tuple]:
+    return sorted((r["user"], r["ts"]) for r in rows_of(tables))
+
+
 def assert_equal_emissions(got: list[dict], expected) -> None:
     differences = emission_differences(emissions_of(got), expected)
     assert not differences, "\n".join(differences)
@@ -98,8 +86,7 @@ def test_every_path_handles_late_records_like_the_oracle(ray_session, path, assi
     job = env.execute(f"late-{path}")
     assert_equal_emissions(rows_of([job.table(sink)]), expected)
     if late is not None:
-        got_late = sorted((r["user"], r["ts"]) for r in job.table(late).to_pylist())
-        assert got_late == late_rows
+        assert late_of([job.table(late)]) == late_rows
 
 
 @pytest.mark.parametrize("path", ["pre_aggregated", "late_output"])
@@ -115,14 +102,12 @@ def test_a_failover_does_not_reopen_fired_windows(ray_session, tmp_path, path):
     sink, late = build(env, path, assigner, lateness, slow=True)
     client = env.execute_async(f"late-failover-{path}")
     wait_for_checkpoint(client, after=2, timeout_s=120)
-    import ray
     ray.kill(client.subtask_actor("window", 0))
     job = client.wait(timeout_s=240)
     assert job.restarts == 1, job.failures
     assert_equal_emissions(rows_of([job.table(sink)]), expected)
     if late is not None:
-        got_late = sorted((r["user"], r["ts"]) for r in job.table(late).to_pylist())
-        assert got_late == late_rows
+        assert late_of([job.table(late)]) == late_rows
 
 
 @pytest.mark.parametrize("path", ["pre_aggregated", "late_output"])
@@ -149,9 +134,7 @@ def test_allowed_lateness_survives_a_stop_and_a_rescaled_restore(ray_session, tm
     assert 0 < before.num_rows, "stopped midway"
     assert_equal_emissions(rows_of([before, second.table(sink2)]), expected)
     if late is not None:
-        got_late = sorted((r["user"], r["ts"]) for r in pa.concat_tables(
-            [first.table(late), second.table(late2)]).to_pylist())
-        assert got_late == late_rows
+        assert late_of([first.table(late), second.table(late2)]) == late_rows
 
 
 def test_a_rescaled_restore_judges_each_key_group_by_its_former_owners_watermark():

@@ -119,3 +119,22 @@ def emission_differences(got: Emissions, expected: Emissions) -> list[str]:
         out.append(f"{len(wrong)} windows emitted differently (got, expected), e.g. "
                    f"{[(w, got[w], expected[w]) for w in wrong[:3]]}")
     return out
+
+
+class CountAndSum:
+    """A user ``AggregateFunction`` (the generic window path) computing what
+    ``agg(n=("count", None), total=("sum", "x"))`` does."""
+
+    def create_accumulator(self):
+        return [0, 0.0]
+
+    def add(self, row, acc):
+        acc[0] += 1
+        acc[1] += row["x"]
+        return acc
+
+    def merge(self, a, b):
+        return [a[0] + b[0], a[1] + b[1]]
+
+    def get_result(self, acc):
+        return {"n": acc[0], "total": acc[1]}

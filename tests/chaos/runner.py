@@ -23,7 +23,8 @@ import ray
 
 import raystream as rs
 from raystream.spark.commit_log import read_committed
-from tests.chaos.model import emission_differences, emissions_of, window_emissions
+from tests.chaos.model import (CountAndSum, emission_differences, emissions_of,
+                               window_emissions)
 from tests.chaos.scenarios import (Alignment, Failure, FailureKind, JobKind, Path, Scenario,
                                    Sink)
 
@@ -47,24 +48,6 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return not self.differences
-
-
-class CountAndSum:
-    """The generic path's user aggregate: what ``agg(n=count, total=sum)`` computes."""
-
-    def create_accumulator(self):
-        return [0, 0.0]
-
-    def add(self, row, acc):
-        acc[0] += 1
-        acc[1] += row["x"]
-        return acc
-
-    def merge(self, a, b):
-        return [a[0] + b[0], a[1] + b[1]]
-
-    def get_result(self, acc):
-        return {"n": acc[0], "total": acc[1]}
 
 
 class Activity(rs.KeyedProcessFunction):
