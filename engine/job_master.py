@@ -478,18 +478,35 @@ class JobMaster:
 
         A subtask handles its mailbox in order, so once it has stopped it has
         also handled the final checkpoint's notification (a committer has
-        committed it). A subtask that fails on the way fails the job over.
+        committed it). A subtask that fails on the way, or has not stopped
+        after ``STOP_TIMEOUT_S`` (a committer still committing, a hung sink),
+        fails the job over: the job is never reported finished before every
+        final commit was confirmed.
         """
         metrics = self._collect_metrics()
         for actor in self.actors.values():
             actor.stop.remote()
         pending = list(self.terminations)
-        done, _ = ray.wait(pending, num_returns=len(pending), timeout=STOP_TIMEOUT_S)
+        done, not_done = ray.wait(pending, num_returns=len(pending), timeout=STOP_TIMEOUT_S)
         for ref in done:
             report = self._termination_report(ref)
             if report.status == "FAILED":
                 raise _Failure(report)
+        if not_done:
+            raise _Failure(self._not_stopped(not_done))
         return JobOutcome(status, self._results(), metrics=metrics)
+
+    def _not_stopped(self, refs: list[Any]) -> TerminationReport:
+        """The failure of subtasks that did not confirm their stop (and so their final
+        commit) in time."""
+        keys = [self.terminations[ref] for ref in refs]
+        names = [f"subtask {index + 1}/{self.plan.vertices[vertex].parallelism} of "
+                 f"'{self.plan.vertices[vertex].name}'" for vertex, index in keys]
+        vertex, index = keys[0]
+        return TerminationReport(
+            vertex, index, "FAILED", operator=self.plan.vertices[vertex].name,
+            error=f"{', '.join(names)} did not stop within {STOP_TIMEOUT_S:.0f} s after the "
+                  f"final checkpoint: its final commit is not confirmed")
 
     def _results(self) -> dict[int, list[Any]]:
         results: dict[int, list[Any]] = {}
