@@ -418,7 +418,13 @@ class CheckpointStorage:
         handles = metadata.get("handles", [])
         if not isinstance(handles, list):
             raise CorruptCheckpointError(metadata_path, "'handles' is not a list")
-        for d in handles:
+        committed = metadata.get("committed", {})
+        if not isinstance(committed, dict) or not all(isinstance(c, list)
+                                                      for c in committed.values()):
+            raise CorruptCheckpointError(metadata_path, "'committed' is not a dict of lists")
+        # committed sink output is verified too: a job must not restore (and later
+        # return) output that was damaged after it was committed
+        for d in [*handles, *(h for hs in committed.values() for h in hs)]:
             try:
                 handle = StateHandle.from_json(d)
             except ValueError as e:

@@ -601,3 +601,15 @@ def test_sink_output_on_an_object_store_is_one_put(storage):
     handle = storage.write_output(JOB, "collect/4-1-0.arrow", b"rows")
     assert storage.write_output(JOB, "collect/4-1-0.arrow", b"rows") == handle
     assert storage.read_state(handle) == b"rows"
+
+
+def test_committed_sink_output_is_verified_with_its_checkpoint(storage):
+    """A committed output file damaged later makes every checkpoint that lists it corrupt:
+    with output committed for it, restoring names the file instead of returning it."""
+    output = storage.write_output(JOB, "collect/1-0-0.arrow", b"committed rows")
+    make_checkpoint(storage, 1, {"a": b"state"}, extra={"committed": {"collect": [output.to_json()]}})
+    assert storage.latest_valid_checkpoint(JOB)[0] == 1
+    raw_write(storage, output.path, b"committed rowz")  # same size, one byte flipped
+    with pytest.raises(CorruptCheckpointError, match="collect/1-0-0.arrow"):
+        storage.latest_valid_checkpoint(JOB, must_not_skip=lambda cid: True)
+    assert storage.latest_valid_checkpoint(JOB) is None  # skipped where nothing was committed
