@@ -101,7 +101,7 @@ class SubtaskCheckpointer:
         self.forward_barrier = forward_barrier
         self.last_checkpoint_id = 0
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshot")
-        self.sync_pause_s: list[float] = []
+        self.sync_pause_s = 0.0  # the last checkpoint's synchronous part
         self.last_acknowledged: dict[str, float] = {}  # figures of the last checkpoint acknowledged
         self._channel_parts: list[InputStateRecorder | OutputStateCapture] = []
 
@@ -173,7 +173,7 @@ class SubtaskCheckpointer:
         self.failpoints.hit("in_snapshot")
         snapshots = [(name, call_operator(op, "snapshot_state", n))
                      for name, op in zip(self.names, self.operators)]
-        self.sync_pause_s.append(time.perf_counter() - started)
+        self.sync_pause_s = time.perf_counter() - started
         stats = {"watermarks": self._watermark_runs(watermark), "alignment_s": alignment_s}
         self._writer.submit(self._write_and_acknowledge, barrier, snapshots, started, stats,
                             input_state, output_state)
@@ -216,7 +216,7 @@ class SubtaskCheckpointer:
                 "checkpoint_id": n, "checkpoint_size": size,
                 "checkpoint_alignment_s": stats["alignment_s"],
                 "checkpoint_duration_s": stats["duration_s"],
-                "checkpoint_sync_pause_s": self.sync_pause_s[-1] if self.sync_pause_s else 0.0}
+                "checkpoint_sync_pause_s": self.sync_pause_s}
             coordinator.acknowledge_checkpoint.remote(
                 self.attempt, n, self.vertex_id, self.index, written, stats)
         except Exception as exc:  # storage unwritable, serialization failed, ...

@@ -24,7 +24,6 @@ checkpoint restores only into the same job graph at the same parallelism
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ SubtaskKey = tuple[int, int]  # (vertex id, subtask index)
 
 
 ABORT_LOG_EVERY_S = 5.0  # at most one "checkpoint aborted" line per job this often
+HISTORY_RETAINED = 1000  # rows of checkpoint history a job keeps (progress(), result.checkpoints)
 
 
 class TooManyCheckpointFailures(RuntimeError):
@@ -203,6 +203,7 @@ class CheckpointCoordinator:
         self.pending[n] = PendingCheckpoint(n, ts, now, set(self.subtasks), final=final,
                                             savepoint_target=savepoint_target, stop=stop)
         self.history[n] = CheckpointStats(n, ts, "PENDING", savepoint=savepoint_target)
+        self._forget_old_history()
         if final:
             self.final_checkpoint = n
         unaligned, timeout_ms = False, None
@@ -335,7 +336,9 @@ class CheckpointCoordinator:
     def _metadata(self, pending: PendingCheckpoint) -> dict:
         operators: dict[str, dict[str, list]] = {}
         latest = self.latest()
-        committed = copy.deepcopy(latest.metadata["committed"]) if latest else {}
+        # handles are never changed once listed: copying the lists is enough
+        committed = ({name: list(handles) for name, handles in latest.metadata["committed"].items()}
+                     if latest else {})
         handles = []
         for subtask in sorted(pending.written):
             for name, entry in pending.written[subtask].items():
@@ -377,9 +380,19 @@ class CheckpointCoordinator:
             oldest = self.completed.pop(0)
             if not oldest.is_savepoint:  # savepoints are never deleted automatically
                 self._discard(oldest.checkpoint_id)
-        # Directories that could not be deleted before: a subtask of an older
-        # attempt may still have been writing into an aborted checkpoint.
-        for n in sorted(self._undeleted):
+        # Directories that could not be deleted before, or that a subtask still
+        # writing into an aborted checkpoint created again after it was deleted:
+        # whatever is below the newest completed checkpoint and neither kept nor
+        # pending goes, so a long job's storage does not grow with them.
+        kept = {c.checkpoint_id for c in self.completed} | set(self.pending)
+        newest = self.completed[-1].checkpoint_id if self.completed else 0
+        try:
+            stale = {n for n in self.storage.checkpoint_dir_ids(self.job_key)
+                     if n < newest and n not in kept}
+        except OSError as exc:
+            log.warning("could not list the checkpoints of %s: %s", self.job_name, exc)
+            stale = set()
+        for n in sorted(self._undeleted | stale):
             self._undeleted.discard(n)
             self._discard(n, again=True)
 
@@ -464,7 +477,15 @@ class CheckpointCoordinator:
         return latest.metadata["committed"] if latest else {}
 
     def stats(self) -> list[CheckpointStats]:
-        return [self.history[n] for n in sorted(self.history)]
+        """The checkpoint history, oldest first (ids only grow: insertion order)."""
+        return list(self.history.values())
+
+    def _forget_old_history(self) -> None:
+        """A long job keeps the newest ``HISTORY_RETAINED`` rows (Flink keeps a bounded
+        history too); pending checkpoints are never forgotten."""
+        excess = len(self.history) - HISTORY_RETAINED
+        for n in [n for n in self.history if n not in self.pending][:max(excess, 0)]:
+            del self.history[n]
 
 
 def restore_spec_of(checkpoint_id: int, metadata: dict, storage_uri: str) -> RestoreSpec:

@@ -349,7 +349,8 @@ class CheckpointStorage:
 
     # -- listing, choosing, discarding ---------------------------------------
 
-    def _checkpoint_dir_ids(self, job_key: str) -> list[int]:
+    def checkpoint_dir_ids(self, job_key: str) -> list[int]:
+        """Ascending ids of every ``chk-<id>`` directory, complete or not."""
         infos = self.filesystem.get_file_info(
             pafs.FileSelector(self.job_dir(job_key), allow_not_found=True, recursive=False))
         ids = []
@@ -361,7 +362,7 @@ class CheckpointStorage:
 
     def completed_checkpoint_ids(self, job_key: str) -> list[int]:
         """Ascending ids of ``chk-<id>`` directories holding a ``_metadata`` (not verified)."""
-        ids = self._checkpoint_dir_ids(job_key)
+        ids = self.checkpoint_dir_ids(job_key)
         if not ids:
             return []
         infos = self.filesystem.get_file_info([self._metadata_path(job_key, i) for i in ids])
@@ -369,7 +370,7 @@ class CheckpointStorage:
 
     def highest_checkpoint_id(self, job_key: str) -> int:
         """The highest id of any ``chk-<id>`` directory, complete or not; 0 if none."""
-        ids = self._checkpoint_dir_ids(job_key)
+        ids = self.checkpoint_dir_ids(job_key)
         return ids[-1] if ids else 0
 
     def latest_valid_checkpoint(

@@ -590,3 +590,30 @@ def test_restore_spec_without_completed_checkpoints_is_none(tmp_path):
     coord, _ = make(tmp_path)
     assert coord.verified_restore_spec() is None
     assert coord.restore_spec() is None and coord.committed_outputs() == {}
+
+
+def test_a_long_jobs_checkpoint_history_stays_bounded(monkeypatch, tmp_path):
+    """Thousands of checkpoints keep the newest HISTORY_RETAINED rows, oldest first, and
+    never forget one still pending."""
+    import raystream.checkpoint.coordinator as coordinator_module
+    monkeypatch.setattr(coordinator_module, "HISTORY_RETAINED", 5)
+    coord, _ = make(tmp_path, max_concurrent=100, tolerable_failures=100)
+    pending = coord.trigger()
+    for _ in range(12):
+        coord.abort(coord.trigger(), "test", failed=False)
+    ids = [s.checkpoint_id for s in coord.stats()]
+    assert ids == [pending, *range(pending + 9, pending + 13)]
+
+
+def test_a_late_writer_recreating_an_aborted_checkpoint_leaves_no_directory(tmp_path):
+    """A subtask still writing into checkpoint n after n was aborted and deleted creates
+    chk-n again; the next completed checkpoint's clean-up removes it."""
+    coord, _ = make(tmp_path, retained=2, tolerable_failures=10)
+    first = complete(coord)
+    aborted = coord.trigger()
+    coord.decline(coord.attempt, aborted, SUBTASKS[0], "disk full")
+    assert aborted not in chk_dirs(tmp_path)
+    state(coord, aborted, "late.op", b"written after the abort")  # the late writer
+    assert aborted in chk_dirs(tmp_path)
+    latest = complete(coord)
+    assert chk_dirs(tmp_path) == [first, latest]
