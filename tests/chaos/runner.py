@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
@@ -143,7 +144,7 @@ def _run(scenario: Scenario, work: FsPath, placed: list[str]) -> list[str]:
     phases: list[list[Failure]] = [[]]
     for failure in scenario.failures:
         phases[-1].append(failure)
-        if failure.kind is FailureKind.STOP_AND_RESCALE:
+        if failure.stops:
             phases.append([])
     parallelism, restore_from = scenario.parallelism, None
     tables, late_tables = [], []
@@ -157,16 +158,14 @@ def _run(scenario: Scenario, work: FsPath, placed: list[str]) -> list[str]:
         result = None
         attempt = 0
         for failure in phase:
-            if failure.kind is FailureKind.STOP_AND_RESCALE:
-                if wait_for_checkpoints(client, failure.after_checkpoints):
-                    savepoint = str(work / f"savepoint-{number}")
-                    result = client.stop_with_savepoint(savepoint, timeout_s=TIMEOUT_S)
-                    restore_from, parallelism = savepoint, failure.new_parallelism
-                    placed.append(f"stop at p={env.parallelism}, restore at "
-                                          f"p={parallelism}")
-                else:  # nothing to restore: the phases after this one cannot run
-                    placed.append("stop: the job finished first")
+            if failure.stops:
+                savepoint = str(work / f"savepoint-{number}")
+                stopped = stop(scenario, client, failure, savepoint, parallelism, placed)
+                if stopped is None:  # nothing to restore: the phases after this one cannot run
                     phases = phases[:number + 1]
+                else:
+                    result = stopped
+                    restore_from, parallelism = savepoint, failure.new_parallelism
             else:
                 placed.append(place(scenario, client, failure, attempt, parallelism))
                 attempt += 1
@@ -183,6 +182,42 @@ def _run(scenario: Scenario, work: FsPath, placed: list[str]) -> list[str]:
     rows = [r for t in tables for r in t.to_pylist()]
     late_rows = sorted((r["user"], r["ts"]) for t in late_tables for r in t.to_pylist())
     return compare(scenario, rows, late_rows, str(work / "reference"))
+
+
+def stop(scenario: Scenario, client: rs.JobClient, failure: Failure, savepoint: str,
+         parallelism: int, placed: list[str]):
+    """Stop the job with a savepoint (a subtask SIGKILLed meanwhile, for KILL_DURING_STOP):
+    its result, or None when the job went on (or had ended) and finishes by itself."""
+    if not wait_for_checkpoints(client, failure.after_checkpoints):
+        placed.append("stop: the job finished first")
+        return None
+    killer = None
+    if failure.kind is FailureKind.KILL_DURING_STOP:
+        subtask = failure.subtask % parallelism if failure.target == "keyed" else 0
+        pid = wait_for_pid(client, operator_of(scenario, failure), subtask)
+        if pid is not None:
+            killer = threading.Timer(failure.delay_ms / 1000, _kill_quietly, (pid,))
+            killer.start()
+    what = (f"stop at p={parallelism}" + (f" with a SIGKILL after {failure.delay_ms} ms"
+                                          if killer else ""))
+    try:
+        result = client.stop_with_savepoint(savepoint, timeout_s=TIMEOUT_S)
+    except Exception as exc:  # a stop that failed: the job must go on and finish exactly
+        reason = (str(exc).strip().splitlines() or [""])[-1][:160]
+        placed.append(f"{what}: failed ({reason}); it goes on")
+        return None
+    finally:
+        if killer is not None:
+            killer.join()
+    placed.append(f"{what}: stopped; restore at p={failure.new_parallelism}")
+    return result
+
+
+def _kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # it had stopped already
 
 
 def environment(scenario: Scenario, parallelism: int, storage: str,
@@ -203,8 +238,7 @@ def operator_of(scenario: Scenario, failure: Failure) -> str:
 def failpoints(scenario: Scenario, phase: list[Failure], parallelism: int) -> list[rs.Failpoint]:
     """The phase's failpoints, each armed in the attempt its place in the phase gives."""
     armed = []
-    for attempt, failure in enumerate(f for f in phase
-                                      if f.kind is not FailureKind.STOP_AND_RESCALE):
+    for attempt, failure in enumerate(f for f in phase if not f.stops):
         if failure.kind is FailureKind.FAILPOINT:
             subtask = failure.subtask % parallelism if failure.target == "keyed" else 0
             armed.append(rs.Failpoint(failure.point, operator=operator_of(scenario, failure),

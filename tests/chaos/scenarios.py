@@ -12,6 +12,7 @@ the reproduction, and ``Scenario(...)`` pasted into :func:`run_scenario` (in
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import random
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ class FailureKind(enum.Enum):
     SIGKILL = "sigkill"              # SIGKILL of a subtask's process after a checkpoint
     DEPLOY_KILL = "deploy_kill"      # SIGKILL of a subtask's process while deploying
     STOP_AND_RESCALE = "stop"        # stop with a savepoint, restore at another parallelism
+    KILL_DURING_STOP = "stop_kill"   # the same, with a SIGKILL of a subtask while it stops
 
 
 FAILPOINTS = ("in_processing", "in_snapshot", "in_async_write", "right_after_restore")
@@ -68,7 +70,12 @@ class Failure:
     hit: int = 1                    # FAILPOINT: at which pass (in the next attempt)
     action: str = "exit"            # FAILPOINT: "exit" or "raise"
     after_checkpoints: int = 1      # SIGKILL, STOP_AND_RESCALE: completed checkpoints first
-    new_parallelism: int = 3        # STOP_AND_RESCALE
+    new_parallelism: int = 3        # STOP_AND_RESCALE, KILL_DURING_STOP
+    delay_ms: int = 0               # KILL_DURING_STOP: the kill this long after the request
+
+    @property
+    def stops(self) -> bool:
+        return self.kind in (FailureKind.STOP_AND_RESCALE, FailureKind.KILL_DURING_STOP)
 
 
 @dataclass(frozen=True)
@@ -110,10 +117,9 @@ def generate(seed: int) -> Scenario:
     for _ in range(rng.randint(1, 3)):
         kind = rng.choice([FailureKind.FAILPOINT, FailureKind.FAILPOINT, FailureKind.SIGKILL,
                            FailureKind.SIGKILL, FailureKind.DEPLOY_KILL,
-                           FailureKind.STOP_AND_RESCALE])
-        if kind is FailureKind.STOP_AND_RESCALE and (
-                alignment is not Alignment.ALIGNED
-                or any(f.kind is kind for f in failures)):
+                           FailureKind.STOP_AND_RESCALE, FailureKind.KILL_DURING_STOP])
+        if kind in (FailureKind.STOP_AND_RESCALE, FailureKind.KILL_DURING_STOP) and (
+                alignment is not Alignment.ALIGNED or any(f.stops for f in failures)):
             kind = FailureKind.SIGKILL  # unaligned checkpoints restore at one parallelism only
         target = rng.choice(["keyed", "keyed", "source"])
         failures.append(Failure(
@@ -123,10 +129,10 @@ def generate(seed: int) -> Scenario:
             hit=(rng.randint(1, 4) if kind is FailureKind.FAILPOINT else 1),
             action=rng.choice(["exit", "raise"]),
             after_checkpoints=rng.randint(1, 2),
-            new_parallelism=rng.choice([1, 3])))
+            new_parallelism=rng.choice([1, 3]),
+            delay_ms=rng.randint(0, 400) if kind is FailureKind.KILL_DURING_STOP else 0))
     # a restore happens once per attempt: its failpoint can only fire at its first pass
-    failures = [Failure(f.kind, f.target, f.subtask, f.point, 1, f.action, f.after_checkpoints,
-                        f.new_parallelism) if f.point == "right_after_restore" else f
+    failures = [dataclasses.replace(f, hit=1) if f.point == "right_after_restore" else f
                 for f in failures]
     # a kill while deploying comes first (the runner starts the job with it), once
     failures.sort(key=lambda f: f.kind is not FailureKind.DEPLOY_KILL)
