@@ -39,13 +39,8 @@ class WatermarkFloors:
     @classmethod
     def from_json(cls, value: int | Runs, *, max_parallelism: int) -> "WatermarkFloors":
         """From checkpoint metadata: runs, or one int (one watermark for every group)."""
-        values = np.full(max_parallelism, MIN_WATERMARK, dtype=np.int64)
-        if isinstance(value, int):
-            values[:] = value
-        else:
-            for first, last, watermark in value:
-                values[first:last + 1] = watermark
-        return cls(values)
+        runs = [[0, max_parallelism - 1, value]] if isinstance(value, int) else value
+        return cls.combine([runs], max_parallelism=max_parallelism)
 
     @classmethod
     def combine(cls, runs: Iterable[Runs], *, max_parallelism: int) -> "WatermarkFloors":

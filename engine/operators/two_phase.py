@@ -22,8 +22,9 @@ incarnation is the run's job id (``<job name>-<8 hex>``): the same across
 the failovers of a run, different for every run, also for two runs restored
 from one savepoint. A run restored from another run's snapshot undoes what
 that run committed after the snapshot and commits the snapshot's pending
-committables that run had not committed, under its own incarnation. Without checkpoints, everything is committed as
-checkpoint 0 when a bounded job ends, and nothing if it fails.
+committables that run had not committed, under its own incarnation. Without
+checkpoints, everything is committed as checkpoint 0 when a bounded job ends,
+and nothing if it fails.
 
 A minimal sink that commits files by renaming them:
 

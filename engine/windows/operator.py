@@ -359,8 +359,11 @@ class WindowOperator(_KeyedOperator):
         sorted_rows = _rows_of(table, self._input_columns(table), rows[order])
         accumulators = self.function.accumulate(sorted_rows, offsets)
         fire_now = []
-        for kid, start, end, acc in zip(kids[firsts].tolist(), group_starts.tolist(),
-                                        group_ends.tolist(), accumulators):
+        # the watermark judging each (key, window): computed once for the batch
+        watermarks = np.broadcast_to(self.watermarks_of_key_ids(kids[firsts]), firsts.shape)
+        for kid, start, end, acc, watermark in zip(kids[firsts].tolist(), group_starts.tolist(),
+                                                   group_ends.tolist(), accumulators,
+                                                   watermarks.tolist()):
             if self.assigner.merging:
                 start, end = self._merge_session(kid, start, end, acc)
             else:
@@ -370,8 +373,7 @@ class WindowOperator(_KeyedOperator):
                     self._register_timers(np.array([kid]), np.array([start]), np.array([end]))
                 else:
                     entry[1] = self.function.merge(entry[1], acc)
-            if self.assigner.event_time and end - 1 <= self.watermark_of_group(
-                    self.timers.key_group(kid)):
+            if self.assigner.event_time and end - 1 <= watermark:
                 fire_now.append((kid, start))
         if fire_now:  # late but within the allowed lateness: fire again
             self._emit_generic(fire_now)
