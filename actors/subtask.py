@@ -380,6 +380,11 @@ class Subtask:
             if out is not None:
                 out.add_credit(n)
         elif kind == "trigger":
+            if self.trigger is not None:
+                # Every trigger is a checkpoint of its own: a source busy while two
+                # arrived takes the older first, or its barrier n+1 would go out
+                # without barrier n and n would be declined downstream.
+                self._maybe_checkpoint()
             self.trigger = control[1]
         elif kind == "event":  # from an operator coordinator, before any later barrier
             _, name, event = control

@@ -38,3 +38,28 @@ def test_concurrent_aligned_checkpoints_complete_under_skew(ray_session, tmp_pat
     overtaken = [c.reason for c in result.checkpoints if "align" in c.reason]
     assert not overtaken, overtaken[:3]
     assert len(completed) >= 5, (len(completed), [c.reason for c in result.checkpoints][:5])
+
+
+def slow(batch: pa.RecordBatch) -> pa.RecordBatch:
+    time.sleep(0.25)  # longer than the interval: triggers queue up behind each batch
+    return batch
+
+
+def test_every_queued_trigger_is_its_own_checkpoint_in_a_source(ray_session, tmp_path):
+    # With two checkpoints pending, a source busy with one batch finds the triggers of
+    # both in its mailbox; taking only the newer sends barrier n+1 without barrier n,
+    # and every downstream subtask must decline n.
+    env = rs.StreamEnvironment(
+        parallelism=2,
+        checkpoints=rs.CheckpointConfig(interval_s=0.05, max_concurrent=2,
+                                        storage=str(tmp_path)))
+    source = env.from_sequence(N, numbers, batch_size=2_000, num_splits=2, name="numbers")
+    sink = source.map_batches(slow, name="slow").key_by("k").reduce(add, name="sum") \
+        .collect(name="out")
+    result = env.execute("queued-triggers")
+    assert_exactly_once(result.table(sink))
+    # taken in order everywhere, none is declined, and none is overtaken (subsumed)
+    not_completed = [(c.checkpoint_id, c.reason) for c in result.checkpoints
+                     if c.status != "COMPLETED"]
+    assert not not_completed, not_completed[:3]
+    assert len(result.checkpoints) >= 5

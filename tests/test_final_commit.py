@@ -1,7 +1,7 @@
 """A job reports FINISHED only once every committer confirmed its final commit.
 
-A committer still committing when the job ends (here: its commit of the last
-rows sleeps 45 s, once) does not stop in time; the job fails over instead of
+A committer still committing when the job ends (here: its final commit sleeps
+45 s, once) does not stop in time; the job fails over instead of
 finishing without that commit, and the restored committer commits it.
 """
 
@@ -28,12 +28,16 @@ class RowsWriter(rs.SinkWriter):
 
     def prepare_commit(self, checkpoint_id):
         rows, self.rows = self.rows, []
+        if checkpoint_id is None:  # end of input: always one entry, which marks the final commit
+            return [{"id": uuid.uuid4().hex, "rows": rows, "final": True}]
         return [{"id": uuid.uuid4().hex, "rows": rows}] if rows else []
 
 
 class EntryCommitter(rs.Committer):
-    """One JSON entry per (incarnation, checkpoint), written once; the commit holding the
-    last row sleeps while the marker file exists (deleted first: it happens once)."""
+    """One JSON entry per (incarnation, checkpoint), written once; the final commit (the
+    one holding an end-of-input entry) sleeps while the marker file exists (deleted
+    first: it happens once). Keying it on the last row instead would race a periodic
+    checkpoint that commits that row before the input ends."""
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
@@ -46,7 +50,7 @@ class EntryCommitter(rs.Committer):
 
     def commit(self, incarnation, checkpoint_id, committables):
         marker = os.path.join(self.directory, "_slow")
-        if any(N - 1 in c["rows"] for c in committables) and os.path.exists(marker):
+        if any(c.get("final") for c in committables) and os.path.exists(marker):
             os.remove(marker)
             time.sleep(45)
         path = os.path.join(self.directory, f"{incarnation}@{checkpoint_id}.json")
