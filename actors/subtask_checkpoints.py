@@ -38,7 +38,8 @@ from raystream.checkpoint.channel_state_file import (ChannelStateContents, chann
                                                      decode_channel_state, encode_channel_state)
 from raystream.checkpoint.keygroups import key_group_range
 from raystream.checkpoint.sections import decode_sections, encode_sections
-from raystream.checkpoint.storage import SAVEPOINT_JOB_KEY, CheckpointStorage, StateHandle
+from raystream.checkpoint.storage import (SAVEPOINT_JOB_KEY, CheckpointStorage, StateHandle,
+                                          safe_name)
 from raystream.checkpoint.watermark_floors import WatermarkFloors, runs_of
 from raystream.engine.failpoints import Failpoints
 from raystream.engine.operators.base import (Operator, OperatorSnapshot, RestoredState,
@@ -239,12 +240,12 @@ class SubtaskCheckpointer:
             return None
         blob = encode_channel_state(inputs, outputs)
         handle = self.storage.write_state(self.spec.job_key, n,
-                                          f"{_safe(self.channel_state_key)}.channels", blob)
+                                          f"{safe_name(self.channel_state_key)}.channels", blob)
         return handle.to_json()
 
     def _write_operator(self, barrier: Barrier, name: str,
                         snapshot: OperatorSnapshot) -> dict[str, dict]:
-        n, job, stem = barrier.checkpoint_id, self.spec.job_key, f"{_safe(name)}-{self.index}"
+        n, job, stem = barrier.checkpoint_id, self.spec.job_key, f"{safe_name(name)}-{self.index}"
         state_storage, state_job = self.storage, job
         if barrier.is_savepoint:  # a savepoint owns its files: retention never deletes them
             state_storage, state_job = CheckpointStorage(barrier.savepoint_target), SAVEPOINT_JOB_KEY
@@ -257,8 +258,9 @@ class SubtaskCheckpointer:
                 state_job, n, f"{stem}.keyed", encode_sections(snapshot.keyed_state())).to_json()
         if snapshot.committable is not None:
             entry["committables"] = [
-                self.storage.write_output(
-                    job, f"{_safe(name)}/{origin}-{self.index}-{self.attempt}.arrow", blob).to_json()
+                {"origin": origin, **self.storage.write_output(
+                    job, f"{safe_name(name)}/{origin}-{self.index}-{self.attempt}.arrow",
+                    blob).to_json()}
                 for origin, blob in sorted(snapshot.committable().items())]
         return entry
 
@@ -277,7 +279,3 @@ class SubtaskCheckpointer:
 
 def _read(storage: CheckpointStorage, handle: dict) -> bytes:
     return storage.read_state(StateHandle.from_json(handle))
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

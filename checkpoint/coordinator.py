@@ -13,8 +13,9 @@ committed only for checkpoints a restore can return to. Ids increase across
 restarts (the next id is above every ``chk-<id>`` directory in storage).
 
 Output committed by a checkpoint (a collect sink's batches) is listed in the
-metadata, cumulatively: restoring checkpoint ``n`` restores exactly the
-output committed up to ``n``.
+metadata, cumulatively (older handles in a chain of segment files, so the
+metadata stays bounded): restoring checkpoint ``n`` restores exactly the output
+committed up to ``n``.
 
 Unaligned checkpoints (``CheckpointConfig(unaligned=True)`` or
 ``aligned_timeout``) also list each subtask's channel state file; such a
@@ -24,6 +25,7 @@ checkpoint restores only into the same job graph at the same parallelism
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from dataclasses import dataclass, field
@@ -31,11 +33,12 @@ from typing import Callable
 
 from raystream.actors.messages import Barrier
 from raystream.actors.subtask_checkpoints import OperatorRestore, RestoreSpec
+from raystream.checkpoint.committed_output import CommittedOutput
 from raystream.checkpoint.config import CheckpointConfig
 from raystream.checkpoint.coordinator_holder import OperatorCoordinators
 from raystream.checkpoint.keygroups import HASH_VERSION
 from raystream.checkpoint.storage import (SAVEPOINT_JOB_KEY, CheckpointStorage,
-                                          CorruptCheckpointError)
+                                          CorruptCheckpointError, StateHandle, safe_name)
 from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.failpoints import Failpoints
 
@@ -90,6 +93,18 @@ class PendingCheckpoint:
     unaligned: bool = False
     coordinators: dict[str, dict] = field(default_factory=dict)  # operator name -> state handle
     barrier: Barrier | None = None  # not sent yet: waiting for operator events' delivery
+
+
+@dataclass(eq=False)
+class SavepointTicket:
+    """A savepoint asked for. It waits in the coordinator's queue until fewer than
+    ``max_concurrent`` checkpoints are pending (ahead of the next periodic one), so it
+    never overlaps more checkpoints than the job allows; ``checkpoint_id`` is set when
+    it is triggered."""
+
+    target: str
+    stop: bool
+    checkpoint_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -167,6 +182,7 @@ class CheckpointCoordinator:
         self._final_aborted = False  # a final checkpoint failed: retry it at the interval
         self._aborts_log = _ThrottledLog(log, ABORT_LOG_EVERY_S)
         self.initial_restore: RestoreSpec | None = None  # savepoint the job started from
+        self._queued_savepoints: collections.deque[SavepointTicket] = collections.deque()
 
     # -- triggering ------------------------------------------------------------------------
     def tick(self, now: float) -> None:
@@ -177,14 +193,35 @@ class CheckpointCoordinator:
                 self.abort(n, f"timed out after {self.config.timeout_s:g} s")
             elif pending.barrier is not None:
                 self._send_barrier_when_events_are_done(pending)
-        if (self.final_checkpoint is None and len(self.pending) < self.config.max_concurrent
+        self._trigger_queued_savepoints()
+        if (self.final_checkpoint is None and not self._queued_savepoints
+                and len(self.pending) < self.config.max_concurrent
                 and now - self._last_trigger >= self.config.interval_s
                 and now - self._last_completion >= self.config.min_pause_s):
             self.trigger()
 
+    def request_savepoint(self, target: str, *, stop: bool = False) -> SavepointTicket:
+        """Queue a savepoint to ``target``; it is triggered as soon as a checkpoint slot
+        is free (at once when one is). Unlike a periodic checkpoint it ignores
+        ``min_pause_s``: someone is waiting for it."""
+        ticket = SavepointTicket(target, stop)
+        self._queued_savepoints.append(ticket)
+        self._trigger_queued_savepoints()
+        return ticket
+
+    def _trigger_queued_savepoints(self) -> None:
+        # none after the final checkpoint: the job ends with it
+        while (self._queued_savepoints and self.final_checkpoint is None
+               and len(self.pending) < self.config.max_concurrent):
+            ticket = self._queued_savepoints.popleft()
+            ticket.checkpoint_id = self.trigger(savepoint_target=ticket.target, stop=ticket.stop)
+
     def final_due(self, now: float) -> bool:
-        """May the master trigger the final checkpoint (FLIP-147) now? At once the first
-        time; after one failed, no sooner than ``interval_s`` after the last trigger."""
+        """May the master trigger the final checkpoint (FLIP-147) now? As soon as a
+        checkpoint slot is free the first time; after one failed, no sooner than
+        ``interval_s`` after the last trigger."""
+        if len(self.pending) >= self.config.max_concurrent:
+            return False
         return not self._final_aborted or now - self._last_trigger >= self.config.interval_s
 
     def trigger(self, *, final: bool = False, savepoint_target: str | None = None,
@@ -299,6 +336,9 @@ class CheckpointCoordinator:
                     f"{self.config.tolerable_failures}); the last: {reason}")
 
     def abort_all(self, reason: str) -> None:
+        """A failover: every pending checkpoint is aborted and queued savepoints are
+        dropped (whoever asked for them hears of the failover from the master)."""
+        self._queued_savepoints.clear()
         for n in sorted(self.pending):
             self.abort(n, reason, failed=False)
 
@@ -336,9 +376,12 @@ class CheckpointCoordinator:
     def _metadata(self, pending: PendingCheckpoint) -> dict:
         operators: dict[str, dict[str, list]] = {}
         latest = self.latest()
-        # handles are never changed once listed: copying the lists is enough
-        committed = ({name: list(handles) for name, handles in latest.metadata["committed"].items()}
-                     if latest else {})
+        committed = ({name: CommittedOutput.from_json(value)
+                      for name, value in latest.metadata["committed"].items()} if latest else {})
+        # An origin's output is offered with every checkpoint until one completes: any
+        # origin up to the latest completed checkpoint was committed by it already.
+        committed_upto = latest.checkpoint_id if latest else 0
+        new_output: dict[str, list[dict]] = {}
         handles = []
         for subtask in sorted(pending.written):
             for name, entry in pending.written[subtask].items():
@@ -350,12 +393,14 @@ class CheckpointCoordinator:
                 if "committables" not in entry:
                     continue
                 # listed even before it commits anything: an empty sink is an empty result
-                output = committed.setdefault(name, [])
-                known = {h["path"] for h in output}
-                for handle in entry["committables"]:
-                    if handle["path"] not in known:  # an origin offered again: commit once
-                        output.append(handle)
-                        known.add(handle["path"])
+                new_output.setdefault(name, []).extend(
+                    {k: v for k, v in offered.items() if k != "origin"}
+                    for offered in entry["committables"] if offered["origin"] > committed_upto)
+        for name, output in new_output.items():
+            committed[name] = committed.get(name, CommittedOutput()).adding(
+                output, lambda body, name=name: self.storage.write_output(
+                    self.job_key, f"_committed/{pending.checkpoint_id}/{safe_name(name)}.json",
+                    body).to_json())
         by_head: dict[str, list[list[list[int]]]] = {}
         for (vertex, _), runs in pending.watermarks.items():
             by_head.setdefault(self.vertex_heads.get(vertex, f"vertex-{vertex}"), []).append(runs)
@@ -364,7 +409,8 @@ class CheckpointCoordinator:
         metadata = {"job": self.job_name, "checkpoint_id": pending.checkpoint_id,
                     "attempt": self.attempt, "trigger_ts_ms": pending.trigger_ts_ms,
                     "max_parallelism": self.max_parallelism, "hash_version": HASH_VERSION,
-                    "operators": operators, "committed": committed, "handles": handles,
+                    "operators": operators, "handles": handles,
+                    "committed": {name: output.to_json() for name, output in committed.items()},
                     "watermarks": watermarks}
         if pending.coordinators:
             metadata["coordinators"] = pending.coordinators
@@ -472,9 +518,14 @@ class CheckpointCoordinator:
         return self.initial_restore
 
     def committed_outputs(self) -> dict[str, list[dict]]:
-        """Committable handles of every sink, as of the latest completed checkpoint."""
+        """Committed output handles of every sink, as of the latest completed checkpoint."""
         latest = self.latest()
-        return latest.metadata["committed"] if latest else {}
+        if latest is None:
+            return {}
+        storage = CheckpointStorage(latest.storage_uri)
+        return {name: CommittedOutput.from_json(value).handles(
+                    lambda h: storage.read_state(StateHandle.from_json(h)))
+                for name, value in latest.metadata["committed"].items()}
 
     def stats(self) -> list[CheckpointStats]:
         """The checkpoint history, oldest first (ids only grow: insertion order)."""

@@ -63,6 +63,7 @@ from typing import Any, Callable
 
 import pyarrow.fs as pafs
 
+from raystream.checkpoint.committed_output import CommittedOutput
 from raystream.engine.errors import RaystreamError
 
 __all__ = ["StateHandle", "CorruptCheckpointError", "CheckpointStorage", "METADATA_FILE"]
@@ -420,12 +421,17 @@ class CheckpointStorage:
         if not isinstance(handles, list):
             raise CorruptCheckpointError(metadata_path, "'handles' is not a list")
         committed = metadata.get("committed", {})
-        if not isinstance(committed, dict) or not all(isinstance(c, list)
-                                                      for c in committed.values()):
-            raise CorruptCheckpointError(metadata_path, "'committed' is not a dict of lists")
-        # committed sink output is verified too: a job must not restore (and later
-        # return) output that was damaged after it was committed
-        for d in [*handles, *(h for hs in committed.values() for h in hs)]:
+        if not isinstance(committed, dict):
+            raise CorruptCheckpointError(metadata_path, "'committed' is not a dict")
+        # committed sink output is verified too (its segment files as they are read):
+        # a job must not restore (and later return) output damaged after its commit
+        try:
+            outputs = [CommittedOutput.from_json(value).handles(
+                           lambda d: self.read_state(StateHandle.from_json(d)))
+                       for value in committed.values()]
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptCheckpointError(metadata_path, f"bad committed output: {e}") from None
+        for d in [*handles, *(h for output in outputs for h in output)]:
             try:
                 handle = StateHandle.from_json(d)
             except ValueError as e:
@@ -456,6 +462,11 @@ def checksummed_json(payload: dict, format_version: int) -> bytes:
     doc = {"format": format_version, "sha256": hashlib.sha256(canonical).hexdigest(),
            "payload": json.loads(canonical)}
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def safe_name(name: str) -> str:
+    """``name`` (an operator's) as one path segment."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
 def verify_checksummed_json(raw: bytes, format_version: int) -> dict:

@@ -95,6 +95,8 @@ class StreamEnvironment:
             0.5 s apart; without checkpoints a failure fails the job).
         failpoints: failures placed at named points, for tests.
         actor_start_timeout_s: how long subtask actors may take to start.
+        stop_timeout_s: how long a job that ends waits for every subtask to stop
+            (and so for every final commit to be confirmed) before it fails over.
     """
 
     def __init__(self, parallelism: int = 1, max_parallelism: int = DEFAULT_MAX_PARALLELISM, *,
@@ -103,16 +105,20 @@ class StreamEnvironment:
                  restart: RestartStrategy | None = None,
                  failpoints: SequenceT[Failpoint] = (),
                  actor_start_timeout_s: float = 120.0,
+                 stop_timeout_s: float = 30.0,
                  ray_init_kwargs: Mapping[str, Any] | None = None) -> None:
         if parallelism < 1:
             raise ValueError("parallelism must be >= 1")
         if credits < 1:
             raise ValueError("credits must be >= 1")
+        if not stop_timeout_s > 0:
+            raise ValueError(f"stop_timeout_s must be > 0, got {stop_timeout_s}")
         self.parallelism = parallelism
         self.max_parallelism = max_parallelism
         self.credits = credits
         self.address = address
         self.actor_start_timeout_s = actor_start_timeout_s
+        self.stop_timeout_s = stop_timeout_s
         self.checkpoints = checkpoints
         # With checkpoints a job restarts by default (as Flink does); without, it cannot.
         self.restart = restart or (RestartStrategy.fixed_delay(3, 0.5) if checkpoints
@@ -251,6 +257,7 @@ class StreamEnvironment:
         job_id = f"{name}-{uuid.uuid4().hex[:8]}"
         options = JobOptions(credits=self.credits,
                              actor_start_timeout_s=self.actor_start_timeout_s,
+                             stop_timeout_s=self.stop_timeout_s,
                              checkpoints=self.checkpoints, restart=self.restart,
                              failpoints=self.failpoints, restore_from=restore_from,
                              submission_id=_submission_id())

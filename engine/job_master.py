@@ -37,7 +37,8 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from raystream.actors.subtask import SubtaskActor, SubtaskSpec, TerminationReport
 from raystream.actors.subtask_checkpoints import CheckpointingSpec, RestoreSpec
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
-from raystream.checkpoint.coordinator import CheckpointCoordinator, TooManyCheckpointFailures
+from raystream.checkpoint.coordinator import (CheckpointCoordinator, SavepointTicket,
+                                              TooManyCheckpointFailures)
 from raystream.checkpoint.coordinator_holder import CoordinatorFailure, OperatorCoordinators
 from raystream.checkpoint.storage import CheckpointStorage, CorruptCheckpointError, StateHandle
 from raystream.checkpoint.subtask_gateway import EventDeliveryError, GatewayProtocolError
@@ -54,7 +55,6 @@ POLL_S = 0.05
 # Unaligned checkpoints are taken between two slices of a received batch: about
 # Flink's network buffer (32 KiB), so a barrier never waits behind a whole message.
 UNALIGNED_SLICE_BYTES = 32 * 1024
-STOP_TIMEOUT_S = 30.0
 HOST_TIMEOUT_S = 20.0  # a live actor hosts its next subtask within this (it stops the old one first)
 # Subtasks spread over the cluster's nodes (within what each operator asks for), so one
 # lost node costs a part of every operator, and a job uses every node's CPUs and memory.
@@ -73,6 +73,7 @@ def master_actor_name(job_id: str) -> str:
 class JobOptions:
     credits: int = 8
     actor_start_timeout_s: float = 120.0
+    stop_timeout_s: float = 30.0  # for every subtask to stop (and confirm its final commit)
     checkpoints: CheckpointConfig | None = None
     restart: RestartStrategy = field(default_factory=RestartStrategy.none)
     failpoints: tuple[Failpoint, ...] = ()
@@ -192,6 +193,8 @@ class JobMaster:
         self.operator_coordinators = OperatorCoordinators([])  # created by the event thread
         self.spare: Any = None  # a warm, empty subtask actor for failover
         self.savepoints: dict[int, SavepointRequest] = {}  # by the id of its checkpoint
+        # asked for, waiting in the coordinator for a free checkpoint slot
+        self.queued_savepoints: list[tuple[SavepointTicket, SavepointRequest]] = []
         self.draining: SavepointRequest | None = None  # its savepoint is the final checkpoint
         self.started_at = time.time()
         self.exporter = JobMetricsExporter(job_name, job_id)
@@ -362,6 +365,13 @@ class JobMaster:
         return self._maybe_finish()
 
     def _answer_savepoints(self) -> JobOutcome | None:
+        queued = []
+        for ticket, request in self.queued_savepoints:
+            if ticket.checkpoint_id is None:
+                queued.append((ticket, request))
+            else:
+                self.savepoints[ticket.checkpoint_id] = request
+        self.queued_savepoints = queued
         for n, request in list(self.savepoints.items()):
             stats = self.coordinator.history[n]
             if stats.status == "PENDING":
@@ -394,9 +404,11 @@ class JobMaster:
         """A failover or the end of the job: every savepoint not answered yet is answered
         now (a completed one that was to stop the job did not stop it)."""
         open_requests = list(self.savepoints.items())
+        open_requests += [(ticket.checkpoint_id, request)
+                          for ticket, request in self.queued_savepoints]
         if self.draining is not None and self.draining not in self.savepoints.values():
             open_requests.append((None, self.draining))
-        self.savepoints, self.draining = {}, None
+        self.savepoints, self.queued_savepoints, self.draining = {}, [], None
         for n, request in open_requests:
             stats = self.coordinator.history.get(n) if self.coordinator and n else None
             if stats is not None and stats.status == "COMPLETED":
@@ -430,13 +442,13 @@ class JobMaster:
                         actor.drain.remote()
             else:
                 try:
-                    n = self.coordinator.trigger(savepoint_target=request.path,
-                                                 stop=request.mode is SavepointMode.STOP)
+                    ticket = self.coordinator.request_savepoint(
+                        request.path, stop=request.mode is SavepointMode.STOP)
                 except Exception as exc:  # the job may fail over: the caller still hears
                     request.reply.set(error=f"savepoint to {request.path} failed: "
                                             f"{type(exc).__name__}: {exc}")
                     raise
-                self.savepoints[n] = request
+                self.queued_savepoints.append((ticket, request))
         elif kind == "operator_event":
             _, attempt, operator, index, payload = event
             if attempt == self.attempt:
@@ -479,7 +491,7 @@ class JobMaster:
         A subtask handles its mailbox in order, so once it has stopped it has
         also handled the final checkpoint's notification (a committer has
         committed it). A subtask that fails on the way, or has not stopped
-        after ``STOP_TIMEOUT_S`` (a committer still committing, a hung sink),
+        after ``stop_timeout_s`` (a committer still committing, a hung sink),
         fails the job over: the job is never reported finished before every
         final commit was confirmed.
         """
@@ -487,7 +499,8 @@ class JobMaster:
         for actor in self.actors.values():
             actor.stop.remote()
         pending = list(self.terminations)
-        done, not_done = ray.wait(pending, num_returns=len(pending), timeout=STOP_TIMEOUT_S)
+        done, not_done = ray.wait(pending, num_returns=len(pending),
+                                  timeout=self.options.stop_timeout_s)
         for ref in done:
             report = self._termination_report(ref)
             if report.status == "FAILED":
@@ -505,7 +518,7 @@ class JobMaster:
         vertex, index = keys[0]
         return TerminationReport(
             vertex, index, "FAILED", operator=self.plan.vertices[vertex].name,
-            error=f"{', '.join(names)} did not stop within {STOP_TIMEOUT_S:.0f} s after the "
+            error=f"{', '.join(names)} did not stop within {self.options.stop_timeout_s:g} s after the "
                   f"final checkpoint: its final commit is not confirmed")
 
     def _results(self) -> dict[int, list[Any]]:

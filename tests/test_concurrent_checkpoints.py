@@ -63,3 +63,28 @@ def test_every_queued_trigger_is_its_own_checkpoint_in_a_source(ray_session, tmp
                      if c.status != "COMPLETED"]
     assert not not_completed, not_completed[:3]
     assert len(result.checkpoints) >= 5
+
+
+def test_savepoints_wait_for_a_free_slot_and_never_abort_a_checkpoint(ray_session, tmp_path):
+    # max_concurrent=1: a savepoint requested while a periodic checkpoint is pending
+    # waits for it (queued ahead of the next periodic one), as Flink's request decider
+    # queues requests; the periodic one completes instead of being overtaken.
+    env = rs.StreamEnvironment(
+        parallelism=2,
+        checkpoints=rs.CheckpointConfig(interval_s=0.05, max_concurrent=1,
+                                        storage=str(tmp_path / "chk")))
+    source = env.from_sequence(N, numbers, batch_size=1_000, num_splits=2, name="numbers")
+    sink = source.map_batches(slow, name="slow").key_by("k").reduce(add, name="sum") \
+        .collect(name="out")
+    client = env.execute_async("queued-savepoints")
+    while not client.progress()["completed_checkpoints"]:
+        time.sleep(0.02)
+    paths = [client.savepoint(str(tmp_path / f"sp-{i}")) for i in range(3)]
+    result = client.wait()
+    assert_exactly_once(result.table(sink))
+    rows = sorted(result.checkpoints, key=lambda c: c.checkpoint_id)
+    assert [(c.checkpoint_id, c.reason) for c in rows if c.status != "COMPLETED"] == []
+    assert sorted(c.savepoint for c in rows if c.savepoint) == sorted(paths)
+    for before, after in zip(rows, rows[1:]):  # one at a time: triggered after the last ended
+        ended_ms = before.trigger_ts_ms + before.duration_s * 1000
+        assert after.trigger_ts_ms >= ended_ms - 5, [(c.checkpoint_id, c.trigger_ts_ms, c.duration_s, c.savepoint) for c in rows]

@@ -1,7 +1,7 @@
 """A job reports FINISHED only once every committer confirmed its final commit.
 
 A committer still committing when the job ends (here: its final commit sleeps
-45 s, once) does not stop in time; the job fails over instead of
+12 s, once, and the job waits 5 s for its subtasks to stop) does not stop in time; the job fails over instead of
 finishing without that commit, and the restored committer commits it.
 """
 
@@ -36,8 +36,8 @@ class RowsWriter(rs.SinkWriter):
 class EntryCommitter(rs.Committer):
     """One JSON entry per (incarnation, checkpoint), written once; the final commit (the
     one holding an end-of-input entry) sleeps while the marker file exists (deleted
-    first: it happens once). Keying it on the last row instead would race a periodic
-    checkpoint that commits that row before the input ends."""
+    first: it happens once). The job takes no periodic checkpoint, so that entry is
+    committed by the final checkpoint (a periodic one could commit it first)."""
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
@@ -52,7 +52,7 @@ class EntryCommitter(rs.Committer):
         marker = os.path.join(self.directory, "_slow")
         if any(c.get("final") for c in committables) and os.path.exists(marker):
             os.remove(marker)
-            time.sleep(45)
+            time.sleep(12)
         path = os.path.join(self.directory, f"{incarnation}@{checkpoint_id}.json")
         if not os.path.exists(path):
             with open(path + ".tmp", "w") as f:
@@ -74,13 +74,14 @@ def test_a_job_is_finished_only_after_its_final_commit(ray_session, tmp_path):
     out.mkdir()
     (out / "_slow").touch()
     env = rs.StreamEnvironment(
-        parallelism=2, checkpoints=rs.CheckpointConfig(interval_s=0.2, storage=str(tmp_path / "c")),
-        restart=rs.RestartStrategy.fixed_delay(3, 0.1))
+        # no periodic checkpoint: the end-of-input entry is committed by the final one
+        parallelism=2, checkpoints=rs.CheckpointConfig(interval_s=600, storage=str(tmp_path / "c")),
+        restart=rs.RestartStrategy.fixed_delay(3, 0.1), stop_timeout_s=5)
     env.from_sequence(N, lambda i: {"i": i}, batch_size=100) \
         .sink_exactly_once(RowsWriter(), EntryCommitter(str(out)), name="entries")
     result = env.execute("final-commit")
     assert not (out / "_slow").exists(), "the slow commit happened"
-    assert result.restarts == 1 and "did not stop within" in result.failures[0], result.failures
+    assert result.restarts == 1 and "did not stop within 5 s" in result.failures[0], result.failures
     committed = []
     for name in os.listdir(out):
         if name.endswith(".json"):

@@ -151,8 +151,8 @@ def _run(scenario: Scenario, work: FsPath, placed: list[str]) -> list[str]:
     number = 0
     while number < len(phases):
         phase = phases[number]
-        env = environment(scenario, parallelism, str(work / f"checkpoints-{number}"),
-                          failpoints(scenario, phase, parallelism))
+        storage = str(work / f"checkpoints-{number}")
+        env = environment(scenario, parallelism, storage, failpoints(scenario, phase, parallelism))
         sink, late = build(scenario, env, out)
         client = env.execute_async(f"chaos-{scenario.seed}-{number}", restore_from=restore_from)
         result = None
@@ -167,10 +167,19 @@ def _run(scenario: Scenario, work: FsPath, placed: list[str]) -> list[str]:
                     result = stopped
                     restore_from, parallelism = savepoint, failure.new_parallelism
             else:
-                placed.append(place(scenario, client, failure, attempt, parallelism))
-                attempt += 1
+                placed.append(place(scenario, client, failure, attempt, parallelism, storage))
+                attempt += counts_an_attempt(failure)
+        corrupted = next((p.split(" ")[1] for p in placed if p.startswith("corrupted ")), None)
         if result is None:
-            result = client.wait(timeout_s=TIMEOUT_S)
+            try:
+                result = client.wait(timeout_s=TIMEOUT_S)
+            except rs.JobFailedError as exc:
+                if corrupted is None or corrupted not in str(exc):
+                    raise
+                # Output was committed for the damaged checkpoint: failing, naming the
+                # file, is right; falling back past it would commit that output twice.
+                placed.append("the job failed naming the corrupted file")
+                return []
         if scenario.sink is Sink.COLLECT:
             tables.append(result.table(sink))
         if late is not None:
@@ -225,7 +234,8 @@ def environment(scenario: Scenario, parallelism: int, storage: str,
     alignment = scenario.alignment
     config = rs.CheckpointConfig(
         interval_s=0.15, storage=storage, unaligned=alignment is Alignment.UNALIGNED,
-        aligned_timeout=0.05 if alignment is Alignment.ALIGNED_TIMEOUT else None)
+        aligned_timeout=0.05 if alignment is Alignment.ALIGNED_TIMEOUT else None,
+        max_concurrent=scenario.max_concurrent)
     return rs.StreamEnvironment(parallelism=parallelism, checkpoints=config,
                                 failpoints=failpoints,
                                 restart=rs.RestartStrategy.fixed_delay(10, 0.1))
@@ -238,7 +248,7 @@ def operator_of(scenario: Scenario, failure: Failure) -> str:
 def failpoints(scenario: Scenario, phase: list[Failure], parallelism: int) -> list[rs.Failpoint]:
     """The phase's failpoints, each armed in the attempt its place in the phase gives."""
     armed = []
-    for attempt, failure in enumerate(f for f in phase if not f.stops):
+    for attempt, failure in enumerate(f for f in phase if counts_an_attempt(f)):
         if failure.kind is FailureKind.FAILPOINT:
             subtask = failure.subtask % parallelism if failure.target == "keyed" else 0
             armed.append(rs.Failpoint(failure.point, operator=operator_of(scenario, failure),
@@ -247,11 +257,36 @@ def failpoints(scenario: Scenario, phase: list[Failure], parallelism: int) -> li
     return armed
 
 
+def counts_an_attempt(failure: Failure) -> bool:
+    """Does the failure end a job attempt? A stop ends the run; a storage outage fails
+    the job over only when it outlasts the tolerable checkpoint failures."""
+    return not failure.stops and failure.kind is not FailureKind.STORAGE_OUTAGE
+
+
 def place(scenario: Scenario, client: rs.JobClient, failure: Failure, attempt: int,
-          parallelism: int) -> str:
+          parallelism: int, storage: str) -> str:
     """Carry out ``failure`` in job attempt ``attempt``; say what happened."""
     subtask = failure.subtask % parallelism if failure.target == "keyed" else 0
     operator = operator_of(scenario, failure)
+    if failure.kind is FailureKind.STORAGE_OUTAGE:
+        if not wait_for_checkpoints(client, failure.after_checkpoints):
+            return "outage: the job finished first"
+        os.rename(storage, storage + "-away")  # as root, permissions would not stop a write
+        FsPath(storage).write_text("not a directory")
+        time.sleep(failure.delay_ms / 1000)
+        os.unlink(storage)
+        os.rename(storage + "-away", storage)
+        return f"storage away for {failure.delay_ms} ms"
+    if failure.kind is FailureKind.CORRUPT_NEWEST:
+        if not wait_for_checkpoints(client, failure.after_checkpoints):
+            return "corrupt: the job finished first"
+        pid = wait_for_pid(client, operator, subtask)
+        newest = max(progress(client)["completed_checkpoints"], default=None)
+        if pid is None or newest is None:
+            return "corrupt: the job finished first"
+        path = corrupt_a_state_file(FsPath(storage) / client.job_id / f"chk-{newest}")
+        os.kill(pid, signal.SIGKILL)
+        return f"corrupted {path} (checkpoint {newest}), then SIGKILL of {operator}[{subtask}]"
     if failure.kind is FailureKind.FAILPOINT:  # armed: wait until it fired or the job ended
         if wait_until(client, lambda: progress(client)["attempt"] > attempt):
             return f"failpoint {failure.point} in {operator}[{subtask}]"
@@ -273,6 +308,18 @@ def place(scenario: Scenario, client: rs.JobClient, failure: Failure, attempt: i
         return "sigkill: the job finished first"
     os.kill(pid, signal.SIGKILL)
     return f"SIGKILL of {operator}[{subtask}] after checkpoints"
+
+
+def corrupt_a_state_file(checkpoint_dir: FsPath) -> str:
+    """Flip one byte in the middle of a state file of the checkpoint; its path."""
+    path = min((p for p in checkpoint_dir.iterdir() if p.suffix in (".keyed", ".op")),
+               key=lambda p: (p.suffix != ".keyed", p.name))
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    return str(path)
 
 
 def progress(client: rs.JobClient) -> dict:

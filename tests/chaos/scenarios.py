@@ -56,6 +56,10 @@ class FailureKind(enum.Enum):
     DEPLOY_KILL = "deploy_kill"      # SIGKILL of a subtask's process while deploying
     STOP_AND_RESCALE = "stop"        # stop with a savepoint, restore at another parallelism
     KILL_DURING_STOP = "stop_kill"   # the same, with a SIGKILL of a subtask while it stops
+    STORAGE_OUTAGE = "outage"        # checkpoint storage unwritable for a while, then back
+    CORRUPT_NEWEST = "corrupt"       # a state file of the newest checkpoint damaged, then a
+                                     # SIGKILL: the job must fail naming it (never fall back
+                                     # past committed output), or restore a newer one
 
 
 FAILPOINTS = ("in_processing", "in_snapshot", "in_async_write", "right_after_restore")
@@ -71,7 +75,8 @@ class Failure:
     action: str = "exit"            # FAILPOINT: "exit" or "raise"
     after_checkpoints: int = 1      # SIGKILL, STOP_AND_RESCALE: completed checkpoints first
     new_parallelism: int = 3        # STOP_AND_RESCALE, KILL_DURING_STOP
-    delay_ms: int = 0               # KILL_DURING_STOP: the kill this long after the request
+    delay_ms: int = 0               # KILL_DURING_STOP: the kill this long after the request;
+                                    # STORAGE_OUTAGE: how long the storage is away
 
     @property
     def stops(self) -> bool:
@@ -89,6 +94,7 @@ class Scenario:
     parallelism: int = 2
     events: Events = field(default_factory=Events)
     failures: tuple[Failure, ...] = ()
+    max_concurrent: int = 1
 
     @property
     def windowed(self) -> bool:
@@ -100,8 +106,8 @@ class Scenario:
         return (f"seed {self.seed}: {self.job.value}"
                 + (f"/{self.path.value}, lateness {self.lateness_ms}" if self.windowed else "")
                 + f", {'string' if self.events.string_keys else 'int'} keys, "
-                f"{self.sink.value}, {self.alignment.value}, p={self.parallelism}; "
-                f"failures: {failures}")
+                f"{self.sink.value}, {self.alignment.value}, p={self.parallelism}, "
+                f"max_concurrent={self.max_concurrent}; failures: {failures}")
 
 
 def generate(seed: int) -> Scenario:
@@ -138,8 +144,28 @@ def generate(seed: int) -> Scenario:
     failures.sort(key=lambda f: f.kind is not FailureKind.DEPLOY_KILL)
     failures[1:] = [Failure(FailureKind.SIGKILL, f.target, f.subtask)
                     if f.kind is FailureKind.DEPLOY_KILL else f for f in failures[1:]]
-    return Scenario(seed=seed, job=job, path=path, lateness_ms=lateness,
-                    sink=rng.choice(list(Sink)), alignment=alignment,
-                    parallelism=rng.choice([1, 2, 2, 3]),
-                    events=Events(string_keys=rng.random() < 0.5),
-                    failures=tuple(failures))
+    scenario = Scenario(seed=seed, job=job, path=path, lateness_ms=lateness,
+                        sink=rng.choice(list(Sink)), alignment=alignment,
+                        parallelism=rng.choice([1, 2, 2, 3]),
+                        events=Events(string_keys=rng.random() < 0.5),
+                        failures=tuple(failures))
+    return _with_later_choices(scenario, random.Random(f"{seed}/later"))
+
+
+def _with_later_choices(scenario: Scenario, rng: random.Random) -> Scenario:
+    """Choices added to the harness later, drawn from a generator of their own so
+    that every seed keeps the job and failures it had before them."""
+    failures = list(scenario.failures)
+    if rng.random() < 0.3:  # one more failure: storage away for a while, or corruption
+        kind = rng.choice([FailureKind.STORAGE_OUTAGE, FailureKind.CORRUPT_NEWEST])
+        # a deploy kill stays first; a corruption comes last (the job may rightly fail
+        # there, and nothing after it could be placed)
+        first = int(bool(failures) and failures[0].kind is FailureKind.DEPLOY_KILL)
+        at = (len(failures) if kind is FailureKind.CORRUPT_NEWEST
+              else rng.randint(first, len(failures)))
+        failures.insert(at, Failure(
+            kind, subtask=rng.randint(0, 1), after_checkpoints=rng.randint(1, 2),
+            delay_ms=rng.randint(200, 1200) if kind is FailureKind.STORAGE_OUTAGE else 0))
+    overlapping = rng.choice([1, 1, 2])  # aligned checkpoints only: the others run alone
+    return dataclasses.replace(scenario, failures=tuple(failures), max_concurrent=(
+        overlapping if scenario.alignment is Alignment.ALIGNED else 1))

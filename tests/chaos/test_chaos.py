@@ -1,9 +1,10 @@
 """The exactly-once harness on a fixed set of seeds (``./dev soak`` runs new ones).
 
-Each seed is a job with late data and one to three failures (failpoints, SIGKILLs
-of subtask processes after checkpoints or while deploying, a stop with a savepoint
-restored at another parallelism), checked against a numpy model or the same job
-run without failures.
+Each seed is a job with late data and one to four failures (failpoints, SIGKILLs
+of subtask processes after checkpoints, while deploying or while stopping, a stop
+with a savepoint restored at another parallelism, a storage outage, a corrupted
+newest checkpoint), checked against a numpy model or the same job run without
+failures.
 """
 
 from __future__ import annotations
