@@ -8,6 +8,10 @@
     ('unaligned', True)
     >>> rs.CheckpointConfig(aligned_timeout=0.2).alignment
     'aligned_timeout'
+    >>> rs.CheckpointConfig(state_backend="rocks")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown state backend 'rocks': choose one of 'heap'
     >>> rs.RestartStrategy.fixed_delay(attempts=3, delay_s=0.5).delay_before(2)
     0.5
     >>> rs.RestartStrategy.exponential_backoff(attempts=5, initial_s=0.1, max_s=1.0).delay_before(4)
@@ -19,6 +23,8 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass, field
+
+from raystream.checkpoint.state_backend import state_backend_kind
 
 
 def _default_storage() -> str:
@@ -54,6 +60,8 @@ class CheckpointConfig:
             unaligned checkpoints, ``max_concurrent=1``; 0 means unaligned
             at once.
         mode: ``"aligned"`` or ``"unaligned"``, another way to say ``unaligned``.
+        state_backend: where keyed operators keep their state: ``"heap"`` (Python
+            objects in the subtask's memory, the default).
     """
 
     interval_s: float = 1.0
@@ -66,6 +74,7 @@ class CheckpointConfig:
     unaligned: bool = False
     aligned_timeout: float | None = None
     mode: str | None = None
+    state_backend: str = "heap"
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.timeout_s <= 0:
@@ -78,6 +87,7 @@ class CheckpointConfig:
             if self.mode == "aligned" and self.unaligned:
                 raise ValueError("mode='aligned' contradicts unaligned=True")
             object.__setattr__(self, "unaligned", self.mode == "unaligned")
+        object.__setattr__(self, "state_backend", state_backend_kind(self.state_backend))
         if self.aligned_timeout is not None and self.aligned_timeout < 0:
             raise ValueError(f"aligned_timeout must be >= 0 seconds, got {self.aligned_timeout}")
         if self.alignment != "aligned" and self.max_concurrent != 1:

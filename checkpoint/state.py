@@ -11,7 +11,7 @@ by handing every subtask the sections of its range.
 
 Snapshots and versioned copy-on-write
 -------------------------------------
-:meth:`KeyedStateBackend.snapshot` is the *synchronous* part of a checkpoint.
+:meth:`HeapKeyedStateBackend.snapshot` is the *synchronous* part of a checkpoint.
 It costs O(state names x key groups) reference copies, independent of the
 number of keys: it records the backend's current *version* ``s``, bumps it to
 ``s + 1`` and keeps references to the per-key-group dicts. It returns a
@@ -48,12 +48,12 @@ is called, or the :class:`StateSnapshot` is garbage-collected unrun), the
 snapshot is released; with none in progress, state is changed in place with
 no copying at all. Any number of snapshots may be in progress at once.
 
-Threading contract: all state access, :meth:`~KeyedStateBackend.snapshot` and
-:meth:`~KeyedStateBackend.restore` happen on one thread (the subtask's
+Threading contract: all state access, :meth:`~HeapKeyedStateBackend.snapshot` and
+:meth:`~HeapKeyedStateBackend.restore` happen on one thread (the subtask's
 processing thread); only a :class:`StateSnapshot` may run on another thread,
 concurrently with processing. The processing thread never waits for
 serialization (it may wait, GIL-wise, for the pickling of one chunk of a key
-group, a single C call). :meth:`~KeyedStateBackend.restore` pauses the cyclic
+group, a single C call). :meth:`~HeapKeyedStateBackend.restore` pauses the cyclic
 GC while it runs (unpickling many containers otherwise triggers repeated full
 collections).
 
@@ -104,7 +104,7 @@ __all__ = [
     "FORMAT_VERSION",
     "AggregateFunction",
     "AggregatingState",
-    "KeyedStateBackend",
+    "HeapKeyedStateBackend",
     "ListState",
     "MapState",
     "ReducingState",
@@ -209,7 +209,7 @@ class _KGMap:
 
     __slots__ = ("b", "m", "version", "floor", "fresh")
 
-    def __init__(self, backend: "KeyedStateBackend") -> None:
+    def __init__(self, backend: "HeapKeyedStateBackend") -> None:
         self.b = backend
         self.m: dict = {}
         self.version: int = backend._version
@@ -268,14 +268,14 @@ class _StateTable:
 
     __slots__ = ("name", "kind", "kgs")
 
-    def __init__(self, backend: "KeyedStateBackend", name: str, kind: str) -> None:
+    def __init__(self, backend: "HeapKeyedStateBackend", name: str, kind: str) -> None:
         self.name = name
         self.kind = kind
         self.kgs = [_KGMap(backend) for _ in range(len(backend.key_groups))]
 
 
 def _no_current_key() -> RuntimeError:
-    return RuntimeError("no current key: call KeyedStateBackend.set_current_key() first")
+    return RuntimeError("no current key: call HeapKeyedStateBackend.set_current_key() first")
 
 
 # ---------------------------------------------------------------------------
@@ -285,7 +285,7 @@ def _no_current_key() -> RuntimeError:
 class _State:
     __slots__ = ("_b", "_t", "_kgs")
 
-    def __init__(self, backend: "KeyedStateBackend", table: _StateTable) -> None:
+    def __init__(self, backend: "HeapKeyedStateBackend", table: _StateTable) -> None:
         self._b = backend
         self._t = table
         self._kgs = table.kgs
@@ -316,7 +316,7 @@ class ValueState(_State):
 
     __slots__ = ("_default", "_copy_default")
 
-    def __init__(self, backend: "KeyedStateBackend", table: _StateTable, default: Any) -> None:
+    def __init__(self, backend: "HeapKeyedStateBackend", table: _StateTable, default: Any) -> None:
         super().__init__(backend, table)
         self._default = default
         self._copy_default = type(default) in (list, dict, set, bytearray)
@@ -510,7 +510,7 @@ class ReducingState(_MergingState):
 
     __slots__ = ("_reduce",)
 
-    def __init__(self, backend: "KeyedStateBackend", table: _StateTable,
+    def __init__(self, backend: "HeapKeyedStateBackend", table: _StateTable,
                  reduce: Callable[[Any, Any], Any]) -> None:
         super().__init__(backend, table)
         self._reduce = reduce
@@ -535,7 +535,7 @@ class AggregatingState(_MergingState):
 
     __slots__ = ("_agg",)
 
-    def __init__(self, backend: "KeyedStateBackend", table: _StateTable,
+    def __init__(self, backend: "HeapKeyedStateBackend", table: _StateTable,
                  aggregate: AggregateFunction) -> None:
         super().__init__(backend, table)
         self._agg = aggregate
@@ -564,7 +564,7 @@ class StateSnapshot:
     """The asynchronous part of a keyed-state snapshot.
 
     Call it (once, on any thread) to get ``{key_group: section_bytes}`` for
-    every non-empty key group, exactly as of :meth:`KeyedStateBackend.snapshot`.
+    every non-empty key group, exactly as of :meth:`HeapKeyedStateBackend.snapshot`.
     It releases the snapshot when it returns or raises. If it will never be
     called (checkpoint aborted), call :meth:`release`; an unrun snapshot is
     also released when garbage-collected. A released snapshot cannot run.
@@ -573,7 +573,7 @@ class StateSnapshot:
     __slots__ = ("version", "_captured", "_key_groups", "_max_parallelism", "_finalizer",
                  "_lock", "_running", "__weakref__")
 
-    def __init__(self, backend: "KeyedStateBackend", version: int,
+    def __init__(self, backend: "HeapKeyedStateBackend", version: int,
                  captured: list[tuple[str, str, list[dict]]]) -> None:
         self.version = version
         self._captured = captured
@@ -641,13 +641,13 @@ class StateSnapshot:
 # The backend
 # ---------------------------------------------------------------------------
 
-class KeyedStateBackend:
+class HeapKeyedStateBackend:
     """Keyed state of one operator instance, for the key groups ``key_groups``.
 
     Example (count per user; snapshot; keep processing; restore at parallelism 2):
 
     >>> from raystream.checkpoint.keygroups import key_group_of, key_group_range
-    >>> backend = KeyedStateBackend(max_parallelism=128, key_groups=range(128))
+    >>> backend = HeapKeyedStateBackend(max_parallelism=128, key_groups=range(128))
     >>> count = backend.value_state("count", default=0)
     >>> for user in ["alice", "bob", "alice"]:
     ...     backend.set_current_key(user)
@@ -659,7 +659,7 @@ class KeyedStateBackend:
     True
     >>> restored = {}
     >>> for subtask in range(2):
-    ...     b = KeyedStateBackend(max_parallelism=128, key_groups=key_group_range(subtask, 2, 128))
+    ...     b = HeapKeyedStateBackend(max_parallelism=128, key_groups=key_group_range(subtask, 2, 128))
     ...     b.restore(sections.items())   # keeps only the key groups of its range
     ...     c = b.value_state("count", default=0)
     ...     for user in b.keys("count"):
@@ -693,6 +693,11 @@ class KeyedStateBackend:
         self._ns: Any = None
         self._kg_idx: int | None = None
         self._kk: Any = None  # _entry_key(current key, current namespace)
+
+    @staticmethod
+    def owns_section(section: bytes) -> bool:
+        """Is ``section`` a keyed-state section of this backend (by its magic bytes)?"""
+        return bytes(section[:len(MAGIC)]) == MAGIC
 
     # -- current key and namespace ----------------------------------------
     def set_current_key(self, key: Any, key_group: int | None = None) -> None:
@@ -849,5 +854,5 @@ class KeyedStateBackend:
             self._restored.add(kg)
 
     def __repr__(self) -> str:
-        return (f"KeyedStateBackend(max_parallelism={self.max_parallelism}, "
+        return (f"HeapKeyedStateBackend(max_parallelism={self.max_parallelism}, "
                 f"key_groups={self.key_groups!r}, states={list(self._tables)})")

@@ -730,7 +730,8 @@ class JobMaster:
         if options.checkpoints is not None:
             unaligned = options.checkpoints.alignment != "aligned"
             checkpointing = CheckpointingSpec(options.checkpoints.storage, self.job_id, me,
-                                              UNALIGNED_SLICE_BYTES if unaligned else None)
+                                              UNALIGNED_SLICE_BYTES if unaligned else None,
+                                              state_backend=options.checkpoints.state_backend)
         specs = {(vertex.id, index): SubtaskSpec(
                      self.job_id, self.job_name, self.attempt, vertex, index, plan.max_parallelism,
                      options.credits, master=me, checkpointing=checkpointing, restore=restore,

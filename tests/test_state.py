@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raystream.checkpoint.keygroups import key_group_of, key_group_range
-from raystream.checkpoint.state import KeyedStateBackend
+from raystream.checkpoint.state import HeapKeyedStateBackend
 
 MAXP = 128
 ABSENT = object()  # value-state default that marks "no value"
@@ -50,7 +50,7 @@ class Avg:
 
 
 class Handles:
-    def __init__(self, backend: KeyedStateBackend) -> None:
+    def __init__(self, backend: HeapKeyedStateBackend) -> None:
         self.b = backend
         self.v = backend.value_state("v", default=ABSENT)
         self.l = backend.list_state("l")
@@ -59,7 +59,7 @@ class Handles:
         self.a = backend.aggregating_state("a", Avg())
 
 
-def dump(backend: KeyedStateBackend, keys=KEYS, namespaces=NAMESPACES) -> dict:
+def dump(backend: HeapKeyedStateBackend, keys=KEYS, namespaces=NAMESPACES) -> dict:
     """All state of ``keys`` x ``namespaces``, read through the public API."""
     h = Handles(backend)
     out: dict = {name: {} for name in NAMES}
@@ -94,8 +94,8 @@ def normalize(model: dict) -> dict:
     return out
 
 
-def restored(sections, key_groups=range(MAXP)) -> KeyedStateBackend:
-    fresh = KeyedStateBackend(max_parallelism=MAXP, key_groups=key_groups)
+def restored(sections, key_groups=range(MAXP)) -> HeapKeyedStateBackend:
+    fresh = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=key_groups)
     fresh.restore(sections)
     return fresh
 
@@ -148,7 +148,7 @@ def _first_list(xs):
 
 class ModelRun:
     def __init__(self) -> None:
-        self.b = KeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+        self.b = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
         self.h = Handles(self.b)
         self.model: dict = {name: {} for name in NAMES}
         self.key, self.ns = KEYS[0], None
@@ -353,7 +353,7 @@ def test_model_without_snapshots_then_restore(ops):
 # Torn snapshots
 # ---------------------------------------------------------------------------
 
-def _fill(b: KeyedStateBackend, keys) -> Handles:
+def _fill(b: HeapKeyedStateBackend, keys) -> Handles:
     h = Handles(b)
     for i, key in enumerate(keys):
         b.set_current_key(key)
@@ -397,7 +397,7 @@ def _read_and_mutate_in_place(h: Handles, salt: int) -> None:
         r.append(salt)
 
 
-def _mutate_everything(b: KeyedStateBackend, h: Handles, keys, salt: int) -> None:
+def _mutate_everything(b: HeapKeyedStateBackend, h: Handles, keys, salt: int) -> None:
     for i, key in enumerate(keys):
         b.set_current_key(key)
         if i % 3 == salt % 3:  # merge namespaces (as session windows do), then mutate the target
@@ -433,7 +433,7 @@ def _mutate_everything(b: KeyedStateBackend, h: Handles, keys, salt: int) -> Non
 
 def test_torn_snapshot_mutations_before_the_async_part_runs():
     keys = list(range(300)) + [f"k{i}" for i in range(100)]
-    b = KeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    b = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
     h = _fill(b, keys)
     everything = keys + [f"new-{s}" for s in range(1, 9)]
     ns = [None, "w", "merged"]
@@ -475,7 +475,7 @@ def test_torn_snapshot_mutations_before_the_async_part_runs():
 
 def test_torn_snapshot_async_part_in_a_thread_while_processing_mutates():
     keys = list(range(4000))
-    b = KeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    b = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
     h = _fill(b, keys)
     everything = keys + [f"new-{s}" for s in range(1, 400)]
     ns = [None, "w", "merged"]
@@ -509,7 +509,7 @@ def test_overlapping_snapshots_older_one_still_protected_after_newer_one_finishe
     # Key group 5 holds "x" (untouched after snapshot A) and "y" (written between
     # snapshots, forcing copies of the key group's dict). When B finishes, A is
     # still pending and must still see x's original object.
-    b = KeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    b = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
     v = b.value_state("v")
     b.set_current_key("x", key_group=5)
     v.update({"x": [0]})
@@ -533,7 +533,7 @@ def test_overlapping_snapshots_older_one_still_protected_after_newer_one_finishe
 
 
 def test_releasing_a_middle_snapshot_keeps_the_newest_one_protected():
-    b = KeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    b = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
     v = b.value_state("v")
     b.set_current_key("x", key_group=5)
     v.update([0])
@@ -557,7 +557,7 @@ def test_releasing_a_middle_snapshot_keeps_the_newest_one_protected():
 
 
 def test_reads_share_nothing_with_a_pending_snapshot_and_copy_only_then():
-    b = KeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    b = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
     v = b.value_state("v")
     b.set_current_key("x")
     v.update({"a": [1]})
@@ -588,13 +588,13 @@ def test_reads_share_nothing_with_a_pending_snapshot_and_copy_only_then():
 RESCALE_KEYS = list(range(1500)) + [f"user-{i}" for i in range(500)] + [(i, "x") for i in range(200)]
 
 
-def _rescale_dump(b: KeyedStateBackend) -> dict:
+def _rescale_dump(b: HeapKeyedStateBackend) -> dict:
     keys = list(b.keys("v"))
     assert set(map(repr, keys)) == set(map(repr, b.keys("l"))) == set(map(repr, b.keys("m")))
     return dump(b, keys, [None, "w"])
 
 
-def _check_rescaled(backends: list[KeyedStateBackend], original: dict, all_keys) -> None:
+def _check_rescaled(backends: list[HeapKeyedStateBackend], original: dict, all_keys) -> None:
     seen: dict = {}
     union: dict = {name: {} for name in NAMES}
     for idx, b in enumerate(backends):
@@ -611,14 +611,14 @@ def _check_rescaled(backends: list[KeyedStateBackend], original: dict, all_keys)
 
 @pytest.mark.parametrize("parallelism", [1, 2, 3])
 def test_rescale_restore_into_key_group_ranges(parallelism):
-    b = KeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    b = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
     _fill(b, RESCALE_KEYS)
     original = _rescale_dump(b)
     sections = b.snapshot()()
     assert set(sections) == {key_group_of(k, MAXP) for k in RESCALE_KEYS}
     backends = []
     for i in range(parallelism):
-        nb = KeyedStateBackend(max_parallelism=MAXP,
+        nb = HeapKeyedStateBackend(max_parallelism=MAXP,
                                key_groups=key_group_range(i, parallelism, MAXP))
         nb.restore(sections.items())  # every subtask is handed everything; keeps its range
         backends.append(nb)
@@ -626,7 +626,7 @@ def test_rescale_restore_into_key_group_ranges(parallelism):
 
 
 def test_rescale_from_several_old_subtasks_with_several_restore_calls():
-    old = [KeyedStateBackend(max_parallelism=MAXP, key_groups=key_group_range(i, 3, MAXP))
+    old = [HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=key_group_range(i, 3, MAXP))
            for i in range(3)]
     for b in old:
         _fill(b, [k for k in RESCALE_KEYS if key_group_of(k, MAXP) in b.key_groups])
@@ -637,7 +637,7 @@ def test_rescale_from_several_old_subtasks_with_several_restore_calls():
     old_sections = [b.snapshot()() for b in old]
     new = []
     for i in range(2):
-        nb = KeyedStateBackend(max_parallelism=MAXP, key_groups=key_group_range(i, 2, MAXP))
+        nb = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=key_group_range(i, 2, MAXP))
         for sections in old_sections:  # one restore call per old subtask
             nb.restore(sections)
         new.append(nb)
@@ -648,7 +648,7 @@ def test_rescale_from_several_old_subtasks_with_several_restore_calls():
 
 
 def test_restore_checks_sections():
-    b = KeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    b = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
     b.set_current_key("k")
     b.value_state("v").update(1)
     kg = key_group_of("k", MAXP)
@@ -658,13 +658,13 @@ def test_restore_checks_sections():
     with pytest.raises(ValueError, match="restored twice"):
         r.restore(sections)
     with pytest.raises(ValueError, match="max_parallelism"):
-        KeyedStateBackend(max_parallelism=256, key_groups=range(256)).restore(sections)
+        HeapKeyedStateBackend(max_parallelism=256, key_groups=range(256)).restore(sections)
     with pytest.raises(ValueError, match="not a keyed-state section"):
         restored({kg: b"garbage" * 10})
     with pytest.raises(ValueError, match="holds key group"):
         restored({(kg + 1) % MAXP: sections[kg]})
     # Key groups outside the range are skipped without being read.
-    other = KeyedStateBackend(max_parallelism=MAXP, key_groups=range(kg + 1, kg + 2)
+    other = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(kg + 1, kg + 2)
                               if kg + 1 < MAXP else range(0, 1))
     other.restore({kg: b"not even a section"})
     assert list(other.keys("v")) == []
@@ -679,7 +679,7 @@ def test_restore_checks_sections():
 
 def test_set_current_key_outside_the_range_names_the_key():
     rng = key_group_range(0, 2, MAXP)
-    b = KeyedStateBackend(max_parallelism=MAXP, key_groups=rng)
+    b = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=rng)
     outside = next(k for k in (f"key-{i}" for i in range(1000))
                    if key_group_of(k, MAXP) not in rng)
     with pytest.raises(ValueError, match=f"'{outside}'.*key group {key_group_of(outside, MAXP)}"):
@@ -694,20 +694,20 @@ def test_set_current_key_outside_the_range_names_the_key():
 
 
 def test_access_without_current_key_and_bad_arguments():
-    b = KeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    b = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
     with pytest.raises(RuntimeError, match="no current key"):
         b.value_state("v").value()
     with pytest.raises(RuntimeError, match="no current key"):
         b.list_state("l").add(1)
     with pytest.raises(ValueError):
-        KeyedStateBackend(max_parallelism=MAXP, key_groups=range(120, 130))
+        HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(120, 130))
     b.value_state("x")
     with pytest.raises(ValueError, match="'x' is value state, not map state"):
         b.map_state("x")
 
 
 def test_keys_and_map_iteration_are_safe_while_changing_state():
-    b = KeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    b = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
     v, m = b.value_state("v"), b.map_state("m")
     for k in range(500):
         b.set_current_key(k)
@@ -732,7 +732,7 @@ def test_keys_and_map_iteration_are_safe_while_changing_state():
 
 
 def test_list_state_get_returns_a_copy_and_empty_lists_are_not_stored():
-    b = KeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    b = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
     ls = b.list_state("l")
     b.set_current_key("k")
     assert ls.get() == []
@@ -745,7 +745,7 @@ def test_list_state_get_returns_a_copy_and_empty_lists_are_not_stored():
 
 
 def test_mutable_default_is_not_shared_between_keys():
-    b = KeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    b = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
     v = b.value_state("v", default=[])
     b.set_current_key(1)
     v.value().append(1)  # not stored
@@ -754,7 +754,7 @@ def test_mutable_default_is_not_shared_between_keys():
 
 
 def test_snapshot_lifecycle():
-    b = KeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    b = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
     b.set_current_key(1)
     b.value_state("v").update([1])
     s = b.snapshot()
@@ -787,7 +787,7 @@ class _ReleaseWhilePickled:
 
 
 def test_release_during_the_async_part_waits_for_it_to_finish():
-    b = KeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    b = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
     b.set_current_key(1)
     b.value_state("v").update(_ReleaseWhilePickled())
     snap = b.snapshot()
@@ -808,7 +808,7 @@ def test_release_during_the_async_part_waits_for_it_to_finish():
 
 
 def test_synchronous_part_does_not_depend_on_the_amount_of_state():
-    b = KeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    b = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
     v = b.value_state("v")
     for k in range(200_000):
         b.set_current_key(k, k % MAXP)
@@ -825,7 +825,7 @@ def test_synchronous_part_does_not_depend_on_the_amount_of_state():
 def test_large_key_group_is_written_in_chunks_and_restored_exactly():
     from raystream.checkpoint.state import CHUNK_ENTRIES
 
-    b = KeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    b = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
     v, m = b.value_state("v"), b.map_state("m")
     n = 2 * CHUNK_ENTRIES + 17
     for k in range(n):  # all in key group 3 (a key group is trusted when given)

@@ -8,9 +8,6 @@ parallel instance runs inside one subtask actor, chained with its neighbours
 Writing a custom operator (used with ``DataStream.transform``):
 
     >>> import pyarrow as pa
-
-if TYPE_CHECKING:
-    from raystream.checkpoint.watermark_floors import WatermarkFloors
     >>> class AddOne(Operator):
     ...     def process_batch(self, batch, input_index=0):
     ...         self.output.emit(batch.set_column(0, "x", pa.compute.add(batch.column(0), 1)))
@@ -26,6 +23,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 import pyarrow as pa
+
+from raystream.checkpoint.state_backend import StateBackend
+
+if TYPE_CHECKING:
+    from raystream.checkpoint.watermark_floors import WatermarkFloors
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class RuntimeContext:
     job_id: str = ""
     # sends an operator event to this operator's coordinator (None: it has none)
     coordinator_events: Callable[[Any], None] | None = field(default=None, compare=False)
+    # where a keyed operator keeps its state (CheckpointConfig.state_backend)
+    state_backend: StateBackend = StateBackend.HEAP
 
     def send_event_to_coordinator(self, event: Any) -> None:
         """Send ``event`` (any picklable value) to the operator's coordinator, which gets it

@@ -1,6 +1,6 @@
 """Keyed operators: user functions with per-key state (Flink's ``KeyedProcessFunction``).
 
-State lives in a :class:`~raystream.checkpoint.state.KeyedStateBackend` that
+State lives in a :class:`~raystream.checkpoint.state_backend.KeyedStateBackend` that
 is partitioned by key group and snapshotted consistently in every
 checkpoint, so keyed state survives failover exactly once and can be restored
 at another parallelism.
@@ -30,8 +30,8 @@ import pyarrow as pa
 from raystream.actors.messages import MIN_WATERMARK
 from raystream.checkpoint.keygroups import key_group_range
 from raystream.checkpoint.sections import decode_parts, encode_parts
-from raystream.checkpoint.state import MAGIC as STATE_MAGIC
-from raystream.checkpoint.state import AggregateFunction, KeyedStateBackend
+from raystream.checkpoint.state import AggregateFunction
+from raystream.checkpoint.state_backend import create_keyed_state_backend
 from raystream.engine.errors import BadRecordError, describe_record
 from raystream.engine.keys import KeySelector
 from raystream.engine.operators.base import (Operator, OperatorSnapshot, RestoredState,
@@ -162,7 +162,9 @@ class _KeyedOperator(Operator):
     def initialize_state(self, restored: RestoredState | None) -> None:
         ctx = self.ctx
         groups = key_group_range(ctx.subtask_index, ctx.parallelism, ctx.max_parallelism)
-        self.backend = KeyedStateBackend(max_parallelism=ctx.max_parallelism, key_groups=groups)
+        self.backend = create_keyed_state_backend(ctx.state_backend,
+                                                  max_parallelism=ctx.max_parallelism,
+                                                  key_groups=groups)
         self.timers = TimerService(max_parallelism=ctx.max_parallelism, key_groups=groups)
         self._first_group = groups.start
         if restored is not None and restored.watermark_floors is not None:
@@ -175,7 +177,7 @@ class _KeyedOperator(Operator):
         if restored is not None:
             parts: dict[str, list[tuple[int, bytes]]] = {}
             for group, section in restored.keyed_sections:
-                if section[:4] == STATE_MAGIC:  # a section of keyed state only
+                if self.backend.owns_section(section):  # a section of keyed state only
                     parts.setdefault("state", []).append((group, section))
                     continue
                 for name, data in decode_parts(section).items():
