@@ -13,6 +13,7 @@ from raystream.engine import registry
 from raystream.engine.datastream import SinkHandle
 from raystream.engine.errors import JobFailedError, JobNotRunningError
 from raystream.engine.job_master import NAMESPACE, JobOutcome, master_actor_name
+from raystream.engine.job_status import JobStatus
 from raystream.engine.plan import JobPlan
 
 
@@ -128,7 +129,7 @@ class JobClient:
             if self._owner:
                 ray.kill(self._master)
         outcome = self._outcome
-        if outcome.status == "FAILED":
+        if outcome.status is JobStatus.FAILED:
             message = f"job '{self.job_name}' failed: {outcome.error}"
             if outcome.failures[:-1]:
                 message += "\n\nEarlier failures (restarted):\n" + "\n".join(
@@ -201,9 +202,10 @@ class JobClient:
     def _outcome_from_directory(self) -> JobOutcome:
         summary = registry.find_job(self.job_id)
         if summary["status"] not in registry.TERMINAL_STATUSES:
-            return JobOutcome("FAILED", error=f"the job master of {self.job_id} is gone "
-                                              f"(its driver exited while it was {summary['status']})")
-        return JobOutcome(summary["status"], error=summary.get("error"),
+            return JobOutcome(JobStatus.FAILED, error=f"the job master of {self.job_id} is gone "
+                                                    f"(its driver exited while it was "
+                                                    f"{summary['status']})")
+        return JobOutcome(JobStatus(summary["status"]), error=summary.get("error"),
                           deploy_s=summary.get("deploy_s", 0.0), run_s=summary.get("run_s", 0.0),
                           restarts=summary["attempt"], failures=summary["failures"],
                           restores=summary["restores"],

@@ -45,6 +45,7 @@ from raystream.checkpoint.subtask_gateway import EventDeliveryError, GatewayProt
 from raystream.engine import registry
 from raystream.engine.failpoints import Failpoint, Failpoints, InjectedFailure
 from raystream.engine.graph import Resources
+from raystream.engine.job_status import JobStatus, check_transition
 from raystream.engine.metrics import JobMetricsExporter
 from raystream.engine.plan import JobPlan
 
@@ -118,7 +119,7 @@ class SavepointRequest:
 
 @dataclass
 class JobOutcome:
-    status: str  # "FINISHED" | "FAILED" | "CANCELED"
+    status: JobStatus  # FINISHED, FAILED or CANCELED
     results: dict[int, list[Any]] = field(default_factory=dict)  # sink id -> per-subtask results
     error: str | None = None
     operator: str | None = None
@@ -177,7 +178,7 @@ class JobMaster:
     def __init__(self, job_id: str, job_name: str, plan: JobPlan, options: JobOptions) -> None:
         self.job_id, self.job_name, self.plan, self.options = job_id, job_name, plan, options
         self.attempt = 0
-        self.status = "CREATED"
+        self.status = JobStatus.CREATED
         self.outcome: JobOutcome | None = None
         self.done = threading.Event()
         self.events: queue.Queue = queue.Queue()
@@ -243,7 +244,7 @@ class JobMaster:
     def metrics(self) -> dict[str, dict[str, float]]:
         """Live metrics of every subtask of the current attempt, by "chain/index"
         (none while the job deploys or restarts)."""
-        return self._collect_metrics() if self.status == "RUNNING" else {}
+        return self._collect_metrics() if self.status is JobStatus.RUNNING else {}
 
     @ray.method(concurrency_group="client")
     def progress(self) -> dict[str, Any]:
@@ -285,7 +286,7 @@ class JobMaster:
         started = time.perf_counter()
         deploy_s = 0.0
         try:
-            self.status = "DEPLOYING"
+            self._set_status(JobStatus.DEPLOYING)
             self._publish()
             self.operator_coordinators = OperatorCoordinators(self.plan.coordinated_operators())
             self._create_coordinator()
@@ -298,11 +299,12 @@ class JobMaster:
             outcome = self._deploy_first(restore)
             deploy_s = time.perf_counter() - started
             if outcome is None:
-                self.status = "RUNNING"
+                if self.status is JobStatus.DEPLOYING:  # else a failover while deploying ran it
+                    self._set_status(JobStatus.RUNNING)
                 self._publish()
                 outcome = self._event_loop()
         except Exception as exc:  # could not deploy: report it, never hang the client
-            outcome = JobOutcome("FAILED", error=f"job '{self.job_name}' could not run: "
+            outcome = JobOutcome(JobStatus.FAILED, error=f"job '{self.job_name}' could not run: "
                                                  f"{type(exc).__name__}: {exc}")
         finally:
             self._answer_open_savepoints("the job ended before it")
@@ -315,9 +317,13 @@ class JobMaster:
         outcome.restores = list(self.restores)
         outcome.checkpoints = self.coordinator.stats() if self.coordinator else []
         self.outcome = outcome
-        self.status = outcome.status
+        self._set_status(outcome.status)
         self._publish()
         self.done.set()
+
+    def _set_status(self, status: JobStatus) -> None:
+        """Every status change goes through here (checked against the transition table)."""
+        self.status = check_transition(self.status, status)
 
     def _event_loop(self) -> JobOutcome:
         while True:
@@ -392,7 +398,7 @@ class JobMaster:
         every subtask has stopped; if one fails instead, the job fails over to the savepoint
         (its output is committed: never rolled back) and the caller is told so."""
         try:
-            outcome = self._end("FINISHED")
+            outcome = self._end(JobStatus.FINISHED)
         except _Failure as failure:
             request.reply.set(error=f"savepoint {request.path} is complete, but the job did not "
                                     f"stop ({failure}); it goes on from that savepoint")
@@ -425,7 +431,7 @@ class JobMaster:
         if kind == "cancel":
             for actor in self.actors.values():
                 actor.cancel.remote()
-            return JobOutcome("CANCELED")
+            return JobOutcome(JobStatus.CANCELED)
         if kind == "finished":
             _, attempt, subtask, results = event
             if attempt == self.attempt:
@@ -483,9 +489,9 @@ class JobMaster:
             if self.draining is not None:
                 request, self.draining = self.draining, None
                 return self._end_after_savepoint(request)
-        return self._end("FINISHED")
+        return self._end(JobStatus.FINISHED)
 
-    def _end(self, status: str) -> JobOutcome:
+    def _end(self, status: JobStatus) -> JobOutcome:
         """The job is over: stop every subtask, then gather results and metrics.
 
         A subtask handles its mailbox in order, so once it has stopped it has
@@ -619,10 +625,11 @@ class JobMaster:
             why = "" if self.options.checkpoints is not None else " (no checkpoints: no restart)"
             if self.options.checkpoints is not None and self.options.restart.attempts:
                 why = f" (restart attempts exhausted: {self.options.restart.attempts})"
-            return JobOutcome("FAILED", error=(report.error or "") + why, operator=report.operator,
+            return JobOutcome(JobStatus.FAILED, error=(report.error or "") + why,
+                              operator=report.operator,
                               subtask=report.index if report.index >= 0 else None,
                               traceback=report.traceback)
-        self.status = "RESTARTING"
+        self._set_status(JobStatus.RESTARTING)
         self._publish()
         self.coordinator.abort_all(f"failover after: {report.error}")
         lost_nodes = self._lost_nodes()
@@ -635,7 +642,7 @@ class JobMaster:
         try:
             restore = self.coordinator.verified_restore_spec()
         except (CorruptCheckpointError, OSError, RuntimeError) as exc:  # nowhere to go back to
-            return JobOutcome("FAILED", error=f"{report.error}; the job cannot restore: {exc}",
+            return JobOutcome(JobStatus.FAILED, error=f"{report.error}; the job cannot restore: {exc}",
                               operator=report.operator, traceback=report.traceback)
         try:
             self._reset_operator_coordinators(restore)
@@ -646,7 +653,7 @@ class JobMaster:
                                   "lost_nodes": lost_nodes})
         except RayActorError as exc:  # a subtask died while being wired: fail over again
             return self._failover(_deployment_failure(exc))
-        self.status = "RUNNING"
+        self._set_status(JobStatus.RUNNING)
         return None
 
     def _deploy_first(self, restore: RestoreSpec | None) -> JobOutcome | None:

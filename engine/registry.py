@@ -24,10 +24,11 @@ from typing import Any
 from ray.experimental import internal_kv
 
 from raystream.engine.errors import JobNotFoundError
+from raystream.engine.job_status import JobStatus
 
 KV_NAMESPACE = "raystream"
 KEY_PREFIX = "job:"
-TERMINAL_STATUSES = frozenset({"FINISHED", "FAILED", "CANCELED"})
+TERMINAL_STATUSES = frozenset(s for s in JobStatus if s.is_terminal)
 
 
 def publish(summary: dict[str, Any]) -> None:
