@@ -124,6 +124,12 @@ class CorruptCheckpointError(RaystreamError):
         return (type(self), (self.path, self.reason))
 
 
+class StorageUnavailableError(OSError):
+    """The checkpoint storage itself cannot be reached (its root is gone or is not a
+    directory): nothing can be said about the files in it. Unlike corruption this
+    may pass; a restore that meets it is retried under the restart strategy."""
+
+
 class CheckpointStorage:
     """Checkpoint files of jobs under one root directory or ``pyarrow.fs`` URI.
 
@@ -301,12 +307,20 @@ class CheckpointStorage:
         try:
             return self.filesystem.open_input_stream(path, compression=None)
         except FileNotFoundError:
-            raise CorruptCheckpointError(path, "missing") from None
+            raise self._missing(path) from None
         except OSError:
             # Some filesystems report a missing object as a plain OSError.
             if self.filesystem.get_file_info(path).type == pafs.FileType.NotFound:
-                raise CorruptCheckpointError(path, "missing") from None
+                raise self._missing(path) from None
             raise
+
+    def _missing(self, path: str) -> Exception:
+        """A file that is not there is corruption only if the storage itself is."""
+        if self.is_local and self.filesystem.get_file_info(self.root).type != pafs.FileType.Directory:
+            return StorageUnavailableError(
+                f"checkpoint storage {self.root!r} is not reachable (not a directory), so "
+                f"{path!r} cannot be read")
+        return CorruptCheckpointError(path, "missing")
 
     def _read_file(self, path: str, expected_size: int | None = None) -> bytes:
         with self._open_for_read(path) as f:

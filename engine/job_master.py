@@ -40,7 +40,8 @@ from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.checkpoint.coordinator import (CheckpointCoordinator, SavepointTicket,
                                               TooManyCheckpointFailures)
 from raystream.checkpoint.coordinator_holder import CoordinatorFailure, OperatorCoordinators
-from raystream.checkpoint.storage import CheckpointStorage, CorruptCheckpointError, StateHandle
+from raystream.checkpoint.storage import (CheckpointStorage, CorruptCheckpointError, StateHandle,
+                                          StorageUnavailableError)
 from raystream.checkpoint.subtask_gateway import EventDeliveryError, GatewayProtocolError
 from raystream.engine import registry
 from raystream.engine.failpoints import Failpoint, Failpoints, InjectedFailure
@@ -641,6 +642,9 @@ class JobMaster:
         started = time.perf_counter()
         try:
             restore = self.coordinator.verified_restore_spec()
+        except StorageUnavailableError as exc:  # it may come back: a failure like any other
+            return self._failover(_Failure(TerminationReport(
+                -1, -1, "FAILED", operator="restore", error=f"could not restore: {exc}")))
         except (CorruptCheckpointError, OSError, RuntimeError) as exc:  # nowhere to go back to
             return JobOutcome(JobStatus.FAILED, error=f"{report.error}; the job cannot restore: {exc}",
                               operator=report.operator, traceback=report.traceback)

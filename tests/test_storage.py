@@ -25,7 +25,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import raystream.checkpoint.storage as storage_mod
-from raystream.checkpoint.storage import CheckpointStorage, CorruptCheckpointError, StateHandle
+from raystream.checkpoint.storage import (CheckpointStorage, CorruptCheckpointError, StateHandle,
+                                          StorageUnavailableError)
 from raystream.engine.errors import RaystreamError
 
 JOB = "job-a"
@@ -613,3 +614,21 @@ def test_committed_sink_output_is_verified_with_its_checkpoint(storage):
     with pytest.raises(CorruptCheckpointError, match="collect/1-0-0.arrow"):
         storage.latest_valid_checkpoint(JOB, must_not_skip=lambda cid: True)
     assert storage.latest_valid_checkpoint(JOB) is None  # skipped where nothing was committed
+
+
+def test_a_file_is_missing_only_where_the_storage_itself_is_there(local, tmp_path):
+    """With the storage root gone (here: a regular file in its place), a checkpoint's
+    files are unreadable, not corrupt: a restore must retry, not give up on them."""
+    make_checkpoint(local, 1, {"a": b"state"})
+    assert local.verified_metadata(JOB, 1)["checkpoint_id"] == 1
+    root = tmp_path / "ckpts"
+    root.rename(tmp_path / "away")
+    root.write_text("not a directory")
+    with pytest.raises(StorageUnavailableError, match="is not reachable"):
+        local.verified_metadata(JOB, 1)
+    root.unlink()
+    (tmp_path / "away").rename(root)
+    assert local.verified_metadata(JOB, 1)["checkpoint_id"] == 1
+    os.remove(root / JOB / "chk-1" / "a")  # really missing: corrupt
+    with pytest.raises(CorruptCheckpointError, match="missing"):
+        local.verified_metadata(JOB, 1)

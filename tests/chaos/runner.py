@@ -238,7 +238,10 @@ def environment(scenario: Scenario, parallelism: int, storage: str,
         max_concurrent=scenario.max_concurrent)
     return rs.StreamEnvironment(parallelism=parallelism, checkpoints=config,
                                 failpoints=failpoints,
-                                restart=rs.RestartStrategy.fixed_delay(10, 0.1))
+                                # growing delays: a restore retried during a storage
+                                # outage must not run out of attempts before it ends
+                                restart=rs.RestartStrategy.exponential_backoff(
+                                    12, initial_s=0.1, max_s=1.0, multiplier=1.5))
 
 
 def operator_of(scenario: Scenario, failure: Failure) -> str:
