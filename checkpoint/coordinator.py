@@ -26,6 +26,7 @@ checkpoint restores only into the same job graph at the same parallelism
 from __future__ import annotations
 
 import collections
+import enum
 import logging
 import time
 from dataclasses import dataclass, field
@@ -125,13 +126,22 @@ class CompletedCheckpoint:
         return restore_spec_of(self.checkpoint_id, self.metadata, self.storage_uri)
 
 
+class CheckpointStatus(enum.StrEnum):
+    """Where a checkpoint is (a StrEnum: JSON and command-line output stay plain text)."""
+
+    PENDING = "PENDING"
+    COMPLETED = "COMPLETED"
+    ABORTED = "ABORTED"
+    CORRUPT = "CORRUPT"  # completed, then found damaged at a restore: never restored
+
+
 @dataclass
 class CheckpointStats:
     """One row of a job's checkpoint history."""
 
     checkpoint_id: int
     trigger_ts_ms: int
-    status: str  # "PENDING" | "COMPLETED" | "ABORTED" | "CORRUPT"
+    status: CheckpointStatus
     duration_s: float = 0.0  # trigger to completion (or abort)
     size: int = 0  # bytes written: operator state and channel state
     reason: str = ""
@@ -139,6 +149,9 @@ class CheckpointStats:
     alignment_s: float = 0.0  # longest time a subtask waited for barriers to align
     channel_state_bytes: int = 0  # in-flight data written (unaligned checkpoints)
     unaligned: bool = False  # some subtask took it unaligned (or a barrier overtook data)
+
+    def __post_init__(self) -> None:  # read back from JSON (the job directory): plain text
+        self.status = CheckpointStatus(self.status)
 
 
 class CheckpointCoordinator:
@@ -239,7 +252,8 @@ class CheckpointCoordinator:
         ts = int(time.time() * 1000)
         self.pending[n] = PendingCheckpoint(n, ts, now, set(self.subtasks), final=final,
                                             savepoint_target=savepoint_target, stop=stop)
-        self.history[n] = CheckpointStats(n, ts, "PENDING", savepoint=savepoint_target)
+        self.history[n] = CheckpointStats(n, ts, CheckpointStatus.PENDING,
+                                          savepoint=savepoint_target)
         self._forget_old_history()
         if final:
             self.final_checkpoint = n
@@ -318,7 +332,7 @@ class CheckpointCoordinator:
         if pending is None:
             return
         stats = self.history[n]
-        stats.status, stats.reason = "ABORTED", reason
+        stats.status, stats.reason = CheckpointStatus.ABORTED, reason
         stats.duration_s = time.monotonic() - pending.started
         if pending.final:
             self.final_checkpoint = None  # the master triggers another final checkpoint
@@ -356,7 +370,7 @@ class CheckpointCoordinator:
             return
         del self.pending[n]
         stats = self.history[n]
-        stats.status, stats.size = "COMPLETED", pending.size
+        stats.status, stats.size = CheckpointStatus.COMPLETED, pending.size
         stats.duration_s = time.monotonic() - pending.started
         stats.alignment_s, stats.unaligned = pending.alignment_s, pending.unaligned
         stats.channel_state_bytes = pending.channel_state_bytes
@@ -478,7 +492,8 @@ class CheckpointCoordinator:
                 log.warning("checkpoint %d of %s is corrupt and committed nothing: restoring an "
                             "older one: %s", n, self.job_name, exc)
                 self.completed.pop()
-                self.history[n].status, self.history[n].reason = "CORRUPT", str(exc)
+                self.history[n].status = CheckpointStatus.CORRUPT
+                self.history[n].reason = str(exc)
         if self.committed_upto:  # what committed it was discarded by retention
             raise RuntimeError(f"no completed checkpoint of {self.job_name} since checkpoint "
                                f"{self.committed_upto} (which committed output) verifies")

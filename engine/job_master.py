@@ -37,8 +37,8 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from raystream.actors.subtask import SubtaskActor, SubtaskSpec, TerminationReport
 from raystream.actors.subtask_checkpoints import CheckpointingSpec, RestoreSpec
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
-from raystream.checkpoint.coordinator import (CheckpointCoordinator, SavepointTicket,
-                                              TooManyCheckpointFailures)
+from raystream.checkpoint.coordinator import (CheckpointCoordinator, CheckpointStatus,
+                                              SavepointTicket, TooManyCheckpointFailures)
 from raystream.checkpoint.coordinator_holder import CoordinatorFailure, OperatorCoordinators
 from raystream.checkpoint.storage import (CheckpointStorage, CorruptCheckpointError, StateHandle,
                                           StorageUnavailableError)
@@ -381,10 +381,10 @@ class JobMaster:
         self.queued_savepoints = queued
         for n, request in list(self.savepoints.items()):
             stats = self.coordinator.history[n]
-            if stats.status == "PENDING":
+            if stats.status is CheckpointStatus.PENDING:
                 continue
             del self.savepoints[n]
-            if stats.status != "COMPLETED":
+            if stats.status is not CheckpointStatus.COMPLETED:
                 request.reply.set(error=f"savepoint {n} failed: {stats.reason}")
                 if request is self.draining:  # the input has ended: a checkpoint ends the job
                     self.draining = None
@@ -418,7 +418,7 @@ class JobMaster:
         self.savepoints, self.queued_savepoints, self.draining = {}, [], None
         for n, request in open_requests:
             stats = self.coordinator.history.get(n) if self.coordinator and n else None
-            if stats is not None and stats.status == "COMPLETED":
+            if stats is not None and stats.status is CheckpointStatus.COMPLETED:
                 if request.mode is SavepointMode.KEEP_RUNNING:
                     request.reply.set(stats.savepoint)
                 else:
