@@ -24,14 +24,21 @@ def skewed(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch
 
 
-def test_concurrent_aligned_checkpoints_complete_under_skew(ray_session, tmp_path):
+def running_sums(storage: str, transform, *, batch_size: int, credits: int = 8,
+                 **checkpoints) -> tuple[rs.StreamEnvironment, rs.SinkHandle]:
+    """Running sums per key of N numbers read in two splits, ``transform`` applied first."""
     env = rs.StreamEnvironment(
-        parallelism=2, credits=2,
-        checkpoints=rs.CheckpointConfig(interval_s=0.1, max_concurrent=2,
-                                        storage=str(tmp_path)))
-    source = env.from_sequence(N, numbers, batch_size=200, num_splits=2, name="numbers")
-    sink = source.map_batches(skewed, name="skewed").key_by("k").reduce(add, name="sum") \
-        .collect(name="out")
+        parallelism=2, credits=credits,
+        checkpoints=rs.CheckpointConfig(storage=storage, **checkpoints))
+    source = env.from_sequence(N, numbers, batch_size=batch_size, num_splits=2, name="numbers")
+    sink = source.map_batches(transform, name=transform.__name__).key_by("k") \
+        .reduce(add, name="sum").collect(name="out")
+    return env, sink
+
+
+def test_concurrent_aligned_checkpoints_complete_under_skew(ray_session, tmp_path):
+    env, sink = running_sums(str(tmp_path), skewed, batch_size=200, credits=2,
+                             interval_s=0.1, max_concurrent=2)
     result = env.execute("concurrent")
     assert_exactly_once(result.table(sink))
     completed = [c for c in result.checkpoints if c.status == "COMPLETED"]
@@ -49,13 +56,8 @@ def test_every_queued_trigger_is_its_own_checkpoint_in_a_source(ray_session, tmp
     # With two checkpoints pending, a source busy with one batch finds the triggers of
     # both in its mailbox; taking only the newer sends barrier n+1 without barrier n,
     # and every downstream subtask must decline n.
-    env = rs.StreamEnvironment(
-        parallelism=2,
-        checkpoints=rs.CheckpointConfig(interval_s=0.05, max_concurrent=2,
-                                        storage=str(tmp_path)))
-    source = env.from_sequence(N, numbers, batch_size=2_000, num_splits=2, name="numbers")
-    sink = source.map_batches(slow, name="slow").key_by("k").reduce(add, name="sum") \
-        .collect(name="out")
+    env, sink = running_sums(str(tmp_path), slow, batch_size=2_000,
+                             interval_s=0.05, max_concurrent=2)
     result = env.execute("queued-triggers")
     assert_exactly_once(result.table(sink))
     # taken in order everywhere, none is declined, and none is overtaken (subsumed)
@@ -69,13 +71,8 @@ def test_savepoints_wait_for_a_free_slot_and_never_abort_a_checkpoint(ray_sessio
     # max_concurrent=1: a savepoint requested while a periodic checkpoint is pending
     # waits for it (queued ahead of the next periodic one), as Flink's request decider
     # queues requests; the periodic one completes instead of being overtaken.
-    env = rs.StreamEnvironment(
-        parallelism=2,
-        checkpoints=rs.CheckpointConfig(interval_s=0.05, max_concurrent=1,
-                                        storage=str(tmp_path / "chk")))
-    source = env.from_sequence(N, numbers, batch_size=1_000, num_splits=2, name="numbers")
-    sink = source.map_batches(slow, name="slow").key_by("k").reduce(add, name="sum") \
-        .collect(name="out")
+    env, sink = running_sums(str(tmp_path / "chk"), slow, batch_size=1_000,
+                             interval_s=0.05, max_concurrent=1)
     client = env.execute_async("queued-savepoints")
     while not client.progress()["completed_checkpoints"]:
         time.sleep(0.02)
@@ -87,4 +84,4 @@ def test_savepoints_wait_for_a_free_slot_and_never_abort_a_checkpoint(ray_sessio
     assert sorted(c.savepoint for c in rows if c.savepoint) == sorted(paths)
     for before, after in zip(rows, rows[1:]):  # one at a time: triggered after the last ended
         ended_ms = before.trigger_ts_ms + before.duration_s * 1000
-        assert after.trigger_ts_ms >= ended_ms - 5, [(c.checkpoint_id, c.trigger_ts_ms, c.duration_s, c.savepoint) for c in rows]
+        assert after.trigger_ts_ms >= ended_ms - 5, (before, after)
