@@ -1,6 +1,6 @@
 """``prepare_snapshot_pre_barrier``: head to tail, before the barrier; what it emits precedes it.
 
-DESIGN.md, "Checkpoints", subtask side (Flink ``SubtaskCheckpointCoordinatorImpl``,
+The subtask side of a checkpoint (Flink ``SubtaskCheckpointCoordinatorImpl``,
 FLINK-9428): for checkpoint ``n`` a subtask calls ``prepare_snapshot_pre_barrier(n)``
 on every operator of its chain head to tail, *then* forwards barrier ``n``, then
 snapshots. Records emitted in that call therefore land before barrier ``n``

@@ -2,7 +2,7 @@
 
 Times are int64 milliseconds since the epoch. A window fires once the
 watermark reaches ``end - 1``; a record is late for a window iff
-``end - 1 + allowed_lateness <= watermark`` (DESIGN.md, "Time conventions").
+``end - 1 + allowed_lateness <= watermark`` (docs/architecture.md, "Time").
 Assignment is vectorized over a batch's timestamps.
 
     >>> import numpy as np

@@ -1,0 +1,71 @@
+"""Imports point down the layers drawn in docs/architecture.md.
+
+A package may import its own modules and those of the layers below it. The
+imports that still point up are listed in ``KNOWN_UPWARD`` (importing file,
+imported module): the test fails on a new one, and on a listed one that is gone
+(take it off the list), so the list only shrinks.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# higher imports lower; spark sits beside the engine and is used by it
+LAYERS = {"raystream": 6, "engine": 5, "spark": 4, "actors": 3, "timers": 2, "checkpoint": 1}
+
+KNOWN_UPWARD = {
+    ('actors/subtask.py', 'raystream.engine.failpoints'),
+    ('actors/subtask.py', 'raystream.engine.metrics'),
+    ('actors/subtask.py', 'raystream.engine.operators.base'),
+    ('actors/subtask.py', 'raystream.engine.operators.sinks'),
+    ('actors/subtask.py', 'raystream.engine.operators.source'),
+    ('actors/subtask.py', 'raystream.engine.plan'),
+    ('actors/subtask_checkpoints.py', 'raystream.engine.failpoints'),
+    ('actors/subtask_checkpoints.py', 'raystream.engine.operators.base'),
+    ('checkpoint/channel_state_file.py', 'raystream.actors.messages'),
+    ('checkpoint/coordinator.py', 'raystream.actors.messages'),
+    ('checkpoint/coordinator.py', 'raystream.actors.subtask_checkpoints'),
+    ('checkpoint/coordinator.py', 'raystream.engine.failpoints'),
+    ('checkpoint/storage.py', 'raystream.engine.errors'),
+    ('spark/commit_log.py', 'raystream.engine.errors'),
+    ('spark/commit_log.py', 'raystream.engine.operators.two_phase'),
+    ('spark/session.py', 'raystream.engine.environment'),
+}
+
+
+def package_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "raystream":
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "raystream"
+
+
+def upward_imports() -> set[tuple[str, str]]:
+    found = set()
+    for package in LAYERS:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    modules = [node.module]
+                elif isinstance(node, ast.Import):
+                    modules = [alias.name for alias in node.names]
+                else:
+                    continue
+                for module in modules:
+                    target = package_of(module)
+                    if target is not None and LAYERS[target] > LAYERS[package]:
+                        found.add((str(path.relative_to(ROOT)), module))
+    return found
+
+
+def test_imports_point_down_the_layers():
+    found = upward_imports()
+    new = sorted(found - KNOWN_UPWARD)
+    gone = sorted(KNOWN_UPWARD - found)
+    assert not new, ("imports that point up the layers of docs/architecture.md (move the "
+                     "shared thing down instead):\n" + "\n".join(map(str, new)))
+    assert not gone, "no longer imported: take these off KNOWN_UPWARD\n" + "\n".join(map(str, gone))
