@@ -349,6 +349,13 @@ class CheckpointCoordinator:
                     f"{self.failures_in_a_row} checkpoints failed in a row (tolerable: "
                     f"{self.config.tolerable_failures}); the last: {reason}")
 
+    def start_attempt(self, attempt: int, failpoints: Failpoints) -> None:
+        """A failover redeploys the job as ``attempt``: acknowledgements of older
+        attempts are ignored from now on, and the final checkpoint (FLIP-147) is
+        taken again once the restored subtasks finish."""
+        self.attempt, self.failpoints = attempt, failpoints
+        self.final_checkpoint = None
+
     def abort_all(self, reason: str) -> None:
         """A failover: every pending checkpoint is aborted and queued savepoints are
         dropped (whoever asked for them hears of the failover from the master)."""

@@ -636,9 +636,7 @@ class JobMaster:
         lost_nodes = self._lost_nodes()
         time.sleep(self.options.restart.delay_before(restart))
         self.attempt += 1
-        self.coordinator.attempt = self.attempt
-        self.coordinator.failpoints = self._coordinator_failpoints()
-        self.coordinator.final_checkpoint = None
+        self.coordinator.start_attempt(self.attempt, self._coordinator_failpoints())
         started = time.perf_counter()
         try:
             restore = self.coordinator.verified_restore_spec()
