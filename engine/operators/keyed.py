@@ -36,6 +36,7 @@ from raystream.engine.errors import BadRecordError, describe_record
 from raystream.engine.keys import KeySelector
 from raystream.engine.operators.base import (Operator, OperatorSnapshot, RestoredState,
                                              RuntimeContext)
+from raystream.engine.batches import rows_to_batch
 from raystream.engine.operators.functions import _call, _close_function, emit_rows
 from raystream.timers.service import TimerService
 
@@ -48,6 +49,14 @@ class KeyedContext:
         self._operator = operator
         self._backend = operator.backend
         self.time_domain: str | None = None  # in on_timer: "event_time" or "processing_time"
+        self.side_rows: dict[str, list[dict]] = {}  # ctx.output() since the last emit
+
+    def output(self, tag: str, row: dict) -> None:
+        """Emit ``row`` on side output ``tag`` (read it with ``stream.side_output(tag)``),
+        beside what the function yields on its main output."""
+        if not isinstance(tag, str) or not tag:
+            raise ValueError(f"a side output tag is a non-empty string, got {tag!r}")
+        self.side_rows.setdefault(tag, []).append(row)
 
     @property
     def current_key(self) -> Any:
@@ -257,7 +266,14 @@ class KeyedProcessOperator(_KeyedOperator):
             produced = _call(process, row, ctx)
             if produced is not None:
                 out.extend(produced)
-        emit_rows(self, out, self.schema)
+        self._emit(out)
+
+    def _emit(self, rows: list[Any]) -> None:
+        emit_rows(self, rows, self.schema)
+        side, self.keyed_ctx.side_rows = self.keyed_ctx.side_rows, {}
+        for tag, tagged in side.items():
+            self.output.emit_side(tag, rows_to_batch(
+                tagged, schema=None, where=f"side output {tag!r} of operator '{self.name}'"))
 
     def process_watermark(self, watermark: int) -> None:
         self.advance_watermark(watermark)
@@ -285,7 +301,7 @@ class KeyedProcessOperator(_KeyedOperator):
                 if produced is not None:
                     out.extend(produced)
         ctx.time_domain = None
-        emit_rows(self, out, self.schema)
+        self._emit(out)
 
 
 class ReduceOperator(_KeyedOperator):
