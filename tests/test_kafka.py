@@ -255,10 +255,16 @@ def event(partition: int, j: int) -> dict:
     return {"k": (i * 7) % KEYS, "v": i + 1, "i": i, "ts": 1_700_000_000_000 + j}
 
 
-def produce_slowly(broker: Broker, topic: str, stop: threading.Event) -> None:
-    """Fills the partitions while the job runs, 100 records a partition at a time."""
+def produce_slowly(broker: Broker, topic: str, stop: threading.Event,
+                   release: threading.Event) -> None:
+    """Fills the partitions while the job runs, 100 records a partition at a time; the
+    last quarter only once ``release`` is set (the first job cannot end before)."""
     producer = broker.producer()
     for start in range(0, PER_PARTITION, 100):
+        if start == PER_PARTITION * 3 // 4:
+            while not release.wait(0.05):
+                if stop.is_set():
+                    return
         for p in range(PARTITIONS):
             for j in range(start, start + 100):
                 producer.produce(topic, json.dumps(event(p, j)).encode(), partition=p)
@@ -319,8 +325,9 @@ def test_kafka_to_kafka_and_parquet_exactly_once_through_kills_and_a_rescale(
     ]
     env = checkpointed(tmp_path / "chk", failpoints=failpoints)
     running_sums(env, broker, source, out, parquet)
-    stop = threading.Event()
-    producer = threading.Thread(target=produce_slowly, args=(broker, source, stop), daemon=True)
+    stop, release = threading.Event(), threading.Event()
+    producer = threading.Thread(target=produce_slowly, args=(broker, source, stop, release),
+                                daemon=True)
     producer.start()
     try:
         client = env.execute_async("kafka-exactly-once")
@@ -334,6 +341,7 @@ def test_kafka_to_kafka_and_parquet_exactly_once_through_kills_and_a_rescale(
         assert "failpoint in_processing" in first.failures[0]
         assert "kafka-out-committer" in first.failures[1] and "died" in first.failures[1]
         assert "died" in first.failures[2]
+        release.set()
         # the rest at another parallelism, from the stop savepoint
         env = checkpointed(tmp_path / "chk2", parallelism=3)
         running_sums(env, broker, source, out, parquet)
@@ -361,10 +369,15 @@ def test_idle_partition_does_not_stall_windows_and_new_topics_are_read(ray_sessi
         future.result()
     later = f"{prefix}-b"  # created while the job runs, found by the pattern
 
-    def records(p: int, ts: range) -> list[bytes]:
-        return [json.dumps({"key": t % 3, "ts": t, "p": p}).encode() for t in ts]
+    def records(p: int, ts: range, key=None) -> list[bytes]:
+        return [json.dumps({"key": t % 3 if key is None else key, "ts": t, "p": p}).encode()
+                for t in ts]
     early = {0: records(0, range(0, 5000, 10)), 1: records(1, range(5, 5000, 10))}
-    late = {(first, 2): records(2, range(6000, 8000, 7)), (later, 0): records(9, range(6003, 8000, 5))}
+    # The new topic's records are old (late, whichever reader gets them): they test
+    # discovery, not windows (a new partition can only be late for a watermark that
+    # moved on without it, as in Flink).
+    late = {(first, 2): records(2, range(6000, 8000, 7)),
+            (later, 0): records(9, range(100, 1000, 3), key=99)}
     for p, values in early.items():
         broker.produce(first, p, values)
     bounds = {(first, 0): len(early[0]), (first, 1): len(early[1]),
@@ -380,6 +393,7 @@ def test_idle_partition_does_not_stall_windows_and_new_topics_are_read(ray_sessi
     seen = broker.topic(1, "seen")
     counts.sink_to_kafka(broker.bootstrap, seen, delivery="at_least_once")  # visible at once
     sink = counts.collect()
+    everything = rows.collect(name="rows")
     client = env.execute_async("kafka-idle")
     # Partition 2 of the first topic has no record yet: windows fire all the same.
     deadline = time.monotonic() + 60
@@ -390,9 +404,14 @@ def test_idle_partition_does_not_stall_windows_and_new_topics_are_read(ray_sessi
         future.result()
     for (topic, p), values in late.items():
         broker.produce(topic, p, values)
-    got = client.wait(timeout_s=120).table(sink).to_pandas()
+    result = client.wait(timeout_s=120)
+    read = result.table(everything).to_pandas()
+    assert sorted(zip(read["topic"], read["partition"], read["offset"])) == sorted(
+        [(first, p, o) for p in (0, 1) for o in range(len(early[p]))]
+        + [(t, p, o) for (t, p), values in late.items() for o in range(len(values))])
+    got = result.table(sink).to_pandas().query("key != 99")
 
-    every = pd.DataFrame([json.loads(v) for values in [*early.values(), *late.values()]
+    every = pd.DataFrame([json.loads(v) for values in [*early.values(), late[(first, 2)]]
                           for v in values])
     every["start"] = every["ts"] // 1000 * 1000
     expected = every.groupby(["key", "start"]).size().rename("count").reset_index()

@@ -501,6 +501,7 @@ class KafkaReaderOperator(SourceReaderOperator):
         self._empty_polls = 0
         self._snapshots: dict[int, dict[str, tuple[str, int, int]]] = {}
         self.bad_records = 0
+        self._seen_watermark = MIN_WATERMARK  # the largest any partition of this reader reached
 
     def open(self) -> None:
         from confluent_kafka import Consumer
@@ -524,6 +525,9 @@ class KafkaReaderOperator(SourceReaderOperator):
         from confluent_kafka import TopicPartition
 
         state = self.readers.pop(sid)
+        if self.watermarks is not None:
+            self._seen_watermark = max(self._seen_watermark,
+                                       self.watermarks.watermark_for(self.split_max_ts[sid]))
         self.split_max_ts.pop(sid)
         self.splits.pop(sid)
         self._order.remove(sid)
@@ -655,7 +659,15 @@ class KafkaReaderOperator(SourceReaderOperator):
         idle_after = self.config.idleness_s
         active = [sid for sid in self._order
                   if idle_after is None or now - self.readers[sid].last_record_s < idle_after]
-        if not active:  # every partition idle: hold (the runtime has no idle channel status)
+        for sid in self._order:
+            self._seen_watermark = max(self._seen_watermark,
+                                       self.watermarks.watermark_for(self.split_max_ts[sid]))
+        if not active:
+            # Every partition left is idle. Flink would mark the output idle; the runtime
+            # has no idle status for a channel, so go as far as this reader's partitions
+            # (finished ones too) have: an idle partition's records that come back may be
+            # late either way.
+            self._emit_watermark(self._seen_watermark)
             return
         self._emit_watermark(min(self.watermarks.watermark_for(self.split_max_ts[sid])
                                  for sid in active))
