@@ -143,6 +143,13 @@ def serialize(batch: pa.RecordBatch, *, key: str | None,
     for f, column in zip(batch.schema, batch.columns):
         if pa.types.is_timestamp(f.type):  # as int64 ms (pandas' JSON writer mangles ms units)
             column = column.cast(pa.timestamp("ms")).view(pa.int64())
+        elif pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type):
+            try:  # JSON has no bytes: UTF-8 text goes as a string
+                column = column.cast(pa.string())
+            except pa.ArrowInvalid:
+                raise KafkaSinkError(f"sink_to_kafka: column '{f.name}' holds bytes that are "
+                                     f"not UTF-8, which JSON cannot carry; drop or encode "
+                                     f"it first") from None
         columns.append(column)
     frame = pa.RecordBatch.from_arrays(columns, names=batch.schema.names).to_pandas(
         types_mapper=_NULLABLE.get)
