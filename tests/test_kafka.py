@@ -359,6 +359,14 @@ def test_kafka_to_kafka_and_parquet_exactly_once_through_kills_and_a_rescale(
         assert rows["partition"].nunique() == 1 and rows.sort_values("offset")["n"].is_monotonic_increasing
     assert_running_sums_exactly_once(rs.spark.read_committed(parquet).to_pandas())
 
+    # The sink's topic ends in transaction markers: a bounded read still ends, with
+    # exactly the committed records.
+    env = rs.StreamEnvironment(parallelism=2)
+    back = env.read_kafka(broker.bootstrap, topics=[out], bounded_until="latest").collect()
+    again = env.execute("kafka-read-back").table(back).to_pandas()
+    assert sorted(zip(again["partition"], again["offset"])) == sorted(
+        zip(records["partition"], records["offset"]))
+
 
 # -- idleness and discovery ----------------------------------------------------------------------
 def test_idle_partition_does_not_stall_windows_and_new_topics_are_read(ray_session, broker,

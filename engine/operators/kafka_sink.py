@@ -286,7 +286,12 @@ class KafkaCommitter(Committer):
         from confluent_kafka import KafkaException, Producer
 
         self.ctx = ctx
+        self.markers: dict[str, int] = {}
+        self._groups: dict[str, Any] = {}
         self.delivery = _Delivery(self.config.topic)
+        self.producer = None
+        if self.config.delivery is Delivery.AT_LEAST_ONCE:
+            return  # the writers produce; nothing is ever committed here
         self.producer = Producer(self.config.client(**{
             "transactional.id": self.config.transactional_id_prefix,
             "transaction.timeout.ms": max(60_000, int(self.config.timeout_s * 2000)),
@@ -298,8 +303,6 @@ class KafkaCommitter(Committer):
             raise KafkaSinkError(f"kafka sink: cannot start transactions on "
                                  f"{self.config.bootstrap_servers} for topic "
                                  f"'{self.config.topic}': {exc.args[0].str()}") from None
-        self.markers: dict[str, int] = {}
-        self._groups: dict[str, Any] = {}
 
     def _group(self, incarnation: str) -> Any:
         if incarnation not in self._groups:
@@ -312,6 +315,8 @@ class KafkaCommitter(Committer):
 
     def marker(self, incarnation: str) -> int:
         """The last checkpoint ``incarnation`` committed to the topic (-1: none)."""
+        if self.producer is None:
+            return -1  # at least once: no transactions, no markers
         if incarnation not in self.markers:
             from confluent_kafka import TopicPartition
 

@@ -547,12 +547,27 @@ class KafkaReaderOperator(SourceReaderOperator):
         messages = self.consumer.consume(self.config.max_poll_records, wait)
         if not messages:
             self._empty_polls += 1
+            self._catch_up_bounded()
             self._advance_watermark()  # partitions may have gone idle
             return True
         self._empty_polls = 0
         self._emit_messages(messages)
         self._advance_watermark()
         return True
+
+    def _catch_up_bounded(self) -> None:
+        """A bounded partition's last offsets may hold no record for us (transaction
+        markers, aborted records): the consumer's position, past them, says it ended."""
+        from confluent_kafka import TopicPartition
+
+        waiting = [self.readers[sid] for sid in self._order if self.readers[sid].stop is not None]
+        if not waiting:
+            return
+        for tp in self.consumer.position([TopicPartition(s.split["topic"], s.split["partition"])
+                                          for s in waiting]):
+            state = self.readers.get(split_id(tp.topic, tp.partition))
+            if state is not None and tp.offset >= 0:
+                state.position = max(state.position, min(tp.offset, state.stop))
 
     def _emit_messages(self, messages: list) -> None:
         from confluent_kafka import KafkaError as CKError
