@@ -33,7 +33,6 @@ import contextlib
 import json
 import os
 import sys
-import threading
 import time
 import uuid
 
@@ -112,7 +111,8 @@ def client_limit(bootstrap: str, topic: str, out: str, n: int) -> tuple[float, p
     return n / elapsed, total
 
 
-def read_counts(bootstrap: str, topic: str) -> pd.Series:
+def read_all(bootstrap: str, topic: str) -> list:
+    """Every committed record of ``topic``, up to where fetches say each partition ends."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4()}",
@@ -120,7 +120,7 @@ def read_counts(bootstrap: str, topic: str) -> pd.Series:
                          "log_level": 0})
     partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
     consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-    rows, ended = [], set()
+    messages, ended = [], set()
     while len(ended) < len(partitions):
         for m in consumer.consume(10_000, 0.5):
             if m.error() is not None:
@@ -128,9 +128,13 @@ def read_counts(bootstrap: str, topic: str) -> pd.Series:
                     ended.add(m.partition())
                 continue
             ended.discard(m.partition())
-            rows.append(json.loads(m.value()))
+            messages.append(m)
     consumer.close()
-    frame = pd.DataFrame(rows)
+    return messages
+
+
+def read_counts(bootstrap: str, topic: str) -> pd.Series:
+    frame = pd.DataFrame([json.loads(m.value()) for m in read_all(bootstrap, topic)])
     return frame.set_index(["key", "window_start"])["count"].sort_index()
 
 
@@ -147,7 +151,7 @@ def raystream_rate(bootstrap: str, topic: str, n: int, storage: str) -> tuple[fl
 
 def latency_p99(bootstrap: str, seconds: float, rate: int, storage: str) -> float:
     """p99 ms from a record's send stamp to its output record's creation, at ``rate``/s."""
-    from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+    from confluent_kafka import Producer
 
     source, out = create_topic(bootstrap, "lat-in", 2), create_topic(bootstrap, "lat-out", 2)
     total = int(seconds * rate)
@@ -179,19 +183,8 @@ def latency_p99(bootstrap: str, seconds: float, rate: int, storage: str) -> floa
         producer.poll(0)
     producer.flush(60)
     client.wait(timeout_s=600)
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"lat-{uuid.uuid4()}",
-                         "enable.partition.eof": True, "log_level": 0})
-    consumer.assign([TopicPartition(out, p, 0) for p in range(2)])
-    latencies, ended = [], set()
-    while len(ended) < 2:
-        for m in consumer.consume(10_000, 0.5):
-            if m.error() is not None:
-                if m.error().code() == KafkaError._PARTITION_EOF:
-                    ended.add(m.partition())
-                continue
-            ended.discard(m.partition())
-            latencies.append(m.timestamp()[1] - json.loads(m.value())["sent"])
-    consumer.close()
+    latencies = [m.timestamp()[1] - json.loads(m.value())["sent"]
+                 for m in read_all(bootstrap, out)]
     assert len(latencies) >= total, (len(latencies), total)
     return float(np.percentile(latencies, 99))
 

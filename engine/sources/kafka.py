@@ -47,7 +47,6 @@ Values parse in one vectorized read per batch:
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
