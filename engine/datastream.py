@@ -221,6 +221,36 @@ class DataStream:
                                         name=name)
         return ParquetSinkHandle(handle.transformation_id, handle.name, config.path)
 
+    def sink_to_kafka(self, bootstrap_servers: str, topic: str, *, key: str | None = None,
+                      value_format: str = "json", delivery: str = "exactly_once",
+                      transactional_id_prefix: str | None = None, timeout_s: float = 30.0,
+                      name: str = "kafka", **client_config: Any) -> "SinkHandle":
+        """Write every row to Kafka ``topic``: as a JSON object (``value_format="json"``)
+        or column ``value`` (``"raw"``), keyed by column ``key`` (as a string).
+
+        ``delivery="exactly_once"``: each checkpoint's rows are in one Kafka
+        transaction that commits when the checkpoint completes (read them with
+        ``isolation.level=read_committed``); ``transactional_id_prefix`` (default
+        ``raystream.<name>.<topic>``) must be unique among the jobs writing at
+        once. ``"at_least_once"``: produced at once, flushed before every barrier.
+        Other keyword arguments are librdkafka settings (dots as underscores). See
+        :mod:`raystream.engine.operators.kafka_sink`.
+
+            >>> totals.sink_to_kafka("127.0.0.1:9092", "totals", key="user")    # doctest: +SKIP
+        """
+        from raystream.engine.operators.kafka_sink import (Delivery, KafkaCommitter,
+                                                           KafkaSinkConfig, KafkaWriter,
+                                                           check_writable)
+
+        config = KafkaSinkConfig(
+            bootstrap_servers, topic,
+            transactional_id_prefix=transactional_id_prefix or f"raystream.{name}.{topic}",
+            key=key, value_format=value_format, delivery=Delivery.of(delivery),
+            timeout_s=timeout_s,
+            client_config={k.replace("_", "."): v for k, v in client_config.items()})
+        check_writable(config)
+        return self.sink_exactly_once(KafkaWriter(config), KafkaCommitter(config), name=name)
+
     def sink_exactly_once(self, writer: SinkWriter, committer: Committer, *,
                           name: str = "sink") -> "SinkHandle":
         """An exactly-once sink from a :class:`SinkWriter` and a :class:`Committer` (Sink V2).

@@ -235,6 +235,51 @@ class StreamEnvironment:
                                       monitor_interval_s=monitor_interval_s, errors=errors),
                                 name=name, watermarks=watermarks, parallelism=parallelism)
 
+    def read_kafka(self, bootstrap_servers: str, *, topics: SequenceT[str] | str = (),
+                   pattern: str | None = None, group_id: str | None = None,
+                   starting_offsets: str | Mapping[str, int] = "earliest",
+                   bounded_until: str | Mapping[tuple[str, int], int] | None = None,
+                   value_format: str = "json", schema: pa.Schema | None = None,
+                   idleness_s: float | None = None, discovery_interval_s: float | None = 10.0,
+                   errors: OnError | str = OnError.FAIL, timeout_s: float = 10.0,
+                   max_poll_records: int = 10_000, name: str = "kafka",
+                   watermarks: BoundedOutOfOrderness | None = None,
+                   parallelism: int | None = None, **client_config: Any) -> DataStream:
+        """Records of Kafka topics: one split per partition, positions in checkpoints,
+        watermarks per partition (an idle one, no record for ``idleness_s``, does not
+        hold them back). See :mod:`raystream.engine.sources.kafka` for the columns.
+
+        ``starting_offsets``: ``"earliest"``, ``"latest"``, ``"committed"`` (of
+        ``group_id``) or ``{"timestamp": ms}``; ``bounded_until``: None, ``"latest"``
+        (where each partition ends at the start) or ``{(topic, partition): offset}``.
+        ``errors="dead_letter"``: a value that does not parse goes to side output
+        ``rs.sources.DEAD_LETTERS`` instead of failing the job. Other keyword
+        arguments are librdkafka settings (dots as underscores: ``security_protocol``).
+        The broker and topics are checked now: an unreachable broker or a missing
+        topic raises here, in one line.
+
+            >>> env = rs.StreamEnvironment(parallelism=2)                        # doctest: +SKIP
+            >>> clicks = env.read_kafka("127.0.0.1:9092", topics=["clicks"],       # doctest: +SKIP
+            ...                         schema=CLICKS, idleness_s=5.0,
+            ...                         watermarks=rs.BoundedOutOfOrderness("ts", 2000))
+        """
+        from raystream.engine.sources.kafka import (KafkaReaderOperator, KafkaSource,
+                                                    KafkaSourceConfig, ValueFormat,
+                                                    check_readable)
+
+        config = KafkaSourceConfig(
+            bootstrap_servers, topics=(topics,) if isinstance(topics, str) else tuple(topics),
+            pattern=pattern, group_id=group_id, starting_offsets=starting_offsets,
+            bounded_until=bounded_until, value_format=ValueFormat.of(value_format),
+            schema=schema, idleness_s=idleness_s, discovery_interval_s=discovery_interval_s,
+            max_poll_records=max_poll_records, errors=OnError.of(errors), timeout_s=timeout_s,
+            client_config={k.replace("_", "."): v for k, v in client_config.items()})
+        check_readable(config)
+        source = KafkaSource(config)
+        return self.add_source(lambda op_name: KafkaReaderOperator(op_name, source, watermarks),
+                               name=name, parallelism=parallelism,
+                               coordinator=functools.partial(SourceCoordinator, source=source))
+
     # -- running -------------------------------------------------------------------------
     def plan(self) -> JobPlan:
         """The physical plan (chains, edges) this job would run."""

@@ -9,7 +9,9 @@ Points: ``in_processing`` (a data batch), ``in_snapshot`` (synchronous
 snapshot), ``in_async_write`` (background write), ``right_after_restore``,
 ``after_metadata_before_notify`` (coordinator, after the checkpoint is durable
 and before anyone is told; it always raises, which fails the job over),
-``mid_commit`` (a committer, between its files).
+``mid_commit`` (a committer, between its files; the Kafka committer between
+producing and committing its transaction), ``after_complete_before_commit``
+(the Kafka committer: a checkpoint completed, its transaction not begun).
 
     >>> fp = Failpoint("in_processing", operator="map", subtask=1, hit=3)
     >>> [fp.matches("in_processing", "source -> map", 1, attempt=0) for _ in range(1)]
@@ -22,7 +24,7 @@ import os
 from dataclasses import dataclass
 
 POINTS = ("in_processing", "in_snapshot", "in_async_write", "right_after_restore",
-          "after_metadata_before_notify", "mid_commit")
+          "after_metadata_before_notify", "mid_commit", "after_complete_before_commit")
 
 
 class InjectedFailure(RuntimeError):

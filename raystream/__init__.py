@@ -25,6 +25,8 @@ from raystream.engine.operators.base import Operator, RuntimeContext
 from raystream.engine.operators.source import SourceOperator
 from raystream.engine.operators.keyed import KeyedContext, KeyedProcessFunction
 from raystream.engine.operators.two_phase import Committer, SinkContext, SinkWriter
+from raystream.engine.operators.kafka_sink import KafkaSinkError
+from raystream.engine.sources.kafka import KafkaError, KafkaRecordError
 from raystream.engine.watermarks import BoundedOutOfOrderness
 from raystream.engine.windows.assigners import (EventTimeSessionWindows, SlidingEventTimeWindows,
                                                 TumblingEventTimeWindows,
@@ -37,7 +39,8 @@ __all__ = [
     "BadRecordError", "BoundedOutOfOrderness", "FileReadError", "CheckpointConfig", "Committer",
     "ConnectedStreams", "SinkContext", "SinkWriter",
     "DataStream", "Failpoint", "RestartStrategy",
-    "HASH_VERSION", "InsufficientResourcesError", "JobClient", "JobFailedError", "JobNotFoundError",
+    "HASH_VERSION", "InsufficientResourcesError", "KafkaError", "KafkaRecordError",
+    "KafkaSinkError", "JobClient", "JobFailedError", "JobNotFoundError",
     "JobNotRunningError", "JobResult",
     "KeyedContext", "KeyedProcessFunction", "KeyedStream", "MAX_WATERMARK", "MIN_WATERMARK", "Operator", "RaystreamError",
     "OperatorCoordinator", "OperatorCoordinatorContext", "SourceOperator", "SubtaskEventGateway",

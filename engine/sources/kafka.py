@@ -1,0 +1,720 @@
+"""Kafka topics as a split-based source: one split per topic partition (Flink ``KafkaSource``).
+
+``env.read_kafka(bootstrap_servers, topics=[...])`` reads with the
+``confluent-kafka`` client (librdkafka):
+
+* :class:`KafkaSplitEnumerator` (the source's operator coordinator, in the job
+  master) lists the partitions of the topics (or of every topic matching
+  ``pattern``) on a worker thread, resolves where each starts (and, bounded,
+  where it ends), and hands each partition to one reader: partition ``p`` of
+  topic ``t`` to reader ``(crc32(t) + p) % parallelism``, so a topic's
+  partitions are spread evenly. It lists again every ``discovery_interval_s``
+  and hands out partitions that appeared meanwhile, read from their earliest
+  offset. Its state is the partitions it has seen and those not handed out.
+* :class:`KafkaReaderOperator` (each source subtask) reads its partitions with
+  one consumer (``assign``, never a group subscription): a split's position is
+  the next offset to read and lives in the checkpoint, which is the truth.
+  Offsets are committed back to ``group_id`` when a checkpoint completes, for
+  lag monitoring only. Watermarks are per partition; a partition that had no
+  record for ``idleness_s`` does not hold the subtask's watermark back until
+  records come again.
+
+Rows are Arrow batches: the parsed value (``value_format="json"``, one
+pyarrow JSON read per polled batch) or ``value`` (``"raw"``, binary), then
+``key``, ``topic``, ``partition``, ``offset``, ``timestamp`` (int64 ms) and
+``headers``; a parsed field of the same name as one of these wins over it.
+
+A value that does not parse fails the job with a :class:`KafkaRecordError`
+naming topic, partition, offset and cause, or with ``errors="dead_letter"``
+goes to side output ``rs.sources.DEAD_LETTERS`` as one row (topic, partition,
+offset, key, value, error) while the rest of its batch is read on.
+
+The broker's "latest" offset is never taken on trust (Tansu 0.6 answers
+ListOffsets with a high watermark that lags behind what it has stored and
+serves): a bounded read to ``"latest"`` ends where a fetch says the partition
+ends (:func:`end_offsets`).
+
+Values parse in one vectorized read per batch:
+
+    >>> import pyarrow as pa
+    >>> parsed, bad = parse_values(pa.array([b'{"user": 1}', b'{"user": 2}']),
+    ...                            ValueFormat.JSON, pa.schema([("user", pa.int64())]))
+    >>> parsed.to_pydict(), bad
+    ({'user': [1, 2]}, [])
+    >>> parse_values(pa.array([b'{"user": 1}', b'{"user": ']), ValueFormat.JSON, None)[1]
+    [(1, 'JSON parse error: Invalid value')]
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import zlib
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pajson
+
+from raystream.actors.messages import MIN_WATERMARK
+from raystream.engine.errors import RaystreamError
+from raystream.engine.operators.base import OperatorSnapshot
+from raystream.engine.operators.source import SourceReaderOperator
+from raystream.engine.sources.base import Source, SplitReader
+from raystream.engine.sources.files import OnError
+from raystream.engine.sources.split_enumerator import SplitEnumerator, SplitEnumeratorContext
+from raystream.engine.watermarks import BoundedOutOfOrderness
+
+log = logging.getLogger(__name__)
+
+# The metadata columns every row carries after its value's columns.
+METADATA = pa.schema([("key", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()),
+                      ("offset", pa.int64()), ("timestamp", pa.int64()),
+                      ("headers", pa.list_(pa.struct([("key", pa.string()),
+                                                      ("value", pa.binary())])))])
+DEAD_LETTER_SCHEMA = pa.schema([("topic", pa.string()), ("partition", pa.int32()),
+                                ("offset", pa.int64()), ("key", pa.binary()),
+                                ("value", pa.binary()), ("error", pa.string())])
+# A poll that found nothing waits this long in librdkafka the next time (the GIL is
+# released meanwhile): no busy loop, and control messages wait at most this long.
+EMPTY_POLL_WAIT_S = 0.01
+# pyarrow's "in row N" counts rows of its read, not of the batch
+JSON_BLOCK_ROW = re.compile(r"\.? in row \d+$")
+
+
+class KafkaError(RaystreamError):
+    """The broker cannot be reached, a topic is missing, or the client failed: one line."""
+
+
+class KafkaRecordError(RaystreamError):
+    """A Kafka record could not be parsed: names topic, partition, offset and the cause."""
+
+    def __init__(self, topic: str, partition: int, offset: int, cause: str) -> None:
+        super().__init__(f"cannot parse the Kafka record at topic '{topic}' partition "
+                         f"{partition} offset {offset}: {cause}")
+        self.topic, self.partition, self.offset = topic, partition, offset
+
+
+class ValueFormat(Enum):
+    JSON = "json"  # one JSON object per record, parsed into columns
+    RAW = "raw"  # the value's bytes, as column ``value``
+
+    @classmethod
+    def of(cls, value: "ValueFormat | str") -> "ValueFormat":
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"value_format must be one of {sorted(e.value for e in cls)}, "
+                             f"not {value!r}") from None
+
+
+@dataclass(frozen=True)
+class KafkaSourceConfig:
+    """What :meth:`StreamEnvironment.read_kafka` reads; validated when built.
+
+    ``starting_offsets``: ``"earliest"``, ``"latest"``, ``"committed"`` (the
+    group's committed offsets, earliest where there are none) or
+    ``{"timestamp": ms}`` (the first record at or after it).
+    ``bounded_until``: None (unbounded), ``"latest"`` (where each partition
+    ends when the job starts) or ``{(topic, partition): offset}`` (exclusive;
+    a partition not named is not read; partitions are discovered until every
+    named one has appeared).
+
+    >>> KafkaSourceConfig("127.0.0.1:9092", topics=("clicks",)).starting_offsets
+    'earliest'
+    >>> KafkaSourceConfig("127.0.0.1:9092")
+    Traceback (most recent call last):
+    ...
+    ValueError: read_kafka: give topics=[...] or pattern=..., not neither
+    """
+
+    bootstrap_servers: str
+    topics: tuple[str, ...] = ()
+    pattern: str | None = None
+    group_id: str | None = None
+    starting_offsets: str | Mapping[str, int] = "earliest"
+    bounded_until: str | Mapping[tuple[str, int], int] | None = None
+    value_format: ValueFormat = ValueFormat.JSON
+    schema: pa.Schema | None = None
+    idleness_s: float | None = None
+    discovery_interval_s: float | None = 10.0
+    max_poll_records: int = 10_000
+    errors: OnError = OnError.FAIL
+    timeout_s: float = 10.0  # for the broker to answer metadata and offset requests
+    client_config: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if bool(self.topics) == (self.pattern is not None):
+            raise ValueError("read_kafka: give topics=[...] or pattern=..., not "
+                             + ("both" if self.topics else "neither"))
+        if isinstance(self.starting_offsets, str):
+            if self.starting_offsets not in ("earliest", "latest", "committed"):
+                raise ValueError(f"read_kafka: starting_offsets must be 'earliest', 'latest', "
+                                 f"'committed' or {{'timestamp': ms}}, not "
+                                 f"{self.starting_offsets!r}")
+        elif set(self.starting_offsets) != {"timestamp"}:
+            raise ValueError("read_kafka: starting_offsets as a dict is {'timestamp': ms}")
+        if isinstance(self.bounded_until, str) and self.bounded_until != "latest":
+            raise ValueError(f"read_kafka: bounded_until must be None, 'latest' or "
+                             f"{{(topic, partition): offset}}, not {self.bounded_until!r}")
+        if self.idleness_s is not None and self.idleness_s <= 0:
+            raise ValueError("read_kafka: idleness_s must be > 0")
+        if self.discovery_interval_s is not None and self.discovery_interval_s <= 0:
+            raise ValueError("read_kafka: discovery_interval_s must be > 0 or None")
+        if self.starting_offsets == "committed" and not self.group_id:
+            raise ValueError("read_kafka: starting_offsets='committed' needs a group_id")
+
+    def client(self, **extra: Any) -> dict[str, Any]:
+        """librdkafka settings for a client of this source."""
+        return {"bootstrap.servers": self.bootstrap_servers, "log_level": 3,
+                "socket.connection.setup.timeout.ms": int(self.timeout_s * 1000),
+                **dict(self.client_config), **extra}
+
+
+def split_id(topic: str, partition: int) -> str:
+    return f"{topic}-{partition}"
+
+
+def owner_of(topic: str, partition: int, parallelism: int) -> int:
+    """The reader of a partition: a topic's partitions round-robin from a start that
+    depends on the topic (Flink ``KafkaSourceEnumerator.getSplitOwner``).
+
+    >>> [owner_of("clicks", p, 2) for p in range(4)]
+    [1, 0, 1, 0]
+    """
+    return (zlib.crc32(topic.encode()) + partition) % parallelism
+
+
+# -- talking to the broker (enumerator worker threads, the driver) -----------------------------
+def list_partitions(config: KafkaSourceConfig, consumer: Any) -> list[tuple[str, int]]:
+    """Every (topic, partition) the source reads now; a named topic that does not exist,
+    or a broker that does not answer, is a :class:`KafkaError`."""
+    from confluent_kafka import KafkaException
+
+    try:
+        metadata = consumer.list_topics(timeout=config.timeout_s)
+    except KafkaException as exc:
+        raise KafkaError(f"kafka source: cannot reach the broker at {config.bootstrap_servers} "
+                         f"within {config.timeout_s:g} s: {exc.args[0].str()}") from None
+    found = []
+    if config.pattern is not None:
+        regex = re.compile(config.pattern)
+        names = sorted(t for t in metadata.topics if regex.fullmatch(t))
+    else:
+        names = list(config.topics)
+    for name in names:
+        topic = metadata.topics.get(name)
+        if topic is None or topic.error is not None or not topic.partitions:
+            why = topic.error.str() if topic is not None and topic.error else "no such topic"
+            raise KafkaError(f"kafka source: topic '{name}' is not readable on "
+                             f"{config.bootstrap_servers}: {why}")
+        found.extend((name, p) for p in sorted(topic.partitions))
+    return found
+
+
+def end_offsets(consumer: Any, partitions: list[tuple[str, int]], timeout_s: float) -> dict:
+    """Where each partition ends now, as a fetch sees it.
+
+    ListOffsets' "latest" is not trusted (Tansu 0.6 lags behind what it stores):
+    each partition is fetched from that offset on, and the high watermark of the
+    fetch response (which a fetch always carries) is the end.
+    """
+    from confluent_kafka import KafkaError as CKError, TopicPartition
+
+    if not partitions:
+        return {}
+    reported = {}
+    for topic, p in partitions:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s,
+                                                   cached=False)
+        reported[(topic, p)] = (low, high)
+    consumer.assign([TopicPartition(t, p, max(reported[(t, p)][0], reported[(t, p)][1] - 1))
+                     for t, p in partitions])
+    seen: set[tuple[str, int]] = set()
+    deadline = time.monotonic() + timeout_s
+    while len(seen) < len(partitions):
+        if time.monotonic() > deadline:
+            raise KafkaError(f"kafka source: no fetch answer for {sorted(set(reported) - seen)} "
+                             f"within {timeout_s:g} s")
+        for m in consumer.consume(1000, 0.1):
+            if m.error() is None or m.error().code() == CKError._PARTITION_EOF:
+                seen.add((m.topic(), m.partition()))
+    ends = {}
+    for topic, p in partitions:
+        _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
+        ends[(topic, p)] = max(high, reported[(topic, p)][1])
+    consumer.unassign()
+    return ends
+
+
+def resolve_splits(config: KafkaSourceConfig, partitions: list[tuple[str, int]],
+                   consumer: Any, *, initial: bool) -> list[dict]:
+    """The splits of newly found partitions: where each starts and (bounded) ends.
+    Partitions found after the first listing start at their earliest offset."""
+    from confluent_kafka import TopicPartition
+
+    if not partitions:
+        return []
+    timeout = config.timeout_s
+    lows = {tp: consumer.get_watermark_offsets(TopicPartition(*tp), timeout=timeout,
+                                               cached=False)[0] for tp in partitions}
+    how = config.starting_offsets if initial else "earliest"
+    if how == "earliest":
+        starts = lows
+    elif how == "latest":
+        starts = end_offsets(consumer, partitions, timeout)
+    elif how == "committed":
+        committed = consumer.committed([TopicPartition(*tp) for tp in partitions], timeout=timeout)
+        starts = {(c.topic, c.partition): c.offset if c.offset >= 0 else lows[(c.topic, c.partition)]
+                  for c in committed}
+    else:  # {"timestamp": ms}
+        asked = [TopicPartition(t, p, int(how["timestamp"])) for t, p in partitions]
+        found = consumer.offsets_for_times(asked, timeout=timeout)
+        ends = None
+        starts = {}
+        for tp in found:
+            if tp.offset < 0:  # no record at or after it: start at the end
+                ends = ends or end_offsets(consumer, partitions, timeout)
+                starts[(tp.topic, tp.partition)] = ends[(tp.topic, tp.partition)]
+            else:
+                starts[(tp.topic, tp.partition)] = tp.offset
+    if config.bounded_until is None:
+        stops: dict = {}
+    elif config.bounded_until == "latest":
+        stops = end_offsets(consumer, partitions, timeout)
+    else:
+        stops = {tp: int(config.bounded_until.get(tp, starts[tp])) for tp in partitions}
+    return [{"topic": t, "partition": p, "start": int(starts[(t, p)]),
+             "stop": int(stops[(t, p)]) if (t, p) in stops else None} for t, p in partitions]
+
+
+def check_readable(config: KafkaSourceConfig) -> None:
+    """Fail at once, in one line, when the broker does not answer or a topic is missing."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(config.client(**{"group.id": config.group_id or "raystream-check"}))
+    try:
+        list_partitions(config, consumer)
+    finally:
+        consumer.close()
+
+
+# -- the source ---------------------------------------------------------------------------------
+class KafkaSource(Source):
+    """Topic partitions as splits ``{"topic", "partition", "start", "stop"}``."""
+
+    def __init__(self, config: KafkaSourceConfig) -> None:
+        self.config = config
+
+    def split_id(self, split: dict) -> str:
+        return split_id(split["topic"], split["partition"])
+
+    def create_enumerator(self, context: SplitEnumeratorContext, state: Any | None) -> SplitEnumerator:
+        return KafkaSplitEnumerator(context, self.config, state)
+
+    def reader(self, split: dict, position: int = 0) -> "PartitionState":
+        return PartitionState(split, position)
+
+
+class PartitionState(SplitReader):
+    """One partition of a reader: ``position`` is the next offset to read."""
+
+    def __init__(self, split: dict, position: int) -> None:
+        self.split = split
+        self.position = max(int(position), int(split["start"]))
+        self.stop = split.get("stop")
+        self.last_record_s = time.monotonic()  # for idleness
+
+    @property
+    def done(self) -> bool:
+        return self.stop is not None and self.position >= self.stop
+
+    def next_batch(self) -> None:  # the reader operator polls all its partitions at once
+        return None
+
+
+class KafkaSplitEnumerator(SplitEnumerator):
+    """Lists partitions (then every ``discovery_interval_s``, unless bounded) on a worker
+    thread and hands each to its owner (:func:`owner_of`) once the owner registered."""
+
+    def __init__(self, context: SplitEnumeratorContext, config: KafkaSourceConfig,
+                 state: dict | None) -> None:
+        self.context, self.config = context, config
+        self.seen: set[str] = set(state["seen"]) if state else set()
+        self.pending: list[dict] = list(state["pending"]) if state else []
+        self.bounded = config.bounded_until is not None
+        self.listed = bool(state) and self.bounded and (config.bounded_until == "latest" or all(
+            split_id(t, p) in self.seen for t, p in config.bounded_until))
+        self.no_more_sent: set[int] = set()
+        self._consumer = None
+
+    def start(self) -> None:
+        if not self.listed:
+            self._discover()
+        else:
+            self._hand_out()
+
+    def _client(self) -> Any:  # only ever used by one worker-thread call at a time
+        if self._consumer is None:
+            from confluent_kafka import Consumer
+
+            self._consumer = Consumer(self.config.client(**{
+                "group.id": self.config.group_id or "raystream-enumerator",
+                "enable.auto.commit": False, "enable.partition.eof": True}))
+        return self._consumer
+
+    def _discover(self) -> None:
+        config, seen, initial = self.config, frozenset(self.seen), not self.seen
+
+        def new_splits() -> list[dict]:  # on a worker thread
+            consumer = self._client()
+            found = [tp for tp in list_partitions(config, consumer) if split_id(*tp) not in seen]
+            return resolve_splits(config, found, consumer, initial=initial)
+        self.context.call_async(new_splits, self._on_discovered)
+
+    def _on_discovered(self, splits: list[dict] | None, error: BaseException | None) -> None:
+        if error is not None:
+            raise error if isinstance(error, KafkaError) else KafkaError(
+                f"kafka source: listing partitions failed: {type(error).__name__}: {error}")
+        for split in splits or []:
+            sid = split_id(split["topic"], split["partition"])
+            if sid not in self.seen:
+                self.seen.add(sid)
+                self.pending.append(split)
+        # A bounded read lists once; with explicit end offsets, until every partition
+        # named there has appeared (a topic created while the job runs, say).
+        bound = self.config.bounded_until
+        self.listed = self.bounded and (bound == "latest" or all(
+            split_id(t, p) in self.seen for t, p in bound))
+        self._hand_out()
+        if not self.listed and self.config.discovery_interval_s is not None:
+            self.context.call_later(self.config.discovery_interval_s, self._discover)
+
+    def _hand_out(self) -> None:
+        registered = self.context.registered_readers()
+        p = self.context.parallelism
+        for subtask in sorted(registered):
+            mine = [s for s in self.pending if owner_of(s["topic"], s["partition"], p) == subtask]
+            if mine:
+                self.pending = [s for s in self.pending if s not in mine]
+                self.context.assign_splits(mine, subtask)
+            if self.listed and subtask not in self.no_more_sent:
+                self.no_more_sent.add(subtask)
+                self.context.signal_no_more_splits(subtask)
+
+    def add_reader(self, subtask: int) -> None:
+        self.no_more_sent.discard(subtask)  # a new attempt's reader
+        self._hand_out()
+
+    def handle_split_request(self, subtask: int) -> None:
+        self._hand_out()  # a reader without splits waits for new partitions (or the end)
+
+    def snapshot_state(self, checkpoint_id: int) -> dict:
+        return {"seen": sorted(self.seen), "pending": list(self.pending)}
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            except Exception:
+                pass
+
+
+# -- parsing -----------------------------------------------------------------------------------
+def parse_values(values: pa.Array, value_format: ValueFormat,
+                 schema: pa.Schema | None) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
+    """Values (binary) as columns: one pyarrow JSON read over the whole batch. Returns
+    the rows that parsed and ``(index, cause)`` of those that did not (only then are
+    values looked at one by one, to find which)."""
+    if value_format is ValueFormat.RAW:
+        return pa.record_batch([values.cast(pa.binary())], names=["value"]), []
+    n = len(values)
+    values = values.cast(pa.binary())
+    # A raw newline is invalid inside a JSON string, so outside strings it is only
+    # whitespace: replacing it keeps one record per line.
+    lines = pc.replace_substring(values, "\n", " ")
+    missing = pc.fill_null(pc.equal(pc.binary_length(lines), 0), True)
+    bad: list[tuple[int, str]] = [(int(i), "empty value (a tombstone?)")
+                                  for i in np.flatnonzero(missing.to_numpy(zero_copy_only=False))]
+    good = np.ones(n, dtype=bool)
+    for i, _ in bad:
+        good[i] = False
+    try:
+        table = _read_json(lines.filter(pa.array(good)) if bad else lines, schema)
+        if table.num_rows != int(good.sum()):
+            raise pa.ArrowInvalid("records and parsed rows differ in number")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        batch_error = f"{type(exc).__name__}: {exc}"
+        for i in np.flatnonzero(good):  # the error path only: which records are bad?
+            try:
+                one = _read_json(lines.slice(int(i), 1), schema)
+                if one.num_rows != 1:
+                    raise pa.ArrowInvalid("not one JSON object")
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+                bad.append((int(i), JSON_BLOCK_ROW.sub("", str(e))))
+                good[i] = False
+        if good.all():  # each parses alone, not together: the types differ between records
+            raise pa.ArrowInvalid(f"the records' JSON types differ ({batch_error}); give "
+                                  f"read_kafka a schema") from exc
+        table = _read_json(lines.filter(pa.array(good)), schema) if good.any() else None
+        bad.sort()
+    if table is None:
+        fields = schema if schema is not None else pa.schema([])
+        return pa.RecordBatch.from_pylist([], schema=fields), bad
+    return table.combine_chunks().to_batches()[0] if table.num_rows else \
+        pa.RecordBatch.from_pylist([], schema=table.schema), bad
+
+
+def _read_json(lines: pa.Array, schema: pa.Schema | None) -> pa.Table:
+    joined = _join_lines(lines)
+    options = (pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+               if schema is not None else pajson.ParseOptions())
+    # one block for the whole batch: type inference sees every record at once
+    read = pajson.ReadOptions(use_threads=False, block_size=max(1 << 20, len(joined) + 1))
+    return pajson.read_json(pa.BufferReader(joined), parse_options=options, read_options=read)
+
+
+def _join_lines(lines: pa.Array) -> pa.Buffer:
+    """Every value followed by a newline, in one buffer (no per-value Python loop)."""
+    big = pa.large_binary()
+    terminated = pc.binary_join_element_wise(lines.cast(big), pa.scalar(b"", big),
+                                             pa.scalar(b"\n", big))
+    offsets = np.frombuffer(terminated.buffers()[1], dtype=np.int64)[
+        terminated.offset:terminated.offset + len(terminated) + 1]
+    return terminated.buffers()[2][int(offsets[0]):int(offsets[-1])]
+
+
+# -- the reader -------------------------------------------------------------------------------
+class KafkaReaderOperator(SourceReaderOperator):
+    """Reads the partitions assigned to this subtask with one consumer; see the module."""
+
+    def __init__(self, name: str, source: KafkaSource,
+                 watermarks: BoundedOutOfOrderness | None = None) -> None:
+        super().__init__(name, source, watermarks)
+        self.config = source.config
+        self.consumer = None
+        self._empty_polls = 0
+        self._snapshots: dict[int, dict[str, tuple[str, int, int]]] = {}
+        self.bad_records = 0
+        self._seen_watermark = MIN_WATERMARK  # the largest any partition of this reader reached
+
+    def open(self) -> None:
+        from confluent_kafka import Consumer
+
+        self.consumer = Consumer(self.config.client(**{
+            "group.id": self.config.group_id or f"raystream-{self.ctx.job_name}",
+            "enable.auto.commit": False, "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest"}))
+        super().open()
+
+    def add_split(self, split: dict, position: int = 0, max_ts: int = MIN_WATERMARK) -> None:
+        super().add_split(split, position, max_ts)
+        state = self.readers[self.source.split_id(split)]
+        if not state.done:
+            from confluent_kafka import TopicPartition
+
+            self.consumer.incremental_assign([TopicPartition(split["topic"], split["partition"],
+                                                             state.position)])
+
+    def _drop_split(self, sid: str) -> None:
+        from confluent_kafka import TopicPartition
+
+        state = self.readers.pop(sid)
+        if self.watermarks is not None:
+            self._seen_watermark = max(self._seen_watermark,
+                                       self.watermarks.watermark_for(self.split_max_ts[sid]))
+        self.split_max_ts.pop(sid)
+        self.splits.pop(sid)
+        self._order.remove(sid)
+        try:
+            self.consumer.incremental_unassign([TopicPartition(state.split["topic"],
+                                                               state.split["partition"])])
+        except Exception:
+            pass  # never assigned (it was done when added)
+
+    def emit_next(self) -> bool:
+        for sid in [s for s in self._order if self.readers[s].done]:  # bounded: read to its end
+            self._drop_split(sid)
+            self._advance_watermark()
+        if not self._order:
+            return super().emit_next()  # no split: ask for one, or end
+        wait = EMPTY_POLL_WAIT_S if self._empty_polls else 0.0
+        messages = self.consumer.consume(self.config.max_poll_records, wait)
+        if not messages:
+            self._empty_polls += 1
+            self._catch_up_bounded()
+            self._advance_watermark()  # partitions may have gone idle
+            return True
+        self._empty_polls = 0
+        self._emit_messages(messages)
+        self._advance_watermark()
+        return True
+
+    def _catch_up_bounded(self) -> None:
+        """A bounded partition's last offsets may hold no record for us (transaction
+        markers, aborted records): the consumer's position, past them, says it ended."""
+        from confluent_kafka import TopicPartition
+
+        waiting = [self.readers[sid] for sid in self._order if self.readers[sid].stop is not None]
+        if not waiting:
+            return
+        for tp in self.consumer.position([TopicPartition(s.split["topic"], s.split["partition"])
+                                          for s in waiting]):
+            state = self.readers.get(split_id(tp.topic, tp.partition))
+            if state is not None and tp.offset >= 0:
+                state.position = max(state.position, min(tp.offset, state.stop))
+
+    def _emit_messages(self, messages: list) -> None:
+        from confluent_kafka import KafkaError as CKError
+
+        errors = [m for m in messages if m.error() is not None]
+        if errors:
+            fatal = [m for m in errors if m.error().code() != CKError._PARTITION_EOF]
+            if fatal:
+                m = fatal[0]
+                raise KafkaError(f"kafka source: reading topic '{m.topic()}' partition "
+                                 f"{m.partition()} failed: {m.error().str()}")
+            messages = [m for m in messages if m.error() is None]
+            if not messages:
+                return
+        topics = pa.array([m.topic() for m in messages], pa.string())
+        partitions = np.fromiter((m.partition() for m in messages), np.int32, len(messages))
+        offsets = np.fromiter((m.offset() for m in messages), np.int64, len(messages))
+        # Keep what this reader still reads, from its position up to a bounded end: a
+        # dropped partition's prefetched records, or records past the end, are not ours.
+        keep = np.zeros(len(messages), dtype=bool)
+        ids = pc.binary_join_element_wise(topics, pa.array(partitions).cast(pa.string()), "-")
+        ids_np = np.asarray(ids.to_pylist(), dtype=object)
+        for sid in set(ids_np.tolist()):
+            state = self.readers.get(sid)
+            if state is None:
+                continue
+            mine = ids_np == sid
+            ok = mine & (offsets >= state.position)
+            if state.stop is not None:
+                ok &= offsets < state.stop
+            keep |= ok
+            if mine.any():
+                state.position = max(state.position, int(offsets[mine].max()) + 1)
+                state.last_record_s = time.monotonic()
+        if not keep.all():
+            messages = [m for m, k in zip(messages, keep) if k]
+            topics, partitions, offsets = topics.filter(pa.array(keep)), partitions[keep], offsets[keep]
+            ids_np = ids_np[keep]
+        if not messages:
+            return
+        values = pa.array([m.value() for m in messages], pa.binary())
+        parsed, bad = parse_values(values, self.config.value_format, self.config.schema)
+        if bad:
+            self._on_bad(bad, messages, values)
+            good = np.ones(len(messages), dtype=bool)
+            good[[i for i, _ in bad]] = False
+            mask = pa.array(good)
+        else:
+            mask = None
+        heads = [m.headers() for m in messages]
+        headers = (pa.array([[{"key": k, "value": v} for k, v in h] if h else None for h in heads],
+                            METADATA.field("headers").type) if any(heads)
+                   else pa.nulls(len(messages), METADATA.field("headers").type))
+        meta = [pa.array([m.key() for m in messages], pa.binary()), topics,
+                pa.array(partitions), pa.array(offsets),
+                pa.array(np.fromiter((m.timestamp()[1] for m in messages), np.int64,
+                                     len(messages))), headers]
+        if mask is not None:
+            meta = [column.filter(mask) for column in meta]
+            ids_np = ids_np[good]
+        names = list(parsed.schema.names)
+        columns = list(parsed.columns)
+        for f, column in zip(METADATA, meta):
+            if f.name not in names:  # a parsed field of the same name wins
+                names.append(f.name)
+                columns.append(column)
+        batch = pa.RecordBatch.from_arrays(columns, names=names)
+        if self.watermarks is not None and batch.num_rows:
+            ts = self._timestamps(batch)
+            for sid in set(ids_np.tolist()):
+                mine = ids_np == sid
+                self.split_max_ts[sid] = max(self.split_max_ts[sid], int(ts[mine].max()))
+        if batch.num_rows:
+            self.records_read += batch.num_rows
+            self.output.emit(batch)
+
+    def _timestamps(self, batch: pa.RecordBatch) -> np.ndarray:
+        from raystream.engine.watermarks import timestamps_ms
+
+        return timestamps_ms(batch, self.watermarks.timestamp_column, where=f"source '{self.name}'")
+
+    def _on_bad(self, bad: list[tuple[int, str]], messages: list, values: pa.Array) -> None:
+        if self.config.errors is OnError.FAIL:
+            i, cause = bad[0]
+            m = messages[i]
+            raise KafkaRecordError(m.topic(), m.partition(), m.offset(), cause)
+        rows = [messages[i] for i, _ in bad]
+        self.bad_records += len(rows)
+        self.emit_side("dead_letters", pa.RecordBatch.from_arrays([
+            pa.array([m.topic() for m in rows], pa.string()),
+            pa.array([m.partition() for m in rows], pa.int32()),
+            pa.array([m.offset() for m in rows], pa.int64()),
+            pa.array([m.key() for m in rows], pa.binary()),
+            pa.array([m.value() for m in rows], pa.binary()),
+            pa.array([f"cannot parse the Kafka record at topic '{m.topic()}' partition "
+                      f"{m.partition()} offset {m.offset()}: {cause}"
+                      for m, (_, cause) in zip(rows, bad)], pa.string())],
+            schema=DEAD_LETTER_SCHEMA))
+
+    def _advance_watermark(self) -> None:
+        if self.watermarks is None or not self._order:
+            return
+        now = time.monotonic()
+        idle_after = self.config.idleness_s
+        active = [sid for sid in self._order
+                  if idle_after is None or now - self.readers[sid].last_record_s < idle_after]
+        for sid in self._order:
+            self._seen_watermark = max(self._seen_watermark,
+                                       self.watermarks.watermark_for(self.split_max_ts[sid]))
+        if not active:
+            # Every partition left is idle. Flink would mark the output idle; the runtime
+            # has no idle status for a channel, so go as far as this reader's partitions
+            # (finished ones too) have: an idle partition's records that come back may be
+            # late either way.
+            self._emit_watermark(self._seen_watermark)
+            return
+        self._emit_watermark(min(self.watermarks.watermark_for(self.split_max_ts[sid])
+                                 for sid in active))
+
+    def metrics(self) -> dict[str, float]:
+        return {**super().metrics(), "bad_records": self.bad_records}
+
+    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
+        self._snapshots[checkpoint_id] = {
+            sid: (s.split["topic"], s.split["partition"], s.position)
+            for sid, s in self.readers.items()}
+        return super().snapshot_state(checkpoint_id)
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        # Offsets go back to the group for lag monitoring only: the checkpoint is the truth.
+        positions = self._snapshots.pop(checkpoint_id, None)
+        for older in [c for c in self._snapshots if c < checkpoint_id]:
+            del self._snapshots[older]
+        if positions and self.config.group_id and self.consumer is not None:
+            from confluent_kafka import TopicPartition
+
+            try:
+                self.consumer.commit(offsets=[TopicPartition(t, p, o)
+                                              for t, p, o in positions.values()],
+                                     asynchronous=True)
+            except Exception as exc:  # monitoring only: never fails the job
+                log.warning("%s: committing offsets to group %s failed: %s", self.name,
+                            self.config.group_id, exc)
+
+    def close(self) -> None:
+        if self.consumer is not None:
+            try:
+                self.consumer.close()
+            except Exception:
+                pass
+            self.consumer = None
