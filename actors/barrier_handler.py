@@ -45,7 +45,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Union
+from typing import Callable, Protocol, Sequence, Union
 
 from raystream.actors.messages import Barrier, ChannelId
 
@@ -188,6 +188,7 @@ class CancelChannelState:
 
 Action = Union[BlockChannel, ResumeChannels, StartRecording, BoundRecording, TakeSnapshot,
                Decline, CancelChannelState]
+_NOTHING: tuple[Action, ...] = ()  # what most progress events yield: no allocation
 
 
 class InputView(Protocol):
@@ -216,6 +217,18 @@ class BarrierHandler:
     ``last_taken``: id of the last checkpoint this subtask took (a restored one
     at first). ``monotonic_s`` and ``wall_ms`` are the clocks (injected so that
     tests drive time).
+
+    A source takes a checkpoint on its trigger, at the next progress event:
+
+    >>> from types import SimpleNamespace
+    >>> source = SimpleNamespace(is_source=True, inputs_ended=lambda: False,
+    ...                          mid_batch=lambda: False, backlogged=lambda: False)
+    >>> handler = BarrierHandler(source)
+    >>> handler.handle(TriggerReceived(Barrier(1, attempt=0, trigger_ts_ms=0)))
+    []
+    >>> [(type(a).__name__, a.barrier.checkpoint_id, a.alignment.value, a.forward)
+    ...  for a in handler.handle(PROGRESSED)]
+    [('TakeSnapshot', 1, 'aligned', True)]
     """
 
     def __init__(self, view: InputView, *, last_taken: int = 0,
@@ -245,7 +258,7 @@ class BarrierHandler:
         return min(deadlines) if deadlines else None
 
     # -- events -----------------------------------------------------------------------------
-    def handle(self, event: Event) -> list[Action]:
+    def handle(self, event: Event) -> Sequence[Action]:
         if type(event) is Progressed:
             return self.on_progress()
         if type(event) is BarrierAnnounced:
@@ -291,7 +304,7 @@ class BarrierHandler:
             # Every trigger is a checkpoint of its own: a source busy while two
             # arrived takes the older first, or its barrier n+1 would go out
             # without barrier n and n would be declined downstream.
-            actions = self.on_progress()
+            actions = list(self.on_progress())
         self.trigger = barrier
         return actions
 
@@ -302,7 +315,7 @@ class BarrierHandler:
         self.aborted_upto = max(self.aborted_upto, checkpoint_id)
         return actions + [ResumeChannels(checkpoint_id), CancelChannelState(checkpoint_id)]
 
-    def on_progress(self) -> list[Action]:
+    def on_progress(self) -> Sequence[Action]:
         """Take a checkpoint when one is due: on the trigger in a source or where every
         input has ended; elsewhere on the first unaligned barrier (or the alignment
         timeout) or when every channel has reached the barrier. Called once per
@@ -330,10 +343,10 @@ class BarrierHandler:
             if n > last and self.unaligned_now(alignments[n].barrier):
                 return self._transition(n, Phase.RECORDING)
         if view.mid_batch():
-            return []  # an aligned barrier sits between two messages, never inside one
+            return _NOTHING  # an aligned barrier sits between two messages, never inside one
         aligned = view.aligned_checkpoint()
         if aligned is None:
-            return []
+            return _NOTHING
         if aligned not in alignments:  # cannot happen: every blocked barrier is aligning
             return [ResumeChannels(aligned)]
         return self._transition(aligned, Phase.TAKEN if aligned > last else Phase.SUBSUMED)

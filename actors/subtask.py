@@ -53,6 +53,8 @@ from raystream.actors.barrier_handler import (Action, Alignment, BarrierAnnounce
                                               wall_clock_ms)
 from raystream.actors.channel_state import InputStateRecorder, OutputStateCapture
 from raystream.actors.channels import InputGate, OutputChannel
+from raystream.actors.mailbox import (BarrierReceived, Cancel, CheckpointCompleted, Credit,
+                                      Drain, Mail, OperatorEvent, Stop)
 from raystream.actors.messages import (MAX_WATERMARK, MIN_WATERMARK, REPLAYED_SEQ, Barrier,
                                        ChannelId, Envelope, Kind)
 from raystream.actors.record_writer import RecordWriter, batch_payload
@@ -193,7 +195,7 @@ class Subtask:
         self.operators: list[Operator] = [node.create_operator() for node in vertex.nodes]
         self.gate = InputGate(vertex.input_channels(spec.index))
         self.cond = threading.Condition()
-        self.mailbox: collections.deque[tuple] = collections.deque()
+        self.mailbox: collections.deque[Mail] = collections.deque()
         self.out_channels: dict[ChannelId, OutputChannel] = {}
         self.upstreams: dict[ChannelId, Any] = {}
         self.pending_credits: collections.Counter[ChannelId] = collections.Counter()
@@ -294,9 +296,9 @@ class Subtask:
             self.gate.add(envelope)
             self.cond.notify()
 
-    def post(self, *control: Any) -> None:
+    def post(self, mail: Mail) -> None:
         with self.cond:
-            self.mailbox.append(control)
+            self.mailbox.append(mail)
             self.cond.notify()
 
     # -- the mailbox loop --------------------------------------------------------
@@ -377,13 +379,13 @@ class Subtask:
                 if self._backlogged():
                     self.metrics["backpressured_s"] += time.perf_counter() - waited_from
             with self.cond:
-                controls = list(self.mailbox)
+                mails = list(self.mailbox)
                 self.mailbox.clear()
-            for control in controls:
-                self._handle_control(control)
+            for mail in mails:
+                self._handle(mail)
             if self.cancelled or self.stopped:
                 return
-            if controls:
+            if mails:
                 self._progress()  # an unaligned barrier goes before any more input
             with self.cond:
                 take_input = not self._backlogged() and not self.inputs_ended
@@ -406,48 +408,46 @@ class Subtask:
             if self.inputs_ended and not self._backlogged() and not self.finished_reported:
                 self._report_finished()
 
-    def _handle_control(self, control: tuple) -> None:
-        kind = control[0]
-        if kind == "credit":
-            _, channel, n = control
-            out = self.out_channels.get(channel)
-            if out is not None:
-                out.add_credit(n)
-        elif kind == "trigger":
-            self._carry_out(self.barrier_handler.handle(TriggerReceived(control[1])))
-        elif kind == "event":  # from an operator coordinator, before any later barrier
-            _, name, event = control
-            call_operator(self.coordinated[name], "handle_operator_event", event)
-        elif kind == "barrier":
-            self._on_barrier(*control[1:])
-        elif kind == "complete":
-            self.checkpointer.notify_complete(control[1])
-        elif kind == "abort":
-            self._carry_out(self.barrier_handler.handle(CheckpointAborted(control[1])))
-            self.checkpointer.notify_aborted(control[1])
-            if control[1] == self.stopped_by:  # a failed stop resumes the sources (Flink)
-                self.stopped_by = None
-        elif kind == "stop":
-            self.stopped = True
-        elif kind == "drain":  # stop-with-savepoint, draining: end the input now
-            if self.source is not None and not self.inputs_ended:
-                call_operator(self.source, "end_input_early")
-                self._end_of_input()
-        elif kind == "cancel":
-            self.cancelled = True
-        else:
-            raise ValueError(f"unknown control message {kind!r}")
+    def _handle(self, mail: Mail) -> None:
+        match mail:
+            case Credit(channel, n):
+                out = self.out_channels.get(channel)
+                if out is not None:
+                    out.add_credit(n)
+            case TriggerReceived():
+                self._carry_out(self.barrier_handler.handle(mail))
+            case OperatorEvent(name, event):  # before any later barrier
+                call_operator(self.coordinated[name], "handle_operator_event", event)
+            case BarrierReceived():
+                self._on_barrier(mail)
+            case CheckpointCompleted(n):
+                self.checkpointer.notify_complete(n)
+            case CheckpointAborted(n):
+                self._carry_out(self.barrier_handler.handle(mail))
+                self.checkpointer.notify_aborted(n)
+                if n == self.stopped_by:  # a failed stop resumes the sources (Flink)
+                    self.stopped_by = None
+            case Stop():
+                self.stopped = True
+            case Drain():  # stop-with-savepoint, draining: end the input now
+                if self.source is not None and not self.inputs_ended:
+                    call_operator(self.source, "end_input_early")
+                    self._end_of_input()
+            case Cancel():
+                self.cancelled = True
+            case _:
+                raise TypeError(f"unknown mail {mail!r}")
 
     # -- checkpoints: the barrier handler decides, the subtask carries it out -----------------
-    def _on_barrier(self, channel: ChannelId, barrier: Barrier, upto: int, index: int) -> None:
-        """Barrier announcement number ``index`` of ``channel``'s sender: ``barrier``
-        sits after message ``upto`` (announced again when its sender turned it unaligned)."""
+    def _on_barrier(self, mail: BarrierReceived) -> None:
+        """A barrier announcement (again when its sender turned it unaligned)."""
         # One lock for all of it: the gate and its recorders are shared with the data
         # lane, and a recorder completed by this announcement must already be bounded
         # by it when the snapshot thread reads it.
         with self.cond:
-            self.gate.note_announcement(channel, index)
-            self._carry_out(self.barrier_handler.handle(BarrierAnnounced(channel, barrier, upto)))
+            self.gate.note_announcement(mail.channel, mail.index)
+            self._carry_out(self.barrier_handler.handle(
+                BarrierAnnounced(mail.channel, mail.barrier, mail.upto)))
 
     def _progress(self) -> None:
         """Once per loop round: take a checkpoint if one is due."""
@@ -719,7 +719,7 @@ class SubtaskActor:
         """Cancel the current subtask, wait until it has stopped, and host ``spec``'s."""
         old = self.subtask
         if old is not None and old._thread is not None:
-            old.post("cancel")
+            old.post(Cancel())
             if not old.done.wait(HOST_STOP_TIMEOUT_S):
                 raise RuntimeError(f"subtask {old.spec.actor_name} did not stop within "
                                    f"{HOST_STOP_TIMEOUT_S:.0f} s")
@@ -744,53 +744,53 @@ class SubtaskActor:
     def add_credit(self, channel: ChannelId, n: int, attempt: int) -> None:
         subtask = self.subtask
         if subtask is not None and attempt == subtask.spec.attempt:
-            subtask.post("credit", channel, n)
+            subtask.post(Credit(channel, n))
 
     @ray.method(concurrency_group="control")
     def handle_operator_event(self, attempt: int, operator: str, event: Any) -> None:
         """An event from ``operator``'s coordinator: queued in the mailbox, in order."""
         subtask = self.subtask
         if subtask is not None and attempt == subtask.spec.attempt:
-            subtask.post("event", operator, event)
+            subtask.post(OperatorEvent(operator, event))
 
     @ray.method(concurrency_group="control")
     def trigger_checkpoint(self, barrier: Barrier) -> None:
         subtask = self.subtask
         if subtask is not None and barrier.attempt == subtask.spec.attempt:
-            subtask.post("trigger", barrier)
+            subtask.post(TriggerReceived(barrier))
 
     @ray.method(concurrency_group="control")
     def receive_barrier(self, channel: ChannelId, barrier: Barrier, upto: int,
                         index: int) -> None:
         subtask = self.subtask
         if subtask is not None and barrier.attempt == subtask.spec.attempt:
-            subtask.post("barrier", channel, barrier, upto, index)
+            subtask.post(BarrierReceived(channel, barrier, upto, index))
 
     @ray.method(concurrency_group="control")
     def notify_checkpoint_complete(self, checkpoint_id: int, attempt: int) -> None:
         subtask = self.subtask
         if subtask is not None and attempt == subtask.spec.attempt:
-            subtask.post("complete", checkpoint_id)
+            subtask.post(CheckpointCompleted(checkpoint_id))
 
     @ray.method(concurrency_group="control")
     def notify_checkpoint_aborted(self, checkpoint_id: int, attempt: int) -> None:
         subtask = self.subtask
         if subtask is not None and attempt == subtask.spec.attempt:
-            subtask.post("abort", checkpoint_id)
+            subtask.post(CheckpointAborted(checkpoint_id))
 
     @ray.method(concurrency_group="control")
     def drain(self) -> None:
         """A source ends its input at once (stop-with-savepoint with drain)."""
-        self.subtask.post("drain")
+        self.subtask.post(Drain())
 
     @ray.method(concurrency_group="control")
     def stop(self) -> None:
         """End a finished subtask (after the final checkpoint)."""
-        self.subtask.post("stop")
+        self.subtask.post(Stop())
 
     @ray.method(concurrency_group="control")
     def cancel(self) -> None:
-        self.subtask.post("cancel")
+        self.subtask.post(Cancel())
 
     @ray.method(concurrency_group="control")
     def metrics(self) -> dict[str, float]:
