@@ -31,7 +31,6 @@ master stops it.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import os
 import threading
@@ -46,8 +45,16 @@ import pandas  # noqa: F401
 import pyarrow as pa
 import ray
 
+from raystream.actors.barrier_forwarder import BarrierForwarder
+from raystream.actors.barrier_handler import (Action, Alignment, BarrierAnnounced, BarrierHandler,
+                                              BlockChannel, BoundRecording, CancelChannelState,
+                                              CheckpointAborted, Decline, ResumeChannels,
+                                              StartRecording, TakeSnapshot, TriggerReceived,
+                                              wall_clock_ms)
 from raystream.actors.channel_state import InputStateRecorder, OutputStateCapture
 from raystream.actors.channels import InputGate, OutputChannel
+from raystream.actors.mailbox import (BarrierReceived, Cancel, CheckpointCompleted, Credit,
+                                      Drain, Mail, OperatorEvent, Stop)
 from raystream.actors.messages import (MAX_WATERMARK, MIN_WATERMARK, REPLAYED_SEQ, Barrier,
                                        ChannelId, Envelope, Kind)
 from raystream.actors.record_writer import RecordWriter, batch_payload
@@ -65,12 +72,6 @@ from raystream.engine.operators.source import SourceOperator
 from raystream.engine.plan import JobVertex
 
 IDLE_WAIT_S = 0.05
-
-
-def _timed_out(barrier: Barrier) -> bool:
-    """The aligned checkpoint of ``barrier`` has passed its alignment timeout."""
-    deadline = barrier.timeout_at_ms
-    return deadline is not None and time.time() * 1000 >= deadline
 
 
 @dataclass
@@ -148,8 +149,45 @@ def _fan_out(targets: list) -> Any:
         BroadcastingOutput(targets) if targets else NullOutput())
 
 
+class _HandlerView:
+    """The subtask as its barrier handler reads it (``barrier_handler.InputView``)."""
+
+    __slots__ = ("subtask",)
+
+    def __init__(self, subtask: Subtask) -> None:
+        self.subtask = subtask
+
+    @property
+    def is_source(self) -> bool:
+        return self.subtask.source is not None
+
+    def inputs_ended(self) -> bool:
+        return self.subtask.inputs_ended
+
+    def mid_batch(self) -> bool:
+        return self.subtask.in_progress is not None
+
+    def backlogged(self) -> bool:
+        return self.subtask._backlogged()
+
+    def channels_finished(self) -> bool:
+        gate = self.subtask.gate
+        return len(gate) > 0 and gate.all_finished()
+
+    def channels_ending(self) -> bool:
+        return all(c.finished or c.end_of_input is not None for c in self.subtask.gate)
+
+    def aligned_checkpoint(self) -> int | None:
+        gate = self.subtask.gate
+        return gate.aligned_checkpoint() if len(gate) else None
+
+
 class Subtask:
-    """The mailbox loop and everything it owns; hosted by :class:`SubtaskActor`."""
+    """The mailbox loop and everything it owns; hosted by :class:`SubtaskActor`.
+
+    Barrier handling is decided by :class:`BarrierHandler` (no Ray, no I/O);
+    the subtask feeds it events and carries out the actions it returns.
+    """
 
     def __init__(self, spec: SubtaskSpec) -> None:
         self.spec = spec
@@ -157,7 +195,7 @@ class Subtask:
         self.operators: list[Operator] = [node.create_operator() for node in vertex.nodes]
         self.gate = InputGate(vertex.input_channels(spec.index))
         self.cond = threading.Condition()
-        self.mailbox: collections.deque[tuple] = collections.deque()
+        self.mailbox: collections.deque[Mail] = collections.deque()
         self.out_channels: dict[ChannelId, OutputChannel] = {}
         self.upstreams: dict[ChannelId, Any] = {}
         self.pending_credits: collections.Counter[ChannelId] = collections.Counter()
@@ -169,14 +207,10 @@ class Subtask:
         self.finished_reported = False
         self.stopped = False
         self.cancelled = False
-        self.trigger: Barrier | None = None  # the latest checkpoint trigger not yet acted on
-        self.barriers: dict[int, Barrier] = {}  # announced by upstream channels, by id
-        self.alignment_started: dict[int, float] = {}  # first announcement of each barrier
-        self.aborted_upto = 0  # barriers of checkpoints up to this id are stale
+        self.barrier_handler = BarrierHandler(_HandlerView(self))
         # unaligned checkpoints whose input in flight is still being recorded, by id
         self.input_states: dict[int, InputStateRecorder] = {}
-        # aligned barriers with a timeout still queued behind output, by id
-        self.output_states: dict[int, tuple[Barrier, OutputStateCapture]] = {}
+        self._recording: InputStateRecorder | None = None  # started for the next snapshot
         # stop-with-savepoint: emit nothing after this savepoint's barrier, unless it aborts
         self.stopped_by: int | None = None
         self.failpoints = Failpoints(spec.failpoints, vertex.name, spec.index, spec.attempt)
@@ -211,6 +245,7 @@ class Subtask:
         self.writers = list(writers.values())
         self.upstreams = dict(upstream)
         self.downstream = dict(downstream)
+        self.forwarder = BarrierForwarder(self.out_channels, self._announce)
         for node, operator in zip(vertex.nodes, self.operators):
             targets = [ChainedOutput(self.operators[i]) for i in node.chained_outputs]
             targets += [writers[e] for e in node.network_outputs]
@@ -261,9 +296,9 @@ class Subtask:
             self.gate.add(envelope)
             self.cond.notify()
 
-    def post(self, *control: Any) -> None:
+    def post(self, mail: Mail) -> None:
         with self.cond:
-            self.mailbox.append(control)
+            self.mailbox.append(mail)
             self.cond.notify()
 
     # -- the mailbox loop --------------------------------------------------------
@@ -286,6 +321,7 @@ class Subtask:
         try:
             if self.checkpointer is not None:
                 channel_state = self.checkpointer.restore(self.spec.restore)
+                self.barrier_handler.last_taken = self.checkpointer.last_checkpoint_id
                 if self.spec.restore is not None:
                     self.failpoints.hit("right_after_restore")
                 if channel_state is not None:
@@ -343,14 +379,14 @@ class Subtask:
                 if self._backlogged():
                     self.metrics["backpressured_s"] += time.perf_counter() - waited_from
             with self.cond:
-                controls = list(self.mailbox)
+                mails = list(self.mailbox)
                 self.mailbox.clear()
-            for control in controls:
-                self._handle_control(control)
+            for mail in mails:
+                self._handle(mail)
             if self.cancelled or self.stopped:
                 return
-            if controls:
-                self._maybe_checkpoint()  # an unaligned barrier goes before any more input
+            if mails:
+                self._progress()  # an unaligned barrier goes before any more input
             with self.cond:
                 take_input = not self._backlogged() and not self.inputs_ended
                 envelope = None
@@ -366,150 +402,89 @@ class Subtask:
                   and call_operator(self.source, "is_available")):
                 if not call_operator(self.source, "emit_next"):
                     self._end_of_input()
-            self._maybe_checkpoint()
-            if self.output_states:
-                self._settle_output_states()
+            self._progress()
+            if self.forwarder.pending:
+                self.forwarder.settle(wall_clock_ms)
             if self.inputs_ended and not self._backlogged() and not self.finished_reported:
                 self._report_finished()
 
-    def _handle_control(self, control: tuple) -> None:
-        kind = control[0]
-        if kind == "credit":
-            _, channel, n = control
-            out = self.out_channels.get(channel)
-            if out is not None:
-                out.add_credit(n)
-        elif kind == "trigger":
-            if self.trigger is not None:
-                # Every trigger is a checkpoint of its own: a source busy while two
-                # arrived takes the older first, or its barrier n+1 would go out
-                # without barrier n and n would be declined downstream.
-                self._maybe_checkpoint()
-            self.trigger = control[1]
-        elif kind == "event":  # from an operator coordinator, before any later barrier
-            _, name, event = control
-            call_operator(self.coordinated[name], "handle_operator_event", event)
-        elif kind == "barrier":
-            self._on_barrier(*control[1:])
-        elif kind == "complete":
-            self.checkpointer.notify_complete(control[1])
-        elif kind == "abort":
-            self._abort_alignment(control[1])
-            self._cancel_channel_state(control[1])
-            self.checkpointer.notify_aborted(control[1])
-            if control[1] == self.stopped_by:  # a failed stop resumes the sources (Flink)
-                self.stopped_by = None
-        elif kind == "stop":
-            self.stopped = True
-        elif kind == "drain":  # stop-with-savepoint, draining: end the input now
-            if self.source is not None and not self.inputs_ended:
-                call_operator(self.source, "end_input_early")
-                self._end_of_input()
-        elif kind == "cancel":
-            self.cancelled = True
-        else:
-            raise ValueError(f"unknown control message {kind!r}")
+    def _handle(self, mail: Mail) -> None:
+        match mail:
+            case Credit(channel, n):
+                out = self.out_channels.get(channel)
+                if out is not None:
+                    out.add_credit(n)
+            case TriggerReceived():
+                self._carry_out(self.barrier_handler.handle(mail))
+            case OperatorEvent(name, event):  # before any later barrier
+                call_operator(self.coordinated[name], "handle_operator_event", event)
+            case BarrierReceived():
+                self._on_barrier(mail)
+            case CheckpointCompleted(n):
+                self.checkpointer.notify_complete(n)
+            case CheckpointAborted(n):
+                self._carry_out(self.barrier_handler.handle(mail))
+                self.checkpointer.notify_aborted(n)
+                if n == self.stopped_by:  # a failed stop resumes the sources (Flink)
+                    self.stopped_by = None
+            case Stop():
+                self.stopped = True
+            case Drain():  # stop-with-savepoint, draining: end the input now
+                if self.source is not None and not self.inputs_ended:
+                    call_operator(self.source, "end_input_early")
+                    self._end_of_input()
+            case Cancel():
+                self.cancelled = True
+            case _:
+                raise TypeError(f"unknown mail {mail!r}")
 
-    # -- checkpoints ---------------------------------------------------------------------
-    def _on_barrier(self, channel: ChannelId, barrier: Barrier, upto: int, index: int) -> None:
-        """Barrier announcement number ``index`` of ``channel``'s sender: ``barrier``
-        sits after message ``upto`` (announced again when its sender turned it unaligned)."""
-        n = barrier.checkpoint_id
-        with self.cond:  # the gate and its recorders are shared with the data lane
-            self.gate.note_announcement(channel, index)
-            recorder = self.input_states.get(n)
-            if recorder is not None and not recorder.done.is_set():
-                recorder.on_barrier(channel, upto)  # unaligned here: it bounds what is recorded
-                return
-            if n <= self._last_checkpoint() or n <= self.aborted_upto:
-                return  # taken already, or aborted: a late barrier must not block the channel
-            self.gate.add_barrier(channel, n, upto)
-        self.alignment_started.setdefault(n, time.perf_counter())
-        known = self.barriers.get(n)
-        if known is None or (barrier.unaligned and not known.unaligned):
-            self.barriers[n] = barrier  # one unaligned announcement makes it unaligned here
+    # -- checkpoints: the barrier handler decides, the subtask carries it out -----------------
+    def _on_barrier(self, mail: BarrierReceived) -> None:
+        """A barrier announcement (again when its sender turned it unaligned)."""
+        # One lock for all of it: the gate and its recorders are shared with the data
+        # lane, and a recorder completed by this announcement must already be bounded
+        # by it when the snapshot thread reads it.
         with self.cond:
-            # Announcements come ahead of the data, in order per channel: barrier n
-            # behind an older one still aligning waits its turn on the channel
-            # (max_concurrent > 1). Only a channel that announces n without the older
-            # one pending (its sender skipped it) shows the older can never align here.
-            skipped = [m for m in self.barriers
-                       if m < n and self.gate.barrier_upto(channel, m) is None]
-        for older in skipped:
-            self._abort_alignment(older)
-            self.spec.master.decline_checkpoint.remote(
-                self.spec.attempt, older, self.spec.vertex.id, self.spec.index,
-                f"barrier {n} came on channel {channel} without barrier {older}: "
-                f"{older} can no longer align")
+            self.gate.note_announcement(mail.channel, mail.index)
+            self._carry_out(self.barrier_handler.handle(
+                BarrierAnnounced(mail.channel, mail.barrier, mail.upto)))
 
-    def _abort_alignment(self, checkpoint_id: int) -> None:
-        self.aborted_upto = max(self.aborted_upto, checkpoint_id)
-        with self.cond:
-            self.gate.release_barrier(checkpoint_id)
-        for m in [m for m in self.barriers if m <= checkpoint_id]:
-            del self.barriers[m]
-            self.alignment_started.pop(m, None)
+    def _progress(self) -> None:
+        """Once per loop round: take a checkpoint if one is due."""
+        if self.checkpointer is not None:
+            actions = self.barrier_handler.on_progress()
+            if actions:
+                self._carry_out(actions)
 
-    def _cancel_channel_state(self, checkpoint_id: int) -> None:
-        """Checkpoint ``checkpoint_id`` was aborted: stop recording and awaiting its
-        channel state (and that of older ones)."""
-        for n in [n for n in self.input_states if n <= checkpoint_id]:
-            self.input_states.pop(n).cancel()
-        for n in [n for n in self.output_states if n <= checkpoint_id]:
-            self.output_states.pop(n)[1].cancel()
-        self.checkpointer.cancel_channel_state(checkpoint_id)
+    def _carry_out(self, actions: list[Action]) -> None:
+        for action in actions:
+            kind = type(action)
+            if kind is TakeSnapshot:
+                self._checkpoint(action)
+            elif kind is BlockChannel:
+                with self.cond:
+                    self.gate.add_barrier(action.channel, action.checkpoint_id, action.upto)
+            elif kind is ResumeChannels:
+                with self.cond:
+                    self.gate.release_barrier(action.checkpoint_id)
+            elif kind is StartRecording:
+                self._start_recording(action.checkpoint_id)
+            elif kind is BoundRecording:
+                recorder = self.input_states.get(action.checkpoint_id)
+                if recorder is not None and not recorder.done.is_set():
+                    with self.cond:
+                        recorder.on_barrier(action.channel, action.upto)
+            elif kind is Decline:
+                self.spec.master.decline_checkpoint.remote(
+                    self.spec.attempt, action.checkpoint_id, self.spec.vertex.id,
+                    self.spec.index, action.reason)
+            elif kind is CancelChannelState:
+                self._cancel_channel_state(action.checkpoint_id)
+            else:
+                raise TypeError(f"unknown barrier action {action!r}")
 
-    def _last_checkpoint(self) -> int:
-        return self.checkpointer.last_checkpoint_id if self.checkpointer else 0
-
-    def _maybe_checkpoint(self) -> None:
-        """Take a checkpoint when one is due: at once in a source or a finished
-        subtask (on the coordinator's trigger); elsewhere on the first barrier
-        (unaligned), on alignment, or when the alignment times out."""
-        if self.checkpointer is None:
-            return
-        last = self._last_checkpoint()
-        trigger = self.trigger
-        if trigger is not None and trigger.checkpoint_id <= last:
-            self.trigger = trigger = None  # taken already, through barrier alignment
-        # A trigger is acted on directly where no barrier will come: in a
-        # source, and where every input has ended (kept until then: FLIP-147).
-        if trigger is not None and (self.source is not None or self.inputs_ended or (
-                len(self.gate) and all(c.finished for c in self.gate))):
-            self.trigger = None
-            self._checkpoint(trigger)
-            return
-        if (trigger is not None and (trigger.unaligned or _timed_out(trigger))
-                and all(c.finished or c.end_of_input is not None for c in self.gate)):
-            # Every input has ended before the barrier (none will come), but not
-            # everything is processed: unaligned, that rest is channel state.
-            self.trigger = None
-            self._checkpoint_unaligned(trigger)
-            return
-        if self.barriers:
-            n = min(self.barriers)
-            barrier = self.barriers[n]
-            if n > last and (barrier.unaligned or _timed_out(barrier)):
-                self._checkpoint_unaligned(barrier)
-                return
-        if self.in_progress is not None:
-            return  # an aligned barrier sits between two messages, never inside one
-        aligned = self.gate.aligned_checkpoint() if len(self.gate) else None
-        if aligned is not None:
-            if aligned > last:
-                self._checkpoint(self.barriers[aligned], alignment_s=self._alignment_s(aligned))
-            with self.cond:
-                self.gate.release_barrier(aligned)
-            self.barriers.pop(aligned, None)
-            self.alignment_started.pop(aligned, None)
-
-    def _alignment_s(self, checkpoint_id: int) -> float:
-        started = self.alignment_started.pop(checkpoint_id, None)
-        return 0.0 if started is None else time.perf_counter() - started
-
-    def _checkpoint_unaligned(self, barrier: Barrier) -> None:
-        """Snapshot at once; what is in flight on the inputs becomes channel state."""
-        n = barrier.checkpoint_id
+    def _start_recording(self, n: int) -> None:
+        """Unaligned checkpoint ``n``: what is in flight on the inputs becomes channel state."""
         for older in [m for m in self.input_states if m < n]:
             self.input_states.pop(older).cancel()  # one unaligned checkpoint at a time
         partial = {}
@@ -520,22 +495,23 @@ class Subtask:
             if not recorder.done.is_set():
                 self.gate.recorders.append(recorder)
                 self.input_states[n] = recorder
-            self.gate.release_barrier(n)
-        self.barriers.pop(n, None)
-        self._checkpoint(barrier, unaligned=True, input_state=recorder,
-                         alignment_s=self._alignment_s(n))
+        self._recording = recorder
 
-    def _checkpoint(self, barrier: Barrier, *, unaligned: bool = False,
-                    input_state: InputStateRecorder | None = None,
-                    alignment_s: float = 0.0) -> None:
-        # A subtask whose input ended forwards no aligned barrier (its receivers
-        # count its END_OF_INPUT instead); an unaligned one still overtakes the
-        # output it has not sent, so its receivers need not wait for that.
-        forward = not self.inputs_ended or (
-            (unaligned or barrier.unaligned or _timed_out(barrier)) and self._backlogged())
-        self.checkpointer.checkpoint(barrier, forward=forward, watermark=self.watermark,
+    def _cancel_channel_state(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` was aborted: stop recording and awaiting its
+        channel state (and that of older ones)."""
+        for n in [n for n in self.input_states if n <= checkpoint_id]:
+            self.input_states.pop(n).cancel()
+        self.forwarder.cancel(checkpoint_id)
+        self.checkpointer.cancel_channel_state(checkpoint_id)
+
+    def _checkpoint(self, snapshot: TakeSnapshot) -> None:
+        barrier = snapshot.barrier
+        unaligned = snapshot.alignment is Alignment.UNALIGNED
+        input_state, self._recording = (self._recording if unaligned else None), None
+        self.checkpointer.checkpoint(barrier, forward=snapshot.forward, watermark=self.watermark,
                                      unaligned=unaligned, input_state=input_state,
-                                     alignment_s=alignment_s)
+                                     alignment_s=snapshot.alignment_s)
         if self.coordinated:  # the synchronous snapshot is taken: reopen their gateways
             self.spec.master.acknowledge_coordinator_checkpoint.remote(
                 self.spec.attempt, list(self.coordinated), self.spec.index, barrier.checkpoint_id)
@@ -543,67 +519,20 @@ class Subtask:
             self.stopped_by = barrier.checkpoint_id
 
     def _forward_barrier(self, barrier: Barrier, unaligned: bool) -> OutputStateCapture:
-        """Announce ``barrier`` on every output channel; return the output channel state.
-
-        Unaligned, the barrier overtakes what is still queued (waiting for
-        credit), which is captured. Aligned, it sits behind it; with a
-        timeout, the channels with data queued before it are watched until
-        that data is sent or the timeout turns the barrier unaligned.
-        """
+        """Announce ``barrier`` on every output channel; return the output channel state."""
         for writer in self.writers:  # rows emitted before the barrier go before it
             writer.flush()
-        n = barrier.checkpoint_id
-        unaligned = unaligned or barrier.unaligned or _timed_out(barrier)
-        capture = OutputStateCapture(n)
-        capture.unaligned = unaligned
-        announced = dataclasses.replace(barrier, unaligned=True) if unaligned else barrier
-        for out in self.out_channels.values():
-            queued = out.untransmitted()
-            if out.ended and (not unaligned or not queued):
-                continue  # the receiver records up to END_OF_INPUT instead
-            if unaligned:  # ahead of what is queued (END_OF_INPUT stays after it)
-                capture.capture(out.channel, [e for e in queued if e.kind != Kind.END_OF_INPUT])
-                self._announce(out, announced, out.transmitted_upto)
-            else:
-                self._announce(out, barrier, out.last_seq)
-                if barrier.aligned_timeout_ms is not None and out.transmitted_upto < out.last_seq:
-                    capture.await_channel(out.channel, out.last_seq)
-        capture.seal()
-        if not capture.done.is_set():
-            self.output_states[n] = (barrier, capture)
-        return capture
+        return self.forwarder.forward(
+            barrier, unaligned or self.barrier_handler.unaligned_now(barrier))
 
     def _announce(self, out: OutputChannel, barrier: Barrier, upto: int) -> None:
         index = out.announce()
         self.downstream[out.channel].receive_barrier.remote(out.channel, barrier, upto, index)
 
-    def _settle_output_states(self) -> None:
-        """Aligned barriers with a timeout queued behind output: settled once the data
-        before them is sent; past the timeout, announced again as unaligned, ahead of
-        that data, which becomes output channel state (Flink: a timed-out aligned
-        barrier becomes a priority event)."""
-        now_ms = time.time() * 1000
-        for n, (barrier, capture) in list(self.output_states.items()):
-            for channel, upto in list(capture.awaiting.items()):
-                out = self.out_channels[channel]
-                if out.transmitted_upto >= upto:
-                    capture.settle(channel)
-                elif now_ms >= barrier.timeout_at_ms:
-                    capture.capture(channel, out.untransmitted(upto))
-                    capture.unaligned = True
-                    self._announce(out, dataclasses.replace(barrier, unaligned=True),
-                                   out.transmitted_upto)
-                    capture.settle(channel)
-            capture.seal()
-            if capture.done.is_set():
-                del self.output_states[n]
-
     def _next_deadline_ms(self) -> float | None:
         """Wall-clock ms of the earliest aligned-checkpoint timeout still to act on."""
-        last = self._last_checkpoint()
-        deadlines = [b.timeout_at_ms for n, b in self.barriers.items()
-                     if b.timeout_at_ms is not None and not b.unaligned and n > last]
-        deadlines += [b.timeout_at_ms for b, _ in self.output_states.values()]
+        deadlines = [d for d in (self.barrier_handler.next_deadline_ms(),
+                                 self.forwarder.next_deadline_ms()) if d is not None]
         return min(deadlines) if deadlines else None
 
     def _replay_channel_state(self, state: ChannelStateContents) -> None:
@@ -790,7 +719,7 @@ class SubtaskActor:
         """Cancel the current subtask, wait until it has stopped, and host ``spec``'s."""
         old = self.subtask
         if old is not None and old._thread is not None:
-            old.post("cancel")
+            old.post(Cancel())
             if not old.done.wait(HOST_STOP_TIMEOUT_S):
                 raise RuntimeError(f"subtask {old.spec.actor_name} did not stop within "
                                    f"{HOST_STOP_TIMEOUT_S:.0f} s")
@@ -815,53 +744,53 @@ class SubtaskActor:
     def add_credit(self, channel: ChannelId, n: int, attempt: int) -> None:
         subtask = self.subtask
         if subtask is not None and attempt == subtask.spec.attempt:
-            subtask.post("credit", channel, n)
+            subtask.post(Credit(channel, n))
 
     @ray.method(concurrency_group="control")
     def handle_operator_event(self, attempt: int, operator: str, event: Any) -> None:
         """An event from ``operator``'s coordinator: queued in the mailbox, in order."""
         subtask = self.subtask
         if subtask is not None and attempt == subtask.spec.attempt:
-            subtask.post("event", operator, event)
+            subtask.post(OperatorEvent(operator, event))
 
     @ray.method(concurrency_group="control")
     def trigger_checkpoint(self, barrier: Barrier) -> None:
         subtask = self.subtask
         if subtask is not None and barrier.attempt == subtask.spec.attempt:
-            subtask.post("trigger", barrier)
+            subtask.post(TriggerReceived(barrier))
 
     @ray.method(concurrency_group="control")
     def receive_barrier(self, channel: ChannelId, barrier: Barrier, upto: int,
                         index: int) -> None:
         subtask = self.subtask
         if subtask is not None and barrier.attempt == subtask.spec.attempt:
-            subtask.post("barrier", channel, barrier, upto, index)
+            subtask.post(BarrierReceived(channel, barrier, upto, index))
 
     @ray.method(concurrency_group="control")
     def notify_checkpoint_complete(self, checkpoint_id: int, attempt: int) -> None:
         subtask = self.subtask
         if subtask is not None and attempt == subtask.spec.attempt:
-            subtask.post("complete", checkpoint_id)
+            subtask.post(CheckpointCompleted(checkpoint_id))
 
     @ray.method(concurrency_group="control")
     def notify_checkpoint_aborted(self, checkpoint_id: int, attempt: int) -> None:
         subtask = self.subtask
         if subtask is not None and attempt == subtask.spec.attempt:
-            subtask.post("abort", checkpoint_id)
+            subtask.post(CheckpointAborted(checkpoint_id))
 
     @ray.method(concurrency_group="control")
     def drain(self) -> None:
         """A source ends its input at once (stop-with-savepoint with drain)."""
-        self.subtask.post("drain")
+        self.subtask.post(Drain())
 
     @ray.method(concurrency_group="control")
     def stop(self) -> None:
         """End a finished subtask (after the final checkpoint)."""
-        self.subtask.post("stop")
+        self.subtask.post(Stop())
 
     @ray.method(concurrency_group="control")
     def cancel(self) -> None:
-        self.subtask.post("cancel")
+        self.subtask.post(Cancel())
 
     @ray.method(concurrency_group="control")
     def metrics(self) -> dict[str, float]:

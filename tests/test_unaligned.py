@@ -29,9 +29,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import raystream as rs
-from raystream.actors.channel_state import InputStateRecorder
+from raystream.actors.barrier_forwarder import BarrierForwarder
+from raystream.actors.channel_state import InputStateRecorder, OutputStateCapture
 from raystream.actors.channels import InputGate, OutputChannel
-from raystream.actors.messages import REPLAYED_SEQ, ChannelId, Envelope, Kind
+from raystream.actors.messages import REPLAYED_SEQ, Barrier, ChannelId, Envelope, Kind
 from raystream.checkpoint.channel_state_file import decode_channel_state, encode_channel_state
 
 CH = ChannelId(edge=0, upstream=0, downstream=0)
@@ -42,16 +43,21 @@ N_CHECKPOINT = 5
 # Unit tests: sender -> network (any order) -> receiver, without Ray
 # ---------------------------------------------------------------------------
 
+# the barrier of the unit tests: aligned with a timeout (unless forwarded unaligned)
+# that has passed once the test says so
+BARRIER = Barrier(N_CHECKPOINT, attempt=0, trigger_ts_ms=0, aligned_timeout_ms=1_000)
+
+
 class _Sender:
-    """An output channel that announces barrier N_CHECKPOINT like a subtask does."""
+    """An output channel whose subtask's BarrierForwarder announces barrier N_CHECKPOINT."""
 
     def __init__(self, credits: int, net_data: list, net_control: list) -> None:
         self.out = OutputChannel(CH, attempt=0, credits=credits, transmit=net_data.append)
+        self.forwarder = BarrierForwarder({CH: self.out}, self._announce)
         self.net_control = net_control
         self.emitted: list[int] = []  # message ids in channel order
         self.before_barrier: list[int] | None = None  # ids emitted before the barrier
-        self.captured: list[int] = []  # output channel state
-        self.awaiting: int | None = None  # aligned barrier with timeout queued behind data
+        self.capture: OutputStateCapture | None = None  # output channel state
 
     def emit(self, kind: Kind) -> None:
         if self.out.ended:
@@ -67,32 +73,29 @@ class _Sender:
         else:
             self.out.send(Kind.WATERMARK, ident)
 
-    def _announce(self, unaligned: bool, upto: int) -> None:
-        self.net_control.append((unaligned, upto, self.out.announce()))
+    def _announce(self, out: OutputChannel, barrier: Barrier, upto: int) -> None:
+        self.net_control.append((barrier.unaligned, upto, out.announce()))
 
     def forward(self, unaligned: bool) -> None:
-        """As Subtask._forward_barrier: after END_OF_INPUT only an unaligned barrier,
-        ahead of what is still queued, is announced."""
         self.before_barrier = [i for i in self.emitted if i != "END"]
-        queued = self.out.untransmitted()
-        if self.out.ended and (not unaligned or not queued):
-            return  # the receiver records up to END_OF_INPUT
-        if unaligned:
-            self.captured = [_ident(e) for e in queued if e.kind != Kind.END_OF_INPUT]
-            self._announce(True, self.out.transmitted_upto)
-        else:
-            self._announce(False, self.out.last_seq)
-            if self.out.transmitted_upto < self.out.last_seq:
-                self.awaiting = self.out.last_seq
+        self.capture = self.forwarder.forward(BARRIER, unaligned)
+
+    def settle(self) -> None:
+        """The subtask's loop round: data sent since settles an awaited channel."""
+        self.forwarder.settle(lambda: 0)
 
     def time_out(self) -> None:
         """The aligned barrier's timeout passed: turn it unaligned if still queued."""
-        if self.awaiting is None:
-            return
-        if self.out.transmitted_upto < self.awaiting:
-            self.captured = [_ident(e) for e in self.out.untransmitted(self.awaiting)]
-            self._announce(True, self.out.transmitted_upto)
-        self.awaiting = None
+        self.forwarder.settle(lambda: float("inf"))
+
+    @property
+    def awaiting(self) -> int | None:
+        return None if self.capture is None else self.capture.awaiting.get(CH)
+
+    @property
+    def captured(self) -> list[int | str]:
+        entries = [] if self.capture is None else self.capture.entries.get(CH, [])
+        return [_ident(e) for e in entries]
 
 
 def _ident(envelope: Envelope) -> int | str:
@@ -169,7 +172,7 @@ def _channel_runs(draw):
     credits = draw(st.integers(1, 3))
     actions = draw(st.lists(st.sampled_from(
         ["data", "data", "watermark", "deliver", "deliver", "announce", "consume", "consume",
-         "forward", "snapshot", "time_out", "end"]), min_size=1, max_size=60))
+         "forward", "snapshot", "time_out", "settle", "end"]), min_size=1, max_size=60))
     return mode, credits, actions, draw(st.integers(0, 2 ** 32 - 1)), draw(st.integers(1, 3))
 
 
@@ -211,6 +214,8 @@ def test_consumed_then_input_state_then_output_state_is_what_preceded_the_barrie
             receiver.snapshot_unaligned()
         elif action == "time_out" and mode == "aligned_timeout":
             sender.time_out()
+        elif action == "settle":
+            sender.settle()
         receiver.note_completion()
     if sender.before_barrier is None:
         sender.forward(unaligned=mode == "unaligned")

@@ -1,0 +1,67 @@
+"""The control messages a subtask's mailbox holds (Flink: the mailbox's mails).
+
+The actor's control lane only posts one of these and returns; the mailbox
+loop takes them in order, ahead of any input. Checkpoint triggers and aborts
+are posted as the barrier handler's own events
+(:class:`~raystream.actors.barrier_handler.TriggerReceived`,
+:class:`~raystream.actors.barrier_handler.CheckpointAborted`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Union
+
+from raystream.actors.barrier_handler import CheckpointAborted, TriggerReceived
+from raystream.actors.messages import Barrier, ChannelId
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    """The receiver of ``channel`` processed ``n`` more of its batches."""
+
+    channel: ChannelId
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorEvent:
+    """An event from ``operator``'s coordinator, handled before any later barrier."""
+
+    operator: str
+    event: Any
+
+
+@dataclass(frozen=True, slots=True)
+class BarrierReceived:
+    """Announcement number ``index`` of ``channel``'s sender: ``barrier`` sits after
+    message ``upto``."""
+
+    channel: ChannelId
+    barrier: Barrier
+    upto: int
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointCompleted:
+    checkpoint_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """Stop-with-savepoint, draining: a source ends its input now."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """End a finished subtask (after the final checkpoint)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    pass
+
+
+Mail = Union[Credit, OperatorEvent, TriggerReceived, BarrierReceived, CheckpointCompleted,
+             CheckpointAborted, Drain, Stop, Cancel]
