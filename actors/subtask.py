@@ -1,7 +1,7 @@
 """The subtask actor: one parallel instance of an operator chain.
 
-Calls reach a subtask on two Ray concurrency groups (see DESIGN.md, "Two
-lanes"): the *data* lane (``deliver``) only enqueues into the input gate and
+Calls reach a subtask on two Ray concurrency groups (see docs/architecture.md,
+"The data plane"): the *data* lane (``deliver``) only enqueues into the input gate and
 returns; the *control* lane (credits, checkpoint triggers, barriers,
 checkpoint notifications, stop, cancel) only enqueues into the mailbox and
 returns. A third group, *monitor*, holds the one long call
@@ -59,6 +59,7 @@ from raystream.actors.messages import (MAX_WATERMARK, MIN_WATERMARK, REPLAYED_SE
                                        ChannelId, Envelope, Kind)
 from raystream.actors.record_writer import RecordWriter, batch_payload
 from raystream.checkpoint.channel_state_file import ChannelStateContents
+from raystream.checkpoint.state_backend import StateBackend
 from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.actors.subtask_checkpoints import (CheckpointingSpec, RestoreSpec,
                                                   SubtaskCheckpointer)
@@ -264,7 +265,9 @@ class Subtask:
             ctx = RuntimeContext(spec.job_name, node.name, spec.index, vertex.parallelism,
                                  spec.max_parallelism, spec.attempt,
                                  checkpointing=spec.checkpointing is not None,
-                                 job_id=spec.job_id, coordinator_events=events)
+                                 job_id=spec.job_id, coordinator_events=events,
+                                 state_backend=(spec.checkpointing.state_backend
+                                                if spec.checkpointing else StateBackend.HEAP))
             operator.setup(ctx, output, self.failpoints)
         # operators with processing-time timers, polled by the mailbox loop
         self.timed_operators = [op for op in self.operators
