@@ -8,6 +8,7 @@ numpy's own count of what a filter keeps.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import signal
@@ -34,10 +35,10 @@ def test_an_empty_collect_sink_of_a_checkpointed_job_is_an_empty_table(ray_sessi
     everything = source.collect(name="all")
     result = env.execute("empty-sink")
     expected = int((numbers(np.arange(N))["v"] > N + 1).sum())  # numpy: no row passes
-    table = result.table(sink)
+    table, full = result.table(sink), result.table(everything)
     assert expected == 0 and table.num_rows == expected
-    assert table.schema == pa.schema([])  # nothing arrived, so no schema is known
-    assert sorted(result.table(everything).column("i").to_pylist()) == list(range(N))
+    assert table.schema == full.schema  # the filter's output schema, though no row passed
+    assert sorted(full.column("i").to_pylist()) == list(range(N))
 
 
 def test_a_savepoint_whose_trigger_fails_is_answered_with_the_error(ray_session, tmp_path):
@@ -172,44 +173,59 @@ def wait_for_records(client: rs.JobClient, chain: str, records: int) -> None:
         time.sleep(0.02)
 
 
-def test_a_failure_after_the_stop_savepoint_completed_restores_from_it(ray_session, tmp_path):
-    # The stop savepoint is durable, then the job fails before anyone is told of it.
+@dataclasses.dataclass(frozen=True)
+class StopStep:
+    """A failure placed at one step of a stop with a savepoint (no periodic checkpoint
+    runs, so the stop savepoint is the job's first checkpoint and every failpoint's first
+    pass is the stop's). ``completes``: the step comes after the savepoint is durable."""
+
+    point: str
+    operator: str | None
+    completes: bool
+
+
+STOP_STEPS = {
+    # a source takes the stop barrier (its sources are stopped now), then its process dies
+    "source-snapshot": StopStep("in_snapshot", "numbers", completes=False),
+    # the keyed operator's synchronous snapshot, then its background write
+    "keyed-snapshot": StopStep("in_snapshot", "sum", completes=False),
+    "keyed-write": StopStep("in_async_write", "sum", completes=False),
+    # durable, and nobody told yet (the coordinator fails: raise, not exit)
+    "after-metadata": StopStep("after_metadata_before_notify", None, completes=True),
+    # its Parquet files half committed when the committer's process dies
+    "mid-commit": StopStep("mid_commit", "out-committer", completes=True),
+}
+
+
+@pytest.mark.parametrize("step", list(STOP_STEPS))
+def test_a_failure_at_each_step_of_a_stop_leaves_one_exact_output(ray_session, tmp_path, step):
+    # Before the savepoint completes, the stop fails and the job goes on from where it was
+    # (here: from the start, no checkpoint completed); after, the job goes on from the
+    # savepoint, whose output is committed and never rolled back. Either way the caller
+    # hears that the job did not stop, and the output is exact.
+    where = STOP_STEPS[step]
+    action = "raise" if where.operator is None else "exit"
     env = rs.StreamEnvironment(
         parallelism=2,
-        failpoints=[rs.Failpoint("after_metadata_before_notify", attempt=0, hit=1)],
-        checkpoints=rs.CheckpointConfig(interval_s=60, storage=str(tmp_path / "chk")),
+        failpoints=[rs.Failpoint(where.point, operator=where.operator, attempt=0, hit=1,
+                                 action=action)],
+        checkpoints=rs.CheckpointConfig(interval_s=600, storage=str(tmp_path / "chk")),
         restart=rs.RestartStrategy.fixed_delay(3, 0.1))
-    sink = build_job(env)
-    client = env.execute_async("fails-after-the-stop")
+    sink = build_job(env, str(tmp_path / "parquet"))
+    client = env.execute_async(f"fails-at-{step}")
     wait_for_records(client, "sum", N // 10)  # none committed yet: no checkpoint so far
-    with pytest.raises(Exception, match="is complete, but the job did not stop"):
+    told = "is complete, but the job did not stop" if where.completes else "failed"
+    with pytest.raises(Exception, match=told):
         client.stop_with_savepoint(str(tmp_path / "sp"), timeout_s=60)
-    result = client.wait(timeout_s=240)  # it went on from the savepoint, to the end
+    result = client.wait(timeout_s=240)  # it went on, to the end of its input
+    assert result.restarts == 1, result.failures
+    assert (where.point if action == "raise" else "died") in result.failures[0]
     savepoint = next(c for c in result.checkpoints if c.savepoint == str(tmp_path / "sp"))
-    assert savepoint.status == "COMPLETED"
-    assert result.restarts == 1 and "after_metadata_before_notify" in result.failures[0]
-    assert result.restores[0]["checkpoint_id"] == savepoint.checkpoint_id
-    assert os.listdir(tmp_path / "sp" / "savepoint")  # never deleted
-    assert_exactly_once(result.table(sink))
-
-
-def test_a_committer_dying_after_the_stop_savepoint_never_rolls_its_commit_back(
-        ray_session, tmp_path):
-    # The stop savepoint completes and its Parquet files are being committed when the
-    # committer's process dies: the job must go on from the savepoint, not from before it.
-    out = str(tmp_path / "parquet")
-    env = rs.StreamEnvironment(
-        parallelism=2,
-        failpoints=[rs.Failpoint("mid_commit", operator="out-committer", attempt=0, hit=1)],
-        checkpoints=rs.CheckpointConfig(interval_s=60, storage=str(tmp_path / "chk")),
-        restart=rs.RestartStrategy.fixed_delay(3, 0.1))
-    sink = build_job(env, out)
-    client = env.execute_async("committer-dies-after-the-stop")
-    wait_for_records(client, "sum", N // 10)
-    with pytest.raises(Exception, match="is complete, but the job did not stop"):
-        client.stop_with_savepoint(str(tmp_path / "sp"), timeout_s=60)
-    result = client.wait(timeout_s=240)
-    savepoint = next(c for c in result.checkpoints if c.savepoint == str(tmp_path / "sp"))
-    assert result.restarts == 1 and "died" in result.failures[0], result.failures
-    assert result.restores[0]["checkpoint_id"] == savepoint.checkpoint_id
+    if where.completes:
+        assert savepoint.status == "COMPLETED"
+        assert result.restores[0]["checkpoint_id"] == savepoint.checkpoint_id
+        assert os.listdir(tmp_path / "sp" / "savepoint")  # never deleted
+    else:
+        assert savepoint.status == "ABORTED"
+        assert result.restores[0]["checkpoint_id"] is None
     assert_exactly_once(result.table(sink))  # exactly the files in the commit log

@@ -62,6 +62,7 @@ class _FunctionOperator(Operator):
         super().__init__(name)
         self.functions = list(functions)
         self.schema = schema
+        self._emitted = False
 
     def open(self) -> None:
         for fn in self.functions:
@@ -72,7 +73,19 @@ class _FunctionOperator(Operator):
             _close_function(fn)
 
     def _emit_rows(self, rows: list[Any]) -> None:
-        emit_rows(self, rows, self.schema)
+        if rows:
+            self._emitted = True
+            emit_rows(self, rows, self.schema)
+        elif self.schema is not None:  # a declared schema is known without rows
+            self._emit_batch(pa.RecordBatch.from_pylist([], schema=self.schema))
+
+    def _emit_batch(self, batch: pa.RecordBatch) -> None:
+        """Emit ``batch``; an empty one only while nothing was emitted yet, so that a sink
+        whose input is filtered to nothing still learns the schema (one empty batch per
+        subtask, not one per input batch)."""
+        if batch.num_rows or not self._emitted:
+            self._emitted = True
+            self.output.emit(batch)
 
 
 class MapOperator(_FunctionOperator):
@@ -111,9 +124,7 @@ class FilterOperator(_FunctionOperator):
     def process_batch(self, batch, input_index=0):
         fn = self.functions[input_index]
         mask = pa.array([bool(_call(fn, row)) for row in batch.to_pylist()], type=pa.bool_())
-        kept = batch.filter(mask)
-        if kept.num_rows:
-            self.output.emit(kept)
+        self._emit_batch(batch.filter(mask))
 
 
 class MapBatchesOperator(_FunctionOperator):
@@ -122,8 +133,7 @@ class MapBatchesOperator(_FunctionOperator):
     def process_batch(self, batch, input_index=0):
         result = self.functions[input_index](batch)
         for out in as_record_batch(result, where=f"map_batches '{self.name}'"):
-            if out.num_rows:
-                self.output.emit(out)
+            self._emit_batch(out)
 
 
 class FilterBatchesOperator(_FunctionOperator):
@@ -136,6 +146,4 @@ class FilterBatchesOperator(_FunctionOperator):
         if len(mask) != batch.num_rows:
             raise ValueError(f"filter_batches '{self.name}': mask has {len(mask)} values for "
                              f"{batch.num_rows} rows")
-        kept = batch.filter(mask)
-        if kept.num_rows:
-            self.output.emit(kept)
+        self._emit_batch(batch.filter(mask))
