@@ -16,10 +16,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+# Watermark before any was seen (kept with the watermark floors, the lowest layer using it).
+from raystream.checkpoint.watermark_floors import MIN_WATERMARK as MIN_WATERMARK
+
 # Watermark meaning "no more data will ever come" (Flink: Watermark.MAX_WATERMARK).
 MAX_WATERMARK = (1 << 63) - 1
-# Watermark before any was seen.
-MIN_WATERMARK = -(1 << 63)
 # Sequence number of a message replayed from restored channel state: it belongs
 # to no sequence of this attempt and cost its sender no credit.
 REPLAYED_SEQ = -1

@@ -216,8 +216,6 @@ class Subtask:
         self.stopped_by: int | None = None
         self.failpoints = Failpoints(spec.failpoints, vertex.name, spec.index, spec.attempt)
         self.checkpointer: SubtaskCheckpointer | None = None
-        if spec.restore is not None:
-            self._restore_watermark(spec.restore)
         self.report: TerminationReport | None = None
         self.done = threading.Event()
         self.metrics = {"records_in": 0, "batches_in": 0, "bytes_in": 0, "backpressured_s": 0.0}
@@ -324,6 +322,8 @@ class Subtask:
         try:
             if self.checkpointer is not None:
                 channel_state = self.checkpointer.restore(self.spec.restore)
+                if self.checkpointer.restored_floors is not None:
+                    self._restore_watermark(self.checkpointer.restored_floors)
                 self.barrier_handler.last_taken = self.checkpointer.last_checkpoint_id
                 if self.spec.restore is not None:
                     self.failpoints.hit("right_after_restore")
@@ -613,14 +613,12 @@ class Subtask:
                 if due <= now:
                     call_operator(operator, "on_processing_time", now)
 
-    def _restore_watermark(self, restore: RestoreSpec) -> None:
+    def _restore_watermark(self, floors: WatermarkFloors) -> None:
         """Start every input channel at the checkpoint's watermark: event time never
         goes back, so a restored job does not re-open what it already fired."""
-        restored = restore.watermarks.get(self.spec.vertex.nodes[0].name)
-        if restored is not None and len(self.gate):
+        if len(self.gate):
             # the lowest any key group had reached: keyed operators keep each group's own
-            restored = WatermarkFloors.from_json(
-                restored, max_parallelism=self.spec.max_parallelism).minimum()
+            restored = floors.minimum()
             for channel in self.gate:
                 channel.watermark = max(channel.watermark, restored)
             self.watermark = max(self.watermark, restored)

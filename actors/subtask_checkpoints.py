@@ -24,6 +24,7 @@ the subtask's channel state.
 
 from __future__ import annotations
 
+import dataclasses
 import concurrent.futures
 import time
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from raystream.checkpoint.channel_state_file import (ChannelStateContents, chann
                                                      decode_channel_state, encode_channel_state)
 from raystream.checkpoint.keygroups import key_group_range
 from raystream.checkpoint.sections import decode_sections, encode_sections
+from raystream.checkpoint.snapshot_stats import SnapshotStats
 from raystream.checkpoint.state_backend import StateBackend
 from raystream.checkpoint.storage import (SAVEPOINT_JOB_KEY, CheckpointStorage, StateHandle,
                                           safe_name)
@@ -82,6 +84,10 @@ class CheckpointingSpec:
     state_backend: StateBackend = StateBackend.HEAP  # where keyed operators keep state
 
 
+class _ChannelStateAborted(Exception):
+    """The checkpoint was aborted while its channel state was still being recorded."""
+
+
 class SubtaskCheckpointer:
     """``forward_barrier(barrier, unaligned)`` forwards the barrier and returns the
     output channel state it captured (or None when nothing can be queued)."""
@@ -100,6 +106,7 @@ class SubtaskCheckpointer:
         self.max_parallelism = max_parallelism
         # restored watermarks of our key groups that our own watermark has not passed yet
         self.watermark_floors: np.ndarray | None = None
+        self.restored_floors: WatermarkFloors | None = None  # every key group's, once restored
         self.failpoints = failpoints
         self.forward_barrier = forward_barrier
         self.last_checkpoint_id = 0
@@ -112,7 +119,7 @@ class SubtaskCheckpointer:
     def restore(self, restore: RestoreSpec | None) -> ChannelStateContents | None:
         """Initialize every operator's state; return this subtask's channel state, if any."""
         source = CheckpointStorage(restore.storage_uri) if restore is not None else None
-        floors = self._restored_floors(restore)
+        floors = self.restored_floors = self._restored_floors(restore)
         for name, operator in zip(self.names, self.operators):
             state = None
             if restore is not None:
@@ -177,7 +184,7 @@ class SubtaskCheckpointer:
         snapshots = [(name, call_operator(op, "snapshot_state", n))
                      for name, op in zip(self.names, self.operators)]
         self.sync_pause_s = time.perf_counter() - started
-        stats = {"watermarks": self._watermark_runs(watermark), "alignment_s": alignment_s}
+        stats = SnapshotStats(watermarks=self._watermark_runs(watermark), alignment_s=alignment_s)
         self._writer.submit(self._write_and_acknowledge, barrier, snapshots, started, stats,
                             input_state, output_state)
 
@@ -188,7 +195,8 @@ class SubtaskCheckpointer:
             if upto is None or part.checkpoint_id <= upto:
                 part.cancel()
 
-    def _write_and_acknowledge(self, barrier: Barrier, snapshots, started: float, stats: dict,
+    def _write_and_acknowledge(self, barrier: Barrier, snapshots, started: float,
+                               stats: SnapshotStats,
                                input_state: InputStateRecorder | None,
                                output_state: OutputStateCapture | None) -> None:
         n = barrier.checkpoint_id
@@ -203,22 +211,22 @@ class SubtaskCheckpointer:
                 entry = self._write_operator(barrier, name, snapshot)
                 size += sum(h["size"] for key, h in entry.items() if key != "committables")
                 written[name] = entry
-            channel_state = self._write_channel_state(n, input_state, output_state)
-            if channel_state is False:
+            try:
+                channel_state = self._write_channel_state(n, input_state, output_state)
+            except _ChannelStateAborted:
                 return  # aborted while the channel state was completing: nothing to acknowledge
-            stats["channel_state_bytes"] = channel_state["size"] if channel_state else 0
-            stats["channel_state"] = channel_state
-            stats["channel_state_key"] = self.channel_state_key
-            stats["unaligned"] = input_state is not None or (
-                output_state is not None and output_state.unaligned)
-            size += stats["channel_state_bytes"]
-            stats.update(size=size, duration_s=time.perf_counter() - started)
+            stats = dataclasses.replace(
+                stats, channel_state=channel_state, channel_state_key=self.channel_state_key,
+                unaligned=input_state is not None or (
+                    output_state is not None and output_state.unaligned))
+            stats = dataclasses.replace(stats, size=size + stats.channel_state_bytes,
+                                        duration_s=time.perf_counter() - started)
             # The figures first: the acknowledgement may complete the job's last checkpoint,
             # and the job then reads every subtask's metrics at once.
             self.last_acknowledged = {
-                "checkpoint_id": n, "checkpoint_size": size,
-                "checkpoint_alignment_s": stats["alignment_s"],
-                "checkpoint_duration_s": stats["duration_s"],
+                "checkpoint_id": n, "checkpoint_size": stats.size,
+                "checkpoint_alignment_s": stats.alignment_s,
+                "checkpoint_duration_s": stats.duration_s,
                 "checkpoint_sync_pause_s": self.sync_pause_s}
             coordinator.acknowledge_checkpoint.remote(
                 self.attempt, n, self.vertex_id, self.index, written, stats)
@@ -227,16 +235,17 @@ class SubtaskCheckpointer:
                 self.attempt, n, self.vertex_id, self.index, f"{type(exc).__name__}: {exc}")
 
     def _write_channel_state(self, n: int, input_state: InputStateRecorder | None,
-                             output_state: OutputStateCapture | None) -> dict | None | bool:
-        """Wait for the channel state, write it; its handle, None if empty, False if aborted."""
+                             output_state: OutputStateCapture | None) -> dict | None:
+        """Wait for the channel state, write it; its handle, None if empty. Raises
+        :class:`_ChannelStateAborted` if the checkpoint was aborted meanwhile."""
         inputs, outputs = {}, {}
         if input_state is not None:
             if not input_state.wait():
-                return False
+                raise _ChannelStateAborted(n)
             inputs = {c: resolve_batches(e) for c, e in input_state.entries().items() if e}
         if output_state is not None:
             if not output_state.wait():
-                return False
+                raise _ChannelStateAborted(n)
             outputs = {c: resolve_batches(e) for c, e in output_state.entries.items() if e}
         if not inputs and not outputs:
             return None

@@ -40,6 +40,7 @@ from raystream.checkpoint.coordinator_holder import OperatorCoordinators
 from raystream.checkpoint.keygroups import HASH_VERSION
 from raystream.checkpoint.storage import (SAVEPOINT_JOB_KEY, CheckpointStorage,
                                           CorruptCheckpointError, StateHandle, safe_name)
+from raystream.checkpoint.snapshot_stats import SnapshotStats
 from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.failpoints import Failpoints
 
@@ -302,20 +303,20 @@ class CheckpointCoordinator:
 
     # -- acknowledgements -------------------------------------------------------------------
     def acknowledge(self, attempt: int, n: int, subtask: SubtaskKey, written: dict,
-                    stats: dict) -> None:
+                    stats: SnapshotStats) -> None:
         pending = self.pending.get(n)
         if attempt != self.attempt or pending is None or subtask not in pending.waiting:
             return  # late: aborted, subsumed or of an older attempt
         pending.waiting.discard(subtask)
         pending.written[subtask] = written
-        if "watermarks" in stats:
-            pending.watermarks[subtask] = stats["watermarks"]
-        pending.size += int(stats.get("size", 0))
-        pending.alignment_s = max(pending.alignment_s, float(stats.get("alignment_s", 0.0)))
-        pending.channel_state_bytes += int(stats.get("channel_state_bytes", 0))
-        pending.unaligned = pending.unaligned or bool(stats.get("unaligned"))
-        if stats.get("channel_state"):
-            pending.channel_state[stats["channel_state_key"]] = stats["channel_state"]
+        if stats.watermarks is not None:
+            pending.watermarks[subtask] = stats.watermarks
+        pending.size += stats.size
+        pending.alignment_s = max(pending.alignment_s, stats.alignment_s)
+        pending.channel_state_bytes += stats.channel_state_bytes
+        pending.unaligned = pending.unaligned or stats.unaligned
+        if stats.channel_state:
+            pending.channel_state[stats.channel_state_key] = stats.channel_state
         if not pending.waiting:
             self._complete(pending)
 

@@ -1,7 +1,8 @@
 """The job master actor: deploys a job's subtasks, runs its checkpoints, fails it over.
 
 One event thread owns all job state (Trio-style: every transition in one
-place). Subtasks and clients only put events on its queue:
+place). Subtasks and clients only put events (:mod:`raystream.engine.job_events`)
+on its queue:
 
 * a subtask *finished* (all its input ended and its output is sent);
 * a checkpoint acknowledged or declined (handed to the checkpoint coordinator);
@@ -27,7 +28,6 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 import pyarrow as pa
@@ -46,6 +46,10 @@ from raystream.checkpoint.subtask_gateway import EventDeliveryError, GatewayProt
 from raystream.engine import registry
 from raystream.engine.failpoints import Failpoint, Failpoints, InjectedFailure
 from raystream.engine.graph import Resources
+from raystream.engine.job_events import (CancelRequested, CheckpointAcknowledged,
+                                         CheckpointDeclined, GatewayAcknowledged, JobEvent,
+                                         OperatorEventReceived, Reply, SavepointMode,
+                                         SavepointRequest, SavepointRequested, SubtaskFinished)
 from raystream.engine.job_status import JobStatus, check_transition
 from raystream.engine.metrics import JobMetricsExporter
 from raystream.engine.plan import JobPlan
@@ -81,41 +85,6 @@ class JobOptions:
     failpoints: tuple[Failpoint, ...] = ()
     restore_from: str | None = None
     submission_id: str | None = None  # the Ray Jobs API submission that runs the driver
-
-
-class _Reply:
-    """A client call waiting for the event thread's answer."""
-
-    def __init__(self) -> None:
-        self._done = threading.Event()
-        self.value: Any = None
-        self.error: str | None = None
-
-    def set(self, value: Any = None, error: str | None = None) -> None:
-        self.value, self.error = value, error
-        self._done.set()
-
-    def wait(self, timeout_s: float | None) -> Any:
-        if not self._done.wait(timeout_s):
-            raise TimeoutError(f"no answer within {timeout_s} s")
-        if self.error is not None:
-            raise RuntimeError(self.error)
-        return self.value
-
-
-class SavepointMode(Enum):
-    KEEP_RUNNING = "keep running"  # the job goes on; the savepoint commits nothing
-    STOP = "stop"  # the sources stop at its barrier; the job ends after it
-    DRAIN = "drain"  # the sources end their input; the final checkpoint is the savepoint
-
-
-@dataclass(frozen=True)
-class SavepointRequest:
-    """A client waiting for a savepoint."""
-
-    path: str
-    mode: SavepointMode
-    reply: _Reply
 
 
 @dataclass
@@ -182,7 +151,7 @@ class JobMaster:
         self.status = JobStatus.CREATED
         self.outcome: JobOutcome | None = None
         self.done = threading.Event()
-        self.events: queue.Queue = queue.Queue()
+        self.events: queue.Queue[JobEvent] = queue.Queue()
         self.actors: dict[tuple[int, int], Any] = {}
         self.placement: dict[str, str] = {}  # "chain/index" -> id of the node it runs on
         self.died_on: set[str] = set()  # nodes where subtasks of this attempt died
@@ -216,7 +185,7 @@ class JobMaster:
 
     @ray.method(concurrency_group="client")
     def cancel(self) -> None:
-        self.events.put(("cancel",))
+        self.events.put(CancelRequested())
 
     @ray.method(concurrency_group="client")
     def savepoint(self, path: str, stop: bool = False, drain: bool = False,
@@ -224,8 +193,8 @@ class JobMaster:
         """Take a savepoint to ``path``; with ``stop`` the job ends after it (FINISHED)."""
         mode = (SavepointMode.DRAIN if drain else SavepointMode.STOP if stop
                 else SavepointMode.KEEP_RUNNING)
-        request = SavepointRequest(path, mode, _Reply())
-        self.events.put(("savepoint", request))
+        request = SavepointRequest(path, mode, Reply())
+        self.events.put(SavepointRequested(request))
         return request.reply.wait(timeout_s)
 
     @ray.method(concurrency_group="client")
@@ -259,28 +228,29 @@ class JobMaster:
     # -- subtask calls (control lane) ---------------------------------------------------------
     @ray.method(concurrency_group="control")
     def report_finished(self, attempt: int, vertex: int, index: int, results: dict) -> None:
-        self.events.put(("finished", attempt, (vertex, index), results))
+        self.events.put(SubtaskFinished(attempt, (vertex, index), results))
 
     @ray.method(concurrency_group="control")
     def acknowledge_checkpoint(self, attempt: int, checkpoint_id: int, vertex: int, index: int,
                                written: dict, stats: dict) -> None:
-        self.events.put(("ack", attempt, checkpoint_id, (vertex, index), written, stats))
+        self.events.put(CheckpointAcknowledged(attempt, checkpoint_id, (vertex, index), written,
+                                                stats))
 
     @ray.method(concurrency_group="control")
     def decline_checkpoint(self, attempt: int, checkpoint_id: int, vertex: int, index: int,
                            reason: str) -> None:
-        self.events.put(("decline", attempt, checkpoint_id, (vertex, index), reason))
+        self.events.put(CheckpointDeclined(attempt, checkpoint_id, (vertex, index), reason))
 
     @ray.method(concurrency_group="control")
     def operator_event(self, attempt: int, operator: str, index: int, event: Any) -> None:
         """An operator event from subtask ``index`` of ``operator`` to its coordinator."""
-        self.events.put(("operator_event", attempt, operator, index, event))
+        self.events.put(OperatorEventReceived(attempt, operator, index, event))
 
     @ray.method(concurrency_group="control")
     def acknowledge_coordinator_checkpoint(self, attempt: int, operators: list[str], index: int,
                                            checkpoint_id: int) -> None:
         """Subtask ``index`` of ``operators`` took its synchronous snapshot of the checkpoint."""
-        self.events.put(("gateway_ack", attempt, operators, index, checkpoint_id))
+        self.events.put(GatewayAcknowledged(attempt, tuple(operators), index, checkpoint_id))
 
     # -- the event thread ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -427,48 +397,47 @@ class JobMaster:
             else:
                 request.reply.set(error=f"savepoint to {request.path} failed: {reason}")
 
-    def _handle(self, event: tuple) -> JobOutcome | None:
-        kind = event[0]
-        if kind == "cancel":
-            for actor in self.actors.values():
-                actor.cancel.remote()
-            return JobOutcome(JobStatus.CANCELED)
-        if kind == "finished":
-            _, attempt, subtask, results = event
-            if attempt == self.attempt:
+    def _handle(self, event: JobEvent) -> JobOutcome | None:
+        coordinator = self.coordinator
+        match event:
+            case CancelRequested():
+                for actor in self.actors.values():
+                    actor.cancel.remote()
+                return JobOutcome(JobStatus.CANCELED)
+            case SubtaskFinished(attempt, subtask, results) if attempt == self.attempt:
                 self.finished[subtask] = results
-        elif kind == "savepoint":
-            request: SavepointRequest = event[1]
-            if self.coordinator is None:
-                request.reply.set(
-                    error="savepoints need checkpoints: StreamEnvironment(checkpoints=...)")
-            elif request.mode is SavepointMode.DRAIN:  # the final checkpoint goes to its path
-                self.draining = request
-                for (vertex, _), actor in self.actors.items():
-                    if self.plan.vertices[vertex].is_source:
-                        actor.drain.remote()
-            else:
-                try:
-                    ticket = self.coordinator.request_savepoint(
-                        request.path, stop=request.mode is SavepointMode.STOP)
-                except Exception as exc:  # the job may fail over: the caller still hears
-                    request.reply.set(error=f"savepoint to {request.path} failed: "
-                                            f"{type(exc).__name__}: {exc}")
-                    raise
-                self.queued_savepoints.append((ticket, request))
-        elif kind == "operator_event":
-            _, attempt, operator, index, payload = event
-            if attempt == self.attempt:
+            case SavepointRequested(request):
+                self._handle_savepoint_request(request)
+            case OperatorEventReceived(attempt, operator, index, payload) if (
+                    attempt == self.attempt):
                 self.operator_coordinators.handle_event_from_subtask(operator, index, payload)
-        elif kind == "gateway_ack":
-            _, attempt, operators, index, n = event
-            if attempt == self.attempt:
-                self.operator_coordinators.acknowledge(operators, index, n)
-        elif kind == "ack" and self.coordinator is not None:
-            self.coordinator.acknowledge(*event[1:])
-        elif kind == "decline" and self.coordinator is not None:
-            self.coordinator.decline(*event[1:])
-        return None
+            case GatewayAcknowledged(attempt, operators, index, n) if attempt == self.attempt:
+                self.operator_coordinators.acknowledge(list(operators), index, n)
+            case CheckpointAcknowledged(attempt, n, subtask, written, stats) if (
+                    coordinator is not None):
+                coordinator.acknowledge(attempt, n, subtask, written, stats)
+            case CheckpointDeclined(attempt, n, subtask, reason) if coordinator is not None:
+                coordinator.decline(attempt, n, subtask, reason)
+        return None  # anything else: an older attempt's, or no coordinator to hand it to
+
+    def _handle_savepoint_request(self, request: SavepointRequest) -> None:
+        if self.coordinator is None:
+            request.reply.set(
+                error="savepoints need checkpoints: StreamEnvironment(checkpoints=...)")
+        elif request.mode is SavepointMode.DRAIN:  # the final checkpoint goes to its path
+            self.draining = request
+            for (vertex, _), actor in self.actors.items():
+                if self.plan.vertices[vertex].is_source:
+                    actor.drain.remote()
+        else:
+            try:
+                ticket = self.coordinator.request_savepoint(
+                    request.path, stop=request.mode is SavepointMode.STOP)
+            except Exception as exc:  # the job may fail over: the caller still hears
+                request.reply.set(error=f"savepoint to {request.path} failed: "
+                                        f"{type(exc).__name__}: {exc}")
+                raise
+            self.queued_savepoints.append((ticket, request))
 
     def _maybe_finish(self) -> JobOutcome | None:
         if len(self.finished) < len(self.actors):

@@ -33,6 +33,7 @@ from raystream.actors.subtask_checkpoints import OperatorRestore, RestoreSpec
 from raystream.checkpoint import committed_output
 from raystream.checkpoint.config import CheckpointConfig
 from raystream.checkpoint.coordinator import CheckpointCoordinator
+from raystream.checkpoint.snapshot_stats import SnapshotStats
 from raystream.checkpoint.storage import CheckpointStorage, CorruptCheckpointError, StateHandle
 from raystream.engine.failpoints import Failpoint, Failpoints, InjectedFailure
 
@@ -105,7 +106,7 @@ def ack_all(coord: CheckpointCoordinator, n: int, written: dict | None = None,
     written = written or {}
     for subtask in coord.subtasks:
         coord.acknowledge(coord.attempt if attempt is None else attempt, n, subtask,
-                          written.get(subtask, {}), {"size": 0})
+                          written.get(subtask, {}), SnapshotStats(size=0))
 
 
 def complete(coord: CheckpointCoordinator, written: dict | None = None) -> int:
@@ -212,11 +213,11 @@ def test_completes_only_when_every_subtask_acknowledged(tmp_path):
     sizes = {s: 10 * (i + 1) for i, s in enumerate(SUBTASKS)}
 
     for s in SUBTASKS[:-1]:
-        coord.acknowledge(0, n, s, written[s], {"size": sizes[s]})
+        coord.acknowledge(0, n, s, written[s], SnapshotStats(size=sizes[s]))
         assert rec.completed == [] and n in coord.pending
         assert not (tmp_path / JOB / f"chk-{n}" / "_metadata").exists()
     last = SUBTASKS[-1]
-    coord.acknowledge(0, n, last, written[last], {"size": sizes[last]})
+    coord.acknowledge(0, n, last, written[last], SnapshotStats(size=sizes[last]))
 
     assert rec.completed == [n]  # exactly once
     assert rec.aborted == []
@@ -244,7 +245,7 @@ def test_completes_only_when_every_subtask_acknowledged(tmp_path):
 def test_late_acknowledgement_after_completion_does_not_notify_again(tmp_path):
     coord, rec = make(tmp_path)
     n = complete(coord)
-    coord.acknowledge(0, n, SUBTASKS[0], {}, {})
+    coord.acknowledge(0, n, SUBTASKS[0], {}, SnapshotStats())
     assert rec.completed == [n]
 
 
@@ -263,7 +264,7 @@ def test_acknowledgement_for_an_unknown_checkpoint_is_ignored(tmp_path):
     coord, rec = make(tmp_path)
     n = coord.trigger()
     for s in SUBTASKS:
-        coord.acknowledge(0, n + 7, s, {}, {})
+        coord.acknowledge(0, n + 7, s, {}, SnapshotStats())
     assert coord.pending[n].waiting == set(SUBTASKS)
     assert n + 7 not in coord.pending and n + 7 not in coord.history
     assert rec.completed == [] and chk_dirs(tmp_path) == []
@@ -275,13 +276,13 @@ def test_duplicate_acknowledgement_from_one_subtask_is_ignored(tmp_path):
     first = state(coord, n, "op-0.op", b"first")
     second = state(coord, n, "op-0.retry.op", b"second")
     a, b, c = SUBTASKS
-    coord.acknowledge(0, n, a, {"op": {"operator_state": first}}, {"size": 5})
-    coord.acknowledge(0, n, a, {"op": {"operator_state": second}}, {"size": 6})
-    coord.acknowledge(0, n, (9, 9), {}, {"size": 1})  # not a subtask of this job
-    coord.acknowledge(0, n, b, {}, {"size": 0})
+    coord.acknowledge(0, n, a, {"op": {"operator_state": first}}, SnapshotStats(size=5))
+    coord.acknowledge(0, n, a, {"op": {"operator_state": second}}, SnapshotStats(size=6))
+    coord.acknowledge(0, n, (9, 9), {}, SnapshotStats(size=1))  # not a subtask of this job
+    coord.acknowledge(0, n, b, {}, SnapshotStats(size=0))
     assert rec.completed == [] and coord.pending[n].waiting == {c}
 
-    coord.acknowledge(0, n, c, {}, {"size": 0})
+    coord.acknowledge(0, n, c, {}, SnapshotStats(size=0))
     assert rec.completed == [n]
     metadata = coord.storage.read_metadata(JOB, n)
     assert metadata["operators"]["op"]["operator_state"] == [first]
@@ -295,15 +296,15 @@ def test_duplicate_acknowledgement_from_one_subtask_is_ignored(tmp_path):
 def test_decline_aborts_and_counts_failures_in_a_row(tmp_path):
     coord, rec = make(tmp_path)
     n1 = coord.trigger()
-    coord.acknowledge(0, n1, SUBTASKS[0], {}, {})
+    coord.acknowledge(0, n1, SUBTASKS[0], {}, SnapshotStats())
     coord.decline(0, n1, SUBTASKS[1], "disk full")
     assert rec.aborted == [n1]
     assert coord.history[n1].status == "ABORTED"
     assert "disk full" in coord.history[n1].reason
     assert n1 not in coord.pending
     assert coord.failures_in_a_row == 1
-    coord.acknowledge(0, n1, SUBTASKS[1], {}, {})  # late: ignored
-    coord.acknowledge(0, n1, SUBTASKS[2], {}, {})
+    coord.acknowledge(0, n1, SUBTASKS[1], {}, SnapshotStats())  # late: ignored
+    coord.acknowledge(0, n1, SUBTASKS[2], {}, SnapshotStats())
     assert rec.completed == [] and completed_ids(coord) == []
     assert not (tmp_path / JOB / f"chk-{n1}" / "_metadata").exists()
 
@@ -338,7 +339,7 @@ def test_timeout_aborts_a_pending_checkpoint_on_tick(tmp_path):
 def test_completing_a_newer_checkpoint_subsumes_pending_older_ones(tmp_path):
     coord, rec = make(tmp_path, max_concurrent=2)
     n1, n2 = coord.trigger(), coord.trigger()
-    coord.acknowledge(0, n1, SUBTASKS[0], {}, {})
+    coord.acknowledge(0, n1, SUBTASKS[0], {}, SnapshotStats())
     ack_all(coord, n2)
 
     assert rec.completed == [n2]
@@ -520,7 +521,7 @@ def test_committables_of_an_aborted_checkpoint_are_not_committed(tmp_path):
     sink = SUBTASKS[2]
     h1 = coord.storage.write_output(JOB, "c1-part.arrow", b"one").to_json()
     n = coord.trigger()
-    coord.acknowledge(0, n, sink, {"sink": {"committables": [{"origin": n, **h1}]}}, {})
+    coord.acknowledge(0, n, sink, {"sink": {"committables": [{"origin": n, **h1}]}}, SnapshotStats())
     coord.decline(0, n, SUBTASKS[0], "no")
     assert coord.committed_outputs() == {}
     complete(coord)

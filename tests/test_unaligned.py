@@ -34,6 +34,7 @@ from raystream.actors.channel_state import InputStateRecorder, OutputStateCaptur
 from raystream.actors.channels import InputGate, OutputChannel
 from raystream.actors.messages import REPLAYED_SEQ, Barrier, ChannelId, Envelope, Kind
 from raystream.checkpoint.channel_state_file import decode_channel_state, encode_channel_state
+from raystream.checkpoint.snapshot_stats import SnapshotStats
 
 CH = ChannelId(edge=0, upstream=0, downstream=0)
 N_CHECKPOINT = 5
@@ -415,12 +416,10 @@ def test_statistics_metadata_and_restore_of_channel_state(tmp_path):
     n = coordinator.trigger()
     blob = encode_channel_state({CH: [(Kind.WATERMARK, 3, 0)]}, {})
     handle = coordinator.storage.write_state("job", n, "a_1.channels", blob).to_json()
-    coordinator.acknowledge(0, n, (0, 0), {}, {"size": 0, "alignment_s": 0.5,
-                                              "unaligned": False, "channel_state_bytes": 0})
-    coordinator.acknowledge(0, n, (0, 1), {}, {
-        "size": handle["size"], "alignment_s": 0.125, "unaligned": True,
-        "channel_state_bytes": handle["size"], "channel_state": handle,
-        "channel_state_key": "a#1"})
+    coordinator.acknowledge(0, n, (0, 0), {}, SnapshotStats(alignment_s=0.5))
+    coordinator.acknowledge(0, n, (0, 1), {}, SnapshotStats(
+        size=handle["size"], alignment_s=0.125, unaligned=True, channel_state=handle,
+        channel_state_key="a#1"))
     (stats,) = coordinator.stats()
     assert stats.status == "COMPLETED" and stats.unaligned
     assert (stats.alignment_s, stats.channel_state_bytes) == (0.5, handle["size"])

@@ -42,8 +42,9 @@ from typing import Any
 from raystream.actors.messages import MAX_WATERMARK, MIN_WATERMARK
 from raystream.engine.operators.base import Operator, OperatorSnapshot, RestoredState
 from raystream.engine.sources.base import DEAD_LETTERS, Source, SplitReader
-from raystream.engine.sources.split_enumerator import (NO_MORE_SPLITS, REGISTER, REQUEST, SOURCE_EVENT,
-                                                       SPLITS)
+from raystream.engine.sources.split_enumerator import (EnumeratorEvent, NoMoreSplits,
+                                                       ReaderRegistered, SourceEvent,
+                                                       SplitRequested, SplitsAssigned)
 from raystream.engine.watermarks import BoundedOutOfOrderness
 
 
@@ -109,21 +110,21 @@ class SourceReaderOperator(SourceOperator):
     def open(self) -> None:
         for split, position, max_ts in self._restored:
             self.add_split(split, position, max_ts)
-        self.ctx.send_event_to_coordinator((REGISTER, None))
+        self.ctx.send_event_to_coordinator(ReaderRegistered())
 
-    def handle_operator_event(self, event: tuple) -> None:
-        kind, payload = event
-        if kind == SPLITS:
-            for split in payload:
-                self.add_split(split)
-            self.requested = False
-        elif kind == NO_MORE_SPLITS:
-            self.no_more_splits = True
-            self.requested = False
-        elif kind == SOURCE_EVENT:
-            self.source.handle_source_event(self, payload)
-        else:
-            raise ValueError(f"source '{self.name}': unknown event {kind!r}")
+    def handle_operator_event(self, event: EnumeratorEvent) -> None:
+        match event:
+            case SplitsAssigned(splits):
+                for split in splits:
+                    self.add_split(split)
+                self.requested = False
+            case NoMoreSplits():
+                self.no_more_splits = True
+                self.requested = False
+            case SourceEvent(payload):
+                self.source.handle_source_event(self, payload)
+            case _:
+                raise ValueError(f"source '{self.name}': unknown event {event!r}")
 
     def add_split(self, split: Any, position: int = 0, max_ts: int = MIN_WATERMARK) -> None:
         split_id = self.source.split_id(split)
@@ -172,7 +173,7 @@ class SourceReaderOperator(SourceOperator):
             return False
         if not self.requested:
             self.requested = True
-            self.ctx.send_event_to_coordinator((REQUEST, None))
+            self.ctx.send_event_to_coordinator(SplitRequested())
         return True
 
     def metrics(self) -> dict[str, float]:

@@ -35,6 +35,7 @@ A :class:`~raystream.engine.sources.base.Source` returns it from
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from raystream.checkpoint.operator_coordinator import OperatorCoordinator
@@ -42,9 +43,38 @@ from raystream.checkpoint.operator_coordinator import OperatorCoordinator
 if TYPE_CHECKING:
     from raystream.engine.sources.base import Source
 
-# Events between a reader and its enumerator's coordinator.
-REGISTER, REQUEST, SPLITS, NO_MORE_SPLITS, SOURCE_EVENT = (
-    "register", "request", "splits", "no_more_splits", "source_event")
+# -- events between a reader and its enumerator's coordinator ----------------------------------
+@dataclass(frozen=True)
+class ReaderRegistered:
+    """Reader -> enumerator: the reader is open (with the splits it restored, if any)."""
+
+
+@dataclass(frozen=True)
+class SplitRequested:
+    """Reader -> enumerator: the reader has read its splits and wants more."""
+
+
+@dataclass(frozen=True)
+class SplitsAssigned:
+    """Enumerator -> reader: read these (JSON values, started together)."""
+
+    splits: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class NoMoreSplits:
+    """Enumerator -> reader: none will come; end once the splits held are read."""
+
+
+@dataclass(frozen=True)
+class SourceEvent:
+    """A custom event either way: ``send_event_to_reader`` / ``handle_source_event``."""
+
+    payload: Any
+
+
+ReaderEvent = ReaderRegistered | SplitRequested | SourceEvent  # what a reader sends
+EnumeratorEvent = SplitsAssigned | NoMoreSplits | SourceEvent  # what an enumerator sends
 
 
 class SplitEnumeratorContext(Protocol):
@@ -150,13 +180,13 @@ class SourceCoordinator(OperatorCoordinator):
         self.assign_splits([split], subtask)
 
     def assign_splits(self, splits: list[Any], subtask: int) -> None:
-        self._send(subtask, (SPLITS, [_json_value(split, "a split") for split in splits]))
+        self._send(subtask, SplitsAssigned(tuple(_json_value(split, "a split") for split in splits)))
 
     def signal_no_more_splits(self, subtask: int) -> None:
-        self._send(subtask, (NO_MORE_SPLITS, None))
+        self._send(subtask, NoMoreSplits())
 
     def send_event_to_reader(self, subtask: int, event: Any) -> None:
-        self._send(subtask, (SOURCE_EVENT, event))
+        self._send(subtask, SourceEvent(event))
 
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> None:
         self.context.call_later(delay_s, callback)
@@ -165,7 +195,7 @@ class SourceCoordinator(OperatorCoordinator):
                    handler: Callable[[Any, BaseException | None], None]) -> None:
         self.context.call_async(work, handler)
 
-    def _send(self, subtask: int, event: tuple) -> None:
+    def _send(self, subtask: int, event: EnumeratorEvent) -> None:
         if subtask not in self.registered:
             raise RuntimeError(f"source '{self.context.operator_name}': subtask {subtask} has "
                                f"not registered (registered: {sorted(self.registered)})")
@@ -185,17 +215,18 @@ class SourceCoordinator(OperatorCoordinator):
     def subtask_ready(self, subtask: int, gateway: Any) -> None:
         self.gateways[subtask] = gateway
 
-    def handle_event_from_subtask(self, subtask: int, event: tuple) -> None:
-        kind, payload = event
-        if kind == REGISTER:
-            self.registered.add(subtask)
-            self.enumerator.add_reader(subtask)
-        elif kind == REQUEST:
-            self.enumerator.handle_split_request(subtask)
-        elif kind == SOURCE_EVENT:
-            self.enumerator.handle_source_event(subtask, payload)
-        else:
-            raise ValueError(f"unknown source event {kind!r}")
+    def handle_event_from_subtask(self, subtask: int, event: ReaderEvent) -> None:
+        match event:
+            case ReaderRegistered():
+                self.registered.add(subtask)
+                self.enumerator.add_reader(subtask)
+            case SplitRequested():
+                self.enumerator.handle_split_request(subtask)
+            case SourceEvent(payload):
+                self.enumerator.handle_source_event(subtask, payload)
+            case _:
+                raise ValueError(f"source '{self.context.operator_name}': unknown event "
+                                 f"{event!r} from subtask {subtask}")
 
     def checkpoint_coordinator(self, checkpoint_id: int) -> bytes:
         state = self.enumerator.snapshot_state(checkpoint_id)

@@ -1,0 +1,38 @@
+"""What a subtask reports with its acknowledgement of a checkpoint.
+
+    >>> stats = SnapshotStats(size=1200, duration_s=0.05, channel_state={"path": "c", "size": 200,
+    ...                                                                   "sha256": "..."})
+    >>> stats.channel_state_bytes
+    200
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from raystream.checkpoint.watermark_floors import Runs
+
+
+@dataclass(frozen=True)
+class SnapshotStats:
+    """One subtask's figures for one checkpoint (the coordinator sums and keeps them).
+
+    ``size``: bytes it wrote, its channel state included; ``duration_s``: from the
+    barrier to the acknowledgement; ``alignment_s``: how long it waited for
+    barriers; ``unaligned``: its snapshot recorded data in flight;
+    ``channel_state``: the handle (JSON) of that recording, if it wrote one, under
+    ``channel_state_key``; ``watermarks``: its event time per key-group run, so a
+    restore never goes back in event time.
+    """
+
+    size: int = 0
+    duration_s: float = 0.0
+    alignment_s: float = 0.0
+    unaligned: bool = False
+    channel_state: dict | None = None
+    channel_state_key: str | None = None
+    watermarks: Runs | None = field(default=None)
+
+    @property
+    def channel_state_bytes(self) -> int:
+        return int(self.channel_state["size"]) if self.channel_state else 0

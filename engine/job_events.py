@@ -1,0 +1,118 @@
+"""What reaches the job master's event thread: typed, immutable events.
+
+Subtasks (on the master's control lane) and clients only put events on the
+master's queue; one thread takes them off and owns every transition of the
+job. Each event names the attempt it belongs to, so the thread can drop
+what an older attempt still sends after a failover.
+
+    >>> event = CheckpointDeclined(attempt=0, checkpoint_id=3, subtask=(1, 0), reason="aborted")
+    >>> event.subtask, event.checkpoint_id
+    ((1, 0), 3)
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+SubtaskKey = tuple[int, int]  # (vertex id, subtask index)
+
+
+class Reply:
+    """A client call waiting for the event thread's answer (a value or an error)."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self.value: Any = None
+        self.error: str | None = None
+
+    def set(self, value: Any = None, error: str | None = None) -> None:
+        self.value, self.error = value, error
+        self._done.set()
+
+    def wait(self, timeout_s: float | None) -> Any:
+        if not self._done.wait(timeout_s):
+            raise TimeoutError(f"no answer within {timeout_s} s")
+        if self.error is not None:
+            raise RuntimeError(self.error)
+        return self.value
+
+
+class SavepointMode(Enum):
+    KEEP_RUNNING = "keep running"  # the job goes on; the savepoint commits nothing
+    STOP = "stop"  # the sources stop at its barrier; the job ends after it
+    DRAIN = "drain"  # the sources end their input; the final checkpoint is the savepoint
+
+
+@dataclass(frozen=True)
+class SavepointRequest:
+    """A client waiting for a savepoint."""
+
+    path: str
+    mode: SavepointMode
+    reply: Reply
+
+
+@dataclass(frozen=True)
+class CancelRequested:
+    """A client asked to cancel the job."""
+
+
+@dataclass(frozen=True)
+class SavepointRequested:
+    request: SavepointRequest
+
+
+@dataclass(frozen=True)
+class SubtaskFinished:
+    """A subtask's input ended and its output is sent; ``results`` per sink operator."""
+
+    attempt: int
+    subtask: SubtaskKey
+    results: dict
+
+
+@dataclass(frozen=True)
+class CheckpointAcknowledged:
+    """A subtask's snapshot of a checkpoint is written (``written``: its state handles)."""
+
+    attempt: int
+    checkpoint_id: int
+    subtask: SubtaskKey
+    written: dict
+    stats: dict
+
+
+@dataclass(frozen=True)
+class CheckpointDeclined:
+    attempt: int
+    checkpoint_id: int
+    subtask: SubtaskKey
+    reason: str
+
+
+@dataclass(frozen=True)
+class OperatorEventReceived:
+    """An operator event from subtask ``index`` of ``operator`` to its coordinator."""
+
+    attempt: int
+    operator: str
+    index: int
+    event: Any
+
+
+@dataclass(frozen=True)
+class GatewayAcknowledged:
+    """Subtask ``index`` of ``operators`` took its synchronous snapshot of a checkpoint
+    (the operator coordinators' gateways may let that checkpoint's events through)."""
+
+    attempt: int
+    operators: tuple[str, ...]
+    index: int
+    checkpoint_id: int
+
+
+JobEvent = (CancelRequested | SavepointRequested | SubtaskFinished | CheckpointAcknowledged
+            | CheckpointDeclined | OperatorEventReceived | GatewayAcknowledged)
