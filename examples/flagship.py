@@ -19,7 +19,6 @@ import tempfile
 import time
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 
 import raystream as rs

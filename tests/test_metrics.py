@@ -5,14 +5,11 @@ every channel, checkpoint sizes against the files on disk.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
-import pytest
 
 import raystream as rs
 

@@ -10,7 +10,6 @@ import time
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 import ray
 
 import raystream as rs

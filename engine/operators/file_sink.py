@@ -35,7 +35,6 @@ import os
 import posixpath
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyarrow as pa

@@ -46,7 +46,7 @@ from raystream.engine.operators.keyed import _KeyedOperator
 from raystream.engine.watermarks import timestamps_ms
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.assigners import WindowAssigner
-from raystream.engine.windows.functions import (BuiltinAggregates, ProcessWindow, UserAggregate,
+from raystream.engine.windows.functions import (BuiltinAggregates, UserAggregate,
                                                 Window, WindowFunction)
 
 WINDOW_START = "__window_start"  # the window column of pre-aggregated partial rows
