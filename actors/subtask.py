@@ -38,10 +38,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-# pyarrow imports pandas at the first Arrow -> numpy conversion, about half a second of a
-# subtask's first batch; importing it with this module puts that into the process start,
-# before the subtask reports ready (so a job's start-up, not its first records, pays it).
-import pandas  # noqa: F401
 import pyarrow as pa
 import ray
 
@@ -709,6 +705,11 @@ class SubtaskActor:
     """
 
     def __init__(self, spec: SubtaskSpec | None = None) -> None:
+        # pyarrow imports pandas at the first Arrow -> numpy conversion, about half a second
+        # of a subtask's first batch; importing it here puts that into the process start,
+        # before the actor reports ready (and keeps it out of the job master and the driver)
+        import pandas  # noqa: F401
+
         self.subtask = Subtask(spec) if spec is not None else None
 
     def ready(self) -> str:

@@ -76,12 +76,13 @@ class JobClient:
     of the Ray cluster with :meth:`attach`."""
 
     def __init__(self, job_id: str, job_name: str, master: Any, plan: JobPlan | None,
-                 *, owner: bool = True) -> None:
+                 *, owner: bool = True, leased: tuple[Any, ...] = ()) -> None:
         self.job_id = job_id
         self.job_name = job_name
         self.plan = plan
         self._master = master
         self._owner = owner  # the driver that started the job ends its master after it
+        self._leased = leased  # the driver's pooled actors the job runs on
         self._outcome: JobOutcome | None = None
 
     @classmethod
@@ -121,6 +122,9 @@ class JobClient:
                 outcome = ray.get(self._master.wait.remote(timeout_s))
             except RayActorError:
                 if self._owner:
+                    # the master died: nobody gives its pooled actors back or stops them
+                    for actor in self._leased:
+                        ray.kill(actor)
                     raise
                 outcome = self._outcome_from_directory()  # its driver took the outcome and left
             if outcome is None:

@@ -27,6 +27,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.checkpoint.keygroups import DEFAULT_MAX_PARALLELISM
+from raystream.engine import actor_pool
 from raystream.engine.failpoints import Failpoint
 from raystream.engine.client import JobClient, JobResult
 from raystream.engine.datastream import DataStream
@@ -300,17 +301,23 @@ class StreamEnvironment:
         ensure_ray(self.address, **self.ray_init_kwargs)
         check_resources(plan, name)
         job_id = f"{name}-{uuid.uuid4().hex[:8]}"
+        # subtasks with the default resources run on the driver's pooled actors, one more
+        # for the warm spare of a job that may restart
+        pooled = sum(v.parallelism for v in plan.vertices if v.resources == Resources()) + int(
+            self.checkpoints is not None and self.restart.attempts > 0)
         options = JobOptions(credits=self.credits,
                              actor_start_timeout_s=self.actor_start_timeout_s,
                              stop_timeout_s=self.stop_timeout_s,
                              checkpoints=self.checkpoints, restart=self.restart,
                              failpoints=self.failpoints, restore_from=restore_from,
-                             submission_id=_submission_id())
+                             submission_id=_submission_id(),
+                             pooled=tuple(actor_pool.POOL.lease(pooled)),
+                             keeper=actor_pool.POOL.keeper() if actor_pool.POOL.enabled() else None)
         master = JobMaster.options(name=master_actor_name(job_id), namespace=NAMESPACE,
                                    scheduling_strategy=on_head_node(),
                                    **MASTER_RESOURCES.ray_options()).remote(job_id, name, plan,
                                                                             options)
-        client = JobClient(job_id, name, master, plan)
+        client = JobClient(job_id, name, master, plan, leased=options.pooled)
         if _run_defaults.on_start is not None:
             _run_defaults.on_start(client)
         return client

@@ -61,6 +61,7 @@ POLL_S = 0.05
 # Unaligned checkpoints are taken between two slices of a received batch: about
 # Flink's network buffer (32 KiB), so a barrier never waits behind a whole message.
 UNALIGNED_SLICE_BYTES = 32 * 1024
+RELEASE_WAIT_S = 2.0  # for the subtasks of a failed or canceled job to end before pooling
 HOST_TIMEOUT_S = 20.0  # a live actor hosts its next subtask within this (it stops the old one first)
 # Subtasks spread over the cluster's nodes (within what each operator asks for), so one
 # lost node costs a part of every operator, and a job uses every node's CPUs and memory.
@@ -85,6 +86,10 @@ class JobOptions:
     failpoints: tuple[Failpoint, ...] = ()
     restore_from: str | None = None
     submission_id: str | None = None  # the Ray Jobs API submission that runs the driver
+    # idle subtask actors of the driver's pool for the first attempt (engine/actor_pool.py),
+    # and the keeper they go back to when the job ends
+    pooled: tuple[Any, ...] = ()
+    keeper: Any = None
 
 
 @dataclass
@@ -163,6 +168,8 @@ class JobMaster:
         # the operator coordinators (split enumerators, ...) with their subtask gateways
         self.operator_coordinators = OperatorCoordinators([])  # created by the event thread
         self.spare: Any = None  # a warm, empty subtask actor for failover
+        self.pooled = list(options.pooled)  # the driver's actors, until the first deployment
+        self._pooled_ids = {actor._actor_id for actor in options.pooled}
         self.savepoints: dict[int, SavepointRequest] = {}  # by the id of its checkpoint
         # asked for, waiting in the coordinator for a free checkpoint slot
         self.queued_savepoints: list[tuple[SavepointTicket, SavepointRequest]] = []
@@ -280,7 +287,7 @@ class JobMaster:
         finally:
             self._answer_open_savepoints("the job ended before it")
             self.operator_coordinators.close()
-            self._kill_all()
+            self._release_actors()
         outcome.deploy_s = deploy_s
         outcome.run_s = time.perf_counter() - started - deploy_s
         outcome.restarts = self.attempt
@@ -728,6 +735,7 @@ class JobMaster:
                 self.actors[key] = previous[key]
             except (RayActorError, RuntimeError, GetTimeoutError, ray.exceptions.RayTaskError):
                 ray.kill(previous[key])  # dead, or its subtask would not stop
+        self._host_on_pooled(specs)
         for key, spec in specs.items():
             if key in self.actors:
                 continue
@@ -771,6 +779,8 @@ class JobMaster:
             actor.start.remote()  # a subtask that dies from here on is seen by its termination
         if self.operator_coordinators:
             self.operator_coordinators.bind(self._event_transport())
+        if self.spare is None and self.pooled and not lost:
+            self.spare = self.pooled.pop()  # a leased actor left over: the warm spare
         if self.spare is None and options.checkpoints is not None and options.restart.attempts:
             # A warm, empty actor (process started, modules imported) to replace a
             # subtask that dies; created in the background, never waited for here.
@@ -803,9 +813,63 @@ class JobMaster:
                       for name, handle in restore.coordinators.items()}
         self.operator_coordinators.reset(restore.checkpoint_id if restore else None, states)
 
-    def _kill_all(self) -> None:
-        for actor in [*self.actors.values(), *([self.spare] if self.spare is not None else [])]:
+    def _host_on_pooled(self, specs: dict[tuple[int, int], SubtaskSpec]) -> None:
+        """Host the subtasks with default resources on the driver's leased actors (first
+        attempt only). An actor that died while idle is dropped (not a failure of this
+        job); one that dies while hosting is a deployment failure like any other."""
+        leased, self.pooled = self.pooled, []
+        if not leased:
+            return
+        pings = {actor.ready.remote(): actor for actor in leased}
+        ready, late = ray.wait(list(pings), num_returns=len(pings),
+                               timeout=self.options.actor_start_timeout_s)
+        live = []
+        for ref in ready:
             try:
-                ray.kill(actor)
-            except Exception:
-                pass
+                ray.get(ref)
+                live.append(pings[ref])
+            except RayActorError:
+                pass  # died while idle: its subtask goes to a new actor
+        for ref in late:
+            ray.kill(pings[ref])
+        hosting = {}
+        for key, spec in specs.items():
+            if live and key not in self.actors and (
+                    self.plan.vertices[key[0]].resources == Resources()):
+                actor = live.pop()
+                hosting[key] = (actor, actor.host.remote(spec))
+        self.pooled = live  # left over: the spare, or back to the pool at the end
+        died: RayActorError | None = None
+        for key, (actor, ref) in hosting.items():
+            try:
+                ray.get(ref, timeout=self.options.actor_start_timeout_s)
+                self.actors[key] = actor
+            except (GetTimeoutError, ray.exceptions.RayTaskError):  # a subtask that would not
+                ray.kill(actor)                                       # stop: a new actor instead
+            except RayActorError as exc:  # it died deploying: a failure of this job
+                died = died or exc
+        if died is not None:
+            raise died  # the failover hosts the next attempt on the live ones
+
+    def _release_actors(self) -> None:
+        """The job is over: the driver's pooled actors whose subtask has ended go back to
+        its pool; every other actor of the job is killed."""
+        actors = [*self.actors.values(), *self.pooled,
+                  *([self.spare] if self.spare is not None else [])]
+        ended = set()
+        if self.terminations:  # a failed or canceled job: its subtasks may still be ending
+            done, _ = ray.wait(list(self.terminations), num_returns=len(self.terminations),
+                               timeout=RELEASE_WAIT_S)
+            ended = {self.terminations[ref] for ref in done}
+        idle_ids = {self.actors[key]._actor_id for key in ended if key in self.actors}
+        idle_ids |= {a._actor_id for a in [*self.pooled, self.spare] if a is not None}
+        back = {a._actor_id: a for a in actors
+                if a._actor_id in self._pooled_ids and a._actor_id in idle_ids}
+        if back and self.options.keeper is not None:
+            self.options.keeper.give_back.remote(list(back.values()))
+        for actor in actors:
+            if actor._actor_id not in back:
+                try:
+                    ray.kill(actor)
+                except Exception:
+                    pass

@@ -53,13 +53,13 @@ The writer's serialization, runnable without a broker:
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 import uuid
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Mapping
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -70,12 +70,19 @@ log = logging.getLogger(__name__)
 
 _RECORDS = pa.schema([("key", pa.string()), ("value", pa.binary())])
 _IPC = pa.ipc.IpcWriteOptions(compression="zstd")
-# pandas writes Arrow ints and bools with nulls as floats and objects unless told
-_NULLABLE = {pa.int8(): pd.Int8Dtype(), pa.int16(): pd.Int16Dtype(), pa.int32(): pd.Int32Dtype(),
-             pa.int64(): pd.Int64Dtype(), pa.uint8(): pd.UInt8Dtype(),
-             pa.uint16(): pd.UInt16Dtype(), pa.uint32(): pd.UInt32Dtype(),
-             pa.uint64(): pd.UInt64Dtype(), pa.bool_(): pd.BooleanDtype(),
-             pa.string(): pd.StringDtype()}
+
+
+@functools.cache
+def _nullable() -> dict:
+    """pandas writes Arrow ints and bools with nulls as floats and objects unless told
+    (pandas is imported here, not with the module: drivers and job masters never need it)."""
+    import pandas as pd
+
+    return {pa.int8(): pd.Int8Dtype(), pa.int16(): pd.Int16Dtype(), pa.int32(): pd.Int32Dtype(),
+            pa.int64(): pd.Int64Dtype(), pa.uint8(): pd.UInt8Dtype(),
+            pa.uint16(): pd.UInt16Dtype(), pa.uint32(): pd.UInt32Dtype(),
+            pa.uint64(): pd.UInt64Dtype(), pa.bool_(): pd.BooleanDtype(),
+            pa.string(): pd.StringDtype()}
 
 
 class Delivery(Enum):
@@ -152,7 +159,7 @@ def serialize(batch: pa.RecordBatch, *, key: str | None,
                                      f"it first") from None
         columns.append(column)
     frame = pa.RecordBatch.from_arrays(columns, names=batch.schema.names).to_pandas(
-        types_mapper=_NULLABLE.get)
+        types_mapper=_nullable().get)
     text = frame.to_json(orient="records", lines=True, force_ascii=False)
     values = pa.array(text.rstrip("\n").split("\n") if batch.num_rows else [], pa.string())
     return keys, values

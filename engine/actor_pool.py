@@ -1,0 +1,94 @@
+"""Idle subtask processes kept between the jobs of one driver.
+
+A subtask actor is a process that has imported Ray, pyarrow, pandas and
+raystream: about two seconds of CPU before it can host a subtask, several
+times what a small job then runs. Flink keeps its TaskManagers between the
+jobs of a session cluster; likewise a driver keeps up to ``max_idle`` idle
+subtask actors between its jobs:
+
+* :meth:`SubtaskActorPool.lease` (in the driver, when a job is submitted)
+  takes idle actors and starts new ones for the rest. The driver creates
+  them, so they are the driver's: they outlive each job master (an actor
+  dies with the process that created it) and end with the driver.
+* The job master hosts its first attempt's subtasks on them (``host``,
+  as on a failover), after checking that each is alive: an actor that died
+  while idle (a test's SIGKILL, a lost node) is replaced, not counted as a
+  failure of the job.
+* When the job ends, its master gives the leased actors back to the
+  driver's :class:`_Keeper`, which keeps ``max_idle`` of them and kills
+  the rest. A subtask still running on one is cancelled when the actor
+  hosts its next subtask.
+
+Only subtasks with the default resources run on pooled actors; a vertex that
+asks for CPUs, memory or accelerators gets actors of its own, as before.
+``RAYSTREAM_ACTOR_POOL=0`` turns pooling off (every job starts its own).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+
+from raystream.actors.subtask import SubtaskActor
+from raystream.engine.graph import Resources
+
+MAX_IDLE = 8  # idle subtask actors a driver keeps between jobs
+SUBTASK_SCHEDULING = "SPREAD"
+NAMESPACE = "raystream"
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class _Keeper:
+    """Holds the idle actors of one driver; job masters give theirs back here."""
+
+    def __init__(self, max_idle: int) -> None:
+        self.max_idle = max_idle
+        self.idle: list[Any] = []
+
+    def take(self, n: int) -> list[Any]:
+        taken, self.idle = self.idle[:n], self.idle[n:]
+        return taken
+
+    def give_back(self, actors: list[Any]) -> None:
+        self.idle.extend(actors)
+        while len(self.idle) > self.max_idle:
+            try:
+                ray.kill(self.idle.pop(0))
+            except Exception:  # already gone
+                pass
+
+
+class SubtaskActorPool:
+    """The driver's side: lease actors for a job (idle ones first, new ones for the rest)."""
+
+    def __init__(self, max_idle: int = MAX_IDLE) -> None:
+        self.max_idle = max_idle
+        self._keeper: Any = None
+        self._ray_job: str | None = None
+
+    @staticmethod
+    def enabled() -> bool:
+        return os.environ.get("RAYSTREAM_ACTOR_POOL", "1") not in ("0", "false", "no")
+
+    def keeper(self) -> Any:
+        """This driver's keeper (a new one after Ray was restarted)."""
+        job = ray.get_runtime_context().get_job_id()
+        if self._keeper is None or self._ray_job != job:
+            self._keeper = _Keeper.options(namespace=NAMESPACE).remote(self.max_idle)
+            self._ray_job = job
+        return self._keeper
+
+    def lease(self, n: int) -> list[Any]:
+        """``n`` subtask actors with the default resources (none if pooling is off)."""
+        if n <= 0 or not self.enabled():
+            return []
+        actors = ray.get(self.keeper().take.remote(n))
+        actors += [SubtaskActor.options(namespace=NAMESPACE, scheduling_strategy=SUBTASK_SCHEDULING,
+                                        **Resources().ray_options()).remote(None)
+                   for _ in range(n - len(actors))]
+        return actors
+
+
+POOL = SubtaskActorPool()
