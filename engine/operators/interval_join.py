@@ -348,7 +348,7 @@ class IntervalJoinOperator(_KeyedOperator):
         emit_rows(self, out, self.schema)
         side, ctx.side_rows = ctx.side_rows, {}
         for tag, tagged in side.items():
-            self.output.emit_side(tag, rows_to_batch(
+            self.emit_side(tag, rows_to_batch(
                 tagged, schema=None, where=f"side output {tag!r} of operator '{self.name}'"))
 
     def _joined(self, left: pa.Table, right: pa.Table) -> pa.Table:

@@ -273,7 +273,7 @@ class KeyedProcessOperator(_KeyedOperator):
         emit_rows(self, rows, self.schema)
         side, self.keyed_ctx.side_rows = self.keyed_ctx.side_rows, {}
         for tag, tagged in side.items():
-            self.output.emit_side(tag, rows_to_batch(
+            self.emit_side(tag, rows_to_batch(
                 tagged, schema=None, where=f"side output {tag!r} of operator '{self.name}'"))
 
     def process_watermark(self, watermark: int) -> None:
