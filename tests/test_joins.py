@@ -385,3 +385,26 @@ def test_co_process_operator_shares_state_and_timers_across_inputs_and_restores(
 
 def _out_batches(op) -> list:
     return op.output.targets[0].batches
+
+
+def test_buffer_matching_equals_brute_force_on_both_index_paths():
+    """The (key, ts)-sorted range search and the wide-buffer fallback (key runs, then a
+    time filter) give exactly the pairs a double loop finds."""
+    from raystream.engine.operators.interval_join import _Buffer, _match_by_key_runs, _Rows, _SortedRows
+
+    rng = np.random.default_rng(1)
+    for trial in range(200):
+        m, n = int(rng.integers(1, 60)), int(rng.integers(1, 30))
+        kid_b, ts_b = rng.integers(0, 6, m), rng.integers(0, 100, m)
+        kid_p, ts_p = rng.integers(0, 7, n), rng.integers(-20, 120, n)
+        lo = int(rng.integers(-30, 10))
+        hi = lo + int(rng.integers(0, 30))
+        brute = {(i, j) for i in range(n) for j in range(m)
+                 if kid_p[i] == kid_b[j] and ts_p[i] + lo <= ts_b[j] <= ts_p[i] + hi}
+        rows = _Rows(pa.table({"x": np.arange(m)}), ts_b, kid_b)
+        buffer = _Buffer()
+        buffer.append(rows)
+        probe, buffered, _ = buffer.matches(kid_p, ts_p, (lo, hi))
+        assert sorted(zip(probe.tolist(), buffered.tolist())) == sorted(brute), trial
+        probe, buffered = _match_by_key_runs(_SortedRows.of(rows), kid_p, ts_p, (lo, hi))
+        assert sorted(zip(probe.tolist(), buffered.tolist())) == sorted(brute), trial

@@ -198,7 +198,7 @@ class _Buffer:
 
     def __init__(self) -> None:
         self.chunks: list[_Rows] = []
-        self._sorted: tuple[_Rows, np.ndarray, np.ndarray] | None = None  # rows, order, keys
+        self._sorted: _SortedRows | None = None  # built when probed, dropped on change
         self.min_ts: int | None = None
 
     def __len__(self) -> int:
@@ -235,28 +235,79 @@ class _Buffer:
     def matches(self, kid: np.ndarray, ts: np.ndarray,
                 offsets: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, _Rows | None]:
         """Pairs (row of the probe, row of this buffer) with equal key ids and
-        ``ts + offsets[0] <= buffered ts <= ts + offsets[1]``: two index arrays."""
+        ``ts + offsets[0] <= buffered ts <= ts + offsets[1]``: two index arrays.
+
+        Only real pairs are materialized, however many rows a hot key buffers: the
+        buffer is sorted by (key, ts) into one int64 ``rank(key) * span + ts - ts_min``,
+        so each probe row's matches are one ``searchsorted`` range."""
         empty = np.empty(0, np.int64)
         if self._sorted is None:
             rows = self.combined()
             if rows is None:
                 return empty, empty, None
-            order = np.argsort(rows.kid, kind="stable")
-            self._sorted = (rows, order, rows.kid[order])
-        rows, order, sorted_kid = self._sorted
-        start = np.searchsorted(sorted_kid, kid, side="left")
-        counts = np.searchsorted(sorted_kid, kid, side="right") - start
+            self._sorted = _SortedRows.of(rows)
+        index = self._sorted
+        rows = index.rows
+        if index.span == 0:
+            return (*_match_by_key_runs(index, kid, ts, offsets), rows)
+        rank = np.searchsorted(index.distinct_kids, kid)
+        rank = np.minimum(rank, len(index.distinct_kids) - 1)
+        present = index.distinct_kids[rank] == kid
+        base = rank * index.span
+        # probe bounds in the buffer's local time, clipped to [0, span - 1] / [-1, span - 2]
+        low = np.clip(ts + offsets[0] - index.ts_min, 0, index.span - 1) + base
+        high = np.clip(ts + offsets[1] - index.ts_min, -1, index.span - 2) + base
+        start = np.searchsorted(index.composite, low, side="left")
+        counts = np.searchsorted(index.composite, high, side="right") - start
+        counts = np.where(present, np.maximum(counts, 0), 0)
         total = int(counts.sum())
         if total == 0:
             return empty, empty, rows
         probe = np.repeat(np.arange(len(kid), dtype=np.int64), counts)
-        # position within each probe row's run, plus the run's start in the sorted buffer
+        # position within each probe row's range, plus the range's start in the sorted buffer
         within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-        buffered = order[np.repeat(start, counts) + within]
-        other_ts = rows.ts[buffered]
-        probe_ts = ts[probe]
-        hit = (other_ts >= probe_ts + offsets[0]) & (other_ts <= probe_ts + offsets[1])
-        return probe[hit], buffered[hit], rows
+        return probe, index.order[np.repeat(start, counts) + within], rows
+
+
+def _match_by_key_runs(index: "_SortedRows", kid: np.ndarray, ts: np.ndarray,
+                       offsets: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Every (probe, buffered) pair of equal keys, then those within the interval."""
+    sorted_kids = index.rows.kid[index.order]
+    start = np.searchsorted(sorted_kids, kid, side="left")
+    counts = np.searchsorted(sorted_kids, kid, side="right") - start
+    total = int(counts.sum())
+    probe = np.repeat(np.arange(len(kid), dtype=np.int64), counts)
+    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    buffered = index.order[np.repeat(start, counts) + within]
+    other_ts, probe_ts = index.rows.ts[buffered], ts[probe]
+    hit = (other_ts >= probe_ts + offsets[0]) & (other_ts <= probe_ts + offsets[1])
+    return probe[hit], buffered[hit]
+
+
+@dataclass(frozen=True)
+class _SortedRows:
+    """A buffer's rows sorted by (key id, ts), as one sortable int64 per row."""
+
+    rows: _Rows
+    order: np.ndarray          # sorted position -> row
+    distinct_kids: np.ndarray  # ascending; a key's rank is its index here
+    composite: np.ndarray      # rank * span + (ts - ts_min), ascending
+    ts_min: int
+    span: int                  # 0: too wide for one int64 (see _match_by_key_runs)
+
+    @classmethod
+    def of(cls, rows: _Rows) -> "_SortedRows":
+        order = np.lexsort((rows.ts, rows.kid))
+        kids, ts = rows.kid[order], rows.ts[order]
+        distinct_kids, rank = np.unique(kids, return_inverse=True)
+        ts_min = int(ts.min())
+        span = int(ts.max()) - ts_min + 2  # local times 0 .. span - 2, span - 1 past all
+        if len(distinct_kids) * span >= 2 ** 62:
+            # too wide for one int64 (rows centuries apart over millions of keys): fall
+            # back to key runs, filtered by time after expanding
+            span = 0
+        return cls(rows, order, distinct_kids, rank.reshape(-1) * span + (ts - ts_min),
+                   ts_min, span)
 
 
 class IntervalJoinOperator(_KeyedOperator):
