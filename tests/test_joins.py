@@ -210,15 +210,26 @@ def throttle(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch
 
 
-def join_job(env: rs.StreamEnvironment, n: int, lower: int, upper: int, *, slow: bool = False):
+class Ids(rs.ProcessJoinFunction):
+    """The ids of a pair, checked against the pair's timestamps and key."""
+
+    def process_element(self, left, right, ctx):
+        assert (ctx.left_timestamp, ctx.right_timestamp) == (left["ts"], right["ts"])
+        assert ctx.current_key == left["k"] == right["k"]
+        yield {"id": left["id"], "id_right": right["id"]}
+
+
+def join_job(env: rs.StreamEnvironment, n: int, lower: int, upper: int, *, slow: bool = False,
+             fn: rs.ProcessJoinFunction | None = None):
     src = env.from_sequence(n, events, batch_size=200, num_splits=1,
                             watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=100))
     if slow:
         src = src.map_batches(throttle, name="throttle")
     left = src.filter_batches(lambda b: pc.equal(b["side"], 0), name="left")
     right = src.filter_batches(lambda b: pc.equal(b["side"], 1), name="right")
-    joined = left.key_by("k").interval_join(right.key_by("k"), timestamp="ts") \
-        .between(lower, upper).join(name="join")
+    between = left.key_by("k").interval_join(right.key_by("k"), timestamp="ts") \
+        .between(lower, upper)
+    joined = between.join(name="join") if fn is None else between.process(fn, name="join")
     return joined.collect()
 
 
@@ -248,13 +259,13 @@ def test_interval_join_job_at_parallelism_2_equals_pandas_exactly_once(ray_sessi
 
 def test_interval_join_survives_a_savepoint_and_a_rescale_exactly_once(ray_session, tmp_path):
     """Stopped with a savepoint at parallelism 2 with rows buffered, restored at 3: the
-    pairs over both runs are those of pandas, each once."""
+    pairs over both runs (through a ProcessJoinFunction) are those of pandas, each once."""
     n, lower, upper = 16_000, -10, 60
 
     def job(parallelism: int):
         env = rs.StreamEnvironment(parallelism=parallelism, checkpoints=rs.CheckpointConfig(
             interval_s=0.2, storage=str(tmp_path / f"chk{parallelism}")))
-        return env, join_job(env, n, lower, upper, slow=True)
+        return env, join_job(env, n, lower, upper, slow=True, fn=Ids())
 
     env, sink = job(2)
     client = env.execute_async("join-before-rescale")
