@@ -9,10 +9,10 @@ How it runs (vectorized; no Python per record on the built-in path):
 * Each side's rows are buffered as Arrow tables, with their timestamps and the
   timer service's key ids as numpy arrays beside them.
 * A new batch is joined against the *other* side's buffer: the buffer is
-  sorted by key id once (cached until it changes), each batch row finds its
-  key's run with ``searchsorted``, the candidate pairs are expanded with
-  ``repeat``/``arange`` and filtered by the interval. The output is the
-  ``take`` of both sides' rows.
+  sorted by (key id, ts) once (cached until it changes), each batch row finds
+  the range of its matches with two ``searchsorted`` calls, and the pairs are
+  expanded with ``repeat``/``arange``: only real pairs are materialized. The
+  output is the ``take`` of both sides' rows.
 * Rows late for the watermark (``ts < watermark``, Flink's ``isLate``) are
   dropped and counted (``late_records_dropped`` in the operator's metrics).
 * A watermark ``W`` drops the buffered rows no on-time row can still match:
