@@ -30,6 +30,9 @@ from raystream.engine.operators.functions import (FilterBatchesOperator, FilterO
                                                   MapOperator)
 from raystream.engine.operators.keyed import (KeyedProcessFunction, KeyedProcessOperator,
                                               ReduceOperator)
+from raystream.engine.operators.co_process import KeyedCoProcessFunction, KeyedCoProcessOperator
+from raystream.engine.operators.interval_join import (IntervalBounds, IntervalJoinOperator,
+                                                      IntervalJoinSpec, ProcessJoinFunction)
 from raystream.engine.operators.sinks import CollectSink, DiscardSink, PrintSink, SinkOperator
 from raystream.engine.operators.two_phase import (Committer, CommitterOperator, SinkWriter,
                                                   SinkWriterOperator)
@@ -317,6 +320,80 @@ class KeyedStream(DataStream):
                          lambda n: KeyedProcessOperator(n, fn, keys, schema=schema),
                          name=name, parallelism=parallelism)
 
+    def interval_join(self, other: "KeyedStream", *, timestamp: str | None = None,
+                      left_timestamp: str | None = None,
+                      right_timestamp: str | None = None) -> "IntervalJoin":
+        """Join with ``other`` (keyed the same way) on equal keys and timestamps within an
+        interval: continue with ``.between(lower_ms, upper_ms)``. ``timestamp`` names the
+        event-time column of both sides (or ``left_timestamp`` / ``right_timestamp``).
+        See :mod:`raystream.engine.operators.interval_join`.
+
+            >>> import raystream as rs
+            >>> env = rs.StreamEnvironment(parallelism=1)
+            >>> a = env.from_collection([{"k": 1, "ts": 10, "x": 1}])
+            >>> b = env.from_collection([{"k": 1, "ts": 12, "y": 2}])
+            >>> joined = a.key_by("k").interval_join(b.key_by("k"), timestamp="ts") \\
+            ...     .between(0, 5).join()
+        """
+        if not isinstance(other, KeyedStream):
+            raise TypeError("interval_join: key the other stream too (other.key_by(...))")
+        left_ts, right_ts = left_timestamp or timestamp, right_timestamp or timestamp
+        if left_ts is None or right_ts is None:
+            raise ValueError("interval_join: name the event-time column of both sides "
+                             "(timestamp=..., or left_timestamp=... and right_timestamp=...)")
+        return IntervalJoin(self, other, (left_ts, right_ts))
+
+
+class IntervalJoin:
+    """``left.interval_join(right)`` waiting for its interval: call :meth:`between`."""
+
+    def __init__(self, left: KeyedStream, right: KeyedStream, timestamps: tuple[str, str]) -> None:
+        self.left, self.right, self.timestamps = left, right, timestamps
+
+    def between(self, lower_ms: int, upper_ms: int, *, lower_inclusive: bool = True,
+                upper_inclusive: bool = True) -> "IntervalJoined":
+        """Right rows join a left row at ``ts`` when their timestamp lies in
+        ``[ts + lower_ms, ts + upper_ms]`` (an end excluded when its flag is False)."""
+        bounds = IntervalBounds(lower_ms, upper_ms, lower_inclusive, upper_inclusive)
+        return IntervalJoined(self, bounds)
+
+
+class IntervalJoined:
+    """An interval join with its bounds: emit pairs with :meth:`join` (vectorized) or
+    run a :class:`~raystream.ProcessJoinFunction` on them with :meth:`process`."""
+
+    def __init__(self, join: IntervalJoin, bounds: IntervalBounds) -> None:
+        self._join = join
+        self.bounds = bounds
+
+    def _add(self, default_name: str, fn: ProcessJoinFunction | None, right_suffix: str,
+             name: str | None, schema: pa.Schema | None, parallelism: int | None) -> DataStream:
+        join = self._join
+        spec = IntervalJoinSpec(self.bounds, (join.left.keys, join.right.keys), join.timestamps,
+                                right_suffix)
+        inputs = [join.left._edge(0), join.right._edge(1)]
+        return join.left._add("operator", default_name,
+                              lambda n: IntervalJoinOperator(n, spec, fn, schema=schema),
+                              name=name, parallelism=parallelism, inputs=inputs)
+
+    def join(self, *, right_suffix: str = "_right", name: str | None = None,
+             parallelism: int | None = None) -> DataStream:
+        """Every joined pair as one row: the left columns, then the right columns, a right
+        column named like a left one (the key, the timestamp, ...) suffixed with
+        ``right_suffix``. Vectorized: no Python per record."""
+        if not right_suffix:
+            raise ValueError("interval join: right_suffix must not be empty")
+        return self._add("interval_join", None, right_suffix, name, None, parallelism)
+
+    def process(self, fn: ProcessJoinFunction, *, name: str | None = None,
+                schema: pa.Schema | None = None, parallelism: int | None = None) -> DataStream:
+        """Call ``fn.process_element(left, right, ctx)`` on every joined pair (dict rows)
+        and emit what it returns or yields."""
+        if not isinstance(fn, ProcessJoinFunction):
+            raise TypeError(f"interval_join(...).process needs a rs.ProcessJoinFunction, "
+                            f"got {type(fn).__name__}")
+        return self._add("interval_join", fn, "_right", name, schema, parallelism)
+
 
 class ConnectedStreams:
     """Two streams feeding one two-input operator; keyed when both sides are keyed."""
@@ -347,6 +424,21 @@ class ConnectedStreams:
     def map_batches(self, fn1: Callable[[pa.RecordBatch], Any], fn2: Callable[[pa.RecordBatch], Any],
                     *, name: str | None = None, parallelism: int | None = None) -> DataStream:
         return self._add("co_map_batches", lambda n: MapBatchesOperator(n, [fn1, fn2]),
+                         name, parallelism)
+
+    def process(self, fn: KeyedCoProcessFunction, *, name: str | None = None,
+                schema: pa.Schema | None = None, parallelism: int | None = None) -> DataStream:
+        """Run a :class:`~raystream.KeyedCoProcessFunction` on two keyed streams:
+        ``process_element1`` per row of the first, ``process_element2`` per row of the
+        second, with keyed state and timers shared by both."""
+        if not isinstance(self.first, KeyedStream):
+            raise TypeError("connect(...).process needs two keyed streams: key_by both sides")
+        if not isinstance(fn, KeyedCoProcessFunction):
+            raise TypeError(f"connect(...).process needs a rs.KeyedCoProcessFunction, "
+                            f"got {type(fn).__name__}")
+        keys = (self.first.keys, self.second.keys)  # type: ignore[attr-defined]
+        return self._add("co_process",
+                         lambda n: KeyedCoProcessOperator(n, fn, keys, schema=schema),
                          name, parallelism)
 
 

@@ -13,7 +13,8 @@ from raystream.engine.failpoints import Failpoint
 from raystream.checkpoint.keygroups import (HASH_VERSION, key_group_of, key_group_range,
                                             subtask_for_key_group)
 from raystream.engine.client import JobClient, JobResult
-from raystream.engine.datastream import ConnectedStreams, DataStream, KeyedStream, SinkHandle
+from raystream.engine.datastream import (ConnectedStreams, DataStream, IntervalJoin,
+                                         IntervalJoined, KeyedStream, SinkHandle)
 from raystream.engine.environment import StreamEnvironment
 from raystream.engine.errors import (BadRecordError, FileReadError, InsufficientResourcesError,
                                      JobFailedError, JobNotFoundError, JobNotRunningError,
@@ -24,6 +25,9 @@ from raystream.checkpoint.operator_coordinator import (OperatorCoordinator,
 from raystream.engine.operators.base import Operator, RuntimeContext
 from raystream.engine.operators.source import SourceOperator
 from raystream.engine.operators.keyed import KeyedContext, KeyedProcessFunction
+from raystream.engine.operators.co_process import KeyedCoProcessFunction
+from raystream.engine.operators.interval_join import (IntervalBounds, JoinContext,
+                                                      ProcessJoinFunction)
 from raystream.engine.operators.two_phase import Committer, SinkContext, SinkWriter
 from raystream.engine.operators.kafka_sink import KafkaSinkError
 from raystream.engine.sources.kafka import KafkaError, KafkaRecordError
@@ -48,4 +52,6 @@ __all__ = [
     "sources", "spark", "subtask_for_key_group",
     "EventTimeSessionWindows", "ProcessWindowFunction", "SlidingEventTimeWindows",
     "TumblingEventTimeWindows", "TumblingProcessingTimeWindows", "Window", "WindowedStream",
+    "IntervalBounds", "IntervalJoin", "IntervalJoined", "JoinContext", "KeyedCoProcessFunction",
+    "ProcessJoinFunction",
 ]

@@ -235,9 +235,10 @@ class _KeyedOperator(Operator):
             return {group: encode_parts(named) for group, named in by_group.items()}
         return OperatorSnapshot(keyed_state=sections)
 
-    def keyed_rows(self, batch: pa.RecordBatch):
-        """(key, row) per row, with the backend's current key set to it."""
-        keys, groups = self.keys.keys_and_groups(batch, self.ctx.max_parallelism)
+    def keyed_rows(self, batch: pa.RecordBatch, keys: KeySelector | None = None):
+        """(key, row) per row, with the backend's current key set to it (``keys``: the
+        selector of this input when it is not the operator's, as in a two-input operator)."""
+        keys, groups = (keys or self.keys).keys_and_groups(batch, self.ctx.max_parallelism)
         backend = self.backend
         for key, group, row in zip(keys, groups.tolist(), batch.to_pylist()):
             backend.set_current_key(key, group)
@@ -272,7 +273,7 @@ class KeyedProcessOperator(_KeyedOperator):
         emit_rows(self, rows, self.schema)
         side, self.keyed_ctx.side_rows = self.keyed_ctx.side_rows, {}
         for tag, tagged in side.items():
-            self.output.emit_side(tag, rows_to_batch(
+            self.emit_side(tag, rows_to_batch(
                 tagged, schema=None, where=f"side output {tag!r} of operator '{self.name}'"))
 
     def process_watermark(self, watermark: int) -> None:
