@@ -361,16 +361,16 @@ class ReduceOperator(_KeyedOperator):
         """One multi-get for the batch's distinct keys, the rows folded in order in
         Python, one write batch of the keys' last aggregates."""
         fn, state = self.fn, self.accumulated
-        keys, groups = self.keys.keys_and_groups(batch, self.ctx.max_parallelism)
-        pairs = list(zip(keys, groups.tolist()))
-        distinct = list(dict.fromkeys(pairs))
-        current = dict(zip(distinct, state.values_of(distinct)))
+        distinct = self.keys.distinct_keys(batch, self.ctx.max_parallelism)
+        keys = distinct.keys
+        pairs = list(zip(keys, distinct.groups.tolist()))
+        current = state.values_of(pairs)
         out = []
-        for pair, row in zip(pairs, batch.to_pylist()):
-            previous = current[pair]
+        for i, row in zip(distinct.inverse.tolist(), batch.to_pylist()):
+            previous = current[i]
             if previous is not None:
-                row = self._reduce(fn, previous, row, pair[0])
-            current[pair] = row
+                row = self._reduce(fn, previous, row, keys[i])
+            current[i] = row
             out.append(row)
-        state.update_all(current.items())
+        state.update_all(zip(pairs, current))
         emit_rows(self, out, self.schema)
