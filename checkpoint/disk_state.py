@@ -315,7 +315,13 @@ class DiskValueState(_DiskState):
     def values_of(self, keys_and_groups: Iterable[tuple[Any, int]]) -> list[Any]:
         """The values of many keys (None where unset), with one multi-get."""
         b = self._b
-        raws = b._multi_get([b._entry_key(self._sid, k, g) for k, g in keys_and_groups])
+        pairs = list(keys_and_groups)
+        groups = b.key_groups
+        for k, g in pairs:
+            if g not in groups:
+                raise ValueError(f"key {k!r} is in key group {g}, outside this backend's key "
+                                 f"groups {groups.start}..{groups.stop - 1}")
+        raws = b._multi_get([b._entry_key(self._sid, k, g) for k, g in pairs])
         return [None if raw is None else _unpack(raw) for raw in raws]
 
     def update_all(self, items: Iterable[tuple[tuple[Any, int], Any]]) -> None:
