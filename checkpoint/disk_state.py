@@ -58,6 +58,8 @@ key-group hash version, ``uint32`` max_parallelism, ``uint32`` key group; a
 ``uint32`` length and a MessagePack directory ``[[state id, name, kind], ...]``;
 then entries ``state id (uint16) | len (uint32) | key suffix | len (uint32) |
 value``, the suffix and value exactly as stored (no re-serialization).
+Either backend restores the other's sections, so a job switches backends by
+restoring a savepoint with the other ``state_backend``.
 
     >>> backend = DiskKeyedStateBackend(max_parallelism=128, key_groups=range(128))
     >>> count = backend.value_state("count", default=0)
@@ -95,9 +97,10 @@ import numpy as np
 from raystream.checkpoint.keygroups import HASH_VERSION, check_key_group_range, key_group_of
 
 __all__ = ["DiskKeyedStateBackend", "DiskStateOptions", "DiskStateSnapshot", "FORMAT_VERSION",
-           "MAGIC"]
+           "MAGIC", "parse_section", "section_entries"]
 
 MAGIC = b"RSKD"  # first bytes of every disk keyed-state section
+HEAP_MAGIC = b"RSKS"  # the heap backend's (restored too: a job may switch backends)
 FORMAT_VERSION = 1
 _HEADER = struct.Struct(">4sHHII")  # magic, format version, hash version, max_parallelism, key group
 _U16 = struct.Struct(">H")
@@ -534,6 +537,59 @@ class DiskStateSnapshot:
         return out
 
 
+def parse_section(kg: int, data: bytes | memoryview, max_parallelism: int
+                  ) -> tuple[dict[bytes, tuple[str, str]], list[tuple[bytes, bytes, bytes]]]:
+    """Check a disk section's header and split it: ``{state id: (name, kind)}`` and
+    ``[(state id, key suffix, value), ...]``, all still serialized."""
+    view = memoryview(data)
+    if len(view) < _HEADER.size + 4:
+        raise ValueError(f"key group {kg}: disk state section too short ({len(view)} bytes)")
+    magic, fmt, hash_version, max_par, section_kg = _HEADER.unpack_from(view)
+    if magic != MAGIC:
+        raise ValueError(f"key group {kg}: not a keyed-state section (magic {magic!r})")
+    if fmt != FORMAT_VERSION:
+        raise ValueError(f"key group {kg}: unsupported disk keyed-state format {fmt}")
+    if hash_version != HASH_VERSION:
+        raise ValueError(f"key group {kg}: written with key-group hash version "
+                         f"{hash_version}, this build uses {HASH_VERSION}")
+    if max_par != max_parallelism:
+        raise ValueError(f"key group {kg}: written with max_parallelism {max_par}, "
+                         f"restoring with {max_parallelism}")
+    if section_kg != kg:
+        raise ValueError(f"section handed over as key group {kg} holds key group {section_kg}")
+    data = bytes(view)
+    pos = _HEADER.size
+    (n,) = _U32.unpack_from(data, pos)
+    pos += 4
+    directory = {_U16.pack(sid): (name, kind) for sid, name, kind in _unpack(data[pos:pos + n])}
+    pos += n
+    entries = []
+    end = len(data)
+    while pos < end:
+        sid = data[pos:pos + 2]
+        (n,) = _U32.unpack_from(data, pos + 2)
+        pos += 6
+        suffix = data[pos:pos + n]
+        pos += n
+        (n,) = _U32.unpack_from(data, pos)
+        pos += 4
+        entries.append((sid, suffix, data[pos:pos + n]))
+        pos += n
+    return directory, entries
+
+
+def section_entries(kg: int, data: bytes | memoryview, max_parallelism: int
+                    ) -> Iterator[tuple[str, str, Any, Any, Any]]:
+    """``(state name, kind, key, namespace, value)`` of every entry of a disk section,
+    deserialized (how the heap backend restores a disk backend's savepoint)."""
+    directory, entries = parse_section(kg, data, max_parallelism)
+    for sid, suffix, value in entries:
+        name, kind = directory[sid]
+        (n,) = _U32.unpack_from(suffix, 0)
+        ns = suffix[4 + n:]
+        yield name, kind, _unpack(suffix[4:4 + n]), (_unpack(ns) if ns else None), _unpack(value)
+
+
 # ---------------------------------------------------------------------------
 # The backend
 # ---------------------------------------------------------------------------
@@ -584,8 +640,9 @@ class DiskKeyedStateBackend:
 
     @staticmethod
     def owns_section(section: bytes) -> bool:
-        """Is ``section`` a keyed-state section of this backend (by its magic bytes)?"""
-        return bytes(section[:len(MAGIC)]) == MAGIC
+        """Is ``section`` a keyed-state section (this backend's or the heap's, which it
+        restores too), by its magic bytes?"""
+        return bytes(section[:len(MAGIC)]) in (MAGIC, HEAP_MAGIC)
 
     def close(self) -> None:
         """Close the database and remove its directory (idempotent)."""
@@ -720,46 +777,34 @@ class DiskKeyedStateBackend:
                 self._restore_section(kg, memoryview(data))
 
     def _restore_section(self, kg: int, view: memoryview) -> None:
-        if len(view) < _HEADER.size + 4:
-            raise ValueError(f"key group {kg}: disk state section too short ({len(view)} bytes)")
-        magic, fmt, hash_version, max_par, section_kg = _HEADER.unpack_from(view)
-        if magic != MAGIC:
-            raise ValueError(f"key group {kg}: not a disk keyed-state section (magic {magic!r}); "
-                             f"a job restores with the state backend it was checkpointed with")
-        if fmt != FORMAT_VERSION:
-            raise ValueError(f"key group {kg}: unsupported disk keyed-state format {fmt}")
-        if hash_version != HASH_VERSION:
-            raise ValueError(f"key group {kg}: written with key-group hash version "
-                             f"{hash_version}, this build uses {HASH_VERSION}")
-        if max_par != self.max_parallelism:
-            raise ValueError(f"key group {kg}: written with max_parallelism {max_par}, "
-                             f"restoring with {self.max_parallelism}")
-        if section_kg != kg:
-            raise ValueError(f"section handed over as key group {kg} holds key group {section_kg}")
         if kg in self._restored:
             raise ValueError(f"key group {kg} restored twice")
-        pos = _HEADER.size
-        (n,) = _U32.unpack_from(view, pos)
-        pos += 4
-        directory = _unpack(bytes(view[pos:pos + n]))
-        pos += n
-        sids = {_U16.pack(old): self._sid(name, kind) for old, name, kind in directory}
-        kgb = _U16.pack(kg)
-        data = bytes(view)
-        pairs = []
-        end = len(data)
-        while pos < end:
-            sid = sids[data[pos:pos + 2]]
-            (n,) = _U32.unpack_from(data, pos + 2)
-            pos += 6
-            suffix = data[pos:pos + n]
-            pos += n
-            (n,) = _U32.unpack_from(data, pos)
-            pos += 4
-            pairs.append((kgb + sid + suffix, data[pos:pos + n]))
-            pos += n
-        self._write(pairs)
+        if bytes(view[:len(HEAP_MAGIC)]) == HEAP_MAGIC:
+            self._restore_heap_section(kg, view)
+        else:
+            directory, entries = parse_section(kg, view, self.max_parallelism)
+            sids = {sid: self._sid(name, kind) for sid, (name, kind) in directory.items()}
+            kgb = _U16.pack(kg)
+            self._write([(kgb + sids[sid] + suffix, value) for sid, suffix, value in entries])
         self._restored.add(kg)
+
+    def _restore_heap_section(self, kg: int, view: memoryview) -> None:
+        """A section the heap backend wrote (a job switching backends through a savepoint)."""
+        from raystream.checkpoint.state import HeapKeyedStateBackend, _Namespaced
+
+        heap = HeapKeyedStateBackend(max_parallelism=self.max_parallelism,
+                                     key_groups=range(kg, kg + 1))
+        heap.restore([(kg, view)])
+        kgb = _U16.pack(kg)
+        pairs = []
+        for name, table in heap._tables.items():
+            sid = self._sid(name, table.kind)
+            for kk, value in table.kgs[0].m.items():
+                key, ns = (kk.key, kk.namespace) if type(kk) is _Namespaced else (kk, None)
+                kb = encode_key(key)
+                pairs.append((kgb + sid + _U32.pack(len(kb)) + kb
+                              + (b"" if ns is None else _pack(ns)), _pack(value)))
+        self._write(pairs)
 
     def __repr__(self) -> str:
         return (f"DiskKeyedStateBackend(max_parallelism={self.max_parallelism}, "

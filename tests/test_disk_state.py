@@ -178,12 +178,42 @@ def test_namespaces_merging_and_clear(backends):
         b.value_state("acc")
 
 
-def test_a_heap_section_is_refused_with_the_cause(backends):
-    heap = create_keyed_state_backend("heap", max_parallelism=MAXP, key_groups=range(MAXP))
-    heap.set_current_key("a")
-    heap.value_state("x").update(1)
-    with pytest.raises(ValueError, match="not a disk keyed-state section"):
-        backends().restore(heap.snapshot()())
+def test_either_backend_restores_the_others_sections(backends):
+    rows = random_rows(2000)
+    disk = backends()
+    fill(disk, rows)
+    acc = disk.reducing_state("acc", lambda x, y: x + y)
+    disk.set_current_key("w")
+    for ns in (None, 1, (2, "x")):
+        disk.set_namespace(ns)
+        acc.add(10)
+    disk.set_namespace(None)
+    expected = read_all(disk)
+    disk_sections = disk.snapshot()()
+    heaps = []
+    for subtask in range(2):  # disk -> heap, at another parallelism
+        heap = create_keyed_state_backend("heap", max_parallelism=MAXP,
+                                          key_groups=key_group_range(subtask, 2, MAXP))
+        heap.restore(disk_sections.items())
+        heaps.append(heap)
+    got = {}
+    for heap in heaps:
+        for name, handle in {"sum": heap.value_state("sum"), "seen": heap.list_state("seen"),
+                             "per_sub": heap.map_state("per_sub")}.items():
+            for key in list(heap.keys(name)):
+                heap.set_current_key(key)
+                got[(name, key)] = (handle.value() if name == "sum" else handle.get()
+                                    if name == "seen" else dict(handle.items()))
+    assert got == expected
+    back = backends()  # heap -> disk
+    for heap in heaps:
+        back.restore(heap.snapshot()().items())
+    assert read_all(back) == expected
+    back_acc = back.reducing_state("acc", lambda x, y: x + y)
+    back.set_current_key("w")
+    for ns in (None, 1, (2, "x")):
+        back.set_namespace(ns)
+        assert back_acc.get() == 10
 
 
 def test_options_and_config_select_the_backend(backends):
