@@ -11,7 +11,7 @@ Why rocksdict
 that bundle RocksDB itself: no system library, no compiler on the workers, the
 same engine on every machine. It exposes what this backend needs and nothing
 in Python per entry: raw-bytes mode, point and multi gets, write batches,
-RocksDB snapshots with bounded range iterators, block cache and write-buffer
+point-in-time range iterators with bounds, block cache and write-buffer
 sizing.
 
 Layout
@@ -47,8 +47,9 @@ written back (``update``, ``put``, ``add``).
 Snapshots
 ---------
 :meth:`DiskKeyedStateBackend.snapshot` is the synchronous part of a checkpoint:
-it takes a RocksDB snapshot (O(1), no copying) and returns the asynchronous part,
-a callable that range-scans that snapshot one key group at a time on the
+it creates a RocksDB iterator over the backend's key range (O(1), no copying; a
+RocksDB iterator reads the database as of its creation, like a snapshot) and
+returns the asynchronous part, a callable that runs that iterator on the
 checkpointing thread while processing goes on, giving one section per non-empty
 key group. Snapshots are full (every checkpoint writes all state); incremental
 checkpoints (shipping only new SST files) are a later step.
@@ -66,7 +67,7 @@ restoring a savepoint with the other ``state_backend``.
     >>> for user in ["alice", "bob", "alice"]:
     ...     backend.set_current_key(user)
     ...     count.update(count.value() + 1)
-    >>> write = backend.snapshot()        # synchronous part: a RocksDB snapshot
+    >>> write = backend.snapshot()        # synchronous part: a point-in-time iterator
     >>> count.update(100)                 # processing goes on ("alice" is current)
     >>> sections = write()                # asynchronous part (normally on another thread)
     >>> other = DiskKeyedStateBackend(max_parallelism=128, key_groups=range(64))
@@ -241,9 +242,20 @@ def _open_db(path: str, options: DiskStateOptions):
     db = rocksdict.Rdict(path, opts)
     # State is recovered from checkpoints, never from the local database: no WAL.
     write = rocksdict.WriteOptions()
-    write.disable_wal(True)
+    write.disable_wal = True
     db.set_write_options(write)
     return db
+
+
+def _read_options():
+    """Read options for a raw-mode database (0.3.29 takes no ``raw_mode`` argument:
+    its iterator bounds are raw bytes; newer releases may ask for it)."""
+    import rocksdict
+
+    try:
+        return rocksdict.ReadOptions(raw_mode=True)
+    except TypeError:
+        return rocksdict.ReadOptions()
 
 
 def _dispose(db: Any, path: str) -> None:
@@ -488,52 +500,65 @@ class DiskAggregatingState(_DiskMergingState):
 class DiskStateSnapshot:
     """The asynchronous part of a disk keyed-state snapshot: call it once, on any
     thread, for ``{key_group: section}`` as of :meth:`DiskKeyedStateBackend.snapshot`.
-    :meth:`release` gives up the RocksDB snapshot without running."""
 
-    def __init__(self, backend: "DiskKeyedStateBackend", rocks_snapshot: Any,
-                 directory: list[list]) -> None:
-        self._snap = rocks_snapshot
+    It holds a RocksDB iterator over the backend's key range, created in the
+    synchronous part: a RocksDB iterator reads the database as of its creation
+    (it pins that sequence number, memtables and SST files), so the scan here
+    sees none of the writes processing makes meanwhile. (rocksdict 0.3.29's
+    ``Snapshot`` objects apply the snapshot to point gets only, not to their
+    iterators, so they are not used.) :meth:`release` drops the iterator
+    without running."""
+
+    def __init__(self, backend: "DiskKeyedStateBackend", entries: Iterator[tuple[bytes, bytes]],
+                 read_options: Any, directory: list[list]) -> None:
+        self._entries: Iterator[tuple[bytes, bytes]] | None = entries
+        self._read_options = read_options  # must outlive the iterator (its bounds)
         self._directory = directory
-        self._key_groups = backend.key_groups
         self._max_parallelism = backend.max_parallelism
         self._lock = threading.Lock()
 
     @property
     def released(self) -> bool:
-        return self._snap is None
+        return self._entries is None
 
     def release(self) -> None:
         with self._lock:
-            self._snap = None
+            self._entries = None
 
     def __call__(self) -> dict[int, bytes]:
         with self._lock:
-            snap, self._snap = self._snap, None
-        if snap is None:
+            entries, self._entries = self._entries, None
+        if entries is None:
             raise RuntimeError("disk state snapshot was already run or released")
-        import rocksdict
-
         directory = _pack(self._directory)
         out: dict[int, bytes] = {}
+        parts: list[bytes] = []
+        current = None  # key group prefix of ``parts``
+
+        def close_section() -> None:
+            kg = _U16.unpack(current)[0]
+            out[kg] = b"".join([
+                _HEADER.pack(MAGIC, FORMAT_VERSION, HASH_VERSION, self._max_parallelism, kg),
+                _U32.pack(len(directory)), directory, *parts])
+
         try:
-            for kg in self._key_groups:
-                lo, hi = _U16.pack(kg), _U16.pack(kg + 1)
-                read = rocksdict.ReadOptions(raw_mode=True)
-                read.set_iterate_upper_bound(hi)
-                parts: list[bytes] = []
-                append = parts.append
-                for k, v in snap.items(from_key=lo, read_opt=read):
-                    append(k[2:4])
-                    append(_U32.pack(len(k) - 4))
-                    append(k[4:])
-                    append(_U32.pack(len(v)))
-                    append(v)
-                if parts:
-                    out[kg] = b"".join([
-                        _HEADER.pack(MAGIC, FORMAT_VERSION, HASH_VERSION, self._max_parallelism, kg),
-                        _U32.pack(len(directory)), directory, *parts])
+            append = parts.append
+            for k, v in entries:  # in key order: key group by key group
+                group = k[:2]
+                if group != current:
+                    if parts:
+                        close_section()
+                        parts.clear()
+                    current = group
+                append(k[2:4])
+                append(_U32.pack(len(k) - 4))
+                append(k[4:])
+                append(_U32.pack(len(v)))
+                append(v)
+            if parts:
+                close_section()
         finally:
-            del snap  # releases the RocksDB snapshot (its pinned versions)
+            del entries  # releases the iterator and what it pinned
         return out
 
 
@@ -739,33 +764,42 @@ class DiskKeyedStateBackend:
 
     def keys(self, name: str) -> Iterator[Any]:
         """Keys with state under ``name`` in any namespace, each once, by key group,
-        read from a RocksDB snapshot (state may change while iterating)."""
+        as of the call (state may change, and the current key move, while iterating)."""
         entry = self._states.get(name)
         if entry is None:
             return iter(())
-        return self._iter_keys(entry[0], self._db.snapshot())
+        read = self._bounded()
+        return self._iter_keys(entry[0], self._db.keys(from_key=_U16.pack(self.key_groups.start),
+                                                       read_opt=read), read)
 
-    def _iter_keys(self, sid: bytes, snap: Any) -> Iterator[Any]:
-        import rocksdict
+    def _bounded(self):
+        """Read options bounded to this backend's key groups. Keep them referenced as
+        long as an iterator made with them (rocksdict 0.3.29 does not, and an
+        iterator whose options were freed loses its bound)."""
+        read = _read_options()
+        read.set_iterate_upper_bound(_U16.pack(self.key_groups.stop))
+        return read
 
-        for kg in self.key_groups:
-            prefix = _U16.pack(kg) + sid
-            read = rocksdict.ReadOptions(raw_mode=True)
-            read.set_iterate_upper_bound(_U16.pack(kg) + _U16.pack(_U16.unpack(sid)[0] + 1)
-                                         if sid != b"\xff\xff" else _U16.pack(kg + 1))
-            last = None
-            for k in snap.keys(from_key=prefix, read_opt=read):
-                (n,) = _U32.unpack_from(k, 4)
-                kb = k[8:8 + n]
-                if kb != last:
-                    last = kb
-                    yield _unpack(kb)
+    @staticmethod
+    def _iter_keys(sid: bytes, keys: Iterator[bytes], _read: Any) -> Iterator[Any]:
+        last = None
+        for k in keys:
+            if k[2:4] != sid:
+                continue
+            (n,) = _U32.unpack_from(k, 4)
+            kb = k[:2] + k[8:8 + n]  # namespaces of one key are adjacent within its group
+            if kb != last:
+                last = kb
+                yield _unpack(kb[2:])
 
     # -- snapshot and restore ---------------------------------------------------
     def snapshot(self) -> DiskStateSnapshot:
-        """Synchronous part: a RocksDB snapshot; returns the asynchronous part."""
+        """Synchronous part: a RocksDB iterator over this backend's key groups (a
+        point-in-time view, no copying); returns the asynchronous part."""
         directory = [[_U16.unpack(sid)[0], name, kind] for name, (sid, kind) in self._states.items()]
-        return DiskStateSnapshot(self, self._db.snapshot(), directory)
+        read = self._bounded()
+        entries = self._db.items(from_key=_U16.pack(self.key_groups.start), read_opt=read)
+        return DiskStateSnapshot(self, entries, read, directory)
 
     def restore(self, sections: Iterable[tuple[int, bytes]] | Mapping[int, bytes]) -> None:
         """Load snapshot sections, keeping only key groups in ``self.key_groups``
