@@ -22,7 +22,7 @@ import pytest
 
 import raystream as rs
 from raystream.checkpoint.disk_state import (DiskKeyedStateBackend, DiskStateOptions,
-                                             encode_key)
+                                             DiskValueState, encode_key)
 from raystream.checkpoint.keygroups import key_group_of, key_group_range
 from raystream.checkpoint.state_backend import (StateBackend, create_keyed_state_backend,
                                                 is_disk)
@@ -294,6 +294,7 @@ def disk_env(storage: str, parallelism: int = 2, failpoints=()) -> rs.StreamEnvi
 class RunningSum(rs.KeyedProcessFunction):
     def open(self, ctx):
         self.acc = ctx.value_state("acc")
+        assert isinstance(self.acc, DiskValueState), "the job must run on the disk backend"
 
     def process_element(self, row, ctx):
         acc = self.acc.value()
