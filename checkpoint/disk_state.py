@@ -107,6 +107,7 @@ _HEADER = struct.Struct(">4sHHII")  # magic, format version, hash version, max_p
 _U16 = struct.Struct(">H")
 _PREFIX = struct.Struct(">HH")  # key group, state id
 _U32 = struct.Struct(">I")
+_PREFIX_LEN = struct.Struct(">HHI")  # key group, state id, key length
 _MAX_KEY_GROUPS = 1 << 15  # key group + 1 must fit the uint16 prefix (upper scan bound)
 
 _VALUE, _LIST, _MAP, _REDUCING, _AGGREGATING = "value", "list", "map", "reducing", "aggregating"
@@ -120,8 +121,9 @@ _EXT_PICKLE = 2
 # ---------------------------------------------------------------------------
 
 def _default(obj: Any) -> msgpack.ExtType:
-    if type(obj) is tuple:
-        return msgpack.ExtType(_EXT_TUPLE, _pack(list(obj)))
+    if type(obj) is tuple:  # a fresh packer: this runs inside the thread's packer
+        return msgpack.ExtType(_EXT_TUPLE, msgpack.packb(
+            list(obj), default=_default, strict_types=True, use_bin_type=True))
     return msgpack.ExtType(_EXT_PICKLE, pickle.dumps(obj, protocol=5))
 
 
@@ -133,9 +135,17 @@ def _ext_hook(code: int, data: bytes) -> Any:
     return msgpack.ExtType(code, data)
 
 
+_local = threading.local()  # one reusable packer per thread (msgpack.packb builds one per call)
+
+
 def _pack(obj: Any) -> bytes:
-    # strict_types: subclasses (IntEnum, OrderedDict, np.float64) are opaque and keep their type
-    return msgpack.packb(obj, default=_default, strict_types=True, use_bin_type=True)
+    try:
+        packer = _local.packer
+    except AttributeError:
+        # strict_types: subclasses (IntEnum, OrderedDict, np.float64) are opaque, keep their type
+        packer = _local.packer = msgpack.Packer(default=_default, strict_types=True,
+                                                use_bin_type=True)
+    return packer.pack(obj)
 
 
 def _unpack(data: bytes) -> Any:
@@ -156,6 +166,9 @@ def encode_key(key: Any) -> bytes:
     >>> encode_key(7) == encode_key(np.int64(7))
     True
     """
+    t = type(key)
+    if t is int or t is str or t is bytes or t is float:  # the common keys: nothing to convert
+        return _pack(key)
     return _pack(_canonical_key(key))
 
 
@@ -513,7 +526,7 @@ class DiskStateSnapshot:
                  read_options: Any, directory: list[list]) -> None:
         self._entries: Iterator[tuple[bytes, bytes]] | None = entries
         self._read_options = read_options  # must outlive the iterator (its bounds)
-        self._directory = directory
+        self._directory = _pack(directory)  # packed here, on the processing thread
         self._max_parallelism = backend.max_parallelism
         self._lock = threading.Lock()
 
@@ -530,7 +543,7 @@ class DiskStateSnapshot:
             entries, self._entries = self._entries, None
         if entries is None:
             raise RuntimeError("disk state snapshot was already run or released")
-        directory = _pack(self._directory)
+        directory = self._directory
         out: dict[int, bytes] = {}
         parts: list[bytes] = []
         current = None  # key group prefix of ``parts``
@@ -695,8 +708,9 @@ class DiskKeyedStateBackend:
 
     def _entry_key(self, sid: bytes, key: Any, key_group: int, namespace: Any = None) -> bytes:
         kb = encode_key(key)
-        ns = b"" if namespace is None else _pack(namespace)
-        return _U16.pack(key_group) + sid + _U32.pack(len(kb)) + kb + ns
+        if namespace is None:
+            return _PREFIX_LEN.pack(key_group, _U16.unpack(sid)[0], len(kb)) + kb
+        return _PREFIX_LEN.pack(key_group, _U16.unpack(sid)[0], len(kb)) + kb + _pack(namespace)
 
     # -- current key and namespace ----------------------------------------
     def set_current_key(self, key: Any, key_group: int | None = None) -> None:

@@ -351,7 +351,7 @@ class ReduceOperator(_KeyedOperator):
     def _reduce(self, fn: Callable[[dict, dict], dict], previous: dict, row: dict,
                 key: Any) -> dict:
         row = _call(fn, previous, row)
-        if not isinstance(row, Mapping):
+        if type(row) is not dict and not isinstance(row, Mapping):  # typing.Mapping is slow
             raise BadRecordError(f"reduce '{self.name}' must return a dict, got "
                                  f"{type(row).__name__} for key {key!r}: "
                                  f"{describe_record(row)}")
