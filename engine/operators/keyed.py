@@ -178,8 +178,8 @@ class _KeyedOperator(Operator):
         if is_disk(ctx.state_backend) and not self.supports_disk_state:
             raise ValueError(
                 f"operator '{self.name}' ({type(self).__name__}) cannot keep its state in the "
-                f"disk state backend yet: it supports keyed process functions and keyed reduce; "
-                f"run this job with CheckpointConfig(state_backend='heap')")
+                f"disk state backend yet (that backend serves keyed process functions and keyed "
+                f"reduce only); run this job with CheckpointConfig(state_backend='heap')")
         self.backend = create_keyed_state_backend(ctx.state_backend,
                                                   max_parallelism=ctx.max_parallelism,
                                                   key_groups=groups)
