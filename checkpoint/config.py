@@ -11,7 +11,9 @@
     >>> rs.CheckpointConfig(state_backend="rocks")
     Traceback (most recent call last):
     ...
-    ValueError: unknown state backend 'rocks': choose one of 'heap'
+    ValueError: unknown state backend 'rocks': choose one of 'heap', 'disk'
+    >>> rs.CheckpointConfig(state_backend="disk").state_backend
+    <StateBackend.DISK: 'disk'>
     >>> rs.RestartStrategy.fixed_delay(attempts=3, delay_s=0.5).delay_before(2)
     0.5
     >>> rs.RestartStrategy.exponential_backoff(attempts=5, initial_s=0.1, max_s=1.0).delay_before(4)
@@ -24,7 +26,8 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
-from raystream.checkpoint.state_backend import state_backend_kind
+from raystream.checkpoint.disk_state import DiskStateOptions
+from raystream.checkpoint.state_backend import normalize_state_backend
 
 
 def _default_storage() -> str:
@@ -61,7 +64,11 @@ class CheckpointConfig:
             at once.
         mode: ``"aligned"`` or ``"unaligned"``, another way to say ``unaligned``.
         state_backend: where keyed operators keep their state: ``"heap"`` (Python
-            objects in the subtask's memory, the default).
+            objects in the subtask's memory, the default) or ``"disk"`` (an
+            embedded RocksDB per operator instance, for state larger than
+            memory; keyed process functions and keyed reduce, not windows yet);
+            ``DiskStateOptions(memory_mb=..., local_dir=...)`` selects the disk
+            backend with its memory budget per subtask (default 64 MB).
     """
 
     interval_s: float = 1.0
@@ -74,7 +81,7 @@ class CheckpointConfig:
     unaligned: bool = False
     aligned_timeout: float | None = None
     mode: str | None = None
-    state_backend: str = "heap"
+    state_backend: str | DiskStateOptions = "heap"
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.timeout_s <= 0:
@@ -87,7 +94,7 @@ class CheckpointConfig:
             if self.mode == "aligned" and self.unaligned:
                 raise ValueError("mode='aligned' contradicts unaligned=True")
             object.__setattr__(self, "unaligned", self.mode == "unaligned")
-        object.__setattr__(self, "state_backend", state_backend_kind(self.state_backend))
+        object.__setattr__(self, "state_backend", normalize_state_backend(self.state_backend))
         if self.aligned_timeout is not None and self.aligned_timeout < 0:
             raise ValueError(f"aligned_timeout must be >= 0 seconds, got {self.aligned_timeout}")
         if self.alignment != "aligned" and self.max_concurrent != 1:

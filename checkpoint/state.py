@@ -73,7 +73,10 @@ max_parallelism and ``uint32`` key group; then consecutive pickles (protocol
 state's ``{entry key: value}`` in chunks of at most
 :data:`CHUNK_ENTRIES` entries (each pickled in one C call holding the GIL, so
 chunks bound how long the serializer can stall the processing thread,
-however large a key group). Restore checks all four header fields. The bytes
+however large a key group). Restore checks all four header fields, and also
+takes the disk backend's sections (``b"RSKD"``, see
+:mod:`raystream.checkpoint.disk_state`), so a job may switch backends through a
+savepoint. The bytes
 are only ever read back by the same job's restore.
 """
 
@@ -97,6 +100,8 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 
+from raystream.checkpoint.disk_state import MAGIC as DISK_MAGIC
+from raystream.checkpoint.disk_state import section_entries
 from raystream.checkpoint.keygroups import HASH_VERSION, check_key_group_range, key_group_of
 
 __all__ = [
@@ -696,8 +701,9 @@ class HeapKeyedStateBackend:
 
     @staticmethod
     def owns_section(section: bytes) -> bool:
-        """Is ``section`` a keyed-state section of this backend (by its magic bytes)?"""
-        return bytes(section[:len(MAGIC)]) == MAGIC
+        """Is ``section`` a keyed-state section (this backend's or the disk backend's,
+        which it restores too), by its magic bytes?"""
+        return bytes(section[:len(MAGIC)]) in (MAGIC, DISK_MAGIC)
 
     # -- current key and namespace ----------------------------------------
     def set_current_key(self, key: Any, key_group: int | None = None) -> None:
@@ -818,6 +824,9 @@ class HeapKeyedStateBackend:
             if len(view) < _HEADER.size:
                 raise ValueError(f"key group {kg}: section too short ({len(view)} bytes)")
             magic, fmt, hash_version, max_par, section_kg = _HEADER.unpack_from(view)
+            if magic == DISK_MAGIC:  # the disk backend's: a job switching backends
+                self._restore_disk_section(kg, view)
+                continue
             if magic != MAGIC:
                 raise ValueError(f"key group {kg}: not a keyed-state section")
             if fmt != FORMAT_VERSION:
@@ -852,6 +861,14 @@ class HeapKeyedStateBackend:
                     kgm.floor = _NEVER
                     kgm.fresh = set()
             self._restored.add(kg)
+
+    def _restore_disk_section(self, kg: int, view: memoryview) -> None:
+        if kg in self._restored:
+            raise ValueError(f"key group {kg} restored twice")
+        i = kg - self._kg_start
+        for name, kind, key, namespace, value in section_entries(kg, view, self.max_parallelism):
+            self._table(name, kind).kgs[i].put(_entry_key(key, namespace), value)
+        self._restored.add(kg)
 
     def __repr__(self) -> str:
         return (f"HeapKeyedStateBackend(max_parallelism={self.max_parallelism}, "

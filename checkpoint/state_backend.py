@@ -4,8 +4,11 @@ A keyed operator never builds its state backend itself: it asks
 :func:`create_keyed_state_backend` for the kind its job chose
 (``CheckpointConfig(state_backend=...)``), and talks to it only through the
 :class:`KeyedStateBackend` protocol. The heap backend (``"heap"``, Flink's
-``HashMapStateBackend``) is the first kind; a disk-backed one plugs in here
-without changing any operator.
+``HashMapStateBackend``) is the default; the disk backend (``"disk"``, an
+embedded RocksDB per operator instance, Flink's ``EmbeddedRocksDBStateBackend``,
+see :mod:`raystream.checkpoint.disk_state`) plugs in here without changing any
+operator. ``DiskStateOptions(memory_mb=..., local_dir=...)`` selects the disk
+backend with settings.
 
 A backend snapshots per key group: ``snapshot()`` is the synchronous part of a
 checkpoint and returns a callable (the asynchronous part) giving one section
@@ -28,6 +31,7 @@ from __future__ import annotations
 import enum
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend, DiskStateOptions
 from raystream.checkpoint.state import (AggregateFunction, AggregatingState,
                                         HeapKeyedStateBackend, ListState, MapState,
                                         ReducingState, ValueState)
@@ -37,6 +41,7 @@ class StateBackend(enum.StrEnum):
     """Where keyed state lives."""
 
     HEAP = "heap"  # Python objects in the subtask's memory, copy-on-write snapshots
+    DISK = "disk"  # an embedded RocksDB per operator instance, RocksDB-snapshot checkpoints
 
 
 class KeyedStateBackend(Protocol):
@@ -82,18 +87,43 @@ class KeyedStateBackend(Protocol):
 
 _BACKENDS: dict[StateBackend, Callable[..., KeyedStateBackend]] = {
     StateBackend.HEAP: HeapKeyedStateBackend,
+    StateBackend.DISK: DiskKeyedStateBackend,
 }
 
+StateBackendChoice = StateBackend | str | DiskStateOptions
 
-def create_keyed_state_backend(kind: StateBackend | str, *, max_parallelism: int,
+
+def create_keyed_state_backend(kind: StateBackendChoice, *, max_parallelism: int,
                                key_groups: range) -> KeyedStateBackend:
     """A new, empty backend of ``kind`` for ``key_groups``."""
+    if isinstance(kind, DiskStateOptions):
+        return DiskKeyedStateBackend(max_parallelism=max_parallelism, key_groups=key_groups,
+                                     options=kind)
     return _BACKENDS[state_backend_kind(kind)](max_parallelism=max_parallelism,
                                                key_groups=key_groups)
 
 
-def state_backend_kind(kind: StateBackend | str) -> StateBackend:
+def normalize_state_backend(choice: StateBackendChoice) -> StateBackend | DiskStateOptions:
+    """A :class:`StateBackend`, or the :class:`DiskStateOptions` given (kept whole: it
+    travels with the job's checkpoint settings to every subtask)."""
+    if isinstance(choice, DiskStateOptions):
+        return choice
+    return state_backend_kind(choice)
+
+
+def is_disk(choice: StateBackendChoice) -> bool:
+    """Does ``choice`` select the disk backend?
+
+    >>> is_disk("disk"), is_disk(DiskStateOptions(memory_mb=32)), is_disk(StateBackend.HEAP)
+    (True, True, False)
+    """
+    return isinstance(choice, DiskStateOptions) or state_backend_kind(choice) is StateBackend.DISK
+
+
+def state_backend_kind(kind: StateBackendChoice) -> StateBackend:
     """``kind`` as a :class:`StateBackend`; a clear error naming the choices otherwise."""
+    if isinstance(kind, DiskStateOptions):
+        return StateBackend.DISK
     try:
         return StateBackend(kind)
     except ValueError:

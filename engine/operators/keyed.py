@@ -31,7 +31,7 @@ from raystream.actors.messages import MIN_WATERMARK
 from raystream.checkpoint.keygroups import key_group_range
 from raystream.checkpoint.sections import decode_parts, encode_parts
 from raystream.checkpoint.state import AggregateFunction
-from raystream.checkpoint.state_backend import create_keyed_state_backend
+from raystream.checkpoint.state_backend import create_keyed_state_backend, is_disk
 from raystream.engine.errors import BadRecordError, describe_record
 from raystream.engine.keys import KeySelector
 from raystream.engine.operators.base import (Operator, OperatorSnapshot, RestoredState,
@@ -160,6 +160,10 @@ class _KeyedOperator(Operator):
     :meth:`keyed_snapshot_parts`), so restore works at any parallelism.
     """
 
+    # May this operator keep its state in the disk backend? Keyed process functions and
+    # keyed reduce may; windows (namespaced, merging state) stay on the heap for now.
+    supports_disk_state = False
+
     def __init__(self, name: str, keys: KeySelector) -> None:
         super().__init__(name)
         self.keys = keys
@@ -171,6 +175,11 @@ class _KeyedOperator(Operator):
     def initialize_state(self, restored: RestoredState | None) -> None:
         ctx = self.ctx
         groups = key_group_range(ctx.subtask_index, ctx.parallelism, ctx.max_parallelism)
+        if is_disk(ctx.state_backend) and not self.supports_disk_state:
+            raise ValueError(
+                f"operator '{self.name}' ({type(self).__name__}) cannot keep its state in the "
+                f"disk state backend yet (that backend serves keyed process functions and keyed "
+                f"reduce only); run this job with CheckpointConfig(state_backend='heap')")
         self.backend = create_keyed_state_backend(ctx.state_backend,
                                                   max_parallelism=ctx.max_parallelism,
                                                   key_groups=groups)
@@ -246,6 +255,8 @@ class _KeyedOperator(Operator):
 
 
 class KeyedProcessOperator(_KeyedOperator):
+    supports_disk_state = True
+
     def __init__(self, name: str, fn: KeyedProcessFunction, keys: KeySelector, *,
                  schema: pa.Schema | None = None) -> None:
         super().__init__(name, keys)
@@ -310,7 +321,11 @@ class ReduceOperator(_KeyedOperator):
 
     Emits the updated aggregate for every incoming row, as Flink's
     ``KeyedStream.reduce`` does; the first row of a key is its first aggregate.
+    On the disk backend a batch reads its keys' aggregates with one multi-get and
+    writes them back with one write batch.
     """
+
+    supports_disk_state = True
 
     def __init__(self, name: str, fn: Callable[[dict, dict], dict], keys: KeySelector, *,
                  schema: pa.Schema | None = None) -> None:
@@ -322,16 +337,41 @@ class ReduceOperator(_KeyedOperator):
         self.accumulated = self.backend.value_state("reduce")
 
     def process_batch(self, batch, input_index=0):
+        if hasattr(self.accumulated, "values_of"):
+            return self._process_batch_vectorized(batch)
         fn, state = self.fn, self.accumulated
         out = []
         for key, row in self.keyed_rows(batch):
             previous = state.value()
             if previous is not None:
-                row = _call(fn, previous, row)
-                if not isinstance(row, Mapping):
-                    raise BadRecordError(f"reduce '{self.name}' must return a dict, got "
-                                         f"{type(row).__name__} for key {key!r}: "
-                                         f"{describe_record(row)}")
+                row = self._reduce(fn, previous, row, key)
             state.update(row)
             out.append(row)
+        emit_rows(self, out, self.schema)
+
+    def _reduce(self, fn: Callable[[dict, dict], dict], previous: dict, row: dict,
+                key: Any) -> dict:
+        row = _call(fn, previous, row)
+        if type(row) is not dict and not isinstance(row, Mapping):  # typing.Mapping is slow
+            raise BadRecordError(f"reduce '{self.name}' must return a dict, got "
+                                 f"{type(row).__name__} for key {key!r}: "
+                                 f"{describe_record(row)}")
+        return row
+
+    def _process_batch_vectorized(self, batch: pa.RecordBatch) -> None:
+        """One multi-get for the batch's distinct keys, the rows folded in order in
+        Python, one write batch of the keys' last aggregates."""
+        fn, state = self.fn, self.accumulated
+        distinct = self.keys.distinct_keys(batch, self.ctx.max_parallelism)
+        keys = distinct.keys
+        pairs = list(zip(keys, distinct.groups.tolist()))
+        current = state.values_of(pairs)
+        out = []
+        for i, row in zip(distinct.inverse.tolist(), batch.to_pylist()):
+            previous = current[i]
+            if previous is not None:
+                row = self._reduce(fn, previous, row, keys[i])
+            current[i] = row
+            out.append(row)
+        state.update_all(zip(pairs, current))
         emit_rows(self, out, self.schema)
