@@ -795,6 +795,11 @@ class SubtaskActor:
         self.subtask.post(Cancel())
 
     @ray.method(concurrency_group="control")
+    def running(self) -> bool:
+        """Does this actor run a subtask now (not: idle, or its subtask has ended)?"""
+        return self.subtask is not None and not self.subtask.done.is_set()
+
+    @ray.method(concurrency_group="control")
     def metrics(self) -> dict[str, float]:
         return self.subtask._metrics()
 

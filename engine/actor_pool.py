@@ -7,17 +7,17 @@ jobs of a session cluster; likewise a driver keeps up to ``max_idle`` idle
 subtask actors between its jobs:
 
 * :meth:`SubtaskActorPool.lease` (in the driver, when a job is submitted)
-  takes idle actors and starts new ones for the rest. The driver creates
-  them, so they are the driver's: they outlive each job master (an actor
-  dies with the process that created it) and end with the driver.
+  takes idle actors from the driver's :class:`_Keeper`, which starts new ones
+  for the rest. The keeper created them and holds them, so they outlive each
+  job master (an actor dies with the process that created it, or when no
+  handle to it is left) and end with the driver, which owns the keeper.
 * The job master hosts its first attempt's subtasks on them (``host``,
   as on a failover), after checking that each is alive: an actor that died
   while idle (a test's SIGKILL, a lost node) is replaced, not counted as a
   failure of the job.
-* When the job ends, its master gives the leased actors back to the
-  driver's :class:`_Keeper`, which keeps ``max_idle`` of them and kills
-  the rest. A subtask still running on one is cancelled when the actor
-  hosts its next subtask.
+* When the job ends, its master gives the actors whose subtask has ended
+  back to the keeper, which keeps ``max_idle`` of them and kills the rest;
+  the others are killed.
 
 Only subtasks with the default resources run on pooled actors; a vertex that
 asks for CPUs, memory or accelerators gets actors of its own, as before.
@@ -39,29 +39,52 @@ SUBTASK_SCHEDULING = "SPREAD"
 NAMESPACE = "raystream"
 
 
+def _new_actor() -> Any:
+    return SubtaskActor.options(namespace=NAMESPACE, scheduling_strategy=SUBTASK_SCHEDULING,
+                                **Resources().ray_options()).remote(None)
+
+
 @ray.remote(num_cpus=0, max_restarts=0)
 class _Keeper:
-    """Holds the idle actors of one driver; job masters give theirs back here."""
+    """Owns the pooled actors of one driver (it created them, so they live as long as it
+    holds them: beyond the job master that used them, and no longer than the driver) and
+    keeps the idle ones."""
 
     def __init__(self, max_idle: int) -> None:
         self.max_idle = max_idle
         self.idle: list[Any] = []
+        self.owned: dict[str, Any] = {}  # actor id -> handle, idle or leased to a job
 
-    def take(self, n: int) -> list[Any]:
+    def lease(self, n: int) -> list[Any]:
+        """``n`` actors: idle ones first, new ones for the rest."""
         taken, self.idle = self.idle[:n], self.idle[n:]
+        while len(taken) < n:
+            actor = _new_actor()
+            self.owned[actor._actor_id.hex()] = actor
+            taken.append(actor)
         return taken
 
-    def give_back(self, actors: list[Any]) -> None:
+    def give_back(self, actors: list[Any], gone: list[str]) -> None:
+        """A job ended: ``actors`` are idle again; the actors ``gone`` (ids) died or were
+        killed, and are forgotten. Beyond ``max_idle``, the oldest idle ones are killed."""
+        for actor_id in gone:
+            self.owned.pop(actor_id, None)
         self.idle.extend(actors)
         while len(self.idle) > self.max_idle:
+            actor = self.idle.pop(0)
+            self.owned.pop(actor._actor_id.hex(), None)
             try:
-                ray.kill(self.idle.pop(0))
+                ray.kill(actor)
             except Exception:  # already gone
                 pass
 
+    def sizes(self) -> tuple[int, int]:
+        """(idle, owned): for tests and diagnostics."""
+        return len(self.idle), len(self.owned)
+
 
 class SubtaskActorPool:
-    """The driver's side: lease actors for a job (idle ones first, new ones for the rest)."""
+    """The driver's side: lease actors for a job from its keeper."""
 
     def __init__(self, max_idle: int = MAX_IDLE) -> None:
         self.max_idle = max_idle
@@ -84,11 +107,7 @@ class SubtaskActorPool:
         """``n`` subtask actors with the default resources (none if pooling is off)."""
         if n <= 0 or not self.enabled():
             return []
-        actors = ray.get(self.keeper().take.remote(n))
-        actors += [SubtaskActor.options(namespace=NAMESPACE, scheduling_strategy=SUBTASK_SCHEDULING,
-                                        **Resources().ray_options()).remote(None)
-                   for _ in range(n - len(actors))]
-        return actors
+        return ray.get(self.keeper().lease.remote(n))
 
 
 POOL = SubtaskActorPool()

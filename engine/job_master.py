@@ -856,17 +856,25 @@ class JobMaster:
         its pool; every other actor of the job is killed."""
         actors = [*self.actors.values(), *self.pooled,
                   *([self.spare] if self.spare is not None else [])]
-        ended = set()
+        # a subtask whose termination was reported has ended (one that died was replaced,
+        # or failed the job: a dead actor given back is dropped at the next lease)
+        ended = set(self.actors) - set(self.terminations.values())
         if self.terminations:  # a failed or canceled job: its subtasks may still be ending
             done, _ = ray.wait(list(self.terminations), num_returns=len(self.terminations),
                                timeout=RELEASE_WAIT_S)
-            ended = {self.terminations[ref] for ref in done}
+            for ref in done:
+                try:
+                    ray.get(ref)
+                    ended.add(self.terminations[ref])
+                except Exception:  # its process died (or its node): not for the pool
+                    pass
         idle_ids = {self.actors[key]._actor_id for key in ended if key in self.actors}
         idle_ids |= {a._actor_id for a in [*self.pooled, self.spare] if a is not None}
         back = {a._actor_id: a for a in actors
                 if a._actor_id in self._pooled_ids and a._actor_id in idle_ids}
-        if back and self.options.keeper is not None:
-            self.options.keeper.give_back.remote(list(back.values()))
+        if self.options.keeper is not None and self._pooled_ids:
+            self.options.keeper.give_back.remote(
+                list(back.values()), [i.hex() for i in self._pooled_ids if i not in back])
         for actor in actors:
             if actor._actor_id not in back:
                 try:

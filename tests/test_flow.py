@@ -152,7 +152,7 @@ def test_watermarks_cross_a_shuffle_as_min_over_channels(ray_session):
     assert sum(rows[-1]["rows"] for rows in by_subtask.values()) == n
 
 
-def test_cancel_stops_a_running_job_and_its_actors(ray_session):
+def test_cancel_stops_a_running_job_and_its_subtasks(ray_session):
     env = rs.StreamEnvironment(parallelism=2)
 
     def slow(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -169,5 +169,7 @@ def test_cancel_stops_a_running_job_and_its_actors(ray_session):
     client.cancel()
     result = client.wait(timeout_s=60)
     assert result.status == "CANCELED"
-    with pytest.raises(ray.exceptions.RayActorError):  # the job's actors are gone
-        ray.get(actor.metrics.remote(), timeout=30)
+    try:  # the job's subtasks have ended; their actors are gone, or idle in the driver's pool
+        assert not ray.get(actor.running.remote(), timeout=30)
+    except ray.exceptions.RayActorError:
+        pass
