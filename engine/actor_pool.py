@@ -95,19 +95,28 @@ class SubtaskActorPool:
     def enabled() -> bool:
         return os.environ.get("RAYSTREAM_ACTOR_POOL", "1") not in ("0", "false", "no")
 
-    def keeper(self) -> Any:
-        """This driver's keeper (a new one after Ray was restarted)."""
+    def keeper(self, placement: Any = None) -> Any:
+        """This driver's keeper (a new one after Ray was restarted, or after it was lost).
+
+        ``placement``: its scheduling strategy. The driver puts it on the head node: the
+        pooled actors share its fate (it owns them), so it must not sit on a worker node
+        that may be lost."""
         job = ray.get_runtime_context().get_job_id()
         if self._keeper is None or self._ray_job != job:
-            self._keeper = _Keeper.options(namespace=NAMESPACE).remote(self.max_idle)
+            self._keeper = _Keeper.options(namespace=NAMESPACE,
+                                           scheduling_strategy=placement).remote(self.max_idle)
             self._ray_job = job
         return self._keeper
 
-    def lease(self, n: int) -> list[Any]:
+    def lease(self, n: int, placement: Any = None) -> list[Any]:
         """``n`` subtask actors with the default resources (none if pooling is off)."""
         if n <= 0 or not self.enabled():
             return []
-        return ray.get(self.keeper().lease.remote(n))
+        try:
+            return ray.get(self.keeper(placement).lease.remote(n))
+        except ray.exceptions.RayActorError:  # the keeper was lost (and its actors with it)
+            self._keeper = None
+            return ray.get(self.keeper(placement).lease.remote(n))
 
 
 POOL = SubtaskActorPool()

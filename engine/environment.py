@@ -301,6 +301,7 @@ class StreamEnvironment:
         ensure_ray(self.address, **self.ray_init_kwargs)
         check_resources(plan, name)
         job_id = f"{name}-{uuid.uuid4().hex[:8]}"
+        head = on_head_node()
         # subtasks with the default resources run on the driver's pooled actors, one more
         # for the warm spare of a job that may restart
         pooled = sum(v.parallelism for v in plan.vertices if v.resources == Resources()) + int(
@@ -311,10 +312,10 @@ class StreamEnvironment:
                              checkpoints=self.checkpoints, restart=self.restart,
                              failpoints=self.failpoints, restore_from=restore_from,
                              submission_id=_submission_id(),
-                             pooled=tuple(actor_pool.POOL.lease(pooled)),
-                             keeper=actor_pool.POOL.keeper() if actor_pool.POOL.enabled() else None)
+                             pooled=tuple(actor_pool.POOL.lease(pooled, head)),
+                             keeper=actor_pool.POOL.keeper(head) if actor_pool.POOL.enabled() else None)
         master = JobMaster.options(name=master_actor_name(job_id), namespace=NAMESPACE,
-                                   scheduling_strategy=on_head_node(),
+                                   scheduling_strategy=head,
                                    **MASTER_RESOURCES.ray_options()).remote(job_id, name, plan,
                                                                             options)
         client = JobClient(job_id, name, master, plan, leased=options.pooled)
