@@ -33,10 +33,9 @@ import ray
 
 from raystream.actors.subtask import SubtaskActor
 from raystream.engine.graph import Resources
+from raystream.engine.job_master import NAMESPACE, SUBTASK_SCHEDULING
 
 MAX_IDLE = 8  # idle subtask actors a driver keeps between jobs
-SUBTASK_SCHEDULING = "SPREAD"
-NAMESPACE = "raystream"
 
 
 def _new_actor() -> Any:

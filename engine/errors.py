@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from enum import Enum
+from typing import Any, TypeVar
 
 
 class RaystreamError(Exception):
@@ -82,3 +83,27 @@ class FileReadError(RaystreamError):
 def describe_record(record: Any, limit: int = 300) -> str:
     text = repr(record)
     return text if len(text) <= limit else text[:limit] + "...}"
+
+
+E = TypeVar("E", bound=Enum)
+
+
+def choice(kind: type[E], value: E | str, option: str) -> E:
+    """``value`` as a member of the enum ``kind``; a ValueError naming ``option`` and its
+    choices otherwise.
+
+        >>> import enum
+        >>> class Mode(enum.Enum):
+        ...     FAST = "fast"
+        >>> choice(Mode, "fast", "mode")
+        <Mode.FAST: 'fast'>
+        >>> choice(Mode, "slow", "mode")
+        Traceback (most recent call last):
+        ...
+        ValueError: mode must be one of ['fast'], not 'slow'
+    """
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"{option} must be one of {sorted(e.value for e in kind)}, "
+                         f"not {value!r}") from None

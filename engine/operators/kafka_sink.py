@@ -63,7 +63,7 @@ from typing import Any, Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from raystream.engine.errors import RaystreamError
+from raystream.engine.errors import RaystreamError, choice
 from raystream.engine.operators.two_phase import Committer, SinkContext, SinkWriter
 
 log = logging.getLogger(__name__)
@@ -91,11 +91,7 @@ class Delivery(Enum):
 
     @classmethod
     def of(cls, value: "Delivery | str") -> "Delivery":
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"delivery must be one of {sorted(e.value for e in cls)}, "
-                             f"not {value!r}") from None
+        return choice(cls, value, "delivery")
 
 
 class KafkaSinkError(RaystreamError):

@@ -26,7 +26,7 @@ import pyarrow.fs as pafs
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from raystream.engine.errors import FilePosition, FileReadError
+from raystream.engine.errors import FilePosition, FileReadError, choice
 from raystream.engine.sources.base import Source, SplitReader
 from raystream.engine.sources.split_enumerator import SplitEnumerator, SplitEnumeratorContext
 
@@ -52,11 +52,7 @@ class OnError(Enum):
 
     @classmethod
     def of(cls, value: "OnError | str") -> "OnError":
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"errors must be one of {sorted(e.value for e in cls)}, "
-                             f"not {value!r}") from None
+        return choice(cls, value, "errors")
 
 
 class Files(Source):

@@ -61,7 +61,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from raystream.actors.messages import MIN_WATERMARK
-from raystream.engine.errors import RaystreamError
+from raystream.engine.errors import RaystreamError, choice
 from raystream.engine.operators.base import OperatorSnapshot
 from raystream.engine.operators.source import SourceReaderOperator
 from raystream.engine.sources.base import Source, SplitReader
@@ -105,11 +105,7 @@ class ValueFormat(Enum):
 
     @classmethod
     def of(cls, value: "ValueFormat | str") -> "ValueFormat":
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"value_format must be one of {sorted(e.value for e in cls)}, "
-                             f"not {value!r}") from None
+        return choice(cls, value, "value_format")
 
 
 @dataclass(frozen=True)
