@@ -11,8 +11,16 @@
     [{'user': 'a', 'window_start': 1000, 'window_end': 2000, 'count': 2},
      {'user': 'b', 'window_start': 2000, 'window_end': 3000, 'count': 1}]
 
-Every result row has the key column(s) (``key`` for a key function),
-``window_start``, ``window_end`` (ms, end exclusive) and the aggregates.
+Every result row has the key column(s) (``key`` for a key function; none for
+``window_all``), ``window_start``, ``window_end`` (ms, end exclusive) and the
+aggregates. A result's event time is ``window_end - 1`` (Flink's): a
+``window(...)`` on a window's results without ``timestamp=`` uses it
+(:data:`~raystream.engine.windows.operator.WINDOW_TIME`, ``rs.WINDOW_TIME``),
+so windowed stages chain:
+
+    >>> per_minute = per_second.key_by("user").window(
+    ...     rs.TumblingEventTimeWindows(size_ms=60_000)).sum("count")
+    >>> everyone = per_second.window_all(rs.TumblingEventTimeWindows(size_ms=60_000)).sum("count")
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from raystream.engine.windows.assigners import WindowAssigner
 from raystream.engine.windows.functions import (BuiltinAggregates, ProcessWindow,
                                                 ProcessWindowFunction, UserAggregate,
                                                 WindowFunction)
-from raystream.engine.windows.operator import WindowOperator
+from raystream.engine.windows.operator import WINDOW_TIME, WindowOperator
 from raystream.engine.windows.pre_aggregate import WindowPreAggregator
 
 if TYPE_CHECKING:
@@ -47,16 +55,22 @@ class WindowedStream:
     ``pre_aggregate``: combine per (key, window) before the shuffle where
     possible (built-in aggregates, tumbling or sliding event time, column
     keys, no late output).
+
+    ``timestamp`` defaults to ``rs.WINDOW_TIME`` (``window_end - 1``) when the
+    stream holds a window's results. For ``window_all`` (``all_windows``) the
+    window operator runs at parallelism 1 and its results have no key column.
     """
 
     def __init__(self, keyed: "KeyedStream", assigner: WindowAssigner, *, timestamp: str | None,
-                 allowed_lateness_ms: int, late_output: str | None, pre_aggregate: bool) -> None:
+                 allowed_lateness_ms: int, late_output: str | None, pre_aggregate: bool,
+                 all_windows: bool = False) -> None:
         self.keyed = keyed
         self.assigner = assigner
         self.timestamp = timestamp
         self.allowed_lateness_ms = allowed_lateness_ms
         self.late_output = late_output
         self.pre_aggregate = pre_aggregate
+        self.all_windows = all_windows
 
     # -- built-in aggregates (vectorized) --------------------------------------------------
     def count(self, *, output: str = "count", name: str | None = None) -> "DataStream":
@@ -99,8 +113,10 @@ class WindowedStream:
         keyed, assigner = self.keyed, self.assigner
         keys = keyed.keys
         options = dict(timestamp=self.timestamp, allowed_lateness_ms=self.allowed_lateness_ms,
-                       late_output=self.late_output, schema=schema)
-        name = name or "window"
+                       late_output=self.late_output, schema=schema,
+                       emit_keys=not self.all_windows)
+        name = name or ("window_all" if self.all_windows else "window")
+        parallelism = 1 if self.all_windows else None
         if (spec is not None and self.pre_aggregate and assigner.event_time
                 and not assigner.merging and self.late_output is None and keys.columns):
             upstream = keyed.plain()
@@ -109,11 +125,17 @@ class WindowedStream:
                 lambda n: WindowPreAggregator(n, list(keys.columns), assigner,
                                               timestamp=self.timestamp, spec=spec),
                 parallelism=keyed.transformation.parallelism)
-            return pre._add(
+            result = pre._add(
                 "operator", name,
                 lambda n: WindowOperator(n, keys, assigner, function=function,
                                          partial_input=True, **options),
+                parallelism=parallelism,
                 inputs=[InputEdge(pre.transformation.id, PartitionSpec("hash", keys))])
-        return keyed._add("operator", name,
-                          lambda n: WindowOperator(n, keys, assigner, function=function,
-                                                   **options))
+        else:
+            result = keyed._add("operator", name,
+                                lambda n: WindowOperator(n, keys, assigner, function=function,
+                                                         **options),
+                                parallelism=parallelism)
+        if assigner.event_time:  # results carry event time window_end - 1 (Flink's)
+            result.default_timestamp = WINDOW_TIME
+        return result
