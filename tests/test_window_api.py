@@ -1,0 +1,244 @@
+"""Window API (issue 16): chained windows on the results' event time, window_all, and the
+rate-limited log of dropped late records — each against an independent pandas oracle.
+
+Operator-level tests chain operators by hand (stage 1's output feeds stage 2 in order:
+results before the watermark that fired them), so lateness is exact; job-level tests
+run the same shapes on Ray.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+import raystream as rs
+from raystream.engine.datastream import ALL_KEY, _with_all_key
+from raystream.engine.keys import KeySelector
+from raystream.engine.operators.base import CollectingOutput, RuntimeContext
+from raystream.engine.windows.aggregates import AggregateSpec
+from raystream.engine.windows.functions import BuiltinAggregates, UserAggregate
+from raystream.engine.windows.operator import WindowOperator
+from raystream.engine.windows.pre_aggregate import WindowPreAggregator
+
+
+class Feed:
+    """An output that hands everything to the next operator at once, in order."""
+
+    def __init__(self, op) -> None:
+        self.op = op
+
+    def emit(self, batch: pa.RecordBatch) -> None:
+        self.op.process_batch(batch)
+
+    def emit_watermark(self, watermark: int) -> None:
+        self.op.process_watermark(watermark)
+
+    def emit_side(self, tag: str, batch: pa.RecordBatch) -> None:
+        pass
+
+
+def start(op, output) -> None:
+    op.setup(RuntimeContext.local(), output)
+    op.initialize_state(None)
+    op.open()
+
+
+def disordered(seed: int, n: int = 3000, keys: int = 4, disorder: int = 300) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    ts = np.arange(n) * 7 + rng.integers(-disorder, disorder + 1, n) + 10_000
+    return pd.DataFrame({"k": rng.integers(0, keys, n), "ts": ts,
+                         "x": rng.integers(-50, 50, n).astype(np.float64)})
+
+
+def run_source(first, df: pd.DataFrame, *, batch: int = 50, lag: int = 100) -> pd.Series:
+    """Feed ``df`` in batches with a bounded-out-of-orderness watermark
+    (max ts seen - lag - 1) after each; returns the watermark each row saw on arrival."""
+    wm, seen, arrival = rs.MIN_WATERMARK, -(2 ** 62), []
+    for i in range(0, len(df), batch):
+        part = df.iloc[i:i + batch]
+        first.process_batch(pa.RecordBatch.from_pandas(part, preserve_index=False))
+        arrival += [wm] * len(part)
+        seen = max(seen, int(part["ts"].max()))
+        if seen - lag - 1 > wm:
+            wm = seen - lag - 1
+            first.process_watermark(wm)
+    first.process_watermark(rs.MAX_WATERMARK)
+    first.finish()
+    return pd.Series(arrival, index=df.index)
+
+
+def on_time(df: pd.DataFrame, arrival: pd.Series, size: int) -> pd.DataFrame:
+    """Oracle: the rows a tumbling ``size`` window (no lateness) keeps: a row is late iff
+    its window's end - 1 <= the watermark when it arrives."""
+    end = df["ts"] // size * size + size
+    return df[end - 1 > arrival]
+
+
+def table_of(output: CollectingOutput) -> pd.DataFrame:
+    return pa.Table.from_batches(output.batches).to_pandas() if output.batches else pd.DataFrame()
+
+
+@pytest.mark.parametrize("pre_aggregate", [False, True])
+def test_two_chained_tumbling_stages_equal_pandas_with_disorder(pre_aggregate):
+    """1 s windows then 5 s windows on their results (no timestamp= on the second: it
+    reads window_end - 1): equal pandas over the rows stage 1 kept, and stage 2 drops
+    nothing as late."""
+    df = disordered(seed=1 + pre_aggregate)
+    spec1 = AggregateSpec.of({"n": ("count", None), "total": ("sum", "x")})
+    spec2 = AggregateSpec.of({"n": ("sum", "n"), "total": ("sum", "total"),
+                              "seconds": ("count", None)})
+    assert rs.WINDOW_TIME == "window_end - 1"
+    out = CollectingOutput()
+    second = WindowOperator("five", KeySelector.of("k"), rs.TumblingEventTimeWindows(5000),
+                            function=BuiltinAggregates(spec2), timestamp=rs.WINDOW_TIME,
+                            partial_input=pre_aggregate)
+    start(second, out)
+    into_second = Feed(second)
+    if pre_aggregate:  # the pre-aggregator reads the results' event time too
+        pre = WindowPreAggregator("pre", ["k"], rs.TumblingEventTimeWindows(5000),
+                                  timestamp=rs.WINDOW_TIME, spec=spec2)
+        start(pre, into_second)
+        into_second = Feed(pre)
+    first = WindowOperator("one", KeySelector.of("k"), rs.TumblingEventTimeWindows(1000),
+                           function=BuiltinAggregates(spec1), timestamp="ts")
+    start(first, into_second)
+    arrival = run_source(first, df)
+
+    kept = on_time(df, arrival, 1000)
+    assert 0 < first.late_dropped == len(df) - len(kept), "the input must have late rows"
+    assert second.late_dropped == 0
+    per_second = kept.assign(s=kept["ts"] // 1000).groupby(["k", "s"]).agg(
+        n=("x", "size"), total=("x", "sum")).reset_index()
+    expected = per_second.assign(window_start=per_second["s"] // 5 * 5000).groupby(
+        ["k", "window_start"]).agg(n=("n", "sum"), total=("total", "sum"),
+                                   seconds=("s", "size")).reset_index()
+    got = table_of(out)
+    assert (got["window_end"] - got["window_start"] == 5000).all()
+    got = got.sort_values(["k", "window_start"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(got[["k", "window_start", "n", "total", "seconds"]],
+                                  expected, check_dtype=False)
+
+
+def test_window_all_equals_pandas_with_late_rows_and_a_user_aggregate():
+    """window_all: one window per time range over every key; results have no key column;
+    late rows go to the side output as they came (without the internal key)."""
+    df = disordered(seed=5, keys=9)
+    spec = AggregateSpec.of({"n": ("count", None), "top": ("max", "x"), "avg": ("mean", "x")})
+    out = CollectingOutput()
+    op = WindowOperator("all", KeySelector.of(ALL_KEY), rs.TumblingEventTimeWindows(1000),
+                        function=BuiltinAggregates(spec), timestamp="ts", late_output="late",
+                        emit_keys=False)
+    start(op, out)
+
+    class AddKey:  # what window_all puts in front of its window operator
+        def __init__(self, op):
+            self.op = op
+
+        def process_batch(self, batch):
+            self.op.process_batch(_with_all_key(batch))
+
+        def process_watermark(self, wm):
+            self.op.process_watermark(wm)
+
+        def finish(self):
+            self.op.finish()
+
+    arrival = run_source(AddKey(op), df)
+    kept = on_time(df, arrival, 1000)
+    expected = kept.assign(window_start=kept["ts"] // 1000 * 1000).groupby("window_start").agg(
+        n=("x", "size"), top=("x", "max"), avg=("x", "mean")).reset_index()
+    got = table_of(out)
+    assert list(got.columns) == ["window_start", "window_end", "n", "top", "avg"]
+    pd.testing.assert_frame_equal(got.sort_values("window_start").reset_index(drop=True)[
+        ["window_start", "n", "top", "avg"]], expected, check_dtype=False)
+    late = pa.Table.from_batches(out.side_batches["late"]).to_pandas()
+    assert list(late.columns) == ["k", "ts", "x"]
+    assert len(late) == len(df) - len(kept) > 0
+
+    class Total:
+        def create_accumulator(self):
+            return 0.0
+
+        def add(self, row, acc):
+            assert ALL_KEY in row  # the user sees rows with it; results do not
+            return acc + row["x"]
+
+        def merge(self, a, b):
+            return a + b
+
+        def get_result(self, acc):
+            return acc
+
+    out = CollectingOutput()
+    op = WindowOperator("all", KeySelector.of(ALL_KEY), rs.TumblingEventTimeWindows(1000),
+                        function=UserAggregate(Total(), "total"), timestamp="ts",
+                        emit_keys=False)
+    start(op, out)
+    run_source(AddKey(op), df)
+    got = table_of(out).sort_values("window_start").reset_index(drop=True)
+    assert list(got.columns) == ["window_start", "window_end", "total"]
+    totals = kept.groupby(kept["ts"] // 1000 * 1000)["x"].sum()
+    assert got["total"].tolist() == pytest.approx(totals.tolist())
+
+
+def test_dropped_late_records_are_logged_once_then_at_most_every_interval(caplog):
+    op = WindowOperator("late-one", KeySelector.of("k"), rs.TumblingEventTimeWindows(10),
+                        function=BuiltinAggregates(AggregateSpec.of({"n": ("count", None)})),
+                        timestamp="ts")
+    start(op, CollectingOutput())
+    caplog.set_level(logging.WARNING, logger="raystream.engine.windows.operator")
+    op.process_watermark(100)
+
+    def late(n):
+        op.process_batch(pa.record_batch({"k": [1] * n, "ts": [5] * n}))
+
+    late(3)
+    late(2)
+    assert [r.getMessage() for r in caplog.records] == [
+        "window 'late-one' dropped 3 late record(s) (3 in total; pass late_output=tag to "
+        "keep them, or allowed_lateness_ms)"]
+    op._late_logged_at -= 61  # as if a minute went by
+    late(4)
+    assert len(caplog.records) == 2
+    assert "dropped 6 late record(s) (9 in total" in caplog.records[1].getMessage()
+    assert op.metrics()["late_records_dropped"] == 9
+
+
+# -- real jobs on Ray -------------------------------------------------------------------
+BASE = 1_700_000_000_000
+
+
+def events(i: np.ndarray) -> dict:
+    jitter = (i * 7919) % 400  # out of order by up to 400 ms (the bound is 500: none late)
+    return {"user": i % 13, "ts": BASE + i * 3 - jitter, "x": (i % 11).astype(np.float64)}
+
+
+def test_chained_windows_and_window_all_job_equal_pandas(ray_session):
+    n = 20_000
+    env = rs.StreamEnvironment(parallelism=2)
+    src = env.from_sequence(n, events, watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=500))
+    per_second = src.key_by("user").window(rs.TumblingEventTimeWindows(1000),
+                                           timestamp="ts").agg(n=("count", None),
+                                                               total=("sum", "x"))
+    assert per_second.default_timestamp == rs.WINDOW_TIME
+    per_five = per_second.key_by("user").window(rs.TumblingEventTimeWindows(5000)).agg(
+        n=("sum", "n"), total=("sum", "total"))
+    everyone = per_second.window_all(rs.TumblingEventTimeWindows(5000)).sum("n")
+    assert everyone.transformation.parallelism == 1
+    sinks = per_five.collect(), everyone.collect()
+    job = env.execute("chained-windows")
+
+    df = pd.DataFrame(events(np.arange(n)))
+    df["w"] = (df["ts"] // 5000) * 5000
+    expected = df.groupby(["user", "w"]).agg(n=("x", "size"), total=("x", "sum")).reset_index()
+    got = job.table(sinks[0]).to_pandas().sort_values(["user", "window_start"])
+    pd.testing.assert_frame_equal(
+        got[["user", "window_start", "n", "total"]].reset_index(drop=True),
+        expected.rename(columns={"w": "window_start"}), check_dtype=False)
+    got_all = job.table(sinks[1]).to_pandas().sort_values("window_start")
+    assert list(got_all.columns) == ["window_start", "window_end", "n"]
+    assert got_all["n"].tolist() == df.groupby("w").size().tolist()
