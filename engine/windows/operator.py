@@ -305,9 +305,9 @@ class WindowOperator(_KeyedOperator):
             kids = kids_of[mask]
             window = self._dense_window(start, capacity)
             new = kids[~window.present[kids]]
-            for name in spec.partial_columns:
-                spec.merge_into(name, window.columns[name], kids,
-                                values[name][mask].astype(self.dtypes[name], copy=False))
+            spec.merge_all(window.columns, kids,
+                           {name: values[name][mask].astype(self.dtypes[name], copy=False)
+                            for name in spec.partial_columns})
             if len(new):
                 window.present[new] = True
                 window.count += len(new)

@@ -89,9 +89,39 @@ class WindowedStream:
     def mean(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
         return self.agg(name=name, **{output or column: ("mean", column)})
 
+    def max_by(self, value: str, by: str, *, output: str | None = None,
+               name: str | None = None) -> "DataStream":
+        """``value`` of the row with the largest ``by`` per (key, window) (Flink/Spark
+        ``max_by``), vectorized and pre-aggregated. Rows where either column is null are
+        skipped (no such row: null); ties on ``by`` go to the smallest ``value``, so the
+        result does not depend on the order records arrive in.
+
+            >>> import raystream as rs
+            >>> env = rs.StreamEnvironment(parallelism=1)
+            >>> bids = env.from_collection([{"item": 1, "ts": 5, "bidder": 7, "price": 3.0}])
+            >>> winners = bids.key_by("item").window(rs.TumblingEventTimeWindows(size_ms=1000),
+            ...                                      timestamp="ts").max_by("bidder", "price")
+        """
+        return self.agg(name=name, **{output or value: ("max_by", (value, by))})
+
+    def top_k(self, column: str, k: int, *, output: str | None = None,
+              name: str | None = None) -> "DataStream":
+        """The ``k`` largest non-null values of ``column`` per (key, window), largest
+        first, as a list column (shorter when the window has fewer values; equal values
+        count as often as they occur). Vectorized and pre-aggregated.
+
+            >>> import raystream as rs
+            >>> env = rs.StreamEnvironment(parallelism=1)
+            >>> bids = env.from_collection([{"item": 1, "ts": 5, "price": 3.0}])
+            >>> best3 = bids.window_all(rs.TumblingEventTimeWindows(size_ms=1000),
+            ...                         timestamp="ts").top_k("price", 3)
+        """
+        return self.agg(name=name, **{output or column: ("top_k", (column, k))})
+
     def agg(self, *, name: str | None = None, **named: tuple[str, str | None]) -> "DataStream":
         """Several built-in aggregates at once: ``agg(clicks=("count", None),
-        dwell=("sum", "dwell_ms"), longest=("max", "dwell_ms"))``."""
+        dwell=("sum", "dwell_ms"), longest=("max", "dwell_ms"))``; also
+        ``("max_by", (value, by))`` and ``("top_k", (column, k))``."""
         spec = AggregateSpec.of(named)
         return self._window(BuiltinAggregates(spec), name, spec=spec)
 
