@@ -38,7 +38,7 @@ from raystream.engine.windows.assigners import (EventTimeSessionWindows, Sliding
                                                 TumblingProcessingTimeWindows)
 from raystream.engine.windows.functions import ProcessWindowFunction, Window
 from raystream.engine.windows.operator import WINDOW_TIME
-from raystream.engine.windows.stream import WindowedStream
+from raystream.engine.windows.stream import CountWindowedStream, WindowedStream
 from raystream.actors.messages import MAX_WATERMARK, MIN_WATERMARK
 
 __all__ = [
@@ -54,7 +54,7 @@ __all__ = [
     "sources", "spark", "subtask_for_key_group",
     "EventTimeSessionWindows", "ProcessWindowFunction", "SlidingEventTimeWindows",
     "TumblingEventTimeWindows", "TumblingProcessingTimeWindows", "Window", "WINDOW_TIME",
-    "WindowedStream",
+    "WindowedStream", "CountWindowedStream",
     "IntervalBounds", "IntervalJoin", "IntervalJoined", "JoinContext", "KeyedCoProcessFunction",
     "ProcessJoinFunction",
 ]

@@ -33,6 +33,7 @@ from raystream.checkpoint.state import AggregateFunction
 from raystream.engine.graph import InputEdge, PartitionSpec
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.assigners import WindowAssigner
+from raystream.engine.windows.count import CountWindowOperator
 from raystream.engine.windows.functions import (BuiltinAggregates, ProcessWindow,
                                                 ProcessWindowFunction, UserAggregate,
                                                 WindowFunction)
@@ -169,3 +170,40 @@ class WindowedStream:
         if assigner.event_time:  # results carry event time window_end - 1 (Flink's)
             result.default_timestamp = WINDOW_TIME
         return result
+
+
+class CountWindowedStream:
+    """``key_by(k).count_window(size, slide=None)``: per key, a window every ``size``
+    records (tumbling) or every ``slide`` records over the last ``size`` (sliding);
+    finish it with built-in aggregates (see :mod:`raystream.engine.windows.count`).
+    Results have the key column(s) and the aggregates."""
+
+    def __init__(self, keyed: "KeyedStream", size: int, slide: int | None) -> None:
+        if int(size) <= 0 or (slide is not None and int(slide) <= 0):
+            raise ValueError(f"count_window: size and slide must be positive numbers of "
+                             f"records, got size={size!r}, slide={slide!r}")
+        self.keyed, self.size, self.slide = keyed, size, slide
+
+    def count(self, *, output: str = "count", name: str | None = None) -> "DataStream":
+        return self.agg(name=name, **{output: ("count", None)})
+
+    def sum(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
+        return self.agg(name=name, **{output or column: ("sum", column)})
+
+    def min(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
+        return self.agg(name=name, **{output or column: ("min", column)})
+
+    def max(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
+        return self.agg(name=name, **{output or column: ("max", column)})
+
+    def mean(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
+        return self.agg(name=name, **{output or column: ("mean", column)})
+
+    def agg(self, *, name: str | None = None, **named: tuple) -> "DataStream":
+        """Several built-in aggregates, as :meth:`WindowedStream.agg` (also ``max_by``
+        and ``top_k``)."""
+        spec = AggregateSpec.of(named)
+        keys, size, slide = self.keyed.keys, self.size, self.slide
+        return self.keyed._add("operator", name or "count_window",
+                               lambda n: CountWindowOperator(n, keys, size=size, slide=slide,
+                                                             spec=spec))
