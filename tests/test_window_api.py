@@ -18,7 +18,7 @@ import pytest
 import raystream as rs
 from raystream.engine.datastream import ALL_KEY, _with_all_key
 from raystream.engine.keys import KeySelector
-from raystream.engine.operators.base import CollectingOutput, RuntimeContext
+from raystream.engine.operators.base import CollectingOutput, RestoredState, RuntimeContext
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.functions import BuiltinAggregates, UserAggregate
 from raystream.engine.windows.operator import WindowOperator
@@ -294,6 +294,91 @@ def test_max_by_and_top_k_windows_equal_pandas_with_disorder(pre_aggregate):
     expected = kept.assign(window_start=kept["ts"] // 500 * 500).groupby(
         ["k", "window_start"]).apply(picking_oracle, include_groups=False).reset_index()
     same_picks(table_of(out), expected, ["k", "window_start"])
+
+
+# -- count windows ----------------------------------------------------------------------
+COUNTS = {"n": ("count", None), "total": ("sum", "x"), "top": ("top_k", ("x", 2))}
+
+
+def count_oracle(df: pd.DataFrame, size: int, slide: int | None) -> list[tuple]:
+    """Per key in arrival order: a window at every ``slide``-th record (tumbling:
+    ``size``-th) over the last ``size`` records (fewer at the start)."""
+    slide = slide or size
+    out = []
+    for k, xs in df.groupby("k", sort=False)["x"]:
+        xs = xs.tolist()
+        for p in range(slide - 1, len(xs), slide):
+            window = xs[max(0, p - size + 1):p + 1]
+            out.append((k, len(window), sum(window), sorted(window, reverse=True)[:2]))
+    return sorted(out)
+
+
+def count_rows(batches: list[pa.RecordBatch]) -> list[tuple]:
+    if not batches:
+        return []
+    got = pa.Table.from_batches(batches).to_pylist()
+    return sorted((r["k"], r["n"], r["total"], r["top"]) for r in got)
+
+
+def count_operator(size, slide, index=0, parallelism=1):
+    from raystream.engine.windows.count import CountWindowOperator
+    op = CountWindowOperator("c", KeySelector.of("k"), size=size, slide=slide,
+                             spec=AggregateSpec.of(COUNTS))
+    op.setup(RuntimeContext("job", "c", index, parallelism, 128, 0), CollectingOutput())
+    return op
+
+
+def batches_of(df: pd.DataFrame, sizes) -> list[pa.RecordBatch]:
+    out, i = [], 0
+    for n in sizes:
+        if i >= len(df):
+            break
+        out.append(pa.RecordBatch.from_pandas(df.iloc[i:i + n], preserve_index=False))
+        i += n
+    return out
+
+
+@pytest.mark.parametrize("size,slide", [(5, None), (4, 1), (6, 4), (3, 5)])
+def test_count_windows_equal_pandas_and_survive_a_restore_at_other_parallelism(size, slide):
+    rng = np.random.default_rng(size * 10 + (slide or 0))
+    df = pd.DataFrame({"k": rng.integers(0, 30, 1200), "x": rng.integers(0, 100, 1200)})
+    sizes = rng.integers(1, 60, 200).tolist()
+    batches = batches_of(df, sizes)
+    whole = count_operator(size, slide)
+    whole.initialize_state(None)
+    for batch in batches:
+        whole.process_batch(batch)
+    assert count_rows(whole.output.batches) == count_oracle(df, size, slide)
+
+    # snapshot after half the batches; the rest changes state before the async part runs
+    half = len(batches) // 2
+    first = count_operator(size, slide)
+    first.initialize_state(None)
+    for batch in batches[:half]:
+        first.process_batch(batch)
+    before = count_rows(first.output.batches)
+    snapshot = first.snapshot_state(1).keyed_state
+    for batch in batches[half:]:
+        first.process_batch(batch)
+    sections = snapshot()
+    assert count_rows(first.output.batches) == count_oracle(df, size, slide)
+    expected_after = count_rows(first.output.batches)
+    for row in before:
+        expected_after.remove(row)
+    rest = pa.Table.from_batches(batches[half:])
+    for parallelism in (1, 2, 3):
+        got = []
+        for index in range(parallelism):
+            op = count_operator(size, slide, index, parallelism)
+            groups = rs.key_group_range(index, parallelism, 128)
+            op.initialize_state(RestoredState(1, [], [(g, s) for g, s in sections.items()
+                                                      if g in groups], None))
+            mine = np.array([rs.key_group_of(k, 128) in groups
+                             for k in rest["k"].to_pylist()], dtype=bool)
+            for batch in rest.filter(pa.array(mine)).to_batches(max_chunksize=37):
+                op.process_batch(batch)
+            got += count_rows(op.output.batches)
+        assert sorted(got) == expected_after, parallelism
 
 
 # -- real jobs on Ray -------------------------------------------------------------------
