@@ -74,6 +74,8 @@ def event_times(batch: pa.RecordBatch, timestamp: str, *, where: str) -> np.ndar
     if timestamp == WINDOW_TIME:
         return timestamps_ms(batch, "window_end", where=where) - 1
     return timestamps_ms(batch, timestamp, where=where)
+
+
 _WINDOW_STATE_VERSION = 2  # 2: a key group's dense windows as flat arrays
 
 
