@@ -400,7 +400,8 @@ def test_chained_windows_and_window_all_job_equal_pandas(ray_session):
     assert per_second.default_timestamp == rs.WINDOW_TIME
     per_five = per_second.key_by("user").window(rs.TumblingEventTimeWindows(5000)).agg(
         n=("sum", "n"), total=("sum", "total"))
-    everyone = per_second.window_all(rs.TumblingEventTimeWindows(5000)).sum("n")
+    everyone = per_second.window_all(rs.TumblingEventTimeWindows(5000)).agg(
+        n=("sum", "n"), busiest=("max_by", ("user", "n")), top=("top_k", ("n", 3)))
     assert everyone.transformation.parallelism == 1
     sinks = per_five.collect(), everyone.collect()
     job = env.execute("chained-windows")
@@ -413,5 +414,12 @@ def test_chained_windows_and_window_all_job_equal_pandas(ray_session):
         got[["user", "window_start", "n", "total"]].reset_index(drop=True),
         expected.rename(columns={"w": "window_start"}), check_dtype=False)
     got_all = job.table(sinks[1]).to_pandas().sort_values("window_start")
-    assert list(got_all.columns) == ["window_start", "window_end", "n"]
+    assert list(got_all.columns) == ["window_start", "window_end", "n", "busiest", "top"]
     assert got_all["n"].tolist() == df.groupby("w").size().tolist()
+    # per 5 s: the user with the most records in one second (ties: the smallest user)
+    seconds = df.assign(s=df["ts"] // 1000).groupby(["w", "user", "s"]).size().rename(
+        "n").reset_index()
+    best = seconds[seconds["n"] == seconds.groupby("w")["n"].transform("max")]
+    assert got_all["busiest"].tolist() == best.groupby("w")["user"].min().tolist()
+    assert [list(t) for t in got_all["top"]] == [
+        sorted(g.tolist(), reverse=True)[:3] for _, g in seconds.groupby("w")["n"]]
