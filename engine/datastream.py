@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+import numpy as np
 import pyarrow as pa
 
 from raystream.checkpoint.operator_coordinator import OperatorCoordinator
@@ -40,7 +41,7 @@ from raystream.engine.operators.two_phase import (Committer, CommitterOperator, 
 if TYPE_CHECKING:
     from raystream.engine.environment import StreamEnvironment
     from raystream.engine.windows.assigners import WindowAssigner
-    from raystream.engine.windows.stream import WindowedStream
+    from raystream.engine.windows.stream import CountWindowedStream, WindowedStream
 
 Row = dict[str, Any]
 
@@ -51,7 +52,13 @@ class DataStream:
     A stream may carry a pending partitioning (``rebalance()``,
     ``broadcast()``, ``key_by()``) that applies to the edge into whatever
     consumes it next.
+
+    ``default_timestamp``: the event-time column a ``window(...)``/``window_all(...)``
+    on this stream uses when given no ``timestamp=`` (``rs.WINDOW_TIME`` for the
+    results of an event-time window, else None).
     """
+
+    default_timestamp: str | None = None
 
     def __init__(self, env: "StreamEnvironment", transformation: Transformation,
                  partitioning: PartitionSpec | None = None, side_output: str | None = None) -> None:
@@ -120,7 +127,38 @@ class DataStream:
         Every key goes to exactly one subtask, chosen by its key group.
         """
         selector = KeySelector.of(key, where=f"key_by after '{self.transformation.name}'")
-        return KeyedStream(self.env, self.transformation, selector, self.side_output_tag)
+        keyed = KeyedStream(self.env, self.transformation, selector, self.side_output_tag)
+        if self.side_output_tag is None:  # a side output has rows of another kind
+            keyed.default_timestamp = self.default_timestamp
+        return keyed
+
+    def window_all(self, assigner: "WindowAssigner", *, timestamp: str | None = None,
+                   allowed_lateness_ms: int = 0, late_output: str | None = None,
+                   pre_aggregate: bool = True) -> "WindowedStream":
+        """Windows over the whole stream, not per key (Flink's ``windowAll``): one window
+        operator subtask (parallelism 1) sees every record; built-in aggregates are still
+        pre-aggregated per window upstream, at this stream's parallelism. Results have
+        no key column. Arguments as for :meth:`KeyedStream.window`.
+
+            >>> import raystream as rs
+            >>> env = rs.StreamEnvironment(parallelism=2)
+            >>> events = env.from_collection([{"user": "a", "ts": 5}, {"user": "b", "ts": 7}])
+            >>> per_second = events.window_all(rs.TumblingEventTimeWindows(size_ms=1000),
+            ...                                timestamp="ts").count()
+            >>> sorted(env.execute("all").table(per_second.collect()).to_pylist(), key=str)  # doctest: +SKIP
+            [{'window_start': 0, 'window_end': 1000, 'count': 2}]
+        """
+        from raystream.engine.windows.stream import WindowedStream
+        tagged = self.map_batches(_with_all_key, name="window_all-key",
+                                  parallelism=self.transformation.parallelism)
+        keyed = KeyedStream(self.env, tagged.transformation, KeySelector.of(ALL_KEY),
+                            None)
+        if self.side_output_tag is None:
+            keyed.default_timestamp = self.default_timestamp
+        return WindowedStream(keyed, assigner,
+                              timestamp=timestamp or keyed.default_timestamp,
+                              allowed_lateness_ms=allowed_lateness_ms, late_output=late_output,
+                              pre_aggregate=pre_aggregate, all_windows=True)
 
     # -- operators -----------------------------------------------------------------------
     def _add(self, kind: str, default_name: str, create: Callable[[str], Operator], *,
@@ -284,17 +322,36 @@ class KeyedStream(DataStream):
         """Cut each key's records into windows (``rs.TumblingEventTimeWindows``,
         ``rs.SlidingEventTimeWindows``, ``rs.EventTimeSessionWindows``,
         ``rs.TumblingProcessingTimeWindows``); see :class:`WindowedStream`.
+        Without ``timestamp=``, the stream's ``default_timestamp``: a window's results
+        carry event time ``window_end - 1`` (``rs.WINDOW_TIME``), so windows chain.
 
             >>> import raystream as rs
             >>> env = rs.StreamEnvironment(parallelism=1)
             >>> events = env.from_collection([{"user": "a", "ts": 5, "x": 1.0}])
             >>> hourly = events.key_by("user").window(
             ...     rs.TumblingEventTimeWindows(size_ms=3_600_000), timestamp="ts").sum("x")
+            >>> daily = hourly.key_by("user").window(
+            ...     rs.TumblingEventTimeWindows(size_ms=86_400_000)).sum("x")
         """
         from raystream.engine.windows.stream import WindowedStream
-        return WindowedStream(self, assigner, timestamp=timestamp,
+        return WindowedStream(self, assigner, timestamp=timestamp or self.default_timestamp,
                               allowed_lateness_ms=allowed_lateness_ms, late_output=late_output,
                               pre_aggregate=pre_aggregate)
+
+    def count_window(self, size: int, slide: int | None = None) -> "CountWindowedStream":
+        """Count windows per key (Flink's ``countWindow``): a window every ``size`` records
+        of a key, or with ``slide`` every ``slide`` records over its last ``size``; finish
+        with built-in aggregates. See :mod:`raystream.engine.windows.count`.
+
+            >>> import raystream as rs
+            >>> env = rs.StreamEnvironment(parallelism=1)
+            >>> events = env.from_collection([{"user": "a", "x": 1.0}, {"user": "a", "x": 2.0}])
+            >>> pairs = events.key_by("user").count_window(2).sum("x")
+            >>> env.execute("pairs").table(pairs.collect()).to_pylist()  # doctest: +SKIP
+            [{'user': 'a', 'x': 3.0}]
+        """
+        from raystream.engine.windows.stream import CountWindowedStream
+        return CountWindowedStream(self, size, slide)
 
     def reduce(self, fn: Callable[[Row, Row], Row], *, name: str | None = None,
                schema: pa.Schema | None = None, parallelism: int | None = None) -> DataStream:
@@ -440,6 +497,14 @@ class ConnectedStreams:
         return self._add("co_process",
                          lambda n: KeyedCoProcessOperator(n, fn, keys, schema=schema),
                          name, parallelism)
+
+
+ALL_KEY = "__window_all"  # the constant key column window_all adds (never in its results)
+
+
+def _with_all_key(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with the constant key column of ``window_all``."""
+    return batch.append_column(ALL_KEY, pa.array(np.zeros(batch.num_rows, dtype=np.int64)))
 
 
 class _UnionOperator(Operator):

@@ -37,7 +37,8 @@ from raystream.engine.windows.assigners import (EventTimeSessionWindows, Sliding
                                                 TumblingEventTimeWindows,
                                                 TumblingProcessingTimeWindows)
 from raystream.engine.windows.functions import ProcessWindowFunction, Window
-from raystream.engine.windows.stream import WindowedStream
+from raystream.engine.windows.operator import WINDOW_TIME
+from raystream.engine.windows.stream import CountWindowedStream, WindowedStream
 from raystream.actors.messages import MAX_WATERMARK, MIN_WATERMARK
 
 __all__ = [
@@ -52,7 +53,8 @@ __all__ = [
     "RuntimeContext", "SinkHandle", "StreamEnvironment", "key_group_of", "key_group_range",
     "sources", "spark", "subtask_for_key_group",
     "EventTimeSessionWindows", "ProcessWindowFunction", "SlidingEventTimeWindows",
-    "TumblingEventTimeWindows", "TumblingProcessingTimeWindows", "Window", "WindowedStream",
+    "TumblingEventTimeWindows", "TumblingProcessingTimeWindows", "Window", "WINDOW_TIME",
+    "WindowedStream", "CountWindowedStream",
     "IntervalBounds", "IntervalJoin", "IntervalJoined", "JoinContext", "KeyedCoProcessFunction",
     "ProcessJoinFunction",
 ]

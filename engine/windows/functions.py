@@ -81,7 +81,8 @@ class WindowFunction:
 
 
 class BuiltinAggregates(WindowFunction):
-    """Built-in aggregates (count, sum, min, max, mean); accumulators are dicts of partials."""
+    """Built-in aggregates (count, sum, min, max, mean, max_by, top_k); accumulators are
+    dicts of partials."""
 
     rows_output = False
 
@@ -99,11 +100,8 @@ class BuiltinAggregates(WindowFunction):
                 for i in range(len(offsets) - 1)]
 
     def merge(self, a, b):
-        merged = {}
-        for name, how in self.spec.merges.items():
-            merged[name] = a[name] + b[name] if how == "sum" else (
-                min(a[name], b[name]) if how == "min" else max(a[name], b[name]))
-        return merged  # a new dict: accumulators are never mutated, so snapshots may share them
+        # a new dict: accumulators are never mutated, so snapshots may share them
+        return self.spec.merge_dicts(a, b)
 
     def results(self, accumulators: list[dict]) -> dict[str, pa.Array]:
         return self.spec.results({name: np.array([acc[name] for acc in accumulators])

@@ -32,6 +32,7 @@ State and timers are snapshotted per key group (part ``"windows"`` beside
 
 from __future__ import annotations
 
+import logging
 import pickle
 import time
 from typing import Any
@@ -50,6 +51,31 @@ from raystream.engine.windows.functions import (BuiltinAggregates, UserAggregate
                                                 Window, WindowFunction)
 
 WINDOW_START = "__window_start"  # the window column of pre-aggregated partial rows
+WINDOW_TIME = "window_end - 1"
+"""``timestamp=WINDOW_TIME``: a window result's event time, ``window_end - 1`` (Flink's
+``TimeWindow.maxTimestamp()``), read from its ``window_end`` column. It is the default
+timestamp of a window's result stream, so a second windowed stage chains without naming
+a column: a result is emitted before the watermark that fired it, so the next stage never
+finds it late (unless it is a late re-firing within the allowed lateness)."""
+LATE_LOG_INTERVAL_S = 60.0  # at most one "dropped late records" log per operator per interval
+
+log = logging.getLogger(__name__)
+
+
+def event_times(batch: pa.RecordBatch, timestamp: str, *, where: str) -> np.ndarray:
+    """The event times of ``batch``: its ``timestamp`` column as int64 ms, or for
+    :data:`WINDOW_TIME` its ``window_end`` column minus one.
+
+        >>> import pyarrow as pa
+        >>> event_times(pa.record_batch({"window_end": [1000, 2000]}), WINDOW_TIME,
+        ...             where="example").tolist()
+        [999, 1999]
+    """
+    if timestamp == WINDOW_TIME:
+        return timestamps_ms(batch, "window_end", where=where) - 1
+    return timestamps_ms(batch, timestamp, where=where)
+
+
 _WINDOW_STATE_VERSION = 2  # 2: a key group's dense windows as flat arrays
 
 
@@ -135,11 +161,12 @@ class WindowOperator(_KeyedOperator):
     def __init__(self, name: str, keys: KeySelector, assigner: WindowAssigner, *,
                  function: WindowFunction, timestamp: str | None, allowed_lateness_ms: int = 0,
                  late_output: str | None = None, partial_input: bool = False,
-                 schema: pa.Schema | None = None) -> None:
+                 schema: pa.Schema | None = None, emit_keys: bool = True) -> None:
         super().__init__(name, keys)
         if assigner.event_time and not timestamp and not partial_input:
             raise ValueError(f"window '{name}': event-time windows need the timestamp column "
-                             f"(window(..., timestamp='ts'))")
+                             f"(window(..., timestamp='ts'); a window's results have the "
+                             f"default rs.WINDOW_TIME)")
         if allowed_lateness_ms < 0:
             raise ValueError(f"window '{name}': allowed_lateness_ms must be >= 0")
         if not assigner.event_time and allowed_lateness_ms:
@@ -153,7 +180,10 @@ class WindowOperator(_KeyedOperator):
         self.schema = schema
         self.dense = isinstance(function, BuiltinAggregates) and not assigner.merging
         self.key_names = list(keys.columns) if keys.columns else ["key"]
+        self.emit_keys = emit_keys  # False for window_all: its key column is internal
         self.late_dropped = 0
+        self._late_logged_at: float | None = None  # monotonic time of the last late-drop log
+        self._late_logged_count = 0  # late_dropped at that log
         self.late_side_output = 0
         self.fired = 0
 
@@ -195,7 +225,7 @@ class WindowOperator(_KeyedOperator):
             rows = np.arange(batch.num_rows)
         else:
             if self.assigner.event_time:
-                times = timestamps_ms(batch, self.timestamp, where=f"window '{self.name}'")
+                times = event_times(batch, self.timestamp, where=f"window '{self.name}'")
             else:
                 times = np.full(batch.num_rows, int(time.time() * 1000), dtype=np.int64)
             rows, starts = self.assigner.assign(times)
@@ -228,12 +258,29 @@ class WindowOperator(_KeyedOperator):
         late_rows = np.flatnonzero(~on_time_rows)
         if len(late_rows):
             if self.late_output is not None and not self.partial_input:
-                self.emit_side(self.late_output, batch.take(pa.array(late_rows)))
+                late_batch = batch.take(pa.array(late_rows))
+                if not self.emit_keys:  # window_all: the rows as they came, without its key
+                    late_batch = late_batch.select(
+                        [n for n in late_batch.schema.names if n not in self.key_names])
+                self.emit_side(self.late_output, late_batch)
                 self.late_side_output += len(late_rows)
             else:
                 self.late_dropped += len(late_rows)
+                self._log_late_dropped()
         keep = ~late
         return rows[keep], starts[keep], ends[keep]
+
+    def _log_late_dropped(self, now: float | None = None) -> None:
+        """Log dropped late records: at the first drop, then at most once every
+        :data:`LATE_LOG_INTERVAL_S` seconds (with the count since the last log)."""
+        now = time.monotonic() if now is None else now
+        if self._late_logged_at is not None and now - self._late_logged_at < LATE_LOG_INTERVAL_S:
+            return
+        since = self.late_dropped - self._late_logged_count
+        log.warning("window '%s' dropped %d late record(s) (%d in total; pass "
+                    "late_output=tag to keep them, or allowed_lateness_ms)",
+                    self.name, since, self.late_dropped)
+        self._late_logged_at, self._late_logged_count = now, self.late_dropped
 
     # -- dense path -----------------------------------------------------------------------
     def _merge_dense(self, table: pa.Table, rows, starts, key_ids) -> None:
@@ -260,9 +307,9 @@ class WindowOperator(_KeyedOperator):
             kids = kids_of[mask]
             window = self._dense_window(start, capacity)
             new = kids[~window.present[kids]]
-            for name in spec.partial_columns:
-                spec.merge_into(name, window.columns[name], kids,
-                                values[name][mask].astype(self.dtypes[name], copy=False))
+            spec.merge_all(window.columns, kids,
+                           {name: values[name][mask].astype(self.dtypes[name], copy=False)
+                            for name in spec.partial_columns})
             if len(new):
                 window.present[new] = True
                 window.count += len(new)
@@ -415,7 +462,7 @@ class WindowOperator(_KeyedOperator):
             if isinstance(fn, UserAggregate):
                 out.extend(fn.rows(self._key_fields(key), window, acc))
             else:
-                out.extend(fn.rows(key, window, acc))
+                out.extend(fn.rows(key if self.emit_keys else None, window, acc))
         if out:
             self.output.emit(rows_to_batch(out, schema=self.schema,
                                            where=f"window '{self.name}'"))
@@ -427,6 +474,8 @@ class WindowOperator(_KeyedOperator):
                 del self.sessions[kid]
 
     def _key_fields(self, key: Any) -> dict:
+        if not self.emit_keys:
+            return {}
         if len(self.key_names) == 1:
             return {self.key_names[0]: key}
         return dict(zip(self.key_names, key))
@@ -522,7 +571,7 @@ class WindowOperator(_KeyedOperator):
         if not n:
             return
         self.fired += n
-        columns = dict(zip(self.key_names, self.key_columns.take(kids)))
+        columns = dict(zip(self.key_names, self.key_columns.take(kids))) if self.emit_keys else {}
         columns["window_start"] = pa.array(np.broadcast_to(starts, n).astype(np.int64))
         columns["window_end"] = pa.array(np.broadcast_to(ends, n).astype(np.int64))
         columns.update(results)

@@ -18,10 +18,9 @@ from __future__ import annotations
 import pyarrow as pa
 
 from raystream.engine.operators.base import Operator, OperatorSnapshot
-from raystream.engine.watermarks import timestamps_ms
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.assigners import WindowAssigner
-from raystream.engine.windows.operator import WINDOW_START, _is_identity
+from raystream.engine.windows.operator import WINDOW_START, _is_identity, event_times
 
 
 class WindowPreAggregator(Operator):
@@ -56,7 +55,7 @@ class WindowPreAggregator(Operator):
         if not batch.num_rows:
             return
         self.rows_in += batch.num_rows
-        times = timestamps_ms(batch, self.timestamp, where=f"window pre-aggregation '{self.name}'")
+        times = event_times(batch, self.timestamp, where=f"window pre-aggregation '{self.name}'")
         rows, starts = self.assigner.assign(times)
         table = pa.Table.from_batches([batch]).select([*self.key_columns, *self.spec.input_columns])
         if not _is_identity(rows, batch.num_rows):  # sliding windows: a row in several

@@ -11,8 +11,16 @@
     [{'user': 'a', 'window_start': 1000, 'window_end': 2000, 'count': 2},
      {'user': 'b', 'window_start': 2000, 'window_end': 3000, 'count': 1}]
 
-Every result row has the key column(s) (``key`` for a key function),
-``window_start``, ``window_end`` (ms, end exclusive) and the aggregates.
+Every result row has the key column(s) (``key`` for a key function; none for
+``window_all``), ``window_start``, ``window_end`` (ms, end exclusive) and the
+aggregates. A result's event time is ``window_end - 1`` (Flink's): a
+``window(...)`` on a window's results without ``timestamp=`` uses it
+(:data:`~raystream.engine.windows.operator.WINDOW_TIME`, ``rs.WINDOW_TIME``),
+so windowed stages chain:
+
+    >>> per_minute = per_second.key_by("user").window(
+    ...     rs.TumblingEventTimeWindows(size_ms=60_000)).sum("count")
+    >>> everyone = per_second.window_all(rs.TumblingEventTimeWindows(size_ms=60_000)).sum("count")
 """
 
 from __future__ import annotations
@@ -25,10 +33,11 @@ from raystream.checkpoint.state import AggregateFunction
 from raystream.engine.graph import InputEdge, PartitionSpec
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.assigners import WindowAssigner
+from raystream.engine.windows.count import CountWindowOperator
 from raystream.engine.windows.functions import (BuiltinAggregates, ProcessWindow,
                                                 ProcessWindowFunction, UserAggregate,
                                                 WindowFunction)
-from raystream.engine.windows.operator import WindowOperator
+from raystream.engine.windows.operator import WINDOW_TIME, WindowOperator
 from raystream.engine.windows.pre_aggregate import WindowPreAggregator
 
 if TYPE_CHECKING:
@@ -47,16 +56,22 @@ class WindowedStream:
     ``pre_aggregate``: combine per (key, window) before the shuffle where
     possible (built-in aggregates, tumbling or sliding event time, column
     keys, no late output).
+
+    ``timestamp`` defaults to ``rs.WINDOW_TIME`` (``window_end - 1``) when the
+    stream holds a window's results. For ``window_all`` (``all_windows``) the
+    window operator runs at parallelism 1 and its results have no key column.
     """
 
     def __init__(self, keyed: "KeyedStream", assigner: WindowAssigner, *, timestamp: str | None,
-                 allowed_lateness_ms: int, late_output: str | None, pre_aggregate: bool) -> None:
+                 allowed_lateness_ms: int, late_output: str | None, pre_aggregate: bool,
+                 all_windows: bool = False) -> None:
         self.keyed = keyed
         self.assigner = assigner
         self.timestamp = timestamp
         self.allowed_lateness_ms = allowed_lateness_ms
         self.late_output = late_output
         self.pre_aggregate = pre_aggregate
+        self.all_windows = all_windows
 
     # -- built-in aggregates (vectorized) --------------------------------------------------
     def count(self, *, output: str = "count", name: str | None = None) -> "DataStream":
@@ -75,9 +90,39 @@ class WindowedStream:
     def mean(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
         return self.agg(name=name, **{output or column: ("mean", column)})
 
+    def max_by(self, value: str, by: str, *, output: str | None = None,
+               name: str | None = None) -> "DataStream":
+        """``value`` of the row with the largest ``by`` per (key, window) (Flink/Spark
+        ``max_by``), vectorized and pre-aggregated. Rows where either column is null are
+        skipped (no such row: null); ties on ``by`` go to the smallest ``value``, so the
+        result does not depend on the order records arrive in.
+
+            >>> import raystream as rs
+            >>> env = rs.StreamEnvironment(parallelism=1)
+            >>> bids = env.from_collection([{"item": 1, "ts": 5, "bidder": 7, "price": 3.0}])
+            >>> winners = bids.key_by("item").window(rs.TumblingEventTimeWindows(size_ms=1000),
+            ...                                      timestamp="ts").max_by("bidder", "price")
+        """
+        return self.agg(name=name, **{output or value: ("max_by", (value, by))})
+
+    def top_k(self, column: str, k: int, *, output: str | None = None,
+              name: str | None = None) -> "DataStream":
+        """The ``k`` largest non-null values of ``column`` per (key, window), largest
+        first, as a list column (shorter when the window has fewer values; equal values
+        count as often as they occur). Vectorized and pre-aggregated.
+
+            >>> import raystream as rs
+            >>> env = rs.StreamEnvironment(parallelism=1)
+            >>> bids = env.from_collection([{"item": 1, "ts": 5, "price": 3.0}])
+            >>> best3 = bids.window_all(rs.TumblingEventTimeWindows(size_ms=1000),
+            ...                         timestamp="ts").top_k("price", 3)
+        """
+        return self.agg(name=name, **{output or column: ("top_k", (column, k))})
+
     def agg(self, *, name: str | None = None, **named: tuple[str, str | None]) -> "DataStream":
         """Several built-in aggregates at once: ``agg(clicks=("count", None),
-        dwell=("sum", "dwell_ms"), longest=("max", "dwell_ms"))``."""
+        dwell=("sum", "dwell_ms"), longest=("max", "dwell_ms"))``; also
+        ``("max_by", (value, by))`` and ``("top_k", (column, k))``."""
         spec = AggregateSpec.of(named)
         return self._window(BuiltinAggregates(spec), name, spec=spec)
 
@@ -99,8 +144,10 @@ class WindowedStream:
         keyed, assigner = self.keyed, self.assigner
         keys = keyed.keys
         options = dict(timestamp=self.timestamp, allowed_lateness_ms=self.allowed_lateness_ms,
-                       late_output=self.late_output, schema=schema)
-        name = name or "window"
+                       late_output=self.late_output, schema=schema,
+                       emit_keys=not self.all_windows)
+        name = name or ("window_all" if self.all_windows else "window")
+        parallelism = 1 if self.all_windows else None
         if (spec is not None and self.pre_aggregate and assigner.event_time
                 and not assigner.merging and self.late_output is None and keys.columns):
             upstream = keyed.plain()
@@ -109,11 +156,54 @@ class WindowedStream:
                 lambda n: WindowPreAggregator(n, list(keys.columns), assigner,
                                               timestamp=self.timestamp, spec=spec),
                 parallelism=keyed.transformation.parallelism)
-            return pre._add(
+            result = pre._add(
                 "operator", name,
                 lambda n: WindowOperator(n, keys, assigner, function=function,
                                          partial_input=True, **options),
+                parallelism=parallelism,
                 inputs=[InputEdge(pre.transformation.id, PartitionSpec("hash", keys))])
-        return keyed._add("operator", name,
-                          lambda n: WindowOperator(n, keys, assigner, function=function,
-                                                   **options))
+        else:
+            result = keyed._add("operator", name,
+                                lambda n: WindowOperator(n, keys, assigner, function=function,
+                                                         **options),
+                                parallelism=parallelism)
+        if assigner.event_time:  # results carry event time window_end - 1 (Flink's)
+            result.default_timestamp = WINDOW_TIME
+        return result
+
+
+class CountWindowedStream:
+    """``key_by(k).count_window(size, slide=None)``: per key, a window every ``size``
+    records (tumbling) or every ``slide`` records over the last ``size`` (sliding);
+    finish it with built-in aggregates (see :mod:`raystream.engine.windows.count`).
+    Results have the key column(s) and the aggregates."""
+
+    def __init__(self, keyed: "KeyedStream", size: int, slide: int | None) -> None:
+        if int(size) <= 0 or (slide is not None and int(slide) <= 0):
+            raise ValueError(f"count_window: size and slide must be positive numbers of "
+                             f"records, got size={size!r}, slide={slide!r}")
+        self.keyed, self.size, self.slide = keyed, size, slide
+
+    def count(self, *, output: str = "count", name: str | None = None) -> "DataStream":
+        return self.agg(name=name, **{output: ("count", None)})
+
+    def sum(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
+        return self.agg(name=name, **{output or column: ("sum", column)})
+
+    def min(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
+        return self.agg(name=name, **{output or column: ("min", column)})
+
+    def max(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
+        return self.agg(name=name, **{output or column: ("max", column)})
+
+    def mean(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
+        return self.agg(name=name, **{output or column: ("mean", column)})
+
+    def agg(self, *, name: str | None = None, **named: tuple) -> "DataStream":
+        """Several built-in aggregates, as :meth:`WindowedStream.agg` (also ``max_by``
+        and ``top_k``)."""
+        spec = AggregateSpec.of(named)
+        keys, size, slide = self.keyed.keys, self.size, self.slide
+        return self.keyed._add("operator", name or "count_window",
+                               lambda n: CountWindowOperator(n, keys, size=size, slide=slide,
+                                                             spec=spec))

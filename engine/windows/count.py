@@ -1,0 +1,171 @@
+"""Count windows: ``key_by(k).count_window(size, slide=None)`` (Flink's ``countWindow``).
+
+Per key, in the order the key's records reach its subtask: a **tumbling**
+count window (no ``slide``) fires every ``size`` records with those ``size``
+records and forgets them; a **sliding** one fires every ``slide`` records with
+the last ``size`` of them (fewer while the key has seen fewer). Records of a
+window that never fills are not emitted (Flink's ``CountTrigger`` with
+``GlobalWindows``). Results have the key column(s) and the aggregates.
+
+Vectorized: per batch, one sort by (key, position) and one ``group_by`` over
+the fired windows; Python runs per distinct key of a batch (its pending rows),
+never per record. A key's pending rows (the aggregate input columns of the
+records a future window still needs) and its record count are state per key
+group, so they are checkpointed and restored at any parallelism.
+
+    >>> import pyarrow as pa
+    >>> from raystream.engine.keys import KeySelector
+    >>> from raystream.engine.operators.base import CollectingOutput, RuntimeContext
+    >>> op = CountWindowOperator("c", KeySelector.of("k"), size=2,
+    ...                          spec=AggregateSpec.of({"total": ("sum", "x")}))
+    >>> out = CollectingOutput(); op.setup(RuntimeContext.local(), out)
+    >>> op.initialize_state(None)
+    >>> op.process_batch(pa.record_batch({"k": [1, 2, 1], "x": [10, 20, 30]}))
+    >>> op.process_batch(pa.record_batch({"k": [2, 1], "x": [5, 7]}))
+    >>> [b.to_pydict() for b in out.batches]
+    [{'k': [1], 'total': [40]}, {'k': [2], 'total': [25]}]
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from raystream.engine.keys import KeySelector
+from raystream.engine.operators.keyed import _KeyedOperator
+from raystream.engine.windows.aggregates import AggregateSpec
+
+_COUNT_STATE_VERSION = 1
+_ONE = "__one"  # a placeholder column: keeps row counts when no aggregate reads a column
+
+
+class CountWindowOperator(_KeyedOperator):
+    """Count windows of ``size`` records per key, every ``slide`` records (default:
+    ``size``, tumbling), computing the built-in aggregates of ``spec``."""
+
+    def __init__(self, name: str, keys: KeySelector, *, size: int, slide: int | None = None,
+                 spec: AggregateSpec) -> None:
+        super().__init__(name, keys)
+        if int(size) <= 0 or (slide is not None and int(slide) <= 0):
+            raise ValueError(f"count window '{name}': size and slide must be positive "
+                             f"numbers of records, got size={size!r}, slide={slide!r}")
+        self.size = int(size)
+        self.slide = int(slide) if slide is not None else self.size
+        self.spec = spec
+        self.key_names = list(keys.columns) if keys.columns else ["key"]
+        self.fired = 0
+
+    def initialize_state(self, restored) -> None:
+        # key id -> (records of the key so far, its pending rows: the last ones a future
+        # window needs, oldest first); values are replaced, never mutated (snapshots share)
+        self.pending: dict[int, tuple[int, pa.Table]] = {}
+        super().initialize_state(restored)
+
+    def metrics(self) -> dict[str, float]:
+        return {"windows_fired": self.fired}
+
+    def _first_needed(self, counts: np.ndarray) -> np.ndarray:
+        """The first position a future window still needs, per key that has ``counts``
+        records: the next firing position minus ``size - 1``."""
+        next_fire = (counts // self.slide + 1) * self.slide - 1
+        return next_fire - self.size + 1
+
+    def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
+        n = batch.num_rows
+        if not n:
+            return
+        distinct = self.keys.distinct_keys(batch, self.ctx.max_parallelism)
+        ids = self.timers.key_ids(distinct.keys, distinct.groups)
+        rows = pa.table({**{c: batch.column(c) for c in self.spec.input_columns},
+                         _ONE: pa.array(np.ones(n, dtype=np.int8))})
+
+        # positions: the key's records before this batch, then its rank in the batch
+        before = np.array([self.pending.get(k, (0, None))[0] for k in ids.tolist()],
+                          dtype=np.int64)
+        order = np.argsort(distinct.inverse, kind="stable")
+        per_key = np.bincount(distinct.inverse, minlength=len(ids))
+        first_of_key = np.concatenate([[0], np.cumsum(per_key)[:-1]])
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n) - first_of_key[distinct.inverse[order]]
+        positions = before[distinct.inverse] + rank
+
+        # every row a window may need: the pending ones of these keys, then the batch's
+        tables, all_kids, all_pos = [], [], []
+        for index, kid in enumerate(ids.tolist()):
+            count, table = self.pending.get(kid, (0, None))
+            if table is not None and table.num_rows:
+                tables.append(table)
+                all_kids.append(np.full(table.num_rows, index, dtype=np.int64))
+                all_pos.append(count - table.num_rows + np.arange(table.num_rows))
+        pending_rows = sum(t.num_rows for t in tables)
+        tables.append(rows)
+        everything = pa.concat_tables(tables) if len(tables) > 1 else rows
+        keys_of = np.concatenate([*all_kids, distinct.inverse.astype(np.int64)])
+        pos_of = np.concatenate([*all_pos, positions]).astype(np.int64)
+        sorted_rows = np.lexsort((pos_of, keys_of))  # by key, then position
+
+        # fires: batch rows whose position completes a slide
+        fire = np.flatnonzero((positions + 1) % self.slide == 0)
+        if len(fire):
+            at = np.empty(len(sorted_rows), dtype=np.int64)
+            at[sorted_rows] = np.arange(len(sorted_rows))
+            last = at[pending_rows + fire]  # the firing row's place in the sorted order
+            size = np.minimum(self.size, positions[fire] + 1)
+            back = np.arange(self.size)[None, :]
+            member = back < size[:, None]
+            taken = sorted_rows[(last[:, None] - back)[member]]
+            fire_id = np.broadcast_to(np.arange(len(fire))[:, None], member.shape)[member]
+            members = everything.take(pa.array(taken)).append_column("__fire",
+                                                                      pa.array(fire_id))
+            partials = self.spec.partials_of_rows(members, ["__fire"])
+            by_fire = np.argsort(partials["__fire"].to_numpy())
+            results = self.spec.results({c: partials[c].to_numpy()[by_fire]
+                                         for c in self.spec.partial_columns})
+            index = pa.array(distinct.inverse[fire])
+            columns = {name: array.take(index)
+                       for name, array in zip(self.key_names, distinct.arrays)}
+            columns.update(results)
+            self.fired += len(fire)
+            self.output.emit(pa.RecordBatch.from_pydict(columns))
+
+        # what stays pending: per key, the rows from its first still-needed position
+        counts = before + per_key
+        needed = pos_of >= self._first_needed(counts)[keys_of]
+        kept = sorted_rows[needed[sorted_rows]]
+        kept_keys = keys_of[kept]
+        kept_table = everything.take(pa.array(kept))
+        edges = np.searchsorted(kept_keys, np.arange(len(ids) + 1))
+        for index, kid in enumerate(ids.tolist()):
+            a, b = int(edges[index]), int(edges[index + 1])
+            self.pending[kid] = (int(counts[index]), kept_table.slice(a, b - a))
+
+    # -- state ---------------------------------------------------------------------------
+    def keyed_snapshot_parts(self):
+        parts = super().keyed_snapshot_parts()
+        pending = dict(self.pending)  # synchronous: values are immutable, never mutated
+        timers = self.timers
+
+        def sections() -> dict[int, bytes]:
+            by_group: dict[int, list[tuple[Any, int, pa.Table]]] = {}
+            for kid, (count, table) in pending.items():
+                by_group.setdefault(timers.key_group(kid), []).append(
+                    (timers.key(kid), count, table))
+            return {group: pickle.dumps((_COUNT_STATE_VERSION, entries), protocol=5)
+                    for group, entries in by_group.items()}
+        parts["count_windows"] = sections
+        return parts
+
+    def restore_keyed_parts(self, parts) -> None:
+        sections = parts.pop("count_windows", [])
+        super().restore_keyed_parts(parts)
+        for group, blob in sections:
+            version, entries = pickle.loads(blob)  # this job's own checkpoint file
+            if version != _COUNT_STATE_VERSION:
+                raise ValueError(f"count window '{self.name}': state version {version} in key "
+                                 f"group {group}; this raystream reads version "
+                                 f"{_COUNT_STATE_VERSION}")
+            for key, count, table in entries:
+                self.pending[self.timers.key_id(key, group)] = (count, table)
