@@ -10,9 +10,9 @@
     raystream stop JOB --savepoint PATH [--drain]         savepoint it and stop it
 
 A job script builds a job and runs it with ``env.execute(...)``, like
-``examples/meter_totals.py``. ``run`` runs it with Ray in this process, or
-on the cluster named by ``RAY_ADDRESS``; it prints the progress of each job
-every few seconds. ``submit`` uploads the script's directory and runs
+``examples/meter_totals.py``. ``raystream run`` runs it with Ray in this
+process, or on the cluster named by ``RAY_ADDRESS``; it prints the progress of
+each job every few seconds. ``raystream submit`` uploads the script's directory and runs
 ``raystream run`` on the cluster's head through the Ray Jobs API.
 
 The job commands connect to the Ray cluster at ``--address`` (default:
@@ -51,7 +51,10 @@ TERMINAL_SUBMISSION_STATUSES = {"SUCCEEDED", "FAILED", "STOPPED"}
 # -- run ---------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
     from raystream.engine.environment import run_defaults
+    from raystream.engine.logs import set_verbose
 
+    if args.verbose:
+        set_verbose()
     script = Path(args.script)
     if not script.is_file():
         raise FileNotFoundError(f"no job script {script}")
@@ -447,22 +450,34 @@ def _duration(job: dict) -> str:
 
 
 # -- entry point -------------------------------------------------------------------------------------
+def _help_epilog() -> str:
+    """The module docstring after its first line, as plain text (no RST backticks)."""
+    return "\n".join(__doc__.splitlines()[2:]).replace("``", "").strip("\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0],
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0].replace("``", ""),
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.splitlines()[2:12]))
+                                     epilog=_help_epilog())
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = commands.add_parser("run", help="run a job script here (Ray in this process, or RAY_ADDRESS)")
-    run.add_argument("script")
+    run = commands.add_parser("run", help="run a job script here (Ray in this process, or RAY_ADDRESS)",
+                              usage=f"{PROG} run [-h] [--restore-from PATH] "
+                                    f"[--progress-every SECONDS] [--verbose] script [-- ARGS ...]")
+    run.add_argument("script", help="the job script; arguments after -- go to it (sys.argv)")
     run.add_argument("--restore-from", metavar="PATH",
                      help="start the script's jobs from this savepoint or retained checkpoint")
     run.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS",
                      help="print each running job's progress this often (0: never)")
+    run.add_argument("--verbose", action="store_true",
+                     help="show Ray's and Spark's own log lines too (RAYSTREAM_LOG=debug)")
     run.set_defaults(handler=cmd_run)
 
-    submit = commands.add_parser("submit", help="run a job script on a Ray cluster (Ray Jobs API)")
-    submit.add_argument("script")
+    submit = commands.add_parser("submit", help="run a job script on a Ray cluster (Ray Jobs API)",
+                                 usage=f"{PROG} submit [-h] [--address URL] [--restore-from PATH] "
+                                       f"[--working-dir DIR] [--submission-id ID] "
+                                       f"[--progress-every SECONDS] [--wait] script [-- ARGS ...]")
+    submit.add_argument("script", help="the job script; arguments after -- go to it (sys.argv)")
     submit.add_argument("--address", help="the cluster's dashboard, e.g. http://127.0.0.1:8265 "
                                           "(default: RAY_API_SERVER_ADDRESS or RAY_ADDRESS)")
     submit.add_argument("--restore-from", metavar="PATH")

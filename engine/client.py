@@ -52,6 +52,7 @@ class JobResult:
         a Parquet sink's committed files are read by Spark itself
         (``rs.spark.read``).
 
+            >>> import raystream as rs
             >>> df = result.to_spark(rs.spark.session(), sink)   # doctest: +SKIP
             >>> df.groupBy("k").count().show()                     # doctest: +SKIP
         """

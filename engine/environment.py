@@ -1,9 +1,9 @@
 """The stream environment: where a job is built and from where it runs.
 
-    >>> import raystream as rs
+    >>> import pyarrow.compute as pc, raystream as rs
     >>> env = rs.StreamEnvironment(parallelism=2)
     >>> doubled = env.from_sequence(1000, num_splits=4).map_batches(
-    ...     lambda b: {"id": b.column("id"), "twice": pa.compute.multiply(b.column("id"), 2)})
+    ...     lambda b: {"id": b.column("id"), "twice": pc.multiply(b.column("id"), 2)})
     >>> sink = doubled.collect()
     >>> env.execute("doubling").table(sink).num_rows  # doctest: +SKIP
     1000
@@ -34,6 +34,7 @@ from raystream.engine.datastream import DataStream
 from raystream.engine.errors import InsufficientResourcesError
 from raystream.engine.graph import InputEdge, Resources, Transformation
 from raystream.engine.job_master import NAMESPACE, JobMaster, JobOptions, master_actor_name
+from raystream.engine.logs import quiet_ray
 from raystream.checkpoint.operator_coordinator import OperatorCoordinator
 from raystream.engine.operators.source import SourceOperator, SourceReaderOperator
 from raystream.engine.plan import JobPlan, build_plan
@@ -226,6 +227,7 @@ class StreamEnvironment:
         or ``"dead_letter"`` (an unreadable file or row group is skipped whole and
         described on side output ``rs.sources.DEAD_LETTERS``).
 
+            >>> import raystream as rs
             >>> env = rs.StreamEnvironment()                                      # doctest: +SKIP
             >>> rows = env.read_files("s3://bucket/clicks/", format="jsonl",      # doctest: +SKIP
             ...                       monitor_interval_s=5.0, schema=CLICK_SCHEMA,
@@ -259,6 +261,7 @@ class StreamEnvironment:
         The broker and topics are checked now: an unreachable broker or a missing
         topic raises here, in one line.
 
+            >>> import raystream as rs
             >>> env = rs.StreamEnvironment(parallelism=2)                        # doctest: +SKIP
             >>> clicks = env.read_kafka("127.0.0.1:9092", topics=["clicks"],       # doctest: +SKIP
             ...                         schema=CLICKS, idleness_s=5.0,
@@ -345,6 +348,7 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> None:
     if ray.is_initialized():
         return
     init_kwargs.setdefault("include_dashboard", False)
+    quiet_ray(init_kwargs)
     if address is None and os.environ.get("RAY_ADDRESS", "local") in ("", "local"):
         # "local": always a Ray of our own, even where `ray start` left a cluster
         # running on this machine (plain ray.init() would attach to that one).

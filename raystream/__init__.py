@@ -1,8 +1,8 @@
 """raystream: exactly-once, event-time stream processing for Python on Ray, feeding Spark.
 
-    >>> import raystream as rs
+    >>> import pyarrow.compute as pc, raystream as rs
     >>> env = rs.StreamEnvironment(parallelism=2)
-    >>> sink = env.from_sequence(100).filter_batches(lambda b: pa.compute.less(b["id"], 10)).collect()
+    >>> sink = env.from_sequence(100).filter_batches(lambda b: pc.less(b["id"], 10)).collect()
     >>> env.execute("small").table(sink).num_rows  # doctest: +SKIP
     10
 """
