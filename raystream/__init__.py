@@ -19,6 +19,7 @@ from raystream.engine.datastream import (ConnectedStreams, DataStream, IntervalJ
 from raystream.engine.environment import StreamEnvironment
 from raystream.engine.errors import (BadRecordError, FileReadError, InsufficientResourcesError,
                                      JobFailedError, JobNotFoundError, JobNotRunningError,
+                                     JobStillRunningError,
                                      RaystreamError)
 from raystream.checkpoint.operator_coordinator import (OperatorCoordinator,
                                                         OperatorCoordinatorContext,
@@ -47,7 +48,7 @@ __all__ = [
     "DataStream", "Failpoint", "RestartStrategy",
     "HASH_VERSION", "InsufficientResourcesError", "KafkaError", "KafkaRecordError",
     "KafkaSinkError", "JobClient", "JobFailedError", "JobNotFoundError",
-    "JobNotRunningError", "JobResult",
+    "JobNotRunningError", "JobResult", "JobStillRunningError",
     "KeyedContext", "KeyedProcessFunction", "KeyedStream", "MAX_WATERMARK", "MIN_WATERMARK", "Operator", "RaystreamError",
     "OperatorCoordinator", "OperatorCoordinatorContext", "SourceOperator", "SubtaskEventGateway",
     "RuntimeContext", "SinkHandle", "StreamEnvironment", "key_group_of", "key_group_range",
