@@ -1030,8 +1030,8 @@ class HeapKeyedStateBackend:
             had, has = t.kind.endswith(_TTL_SUFFIX), kind.endswith(_TTL_SUFFIX)
             if had != has:  # Flink refuses this too: the stored values differ in shape
                 raise ValueError(
-                    f"state {name!r} was {'created' if t.ttl else 'checkpointed'} "
-                    f"{'with' if had else 'without'} a TTL and is now declared "
+                    f"state {name!r} has {'a' if had else 'no'} TTL (as declared before, or "
+                    f"as restored from a checkpoint) and is now declared "
                     f"{'with' if has else 'without'} one: a state cannot gain or lose its "
                     f"TTL (give it another name, or keep the ttl= it was created with)")
             raise ValueError(f"state {name!r} is {t.kind} state, not {kind} state")

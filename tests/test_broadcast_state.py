@@ -91,13 +91,15 @@ def throttle(seconds: float):
     return slow
 
 
-def keyed_job(env: rs.StreamEnvironment):
+def keyed_job(env: rs.StreamEnvironment, rule_pause_s: float):
+    """Rules every ``rule_pause_s`` (0.3 s: interleaved with the data; 0.05 s: most likely
+    all in before a savepoint), data over about 2.5 s."""
     data = env.from_sequence(N_EVENTS, event, batch_size=100, num_splits=2, name="events",
                              watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=100)) \
-        .map_batches(throttle(0.03), name="slow-events")
+        .map_batches(throttle(0.06), name="slow-events")
     rule_stream = env.from_collection(rules(), batch_size=1, name="rules", parallelism=1,
                                       watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=0)) \
-        .map_batches(throttle(0.3), name="slow-rules", parallelism=1)
+        .map_batches(throttle(rule_pause_s), name="slow-rules", parallelism=1)
     scaled = data.key_by("k").connect(rule_stream.broadcast(RULES)) \
         .process(ScaleByRuleInForce(), name="scale")
     return scaled.collect()
@@ -115,7 +117,7 @@ def test_keyed_broadcast_job_through_a_failure_equals_pandas_exactly_once(ray_se
         failpoints=[rs.Failpoint("in_processing", operator="scale", subtask=1, hit=40,
                                  action="exit")],
         restart=rs.RestartStrategy.fixed_delay(3, 0.1))
-    sink = keyed_job(env)
+    sink = keyed_job(env, 0.3)
     result = env.execute("broadcast-keyed")
     assert result.restarts == 1, result.failures
     pd.testing.assert_frame_equal(as_frame(result.table(sink)), expected())
@@ -127,9 +129,9 @@ def stopped_keyed_job(ray_session, tmp_path_factory):
     base = tmp_path_factory.mktemp("broadcast-savepoint")
     env = rs.StreamEnvironment(parallelism=2, checkpoints=rs.CheckpointConfig(
         interval_s=0.2, storage=str(base / "chk")))
-    sink = keyed_job(env)
+    sink = keyed_job(env, 0.05)
     client = env.execute_async("broadcast-before")
-    wait_for_checkpoint(client, after=3)
+    wait_for_checkpoint(client, after=4)
     first = client.stop_with_savepoint(str(base / "savepoint"))
     return base, first.table(sink)
 
@@ -142,7 +144,7 @@ def test_broadcast_state_survives_a_savepoint_and_a_rescale(stopped_keyed_job, p
     assert 0 < before.num_rows < N_EVENTS  # stopped midway
     env = rs.StreamEnvironment(parallelism=parallelism, checkpoints=rs.CheckpointConfig(
         interval_s=0.2, storage=str(base / f"chk-{parallelism}")))
-    sink = keyed_job(env)
+    sink = keyed_job(env, 0.05)
     after = env.execute(f"broadcast-after-{parallelism}", restore_from=str(base / "savepoint"))
     both = pa.concat_tables([before, after.table(sink)])
     pd.testing.assert_frame_equal(as_frame(both), expected())

@@ -92,8 +92,8 @@ def test_config_accepts_enums_and_strings_and_rejects_bad_input():
     b.value_state("y", ttl=rs.StateTtlConfig(5))
     with pytest.raises(ValueError, match="state 'y' is declared with two TTLs"):
         b.value_state("y", ttl=rs.StateTtlConfig(6))
-    with pytest.raises(ValueError, match="state 'y' was created with a TTL and is now "
-                                         "declared without one"):
+    with pytest.raises(ValueError, match="state 'y' has a TTL .* and is now declared "
+                                         "without one"):
         b.value_state("y")
 
 
@@ -254,17 +254,16 @@ def h_read(h: dict) -> tuple:
 def test_a_state_cannot_gain_or_lose_its_ttl_across_a_restore():
     clock = Clock()
     b = backend(clock)
-    b.value_state("plain").update  # noqa: B018 - declared only
     b.set_current_key(1)
     b.value_state("plain").update(1)
     b.value_state("timed", ttl=rs.StateTtlConfig(TTL)).update(2)
     sections = b.snapshot()()
     r = backend(clock)
     r.restore(sections)
-    with pytest.raises(ValueError, match="state 'plain' was checkpointed without a TTL and is "
-                                         "now declared with one"):
+    with pytest.raises(ValueError, match="state 'plain' has no TTL .*restored from a "
+                                         "checkpoint.* now declared with one"):
         r.value_state("plain", ttl=rs.StateTtlConfig(TTL))
-    with pytest.raises(ValueError, match="state 'timed' was checkpointed with a TTL"):
+    with pytest.raises(ValueError, match="state 'timed' has a TTL"):
         r.value_state("timed")
     with pytest.raises(NotImplementedError, match="cannot be merged"):
         r.list_state("l", ttl=rs.StateTtlConfig(TTL)).merge_namespaces("a", ["b"])
@@ -549,7 +548,7 @@ def probe_input() -> list[dict]:
     for k in range(6):
         rows += [{"k": k, "op": "put", "pause_ms": 0}, {"k": k, "op": "get", "pause_ms": 0},
                  {"k": k, "op": "get", "pause_ms": 3 * JOB_TTL_MS}]
-    rows += [{"k": 100 + i, "op": "put", "pause_ms": 40} for i in range(200)]
+    rows += [{"k": 100 + i, "op": "put", "pause_ms": 40} for i in range(300)]
     for k in range(6):
         rows += [{"k": k, "op": "get", "pause_ms": 0}, {"k": k, "op": "audit", "pause_ms": 0}]
     return [{"id": i, **row} for i, row in enumerate(rows)]
@@ -576,7 +575,7 @@ def test_ttl_in_a_real_job_expires_and_survives_a_savepoint(ray_session, tmp_pat
     env = env_at(2, "first")
     sink = probe_job(env, "never_return_expired")
     client = env.execute_async("ttl-first")
-    wait_for_checkpoint(client, after=5, timeout_s=120)  # midway through the slow tail
+    wait_for_checkpoint(client, after=3, timeout_s=120)  # early in the slow tail
     savepoint_requested = time.time() * 1000
     first = client.stop_with_savepoint(str(tmp_path / "savepoint"))
     rows = [{**r, "run": 1} for r in first.table(sink).to_pylist()]
