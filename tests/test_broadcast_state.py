@@ -114,7 +114,7 @@ def as_frame(table: pa.Table) -> pd.DataFrame:
 def test_keyed_broadcast_job_through_a_failure_equals_pandas_exactly_once(ray_session, tmp_path):
     env = rs.StreamEnvironment(
         parallelism=2, checkpoints=rs.CheckpointConfig(interval_s=0.2, storage=str(tmp_path)),
-        failpoints=[rs.Failpoint("in_processing", operator="scale", subtask=1, hit=40,
+        failpoints=[rs.Failpoint("in_processing", operator="scale", subtask=1, hit=15,
                                  action="exit")],
         restart=rs.RestartStrategy.fixed_delay(3, 0.1))
     sink = keyed_job(env, 0.3)
@@ -170,7 +170,7 @@ def test_non_keyed_broadcast_every_subtask_sees_every_rule_once(ray_session, tmp
     n = 3_000
     env = rs.StreamEnvironment(
         parallelism=2, checkpoints=rs.CheckpointConfig(interval_s=0.2, storage=str(tmp_path)),
-        failpoints=[rs.Failpoint("in_processing", operator="newest", subtask=0, hit=25,
+        failpoints=[rs.Failpoint("in_processing", operator="newest", subtask=0, hit=10,
                                  action="exit")],
         restart=rs.RestartStrategy.fixed_delay(3, 0.1))
     data = env.from_sequence(n, event, batch_size=50, num_splits=2, name="events") \
