@@ -64,6 +64,17 @@ record: mutating it in place changes the state. Do not keep such references
 across records (a snapshot may be taken in between) and do not mutate an
 object after handing it to state except through a fresh read.
 
+State TTL
+---------
+A state created with ``ttl=StateTtlConfig(...)`` (see :mod:`raystream.checkpoint.ttl`)
+stores ``(value, timestamp)`` per value, per list element and per map entry,
+stamped by the backend's ``ttl_time_provider`` (the wall clock in ms unless
+injected). Its handles hide and remove expired values on access and check a few
+more stored entries of the state per access (an incremental cleanup cursor over
+all its key groups); a snapshot leaves out what has expired at its synchronous
+part (filtered in the asynchronous part, over maps no one changes any more). Its
+kind in the section directory carries a ``+ttl`` suffix.
+
 Section format
 --------------
 ``b"RSKS"``, then big-endian ``uint16`` format version (:data:`FORMAT_VERSION`),

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 
@@ -275,7 +275,8 @@ class KeyedBroadcastProcessFunction:
         pass
 
 
-def _rows(process: Callable, rows: Iterator[Any], ctx: Any) -> list[Any]:
+def _rows(process: Callable, rows: list[dict], ctx: Any) -> list[Any]:
+    """What ``process(row, ctx)`` returns or yields, over ``rows``."""
     out: list[Any] = []
     for row in rows:
         produced = _call(process, row, ctx)
@@ -309,9 +310,9 @@ class BroadcastProcessOperator(Operator):
 
     def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
         if input_index == 0:
-            out = _rows(self.fn.process_element, iter(batch.to_pylist()), self.read_ctx)
+            out = _rows(self.fn.process_element, batch.to_pylist(), self.read_ctx)
         else:
-            out = _rows(self.fn.process_broadcast_element, iter(batch.to_pylist()),
+            out = _rows(self.fn.process_broadcast_element, batch.to_pylist(),
                         self.write_ctx)
         emit_rows(self, out, self.schema)
         side, self.side_rows = self.side_rows, {}
@@ -357,7 +358,7 @@ class KeyedBroadcastProcessOperator(KeyedProcessOperator):
             return
         self.keyed_ctx.time_domain = None
         fn: Any = self.fn
-        self._emit(_rows(fn.process_broadcast_element, iter(batch.to_pylist()),
+        self._emit(_rows(fn.process_broadcast_element, batch.to_pylist(),
                          self.broadcast_ctx))
 
     def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
