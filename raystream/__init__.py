@@ -59,3 +59,14 @@ __all__ = [
     "IntervalBounds", "IntervalJoin", "IntervalJoined", "JoinContext", "KeyedCoProcessFunction",
     "ProcessJoinFunction",
 ]
+from raystream.checkpoint.ttl import StateTtlConfig, TtlUpdate, TtlVisibility  # noqa: E402
+__all__ += ["StateTtlConfig", "TtlUpdate", "TtlVisibility"]
+from raystream.engine.datastream import BroadcastConnectedStream, BroadcastStream  # noqa: E402
+from raystream.engine.operators.broadcast import (  # noqa: E402
+    BroadcastContext, BroadcastProcessFunction, BroadcastState, KeyedBroadcastContext,
+    KeyedBroadcastProcessFunction, KeyedReadOnlyContext, MapStateDescriptor,
+    ReadOnlyBroadcastState, ReadOnlyContext)
+__all__ += ["BroadcastConnectedStream", "BroadcastContext", "BroadcastProcessFunction",
+            "BroadcastState", "BroadcastStream", "KeyedBroadcastContext",
+            "KeyedBroadcastProcessFunction", "KeyedReadOnlyContext", "MapStateDescriptor",
+            "ReadOnlyBroadcastState", "ReadOnlyContext"]
