@@ -58,3 +58,5 @@ __all__ = [
     "IntervalBounds", "IntervalJoin", "IntervalJoined", "JoinContext", "KeyedCoProcessFunction",
     "ProcessJoinFunction",
 ]
+from raystream.engine.windows.join import WindowedTwoStreams  # noqa: E402  (window join/co_group)
+__all__ += ["WindowedTwoStreams"]

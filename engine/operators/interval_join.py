@@ -37,17 +37,18 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import numpy as np
 import pyarrow as pa
 
-from raystream.checkpoint.sections import decode_parts, encode_parts
 from raystream.engine.batches import rows_to_batch
 from raystream.engine.keys import KeySelector
 from raystream.engine.operators.base import RestoredState
 from raystream.engine.operators.functions import _close_function, emit_rows
 from raystream.engine.operators.keyed import _KeyedOperator
+from raystream.engine.operators.keyed_rows import KeyedRows as _Rows
+from raystream.engine.operators.keyed_rows import RowBuffer, read_side_sections, side_sections
 from raystream.engine.watermarks import timestamps_ms
 
 _STATE_VERSION = b"\x01"  # first byte of a key group's "join" part
@@ -171,66 +172,15 @@ class JoinContext:
         self.side_rows.setdefault(tag, []).append(row)
 
 
-@dataclass(frozen=True)
-class _Rows:
-    """Buffered rows of one side: an Arrow table and, per row, timestamp and key id."""
-
-    table: pa.Table
-    ts: np.ndarray
-    kid: np.ndarray
-
-    @classmethod
-    def concat(cls, parts: list["_Rows"]) -> "_Rows":
-        if len(parts) == 1:
-            return parts[0]
-        return cls(_concat_tables([p.table for p in parts]),
-                   np.concatenate([p.ts for p in parts]), np.concatenate([p.kid for p in parts]))
-
-    def take(self, index: np.ndarray) -> "_Rows":
-        return _Rows(self.table.take(pa.array(index, pa.int64())), self.ts[index], self.kid[index])
-
-
-class _Buffer:
-    """One side's buffered rows: appended chunks, combined and sorted by key lazily.
-
-    Chunks are never changed in place (a cleanup replaces them), so a snapshot can
-    keep the list of them as they are."""
+class _Buffer(RowBuffer):
+    """One side's buffered rows, sorted by key lazily for probing."""
 
     def __init__(self) -> None:
-        self.chunks: list[_Rows] = []
+        super().__init__()
         self._sorted: _SortedRows | None = None  # built when probed, dropped on change
-        self.min_ts: int | None = None
 
-    def __len__(self) -> int:
-        return sum(len(c.ts) for c in self.chunks)
-
-    def append(self, rows: _Rows) -> None:
-        self.chunks.append(rows)
+    def _changed(self) -> None:
         self._sorted = None
-        low = int(rows.ts.min())
-        self.min_ts = low if self.min_ts is None else min(self.min_ts, low)
-
-    def combined(self) -> _Rows | None:
-        if not self.chunks:
-            return None
-        if len(self.chunks) > 1:
-            self.chunks = [_Rows.concat(self.chunks)]
-        return self.chunks[0]
-
-    def retain(self, keep: Callable[[np.ndarray], np.ndarray]) -> None:
-        """Keep the rows where ``keep(ts)`` is true."""
-        rows = self.combined()
-        if rows is None:
-            return
-        mask = keep(rows.ts)
-        if mask.all():
-            return
-        self._sorted = None
-        if not mask.any():
-            self.chunks, self.min_ts = [], None
-            return
-        kept = rows.take(np.flatnonzero(mask))
-        self.chunks, self.min_ts = [kept], int(kept.ts.min())
 
     def matches(self, kid: np.ndarray, ts: np.ndarray,
                 offsets: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, _Rows | None]:
@@ -432,53 +382,18 @@ class IntervalJoinOperator(_KeyedOperator):
     def keyed_snapshot_parts(self):
         parts = super().keyed_snapshot_parts()
         # synchronous part: the chunk lists as they are (tables and arrays are immutable)
-        chunks = tuple(list(buffer.chunks) for buffer in self.buffers)
+        chunks = {side.name.lower(): list(buffer.chunks)
+                  for side, buffer in zip(JoinSide, self.buffers)}
         key_groups_of = self.timers.key_groups_of
-
-        def sections() -> dict[int, bytes]:
-            by_group: dict[int, dict[str, bytes]] = {}
-            for side, side_chunks in zip(JoinSide, chunks):
-                if not side_chunks:
-                    continue
-                rows = _Rows.concat(side_chunks)
-                groups = key_groups_of(rows.kid)
-                order = np.argsort(groups, kind="stable")  # partition by key group
-                distinct, starts = np.unique(groups[order], return_index=True)
-                ends = np.append(starts[1:], len(order))
-                for group, start, end in zip(distinct.tolist(), starts.tolist(), ends.tolist()):
-                    table = rows.table.take(pa.array(order[start:end]))
-                    by_group.setdefault(group, {})[side.name.lower()] = _ipc(table)
-            return {g: _STATE_VERSION + encode_parts(named) for g, named in by_group.items()}
-        parts["join"] = sections
+        parts["join"] = lambda: side_sections(chunks, key_groups_of, _STATE_VERSION)
         return parts
 
     def restore_keyed_parts(self, parts: dict[str, list[tuple[int, bytes]]]) -> None:
         restored = parts.pop("join", [])
         super().restore_keyed_parts(parts)
-        tables: dict[JoinSide, list[pa.Table]] = {JoinSide.LEFT: [], JoinSide.RIGHT: []}
-        for group, data in restored:
-            if data[:1] != _STATE_VERSION:
-                raise ValueError(f"operator '{self.name}': key group {group} holds interval "
-                                 f"join state of unknown version {data[:1]!r}")
-            for side_name, blob in decode_parts(data[1:]).items():
-                tables[JoinSide[side_name.upper()]].append(pa.ipc.open_stream(blob).read_all())
-        for side, side_tables in tables.items():
-            if side_tables:
-                for batch in _concat_tables(side_tables).combine_chunks().to_batches():
-                    self.buffers[side].append(self._index(batch, side))
-
-
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def _concat_tables(tables: list[pa.Table]) -> pa.Table:
-    """Concatenate, unifying schemas that differ only by types Arrow can promote
-    (a column all null in one batch, for example)."""
-    try:
-        return pa.concat_tables(tables)
-    except pa.ArrowInvalid:
-        return pa.concat_tables(tables, promote_options="permissive")
+        tables = read_side_sections(restored, _STATE_VERSION,
+                                    where=f"interval join '{self.name}'")
+        for side_name, table in tables.items():
+            side = JoinSide[side_name.upper()]
+            for batch in table.to_batches():
+                self.buffers[side].append(self._index(batch, side))
