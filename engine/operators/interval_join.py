@@ -35,7 +35,6 @@ gets ``right_suffix`` (default ``"_right"``). With ``.process(fn)`` a
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -44,26 +43,11 @@ import pyarrow as pa
 
 from raystream.engine.batches import rows_to_batch
 from raystream.engine.keys import KeySelector
-from raystream.engine.operators.base import RestoredState
 from raystream.engine.operators.functions import _close_function, emit_rows
-from raystream.engine.operators.keyed import _KeyedOperator
+from raystream.engine.operators.keyed_rows import (BufferedJoinOperator, JoinSide, RowBuffer,
+                                                   joined_names)
 from raystream.engine.operators.keyed_rows import KeyedRows as _Rows
-from raystream.engine.operators.keyed_rows import RowBuffer, read_side_sections, side_sections
 from raystream.engine.watermarks import timestamps_ms
-
-_STATE_VERSION = b"\x01"  # first byte of a key group's "join" part
-
-
-class JoinSide(enum.IntEnum):
-    """Which input of the join (the operator's ``input_index``)."""
-
-    LEFT = 0
-    RIGHT = 1
-
-    @property
-    def other(self) -> "JoinSide":
-        return JoinSide(1 - self)
-
 
 @dataclass(frozen=True)
 class IntervalBounds:
@@ -260,13 +244,15 @@ class _SortedRows:
                    ts_min, span)
 
 
-class IntervalJoinOperator(_KeyedOperator):
+class IntervalJoinOperator(BufferedJoinOperator):
     """The two-input keyed operator behind ``interval_join(...).between(...)``.
 
     ``fn`` None: emit joined rows as Arrow batches (left columns, then right
     columns; a clashing right name gets ``spec.right_suffix``). Otherwise call
     ``fn.process_element(left, right, ctx)`` per pair.
     """
+
+    buffer_type = _Buffer
 
     def __init__(self, name: str, spec: IntervalJoinSpec, fn: ProcessJoinFunction | None = None,
                  *, schema: pa.Schema | None = None) -> None:
@@ -277,14 +263,8 @@ class IntervalJoinOperator(_KeyedOperator):
         self.spec = spec
         self.fn = fn
         self.schema = schema
-        self.buffers = (_Buffer(), _Buffer())
-        self.late_dropped = [0, 0]
 
     # -- lifecycle -----------------------------------------------------------------
-    def initialize_state(self, restored: RestoredState | None) -> None:
-        self.buffers = (_Buffer(), _Buffer())
-        super().initialize_state(restored)
-
     def open(self) -> None:
         self.join_ctx = JoinContext(self.ctx.subtask_index)
         if self.fn is not None:
@@ -293,13 +273,6 @@ class IntervalJoinOperator(_KeyedOperator):
     def close(self) -> None:
         if self.fn is not None:
             _close_function(self.fn)
-
-    def metrics(self) -> dict[str, float]:
-        left, right = self.late_dropped
-        return {"late_records_dropped": left + right, "late_left_dropped": left,
-                "late_right_dropped": right,
-                "buffered_left": sum(len(c.ts) for c in list(self.buffers[0].chunks)),
-                "buffered_right": sum(len(c.ts) for c in list(self.buffers[1].chunks))}
 
     # -- records ---------------------------------------------------------------------
     def _index(self, batch: pa.RecordBatch, side: JoinSide) -> _Rows:
@@ -353,16 +326,8 @@ class IntervalJoinOperator(_KeyedOperator):
                 tagged, schema=None, where=f"side output {tag!r} of operator '{self.name}'"))
 
     def _joined(self, left: pa.Table, right: pa.Table) -> pa.Table:
-        names = list(left.column_names)
-        taken = set(names)
-        for name in right.column_names:
-            renamed = name + self.spec.right_suffix if name in taken else name
-            if renamed in taken:
-                raise ValueError(f"operator '{self.name}': right column {name!r} clashes with "
-                                 f"left column {renamed!r} even with suffix "
-                                 f"{self.spec.right_suffix!r}; choose another right_suffix")
-            names.append(renamed)
-            taken.add(renamed)
+        names = joined_names(left.column_names, right.column_names, self.spec.right_suffix,
+                             where=f"operator '{self.name}'")
         return pa.Table.from_arrays([*left.columns, *right.columns], names=names).combine_chunks()
 
     # -- time ------------------------------------------------------------------------
@@ -379,21 +344,6 @@ class IntervalJoinOperator(_KeyedOperator):
         self.output.emit_watermark(watermark)
 
     # -- state -----------------------------------------------------------------------
-    def keyed_snapshot_parts(self):
-        parts = super().keyed_snapshot_parts()
-        # synchronous part: the chunk lists as they are (tables and arrays are immutable)
-        chunks = {side.name.lower(): list(buffer.chunks)
-                  for side, buffer in zip(JoinSide, self.buffers)}
-        key_groups_of = self.timers.key_groups_of
-        parts["join"] = lambda: side_sections(chunks, key_groups_of, _STATE_VERSION)
-        return parts
-
-    def restore_keyed_parts(self, parts: dict[str, list[tuple[int, bytes]]]) -> None:
-        restored = parts.pop("join", [])
-        super().restore_keyed_parts(parts)
-        tables = read_side_sections(restored, _STATE_VERSION,
-                                    where=f"interval join '{self.name}'")
-        for side_name, table in tables.items():
-            side = JoinSide[side_name.upper()]
-            for batch in table.to_batches():
-                self.buffers[side].append(self._index(batch, side))
+    def restore_side(self, side: JoinSide, table: pa.Table) -> None:
+        for batch in table.to_batches():
+            self.buffers[side].append(self._index(batch, side))

@@ -16,6 +16,7 @@ key groups to any parallelism.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,6 +24,19 @@ import numpy as np
 import pyarrow as pa
 
 from raystream.checkpoint.sections import decode_parts, encode_parts
+from raystream.engine.operators.base import RestoredState
+from raystream.engine.operators.keyed import _KeyedOperator
+
+
+class JoinSide(enum.IntEnum):
+    """Which input of a join (the operator's ``input_index``)."""
+
+    LEFT = 0
+    RIGHT = 1
+
+    @property
+    def other(self) -> "JoinSide":
+        return JoinSide(1 - self)
 
 
 @dataclass(frozen=True)
@@ -94,6 +108,58 @@ class RowBuffer:
         self.chunks, self.min_ts = [kept], int(kept.ts.min())
 
 
+class BufferedJoinOperator(_KeyedOperator):
+    """A keyed operator over two inputs that buffers each input's rows (``self.buffers``,
+    one :class:`RowBuffer` per :class:`JoinSide`) as keyed state: snapshotted per key
+    group in part ``"join"`` (``STATE_VERSION`` first), restored through
+    :meth:`restore_side`. Counts the rows it drops as late per side."""
+
+    STATE_VERSION = b"\x01"  # first byte of a key group's "join" part
+    buffer_type: type[RowBuffer] = RowBuffer
+
+    def __init__(self, name: str, keys) -> None:
+        super().__init__(name, keys)
+        self.buffers = (self.buffer_type(), self.buffer_type())
+        self.late_dropped = [0, 0]
+
+    def initialize_state(self, restored: RestoredState | None) -> None:
+        self.buffers = (self.buffer_type(), self.buffer_type())
+        super().initialize_state(restored)
+
+    def metrics(self) -> dict[str, float]:
+        left, right = self.late_dropped
+        return {"late_records_dropped": left + right, "late_left_dropped": left,
+                "late_right_dropped": right,
+                "buffered_left": sum(len(c.ts) for c in list(self.buffers[0].chunks)),
+                "buffered_right": sum(len(c.ts) for c in list(self.buffers[1].chunks))}
+
+    def snapshot_table(self, rows: KeyedRows) -> pa.Table:
+        """What of buffered rows a snapshot keeps (default: the rows as they came)."""
+        return rows.table
+
+    def restore_side(self, side: JoinSide, table: pa.Table) -> None:
+        """Buffer again the rows :meth:`snapshot_table` kept of ``side``."""
+        raise NotImplementedError
+
+    def keyed_snapshot_parts(self):
+        parts = super().keyed_snapshot_parts()
+        # synchronous part: the chunk lists as they are (tables and arrays are immutable)
+        chunks = {side.name.lower(): list(buffer.chunks)
+                  for side, buffer in zip(JoinSide, self.buffers)}
+        key_groups_of = self.timers.key_groups_of
+        parts["join"] = lambda: side_sections(chunks, key_groups_of, self.STATE_VERSION,
+                                              self.snapshot_table)
+        return parts
+
+    def restore_keyed_parts(self, parts: dict[str, list[tuple[int, bytes]]]) -> None:
+        restored = parts.pop("join", [])
+        super().restore_keyed_parts(parts)
+        tables = read_side_sections(restored, self.STATE_VERSION,
+                                    where=f"operator '{self.name}'")
+        for side_name, table in tables.items():
+            self.restore_side(JoinSide[side_name.upper()], table)
+
+
 def side_sections(sides: dict[str, list[KeyedRows]], key_groups_of: Callable[[np.ndarray], np.ndarray],
                   version: bytes,
                   table_of: Callable[[KeyedRows], pa.Table] = lambda rows: rows.table,
@@ -127,6 +193,26 @@ def read_side_sections(sections: list[tuple[int, bytes]], version: bytes,
         for name, blob in decode_parts(data[1:]).items():
             tables.setdefault(name, []).append(pa.ipc.open_stream(blob).read_all())
     return {name: concat_tables(parts).combine_chunks() for name, parts in tables.items()}
+
+
+def joined_names(left: list[str], right: list[str], right_suffix: str, *, where: str,
+                 reserved: tuple[str, ...] = ()) -> list[str]:
+    """Column names of joined rows: ``left``, then ``right`` with ``right_suffix`` on a
+    name that a left column (or a ``reserved`` column the caller adds) has.
+
+        >>> joined_names(["k", "x"], ["k", "y"], "_right", where="example")
+        ['k', 'x', 'k_right', 'y']
+    """
+    names = list(left)
+    taken = {*names, *reserved}
+    for name in right:
+        renamed = name + right_suffix if name in taken else name
+        if renamed in taken:
+            raise ValueError(f"{where}: right column {name!r} clashes with column {renamed!r} "
+                             f"even with suffix {right_suffix!r}; choose another right_suffix")
+        names.append(renamed)
+        taken.add(renamed)
+    return names
 
 
 def ipc_bytes(table: pa.Table) -> bytes:

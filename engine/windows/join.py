@@ -70,10 +70,8 @@ from raystream.engine.errors import BadRecordError, describe_record
 from raystream.engine.graph import InputEdge
 from raystream.engine.keys import KeySelector, KeySpec
 from raystream.engine.operators.functions import _close_function, _open_function
-from raystream.engine.operators.interval_join import JoinSide
-from raystream.engine.operators.keyed import _KeyedOperator
-from raystream.engine.operators.keyed_rows import (KeyedRows, RowBuffer, read_side_sections,
-                                                   side_sections)
+from raystream.engine.operators.keyed_rows import (BufferedJoinOperator, JoinSide, KeyedRows,
+                                                   joined_names)
 from raystream.engine.windows.assigners import WindowAssigner
 from raystream.engine.windows.functions import Window
 from raystream.engine.windows.operator import LATE_LOG_INTERVAL_S, WINDOW_TIME, event_times
@@ -81,7 +79,6 @@ from raystream.engine.windows.operator import LATE_LOG_INTERVAL_S, WINDOW_TIME, 
 if TYPE_CHECKING:
     from raystream.engine.datastream import DataStream
 
-_STATE_VERSION = b"\x01"  # first byte of a key group's "join" part
 _START = "__window_start"  # a buffered row's window start (session: its timestamp) in snapshots
 WINDOW_COLUMNS = ("window_start", "window_end")
 
@@ -133,16 +130,8 @@ class WindowJoinSpec:
         if len(set(names)) < len(names) or set(names) & set(WINDOW_COLUMNS):
             raise ValueError(f"{where}: left columns {left} clash with the window columns even "
                              f"with suffix {self.left_suffix!r}; choose another left_suffix")
-        taken = set(names) | set(WINDOW_COLUMNS)
-        for name in right:
-            renamed = name + self.right_suffix if name in taken else name
-            if renamed in taken:
-                raise ValueError(f"{where}: right column {name!r} clashes with column "
-                                 f"{renamed!r} even with suffix {self.right_suffix!r}; choose "
-                                 f"another right_suffix")
-            names.append(renamed)
-            taken.add(renamed)
-        return [*names, *WINDOW_COLUMNS]
+        return [*joined_names(names, right, self.right_suffix, where=where,
+                              reserved=WINDOW_COLUMNS), *WINDOW_COLUMNS]
 
 
 class _LateLog:
@@ -172,7 +161,7 @@ class _Fired:
     ends: np.ndarray
 
 
-class WindowJoinOperator(_KeyedOperator):
+class WindowJoinOperator(BufferedJoinOperator):
     """The two-input keyed operator behind ``join(...)`` / ``co_group(...)`` windows.
 
     ``fn`` None (joins only): emit joined rows as Arrow batches. Otherwise a
@@ -191,17 +180,11 @@ class WindowJoinOperator(_KeyedOperator):
         self.spec = spec
         self.fn = fn
         self.schema = schema
-        self.buffers = (RowBuffer(), RowBuffer())
-        self.late_dropped = [0, 0]
         self._late_log = _LateLog(name)
         # the columns of each side's rows (for a co-group's empty side), once seen
         self.schemas: list[pa.Schema | None] = [None, None]
 
     # -- lifecycle -----------------------------------------------------------------------
-    def initialize_state(self, restored) -> None:
-        self.buffers = (RowBuffer(), RowBuffer())
-        super().initialize_state(restored)
-
     def open(self) -> None:
         if self.fn is not None:
             _open_function(self.fn, self.ctx)
@@ -209,13 +192,6 @@ class WindowJoinOperator(_KeyedOperator):
     def close(self) -> None:
         if self.fn is not None:
             _close_function(self.fn)
-
-    def metrics(self) -> dict[str, float]:
-        left, right = self.late_dropped
-        return {"late_records_dropped": left + right, "late_left_dropped": left,
-                "late_right_dropped": right,
-                "buffered_left": sum(len(c.ts) for c in list(self.buffers[0].chunks)),
-                "buffered_right": sum(len(c.ts) for c in list(self.buffers[1].chunks))}
 
     # -- records -------------------------------------------------------------------------
     def _where(self, side: JoinSide) -> str:
@@ -394,30 +370,16 @@ class WindowJoinOperator(_KeyedOperator):
         self.output.emit(batch)
 
     # -- state ---------------------------------------------------------------------------
-    def keyed_snapshot_parts(self):
-        parts = super().keyed_snapshot_parts()
-        # synchronous part: the chunk lists as they are (tables and arrays are immutable)
-        chunks = {side.name.lower(): list(buffer.chunks)
-                  for side, buffer in zip(JoinSide, self.buffers)}
-        key_groups_of = self.timers.key_groups_of
-        parts["join"] = lambda: side_sections(
-            chunks, key_groups_of, _STATE_VERSION,
-            table_of=lambda rows: rows.table.append_column(_START, pa.array(rows.ts)))
-        return parts
+    def snapshot_table(self, rows: KeyedRows) -> pa.Table:
+        return rows.table.append_column(_START, pa.array(rows.ts))
 
-    def restore_keyed_parts(self, parts: dict[str, list[tuple[int, bytes]]]) -> None:
-        restored = parts.pop("join", [])
-        super().restore_keyed_parts(parts)
-        tables = read_side_sections(restored, _STATE_VERSION,
-                                    where=f"window {self.spec.kind.value} '{self.name}'")
-        for side_name, table in tables.items():
-            side = JoinSide[side_name.upper()]
-            self.schemas[side] = table.schema.remove(table.schema.get_field_index(_START))
-            for batch in table.to_batches():
-                starts = batch.column(_START).to_numpy()
-                batch = batch.drop_columns([_START])
-                self.buffers[side].append(KeyedRows(pa.Table.from_batches([batch]), starts,
-                                                    self._key_ids(batch, side)))
+    def restore_side(self, side: JoinSide, table: pa.Table) -> None:
+        self.schemas[side] = table.schema.remove(table.schema.get_field_index(_START))
+        for batch in table.to_batches():
+            starts = batch.column(_START).to_numpy()
+            batch = batch.drop_columns([_START])
+            self.buffers[side].append(KeyedRows(pa.Table.from_batches([batch]), starts,
+                                                self._key_ids(batch, side)))
 
 
 @dataclass(frozen=True)
