@@ -141,7 +141,7 @@ def pairs_of(table: pa.Table) -> list:
 
 @pytest.mark.parametrize("assigner", [TUMBLING, SLIDING, SESSION], ids=["tumbling", "sliding",
                                                                         "session"])
-def test_join_operator_equals_pandas_per_window_and_drops_late_rows(assigner):
+def test_join_operator_equals_pandas_per_window_and_drops_late_rows(assigner, caplog):
     rng = np.random.default_rng(11)
     # non-merging windows: disorder 250 ms against a lag of 40: rows are late for some or all
     # of their windows; sessions (where a row at the watermark could touch a fired session):
@@ -167,6 +167,9 @@ def test_join_operator_equals_pandas_per_window_and_drops_late_rows(assigner):
     assert metrics["late_records_dropped"] == len(late)
     assert metrics["late_right_dropped"] == int((late["side"] == 1).sum())
     assert metrics["buffered_left"] == metrics["buffered_right"] == 0
+    # one warning for all the drops (then at most one a minute)
+    warnings = [r for r in caplog.records if r.name == "raystream.engine.windows.join"]
+    assert len(warnings) == 1 and "dropped" in warnings[0].getMessage()
 
 
 def test_column_collisions_and_apply_per_pair():
