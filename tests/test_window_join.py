@@ -21,8 +21,7 @@ from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
 from raystream.engine.operators.base import CollectingOutput, RestoredState, RuntimeContext
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator, WindowJoinSpec
-from tests.test_exactly_once import wait_for_checkpoint
-from tests.test_joins import BASE, events, late_dropped, throttle
+from tests.test_joins import BASE, events, late_dropped, rescaled_run, throttle
 
 TUMBLING = rs.TumblingEventTimeWindows(size_ms=100)
 SLIDING = rs.SlidingEventTimeWindows(size_ms=120, slide_ms=50)
@@ -390,14 +389,6 @@ def test_window_join_survives_a_savepoint_and_a_rescale_exactly_once(ray_session
             .window(assigner, timestamp="ts").apply(odd, name="join")
         return env, joined.collect()
 
-    env, sink = job(2)
-    client = env.execute_async("wjoin-before-rescale")
-    wait_for_checkpoint(client, after=1)
-    first = client.stop_with_savepoint(str(tmp_path / "savepoint"))
-    env, sink_after = job(3)
-    second = env.execute("wjoin-after-rescale", restore_from=str(tmp_path / "savepoint"))
-    table = pa.concat_tables([first.table(sink), second.table(sink_after)])
-    assert 0 < first.table(sink).num_rows < table.num_rows  # stopped midway
-    got = pairs_of(table)
+    got = pairs_of(rescaled_run(job, tmp_path, "wjoin"))
     assert len(got) == len(set(got))
     assert set(got) == expected_job_output(n, assigner, odd)
