@@ -46,6 +46,7 @@ from raystream.engine.operators.two_phase import (Committer, CommitterOperator, 
 if TYPE_CHECKING:
     from raystream.engine.environment import StreamEnvironment
     from raystream.engine.windows.assigners import WindowAssigner
+    from raystream.engine.windows.join import TwoStreams
     from raystream.engine.windows.stream import CountWindowedStream, WindowedStream
 
 Row = dict[str, Any]
@@ -234,6 +235,39 @@ class DataStream:
         if isinstance(other, BroadcastStream):
             return BroadcastConnectedStream(self, other)
         return ConnectedStreams(self, other)
+
+    def join(self, other: "DataStream") -> "TwoStreams":
+        """Window join with ``other`` (Flink's ``JoinedStreams``): continue with
+        ``.where(key).equal_to(other_key).window(assigner, timestamp=...)``, then
+        ``.join()`` (joined rows, vectorized) or ``.apply(fn)`` (``fn(left, right)`` per
+        pair). See :mod:`raystream.engine.windows.join`.
+
+            >>> import raystream as rs
+            >>> env = rs.StreamEnvironment(parallelism=1)
+            >>> a = env.from_collection([{"k": 1, "ts": 10, "x": 1}])
+            >>> b = env.from_collection([{"k": 1, "ts": 12, "y": 2}])
+            >>> pairs = a.join(b).where("k").equal_to("k") \\
+            ...     .window(rs.TumblingEventTimeWindows(size_ms=100), timestamp="ts").join()
+        """
+        from raystream.engine.windows.join import TwoStreams, WindowJoinKind
+        return TwoStreams(WindowJoinKind.JOIN, self, other)
+
+    def co_group(self, other: "DataStream") -> "TwoStreams":
+        """Window co-group with ``other`` (Flink's ``CoGroupedStreams``): as :meth:`join`,
+        finished with ``.apply(fn)``: ``fn(key, left_rows, right_rows, window)`` per key
+        and window with rows on either side (``pyarrow.Table`` s, one may be empty).
+
+            >>> import raystream as rs
+            >>> env = rs.StreamEnvironment(parallelism=1)
+            >>> a = env.from_collection([{"k": 1, "ts": 10}])
+            >>> b = env.from_collection([{"k": 2, "ts": 12}])
+            >>> counts = a.co_group(b).where("k").equal_to("k") \\
+            ...     .window(rs.TumblingEventTimeWindows(size_ms=100), timestamp="ts") \\
+            ...     .apply(lambda key, left, right, window: [
+            ...         {"k": key, "left": left.num_rows, "right": right.num_rows}])
+        """
+        from raystream.engine.windows.join import TwoStreams, WindowJoinKind
+        return TwoStreams(WindowJoinKind.CO_GROUP, self, other)
 
     # -- sinks ---------------------------------------------------------------------------
     def sink_to(self, create_sink: Callable[[str], SinkOperator], *, name: str = "sink",
