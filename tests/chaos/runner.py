@@ -33,7 +33,8 @@ ASSIGNERS = {JobKind.TUMBLING: rs.TumblingEventTimeWindows(size_ms=1000),
              JobKind.SLIDING: rs.SlidingEventTimeWindows(size_ms=1000, slide_ms=500),
              JobKind.SESSION: rs.EventTimeSessionWindows(gap_ms=300)}
 KEYED = {JobKind.TUMBLING: "window", JobKind.SLIDING: "window", JobKind.SESSION: "window",
-         JobKind.REDUCE: "sum", JobKind.PROCESS: "process"}
+         JobKind.REDUCE: "sum", JobKind.PROCESS: "process", JobKind.WINDOW_JOIN: "join",
+         JobKind.COUNT_WINDOW: "count-window"}
 TIMEOUT_S = 240
 
 
@@ -79,6 +80,11 @@ def reduce_columns(events, i: np.ndarray) -> dict:
     return {**events.columns(i), "i": i, "n": np.ones(len(i), np.int64)}
 
 
+def join_right_columns(events, i: np.ndarray) -> dict:
+    columns = events.columns(i)
+    return {"user": columns["user"], "ts": columns["ts"], "y": (i % 7).astype(np.float64)}
+
+
 def add(acc: dict, row: dict) -> dict:
     return {**row, "x": acc["x"] + row["x"], "n": acc["n"] + row["n"]}
 
@@ -108,6 +114,20 @@ def build(scenario: Scenario, env: rs.StreamEnvironment, out: str):
     elif scenario.job is JobKind.PROCESS:
         result = source("source", events.columns).key_by("user").process(Activity(),
                                                                          name="process")
+    elif scenario.job is JobKind.WINDOW_JOIN:
+        # the same keys and times on both sides, other values: many pairs per key and window
+        half = events.n // 2
+        clicks = source("source", events.columns, half)
+        views = source("source-2", lambda i: join_right_columns(events, i), half)
+        pairs = (clicks.join(views).where("user").equal_to("user")
+                 .window(rs.TumblingEventTimeWindows(size_ms=1000), timestamp="ts")
+                 .join(name="join"))
+        # chained on the join's results by their event time (window_end - 1)
+        result = pairs.key_by("user").window(rs.TumblingEventTimeWindows(size_ms=1000)).agg(
+            n=("count", None), total=("sum", "y"), name="pairs")
+    elif scenario.job is JobKind.COUNT_WINDOW:
+        result = source("source", events.columns).key_by("user").count_window(40, 20).agg(
+            n=("count", None), total=("sum", "x"), name="count-window")
     else:
         windows = source("source", events.columns).key_by("user").window(
             ASSIGNERS[scenario.job], timestamp="ts", allowed_lateness_ms=scenario.lateness_ms,

@@ -26,6 +26,16 @@ class JobKind(enum.Enum):
     SESSION = "session"          # count and sum per (key, session with a 300 ms gap)
     REDUCE = "reduce"            # running sums per key over the union of two sources
     PROCESS = "process"          # a KeyedProcessFunction with state and both timer kinds
+    # drawn by the later choices (every older seed keeps its job):
+    WINDOW_JOIN = "window_join"  # two sources joined per (key, 1 s window), pairs counted
+                                 # per (key, 1 s window) downstream; no row beyond the bound
+                                 # (with two inputs, the join's watermark at a row depends on
+                                 # timing, so which late rows drop would not be replayable)
+    COUNT_WINDOW = "count_window"  # count and sum per key every 40 rows of it, sliding by 20
+
+
+FIRST_JOBS = [JobKind.TUMBLING, JobKind.SLIDING, JobKind.SESSION, JobKind.REDUCE,
+              JobKind.PROCESS]  # what generate() draws first (the others, later)
 
 
 class Path(enum.Enum):
@@ -61,6 +71,10 @@ class FailureKind(enum.Enum):
                                      # SIGKILL: the job must fail naming it (never fall back
                                      # past committed output), or restore a newer one
 
+
+# Seeds from here on may run the window join or count windows instead of their first
+# job; the seeds below (CI's among them, and every seed printed before) keep theirs.
+NEW_OPERATORS_FROM_SEED = 1000
 
 FAILPOINTS = ("in_processing", "in_snapshot", "in_async_write", "right_after_restore")
 
@@ -100,6 +114,10 @@ class Scenario:
     def windowed(self) -> bool:
         return self.job in (JobKind.TUMBLING, JobKind.SLIDING, JobKind.SESSION)
 
+    @property
+    def two_sources(self) -> bool:
+        return self.job in (JobKind.REDUCE, JobKind.WINDOW_JOIN)
+
     def describe(self) -> str:
         failures = ", ".join(f.kind.value + (f"({f.point})" if f.point else "")
                              for f in self.failures) or "none"
@@ -113,7 +131,7 @@ class Scenario:
 def generate(seed: int) -> Scenario:
     """A random job and one to three failures, all from ``seed``."""
     rng = random.Random(seed)
-    job = rng.choice(list(JobKind))
+    job = rng.choice(FIRST_JOBS)
     path = rng.choice(list(Path)) if job in (JobKind.TUMBLING, JobKind.SLIDING) else (
         rng.choice([Path.DENSE, Path.LATE_OUTPUT, Path.GENERIC]) if job is JobKind.SESSION
         else Path.DENSE)
@@ -167,5 +185,14 @@ def _with_later_choices(scenario: Scenario, rng: random.Random) -> Scenario:
             kind, subtask=rng.randint(0, 1), after_checkpoints=rng.randint(1, 2),
             delay_ms=rng.randint(200, 1200) if kind is FailureKind.STORAGE_OUTAGE else 0))
     overlapping = rng.choice([1, 1, 2])  # aligned checkpoints only: the others run alone
-    return dataclasses.replace(scenario, failures=tuple(failures), max_concurrent=(
+    scenario = dataclasses.replace(scenario, failures=tuple(failures), max_concurrent=(
         overlapping if scenario.alignment is Alignment.ALIGNED else 1))
+    if scenario.seed >= NEW_OPERATORS_FROM_SEED and rng.random() < 0.3:
+        # the operators added since: a job of theirs instead
+        job = rng.choice([JobKind.WINDOW_JOIN, JobKind.COUNT_WINDOW])
+        events = scenario.events
+        if job is JobKind.WINDOW_JOIN:
+            events = dataclasses.replace(events, late_every=events.n + 1)  # none late
+        scenario = dataclasses.replace(scenario, job=job, path=Path.DENSE, lateness_ms=0,
+                                       events=events)
+    return scenario

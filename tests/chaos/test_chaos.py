@@ -19,8 +19,10 @@ from tests.chaos.scenarios import generate
 # four minutes: 1 sliding/pre-aggregated with a kill during a stop; 3 sliding/dense
 # with kills and a corruption; 6 process function, unaligned; 43 tumbling/late
 # output with lateness; 64 running sums through an outage and a rescale; 71
-# sessions/generic with lateness, an outage and a kill during a stop.
-CI_SEEDS = [1, 3, 6, 43, 64, 71]
+# sessions/generic with lateness, an outage and a kill during a stop; 1004 count windows
+# through a kill while deploying, a rescale to p=1 and a kill; 1005 a window join chained
+# into a window, unaligned, with kills of a source and of the join.
+CI_SEEDS = [1, 3, 6, 43, 64, 71, 1004, 1005]
 
 
 @pytest.mark.parametrize("seed", CI_SEEDS)
