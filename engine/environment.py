@@ -15,7 +15,9 @@ import contextlib
 import functools
 import itertools
 import json
+import logging
 import os
+import sys
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence as SequenceT
@@ -27,7 +29,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.checkpoint.keygroups import DEFAULT_MAX_PARALLELISM
-from raystream.engine import actor_pool
+from raystream.engine import actor_pool, progress
 from raystream.engine.failpoints import Failpoint
 from raystream.engine.client import JobClient, JobResult
 from raystream.engine.datastream import DataStream
@@ -44,6 +46,8 @@ from raystream.engine.sources.collection import Collection
 from raystream.engine.sources.files import Files, OnError
 from raystream.engine.sources.sequence import Sequence
 from raystream.engine.watermarks import BoundedOutOfOrderness
+
+log = logging.getLogger(__name__)
 
 # The job master (and its checkpoint coordinator) needs no CPU of its own and runs on
 # the head node, which lives as long as the cluster: losing a worker node loses
@@ -319,13 +323,35 @@ class StreamEnvironment:
                                    **MASTER_RESOURCES.ray_options()).remote(job_id, name, plan,
                                                                             options)
         client = JobClient(job_id, name, master, plan, leased=options.pooled)
+        _announce_ui(client)
         if _run_defaults.on_start is not None:
             _run_defaults.on_start(client)
         return client
 
     def execute(self, name: str = "job", *, restore_from: str | None = None) -> JobResult:
-        """Run the job until it ends and return its result (raises JobFailedError on failure)."""
-        return self.execute_async(name, restore_from=restore_from).wait()
+        """Run the job until it ends and return its result (raises JobFailedError on failure).
+
+        On a terminal, its progress is drawn on one line of stderr meanwhile
+        (:mod:`raystream.engine.progress`)."""
+        client = self.execute_async(name, restore_from=restore_from)
+        with progress.shown(client, self.transformations):
+            return client.wait()
+
+
+def _announce_ui(client: JobClient) -> None:
+    """Serve the web UI from this driver (on loopback, once) and print the job's page.
+    ``RAYSTREAM_UI=0`` turns it off; a UI that cannot start never stops the job."""
+    if os.environ.get("RAYSTREAM_UI", "1") == "0":
+        return
+    try:
+        from raystream.engine.ui.server import start_in_background
+
+        url = start_in_background()
+    except Exception as exc:
+        log.warning("the web UI did not start: %s: %s", type(exc).__name__, exc)
+        return
+    print(f"raystream: job {client.job_id}: {url}#job={client.job_id}", file=sys.stderr,
+          flush=True)
 
 
 # Ray deletes released objects in periodic batches (1 s by default), so a

@@ -1,0 +1,206 @@
+"""The web UI in a real browser: headless Chromium (Debian's, installed by ``./dev``)
+driven through Debian's chromedriver with Selenium, against the UI served from this
+process while a real keyed job with checkpoints runs on Ray.
+
+It checks what a person would: the job graph's chains, a records/s figure that changes
+while the job runs, a completed checkpoint row, and the stop button, which must stop the
+job with a savepoint (seen through the client API) from which a second run finishes the
+input with exactly-once output (checked against pandas). A screenshot goes to docs/ui.png.
+
+Selenium rather than Playwright: Debian ships chromedriver built from the same source as
+its Chromium, so the two always match, and Selenium is pure Python; Playwright's Python
+package carries its own Node.js driver, whose protocol version need not match Debian's
+Chromium.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import shutil
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+import raystream as rs
+from raystream.engine.ui.server import create_app, start_in_background
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+N = 120_000  # rows; held back by the throttle so the job runs long enough to be watched
+KEYS = 7
+WAIT_S = 120  # the longest the browser waits for one thing the page should come to show
+
+
+def throttle(batch: pa.RecordBatch) -> pa.RecordBatch:
+    time.sleep(0.05)
+    return batch
+
+
+def build(env: rs.StreamEnvironment) -> rs.SinkHandle:
+    """A keyed running sum per key: its output is exactly once only if no row is lost or
+    counted twice across the stop and the restore."""
+    rows = env.from_sequence(N, columns=lambda i: {"k": i % KEYS, "id": i, "total": i},
+                             batch_size=250, num_splits=4, name="numbers")
+    return (rows.map_batches(throttle, name="throttle")
+            .key_by("k").reduce(lambda acc, row: {"k": row["k"], "id": row["id"],
+                                                  "total": acc["total"] + row["total"]},
+                                name="running-sum")
+            .collect(name="out"))
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.skip("Chromium could not be installed (./dev installs Debian's chromium and "
+                    "chromium-driver when run as root; otherwise: sudo apt-get install "
+                    "chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--window-size=1500,1250",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def text(driver, selector: str) -> str:
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
+    try:
+        return driver.find_element("css selector", selector).text
+    except (NoSuchElementException, StaleElementReferenceException):  # redrawn meanwhile
+        return ""
+
+
+def wait_for(driver, condition, what: str):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, WAIT_S, poll_frequency=0.2).until(
+        lambda d: condition(d), message=f"the page never showed {what}")
+
+
+def number(value: str) -> float | None:
+    try:
+        return float(value.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def test_watch_and_stop_a_running_job(ray_session, browser, tmp_path):
+    url = start_in_background(port=0)
+    env = rs.StreamEnvironment(parallelism=2, checkpoints=rs.CheckpointConfig(
+        storage=str(tmp_path / "checkpoints"), interval_s=0.5))
+    sink = build(env)
+    plan = env.plan()
+    client = env.execute_async("ui-watched")
+    browser.get(f"{url}#job={client.job_id}")
+
+    # the graph: every chain of the plan, with its parallelism and its input's partitioning
+    for vertex in plan.vertices:
+        box = f'.vertex[data-vertex="{vertex.name}"]'
+        wait_for(browser, lambda d: f"×{vertex.parallelism}" in text(d, f"{box} .name"),
+                 f"chain {vertex.name} ×{vertex.parallelism}")
+    labels = {e.text for e in browser.find_elements("css selector", "#graph text.partitioning")}
+    assert labels == {str(e.partitioning) for v in plan.vertices for e in v.inputs}
+    assert any(label.startswith("hash(") for label in labels)  # the key_by edge
+
+    # a live rate: the source chain's records/s is a number, then another number
+    source = plan.vertices[0].name
+    rate = f'.vertex[data-vertex="{source}"] .rate-out'
+    first = wait_for(browser, lambda d: (number(text(d, rate)) or 0) > 0 and text(d, rate),
+                     "a records/s figure")
+    wait_for(browser, lambda d: (number(text(d, rate)) or 0) > 0 and text(d, rate) != first,
+             "the records/s figure change")
+
+    # a completed checkpoint in the history table, and the chart drawn
+    wait_for(browser, lambda d: d.find_elements(
+        "css selector", '#checkpoints tr[data-status="COMPLETED"]'), "a completed checkpoint")
+    assert browser.find_elements("css selector", "#chart-time canvas")
+    assert text(browser, "#job-status") == "RUNNING"
+    browser.save_screenshot(str(ROOT / "docs" / "ui.png"))
+
+    # the stop button: JobClient.stop_with_savepoint, as `raystream stop --savepoint`
+    savepoint = str(tmp_path / "savepoint")
+    browser.find_element("css selector", "#savepoint-path").send_keys(savepoint)
+    browser.find_element("css selector", "#stop-button").click()
+    wait_for(browser, lambda d: "stop: FINISHED" in text(d, "#message"), "the stop answered")
+    wait_for(browser, lambda d: text(d, "#job-status") == "FINISHED", "the job FINISHED")
+    first_run = client.wait()
+    assert first_run.status == "FINISHED" and client.status() == "FINISHED"
+    before = first_run.table(sink).to_pandas()
+    assert 0 < len(before) < N, "the stop came before the end of the input"
+
+    # the savepoint holds the rest: a second run from it ends the input, exactly once
+    env2 = rs.StreamEnvironment(parallelism=2, checkpoints=rs.CheckpointConfig(
+        storage=str(tmp_path / "checkpoints2"), interval_s=0.5))
+    sink2 = build(env2)
+    after = env2.execute("ui-watched-rest", restore_from=savepoint).table(sink2).to_pandas()
+    out = pd.concat([before, after], ignore_index=True)
+    ids = np.arange(N)
+    oracle = pd.DataFrame({"k": ids % KEYS, "id": ids}).groupby("k")["id"].sum()
+    assert sorted(out["id"]) == list(ids)  # every row once: none lost, none twice
+    assert out.groupby("k")["total"].max().to_dict() == oracle.to_dict()
+    # each running sum is the sum of an increasing set of its key's ids
+    for _, group in out.groupby("k"):
+        assert group["total"].is_unique
+
+
+def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_token_is_required_off_loopback(ray_session, tmp_path):
+    """What ``--host`` other than loopback turns on, served here on loopback: Ray's token
+    (the embedded Ray of the tests has token authentication on) or nothing."""
+    import asyncio
+    import threading
+
+    from aiohttp import web
+    from ray._raylet import AuthenticationTokenLoader
+
+    token = AuthenticationTokenLoader.instance().get_token_for_http_header()["authorization"]
+    token = token.removeprefix("Bearer ")
+    app = create_app(require_token=True)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert get(f"{base}/api/jobs")[0] == 401
+        assert get(f"{base}/api/jobs", {"Authorization": "Bearer not-the-token"})[0] == 403
+        status, body = get(f"{base}/api/jobs", {"Authorization": f"Bearer {token}"})
+        assert status == 200 and isinstance(json.loads(body), list)
+        assert get(f"{base}/?token=not-the-token")[0] == 403
+        browser = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        browser.request("GET", f"/?token={token}")  # a browser's way in: the cookie, then /
+        answer = browser.getresponse()
+        assert answer.status == 302 and answer.getheader("Location") == "/"
+        cookie = answer.getheader("Set-Cookie").split(";")[0]
+        assert cookie == f"ray-authentication-token={token}"
+        status, page = get(f"{base}/", {"Cookie": cookie})
+        assert status == 200 and "<title>raystream</title>" in page
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
