@@ -179,7 +179,9 @@ function drawCheckpoints(rows) {
   if (charts === null) {
     const options = (title, series, format) => ({
       title, width: 460, height: 200, scales: {x: {time: false}},
-      axes: [{label: "checkpoint"}, {values: (u, values) => values.map(format), size: 70}],
+      // checkpoint ids are whole numbers: ticks at whole steps only
+      axes: [{label: "checkpoint", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]},
+             {values: (u, values) => values.map(format), size: 70}],
       series: [{label: "checkpoint"}, ...series],
     });
     charts = [
