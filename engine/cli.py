@@ -120,8 +120,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
     connect(args.address)
     if not server.is_loopback(args.host):
         server.create_app(require_token=True)  # refuses at once where the token is off
-    print(f"raystream ui: serving http://{args.host}:{args.port}/ (Ctrl-C stops)", flush=True)
-    server.serve(args.host, args.port)
+    server.serve(args.host, args.port, on_start=lambda url: print(
+        f"raystream ui: serving {url} (Ctrl-C stops)", flush=True))
     return 0
 
 

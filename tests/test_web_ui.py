@@ -204,3 +204,46 @@ def test_token_is_required_off_loopback(ray_session, tmp_path):
     finally:
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=30)
         loop.call_soon_threadsafe(loop.stop)
+
+
+def test_raystream_ui_serves_the_clusters_jobs(ray_session, tmp_path):
+    """``raystream ui`` in a process of its own, connected to this session's Ray: it lists
+    a job this process ran, with its graph and final figures, and answers a bad job name."""
+    import os
+    import subprocess
+    import sys
+
+    import ray
+
+    env = rs.StreamEnvironment(parallelism=2)
+    sink = env.from_sequence(1000, num_splits=2, name="few").key_by("id").reduce(
+        lambda acc, row: row, name="latest").collect()
+    client = env.execute_async("ui-listed")
+    assert client.wait().table(sink).num_rows == 1000  # the oracle: every row once
+    child_env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    address = ray.get_runtime_context().gcs_address
+    ui = subprocess.Popen([sys.executable, "-m", "raystream.cli", "ui", "--address", address,
+                           "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env=child_env, text=True)
+    try:
+        line = ui.stdout.readline()
+        assert line.startswith("raystream ui: serving http://127.0.0.1:"), (
+            line + ui.stderr.read() if ui.poll() is not None else line)
+        url = line.split()[3]
+        status, body = get(f"{url}api/jobs")
+        assert status == 200
+        listed = {job["job_id"]: job for job in json.loads(body)}
+        assert listed[client.job_id]["status"] == "FINISHED"
+        status, body = get(f"{url}api/jobs/{client.job_id}")
+        job = json.loads(body)
+        assert status == 200 and not job["live"]
+        graph = {v["name"]: v for v in job["graph"]}
+        assert set(graph) == {v.name for v in env.plan().vertices}
+        # final figures: the source chain sent every row, the keyed chain received them
+        assert graph[env.plan().vertices[0].name]["records_out"] == 1000
+        assert graph[env.plan().vertices[1].name]["records_in"] == 1000
+        status, body = get(f"{url}api/jobs/no-such-job")
+        assert status == 404 and "no job 'no-such-job'" in json.loads(body)["error"]
+    finally:
+        ui.terminate()  # the process this test started, by its handle
+        ui.wait(timeout=30)

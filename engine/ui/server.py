@@ -26,10 +26,11 @@ import ipaddress
 import threading
 import time
 from importlib import resources
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 
+from raystream.engine.errors import JobNotFoundError
 from raystream.engine.ui.views import (RateTracker, checkpoint_rows, failure_rows, job_row,
                                        vertex_figures)
 
@@ -189,12 +190,14 @@ async def _body(request: web.Request) -> dict[str, Any]:
 
 
 async def _answer(call: Any, *args: Any) -> web.Response:
-    """Run a blocking call on a thread; its error (no such job, a failed savepoint) is
-    the answer's ``error``, with status 409 for the page to show."""
+    """Run a blocking call on a thread; its error is the answer's ``error`` for the page
+    to show: 404 for no such job, 409 for a call that failed (a savepoint, say)."""
     try:
         return web.json_response(await asyncio.to_thread(call, *args), dumps=_dumps)
     except KeyError as exc:
         return web.json_response({"error": f"missing field {exc}"}, status=400)
+    except JobNotFoundError as exc:
+        return web.json_response({"error": str(exc)}, status=404)
     except Exception as exc:
         return web.json_response({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
                                   if str(exc) else type(exc).__name__}, status=409)
@@ -206,10 +209,37 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, default=str)
 
 
-def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
-    """Serve the UI until interrupted (``raystream ui``); Ray must be connected."""
+def _start(app: web.Application, host: str, port: int, loop: asyncio.AbstractEventLoop,
+           *, any_port_if_taken: bool = False) -> tuple[web.AppRunner, str]:
+    """Start serving ``app`` on ``loop``; the runner and the URL (with the bound port)."""
+    runner = web.AppRunner(app, handle_signals=False)
+    loop.run_until_complete(runner.setup())
+    try:
+        site = web.TCPSite(runner, host, port)
+        loop.run_until_complete(site.start())
+    except OSError:
+        if not any_port_if_taken:
+            loop.run_until_complete(runner.cleanup())
+            raise
+        site = web.TCPSite(runner, host, 0)  # another driver's UI has the port: any free one
+        loop.run_until_complete(site.start())
+    bound = site._server.sockets[0].getsockname()[1]
+    return runner, f"http://{host}:{bound}/"
+
+
+def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+          on_start: Callable[[str], None] = print) -> None:
+    """Serve the UI until interrupted (``raystream ui``); Ray must be connected.
+    ``on_start`` gets the URL once it serves (port 0: a free port)."""
     app = create_app(require_token=not is_loopback(host))
-    web.run_app(app, host=host, port=port, print=None, handle_signals=True)
+    loop = asyncio.new_event_loop()
+    runner, url = _start(app, host, port, loop)
+    on_start(url)
+    try:
+        loop.run_forever()
+    finally:
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
 
 
 _background: dict[str, str] = {}
@@ -228,17 +258,8 @@ def start_in_background(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> s
 
         def run() -> None:
             loop = asyncio.new_event_loop()
-            runner = web.AppRunner(app, handle_signals=False)
             try:
-                loop.run_until_complete(runner.setup())
-                try:
-                    site = web.TCPSite(runner, host, port)
-                    loop.run_until_complete(site.start())
-                except OSError:  # the port is taken (another driver's UI): any free one
-                    site = web.TCPSite(runner, host, 0)
-                    loop.run_until_complete(site.start())
-                bound = site._server.sockets[0].getsockname()[1]
-                _background["url"] = f"http://{host}:{bound}/"
+                _, _background["url"] = _start(app, host, port, loop, any_port_if_taken=True)
             except BaseException as exc:
                 failure.append(exc)
                 return
