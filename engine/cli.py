@@ -80,6 +80,11 @@ class ProgressPrinter:
         self.out = out
 
     def watch(self, client: Any) -> None:
+        from raystream.engine.environment import job_page
+
+        page = job_page(client)
+        if page is not None:
+            self.out(f"raystream: job {client.job_id}: {page}")
         threading.Thread(target=self._loop, args=(client,), name="raystream progress",
                          daemon=True).start()
 

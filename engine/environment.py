@@ -323,7 +323,10 @@ class StreamEnvironment:
                                    **MASTER_RESOURCES.ray_options()).remote(job_id, name, plan,
                                                                             options)
         client = JobClient(job_id, name, master, plan, leased=options.pooled)
-        _announce_ui(client)
+        if progress.is_terminal():  # on a terminal, the job's page above its progress line
+            page = job_page(client)
+            if page is not None:
+                print(f"raystream: job {client.job_id}: {page}", file=sys.stderr, flush=True)
         if _run_defaults.on_start is not None:
             _run_defaults.on_start(client)
         return client
@@ -338,20 +341,19 @@ class StreamEnvironment:
             return client.wait()
 
 
-def _announce_ui(client: JobClient) -> None:
-    """Serve the web UI from this driver (on loopback, once) and print the job's page.
-    ``RAYSTREAM_UI=0`` turns it off; a UI that cannot start never stops the job."""
+def job_page(client: JobClient) -> str | None:
+    """The address of the job's page in the web UI, served from this driver (on
+    loopback, started once); None with ``RAYSTREAM_UI=0`` or if it cannot start (a UI
+    that cannot start never stops the job)."""
     if os.environ.get("RAYSTREAM_UI", "1") == "0":
-        return
+        return None
     try:
         from raystream.engine.ui.server import start_in_background
 
-        url = start_in_background()
+        return f"{start_in_background()}#job={client.job_id}"
     except Exception as exc:
         log.warning("the web UI did not start: %s: %s", type(exc).__name__, exc)
-        return
-    print(f"raystream: job {client.job_id}: {url}#job={client.job_id}", file=sys.stderr,
-          flush=True)
+        return None
 
 
 # Ray deletes released objects in periodic batches (1 s by default), so a

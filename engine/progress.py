@@ -177,9 +177,12 @@ def _field(record: Any, name: str) -> Any:
 def enabled(stream: TextIO | None = None) -> bool:
     """True when the progress line is drawn: ``stream`` (stderr) is a terminal and
     ``RAYSTREAM_PROGRESS`` is not ``0``."""
+    return os.environ.get("RAYSTREAM_PROGRESS", "1") != "0" and is_terminal(stream)
+
+
+def is_terminal(stream: TextIO | None = None) -> bool:
+    """True when ``stream`` (stderr) is a terminal."""
     stream = sys.stderr if stream is None else stream
-    if os.environ.get("RAYSTREAM_PROGRESS", "1") == "0":
-        return False
     try:
         return stream.isatty()
     except (AttributeError, ValueError):  # closed, or no file behind it

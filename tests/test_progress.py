@@ -107,6 +107,8 @@ def test_bounded_job_draws_a_bar_in_place_on_a_terminal(script, tmp_path):
     stdout, terminal = _run_on_pty(script, "bounded", tmp_path / "ckpt")
     ids = np.arange(N)
     assert _result(stdout) == (len(ids), int(ids.sum()), len(np.unique(ids)))  # numpy oracle
+    assert re.search(r"raystream: job progress-bounded-\w+: http://127\.0\.0\.1:\d+/#job=",
+                     terminal)  # the job's page in the web UI, above the line
     draws = [d for d in terminal.split(CLEAR_LINE) if d.startswith("progress-bounded [")]
     assert draws, terminal[-2000:]
     assert all("\n" not in d for d in draws), "the progress line must be redrawn in place"
@@ -139,7 +141,7 @@ def test_redirected_output_has_no_progress(script, tmp_path):
     assert _result(child.stdout.decode()) == (len(ids), int(ids.sum()), len(np.unique(ids)))
     err = child.stderr.decode(errors="replace")
     assert "\r" not in err and "rows/s" not in err and "\x1b[" not in err
-    assert re.search(r"raystream: job progress-bounded-\w+: http://127\.0\.0\.1:\d+/#job=", err)
+    assert "http://" not in err  # the job's page is announced on a terminal only
 
 
 def test_render_never_wraps_and_says_status_while_restarting():
