@@ -43,14 +43,16 @@ def throttle(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch
 
 
-def build(env: rs.StreamEnvironment) -> rs.SinkHandle:
+def build(env: rs.StreamEnvironment, base_ms: int) -> rs.SinkHandle:
     """A keyed running sum per key: its output is exactly once only if no row is lost or
-    counted twice across the stop and the restore."""
-    rows = env.from_sequence(N, columns=lambda i: {"k": i % KEYS, "id": i, "total": i},
-                             batch_size=250, num_splits=4, name="numbers")
+    counted twice across the failure, the stop and the restore. Event time starts at
+    ``base_ms``, a millisecond a row, so the watermark lag is a figure to show."""
+    rows = env.from_sequence(
+        N, columns=lambda i: {"k": i % KEYS, "id": i, "total": i, "ts": base_ms + i},
+        batch_size=250, num_splits=4, name="numbers",
+        watermarks=rs.BoundedOutOfOrderness("ts", 1000))
     return (rows.map_batches(throttle, name="throttle")
-            .key_by("k").reduce(lambda acc, row: {"k": row["k"], "id": row["id"],
-                                                  "total": acc["total"] + row["total"]},
+            .key_by("k").reduce(lambda acc, row: {**row, "total": acc["total"] + row["total"]},
                                 name="running-sum")
             .collect(name="out"))
 
@@ -101,9 +103,13 @@ def number(value: str) -> float | None:
 
 def test_watch_and_stop_a_running_job(ray_session, browser, tmp_path):
     url = start_in_background(port=0)
+    base_ms = int(time.time() * 1000)
+    # one failure (a user-function error in the keyed chain) that the job restarts after
+    failure = rs.Failpoint("in_processing", operator="running-sum", subtask=0, hit=40,
+                           action="raise")
     env = rs.StreamEnvironment(parallelism=2, checkpoints=rs.CheckpointConfig(
-        storage=str(tmp_path / "checkpoints"), interval_s=0.5))
-    sink = build(env)
+        storage=str(tmp_path / "checkpoints"), interval_s=0.5), failpoints=[failure])
+    sink = build(env, base_ms)
     plan = env.plan()
     client = env.execute_async("ui-watched")
     browser.get(f"{url}#job={client.job_id}")
@@ -116,6 +122,14 @@ def test_watch_and_stop_a_running_job(ray_session, browser, tmp_path):
     labels = {e.text for e in browser.find_elements("css selector", "#graph text.partitioning")}
     assert labels == {str(e.partitioning) for v in plan.vertices for e in v.inputs}
     assert any(label.startswith("hash(") for label in labels)  # the key_by edge
+
+    # the failure, with the restart that followed and the subtask's traceback
+    wait_for(browser, lambda d: "restarted from checkpoint" in text(d, "#failures summary"),
+             "the failure and the restart")
+    summary = text(browser, "#failures summary")
+    assert "in running-sum" in summary and "InjectedFailure" in summary, summary
+    trace = browser.find_element("css selector", "#failures pre").get_attribute("textContent")
+    assert "Traceback (most recent call last)" in trace and "InjectedFailure" in trace, trace
 
     # a live rate: the source chain's records/s is a number, then another number
     source = plan.vertices[0].name
@@ -130,23 +144,42 @@ def test_watch_and_stop_a_running_job(ray_session, browser, tmp_path):
         "css selector", '#checkpoints tr[data-status="COMPLETED"]'), "a completed checkpoint")
     assert browser.find_elements("css selector", "#chart-time canvas")
     assert text(browser, "#job-status") == "RUNNING"
+    # the watermark lag of the chains with an input watermark (a source has none)
+    lags = [number(text(browser, f'.vertex[data-vertex="{v.name}"] .lag').removesuffix(" ms"))
+            for v in plan.vertices if v.inputs]
+    assert lags and all(lag is not None and lag >= 0 for lag in lags), lags
+
+    # the savepoint button: JobClient.savepoint, as `raystream savepoint`; the job runs on
+    path = browser.find_element("css selector", "#savepoint-path")
+    path.send_keys(str(tmp_path / "savepoint-running"))
+    browser.find_element("css selector", "#savepoint-button").click()
+    wait_for(browser, lambda d: "savepoint: savepoint written to" in text(d, "#message"),
+             "the savepoint answered")
+    wait_for(browser, lambda d: d.find_elements(
+        "css selector", '#checkpoints tr[data-status="COMPLETED"] td.savepoint:not(:empty)'),
+        "the savepoint in the checkpoint history")
+    assert client.status() == "RUNNING"
+    height = browser.execute_script("return document.documentElement.scrollHeight")
+    browser.set_window_size(1500, height + 140)  # the whole page, failures included
     browser.save_screenshot(str(ROOT / "docs" / "ui.png"))
 
     # the stop button: JobClient.stop_with_savepoint, as `raystream stop --savepoint`
     savepoint = str(tmp_path / "savepoint")
-    browser.find_element("css selector", "#savepoint-path").send_keys(savepoint)
+    path.clear()
+    path.send_keys(savepoint)
     browser.find_element("css selector", "#stop-button").click()
     wait_for(browser, lambda d: "stop: FINISHED" in text(d, "#message"), "the stop answered")
     wait_for(browser, lambda d: text(d, "#job-status") == "FINISHED", "the job FINISHED")
     first_run = client.wait()
     assert first_run.status == "FINISHED" and client.status() == "FINISHED"
+    assert first_run.restarts == 1
     before = first_run.table(sink).to_pandas()
     assert 0 < len(before) < N, "the stop came before the end of the input"
 
     # the savepoint holds the rest: a second run from it ends the input, exactly once
     env2 = rs.StreamEnvironment(parallelism=2, checkpoints=rs.CheckpointConfig(
         storage=str(tmp_path / "checkpoints2"), interval_s=0.5))
-    sink2 = build(env2)
+    sink2 = build(env2, base_ms)
     after = env2.execute("ui-watched-rest", restore_from=savepoint).table(sink2).to_pandas()
     out = pd.concat([before, after], ignore_index=True)
     ids = np.arange(N)

@@ -82,7 +82,7 @@ async function pollJob() {
 }
 
 // -- the job graph: chains in columns by depth, edges with their partitioning --------------------
-const BOX_W = 220, BOX_H = 150, GAP_X = 90, GAP_Y = 24;
+const BOX_W = 220, BOX_H = 120, GAP_X = 90, GAP_Y = 24;
 
 function drawGraph(job) {
   const key = job.job_id + JSON.stringify(job.graph.map((v) => [v.name, v.parallelism, v.inputs]));
@@ -164,10 +164,11 @@ function drawCheckpoints(rows) {
   body.replaceChildren(...rows.slice().reverse().map((c) => {
     const row = el("tr", {"data-checkpoint": String(c.id), "data-status": c.status});
     row.append(el("td", {}, String(c.id)), el("td", {class: c.status}, c.status),
-               el("td", {}, when(c.triggered_ms / 1000)), el("td", {}, seconds(c.duration_s)),
+               el("td", {}, new Date(c.triggered_ms).toLocaleTimeString()),
+               el("td", {}, seconds(c.duration_s)),
                el("td", {}, bytes(c.size)), el("td", {}, seconds(c.alignment_s)),
                el("td", {}, bytes(c.unaligned_bytes)),
-               el("td", {}, c.savepoint || c.reason || ""));
+               el("td", {class: c.savepoint ? "savepoint" : "reason"}, c.savepoint || c.reason || ""));
     return row;
   }));
   const done = rows.filter((c) => c.status === "COMPLETED");
