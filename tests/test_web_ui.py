@@ -20,6 +20,7 @@ import json
 import shutil
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -192,9 +193,17 @@ def test_watch_and_stop_a_running_job(ray_session, browser, tmp_path):
 
 
 def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
-    request = urllib.request.Request(url, headers=headers or {})
+    return request(urllib.request.Request(url, headers=headers or {}))
+
+
+def post(url: str, headers: dict[str, str], body: bytes = b"{}") -> tuple[int, str]:
+    return request(urllib.request.Request(url, data=body, headers=headers, method="POST"))
+
+
+def request(req: urllib.request.Request) -> tuple[int, str]:
+    """The status and body of an answer, errors included."""
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
+        with urllib.request.urlopen(req, timeout=60) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
@@ -275,6 +284,14 @@ def test_raystream_ui_serves_the_clusters_jobs(ray_session, tmp_path):
         # final figures: the source chain sent every row, the keyed chain received them
         assert graph[env.plan().vertices[0].name]["records_out"] == 1000
         assert graph[env.plan().vertices[1].name]["records_in"] == 1000
+        # another site open in the same browser cannot act on jobs, nor read them through
+        # a name of its own resolved to loopback
+        port = urllib.parse.urlsplit(url).port
+        assert get(f"{url}api/jobs", {"Host": f"rebound.example:{port}"})[0] == 403
+        for headers in ({"Content-Type": "text/plain"},
+                        {"Content-Type": "application/json", "Origin": "http://example.com"}):
+            status, body = post(f"{url}api/jobs/{client.job_id}/cancel", headers)
+            assert status in (415, 403) and "error" in json.loads(body), (status, body)
         status, body = get(f"{url}api/jobs/no-such-job")
         assert status == 404 and "no job 'no-such-job'" in json.loads(body)["error"]
     finally:

@@ -56,7 +56,7 @@ def is_loopback(host: str) -> bool:
 
 def create_app(*, require_token: bool = False) -> web.Application:
     """The aiohttp application; ``require_token``: check Ray's token on every request."""
-    middlewares = []
+    middlewares = [_same_origin]
     if require_token:
         from ray._private.authentication.authentication_utils import is_token_auth_enabled
         from ray._private.authentication.http_token_authentication import \
@@ -68,9 +68,10 @@ def create_app(*, require_token: bool = False) -> web.Application:
                           "cluster and this command with RAY_AUTH_MODE=token and the cluster's "
                           "token (~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN), or "
                           "serve on loopback (--host 127.0.0.1) and use an SSH tunnel")
-        middlewares = [_token_from_query, get_token_auth_middleware(aiohttp)]
+        middlewares += [_token_from_query, get_token_auth_middleware(aiohttp)]
     app = web.Application(middlewares=middlewares)
     app[JOBS] = JobsView()
+    app[ON_LOOPBACK] = not require_token
     app.router.add_get("/", _index)
     app.router.add_static("/static/", str(STATIC))
     app.router.add_get("/api/jobs", _jobs)
@@ -79,6 +80,28 @@ def create_app(*, require_token: bool = False) -> web.Application:
     app.router.add_post("/api/jobs/{job}/stop", _stop)
     app.router.add_post("/api/jobs/{job}/cancel", _cancel)
     return app
+
+
+@web.middleware
+async def _same_origin(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Only this page may act on jobs: another site open in the same browser could send
+    a form to a UI on loopback (no token there). A POST must be JSON (a cross-site one
+    then needs the browser's preflight, which this server never allows) and, when the
+    browser names the page it comes from, come from this server's own origin. On
+    loopback, the address asked for must be a loopback one too (a site whose name was
+    made to resolve to 127.0.0.1 would be its own origin: DNS rebinding)."""
+    if request.app[ON_LOOPBACK] and not is_loopback(request.url.host or ""):
+        return web.json_response({"error": f"this UI serves loopback only, not "
+                                           f"{request.host}"}, status=403)
+    if request.method == "POST":
+        if request.content_type != "application/json":
+            return web.json_response({"error": "send JSON (Content-Type: application/json)"},
+                                     status=415)
+        origin = request.headers.get("Origin")
+        if origin is not None and origin != f"{request.scheme}://{request.host}":
+            return web.json_response({"error": f"requests from {origin} are refused"},
+                                     status=403)
+    return await handler(request)
 
 
 @web.middleware
@@ -137,6 +160,7 @@ class JobsView:
 
 
 JOBS = web.AppKey("jobs", JobsView)
+ON_LOOPBACK = web.AppKey("on loopback", bool)  # no token: loopback addresses only
 
 
 async def _index(request: web.Request) -> web.StreamResponse:
