@@ -295,7 +295,14 @@ class StreamEnvironment:
 
         ``restore_from``: a savepoint (or a retained checkpoint directory) to
         start from, at this job's parallelism; operators are matched by name.
+        The address of the job's page in the web UI goes to stderr
+        (``RAYSTREAM_UI=0``: not).
         """
+        client = self._deploy(name, restore_from)
+        _announce_page(client)
+        return client
+
+    def _deploy(self, name: str, restore_from: str | None) -> JobClient:
         if restore_from is None:
             restore_from = _run_defaults.restore_from
         if restore_from is not None and self.checkpoints is None:
@@ -323,10 +330,6 @@ class StreamEnvironment:
                                    **MASTER_RESOURCES.ray_options()).remote(job_id, name, plan,
                                                                             options)
         client = JobClient(job_id, name, master, plan, leased=options.pooled)
-        if progress.is_terminal():  # on a terminal, the job's page above its progress line
-            page = job_page(client)
-            if page is not None:
-                print(f"raystream: job {client.job_id}: {page}", file=sys.stderr, flush=True)
         if _run_defaults.on_start is not None:
             _run_defaults.on_start(client)
         return client
@@ -335,10 +338,20 @@ class StreamEnvironment:
         """Run the job until it ends and return its result (raises JobFailedError on failure).
 
         On a terminal, its progress is drawn on one line of stderr meanwhile
-        (:mod:`raystream.engine.progress`)."""
-        client = self.execute_async(name, restore_from=restore_from)
+        (:mod:`raystream.engine.progress`), below the address of the job's page in
+        the web UI; redirected output gets neither."""
+        client = self._deploy(name, restore_from)
+        if progress.is_terminal():
+            _announce_page(client)
         with progress.shown(client, self.transformations):
             return client.wait()
+
+
+def _announce_page(client: JobClient) -> None:
+    """The job's page on stderr, unless ``raystream run`` prints it with its progress."""
+    page = job_page(client) if _run_defaults.on_start is None else None
+    if page is not None:
+        print(f"raystream: job {client.job_id}: {page}", file=sys.stderr, flush=True)
 
 
 def job_page(client: JobClient) -> str | None:

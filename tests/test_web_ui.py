@@ -300,3 +300,37 @@ def test_raystream_ui_serves_the_clusters_jobs(ray_session, tmp_path):
     finally:
         ui.terminate()  # the process this test started, by its handle
         ui.wait(timeout=30)
+
+
+def test_rates_restart_with_new_subtasks_and_failures_pair_with_restarts():
+    """The figures the page shows, from summaries and samples made up for the edge cases:
+    a restarted job's counters start again (no negative rate), two polls too close give
+    the last rates, and each failure is paired with the restart that followed it."""
+    from raystream.engine.ui.views import RateTracker, failure_rows, vertex_figures
+
+    graph = [{"id": 0, "name": "src", "parallelism": 2, "operators": ["src"], "inputs": []},
+             {"id": 1, "name": "sum", "parallelism": 1, "operators": ["sum"],
+              "inputs": [{"from": 0, "partitioning": "hash(k)"}]}]
+    rates = RateTracker()
+    assert rates.update({"src/0": {"records_out": 100}}, 0.0) == {}
+    assert rates.update({"src/0": {"records_out": 300}}, 2.0)["src/0"]["records_out"] == 100.0
+    assert rates.update({"src/0": {"records_out": 900}}, 2.1)["src/0"]["records_out"] == 100.0
+    assert rates.update({"src/0": {"records_out": 50}}, 4.0) == {}  # restarted: counts anew
+    sample = {"src/0": {"records_out": 250, "backpressure": 0.1},
+              "src/1": {"records_out": 10, "backpressure": 0.7}, "sum/0": {"records_in": 5}}
+    figures = {v["name"]: v for v in vertex_figures(graph, sample, rates.update(sample, 6.0))}
+    assert figures["src"]["records_out_per_s"] == 100.0  # src/1 has no earlier sample
+    assert figures["src"]["backpressure"] == 0.7 and figures["src"]["records_out"] == 260
+    assert figures["sum"]["watermark_lag_ms"] is None and figures["sum"]["records_in"] == 5
+
+    summary = {"failures": ["boom", "bang"],
+               "failure_details": [{"attempt": 0, "at": 1.0, "error": "boom", "operator": "sum",
+                                    "subtask": 0, "traceback": "Traceback ..."},
+                                   {"attempt": 1, "at": 2.0, "error": "bang", "operator": "sum",
+                                    "subtask": None, "traceback": None}],
+               "restores": [{"attempt": 1, "checkpoint_id": 4, "restore_s": 0.5}]}
+    rows = failure_rows(summary)
+    assert [(r["error"], r["restarted"], r["restored_checkpoint"]) for r in rows] == [
+        ("boom", True, 4), ("bang", False, None)]  # the second failure ended the job
+    legacy = failure_rows({"failures": ["boom"], "restores": []})  # a summary without details
+    assert legacy[0]["error"] == "boom" and legacy[0]["traceback"] is None
