@@ -122,9 +122,9 @@ def progress_line(name: str, progress: dict, metrics: dict[str, dict[str, float]
 def cmd_ui(args: argparse.Namespace) -> int:
     from raystream.engine.ui import server
 
-    connect(args.address)
     if not server.is_loopback(args.host):
         server.create_app(require_token=True)  # refuses at once where the token is off
+    connect(args.address)
     server.serve(args.host, args.port, on_start=lambda url: print(
         f"raystream ui: serving {url} (Ctrl-C stops)", flush=True))
     return 0

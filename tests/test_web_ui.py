@@ -251,6 +251,22 @@ def test_token_is_required_off_loopback(ray_session, tmp_path):
         loop.call_soon_threadsafe(loop.stop)
 
 
+def test_raystream_ui_refuses_other_addresses_without_token_authentication():
+    """``raystream ui --host`` beyond loopback with token authentication off: one line
+    that says what to do, before binding anything or connecting to a cluster."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    refused = subprocess.run([sys.executable, "-m", "raystream.cli", "ui", "--host", "192.0.2.1"],
+                             capture_output=True, text=True, env=env, timeout=120)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "behind Ray's token" in lines[0] and "RAY_AUTH_MODE=token" in \
+        lines[0], refused.stderr
+
+
 def test_raystream_ui_serves_the_clusters_jobs(ray_session, tmp_path):
     """``raystream ui`` in a process of its own, connected to this session's Ray: it lists
     a job this process ran, with its graph and final figures, and answers a bad job name."""

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from raystream.engine.errors import JobNotFoundError
+from raystream.engine.errors import JobNotFoundError, RaystreamError
 from raystream.engine.ui.views import (RateTracker, checkpoint_rows, failure_rows, job_row,
                                        vertex_figures)
 
@@ -40,7 +40,7 @@ STATIC = resources.files("raystream.engine.ui") / "static"
 TOKEN_COOKIE = "ray-authentication-token"  # the cookie Ray's dashboard uses, and its middleware reads
 
 
-class UIError(RuntimeError):
+class UIError(RaystreamError):
     """The UI cannot serve as asked (an address without token authentication, say)."""
 
 
