@@ -163,6 +163,7 @@ def _canonical_key(key: Any) -> Any:
 def encode_key(key: Any) -> bytes:
     """Canonical bytes of a key (equal keys, equal bytes).
 
+    >>> import numpy as np
     >>> encode_key(7) == encode_key(np.int64(7))
     True
     """

@@ -452,6 +452,27 @@ class CheckpointStorage:
                 raise CorruptCheckpointError(metadata_path, f"bad state handle: {e}") from None
             self._verify_state(handle)
 
+    def newest_checkpoint_of_job(self, job_name: str) -> tuple[str, int] | None:
+        """``(job_key, checkpoint_id)`` of the newest valid checkpoint (by trigger time)
+        that any run of the job named ``job_name`` left in this storage; None if none.
+
+        Runs are the job directories ``<name>-<id>`` whose checkpoints' metadata
+        names the job (what ``env.execute(name, resume=True)`` resumes from).
+        """
+        prefix = f"{job_name}-"
+        infos = self.filesystem.get_file_info(
+            pafs.FileSelector(self.root, allow_not_found=True, recursive=False))
+        newest: tuple[int, str, int] | None = None
+        for info in infos:
+            if info.type != pafs.FileType.Directory or not info.base_name.startswith(prefix):
+                continue
+            found = self.latest_valid_checkpoint(info.base_name)
+            if found is None or found[1].get("job") != job_name:
+                continue
+            candidate = (found[1]["trigger_ts_ms"], info.base_name, found[0])
+            newest = candidate if newest is None or candidate > newest else newest
+        return None if newest is None else (newest[1], newest[2])
+
     def discard(self, job_key: str, checkpoint_id: int) -> None:
         """Delete ``chk-<id>`` and everything in it; a missing directory is fine."""
         path = self.checkpoint_dir(job_key, checkpoint_id)

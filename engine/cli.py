@@ -1,6 +1,7 @@
 """The ``raystream`` command: run job scripts, submit them to a Ray cluster, manage their jobs.
 
-    raystream run job.py [--restore-from PATH] [-- ARGS]   run a job script in this process
+    raystream run job.py [--resume | --restore-from PATH] [-- ARGS]
+                                                          run a job script in this process
     raystream submit job.py --address http://HEAD:8265 [--wait] [-- ARGS]
                                                           run it on a cluster (Ray Jobs API)
     raystream list                                        the cluster's jobs
@@ -11,10 +12,11 @@
     raystream ui [--host 127.0.0.1] [--port 8290]         the web UI of the cluster's jobs
 
 A job script builds a job and runs it with ``env.execute(...)``, like
-``examples/meter_totals.py``. ``run`` runs it with Ray in this process, or
-on the cluster named by ``RAY_ADDRESS``; on a terminal it draws each job's
-progress on one line of stderr, elsewhere it prints a progress line every few
-seconds, and it prints the address of the job's page in the web UI. ``submit`` uploads the script's directory and runs
+``examples/meter_totals.py``. ``raystream run`` runs it with Ray in this
+process, or on the cluster named by ``RAY_ADDRESS``; on a terminal it draws
+each job's progress on one line of stderr, elsewhere it prints a progress line
+every few seconds, and it prints the address of the job's page in the web UI.
+``raystream submit`` uploads the script's directory and runs
 ``raystream run`` on the cluster's head through the Ray Jobs API.
 
 The job commands connect to the Ray cluster at ``--address`` (default:
@@ -52,19 +54,23 @@ TERMINAL_SUBMISSION_STATUSES = {"SUCCEEDED", "FAILED", "STOPPED"}
 
 # -- run ---------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
+    from raystream.engine import progress
     from raystream.engine.environment import run_defaults
+    from raystream.engine.logs import set_verbose
 
+    if args.verbose:
+        set_verbose()
     script = Path(args.script)
     if not script.is_file():
         raise FileNotFoundError(f"no job script {script}")
-    from raystream.engine import progress
-
     # on a terminal env.execute draws the progress line itself; lines are for logs
     printing = args.progress_every > 0 and not progress.enabled()
     watch = ProgressPrinter(args.progress_every).watch if printing else None
     sys.argv = [str(script), *args.args]
     sys.path.insert(0, str(script.resolve().parent))  # as `python job.py` does
-    with run_defaults(restore_from=args.restore_from, on_start=watch):
+    if args.resume and args.restore_from:
+        raise ValueError("--resume and --restore-from both name where to start: pass one")
+    with run_defaults(restore_from=args.restore_from, on_start=watch, resume=args.resume):
         try:
             runpy.run_path(str(script), run_name="__main__")
         except SystemExit as exit_:
@@ -144,6 +150,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
                   "--progress-every", str(args.progress_every)]
     if args.restore_from:
         entrypoint += ["--restore-from", args.restore_from]
+    if args.resume:
+        entrypoint += ["--resume"]
     if args.args:
         entrypoint += ["--", *args.args]
     where = args.address or "the default address"
@@ -470,25 +478,42 @@ def _duration(job: dict) -> str:
 
 
 # -- entry point -------------------------------------------------------------------------------------
+def _help_epilog() -> str:
+    """The module docstring after its first line, as plain text (no RST backticks)."""
+    return "\n".join(__doc__.splitlines()[2:]).replace("``", "").strip("\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0],
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0].replace("``", ""),
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.splitlines()[2:11]))
+                                     epilog=_help_epilog())
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = commands.add_parser("run", help="run a job script here (Ray in this process, or RAY_ADDRESS)")
-    run.add_argument("script")
+    run = commands.add_parser("run", help="run a job script here (Ray in this process, or RAY_ADDRESS)",
+                              usage=f"{PROG} run [-h] [--resume | --restore-from PATH] "
+                                    f"[--progress-every SECONDS] [--verbose] script [-- ARGS ...]")
+    run.add_argument("script", help="the job script; arguments after -- go to it (sys.argv)")
+    run.add_argument("--resume", action="store_true",
+                     help="start each job from the newest checkpoint a run of the same name "
+                          "left in its checkpoint storage (from the beginning if none)")
     run.add_argument("--restore-from", metavar="PATH",
                      help="start the script's jobs from this savepoint or retained checkpoint")
     run.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS",
                      help="print each running job's progress this often (0: never)")
+    run.add_argument("--verbose", action="store_true",
+                     help="show Ray's and Spark's own log lines too (RAYSTREAM_LOG=debug)")
     run.set_defaults(handler=cmd_run)
 
-    submit = commands.add_parser("submit", help="run a job script on a Ray cluster (Ray Jobs API)")
-    submit.add_argument("script")
+    submit = commands.add_parser("submit", help="run a job script on a Ray cluster (Ray Jobs API)",
+                                 usage=f"{PROG} submit [-h] [--address URL] [--resume | --restore-from PATH] "
+                                       f"[--working-dir DIR] [--submission-id ID] "
+                                       f"[--progress-every SECONDS] [--wait] script [-- ARGS ...]")
+    submit.add_argument("script", help="the job script; arguments after -- go to it (sys.argv)")
     submit.add_argument("--address", help="the cluster's dashboard, e.g. http://127.0.0.1:8265 "
                                           "(default: RAY_API_SERVER_ADDRESS or RAY_ADDRESS)")
     submit.add_argument("--restore-from", metavar="PATH")
+    submit.add_argument("--resume", action="store_true",
+                        help="as for run: start from the newest checkpoint of the same job name")
     submit.add_argument("--working-dir", help="directory to upload (default: the script's)")
     submit.add_argument("--submission-id")
     submit.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS")

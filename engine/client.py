@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -11,7 +12,7 @@ from ray.exceptions import RayActorError
 from raystream.checkpoint.coordinator import CheckpointStats
 from raystream.engine import registry
 from raystream.engine.datastream import SinkHandle
-from raystream.engine.errors import JobFailedError, JobNotRunningError
+from raystream.engine.errors import JobFailedError, JobNotFoundError, JobNotRunningError
 from raystream.engine.job_master import NAMESPACE, JobOutcome, master_actor_name
 from raystream.engine.job_status import JobStatus
 from raystream.engine.plan import JobPlan
@@ -52,6 +53,7 @@ class JobResult:
         a Parquet sink's committed files are read by Spark itself
         (``rs.spark.read``).
 
+            >>> import raystream as rs
             >>> df = result.to_spark(rs.spark.session(), sink)   # doctest: +SKIP
             >>> df.groupBy("k").count().show()                     # doctest: +SKIP
         """
@@ -120,13 +122,14 @@ class JobClient:
         if self._outcome is None:
             try:
                 outcome = ray.get(self._master.wait.remote(timeout_s))
-            except RayActorError:
+            except RayActorError as e:
                 if self._owner:
                     # the master died: nobody gives its pooled actors back or stops them
                     for actor in self._leased:
                         ray.kill(actor)
-                    raise
-                outcome = self._outcome_from_directory()  # its driver took the outcome and left
+                    outcome = self._master_lost(e)
+                else:
+                    outcome = self._outcome_from_directory()  # its driver took it and left
             if outcome is None:
                 raise TimeoutError(f"job '{self.job_name}' still running after {timeout_s} s")
             self._outcome = outcome
@@ -203,12 +206,29 @@ class JobClient:
         running job (``"chain/index"``)."""
         return ray.get(self._master.get_placement.remote())
 
+    def _master_lost(self, cause: Exception) -> JobOutcome:
+        """The job master died under this driver: the job failed; the directory says so."""
+        error = (f"its job master died ({type(cause).__name__}); {self._resume_hint()}")
+        try:
+            summary = registry.find_job(self.job_id)
+        except JobNotFoundError:
+            pass  # it died before publishing anything
+        else:
+            if summary["status"] not in registry.TERMINAL_STATUSES:
+                registry.publish({**summary, "status": JobStatus.FAILED.value, "error": error,
+                                  "ended_at": time.time()})
+        return JobOutcome(JobStatus.FAILED, error=error)
+
+    def _resume_hint(self) -> str:
+        return (f"resume it from its newest completed checkpoint with env.execute("
+                f"'{self.job_name}', resume=True) or raystream run --resume")
+
     def _outcome_from_directory(self) -> JobOutcome:
         summary = registry.find_job(self.job_id)
         if summary["status"] not in registry.TERMINAL_STATUSES:
             return JobOutcome(JobStatus.FAILED, error=f"the job master of {self.job_id} is gone "
                                                     f"(its driver exited while it was "
-                                                    f"{summary['status']})")
+                                                    f"{summary['status']}); {self._resume_hint()}")
         return JobOutcome(JobStatus(summary["status"]), error=summary.get("error"),
                           deploy_s=summary.get("deploy_s", 0.0), run_s=summary.get("run_s", 0.0),
                           restarts=summary["attempt"], failures=summary["failures"],

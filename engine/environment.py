@@ -1,9 +1,9 @@
 """The stream environment: where a job is built and from where it runs.
 
-    >>> import raystream as rs
+    >>> import pyarrow.compute as pc, raystream as rs
     >>> env = rs.StreamEnvironment(parallelism=2)
     >>> doubled = env.from_sequence(1000, num_splits=4).map_batches(
-    ...     lambda b: {"id": b.column("id"), "twice": pa.compute.multiply(b.column("id"), 2)})
+    ...     lambda b: {"id": b.column("id"), "twice": pc.multiply(b.column("id"), 2)})
     >>> sink = doubled.collect()
     >>> env.execute("doubling").table(sink).num_rows  # doctest: +SKIP
     1000
@@ -29,13 +29,16 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.checkpoint.keygroups import DEFAULT_MAX_PARALLELISM
+from raystream.checkpoint.storage import CheckpointStorage
 from raystream.engine import actor_pool, progress
 from raystream.engine.failpoints import Failpoint
 from raystream.engine.client import JobClient, JobResult
 from raystream.engine.datastream import DataStream
-from raystream.engine.errors import InsufficientResourcesError
+from raystream.engine import registry
+from raystream.engine.errors import InsufficientResourcesError, JobStillRunningError
 from raystream.engine.graph import InputEdge, Resources, Transformation
 from raystream.engine.job_master import NAMESPACE, JobMaster, JobOptions, master_actor_name
+from raystream.engine.logs import quiet_ray
 from raystream.checkpoint.operator_coordinator import OperatorCoordinator
 from raystream.engine.operators.source import SourceOperator, SourceReaderOperator
 from raystream.engine.plan import JobPlan, build_plan
@@ -46,8 +49,6 @@ from raystream.engine.sources.collection import Collection
 from raystream.engine.sources.files import Files, OnError
 from raystream.engine.sources.sequence import Sequence
 from raystream.engine.watermarks import BoundedOutOfOrderness
-
-log = logging.getLogger(__name__)
 
 # The job master (and its checkpoint coordinator) needs no CPU of its own and runs on
 # the head node, which lives as long as the cluster: losing a worker node loses
@@ -62,21 +63,25 @@ class RunDefaults:
 
     restore_from: str | None = None  # for every job that does not name its own
     on_start: Callable[[JobClient], None] | None = None  # called with each started job's client
+    resume: bool = False  # every job resumes from its newest checkpoint (raystream run --resume)
 
 
 _run_defaults = RunDefaults()
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
 def run_defaults(restore_from: str | None = None,
-                 on_start: Callable[[JobClient], None] | None = None) -> Iterator[None]:
-    """Within the block, jobs restore from ``restore_from`` and ``on_start`` sees their clients.
+                 on_start: Callable[[JobClient], None] | None = None,
+                 resume: bool = False) -> Iterator[None]:
+    """Within the block, jobs restore from ``restore_from`` (or ``resume``) and ``on_start``
+    sees their clients.
 
         >>> with run_defaults(restore_from="/savepoints/sp1"):  # doctest: +SKIP
         ...     env.execute("orders")   # as env.execute("orders", restore_from="/savepoints/sp1")
     """
     global _run_defaults
-    previous, _run_defaults = _run_defaults, RunDefaults(restore_from, on_start)
+    previous, _run_defaults = _run_defaults, RunDefaults(restore_from, on_start, resume)
     try:
         yield
     finally:
@@ -230,6 +235,7 @@ class StreamEnvironment:
         or ``"dead_letter"`` (an unreadable file or row group is skipped whole and
         described on side output ``rs.sources.DEAD_LETTERS``).
 
+            >>> import raystream as rs
             >>> env = rs.StreamEnvironment()                                      # doctest: +SKIP
             >>> rows = env.read_files("s3://bucket/clicks/", format="jsonl",      # doctest: +SKIP
             ...                       monitor_interval_s=5.0, schema=CLICK_SCHEMA,
@@ -263,6 +269,7 @@ class StreamEnvironment:
         The broker and topics are checked now: an unreachable broker or a missing
         topic raises here, in one line.
 
+            >>> import raystream as rs
             >>> env = rs.StreamEnvironment(parallelism=2)                        # doctest: +SKIP
             >>> clicks = env.read_kafka("127.0.0.1:9092", topics=["clicks"],       # doctest: +SKIP
             ...                         schema=CLICKS, idleness_s=5.0,
@@ -290,26 +297,43 @@ class StreamEnvironment:
         """The physical plan (chains, edges) this job would run."""
         return build_plan(self.transformations, self.max_parallelism)
 
-    def execute_async(self, name: str = "job", *, restore_from: str | None = None) -> JobClient:
+    def execute_async(self, name: str = "job", *, restore_from: str | None = None,
+                      resume: bool = False) -> JobClient:
         """Deploy the job and return at once with a client to wait on, watch or cancel it.
 
         ``restore_from``: a savepoint (or a retained checkpoint directory) to
         start from, at this job's parallelism; operators are matched by name.
+
+        ``resume``: start from the newest completed checkpoint that a run of the job
+        named ``name`` left in this environment's checkpoint storage (a job that
+        crashed, was cancelled or lost its driver), like a Spark query restarted on
+        its ``checkpointLocation``; with none there, start from the beginning.
+        Refused while a run of that name is still running.
+
+            >>> import raystream as rs
+            >>> env = rs.StreamEnvironment(checkpoints=rs.CheckpointConfig(storage="/ckpt"))
+            >>> client = env.execute_async("orders", resume=True)  # doctest: +SKIP
+
         The address of the job's page in the web UI goes to stderr
         (``RAYSTREAM_UI=0``: not).
         """
-        client = self._deploy(name, restore_from)
+        client = self._deploy(name, restore_from, resume)
         _announce_page(client)
         return client
 
-    def _deploy(self, name: str, restore_from: str | None) -> JobClient:
-        if restore_from is None:
+    def _deploy(self, name: str, restore_from: str | None, resume: bool) -> JobClient:
+        resume = resume or (_run_defaults.resume and restore_from is None)
+        if restore_from is None and not resume:
             restore_from = _run_defaults.restore_from
-        if restore_from is not None and self.checkpoints is None:
-            raise ValueError("restore_from needs checkpoints: pass StreamEnvironment(checkpoints="
-                             "rs.CheckpointConfig(...))")
+        if resume and restore_from is not None:
+            raise ValueError("resume=True and restore_from both name where to start: pass one")
+        if (restore_from is not None or resume) and self.checkpoints is None:
+            raise ValueError("restore_from and resume need checkpoints: pass StreamEnvironment("
+                             "checkpoints=rs.CheckpointConfig(...))")
         plan = self.plan()
         ensure_ray(self.address, **self.ray_init_kwargs)
+        if resume:
+            restore_from = resume_point(self.checkpoints.storage, name)
         check_resources(plan, name)
         job_id = f"{name}-{uuid.uuid4().hex[:8]}"
         head = on_head_node()
@@ -334,17 +358,43 @@ class StreamEnvironment:
             _run_defaults.on_start(client)
         return client
 
-    def execute(self, name: str = "job", *, restore_from: str | None = None) -> JobResult:
+    def execute(self, name: str = "job", *, restore_from: str | None = None,
+                resume: bool = False) -> JobResult:
         """Run the job until it ends and return its result (raises JobFailedError on failure).
+        ``restore_from`` and ``resume`` as for :meth:`execute_async`.
 
         On a terminal, its progress is drawn on one line of stderr meanwhile
         (:mod:`raystream.engine.progress`), below the address of the job's page in
         the web UI; redirected output gets neither."""
-        client = self._deploy(name, restore_from)
+        client = self._deploy(name, restore_from, resume)
         if progress.is_terminal():
             _announce_page(client)
         with progress.shown(client, self.transformations):
             return client.wait()
+
+
+def resume_point(storage: str, name: str) -> str | None:
+    """The checkpoint directory ``env.execute(name, resume=True)`` restores from: the
+    newest completed checkpoint of any run of ``name`` under ``storage`` (None: none).
+    A run of ``name`` that is still running is refused: two runs would write twice."""
+    for summary in registry.all_jobs():
+        if summary["name"] != name or summary["status"] in registry.TERMINAL_STATUSES:
+            continue
+        try:
+            ray.get_actor(master_actor_name(summary["job_id"]), namespace=NAMESPACE)
+        except ValueError:
+            continue  # its job master is gone: the status is the last one it published
+        raise JobStillRunningError(
+            f"job '{name}' is still running (id {summary['job_id']}): stop it first "
+            f"(raystream stop {summary['job_id']} --savepoint PATH, or cancel it), then resume")
+    found = CheckpointStorage(storage).newest_checkpoint_of_job(name)
+    if found is None:
+        log.warning("no checkpoint of job '%s' under %s: it starts from the beginning",
+                    name, storage)
+        return None
+    job_key, checkpoint_id = found
+    log.info("job '%s' resumes from checkpoint %d of run %s", name, checkpoint_id, job_key)
+    return f"{storage.rstrip('/')}/{job_key}"
 
 
 def _announce_page(client: JobClient) -> None:
@@ -386,6 +436,7 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> None:
     if ray.is_initialized():
         return
     init_kwargs.setdefault("include_dashboard", False)
+    quiet_ray(init_kwargs)
     if address is None and os.environ.get("RAY_ADDRESS", "local") in ("", "local"):
         # "local": always a Ray of our own, even where `ray start` left a cluster
         # running on this machine (plain ray.init() would attach to that one).

@@ -30,6 +30,10 @@ class JobNotRunningError(RaystreamError):
     """The job has ended (or its driver has gone): it cannot be acted on any more."""
 
 
+class JobStillRunningError(RaystreamError):
+    """A job cannot resume while a run of the same name is still running."""
+
+
 class InsufficientResourcesError(RaystreamError):
     """The cluster cannot host the job; raised before any actor is created."""
 

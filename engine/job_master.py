@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -229,7 +230,7 @@ class JobMaster:
     def progress(self) -> dict[str, Any]:
         coordinator = self.coordinator
         return {"status": self.status, "attempt": self.attempt, "failures": list(self.failures),
-                "restores": list(self.restores),
+                "restores": list(self.restores), "master_pid": os.getpid(),
                 "completed_checkpoints": ([c.checkpoint_id for c in coordinator.completed]
                                           if coordinator else []),
                 "checkpoints": coordinator.stats() if coordinator else []}

@@ -74,7 +74,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--parallelism", type=int, default=2)
+    parser.add_argument("--verbose", action="store_true",
+                        help="show Ray's and Spark's own log lines too (RAYSTREAM_LOG=debug)")
     args = parser.parse_args()
+    if args.verbose:
+        os.environ["RAYSTREAM_LOG"] = "debug"
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as work:

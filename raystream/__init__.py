@@ -1,8 +1,8 @@
 """raystream: exactly-once, event-time stream processing for Python on Ray, feeding Spark.
 
-    >>> import raystream as rs
+    >>> import pyarrow.compute as pc, raystream as rs
     >>> env = rs.StreamEnvironment(parallelism=2)
-    >>> sink = env.from_sequence(100).filter_batches(lambda b: pa.compute.less(b["id"], 10)).collect()
+    >>> sink = env.from_sequence(100).filter_batches(lambda b: pc.less(b["id"], 10)).collect()
     >>> env.execute("small").table(sink).num_rows  # doctest: +SKIP
     10
 """
@@ -19,6 +19,7 @@ from raystream.engine.datastream import (ConnectedStreams, DataStream, IntervalJ
 from raystream.engine.environment import StreamEnvironment
 from raystream.engine.errors import (BadRecordError, FileReadError, InsufficientResourcesError,
                                      JobFailedError, JobNotFoundError, JobNotRunningError,
+                                     JobStillRunningError,
                                      RaystreamError)
 from raystream.checkpoint.operator_coordinator import (OperatorCoordinator,
                                                         OperatorCoordinatorContext,
@@ -47,7 +48,7 @@ __all__ = [
     "DataStream", "Failpoint", "RestartStrategy",
     "HASH_VERSION", "InsufficientResourcesError", "KafkaError", "KafkaRecordError",
     "KafkaSinkError", "JobClient", "JobFailedError", "JobNotFoundError",
-    "JobNotRunningError", "JobResult",
+    "JobNotRunningError", "JobResult", "JobStillRunningError",
     "KeyedContext", "KeyedProcessFunction", "KeyedStream", "MAX_WATERMARK", "MIN_WATERMARK", "Operator", "RaystreamError",
     "OperatorCoordinator", "OperatorCoordinatorContext", "SourceOperator", "SubtaskEventGateway",
     "RuntimeContext", "SinkHandle", "StreamEnvironment", "key_group_of", "key_group_range",

@@ -20,9 +20,12 @@ from typing import Any
 
 import pyarrow as pa
 
+from raystream.spark.extra import require_spark
+
 
 def spark_schema(schema: pa.Schema) -> Any:
     """The ``pyspark.sql.types.StructType`` of ``schema``."""
+    require_spark("a Spark schema", modules=("pyspark",))
     from pyspark.sql.pandas.types import from_arrow_type
     from pyspark.sql.types import StructField, StructType
 
@@ -40,6 +43,7 @@ def spark_schema(schema: pa.Schema) -> Any:
 def transfer_schema(spark_struct: Any) -> pa.Schema:
     """The Arrow schema Spark's Arrow readers expect for ``spark_struct``
     (timestamps in microseconds with time zone UTC, plain strings)."""
+    require_spark("a Spark schema", modules=("pyspark",))
     from pyspark.sql.pandas.types import to_arrow_schema
 
     return to_arrow_schema(spark_struct)

@@ -14,6 +14,8 @@ import sys
 from typing import Any, Mapping
 
 from raystream.engine.environment import ensure_ray
+from raystream.engine.logs import children_stderr_without_ray_info, quiet_spark
+from raystream.spark.extra import require_spark
 
 LAPTOP_CONFIGS = {
     # Few partitions: a laptop has few cores and small results.
@@ -41,15 +43,18 @@ def session(app_name: str = "raystream", *, address: str | None = None, num_exec
     global _session
     if _session is not None:
         return _session
+    require_spark("rs.spark.session()")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     ensure_ray(address)
     import raydp
 
     merged = {**LAPTOP_CONFIGS, **(configs or {})}
-    _session = raydp.init_spark(app_name, num_executors=num_executors,
-                                executor_cores=executor_cores,
-                                executor_memory=executor_memory, configs=merged)
+    quiet_spark(merged)
+    with children_stderr_without_ray_info():  # the Spark driver JVM started here keeps it
+        _session = raydp.init_spark(app_name, num_executors=num_executors,
+                                    executor_cores=executor_cores,
+                                    executor_memory=executor_memory, configs=merged)
     return _session
 
 

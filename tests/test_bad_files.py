@@ -311,12 +311,12 @@ def test_a_bad_file_that_appears_while_the_job_runs_is_a_dead_letter_exactly_onc
     assert "dead-tag" in progress["failures"][0]  # it failed on the dead letter
 
 
-def test_the_readme_dead_letter_example_runs(ray_session):
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+def test_the_guide_dead_letter_example_runs(ray_session):
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "guide.md").read_text()
     section = readme[readme.index("## Bad input files"):]
     start = section.index("```python\n") + len("```python\n")
     namespace: dict = {}
-    exec(compile(section[start:section.index("```", start)], "README.md", "exec"), namespace)
+    exec(compile(section[start:section.index("```", start)], "docs/guide.md", "exec"), namespace)
     result, inbox = namespace["result"], namespace["inbox"]
     assert result.table(namespace["good"]).sort_by("order").to_pydict() == {
         "order": [1, 2], "amount": [10, 20]}

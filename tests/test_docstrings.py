@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import re
 import tomllib
 from pathlib import Path
 
@@ -29,3 +30,23 @@ def test_docstring_examples(ray_session, name):  # an example may start a job: R
     result = doctest.testmod(importlib.import_module(name),
                              optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed in {name}"
+
+
+# modules examples commonly name by a short alias: each docstring imports what it uses, so
+# an example copied from it runs as it is
+ALIASES = ("pa", "pc", "pq", "pafs", "np", "pd", "rs", "ray")
+_STRINGS = re.compile(r"\"[^\"\n]*\"|'[^'\n]*'")
+
+
+def test_every_example_imports_the_modules_it_names():
+    missing = []
+    for name in modules():
+        module = importlib.import_module(name)
+        for test in doctest.DocTestFinder(exclude_empty=True).find(module):
+            source = _STRINGS.sub('""', "".join(example.source for example in test.examples))
+            for alias in ALIASES:
+                if (re.search(rf"(?<![\w.]){alias}\.", source)
+                        and not re.search(rf"\bas {alias}\b|\bimport {alias}\b|, {alias}\b",
+                                          source)):
+                    missing.append(f"{test.name} uses {alias}. without importing it")
+    assert not missing, "\n".join(missing)

@@ -51,7 +51,7 @@ class WindowedStream:
     event-time windows. ``allowed_lateness_ms``: how long after a window fired
     late records still update it (and re-fire it). ``late_output``: a side
     output tag for records too late for every window they belong to (read it
-    with ``result.side_output(tag)``); without one they are dropped and
+    with ``side_output(tag)`` on the stream the window returns); without one they are dropped and
     counted in the operator's metrics (``late_records_dropped``), as in Flink.
     ``pre_aggregate``: combine per (key, window) before the shuffle where
     possible (built-in aggregates, tumbling or sliding event time, column

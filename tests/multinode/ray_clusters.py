@@ -28,6 +28,7 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 ray_constants.ENABLE_RAY_CLUSTER = False
 
 VENV_BIN = Path(sys.executable).parent
+HEAD_START_ATTEMPTS = 2
 HEAD_START_TIMEOUT_S = 60
 
 
@@ -95,6 +96,18 @@ def _group_alive(pgid: int) -> bool:
 
 
 def start_ray_head(num_cpus: int = 2) -> RayHead:
+    """A Ray head on loopback; a second try (new ports, new directory) if the first does
+    not come up: on a loaded machine `ray start` can time out on its own GCS."""
+    failures = []
+    for _ in range(HEAD_START_ATTEMPTS):
+        try:
+            return _start_ray_head_once(num_cpus)
+        except RuntimeError as e:
+            failures.append(str(e))
+    raise RuntimeError("\n\n".join(failures))
+
+
+def _start_ray_head_once(num_cpus: int) -> RayHead:
     directory = Path(tempfile.mkdtemp(prefix="rs-head-", dir="/tmp"))  # short: socket paths
     from ray._private.authentication.authentication_token_generator import (
         generate_new_authentication_token)
