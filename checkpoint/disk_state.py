@@ -759,19 +759,34 @@ class DiskKeyedStateBackend:
             raise ValueError(f"state {name!r} is {entry[1]} state, not {kind} state")
         return entry[0]
 
-    def value_state(self, name: str, default: Any = None) -> DiskValueState:
+    @staticmethod
+    def _no_ttl(name: str, ttl: Any) -> None:
+        if ttl is not None:
+            raise ValueError(
+                f"state {name!r} has a TTL ({ttl}), which the disk state backend does not "
+                f"support yet: run this job with CheckpointConfig(state_backend='heap'), or "
+                f"create the state without ttl=")
+
+    def value_state(self, name: str, default: Any = None, *, ttl: Any = None) -> DiskValueState:
+        self._no_ttl(name, ttl)
         return DiskValueState(self, self._sid(name, _VALUE), name, default)
 
-    def list_state(self, name: str) -> DiskListState:
+    def list_state(self, name: str, *, ttl: Any = None) -> DiskListState:
+        self._no_ttl(name, ttl)
         return DiskListState(self, self._sid(name, _LIST), name)
 
-    def map_state(self, name: str) -> DiskMapState:
+    def map_state(self, name: str, *, ttl: Any = None) -> DiskMapState:
+        self._no_ttl(name, ttl)
         return DiskMapState(self, self._sid(name, _MAP), name)
 
-    def reducing_state(self, name: str, reduce: Callable[[Any, Any], Any]) -> DiskReducingState:
+    def reducing_state(self, name: str, reduce: Callable[[Any, Any], Any], *,
+                       ttl: Any = None) -> DiskReducingState:
+        self._no_ttl(name, ttl)
         return DiskReducingState(self, self._sid(name, _REDUCING), name, reduce)
 
-    def aggregating_state(self, name: str, aggregate: Any) -> DiskAggregatingState:
+    def aggregating_state(self, name: str, aggregate: Any, *,
+                          ttl: Any = None) -> DiskAggregatingState:
+        self._no_ttl(name, ttl)
         return DiskAggregatingState(self, self._sid(name, _AGGREGATING), name, aggregate)
 
     def state_names(self) -> list[str]:

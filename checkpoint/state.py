@@ -64,6 +64,17 @@ record: mutating it in place changes the state. Do not keep such references
 across records (a snapshot may be taken in between) and do not mutate an
 object after handing it to state except through a fresh read.
 
+State TTL
+---------
+A state created with ``ttl=StateTtlConfig(...)`` (see :mod:`raystream.checkpoint.ttl`)
+stores ``(value, timestamp)`` per value, per list element and per map entry,
+stamped by the backend's ``ttl_time_provider`` (the wall clock in ms unless
+injected). Its handles hide and remove expired values on access and check a few
+more stored entries of the state per access (an incremental cleanup cursor over
+all its key groups); a snapshot leaves out what has expired at its synchronous
+part (filtered in the asynchronous part, over maps no one changes any more). Its
+kind in the section directory carries a ``+ttl`` suffix.
+
 Section format
 --------------
 ``b"RSKS"``, then big-endian ``uint16`` format version (:data:`FORMAT_VERSION`),
@@ -103,6 +114,7 @@ import numpy as np
 from raystream.checkpoint.disk_state import MAGIC as DISK_MAGIC
 from raystream.checkpoint.disk_state import section_entries
 from raystream.checkpoint.keygroups import HASH_VERSION, check_key_group_range, key_group_of
+from raystream.checkpoint.ttl import StateTtlConfig, TtlTimeProvider, wall_clock_ms
 
 __all__ = [
     "CHUNK_ENTRIES",
@@ -269,14 +281,23 @@ class _KGMap:
 
 
 class _StateTable:
-    """All key groups of one state name: ``kgs[i]`` is key group ``key_groups[i]``."""
+    """All key groups of one state name: ``kgs[i]`` is key group ``key_groups[i]``.
 
-    __slots__ = ("name", "kind", "kgs")
+    A state with a TTL also has its :class:`StateTtlConfig` (None until a handle
+    declares it, e.g. right after a restore) and the position of its incremental
+    cleanup: key group ``cursor_kg``, its keys as of when the cleanup reached it
+    (``cursor_keys``) and the next one to check (``cursor_pos``)."""
+
+    __slots__ = ("name", "kind", "kgs", "ttl", "cursor_kg", "cursor_keys", "cursor_pos")
 
     def __init__(self, backend: "HeapKeyedStateBackend", name: str, kind: str) -> None:
         self.name = name
         self.kind = kind
         self.kgs = [_KGMap(backend) for _ in range(len(backend.key_groups))]
+        self.ttl: StateTtlConfig | None = None
+        self.cursor_kg = -1
+        self.cursor_keys: list = []
+        self.cursor_pos = 0
 
 
 def _no_current_key() -> RuntimeError:
@@ -562,6 +583,266 @@ class AggregatingState(_MergingState):
 
 
 # ---------------------------------------------------------------------------
+# State with a time-to-live (see raystream.checkpoint.ttl)
+# ---------------------------------------------------------------------------
+# A TTL state stores ``(value, timestamp)`` per value (per element of a list, per
+# entry of a map): the processing time of its last renewal. Its table kind is the
+# plain kind plus ``_TTL_SUFFIX``, so a checkpoint records that its values are wrapped.
+
+_TTL_SUFFIX = "+ttl"
+
+
+class _TtlState:
+    """Mixin of the TTL handles: the clock, expiry and the incremental cleanup step."""
+
+    __slots__ = ()
+    _b: "HeapKeyedStateBackend"
+    _t: _StateTable
+
+    def _tick(self) -> int:
+        """The current processing time, after one incremental cleanup step over this state."""
+        b = self._b
+        if b._kg_idx is None:
+            raise _no_current_key()
+        now = b._ttl_now()
+        b._cleanup_step(self._t, now)
+        return now
+
+    def _cfg(self) -> StateTtlConfig:
+        return self._t.ttl  # type: ignore[return-value]
+
+    def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:
+        raise NotImplementedError(f"state {self._t.name!r}: namespaces of a state with a TTL "
+                                  f"cannot be merged (window state has no TTL)")
+
+
+class _TtlSingleState(_TtlState):
+    """Value, reducing and aggregating state: one ``(value, timestamp)`` per key."""
+
+    __slots__ = ()
+
+    def _live(self, now: int) -> Any:
+        """The current value (``_MISSING`` if unset or expired and hidden); removes an
+        expired one, renews a live one when reads renew."""
+        kg, kk, cfg = self._kg(), self._b._kk, self._cfg()  # type: ignore[attr-defined]
+        e = kg.owned(kk)
+        if e is _MISSING:
+            return _MISSING
+        if e[1] + cfg.ttl_ms <= now:
+            kg.remove(kk)
+            return e[0] if cfg.return_expired else _MISSING
+        if cfg.renew_on_read:
+            kg.put(kk, (e[0], now))
+        return e[0]
+
+    def _live_for_write(self, now: int) -> Any:
+        """The unexpired value to combine a write with (an expired one counts as unset)."""
+        kg, kk = self._kg(), self._b._kk  # type: ignore[attr-defined]
+        e = kg.owned(kk)
+        return _MISSING if e is _MISSING or e[1] + self._cfg().ttl_ms <= now else e[0]
+
+    def _write(self, value: Any, now: int) -> None:
+        self._kg().put(self._b._kk, (value, now))  # type: ignore[attr-defined]
+
+
+class _TtlValueState(_TtlSingleState, ValueState):
+    __slots__ = ()
+
+    def value(self) -> Any:
+        v = self._live(self._tick())
+        if v is _MISSING:
+            return copy.deepcopy(self._default) if self._copy_default else self._default
+        return v
+
+    def update(self, value: Any) -> None:
+        self._write(value, self._tick())
+
+
+class _TtlReducingState(_TtlSingleState, ReducingState):
+    __slots__ = ()
+
+    def get(self) -> Any:
+        v = self._live(self._tick())
+        return None if v is _MISSING else v
+
+    def add(self, value: Any) -> None:
+        now = self._tick()
+        cur = self._live_for_write(now)
+        self._write(value if cur is _MISSING else self._reduce(cur, value), now)
+
+
+class _TtlAggregatingState(_TtlSingleState, AggregatingState):
+    __slots__ = ()
+
+    def get(self) -> Any:
+        acc = self._live(self._tick())
+        return None if acc is _MISSING else self._agg.get_result(acc)
+
+    def add(self, value: Any) -> None:
+        now = self._tick()
+        acc = self._live_for_write(now)
+        if acc is _MISSING:
+            acc = self._agg.create_accumulator()
+        self._write(self._agg.add(value, acc), now)
+
+
+class _TtlListState(_TtlState, ListState):
+    """A list of ``(element, timestamp)``: every element expires on its own (as Flink)."""
+
+    __slots__ = ()
+
+    def get(self) -> list:
+        now = self._tick()
+        kg, kk, cfg = self._kg(), self._b._kk, self._cfg()
+        lst = kg.owned(kk)
+        if lst is _MISSING:
+            return []
+        live = [e for e in lst if e[1] + cfg.ttl_ms > now]
+        shown = lst if cfg.return_expired else live
+        out = [e[0] for e in shown]
+        if cfg.renew_on_read:
+            live = [(e[0], now) for e in live]
+        if len(live) != len(lst) or cfg.renew_on_read:
+            if live:
+                lst[:] = live
+            else:
+                kg.remove(kk)
+        return out
+
+    def add(self, value: Any) -> None:
+        self.add_all([value])
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        now = self._tick()
+        entries = [(v, now) for v in values]
+        if not entries:
+            return
+        kg, kk = self._kg(), self._b._kk
+        lst = kg.owned(kk)
+        if lst is _MISSING:
+            kg.put(kk, entries)
+        else:
+            lst.extend(entries)
+
+    def update(self, values: Iterable[Any]) -> None:
+        now = self._tick()
+        entries = [(v, now) for v in values]
+        if entries:
+            self._kg().put(self._b._kk, entries)
+        else:
+            self._kg().remove(self._b._kk)
+
+
+class _TtlMapState(_TtlState, MapState):
+    """A dict of ``user key -> (value, timestamp)``: every entry expires on its own."""
+
+    __slots__ = ()
+
+    def _owned_map(self) -> dict | None:
+        d = self._kg().owned(self._b._kk)
+        return None if d is _MISSING else d
+
+    def _drop_if_empty(self, d: dict) -> None:
+        if not d:
+            self._kg().remove(self._b._kk)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        now = self._tick()
+        cfg = self._cfg()
+        d = self._owned_map()
+        if d is None:
+            return default
+        e = d.get(key, _MISSING)
+        if e is _MISSING:
+            return default
+        if e[1] + cfg.ttl_ms <= now:
+            del d[key]
+            self._drop_if_empty(d)
+            return e[0] if cfg.return_expired else default
+        if cfg.renew_on_read:
+            d[key] = (e[0], now)
+        return e[0]
+
+    def put(self, key: Any, value: Any) -> None:
+        self.put_all({key: value})
+
+    def put_all(self, mapping: Mapping[Any, Any]) -> None:
+        now = self._tick()
+        entries = {k: (v, now) for k, v in dict(mapping).items()}
+        if not entries:
+            return
+        d = self._owned_map()
+        if d is None:
+            self._kg().put(self._b._kk, entries)
+        else:
+            d.update(entries)
+
+    def remove(self, key: Any) -> None:
+        self._tick()
+        d = self._owned_map()
+        if d is not None and key in d:
+            del d[key]
+            self._drop_if_empty(d)
+
+    def contains(self, key: Any) -> bool:
+        return self.get(key, _MISSING) is not _MISSING
+
+    def _entries(self) -> list[tuple[Any, Any]]:
+        """``(user key, value)`` of the entries a read sees; removes expired ones and
+        renews the others when reads renew."""
+        now = self._tick()
+        cfg = self._cfg()
+        d = self._owned_map()
+        if d is None:
+            return []
+        out = []
+        for k, e in list(d.items()):
+            if e[1] + cfg.ttl_ms <= now:
+                del d[k]
+                if cfg.return_expired:
+                    out.append((k, e[0]))
+            else:
+                if cfg.renew_on_read:
+                    d[k] = (e[0], now)
+                out.append((k, e[0]))
+        self._drop_if_empty(d)
+        return out
+
+    def keys(self) -> list:
+        return [k for k, _ in self._entries()]
+
+    def values(self) -> list:
+        return [v for _, v in self._entries()]
+
+    def items(self) -> list:
+        return self._entries()
+
+    def is_empty(self) -> bool:
+        return not self._entries()
+
+
+def _unexpired(kind: str, m: dict, ttl_ms: int, now: int) -> dict:
+    """The entries of one key group's map of a TTL state that are live at ``now``
+    (a new dict; ``m`` is not changed)."""
+    base = kind[:-len(_TTL_SUFFIX)]
+    if base == _LIST:
+        out = {}
+        for kk, lst in m.items():
+            live = [e for e in lst if e[1] + ttl_ms > now]
+            if live:
+                out[kk] = live
+        return out
+    if base == _MAP:
+        out = {}
+        for kk, d in m.items():
+            live = {k: e for k, e in d.items() if e[1] + ttl_ms > now}
+            if live:
+                out[kk] = live
+        return out
+    return {kk: e for kk, e in m.items() if e[1] + ttl_ms > now}
+
+
+# ---------------------------------------------------------------------------
 # Snapshots
 # ---------------------------------------------------------------------------
 
@@ -575,13 +856,15 @@ class StateSnapshot:
     also released when garbage-collected. A released snapshot cannot run.
     """
 
-    __slots__ = ("version", "_captured", "_key_groups", "_max_parallelism", "_finalizer",
-                 "_lock", "_running", "__weakref__")
+    __slots__ = ("version", "_captured", "_expiry", "_key_groups", "_max_parallelism",
+                 "_finalizer", "_lock", "_running", "__weakref__")
 
     def __init__(self, backend: "HeapKeyedStateBackend", version: int,
-                 captured: list[tuple[str, str, list[dict]]]) -> None:
+                 captured: list[tuple[str, str, list[dict]]],
+                 expiry: dict[str, tuple[int, int]] | None = None) -> None:
         self.version = version
         self._captured = captured
+        self._expiry = expiry or {}  # state name -> (ttl_ms, now) of states with a TTL
         self._key_groups = backend.key_groups
         self._max_parallelism = backend.max_parallelism
         self._finalizer = weakref.finalize(self, backend._release, version)
@@ -611,8 +894,13 @@ class StateSnapshot:
             self._running = True
         try:
             out: dict[int, bytes] = {}
+            expiry = self._expiry
             for i, kg in enumerate(self._key_groups):
                 states = [(name, kind, maps[i]) for name, kind, maps in captured if maps[i]]
+                if expiry:  # captured maps are never changed in place: safe to read here
+                    states = [(name, kind, _unexpired(kind, m, *expiry[name])
+                               if name in expiry else m) for name, kind, m in states]
+                    states = [s for s in states if s[2]]
                 if states:
                     out[kg] = self._section(kg, states)
             return out
@@ -680,8 +968,10 @@ class HeapKeyedStateBackend:
     copy-on-write snapshot scheme and the threading and ownership contracts.
     """
 
-    def __init__(self, *, max_parallelism: int, key_groups: range) -> None:
+    def __init__(self, *, max_parallelism: int, key_groups: range,
+                 ttl_time_provider: TtlTimeProvider = wall_clock_ms) -> None:
         check_key_group_range(key_groups, max_parallelism)
+        self._ttl_now = ttl_time_provider  # the processing-time clock of state TTLs
         self.max_parallelism = max_parallelism
         self.key_groups = key_groups
         self._kg_start = key_groups.start
@@ -738,28 +1028,89 @@ class HeapKeyedStateBackend:
         return self._ns
 
     # -- state handles -------------------------------------------------------
-    def _table(self, name: str, kind: str) -> _StateTable:
+    def _table(self, name: str, kind: str, ttl: StateTtlConfig | None = None) -> _StateTable:
+        if ttl is not None:
+            if not isinstance(ttl, StateTtlConfig):
+                raise TypeError(f"state {name!r}: ttl must be a rs.StateTtlConfig, "
+                                f"got {type(ttl).__name__}")
+            kind += _TTL_SUFFIX
         t = self._tables.get(name)
         if t is None:
             t = self._tables[name] = _StateTable(self, name, kind)
         elif t.kind != kind:
+            had, has = t.kind.endswith(_TTL_SUFFIX), kind.endswith(_TTL_SUFFIX)
+            if had != has:  # Flink refuses this too: the stored values differ in shape
+                raise ValueError(
+                    f"state {name!r} has {'a' if had else 'no'} TTL (as declared before, or "
+                    f"as restored from a checkpoint) and is now declared "
+                    f"{'with' if has else 'without'} one: a state cannot gain or lose its "
+                    f"TTL (give it another name, or keep the ttl= it was created with)")
             raise ValueError(f"state {name!r} is {t.kind} state, not {kind} state")
+        if ttl is not None:
+            if t.ttl is not None and t.ttl != ttl:
+                raise ValueError(f"state {name!r} is declared with two TTLs: {t.ttl} and {ttl}")
+            t.ttl = ttl
         return t
 
-    def value_state(self, name: str, default: Any = None) -> ValueState:
-        return ValueState(self, self._table(name, _VALUE), default)
+    def value_state(self, name: str, default: Any = None, *,
+                    ttl: StateTtlConfig | None = None) -> ValueState:
+        """``ttl``: expire values (see :class:`~raystream.StateTtlConfig`); likewise below."""
+        cls = ValueState if ttl is None else _TtlValueState
+        return cls(self, self._table(name, _VALUE, ttl), default)
 
-    def list_state(self, name: str) -> ListState:
-        return ListState(self, self._table(name, _LIST))
+    def list_state(self, name: str, *, ttl: StateTtlConfig | None = None) -> ListState:
+        cls = ListState if ttl is None else _TtlListState
+        return cls(self, self._table(name, _LIST, ttl))
 
-    def map_state(self, name: str) -> MapState:
-        return MapState(self, self._table(name, _MAP))
+    def map_state(self, name: str, *, ttl: StateTtlConfig | None = None) -> MapState:
+        cls = MapState if ttl is None else _TtlMapState
+        return cls(self, self._table(name, _MAP, ttl))
 
-    def reducing_state(self, name: str, reduce: Callable[[Any, Any], Any]) -> ReducingState:
-        return ReducingState(self, self._table(name, _REDUCING), reduce)
+    def reducing_state(self, name: str, reduce: Callable[[Any, Any], Any], *,
+                       ttl: StateTtlConfig | None = None) -> ReducingState:
+        cls = ReducingState if ttl is None else _TtlReducingState
+        return cls(self, self._table(name, _REDUCING, ttl), reduce)
 
-    def aggregating_state(self, name: str, aggregate: AggregateFunction) -> AggregatingState:
-        return AggregatingState(self, self._table(name, _AGGREGATING), aggregate)
+    def aggregating_state(self, name: str, aggregate: AggregateFunction, *,
+                          ttl: StateTtlConfig | None = None) -> AggregatingState:
+        cls = AggregatingState if ttl is None else _TtlAggregatingState
+        return cls(self, self._table(name, _AGGREGATING, ttl), aggregate)
+
+    def _cleanup_step(self, t: _StateTable, now: int) -> None:
+        """Flink's incremental TTL cleanup: check the next ``cleanup_per_access``
+        stored values of ``t`` (a key group moved past counts as one), removing
+        the expired ones, so state no key reads again is still reclaimed."""
+        ttl = t.ttl
+        if ttl is None or not ttl.cleanup_per_access:
+            return
+        expires, base, kgs = ttl.ttl_ms, t.kind[:-len(_TTL_SUFFIX)], t.kgs
+        for _ in range(ttl.cleanup_per_access):
+            if t.cursor_pos >= len(t.cursor_keys):
+                t.cursor_kg = (t.cursor_kg + 1) % len(kgs)
+                t.cursor_keys, t.cursor_pos = list(kgs[t.cursor_kg].m), 0
+                continue
+            kk = t.cursor_keys[t.cursor_pos]
+            t.cursor_pos += 1
+            kgm = kgs[t.cursor_kg]
+            e = kgm.m.get(kk, _MISSING)
+            if e is _MISSING:
+                continue
+            if base == _LIST:
+                if any(x[1] + expires <= now for x in e):
+                    lst = kgm.owned(kk)
+                    lst[:] = [x for x in lst if x[1] + expires > now]
+                    if not lst:
+                        kgm.remove(kk)
+            elif base == _MAP:
+                dead = [k for k, x in e.items() if x[1] + expires <= now]
+                if dead:
+                    d = kgm.owned(kk)
+                    for k in dead:
+                        del d[k]
+                    if not d:
+                        kgm.remove(kk)
+            elif e[1] + expires <= now:
+                kgm.remove(kk)
 
     def state_names(self) -> list[str]:
         return list(self._tables)
@@ -788,7 +1139,10 @@ class HeapKeyedStateBackend:
             self._active.add(version)
             self._max_active = version
         captured = [(t.name, t.kind, [kg.m for kg in t.kgs]) for t in self._tables.values()]
-        return StateSnapshot(self, version, captured)
+        # expired values are left out, as of now (the synchronous part)
+        expiry = {t.name: (t.ttl.ttl_ms, self._ttl_now()) for t in self._tables.values()
+                  if t.ttl is not None}
+        return StateSnapshot(self, version, captured, expiry)
 
     def _release(self, version: int) -> None:
         with self._lock:

@@ -1,6 +1,6 @@
 """The ``raystream`` command: run job scripts, submit them to a Ray cluster, manage their jobs.
 
-    raystream run job.py [--resume | --restore-from PATH] [-- ARGS]
+    raystream run job.py [--detach] [--resume | --restore-from PATH] [-- ARGS]
                                                           run a job script in this process
     raystream submit job.py --address http://HEAD:8265 [--wait] [-- ARGS]
                                                           run it on a cluster (Ray Jobs API)
@@ -70,7 +70,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(script.resolve().parent))  # as `python job.py` does
     if args.resume and args.restore_from:
         raise ValueError("--resume and --restore-from both name where to start: pass one")
-    with run_defaults(restore_from=args.restore_from, on_start=watch, resume=args.resume):
+    with run_defaults(restore_from=args.restore_from, on_start=watch, resume=args.resume,
+                      detach=args.detach):
         try:
             runpy.run_path(str(script), run_name="__main__")
         except SystemExit as exit_:
@@ -490,9 +491,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser("run", help="run a job script here (Ray in this process, or RAY_ADDRESS)",
-                              usage=f"{PROG} run [-h] [--resume | --restore-from PATH] "
+                              usage=f"{PROG} run [-h] [--detach] [--resume | --restore-from PATH] "
                                     f"[--progress-every SECONDS] [--verbose] script [-- ARGS ...]")
     run.add_argument("script", help="the job script; arguments after -- go to it (sys.argv)")
+    run.add_argument("--detach", action="store_true",
+                     help="the script's jobs keep running if this process exits, is killed or "
+                          "loses the cluster (watch them with raystream list/status)")
     run.add_argument("--resume", action="store_true",
                      help="start each job from the newest checkpoint a run of the same name "
                           "left in its checkpoint storage (from the beginning if none)")

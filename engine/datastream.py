@@ -31,6 +31,11 @@ from raystream.engine.operators.functions import (FilterBatchesOperator, FilterO
                                                   MapOperator)
 from raystream.engine.operators.keyed import (KeyedProcessFunction, KeyedProcessOperator,
                                               ReduceOperator)
+from raystream.engine.operators.broadcast import (BroadcastProcessFunction,
+                                                  BroadcastProcessOperator,
+                                                  KeyedBroadcastProcessFunction,
+                                                  KeyedBroadcastProcessOperator,
+                                                  MapStateDescriptor)
 from raystream.engine.operators.co_process import KeyedCoProcessFunction, KeyedCoProcessOperator
 from raystream.engine.operators.interval_join import (IntervalBounds, IntervalJoinOperator,
                                                       IntervalJoinSpec, ProcessJoinFunction)
@@ -41,6 +46,7 @@ from raystream.engine.operators.two_phase import (Committer, CommitterOperator, 
 if TYPE_CHECKING:
     from raystream.engine.environment import StreamEnvironment
     from raystream.engine.windows.assigners import WindowAssigner
+    from raystream.engine.windows.join import TwoStreams
     from raystream.engine.windows.stream import CountWindowedStream, WindowedStream
 
 Row = dict[str, Any]
@@ -111,10 +117,13 @@ class DataStream:
         return DataStream(self.env, self.transformation, PartitionSpec("rebalance"),
                           self.side_output_tag)
 
-    def broadcast(self) -> "DataStream":
-        """Send every batch to every subtask of the next operator."""
-        return DataStream(self.env, self.transformation, PartitionSpec("broadcast"),
-                          self.side_output_tag)
+    def broadcast(self, *descriptors: MapStateDescriptor) -> "DataStream | BroadcastStream":
+        """Send every batch to every subtask of the next operator. Given broadcast
+        state descriptors, a :class:`BroadcastStream` to ``connect`` a stream to
+        (see :mod:`raystream.engine.operators.broadcast`)."""
+        stream = DataStream(self.env, self.transformation, PartitionSpec("broadcast"),
+                            self.side_output_tag)
+        return BroadcastStream(stream, descriptors) if descriptors else stream
 
     def forward(self) -> "DataStream":
         """Subtask i feeds subtask i (equal parallelism required)."""
@@ -219,9 +228,46 @@ class DataStream:
         inputs = [s._edge() for s in (self, *others)]
         return self._add("operator", "union", lambda n: _UnionOperator(n), inputs=inputs)
 
-    def connect(self, other: "DataStream") -> "ConnectedStreams":
-        """Two streams processed together by one two-input operator."""
+    def connect(self, other: "DataStream | BroadcastStream"
+                ) -> "ConnectedStreams | BroadcastConnectedStream":
+        """Two streams processed together by one two-input operator (``other`` a
+        :class:`BroadcastStream`: with broadcast state)."""
+        if isinstance(other, BroadcastStream):
+            return BroadcastConnectedStream(self, other)
         return ConnectedStreams(self, other)
+
+    def join(self, other: "DataStream") -> "TwoStreams":
+        """Window join with ``other`` (Flink's ``JoinedStreams``): continue with
+        ``.where(key).equal_to(other_key).window(assigner, timestamp=...)``, then
+        ``.join()`` (joined rows, vectorized) or ``.apply(fn)`` (``fn(left, right)`` per
+        pair). See :mod:`raystream.engine.windows.join`.
+
+            >>> import raystream as rs
+            >>> env = rs.StreamEnvironment(parallelism=1)
+            >>> a = env.from_collection([{"k": 1, "ts": 10, "x": 1}])
+            >>> b = env.from_collection([{"k": 1, "ts": 12, "y": 2}])
+            >>> pairs = a.join(b).where("k").equal_to("k") \\
+            ...     .window(rs.TumblingEventTimeWindows(size_ms=100), timestamp="ts").join()
+        """
+        from raystream.engine.windows.join import TwoStreams, WindowJoinKind
+        return TwoStreams(WindowJoinKind.JOIN, self, other)
+
+    def co_group(self, other: "DataStream") -> "TwoStreams":
+        """Window co-group with ``other`` (Flink's ``CoGroupedStreams``): as :meth:`join`,
+        finished with ``.apply(fn)``: ``fn(key, left_rows, right_rows, window)`` per key
+        and window with rows on either side (``pyarrow.Table`` s, one may be empty).
+
+            >>> import raystream as rs
+            >>> env = rs.StreamEnvironment(parallelism=1)
+            >>> a = env.from_collection([{"k": 1, "ts": 10}])
+            >>> b = env.from_collection([{"k": 2, "ts": 12}])
+            >>> counts = a.co_group(b).where("k").equal_to("k") \\
+            ...     .window(rs.TumblingEventTimeWindows(size_ms=100), timestamp="ts") \\
+            ...     .apply(lambda key, left, right, window: [
+            ...         {"k": key, "left": left.num_rows, "right": right.num_rows}])
+        """
+        from raystream.engine.windows.join import TwoStreams, WindowJoinKind
+        return TwoStreams(WindowJoinKind.CO_GROUP, self, other)
 
     # -- sinks ---------------------------------------------------------------------------
     def sink_to(self, create_sink: Callable[[str], SinkOperator], *, name: str = "sink",
@@ -497,6 +543,47 @@ class ConnectedStreams:
         return self._add("co_process",
                          lambda n: KeyedCoProcessOperator(n, fn, keys, schema=schema),
                          name, parallelism)
+
+
+class BroadcastStream:
+    """``stream.broadcast(descriptor, ...)``: rows for every subtask, to ``connect`` to."""
+
+    def __init__(self, stream: DataStream, descriptors: tuple[MapStateDescriptor, ...]) -> None:
+        for d in descriptors:
+            if not isinstance(d, MapStateDescriptor):
+                raise TypeError(f"broadcast(...) takes rs.MapStateDescriptor, got {d!r}")
+        if len({d.name for d in descriptors}) != len(descriptors):
+            raise ValueError(f"broadcast(...): descriptor names repeat: {descriptors}")
+        self.stream, self.descriptors = stream, descriptors
+
+
+class BroadcastConnectedStream:
+    """A stream connected to a :class:`BroadcastStream`: call :meth:`process`."""
+
+    def __init__(self, stream: DataStream, broadcast: BroadcastStream) -> None:
+        self.stream, self.broadcast = stream, broadcast
+
+    def process(self, fn: "KeyedBroadcastProcessFunction | BroadcastProcessFunction", *,
+                name: str | None = None, schema: pa.Schema | None = None,
+                parallelism: int | None = None) -> DataStream:
+        """Run ``fn``: a :class:`~raystream.KeyedBroadcastProcessFunction` when the
+        stream is keyed, else a :class:`~raystream.BroadcastProcessFunction`."""
+        keyed = isinstance(self.stream, KeyedStream)
+        want = KeyedBroadcastProcessFunction if keyed else BroadcastProcessFunction
+        if not isinstance(fn, want):
+            raise TypeError(f"connect(broadcast).process on a {'keyed' if keyed else 'non-keyed'}"
+                            f" stream needs a rs.{want.__name__}, got {type(fn).__name__}")
+        descriptors = self.broadcast.descriptors
+        keys = self.stream.keys if keyed else None  # type: ignore[attr-defined]
+
+        def create(n: str) -> Operator:
+            if keys is not None:
+                return KeyedBroadcastProcessOperator(n, fn, keys, descriptors,  # type: ignore
+                                                     schema=schema)
+            return BroadcastProcessOperator(n, fn, descriptors, schema=schema)  # type: ignore
+        inputs = [self.stream._edge(0), self.broadcast.stream._edge(1)]
+        return self.stream._add("operator", "broadcast_process", create, name=name,
+                                parallelism=parallelism, inputs=inputs)
 
 
 ALL_KEY = "__window_all"  # the constant key column window_all adds (never in its results)

@@ -64,6 +64,7 @@ class RunDefaults:
     restore_from: str | None = None  # for every job that does not name its own
     on_start: Callable[[JobClient], None] | None = None  # called with each started job's client
     resume: bool = False  # every job resumes from its newest checkpoint (raystream run --resume)
+    detach: bool = False  # every job outlives its driver (raystream run --detach)
 
 
 _run_defaults = RunDefaults()
@@ -73,7 +74,7 @@ log = logging.getLogger(__name__)
 @contextlib.contextmanager
 def run_defaults(restore_from: str | None = None,
                  on_start: Callable[[JobClient], None] | None = None,
-                 resume: bool = False) -> Iterator[None]:
+                 resume: bool = False, detach: bool = False) -> Iterator[None]:
     """Within the block, jobs restore from ``restore_from`` (or ``resume``) and ``on_start``
     sees their clients.
 
@@ -81,7 +82,7 @@ def run_defaults(restore_from: str | None = None,
         ...     env.execute("orders")   # as env.execute("orders", restore_from="/savepoints/sp1")
     """
     global _run_defaults
-    previous, _run_defaults = _run_defaults, RunDefaults(restore_from, on_start, resume)
+    previous, _run_defaults = _run_defaults, RunDefaults(restore_from, on_start, resume, detach)
     try:
         yield
     finally:
@@ -298,7 +299,7 @@ class StreamEnvironment:
         return build_plan(self.transformations, self.max_parallelism)
 
     def execute_async(self, name: str = "job", *, restore_from: str | None = None,
-                      resume: bool = False) -> JobClient:
+                      resume: bool = False, detach: bool = False) -> JobClient:
         """Deploy the job and return at once with a client to wait on, watch or cancel it.
 
         ``restore_from``: a savepoint (or a retained checkpoint directory) to
@@ -310,6 +311,11 @@ class StreamEnvironment:
         its ``checkpointLocation``; with none there, start from the beginning.
         Refused while a run of that name is still running.
 
+        ``detach``: the job outlives this driver: it keeps running when the driver
+        exits, is killed or loses its connection to the cluster (its job master is a
+        detached Ray actor, and its subtasks are the master's). Watch it, stop it or
+        savepoint it from anywhere with ``raystream`` or ``rs.JobClient.attach``.
+
             >>> import raystream as rs
             >>> env = rs.StreamEnvironment(checkpoints=rs.CheckpointConfig(storage="/ckpt"))
             >>> client = env.execute_async("orders", resume=True)  # doctest: +SKIP
@@ -317,12 +323,14 @@ class StreamEnvironment:
         The address of the job's page in the web UI goes to stderr
         (``RAYSTREAM_UI=0``: not).
         """
-        client = self._deploy(name, restore_from, resume)
+        client = self._deploy(name, restore_from, resume, detach)
         _announce_page(client)
         return client
 
-    def _deploy(self, name: str, restore_from: str | None, resume: bool) -> JobClient:
+    def _deploy(self, name: str, restore_from: str | None, resume: bool,
+                detach: bool) -> JobClient:
         resume = resume or (_run_defaults.resume and restore_from is None)
+        detach = detach or _run_defaults.detach
         if restore_from is None and not resume:
             restore_from = _run_defaults.restore_from
         if resume and restore_from is not None:
@@ -347,10 +355,14 @@ class StreamEnvironment:
                              checkpoints=self.checkpoints, restart=self.restart,
                              failpoints=self.failpoints, restore_from=restore_from,
                              submission_id=_submission_id(),
-                             pooled=tuple(actor_pool.POOL.lease(pooled, head)),
-                             keeper=actor_pool.POOL.keeper(head) if actor_pool.POOL.enabled() else None)
+                             # the pool's actors belong to this driver: a detached job has its own
+                             pooled=() if detach else tuple(actor_pool.POOL.lease(pooled, head)),
+                             keeper=(actor_pool.POOL.keeper(head)
+                                     if actor_pool.POOL.enabled() and not detach else None),
+                             detached=detach)
         master = JobMaster.options(name=master_actor_name(job_id), namespace=NAMESPACE,
                                    scheduling_strategy=head,
+                                   lifetime="detached" if detach else None,
                                    **MASTER_RESOURCES.ray_options()).remote(job_id, name, plan,
                                                                             options)
         client = JobClient(job_id, name, master, plan, leased=options.pooled)
@@ -359,14 +371,14 @@ class StreamEnvironment:
         return client
 
     def execute(self, name: str = "job", *, restore_from: str | None = None,
-                resume: bool = False) -> JobResult:
+                resume: bool = False, detach: bool = False) -> JobResult:
         """Run the job until it ends and return its result (raises JobFailedError on failure).
-        ``restore_from`` and ``resume`` as for :meth:`execute_async`.
+        ``restore_from``, ``resume`` and ``detach`` as for :meth:`execute_async`.
 
         On a terminal, its progress is drawn on one line of stderr meanwhile
         (:mod:`raystream.engine.progress`), below the address of the job's page in
         the web UI; redirected output gets neither."""
-        client = self._deploy(name, restore_from, resume)
+        client = self._deploy(name, restore_from, resume, detach)
         if progress.is_terminal():
             _announce_page(client)
         with progress.shown(client, self.transformations):

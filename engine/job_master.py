@@ -91,6 +91,12 @@ class JobOptions:
     # and the keeper they go back to when the job ends
     pooled: tuple[Any, ...] = ()
     keeper: Any = None
+    # a detached job master outlives its driver, and ends itself DETACHED_LINGER_S after
+    # the job ended (time for a client to fetch the outcome) unless a client ends it first
+    detached: bool = False
+
+
+DETACHED_LINGER_S = 600.0
 
 
 @dataclass
@@ -301,6 +307,9 @@ class JobMaster:
         self._set_status(outcome.status)
         self._publish()
         self.done.set()
+        if self.options.detached:  # no driver may be left to end it
+            time.sleep(DETACHED_LINGER_S)
+            ray.kill(ray.get_runtime_context().current_actor)
 
     def _set_status(self, status: JobStatus) -> None:
         """Every status change goes through here (checked against the transition table)."""

@@ -14,7 +14,9 @@ from raystream.engine.failpoints import Failpoint
 from raystream.checkpoint.keygroups import (HASH_VERSION, key_group_of, key_group_range,
                                             subtask_for_key_group)
 from raystream.engine.client import JobClient, JobResult
-from raystream.engine.datastream import (ConnectedStreams, DataStream, IntervalJoin,
+from raystream.checkpoint.ttl import StateTtlConfig, TtlUpdate, TtlVisibility
+from raystream.engine.datastream import (BroadcastConnectedStream, BroadcastStream,
+                                         ConnectedStreams, DataStream, IntervalJoin,
                                          IntervalJoined, KeyedStream, SinkHandle)
 from raystream.engine.environment import StreamEnvironment
 from raystream.engine.errors import (BadRecordError, FileReadError, InsufficientResourcesError,
@@ -30,6 +32,10 @@ from raystream.engine.operators.keyed import KeyedContext, KeyedProcessFunction
 from raystream.engine.operators.co_process import KeyedCoProcessFunction
 from raystream.engine.operators.interval_join import (IntervalBounds, JoinContext,
                                                       ProcessJoinFunction)
+from raystream.engine.operators.broadcast import (
+    BroadcastContext, BroadcastProcessFunction, BroadcastState, KeyedBroadcastContext,
+    KeyedBroadcastProcessFunction, KeyedReadOnlyContext, MapStateDescriptor,
+    ReadOnlyBroadcastState, ReadOnlyContext)
 from raystream.engine.operators.two_phase import Committer, SinkContext, SinkWriter
 from raystream.engine.operators.kafka_sink import KafkaSinkError
 from raystream.engine.sources.kafka import KafkaError, KafkaRecordError
@@ -38,6 +44,7 @@ from raystream.engine.windows.assigners import (EventTimeSessionWindows, Sliding
                                                 TumblingEventTimeWindows,
                                                 TumblingProcessingTimeWindows)
 from raystream.engine.windows.functions import ProcessWindowFunction, Window
+from raystream.engine.windows.join import WindowedTwoStreams
 from raystream.engine.windows.operator import WINDOW_TIME
 from raystream.engine.windows.stream import CountWindowedStream, WindowedStream
 from raystream.actors.messages import MAX_WATERMARK, MIN_WATERMARK
@@ -57,5 +64,10 @@ __all__ = [
     "TumblingEventTimeWindows", "TumblingProcessingTimeWindows", "Window", "WINDOW_TIME",
     "WindowedStream", "CountWindowedStream",
     "IntervalBounds", "IntervalJoin", "IntervalJoined", "JoinContext", "KeyedCoProcessFunction",
-    "ProcessJoinFunction",
+    "ProcessJoinFunction", "WindowedTwoStreams",
+    "StateTtlConfig", "TtlUpdate", "TtlVisibility",
+    "BroadcastConnectedStream", "BroadcastContext", "BroadcastProcessFunction",
+    "BroadcastState", "BroadcastStream", "KeyedBroadcastContext",
+    "KeyedBroadcastProcessFunction", "KeyedReadOnlyContext", "MapStateDescriptor",
+    "ReadOnlyBroadcastState", "ReadOnlyContext",
 ]

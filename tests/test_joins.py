@@ -257,6 +257,21 @@ def test_interval_join_job_at_parallelism_2_equals_pandas_exactly_once(ray_sessi
     assert 0 < late_dropped(result.metrics) <= stragglers
 
 
+def rescaled_run(job, tmp_path, name: str) -> pa.Table:
+    """Run ``job(2)`` (an env and its sink) until a checkpoint completed, stop it with a
+    savepoint and restore it as ``job(3)``: the output of both runs, the first stopped
+    midway."""
+    env, sink = job(2)
+    client = env.execute_async(f"{name}-before-rescale")
+    wait_for_checkpoint(client, after=1)
+    first = client.stop_with_savepoint(str(tmp_path / "savepoint"))
+    env, sink_after = job(3)
+    second = env.execute(f"{name}-after-rescale", restore_from=str(tmp_path / "savepoint"))
+    table = pa.concat_tables([first.table(sink), second.table(sink_after)])
+    assert 0 < first.table(sink).num_rows < table.num_rows  # stopped midway
+    return table
+
+
 def test_interval_join_survives_a_savepoint_and_a_rescale_exactly_once(ray_session, tmp_path):
     """Stopped with a savepoint at parallelism 2 with rows buffered, restored at 3: the
     pairs over both runs (through a ProcessJoinFunction) are those of pandas, each once."""
@@ -267,15 +282,7 @@ def test_interval_join_survives_a_savepoint_and_a_rescale_exactly_once(ray_sessi
             interval_s=0.2, storage=str(tmp_path / f"chk{parallelism}")))
         return env, join_job(env, n, lower, upper, slow=True, fn=Ids())
 
-    env, sink = job(2)
-    client = env.execute_async("join-before-rescale")
-    wait_for_checkpoint(client, after=1)
-    first = client.stop_with_savepoint(str(tmp_path / "savepoint"))
-    env, sink_after = job(3)
-    second = env.execute("join-after-rescale", restore_from=str(tmp_path / "savepoint"))
-    table = pa.concat_tables([first.table(sink), second.table(sink_after)])
-    assert 0 < first.table(sink).num_rows < table.num_rows  # stopped midway
-    got = pairs_of(table)
+    got = pairs_of(rescaled_run(job, tmp_path, "join"))
     assert len(got) == len(set(got))
     assert set(got) == expected_pairs(n, lower, upper)
 

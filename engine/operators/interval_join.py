@@ -35,34 +35,19 @@ gets ``right_suffix`` (default ``"_right"``). With ``.process(fn)`` a
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import numpy as np
 import pyarrow as pa
 
-from raystream.checkpoint.sections import decode_parts, encode_parts
 from raystream.engine.batches import rows_to_batch
 from raystream.engine.keys import KeySelector
-from raystream.engine.operators.base import RestoredState
 from raystream.engine.operators.functions import _close_function, emit_rows
-from raystream.engine.operators.keyed import _KeyedOperator
+from raystream.engine.operators.keyed_rows import (BufferedJoinOperator, JoinSide, RowBuffer,
+                                                   joined_names)
+from raystream.engine.operators.keyed_rows import KeyedRows as _Rows
 from raystream.engine.watermarks import timestamps_ms
-
-_STATE_VERSION = b"\x01"  # first byte of a key group's "join" part
-
-
-class JoinSide(enum.IntEnum):
-    """Which input of the join (the operator's ``input_index``)."""
-
-    LEFT = 0
-    RIGHT = 1
-
-    @property
-    def other(self) -> "JoinSide":
-        return JoinSide(1 - self)
-
 
 @dataclass(frozen=True)
 class IntervalBounds:
@@ -171,66 +156,15 @@ class JoinContext:
         self.side_rows.setdefault(tag, []).append(row)
 
 
-@dataclass(frozen=True)
-class _Rows:
-    """Buffered rows of one side: an Arrow table and, per row, timestamp and key id."""
-
-    table: pa.Table
-    ts: np.ndarray
-    kid: np.ndarray
-
-    @classmethod
-    def concat(cls, parts: list["_Rows"]) -> "_Rows":
-        if len(parts) == 1:
-            return parts[0]
-        return cls(_concat_tables([p.table for p in parts]),
-                   np.concatenate([p.ts for p in parts]), np.concatenate([p.kid for p in parts]))
-
-    def take(self, index: np.ndarray) -> "_Rows":
-        return _Rows(self.table.take(pa.array(index, pa.int64())), self.ts[index], self.kid[index])
-
-
-class _Buffer:
-    """One side's buffered rows: appended chunks, combined and sorted by key lazily.
-
-    Chunks are never changed in place (a cleanup replaces them), so a snapshot can
-    keep the list of them as they are."""
+class _Buffer(RowBuffer):
+    """One side's buffered rows, sorted by key lazily for probing."""
 
     def __init__(self) -> None:
-        self.chunks: list[_Rows] = []
+        super().__init__()
         self._sorted: _SortedRows | None = None  # built when probed, dropped on change
-        self.min_ts: int | None = None
 
-    def __len__(self) -> int:
-        return sum(len(c.ts) for c in self.chunks)
-
-    def append(self, rows: _Rows) -> None:
-        self.chunks.append(rows)
+    def _changed(self) -> None:
         self._sorted = None
-        low = int(rows.ts.min())
-        self.min_ts = low if self.min_ts is None else min(self.min_ts, low)
-
-    def combined(self) -> _Rows | None:
-        if not self.chunks:
-            return None
-        if len(self.chunks) > 1:
-            self.chunks = [_Rows.concat(self.chunks)]
-        return self.chunks[0]
-
-    def retain(self, keep: Callable[[np.ndarray], np.ndarray]) -> None:
-        """Keep the rows where ``keep(ts)`` is true."""
-        rows = self.combined()
-        if rows is None:
-            return
-        mask = keep(rows.ts)
-        if mask.all():
-            return
-        self._sorted = None
-        if not mask.any():
-            self.chunks, self.min_ts = [], None
-            return
-        kept = rows.take(np.flatnonzero(mask))
-        self.chunks, self.min_ts = [kept], int(kept.ts.min())
 
     def matches(self, kid: np.ndarray, ts: np.ndarray,
                 offsets: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, _Rows | None]:
@@ -310,13 +244,15 @@ class _SortedRows:
                    ts_min, span)
 
 
-class IntervalJoinOperator(_KeyedOperator):
+class IntervalJoinOperator(BufferedJoinOperator):
     """The two-input keyed operator behind ``interval_join(...).between(...)``.
 
     ``fn`` None: emit joined rows as Arrow batches (left columns, then right
     columns; a clashing right name gets ``spec.right_suffix``). Otherwise call
     ``fn.process_element(left, right, ctx)`` per pair.
     """
+
+    buffer_type = _Buffer
 
     def __init__(self, name: str, spec: IntervalJoinSpec, fn: ProcessJoinFunction | None = None,
                  *, schema: pa.Schema | None = None) -> None:
@@ -327,14 +263,8 @@ class IntervalJoinOperator(_KeyedOperator):
         self.spec = spec
         self.fn = fn
         self.schema = schema
-        self.buffers = (_Buffer(), _Buffer())
-        self.late_dropped = [0, 0]
 
     # -- lifecycle -----------------------------------------------------------------
-    def initialize_state(self, restored: RestoredState | None) -> None:
-        self.buffers = (_Buffer(), _Buffer())
-        super().initialize_state(restored)
-
     def open(self) -> None:
         self.join_ctx = JoinContext(self.ctx.subtask_index)
         if self.fn is not None:
@@ -343,13 +273,6 @@ class IntervalJoinOperator(_KeyedOperator):
     def close(self) -> None:
         if self.fn is not None:
             _close_function(self.fn)
-
-    def metrics(self) -> dict[str, float]:
-        left, right = self.late_dropped
-        return {"late_records_dropped": left + right, "late_left_dropped": left,
-                "late_right_dropped": right,
-                "buffered_left": sum(len(c.ts) for c in list(self.buffers[0].chunks)),
-                "buffered_right": sum(len(c.ts) for c in list(self.buffers[1].chunks))}
 
     # -- records ---------------------------------------------------------------------
     def _index(self, batch: pa.RecordBatch, side: JoinSide) -> _Rows:
@@ -403,16 +326,8 @@ class IntervalJoinOperator(_KeyedOperator):
                 tagged, schema=None, where=f"side output {tag!r} of operator '{self.name}'"))
 
     def _joined(self, left: pa.Table, right: pa.Table) -> pa.Table:
-        names = list(left.column_names)
-        taken = set(names)
-        for name in right.column_names:
-            renamed = name + self.spec.right_suffix if name in taken else name
-            if renamed in taken:
-                raise ValueError(f"operator '{self.name}': right column {name!r} clashes with "
-                                 f"left column {renamed!r} even with suffix "
-                                 f"{self.spec.right_suffix!r}; choose another right_suffix")
-            names.append(renamed)
-            taken.add(renamed)
+        names = joined_names(left.column_names, right.column_names, self.spec.right_suffix,
+                             where=f"operator '{self.name}'")
         return pa.Table.from_arrays([*left.columns, *right.columns], names=names).combine_chunks()
 
     # -- time ------------------------------------------------------------------------
@@ -429,56 +344,6 @@ class IntervalJoinOperator(_KeyedOperator):
         self.output.emit_watermark(watermark)
 
     # -- state -----------------------------------------------------------------------
-    def keyed_snapshot_parts(self):
-        parts = super().keyed_snapshot_parts()
-        # synchronous part: the chunk lists as they are (tables and arrays are immutable)
-        chunks = tuple(list(buffer.chunks) for buffer in self.buffers)
-        key_groups_of = self.timers.key_groups_of
-
-        def sections() -> dict[int, bytes]:
-            by_group: dict[int, dict[str, bytes]] = {}
-            for side, side_chunks in zip(JoinSide, chunks):
-                if not side_chunks:
-                    continue
-                rows = _Rows.concat(side_chunks)
-                groups = key_groups_of(rows.kid)
-                order = np.argsort(groups, kind="stable")  # partition by key group
-                distinct, starts = np.unique(groups[order], return_index=True)
-                ends = np.append(starts[1:], len(order))
-                for group, start, end in zip(distinct.tolist(), starts.tolist(), ends.tolist()):
-                    table = rows.table.take(pa.array(order[start:end]))
-                    by_group.setdefault(group, {})[side.name.lower()] = _ipc(table)
-            return {g: _STATE_VERSION + encode_parts(named) for g, named in by_group.items()}
-        parts["join"] = sections
-        return parts
-
-    def restore_keyed_parts(self, parts: dict[str, list[tuple[int, bytes]]]) -> None:
-        restored = parts.pop("join", [])
-        super().restore_keyed_parts(parts)
-        tables: dict[JoinSide, list[pa.Table]] = {JoinSide.LEFT: [], JoinSide.RIGHT: []}
-        for group, data in restored:
-            if data[:1] != _STATE_VERSION:
-                raise ValueError(f"operator '{self.name}': key group {group} holds interval "
-                                 f"join state of unknown version {data[:1]!r}")
-            for side_name, blob in decode_parts(data[1:]).items():
-                tables[JoinSide[side_name.upper()]].append(pa.ipc.open_stream(blob).read_all())
-        for side, side_tables in tables.items():
-            if side_tables:
-                for batch in _concat_tables(side_tables).combine_chunks().to_batches():
-                    self.buffers[side].append(self._index(batch, side))
-
-
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def _concat_tables(tables: list[pa.Table]) -> pa.Table:
-    """Concatenate, unifying schemas that differ only by types Arrow can promote
-    (a column all null in one batch, for example)."""
-    try:
-        return pa.concat_tables(tables)
-    except pa.ArrowInvalid:
-        return pa.concat_tables(tables, promote_options="permissive")
+    def restore_side(self, side: JoinSide, table: pa.Table) -> None:
+        for batch in table.to_batches():
+            self.buffers[side].append(self._index(batch, side))

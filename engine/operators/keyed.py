@@ -32,6 +32,7 @@ from raystream.checkpoint.keygroups import key_group_range
 from raystream.checkpoint.sections import decode_parts, encode_parts
 from raystream.checkpoint.state import AggregateFunction
 from raystream.checkpoint.state_backend import create_keyed_state_backend, is_disk
+from raystream.checkpoint.ttl import StateTtlConfig
 from raystream.engine.errors import BadRecordError, describe_record
 from raystream.engine.keys import KeySelector
 from raystream.engine.operators.base import (Operator, OperatorSnapshot, RestoredState,
@@ -79,25 +80,28 @@ class KeyedContext:
         """The wall clock, in ms since the epoch (what processing-time timers compare to)."""
         return int(time.time() * 1000)
 
-    def value_state(self, name: str, default: Any = None):
+    # ``ttl``: a rs.StateTtlConfig to expire the state's values (heap state backend)
+    def value_state(self, name: str, default: Any = None, *, ttl: StateTtlConfig | None = None):
         """One value per key (``value()``, ``update(v)``, ``clear()``)."""
-        return self._backend.value_state(name, default)
+        return self._backend.value_state(name, default, ttl=ttl)
 
-    def list_state(self, name: str):
+    def list_state(self, name: str, *, ttl: StateTtlConfig | None = None):
         """A list per key (``get()``, ``add(v)``, ``add_all(vs)``, ``update(vs)``, ``clear()``)."""
-        return self._backend.list_state(name)
+        return self._backend.list_state(name, ttl=ttl)
 
-    def map_state(self, name: str):
+    def map_state(self, name: str, *, ttl: StateTtlConfig | None = None):
         """A dict per key (``get``, ``put``, ``remove``, ``contains``, ``items``, ...)."""
-        return self._backend.map_state(name)
+        return self._backend.map_state(name, ttl=ttl)
 
-    def reducing_state(self, name: str, reduce: Callable[[Any, Any], Any]):
+    def reducing_state(self, name: str, reduce: Callable[[Any, Any], Any], *,
+                       ttl: StateTtlConfig | None = None):
         """A value per key folded with ``reduce`` on every ``add``."""
-        return self._backend.reducing_state(name, reduce)
+        return self._backend.reducing_state(name, reduce, ttl=ttl)
 
-    def aggregating_state(self, name: str, aggregate: AggregateFunction):
+    def aggregating_state(self, name: str, aggregate: AggregateFunction, *,
+                          ttl: StateTtlConfig | None = None):
         """An accumulator per key driven by an :class:`AggregateFunction`."""
-        return self._backend.aggregating_state(name, aggregate)
+        return self._backend.aggregating_state(name, aggregate, ttl=ttl)
 
     # -- timers of the current key (unique per timestamp and key) ---------------------
     def register_event_time_timer(self, timestamp: int) -> None:

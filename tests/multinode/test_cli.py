@@ -8,7 +8,10 @@ committed Parquet output is checked against numpy over the same readings.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -137,6 +140,27 @@ def test_savepoint_stop_and_restore_from_the_command_line(ray_head, tmp_path):
     resumed = ray_head.run("raystream", "run", str(EXAMPLES / "meter_totals.py"), "--restore-from",
                            str(stopped), "--", *job_args(tmp_path, readings, None), timeout=180)
     assert "meter-totals FINISHED" in ok(resumed)
+    assert_exactly_once(tmp_path / "out", readings)
+
+
+def test_a_detached_job_outlives_its_killed_driver(ray_head, tmp_path):
+    readings = 450_000  # at 15,000 rows/s: about 30 s, most of it after the driver is gone
+    command = ["raystream", "run", "--detach", str(EXAMPLES / "meter_totals.py"), "--",
+               *job_args(tmp_path, readings, rows_per_second=15_000)]
+    driver = subprocess.Popen(command, env=ray_head.env, cwd=Path(__file__).parents[2],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        job_id = wait_until(lambda: job_id_from_list(ray_head, "meter-totals", "RUNNING"),
+                            what="the job to run")
+        wait_until(lambda: completed_checkpoints(ray_head, job_id), what="a checkpoint")
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=30)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert job_id_from_list(ray_head, "meter-totals", "RUNNING") == job_id, "it ended too early"
+    wait_until(lambda: job_id_from_list(ray_head, "meter-totals", "FINISHED") == job_id,
+               timeout_s=180, what="the job to finish without its driver")
     assert_exactly_once(tmp_path / "out", readings)
 
 

@@ -1,0 +1,103 @@
+"""State time-to-live: :class:`StateTtlConfig` (Flink's ``StateTtlConfig``).
+
+Give a keyed state a TTL when you create it (``ctx.value_state("seen", ttl=...)``,
+the same ``ttl=`` on list, map, reducing and aggregating state). Every value (every
+element of a list state, every entry of a map state) then carries the processing
+time it was last written (or, with ``update_on="read_and_write"``, also read); once
+``ttl_ms`` have passed it is expired: invisible to reads, removed when read, removed
+by an incremental cleanup that checks a few entries of the state on every access,
+and left out of checkpoints and savepoints. The timestamps are stored with the
+values, so a restored job expires them on the original schedule.
+
+    >>> import raystream as rs
+    >>> ttl = rs.StateTtlConfig(60_000, update_on="read_and_write")
+    >>> ttl.update_on, ttl.visibility
+    (<TtlUpdate.READ_AND_WRITE: 'read_and_write'>, <TtlVisibility.NEVER_RETURN_EXPIRED: 'never_return_expired'>)
+    >>> rs.StateTtlConfig(0)
+    Traceback (most recent call last):
+    ...
+    ValueError: StateTtlConfig: ttl_ms must be a positive number of milliseconds, got 0
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+__all__ = ["StateTtlConfig", "TtlTimeProvider", "TtlUpdate", "TtlVisibility", "wall_clock_ms"]
+
+TtlTimeProvider = Callable[[], int]  # processing time in ms since the epoch
+
+
+def wall_clock_ms() -> int:
+    """The default TTL clock: the wall clock in ms (processing time, as in Flink)."""
+    return int(time.time() * 1000)
+
+
+class TtlUpdate(enum.Enum):
+    """When a value's TTL timestamp is renewed."""
+
+    CREATE_AND_WRITE = "create_and_write"  # on create and every write
+    READ_AND_WRITE = "read_and_write"      # also on every read of an unexpired value
+
+
+class TtlVisibility(enum.Enum):
+    """Whether a read may return a value that has expired but is still stored."""
+
+    NEVER_RETURN_EXPIRED = "never_return_expired"
+    # returned once by the read that finds (and removes) it
+    RETURN_EXPIRED_IF_NOT_CLEANED_UP = "return_expired_if_not_cleaned_up"
+
+
+def _coerce(enum_type: type[enum.Enum], value: object, field: str) -> enum.Enum:
+    if isinstance(value, enum_type):
+        return value
+    try:
+        return enum_type(value)
+    except ValueError:
+        options = ", ".join(repr(m.value) for m in enum_type)
+        raise ValueError(f"StateTtlConfig: {field} must be one of {options} "
+                         f"(or rs.{enum_type.__name__}), got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class StateTtlConfig:
+    """Time-to-live of a keyed state's values, in processing time.
+
+    ``ttl_ms``: how long a value lives after its last renewal. ``update_on``
+    (:class:`TtlUpdate` or its string value): renew on writes only, or on reads
+    too. ``visibility`` (:class:`TtlVisibility` or its string value): may a read
+    return an expired value that no cleanup has removed yet.
+    ``cleanup_per_access``: how many stored entries of the state the
+    incremental cleanup checks on each access (Flink's incremental cleanup; it
+    keeps memory bounded for keys that are never read again).
+    """
+
+    ttl_ms: int
+    update_on: TtlUpdate | str = TtlUpdate.CREATE_AND_WRITE
+    visibility: TtlVisibility | str = TtlVisibility.NEVER_RETURN_EXPIRED
+    cleanup_per_access: int = 5
+
+    def __post_init__(self) -> None:
+        if (isinstance(self.ttl_ms, bool) or not isinstance(self.ttl_ms, (int, float))
+                or not self.ttl_ms > 0):
+            raise ValueError(f"StateTtlConfig: ttl_ms must be a positive number of "
+                             f"milliseconds, got {self.ttl_ms!r}")
+        if (isinstance(self.cleanup_per_access, bool) or not isinstance(self.cleanup_per_access, int)
+                or self.cleanup_per_access < 0):
+            raise ValueError(f"StateTtlConfig: cleanup_per_access must be an int >= 0, "
+                             f"got {self.cleanup_per_access!r}")
+        object.__setattr__(self, "ttl_ms", int(self.ttl_ms))
+        object.__setattr__(self, "update_on", _coerce(TtlUpdate, self.update_on, "update_on"))
+        object.__setattr__(self, "visibility",
+                           _coerce(TtlVisibility, self.visibility, "visibility"))
+
+    @property
+    def renew_on_read(self) -> bool:
+        return self.update_on is TtlUpdate.READ_AND_WRITE
+
+    @property
+    def return_expired(self) -> bool:
+        return self.visibility is TtlVisibility.RETURN_EXPIRED_IF_NOT_CLEANED_UP
