@@ -9,11 +9,14 @@
     raystream cancel JOB                                  cancel a running job
     raystream savepoint JOB PATH                          savepoint a running job (it keeps running)
     raystream stop JOB --savepoint PATH [--drain]         savepoint it and stop it
+    raystream ui [--host 127.0.0.1] [--port 8290]         the web UI of the cluster's jobs
 
 A job script builds a job and runs it with ``env.execute(...)``, like
 ``examples/meter_totals.py``. ``raystream run`` runs it with Ray in this
-process, or on the cluster named by ``RAY_ADDRESS``; it prints the progress of
-each job every few seconds. ``raystream submit`` uploads the script's directory and runs
+process, or on the cluster named by ``RAY_ADDRESS``; on a terminal it draws
+each job's progress on one line of stderr, elsewhere it prints a progress line
+every few seconds, and it prints the address of the job's page in the web UI.
+``raystream submit`` uploads the script's directory and runs
 ``raystream run`` on the cluster's head through the Ray Jobs API.
 
 The job commands connect to the Ray cluster at ``--address`` (default:
@@ -51,6 +54,7 @@ TERMINAL_SUBMISSION_STATUSES = {"SUCCEEDED", "FAILED", "STOPPED"}
 
 # -- run ---------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
+    from raystream.engine import progress
     from raystream.engine.environment import run_defaults
     from raystream.engine.logs import set_verbose
 
@@ -59,7 +63,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     script = Path(args.script)
     if not script.is_file():
         raise FileNotFoundError(f"no job script {script}")
-    watch = ProgressPrinter(args.progress_every).watch if args.progress_every > 0 else None
+    # on a terminal env.execute draws the progress line itself; lines are for logs
+    printing = args.progress_every > 0 and not progress.enabled()
+    watch = ProgressPrinter(args.progress_every).watch if printing else None
     sys.argv = [str(script), *args.args]
     sys.path.insert(0, str(script.resolve().parent))  # as `python job.py` does
     if args.resume and args.restore_from:
@@ -81,6 +87,11 @@ class ProgressPrinter:
         self.out = out
 
     def watch(self, client: Any) -> None:
+        from raystream.engine.environment import job_page
+
+        page = job_page(client)
+        if page is not None:
+            self.out(f"raystream: job {client.job_id}: {page}")
         threading.Thread(target=self._loop, args=(client,), name="raystream progress",
                          daemon=True).start()
 
@@ -112,6 +123,18 @@ def progress_line(name: str, progress: dict, metrics: dict[str, dict[str, float]
     if progress["attempt"]:
         parts.append(f"restarts {progress['attempt']}")
     return " | ".join(parts)
+
+
+# -- ui ----------------------------------------------------------------------------------------------
+def cmd_ui(args: argparse.Namespace) -> int:
+    from raystream.engine.ui import server
+
+    if not server.is_loopback(args.host):
+        server.create_app(require_token=True)  # refuses at once where the token is off
+    connect(args.address)
+    server.serve(args.host, args.port, on_start=lambda url: print(
+        f"raystream ui: serving {url} (Ctrl-C stops)", flush=True))
+    return 0
 
 
 # -- submit (Ray Jobs API) -----------------------------------------------------------------------
@@ -527,6 +550,11 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("--savepoint", required=True, metavar="PATH")
     stop.add_argument("--drain", action="store_true",
                       help="end the input first, so every window fires")
+    ui = job_command("ui", cmd_ui, "serve the web UI of the cluster's jobs", job=False)
+    ui.add_argument("--host", default="127.0.0.1",
+                    help="address to serve on (default 127.0.0.1; any other requires Ray's "
+                         "token: RAY_AUTH_MODE=token)")
+    ui.add_argument("--port", type=int, default=8290)
     return parser
 
 

@@ -17,6 +17,7 @@ import itertools
 import json
 import logging
 import os
+import sys
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence as SequenceT
@@ -29,7 +30,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.checkpoint.keygroups import DEFAULT_MAX_PARALLELISM
 from raystream.checkpoint.storage import CheckpointStorage
-from raystream.engine import actor_pool
+from raystream.engine import actor_pool, progress
 from raystream.engine.failpoints import Failpoint
 from raystream.engine.client import JobClient, JobResult
 from raystream.engine.datastream import DataStream
@@ -318,7 +319,16 @@ class StreamEnvironment:
             >>> import raystream as rs
             >>> env = rs.StreamEnvironment(checkpoints=rs.CheckpointConfig(storage="/ckpt"))
             >>> client = env.execute_async("orders", resume=True)  # doctest: +SKIP
+
+        The address of the job's page in the web UI goes to stderr
+        (``RAYSTREAM_UI=0``: not).
         """
+        client = self._deploy(name, restore_from, resume, detach)
+        _announce_page(client)
+        return client
+
+    def _deploy(self, name: str, restore_from: str | None, resume: bool,
+                detach: bool) -> JobClient:
         resume = resume or (_run_defaults.resume and restore_from is None)
         detach = detach or _run_defaults.detach
         if restore_from is None and not resume:
@@ -363,9 +373,16 @@ class StreamEnvironment:
     def execute(self, name: str = "job", *, restore_from: str | None = None,
                 resume: bool = False, detach: bool = False) -> JobResult:
         """Run the job until it ends and return its result (raises JobFailedError on failure).
-        ``restore_from``, ``resume`` and ``detach`` as for :meth:`execute_async`."""
-        return self.execute_async(name, restore_from=restore_from, resume=resume,
-                                  detach=detach).wait()
+        ``restore_from``, ``resume`` and ``detach`` as for :meth:`execute_async`.
+
+        On a terminal, its progress is drawn on one line of stderr meanwhile
+        (:mod:`raystream.engine.progress`), below the address of the job's page in
+        the web UI; redirected output gets neither."""
+        client = self._deploy(name, restore_from, resume, detach)
+        if progress.is_terminal():
+            _announce_page(client)
+        with progress.shown(client, self.transformations):
+            return client.wait()
 
 
 def resume_point(storage: str, name: str) -> str | None:
@@ -390,6 +407,28 @@ def resume_point(storage: str, name: str) -> str | None:
     job_key, checkpoint_id = found
     log.info("job '%s' resumes from checkpoint %d of run %s", name, checkpoint_id, job_key)
     return f"{storage.rstrip('/')}/{job_key}"
+
+
+def _announce_page(client: JobClient) -> None:
+    """The job's page on stderr, unless ``raystream run`` prints it with its progress."""
+    page = job_page(client) if _run_defaults.on_start is None else None
+    if page is not None:
+        print(f"raystream: job {client.job_id}: {page}", file=sys.stderr, flush=True)
+
+
+def job_page(client: JobClient) -> str | None:
+    """The address of the job's page in the web UI, served from this driver (on
+    loopback, started once); None with ``RAYSTREAM_UI=0`` or if it cannot start (a UI
+    that cannot start never stops the job)."""
+    if os.environ.get("RAYSTREAM_UI", "1") == "0":
+        return None
+    try:
+        from raystream.engine.ui.server import start_in_background
+
+        return f"{start_in_background()}#job={client.job_id}"
+    except Exception as exc:
+        log.warning("the web UI did not start: %s: %s", type(exc).__name__, exc)
+        return None
 
 
 # Ray deletes released objects in periodic batches (1 s by default), so a

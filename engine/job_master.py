@@ -170,6 +170,8 @@ class JobMaster:
         self.terminations: dict[Any, tuple[int, int]] = {}
         self.finished: dict[tuple[int, int], dict] = {}
         self.failures: list[str] = []
+        # each failure with where it happened and its traceback, for the web UI
+        self.failure_details: list[dict] = []
         self.restores: list[dict] = []
         self.coordinator = None
         # the operator coordinators (split enumerators, ...) with their subtask gateways
@@ -555,6 +557,7 @@ class JobMaster:
             "attempt": self.attempt, "submission_id": self.options.submission_id,
             "started_at": self.started_at, "ended_at": None, "failures": list(self.failures),
             "restores": list(self.restores), "plan": self.plan.describe(),
+            "graph": self._graph(), "failure_details": list(self.failure_details),
             "placement": dict(self.placement),
             "checkpoints": [dataclasses.asdict(stats) for stats in checkpoints],
         }
@@ -562,6 +565,15 @@ class JobMaster:
             summary.update(ended_at=time.time(), error=outcome.error, metrics=outcome.metrics,
                            deploy_s=outcome.deploy_s, run_s=outcome.run_s)
         return summary
+
+    def _graph(self) -> list[dict[str, Any]]:
+        """The plan as data (for the web UI): each chain with its operators, parallelism
+        and inputs (the upstream chain and the partitioning)."""
+        return [{"id": v.id, "name": v.name, "parallelism": v.parallelism,
+                 "operators": [node.name for node in v.nodes],
+                 "inputs": [{"from": e.source_vertex, "partitioning": str(e.partitioning)}
+                            for e in v.inputs]}
+                for v in self.plan.vertices]
 
     def _publish(self) -> None:
         """Export the job's checkpoint metrics; publish its summary if it changed.
@@ -604,6 +616,11 @@ class JobMaster:
             report = TerminationReport(-1, -1, "FAILED", error=f"checkpoint coordinator: {failure}",
                                        operator="coordinator")
         self.failures.append(report.error or "unknown failure")
+        self.failure_details.append({"attempt": self.attempt, "at": time.time(),
+                                     "error": report.error or "unknown failure",
+                                     "operator": report.operator,
+                                     "subtask": report.index if report.index >= 0 else None,
+                                     "traceback": report.traceback})
         self._answer_open_savepoints(f"the job failed over after: {report.error}")
         restart = len(self.failures)
         if self.options.checkpoints is None or restart > self.options.restart.attempts:

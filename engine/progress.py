@@ -1,0 +1,210 @@
+"""A job's progress on the terminal, updated in place on one line of stderr.
+
+A bounded job (every source knows its end) shows a bar of rows read of rows
+known, when its sources know how many rows they have (a sequence, a collection,
+an Arrow table), and otherwise the rows read; an unbounded one shows its rate
+and latest checkpoint. ``env.execute`` and ``raystream run`` show it when stderr
+is a terminal; redirected output (a file, a pipe, CI) gets none of it, and
+``RAYSTREAM_PROGRESS=0`` turns it off. When the job ends the line is cleared.
+
+    >>> extent = Extent(bounded=True, rows=1_000_000)
+    >>> render(Snapshot("clicks", "RUNNING", rows_read=250_000, rate=50_000.0,
+    ...                 checkpoints=2, last_checkpoint=(2, 0.1234), restarts=0), extent, width=100)
+    'clicks [#######-----------------------]  25% 250,000/1,000,000 rows | 50,000 rows/s | checkpoints 2'
+    >>> render(Snapshot("clicks", "RUNNING", rows_read=250_000, rate=50_000.0,
+    ...                 checkpoints=7, last_checkpoint=(7, 0.05), restarts=1),
+    ...        Extent(bounded=False, rows=None), width=100)
+    'clicks RUNNING | 50,000 rows/s | 250,000 rows | latest checkpoint #7 (0.05 s) | restarts 1'
+
+The renderer is our own (this module): the line mixes a bar with job facts that
+change while it runs, and must stay a pure function to test; ``tqdm`` and ``rich``
+would own the line (and ``rich`` is a large dependency) for little gain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, TextIO
+
+REFRESH_S = 0.5
+BAR_WIDTH = 30
+CLEAR_LINE = "\r\x1b[K"
+
+
+@dataclass(frozen=True)
+class Extent:
+    """What the driver knows of a job's input before it runs."""
+
+    bounded: bool  # every source ends by itself
+    rows: int | None  # rows of all sources, when every source knows its count
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the progress line shows at one moment."""
+
+    job: str
+    status: str
+    rows_read: int
+    rate: float | None  # rows read per second, smoothed
+    checkpoints: int  # completed so far
+    last_checkpoint: tuple[int, float] | None  # (id, duration in seconds)
+    restarts: int
+
+
+def input_extent(transformations: list[Any]) -> Extent:
+    """The extent of a job's sources (``env.transformations``): split-based sources say
+    whether they end and, for in-memory ones, how many rows they have; a source
+    operator of your own (``add_source``) counts as unbounded and of unknown size."""
+    bounded, rows = True, 0
+    sources = [t for t in transformations if t.kind == "source"]
+    for t in sources:
+        source = getattr(t.coordinator, "keywords", {}).get("source")
+        extent = _source_extent(source)
+        bounded = bounded and extent.bounded
+        rows = None if rows is None or extent.rows is None else rows + extent.rows
+    return Extent(bounded and bool(sources), rows if bounded and sources else None)
+
+
+def _source_extent(source: Any) -> Extent:
+    from raystream.engine.sources.arrow import ArrowTable
+    from raystream.engine.sources.collection import Collection
+    from raystream.engine.sources.files import Files
+    from raystream.engine.sources.sequence import Sequence
+
+    if isinstance(source, Sequence):
+        return Extent(True, source.n)
+    if isinstance(source, Collection):
+        return Extent(True, len(source.rows))
+    if isinstance(source, ArrowTable):
+        return Extent(True, source.num_rows)
+    if isinstance(source, Files):
+        return Extent(source.monitor_interval_s is None, None)
+    config = getattr(source, "config", None)  # a Kafka source: bounded_until
+    if config is not None and hasattr(config, "bounded_until"):
+        return Extent(config.bounded_until is not None, None)
+    return Extent(False, None)
+
+
+def render(snapshot: Snapshot, extent: Extent, width: int) -> str:
+    """The progress line, at most ``width - 1`` characters (a full line would wrap)."""
+    rate = "-" if snapshot.rate is None else f"{snapshot.rate:,.0f}"
+    if extent.bounded:
+        if extent.rows:
+            done = min(snapshot.rows_read / extent.rows, 1.0)
+            filled = int(done * BAR_WIDTH)
+            parts = [f"{snapshot.job} [{'#' * filled}{'-' * (BAR_WIDTH - filled)}] "
+                     f"{done:4.0%} {snapshot.rows_read:,}/{extent.rows:,} rows"]
+        else:
+            parts = [f"{snapshot.job} {snapshot.status}", f"{snapshot.rows_read:,} rows"]
+        if snapshot.status != "RUNNING" and extent.rows:
+            parts.append(snapshot.status)
+        parts += [f"{rate} rows/s", f"checkpoints {snapshot.checkpoints}"]
+    else:
+        parts = [f"{snapshot.job} {snapshot.status}", f"{rate} rows/s",
+                 f"{snapshot.rows_read:,} rows"]
+        if snapshot.last_checkpoint is not None:
+            n, duration_s = snapshot.last_checkpoint
+            parts.append(f"latest checkpoint #{n} ({duration_s:.2f} s)")
+    if snapshot.restarts:
+        parts.append(f"restarts {snapshot.restarts}")
+    return " | ".join(parts)[:max(width - 1, 20)]
+
+
+class ProgressLine:
+    """Polls a running job's client and redraws its progress line on ``stream``."""
+
+    def __init__(self, client: Any, extent: Extent, stream: TextIO,
+                 every_s: float = REFRESH_S) -> None:
+        self.client, self.extent, self.stream, self.every_s = client, extent, stream, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="raystream progress line",
+                                        daemon=True)
+        self._read = 0
+        self._rate: float | None = None
+        self._sample: tuple[float, int] | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.stream.write(CLEAR_LINE)
+        self.stream.flush()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                snapshot = self.snapshot()
+            except Exception:  # the job ended (its master with it): the caller stops us
+                continue
+            width = shutil.get_terminal_size((100, 24)).columns
+            self.stream.write(CLEAR_LINE + render(snapshot, self.extent, width))
+            self.stream.flush()
+
+    def snapshot(self) -> Snapshot:
+        progress = self.client.progress()
+        status = str(progress["status"])
+        metrics = self.client.metrics() if status == "RUNNING" else {}
+        read = sum(v for m in metrics.values() for k, v in m.items()
+                   if k.endswith(".records_read"))
+        # a restarted job's new subtasks count from their checkpoint's position: what
+        # they read again is no progress, so the count never goes back
+        self._read = max(self._read, int(read))
+        now = time.monotonic()
+        if self._sample is not None and now > self._sample[0]:
+            rate = (self._read - self._sample[1]) / (now - self._sample[0])
+            self._rate = rate if self._rate is None else 0.5 * self._rate + 0.5 * rate
+        self._sample = (now, self._read)
+        completed = [c for c in progress["checkpoints"] if str(_field(c, "status")) == "COMPLETED"]
+        last = completed[-1] if completed else None
+        return Snapshot(self.client.job_name, status, self._read, self._rate, len(completed),
+                        (_field(last, "checkpoint_id"), _field(last, "duration_s"))
+                        if last is not None else None, progress["attempt"])
+
+
+def _field(record: Any, name: str) -> Any:
+    return record[name] if isinstance(record, dict) else getattr(record, name)
+
+
+def enabled(stream: TextIO | None = None) -> bool:
+    """True when the progress line is drawn: ``stream`` (stderr) is a terminal and
+    ``RAYSTREAM_PROGRESS`` is not ``0``."""
+    return os.environ.get("RAYSTREAM_PROGRESS", "1") != "0" and is_terminal(stream)
+
+
+def is_terminal(stream: TextIO | None = None) -> bool:
+    """True when ``stream`` (stderr) is a terminal."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # closed, or no file behind it
+        return False
+
+
+@contextlib.contextmanager
+def shown(client: Any, transformations: list[Any], stream: TextIO | None = None
+          ) -> Iterator[None]:
+    """Within the block, draw ``client``'s progress on ``stream`` (stderr) if it is a
+    terminal; the line is cleared at the end.
+
+        >>> with shown(client, env.transformations):  # doctest: +SKIP
+        ...     result = client.wait()
+    """
+    stream = sys.stderr if stream is None else stream
+    if not enabled(stream):
+        yield
+        return
+    line = ProgressLine(client, input_extent(transformations), stream)
+    line.start()
+    try:
+        yield
+    finally:
+        line.stop()
