@@ -169,7 +169,7 @@ def q5_oracle(size_ms: int, slide_ms: int) -> list[tuple]:
 
 def test_q5_hot_items_are_exactly_once_through_a_subtask_crash(ray_session, tmp_path):
     env = checkpointed(tmp_path, failpoints=[
-        rs.Failpoint("in_processing", operator="q5-counts", subtask=0, hit=20, action="exit")])
+        rs.Failpoint("in_processing", operator="q5-counts", subtask=0, hit=3, action="exit")])
     sink = queries.q5(env, EVENTS, CONFIG, batch_size=BATCH).collect()
     result = env.execute("nexmark-q5")
     assert result.restarts == 1, result.failures
