@@ -120,9 +120,8 @@ def bytewax_flow(name: str, events: int):
         kept = op.filter("q2-filter", bids, lambda b: b["auction"] % 123 == 0)
         out = op.map("q2", kept, lambda b: (b["auction"], b["price"]))
     elif name == "q5":
-        keyed = op.key_on("by-auction", bids, lambda b: str(b["auction"]))
         counts = win.count_window(
-            "q5-counts", keyed, clock(lambda b: event_time(b["date_time"])),
+            "q5-counts", bids, clock(lambda b: event_time(b["date_time"])),
             win.SlidingWindower(length=timedelta(seconds=10), offset=timedelta(seconds=2),
                                 align_to=align), key=lambda b: str(b["auction"]))
         # (auction, (window id, count)) -> one key, stamped with the window's last ms
@@ -169,8 +168,7 @@ def bytewax_flow(name: str, events: int):
                               lambda: (-1, []), highest, merge)
         out = op.flat_map("q7-rows", top.down, lambda item: item[1][1][1])
     elif name == "q11":
-        keyed = op.key_on("by-bidder", bids, lambda b: str(b["bidder"]))
-        sessions = win.count_window("q11", keyed, clock(lambda b: event_time(b["date_time"])),
+        sessions = win.count_window("q11", bids, clock(lambda b: event_time(b["date_time"])),
                                     win.SessionWindower(gap=timedelta(seconds=10)),
                                     key=lambda b: str(b["bidder"]))
         out = sessions.down
