@@ -27,7 +27,8 @@ generated alone, in any order, at any parallelism, and replays are identical.
 Differences from the reference, on purpose: times are int64 milliseconds (the
 reference's ``TIMESTAMP(3)``); ``extra`` strings are slices of one random
 1 MiB string per seed, as the reference's ``nextExactString`` does for short
-lengths; the reference's bid channel/URL cache is drawn per seed.
+lengths; the reference's bid channel/URL cache is drawn per seed and a bid's ``channel``
+and ``url`` are dictionary-encoded over it.
 """
 
 from __future__ import annotations
@@ -127,12 +128,19 @@ class NexmarkConfig:
 
     def event_numbers(self, kind: EventKind, lo: int, hi: int) -> np.ndarray:
         """The event numbers in ``[lo, hi)`` that are events of ``kind``, ascending."""
-        n = np.arange(lo, hi, dtype=np.int64)
-        return n[self.kind_of(n) == _KIND_CODE[kind]]
+        first, count = {EventKind.PERSON: (0, self.person_proportion),
+                        EventKind.AUCTION: (self.person_proportion, self.auction_proportion),
+                        EventKind.BID: (self.person_proportion + self.auction_proportion,
+                                        self.bid_proportion)}[kind]
+        total = self.total_proportion
+        epochs = np.arange(lo // total, -(-hi // total), dtype=np.int64)
+        n = (epochs[:, None] * total + np.arange(first, first + count)).ravel()
+        return n[(n >= lo) & (n < hi)]
 
 
 _KIND_CODE = {EventKind.PERSON: 0, EventKind.AUCTION: 1, EventKind.BID: 2}
 
+_DICTIONARY = pa.dictionary(pa.int32(), pa.string())
 SCHEMAS = {
     EventKind.PERSON: pa.schema([
         ("id", pa.int64()), ("name", pa.string()), ("email_address", pa.string()),
@@ -145,7 +153,8 @@ SCHEMAS = {
         ("extra", pa.string())]),
     EventKind.BID: pa.schema([
         ("auction", pa.int64()), ("bidder", pa.int64()), ("price", pa.int64()),
-        ("channel", pa.string()), ("url", pa.string()), ("date_time", pa.int64()),
+        # dictionary-encoded: 10,004 channels and URLs (the reference's channel cache)
+        ("channel", _DICTIONARY), ("url", _DICTIONARY), ("date_time", pa.int64()),
         ("extra", pa.string())]),
 }
 
@@ -179,15 +188,23 @@ def _unit(seed: int, counter: np.ndarray, draw: int) -> np.ndarray:
     return (_bits(seed, counter, draw) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
+def _fields(seed: int, counter: np.ndarray, draw: int, *bounds) -> list[np.ndarray]:
+    """Up to three uniform ints in ``[0, bound)`` from one hash, 21 bits each (for
+    bounds far below 2**21, as the per-bid choices are): fewer hashes per event."""
+    bits = _bits(seed, counter, draw)
+    mask = np.uint64((1 << 21) - 1)
+    return [(((bits >> np.uint64(21 * i)) & mask) * np.asarray(bound, dtype=np.uint64)
+             >> np.uint64(21)).astype(np.int64) for i, bound in enumerate(bounds)]
+
+
 def _below(seed: int, counter: np.ndarray, draw: int, bound) -> np.ndarray:
     """Uniform ints in ``[0, bound)`` (``nextInt(bound)``; ``bound`` scalar or array)."""
     return (_unit(seed, counter, draw) * bound).astype(np.int64)
 
 
 # draw numbers: one per random choice of an event (as the reference's sequential draws)
-(_D_HOT, _D_ID, _D_HOT2, _D_ID2, _D_PRICE, _D_PRICE2, _D_CATEGORY, _D_LENGTH, _D_CHANNEL,
- _D_CHANNEL_PICK, _D_EXTRA_LEN, _D_EXTRA_AT, _D_FIRST, _D_LAST, _D_CITY, _D_STATE, _D_CARD,
- _D_STR1, _D_STR2) = range(19)
+(_D_HOT, _D_ID, _D_PRICE, _D_PRICE2, _D_CATEGORY, _D_LENGTH, _D_EXTRA_LEN, _D_FIRST, _D_LAST,
+ _D_CITY, _D_STATE, _D_CARD, _D_STR1, _D_STR2) = range(14)
 
 
 # -- ids, as the reference computes them ---------------------------------------------------------
@@ -304,10 +321,9 @@ def _next_extra(c: NexmarkConfig, n: np.ndarray, current_size: np.ndarray,
     (length uniform in ±20 % of what is missing), a slice of the per-seed pool."""
     desired = average - current_size
     delta = np.round(desired * 0.2).astype(np.int64)
-    spread = _below(c.seed, n, _D_EXTRA_LEN, np.maximum(2 * delta, 1))
+    spread, variant = _fields(c.seed, n, _D_EXTRA_LEN, np.maximum(2 * delta, 1), EXTRA_VARIANTS)
     lengths = np.where(current_size > average, 0, desired - delta + np.where(delta == 0, 0, spread))
     longest = average + (average + 4) // 5  # desired + delta, when current_size is 0
-    variant = _below(c.seed, n, _D_EXTRA_AT, EXTRA_VARIANTS)
     return _extra_table(c.seed, longest).take(pa.array(lengths * EXTRA_VARIANTS + variant))
 
 
@@ -372,23 +388,30 @@ def _auctions(n: np.ndarray, c: NexmarkConfig) -> pa.RecordBatch:
 
 def _bids(n: np.ndarray, c: NexmarkConfig) -> pa.RecordBatch:
     seed = c.seed
-    hot_auction = _below(seed, n, _D_HOT, c.hot_auction_ratio) > 0
-    auction = np.where(hot_auction, last_base0_auction_id(c, n) // HOT_BATCH * HOT_BATCH,
-                       _next_base0_auction_id(c, n, _D_ID)) + FIRST_AUCTION_ID
-    hot_bidder = _below(seed, n, _D_HOT2, c.hot_bidders_ratio) > 0
-    # the second person of the batch, so that hot bidders and hot sellers differ
-    bidder = np.where(hot_bidder, last_base0_person_id(c, n) // HOT_BATCH * HOT_BATCH + 1,
-                      _next_base0_person_id(c, n, _D_ID2))
+    hot_auction, hot_bidder, hot_channel = _fields(
+        seed, n, _D_HOT, c.hot_auction_ratio, c.hot_bidders_ratio, HOT_CHANNELS_RATIO)
+    # nextBase0AuctionId: one of the last num_in_flight_auctions, or a few ahead
+    last_auction = last_base0_auction_id(c, n)
+    low = np.maximum(last_auction - c.num_in_flight_auctions, 0)
+    # nextBase0PersonId: one of the last num_active_people, or a few ahead
+    people = last_base0_person_id(c, n) + 1
+    active = np.minimum(people, c.num_active_people)
+    auction_pick, bidder_pick, channel_pick = _fields(
+        seed, n, _D_ID, last_auction - low + 1 + AUCTION_ID_LEAD, active + PERSON_ID_LEAD,
+        CHANNELS_NUMBER)
+    auction = np.where(hot_auction > 0, last_auction // HOT_BATCH * HOT_BATCH,
+                       low + auction_pick) + FIRST_AUCTION_ID
+    # a hot bidder is the second person of the batch, so that hot bidders and sellers differ
+    bidder = np.where(hot_bidder > 0, (people - 1) // HOT_BATCH * HOT_BATCH + 1,
+                      people - active + bidder_pick)
     # The reference (nexmark/nexmark BidGenerator.nextBid) adds FIRST_PERSON_ID twice.
     bidder = bidder + 2 * FIRST_PERSON_ID
     price = _next_price(c, n, _D_PRICE)
     _, channels, urls = _pools(seed)
-    hot_channel = _below(seed, n, _D_CHANNEL, HOT_CHANNELS_RATIO) > 0
-    pick = np.where(hot_channel, _below(seed, n, _D_CHANNEL_PICK, len(HOT_CHANNELS)),
-                    len(HOT_CHANNELS) + _below(seed, n, _D_CHANNEL_PICK, CHANNELS_NUMBER))
-    index = pa.array(pick)
-    columns = [auction, bidder, price, channels.take(index), urls.take(index),
-               c.timestamp_for_event(n),
+    pick = pa.array(np.where(hot_channel > 0, channel_pick % len(HOT_CHANNELS),
+                             len(HOT_CHANNELS) + channel_pick).astype(np.int32))
+    columns = [auction, bidder, price, pa.DictionaryArray.from_arrays(pick, channels),
+               pa.DictionaryArray.from_arrays(pick, urls), c.timestamp_for_event(n),
                _next_extra(c, n, np.full(len(n), 32, dtype=np.int64), c.avg_bid_byte_size)]
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMAS[EventKind.BID])
 
