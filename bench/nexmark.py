@@ -48,6 +48,11 @@ from raystream.engine.environment import ensure_ray
 from raystream.nexmark import EventKind, NexmarkConfig, generate, queries
 
 CONFIG = NexmarkConfig()
+# Context, not a comparison: Flink's throughput per core, from the example result table of
+# nexmark/nexmark's GUIDE_V1.md (commit 6b3646c; 100M events, 3 machines of 8 cores,
+# parallelism 8, RocksDB, exactly-once checkpoints every 3 minutes, Flink 1.13-2.0).
+FLINK_PER_CORE = {"q0": 155_020, "q1": 157_940, "q2": 175_210, "q3": 152_120, "q4": 34_330,
+                  "q5": 22_140, "q7": 12_330, "q8": 146_140, "q11": 39_700}
 BATCH = 65_536
 BYTEWAX_QUERIES = ("q0", "q1", "q2", "q5", "q7", "q11")
 
@@ -251,9 +256,13 @@ def main() -> None:
             table.append((name, "Bytewax 1 worker", args.bytewax_events, seconds, rate,
                           f"{rows:,} rows; raystream p=1 is {ratios[name]:.1f}x"))
             print(f"  {name} Bytewax: {seconds:.2f} s", flush=True)
+        if name in FLINK_PER_CORE:
+            table.append((name, "Flink, per core", None, None, FLINK_PER_CORE[name],
+                          "published (nexmark/nexmark GUIDE_V1.md), context only"))
     print(f"{'query':<6} {'system':<18} {'events':>11} {'seconds':>8} {'events/s':>12}  notes")
     for name, system, n, seconds, rate, note in table:
-        print(f"{name:<6} {system:<18} {n:>11,} {seconds:>8.2f} {rate:>12,.0f}  {note}")
+        n_, s_ = (f"{n:>11,}", f"{seconds:>8.2f}") if n else (f"{'':>11}", f"{'':>8}")
+        print(f"{name:<6} {system:<18} {n_} {s_} {rate:>12,.0f}  {note}")
     print(f"fixed start-up per raystream job (deploy_s): median {np.median(startup):.2f} s "
           f"(not in the rates)")
     over = f"{geomean(list(ratios.values())):.1f}" if ratios else "n/a"

@@ -65,7 +65,9 @@ def test_generator_follows_the_reference_proportions_ids_and_times():
                                                           // 50) // 100 * 100
     assert 0.7 < hot_seller.mean() < 0.8
     assert set(auctions["category"]) == {10, 11, 12, 13, 14}
-    assert (auctions["expires"] > auctions["date_time"]).all()
+    length = auctions["expires"] - auctions["date_time"]
+    assert (length > 0).all() and (length <= config.max_auction_length_ms).all()
+    assert length.max() > 0.9 * config.max_auction_length_ms  # the bound is tight
     assert (auctions["reserve"] > auctions["initial_bid"]).all()
     prices = bids["price"].to_numpy()
     assert prices.min() >= 100 and prices.max() <= 100_000_000
@@ -139,10 +141,13 @@ def winning_bids() -> pd.DataFrame:
     return valid.groupby(["id", "category"], as_index=False)["price"].max()
 
 
-def test_q4_average_closing_price_per_category(ray_session, tmp_path):
-    env = checkpointed(tmp_path)
+def test_q4_average_closing_price_per_category_through_a_join_crash(ray_session, tmp_path):
+    env = checkpointed(tmp_path, failpoints=[
+        rs.Failpoint("in_processing", operator="q4-join", subtask=1, hit=8, action="exit")])
     sink = queries.q4(env, EVENTS, CONFIG, batch_size=BATCH).collect()
-    got = env.execute("nexmark-q4").table(sink).to_pandas()
+    result = env.execute("nexmark-q4")
+    assert result.restarts == 1, result.failures
+    got = result.table(sink).to_pandas()
     finals = winning_bids()
     assert len(finals) > 500
     for category, group in finals.groupby("category"):

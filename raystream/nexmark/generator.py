@@ -116,6 +116,13 @@ class NexmarkConfig:
     def inter_event_delay_us(self) -> float:
         return 1_000_000.0 / self.first_event_rate * self.num_event_generators
 
+    @property
+    def max_auction_length_ms(self) -> int:
+        """The longest ``expires - date_time`` an auction can have (``nextAuctionLengthMs``:
+        up to twice the time until ``num_in_flight_auctions`` more auctions exist)."""
+        ahead = self.num_in_flight_auctions * self.total_proportion // self.auction_proportion
+        return 2 * (int(ahead * self.inter_event_delay_us) // 1000 + 2)
+
     def timestamp_for_event(self, n: np.ndarray) -> np.ndarray:
         """Event time (ms) of event numbers ``n`` (``GeneratorConfig.timestampForEvent``)."""
         return self.base_time_ms + (n * self.inter_event_delay_us).astype(np.int64) // 1000
