@@ -168,8 +168,12 @@ SCHEMAS = {
 
 def generate(kind: EventKind, lo: int, hi: int, config: NexmarkConfig) -> pa.RecordBatch:
     """The events of ``kind`` among event numbers ``[lo, hi)``, in event order."""
-    n = config.event_numbers(kind, lo, hi)
-    return _GENERATORS[kind](n, config)
+    return _GENERATORS[kind](config.event_numbers(kind, lo, hi), config)
+
+
+def generate_numbers(kind: EventKind, n: np.ndarray, config: NexmarkConfig) -> pa.RecordBatch:
+    """The events of ``kind`` among the (ascending, int64) event numbers ``n``."""
+    return _GENERATORS[kind](n[config.kind_of(n) == _KIND_CODE[kind]], config)
 
 
 # -- counter-based randomness: draw d of event n is a hash of (seed, n, d) --------------------

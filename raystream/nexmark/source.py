@@ -1,10 +1,13 @@
 """Nexmark as split-based bounded sources: one stream per event kind.
 
-The first ``events`` Nexmark events (event numbers ``0 .. events-1``) are cut
-into ``num_splits`` contiguous ranges of event numbers; a split's reader
-generates, a batch at a time, the events of its kind in its range (event ``n``
-is a pure function of ``(seed, n)``, so a restored reader regenerates exactly
-what it had not emitted). The three kinds share event numbers, so ``persons``,
+The first ``events`` Nexmark events (event numbers ``0 .. events-1``) are dealt
+into ``num_splits`` interleaved splits (split ``i`` has event numbers ``i``,
+``i + num_splits``, ...), so every split runs through the whole event time at
+the same pace, as the reference's parallel generators do, and the watermark (the
+minimum over splits) keeps up with all of them. A split's reader generates, a
+batch at a time, the events of its kind among its event numbers (event ``n`` is
+a pure function of ``(seed, n)``, so a restored reader regenerates exactly what
+it had not emitted). The three kinds share event numbers, so ``persons``,
 ``auctions`` and ``bids`` built with the same ``events`` and config are the three
 views of one Nexmark run (as the reference's ``person``, ``auction`` and ``bid``
 views over its one ``datagen`` table). Three streams rather than one union:
@@ -26,14 +29,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 
 from raystream.engine.datastream import DataStream
 from raystream.engine.environment import StreamEnvironment
-from raystream.engine.sources.base import (RangeSplitReader, Source, range_split_id,
-                                           range_splits)
+from raystream.engine.sources.base import Source, SplitReader
 from raystream.engine.watermarks import BoundedOutOfOrderness
-from raystream.nexmark.generator import EventKind, NexmarkConfig, generate
+from raystream.nexmark.generator import EventKind, NexmarkConfig, generate_numbers
 
 TIMESTAMP = "date_time"  # every Nexmark event's event-time column (int64 ms)
 
@@ -42,14 +45,16 @@ TIMESTAMP = "date_time"  # every Nexmark event's event-time column (int64 ms)
 class NexmarkSource(Source):
     """The events of ``kind`` among the first ``events`` Nexmark events.
 
-    ``batch_size`` counts event numbers per batch (a bid batch holds ~92 % of them);
-    splits never depend on the job's parallelism.
+    A split is ``(first, step, events)``: event numbers ``first, first + step, ...``
+    below ``events``. ``batch_size`` is the span of event numbers a batch covers (a
+    bid batch holds ~92 % of its split's numbers in it); splits never depend on the
+    job's parallelism. A reader's position counts its split's event numbers read.
 
-        >>> src = NexmarkSource(EventKind.PERSON, 200, num_splits=2, batch_size=64)
+        >>> src = NexmarkSource(EventKind.PERSON, 200, num_splits=2, batch_size=128)
         >>> src.splits()
-        [(0, 100), (100, 200)]
-        >>> r = src.reader((100, 200)); r.next_batch()["id"].to_pylist(), r.position
-        ([1002, 1003], 64)
+        [(0, 2, 200), (1, 2, 200)]
+        >>> r = src.reader((0, 2, 200)); r.next_batch()["id"].to_pylist(), r.position
+        ([1000, 1001, 1002], 64)
     """
 
     kind: EventKind
@@ -63,25 +68,36 @@ class NexmarkSource(Source):
             raise ValueError(f"NexmarkSource({self.kind.value}) needs events >= 0, "
                              f"num_splits > 0 and batch_size > 0")
 
-    def splits(self) -> list[tuple[int, int]]:
-        return range_splits(self.events, self.num_splits)
+    def splits(self) -> list[tuple[int, int, int]]:
+        step = min(self.num_splits, self.events)
+        return [(first, step, self.events) for first in range(step)]
 
-    def reader(self, split: tuple[int, int], position: int = 0) -> "NexmarkReader":
+    def reader(self, split: tuple[int, int, int], position: int = 0) -> "NexmarkReader":
         return NexmarkReader(self, tuple(split), position)
 
     def split_id(self, split) -> str:
-        return range_split_id(split)
+        first, step, events = split
+        return f"{first}/{step}/{events}"
 
 
-class NexmarkReader(RangeSplitReader):
-    """Reads one range of event numbers; ``position`` counts event numbers read."""
+class NexmarkReader(SplitReader):
+    """Reads one split's event numbers, ``batch_size // step`` of them per batch."""
 
-    def __init__(self, source: NexmarkSource, split: tuple[int, int], position: int) -> None:
-        super().__init__(split, position, source.batch_size)
+    def __init__(self, source: NexmarkSource, split: tuple[int, int, int],
+                 position: int) -> None:
         self.source = source
+        self.first, self.step, events = split
+        self.count = len(range(self.first, events, self.step))  # the split's event numbers
+        self.position = position
+        self.per_batch = max(1, source.batch_size // self.step)
 
-    def read_range(self, lo: int, hi: int) -> pa.RecordBatch:
-        return generate(self.source.kind, lo, hi, self.source.config)
+    def next_batch(self) -> pa.RecordBatch | None:
+        if self.position >= self.count:
+            return None
+        hi = min(self.position + self.per_batch, self.count)
+        n = self.first + self.step * np.arange(self.position, hi, dtype=np.int64)
+        self.position = hi
+        return generate_numbers(self.source.kind, n, self.source.config)
 
 
 def _stream(env: StreamEnvironment, kind: EventKind, events: int, config: NexmarkConfig | None,
