@@ -141,9 +141,9 @@ def winning_bids() -> pd.DataFrame:
     return valid.groupby(["id", "category"], as_index=False)["price"].max()
 
 
-def test_q4_average_closing_price_per_category_through_a_join_crash(ray_session, tmp_path):
+def test_q4_average_closing_price_per_category_through_a_subtask_crash(ray_session, tmp_path):
     env = checkpointed(tmp_path, failpoints=[
-        rs.Failpoint("in_processing", operator="q4-join", subtask=1, hit=8, action="exit")])
+        rs.Failpoint("in_processing", operator="q4-winning-bids", subtask=1, hit=8, action="exit")])
     sink = queries.q4(env, EVENTS, CONFIG, batch_size=BATCH).collect()
     result = env.execute("nexmark-q4")
     assert result.restarts == 1, result.failures

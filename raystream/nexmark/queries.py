@@ -120,6 +120,54 @@ def q3(env: StreamEnvironment, events: int, config: NexmarkConfig | None = None,
 
 Q4_SCHEMA = pa.schema([("category", pa.int64()), ("average", pa.float64()),
                        ("auctions", pa.int64()), ("total", pa.int64())])
+CLOSED_SCHEMA = pa.schema([("id", pa.int64()), ("category", pa.int64()), ("final", pa.int64()),
+                           ("expires", pa.int64())])
+
+
+class WinningBid(rs.KeyedCoProcessFunction):
+    """Keyed by auction id: the highest bid between an auction's start and its expiry,
+    emitted when the watermark passes the expiry (event-time timer). A bid for an
+    auction not seen yet waits until the watermark passes the bid's time; an auction
+    that started by then would have arrived (the sources are in event-time order), so
+    the bid matches none and is dropped."""
+
+    def open(self, ctx):
+        self.auction = ctx.value_state("auction")  # (category, start, expires, best price)
+        self.early = ctx.list_state("early_bids")  # (time, price) of bids before the auction
+
+    def process_element1(self, auction, ctx):
+        start, expires = auction["date_time"], auction["expires"]
+        best = max((price for ts, price in self.early.get() if start <= ts <= expires),
+                   default=None)
+        self.early.clear()
+        self.auction.update((auction["category"], start, expires, best))
+        ctx.register_event_time_timer(expires)
+
+    def process_element2(self, bid, ctx):
+        auction = self.auction.value()
+        ts, price = bid["date_time"], bid["price"]
+        if auction is None:
+            self.early.add((ts, price))
+            ctx.register_event_time_timer(ts)
+            return
+        category, start, expires, best = auction
+        if start <= ts <= expires and (best is None or price > best):
+            self.auction.update((category, start, expires, price))
+
+    def on_timer(self, timestamp, ctx):
+        auction = self.auction.value()
+        if auction is not None:
+            category, _start, expires, best = auction
+            if timestamp == expires:
+                self.auction.clear()
+                if best is not None:
+                    yield {"id": ctx.current_key, "category": category, "final": best,
+                           "expires": expires}
+            return
+        # no auction for these bids has started by ``timestamp``: drop those up to it
+        self.early.update([(ts, price) for ts, price in self.early.get() if ts > timestamp])
+
+
 def _running_average(acc: dict, row: dict) -> dict:
     auctions_, total = acc["auctions"] + row["auctions"], acc["total"] + row["total"]
     return {"category": row["category"], "average": total / auctions_, "auctions": auctions_,
@@ -135,23 +183,10 @@ def q4(env: StreamEnvironment, events: int, config: NexmarkConfig | None = None,
     FROM auction A, bid B WHERE A.id = B.auction AND B.dateTime BETWEEN A.dateTime AND
     A.expires GROUP BY A.id, A.category) Q GROUP BY Q.category;``
     """
-    config = config or NexmarkConfig()
-    starts = auctions(env, events, config, batch_size=batch_size).map_batches(
-        lambda b: b.select(["id", "category", "date_time", "expires"]), name="q4-auctions")
-    prices = bids(env, events, config, batch_size=batch_size).map_batches(
-        lambda b: b.select(["auction", "price", "date_time"]), name="q4-bids")
-    # bids from an auction's start up to the longest an auction can last (vectorized join)
-    pairs = starts.key_by("id").interval_join(prices.key_by("auction"), timestamp="date_time") \
-        .between(0, config.max_auction_length_ms).join(name="q4-join")
-    during = pairs.filter_batches(lambda b: pc.less_equal(b["date_time_right"], b["expires"]),
-                                  name="q4-until-expiry")
-    # every pair of an auction carries its expiry: a 1 ms window at ``expires`` closes the
-    # auction once the watermark passes it, with the highest price (vectorized)
-    # (an auction's category is one value: its max carries it along the int key)
-    finals = during.key_by("id").window(
-        rs.TumblingEventTimeWindows(size_ms=1), timestamp="expires").agg(
-        final=("max", "price"), category=("max", "category"), name="q4-winning-bids")
-    one = finals.map_batches(lambda b: {
+    closed = auctions(env, events, config, batch_size=batch_size).key_by("id").connect(
+        bids(env, events, config, batch_size=batch_size).key_by("auction")).process(
+        WinningBid(), name="q4-winning-bids", schema=CLOSED_SCHEMA)
+    one = closed.map_batches(lambda b: {
         "category": b["category"], "average": b["final"].cast(pa.float64()),
         "auctions": pa.array(np.ones(b.num_rows, dtype=np.int64)), "total": b["final"]},
         name="q4-prepare")
