@@ -240,12 +240,6 @@ def _next_base0_person_id(c: NexmarkConfig, n: np.ndarray, draw: int) -> np.ndar
     return num_people - active + _below(c.seed, n, draw, active + PERSON_ID_LEAD)
 
 
-def _next_base0_auction_id(c: NexmarkConfig, n: np.ndarray, draw: int) -> np.ndarray:
-    last = last_base0_auction_id(c, n)
-    low = np.maximum(last - c.num_in_flight_auctions, 0)
-    return low + _below(c.seed, n, draw, last - low + 1 + AUCTION_ID_LEAD)
-
-
 def _next_price(c: NexmarkConfig, n: np.ndarray, draw: int) -> np.ndarray:
     return np.round(10.0 ** (_unit(c.seed, n, draw) * 6.0) * 100.0).astype(np.int64)
 
