@@ -211,5 +211,19 @@ def test_q11_user_sessions(ray_session, tmp_path):
     assert rows(got, cols) == rows(sessions, cols)
 
 
-def test_q8_is_listed_as_not_done_yet():
-    assert "q8" in queries.TODO_QUERIES and "q8" not in queries.QUERIES
+def test_q8_new_users_window_join_is_exactly_once_through_a_subtask_crash(ray_session, tmp_path):
+    size = 2_000
+    env = checkpointed(tmp_path, failpoints=[
+        rs.Failpoint("in_processing", operator="q8-join", subtask=1, hit=2, action="exit")])
+    sink = queries.q8(env, EVENTS, CONFIG, batch_size=BATCH, size_ms=size).collect()
+    result = env.execute("nexmark-q8")
+    assert result.restarts == 1, result.failures
+    people, auctions = frame(EventKind.PERSON), frame(EventKind.AUCTION)
+    people["starttime"] = people["date_time"] // size * size
+    auctions["starttime"] = auctions["date_time"] // size * size
+    sellers = auctions[["seller", "starttime"]].drop_duplicates()
+    expected = people.merge(sellers, left_on=["id", "starttime"],
+                            right_on=["seller", "starttime"])
+    cols = ["id", "name", "starttime"]
+    assert len(expected) >= 20
+    assert rows(result.table(sink), cols) == rows(expected, cols)

@@ -13,8 +13,6 @@ docstring quotes the SQL of the ``nexmark/nexmark`` project (Flink) it implement
     >>> env.execute("q2").table(sink).column_names  # doctest: +SKIP
     ['auction', 'price']
 
-q8 (new users: a window join of persons and auctions) is not here yet: see
-``TODO_QUERIES``.
 """
 
 from __future__ import annotations
@@ -287,10 +285,32 @@ def q11(env: StreamEnvironment, events: int, config: NexmarkConfig | None = None
         output="bid_count", name="q11")
 
 
-QUERIES: dict[str, Callable[..., DataStream]] = {
-    "q0": q0, "q1": q1, "q2": q2, "q3": q3, "q4": q4, "q5": q5, "q7": q7, "q11": q11}
-"""Every query implemented, by name."""
+def q8(env: StreamEnvironment, events: int, config: NexmarkConfig | None = None, *,
+       batch_size: int = BATCH, size_ms: int = 10_000) -> DataStream:
+    """New users: people who registered and opened an auction in the same 10 s window
+    (a window join of persons with their auctions, counted per seller and window first).
 
-TODO_QUERIES = {"q8": "new users (a window join of persons and auctions): waits for the "
-                      "window join API (issue 16, item 3)"}
-"""Queries of the issue not implemented yet, with why."""
+    ``SELECT P.id, P.name, P.starttime FROM (SELECT id, name, TUMBLE_START(dateTime,
+    INTERVAL '10' SECOND) AS starttime, TUMBLE_END(dateTime, INTERVAL '10' SECOND) AS
+    endtime FROM person GROUP BY id, name, TUMBLE(dateTime, INTERVAL '10' SECOND)) P JOIN
+    (SELECT seller, TUMBLE_START(dateTime, INTERVAL '10' SECOND) AS starttime,
+    TUMBLE_END(dateTime, INTERVAL '10' SECOND) AS endtime FROM auction GROUP BY seller,
+    TUMBLE(dateTime, INTERVAL '10' SECOND)) A ON P.id = A.seller AND P.starttime =
+    A.starttime AND P.endtime = A.endtime;``
+    """
+    windows = rs.TumblingEventTimeWindows(size_ms=size_ms)
+    people = persons(env, events, config, batch_size=batch_size).map_batches(
+        lambda b: b.select(["id", "name", "date_time"]), name="q8-persons")
+    sellers = auctions(env, events, config, batch_size=batch_size).key_by("seller").window(
+        windows, timestamp="date_time").count(name="q8-sellers")  # one row per seller, window
+    # persons by their own time, sellers' rows by their window's (window_end - 1)
+    joined = people.join(sellers).where("id").equal_to("seller").window(
+        windows, left_timestamp="date_time").join(name="q8-join")
+    return joined.map_batches(
+        lambda b: pa.record_batch([b["id"], b["name"], b["window_start"]],
+                                  names=["id", "name", "starttime"]), name="q8")
+
+
+QUERIES: dict[str, Callable[..., DataStream]] = {
+    "q0": q0, "q1": q1, "q2": q2, "q3": q3, "q4": q4, "q5": q5, "q7": q7, "q8": q8, "q11": q11}
+"""Every query implemented, by name."""
