@@ -34,7 +34,7 @@ ASSIGNERS = {JobKind.TUMBLING: rs.TumblingEventTimeWindows(size_ms=1000),
              JobKind.SESSION: rs.EventTimeSessionWindows(gap_ms=300)}
 KEYED = {JobKind.TUMBLING: "window", JobKind.SLIDING: "window", JobKind.SESSION: "window",
          JobKind.REDUCE: "sum", JobKind.PROCESS: "process", JobKind.WINDOW_JOIN: "join",
-         JobKind.COUNT_WINDOW: "count-window"}
+         JobKind.COUNT_WINDOW: "count-window", JobKind.INTERVAL_JOIN: "join"}
 TIMEOUT_S = 240
 
 
@@ -125,6 +125,11 @@ def build(scenario: Scenario, env: rs.StreamEnvironment, out: str):
         # chained on the join's results by their event time (window_end - 1)
         result = pairs.key_by("user").window(rs.TumblingEventTimeWindows(size_ms=1000)).agg(
             n=("count", None), total=("sum", "y"), name="pairs")
+    elif scenario.job is JobKind.INTERVAL_JOIN:
+        half = events.n // 2
+        clicks = source("source", events.columns, half).key_by("user")
+        views = source("source-2", lambda i: join_right_columns(events, i), half).key_by("user")
+        result = clicks.interval_join(views, timestamp="ts").between(-30, 30).join(name="join")
     elif scenario.job is JobKind.COUNT_WINDOW:
         result = source("source", events.columns).key_by("user").count_window(40, 20).agg(
             n=("count", None), total=("sum", "x"), name="count-window")

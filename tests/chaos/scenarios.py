@@ -32,6 +32,8 @@ class JobKind(enum.Enum):
                                  # (with two inputs, the join's watermark at a row depends on
                                  # timing, so which late rows drop would not be replayable)
     COUNT_WINDOW = "count_window"  # count and sum per key every 40 rows of it, sliding by 20
+    INTERVAL_JOIN = "interval_join"  # two sources joined on rows of a key within 60 ms; no
+                                     # row beyond the bound (as for the window join)
 
 
 FIRST_JOBS = [JobKind.TUMBLING, JobKind.SLIDING, JobKind.SESSION, JobKind.REDUCE,
@@ -116,7 +118,7 @@ class Scenario:
 
     @property
     def two_sources(self) -> bool:
-        return self.job in (JobKind.REDUCE, JobKind.WINDOW_JOIN)
+        return self.job in (JobKind.REDUCE, JobKind.WINDOW_JOIN, JobKind.INTERVAL_JOIN)
 
     def describe(self) -> str:
         failures = ", ".join(f.kind.value + (f"({f.point})" if f.point else "")
@@ -190,8 +192,10 @@ def _with_later_choices(scenario: Scenario, rng: random.Random) -> Scenario:
     if scenario.seed >= NEW_OPERATORS_FROM_SEED and rng.random() < 0.3:
         # the operators added since: a job of theirs instead
         job = rng.choice([JobKind.WINDOW_JOIN, JobKind.COUNT_WINDOW])
+        if job is JobKind.WINDOW_JOIN and rng.random() < 0.5:
+            job = JobKind.INTERVAL_JOIN
         events = scenario.events
-        if job is JobKind.WINDOW_JOIN:
+        if job in (JobKind.WINDOW_JOIN, JobKind.INTERVAL_JOIN):
             events = dataclasses.replace(events, late_every=events.n + 1)  # none late
         scenario = dataclasses.replace(scenario, job=job, path=Path.DENSE, lateness_ms=0,
                                        events=events)
