@@ -15,7 +15,7 @@ import time
 
 from raystream.engine.environment import ensure_ray
 from tests.chaos.runner import run_scenario
-from tests.chaos.scenarios import generate
+from tests.chaos.scenarios import JobKind, generate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,8 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             for line in differences:
                 print("  ", line, flush=True)
     print(f"mix: {dict(sorted(mix.items()))}")
-    print(f"{sum(mix[j] for j in ('tumbling', 'sliding', 'session', 'reduce', 'process'))} "
-          f"seeds, {len(failing)} failing: {failing}")
+    print(f"{sum(mix[job.value] for job in JobKind)} seeds, {len(failing)} failing: {failing}")
     return 1 if failing else 0
 
 
