@@ -16,11 +16,11 @@ their schemas differ, and every query reads one or two of them.
 Each split's events are in event-time order, and watermarks are per split, so
 the streams carry a watermark that never makes a generated event late.
 
-    >>> import raystream as rs
+    >>> import pyarrow.compute as pc, raystream as rs
     >>> from raystream import nexmark
     >>> env = rs.StreamEnvironment(parallelism=2)
     >>> bids = nexmark.bids(env, 50_000, nexmark.NexmarkConfig(seed=1))
-    >>> sink = bids.filter_batches(lambda b: pa.compute.equal(b["auction"], 1000)).collect()
+    >>> sink = bids.filter_batches(lambda b: pc.equal(b["auction"], 1000)).collect()
     >>> env.execute("bids").table(sink).num_rows  # doctest: +SKIP
     ...
 """
