@@ -17,6 +17,9 @@ from raystream.engine.job_master import NAMESPACE, JobOutcome, master_actor_name
 from raystream.engine.job_status import JobStatus
 from raystream.engine.plan import JobPlan
 
+_RESUME_HINT = ("resume it from its newest completed checkpoint with env.execute('{name}', "
+                "resume=True) or raystream run --resume")
+
 
 class JobResult:
     """The outcome of a finished job: sink results, timings and per-subtask metrics."""
@@ -101,13 +104,14 @@ class JobClient:
         Its ``wait()`` does not end the job's master: the driver that started the job does.
         """
         summary = registry.find_job(job)
+        if summary["status"] in registry.TERMINAL_STATUSES:  # a detached master may linger
+            raise JobNotRunningError(f"job {summary['job_id']} is {summary['status']}")
         try:
             master = ray.get_actor(master_actor_name(summary["job_id"]), namespace=NAMESPACE)
         except ValueError:
             raise JobNotRunningError(
-                f"job {summary['job_id']} is {summary['status']}"
-                + ("" if summary["status"] in registry.TERMINAL_STATUSES
-                   else " as last reported, but its job master is gone (its driver exited)")
+                f"job {summary['job_id']} is {summary['status']} as last reported, but its job "
+                f"master is gone (its driver exited); {_RESUME_HINT.format(name=summary['name'])}"
             ) from None
         return cls(summary["job_id"], summary["name"], master, None, owner=False)
 
@@ -220,8 +224,7 @@ class JobClient:
         return JobOutcome(JobStatus.FAILED, error=error)
 
     def _resume_hint(self) -> str:
-        return (f"resume it from its newest completed checkpoint with env.execute("
-                f"'{self.job_name}', resume=True) or raystream run --resume")
+        return _RESUME_HINT.format(name=self.job_name)
 
     def _outcome_from_directory(self) -> JobOutcome:
         summary = registry.find_job(self.job_id)

@@ -45,6 +45,7 @@ from raystream.checkpoint.storage import (CheckpointStorage, CorruptCheckpointEr
                                           StorageUnavailableError)
 from raystream.checkpoint.subtask_gateway import EventDeliveryError, GatewayProtocolError
 from raystream.engine import registry
+from raystream.engine.errors import JobNotRunningError
 from raystream.engine.failpoints import Failpoint, Failpoints, InjectedFailure
 from raystream.engine.graph import Resources
 from raystream.engine.job_events import (CancelRequested, CheckpointAcknowledged,
@@ -207,6 +208,8 @@ class JobMaster:
     def savepoint(self, path: str, stop: bool = False, drain: bool = False,
                   timeout_s: float | None = None) -> str:
         """Take a savepoint to ``path``; with ``stop`` the job ends after it (FINISHED)."""
+        if self.done.is_set():  # the event loop has ended: nothing would answer
+            raise JobNotRunningError(f"job {self.job_id} is {self.status}")
         mode = (SavepointMode.DRAIN if drain else SavepointMode.STOP if stop
                 else SavepointMode.KEEP_RUNNING)
         request = SavepointRequest(path, mode, Reply())
