@@ -10,6 +10,7 @@ the interval filter over the same input.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -210,6 +211,11 @@ def throttle(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch
 
 
+def crawl(batch: pa.RecordBatch) -> pa.RecordBatch:
+    time.sleep(0.06)  # the first run of a rescale must still be running when it is stopped
+    return batch
+
+
 class Ids(rs.ProcessJoinFunction):
     """The ids of a pair, checked against the pair's timestamps and key."""
 
@@ -219,12 +225,13 @@ class Ids(rs.ProcessJoinFunction):
         yield {"id": left["id"], "id_right": right["id"]}
 
 
-def join_job(env: rs.StreamEnvironment, n: int, lower: int, upper: int, *, slow: bool = False,
+def join_job(env: rs.StreamEnvironment, n: int, lower: int, upper: int, *,
+             pace: Callable[[pa.RecordBatch], pa.RecordBatch] | None = None,
              fn: rs.ProcessJoinFunction | None = None):
     src = env.from_sequence(n, events, batch_size=200, num_splits=1,
                             watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=100))
-    if slow:
-        src = src.map_batches(throttle, name="throttle")
+    if pace is not None:
+        src = src.map_batches(pace, name="throttle")
     left = src.filter_batches(lambda b: pc.equal(b["side"], 0), name="left")
     right = src.filter_batches(lambda b: pc.equal(b["side"], 1), name="right")
     between = left.key_by("k").interval_join(right.key_by("k"), timestamp="ts") \
@@ -245,7 +252,7 @@ def test_interval_join_job_at_parallelism_2_equals_pandas_exactly_once(ray_sessi
         failpoints=[rs.Failpoint("in_processing", operator="join", subtask=1, hit=60,
                                  action="exit")],
         restart=rs.RestartStrategy.fixed_delay(3, 0.1))
-    sink = join_job(env, n, lower, upper, slow=True)
+    sink = join_job(env, n, lower, upper, pace=throttle)
     result = env.execute("interval-join")
     assert result.restarts == 1, result.failures
     got = pairs_of(result.table(sink))
@@ -267,9 +274,9 @@ def rescaled_run(job, tmp_path, name: str) -> pa.Table:
     first = client.stop_with_savepoint(str(tmp_path / "savepoint"))
     env, sink_after = job(3)
     second = env.execute(f"{name}-after-rescale", restore_from=str(tmp_path / "savepoint"))
-    table = pa.concat_tables([first.table(sink), second.table(sink_after)])
-    assert 0 < first.table(sink).num_rows < table.num_rows  # stopped midway
-    return table
+    before, after = first.table(sink), second.table(sink_after)
+    assert before.num_rows and after.num_rows, (before.num_rows, after.num_rows)  # midway
+    return pa.concat_tables([before, after])
 
 
 def test_interval_join_survives_a_savepoint_and_a_rescale_exactly_once(ray_session, tmp_path):
@@ -280,7 +287,8 @@ def test_interval_join_survives_a_savepoint_and_a_rescale_exactly_once(ray_sessi
     def job(parallelism: int):
         env = rs.StreamEnvironment(parallelism=parallelism, checkpoints=rs.CheckpointConfig(
             interval_s=0.2, storage=str(tmp_path / f"chk{parallelism}")))
-        return env, join_job(env, n, lower, upper, slow=True, fn=Ids())
+        return env, join_job(env, n, lower, upper, fn=Ids(),
+                            pace=crawl if parallelism == 2 else None)
 
     got = pairs_of(rescaled_run(job, tmp_path, "join"))
     assert len(got) == len(set(got))

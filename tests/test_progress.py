@@ -41,15 +41,17 @@ JOB_SCRIPT = textwrap.dedent("""
         time.sleep(0.05)
         return batch
 
-    mode, storage = sys.argv[1], sys.argv[2]
-    env = rs.StreamEnvironment(parallelism=1, checkpoints=rs.CheckpointConfig(
-        storage=storage, interval_s=0.3), ray_init_kwargs={"num_cpus": 2, "log_to_driver": False})
-    if mode == "bounded":
-        sink = env.from_sequence(%d, batch_size=500, num_splits=2).map_batches(slow).collect()
-    else:
-        sink = env.add_source(Ticks, name="ticks").collect()
-    ids = env.execute("progress-" + mode).table(sink)["id"].to_numpy()
-    print("RESULT", len(ids), int(ids.sum()), len(np.unique(ids)), flush=True)
+    storage = sys.argv[1]
+    for mode in sys.argv[2:]:  # one job after another, in one Ray
+        env = rs.StreamEnvironment(parallelism=1, checkpoints=rs.CheckpointConfig(
+            storage=storage, interval_s=0.3),
+            ray_init_kwargs={"num_cpus": 2, "log_to_driver": False})
+        if mode == "bounded":
+            sink = env.from_sequence(%d, batch_size=500, num_splits=2).map_batches(slow).collect()
+        else:
+            sink = env.add_source(Ticks, name="ticks").collect()
+        ids = env.execute("progress-" + mode).table(sink)["id"].to_numpy()
+        print("RESULT", mode, len(ids), int(ids.sum()), len(np.unique(ids)), flush=True)
 """ % N)
 
 
@@ -59,54 +61,72 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _run_on_pty(script, mode: str, storage) -> tuple[str, str]:
-    """Run the job with stderr on a pseudo-terminal; (stdout, what the terminal got)."""
-    master, slave = pty.openpty()
-    child = subprocess.Popen([sys.executable, str(script), mode, str(storage)],
-                             stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL,
-                             env=_child_env())
-    os.close(slave)
-    got = bytearray()
+class _Child:
+    """Jobs run one after another in a child process (one Ray start for all)."""
 
-    def read() -> None:
+    def __init__(self, script, modes: list[str], storage, on_terminal: bool) -> None:
+        self.got = bytearray()
+        master = slave = None
+        if on_terminal:  # stderr on a pseudo-terminal, read by a thread
+            master, slave = pty.openpty()
+        self.process = subprocess.Popen(
+            [sys.executable, str(script), str(storage), *modes], stdout=subprocess.PIPE,
+            stderr=slave if on_terminal else subprocess.PIPE, stdin=subprocess.DEVNULL,
+            env=_child_env())
+        self.master = master
+        self.reader = None
+        if master is not None:
+            os.close(slave)
+            self.reader = threading.Thread(target=self._read)
+            self.reader.start()
+
+    def _read(self) -> None:
         while True:
-            ready, _, _ = select.select([master], [], [], 0.2)
+            ready, _, _ = select.select([self.master], [], [], 0.2)
             if ready:
                 try:
-                    chunk = os.read(master, 65536)
+                    chunk = os.read(self.master, 65536)
                 except OSError:  # every writer closed the terminal
                     return
                 if not chunk:
                     return
-                got.extend(chunk)
-            elif child.poll() is not None:
+                self.got.extend(chunk)
+            elif self.process.poll() is not None:
                 return
 
-    reader = threading.Thread(target=read)
-    reader.start()
-    stdout, _ = child.communicate(timeout=240)
-    reader.join(timeout=30)
-    os.close(master)
-    assert child.returncode == 0, got.decode(errors="replace")[-3000:]
-    return stdout.decode(), got.decode(errors="replace")
+    def finish(self) -> tuple[str, str]:
+        """(stdout, stderr as the terminal or the pipe got it), after the child exited 0."""
+        stdout, stderr = self.process.communicate(timeout=240)
+        if self.reader is not None:
+            self.reader.join(timeout=30)
+            os.close(self.master)
+            stderr = bytes(self.got)
+        err = stderr.decode(errors="replace")
+        assert self.process.returncode == 0, err[-3000:]
+        return stdout.decode(), err
 
 
-def _result(stdout: str) -> tuple[int, int, int]:
-    line = next(line for line in stdout.splitlines() if line.startswith("RESULT "))
-    return tuple(int(x) for x in line.split()[1:])
+def _result(stdout: str, mode: str) -> tuple[int, int, int]:
+    line = next(line for line in stdout.splitlines() if line.startswith(f"RESULT {mode} "))
+    return tuple(int(x) for x in line.split()[2:])
 
 
 @pytest.fixture(scope="module")
-def script(tmp_path_factory):
-    path = tmp_path_factory.mktemp("progress") / "job.py"
-    path.write_text(JOB_SCRIPT)
-    return path
+def runs(tmp_path_factory):
+    """A bounded and then an unbounded job on a terminal; a bounded job into a pipe."""
+    base = tmp_path_factory.mktemp("progress")
+    script = base / "job.py"
+    script.write_text(JOB_SCRIPT)
+    terminal = _Child(script, ["bounded", "unbounded"], base / "terminal", True).finish()
+    redirected = _Child(script, ["bounded"], base / "redirected", False).finish()
+    return {"terminal": terminal, "redirected": redirected}
 
 
-def test_bounded_job_draws_a_bar_in_place_on_a_terminal(script, tmp_path):
-    stdout, terminal = _run_on_pty(script, "bounded", tmp_path / "ckpt")
-    ids = np.arange(N)
-    assert _result(stdout) == (len(ids), int(ids.sum()), len(np.unique(ids)))  # numpy oracle
+def test_bounded_job_draws_a_bar_in_place_on_a_terminal(runs):
+    stdout, terminal = runs["terminal"]
+    terminal = terminal[:terminal.index("raystream: job progress-unbounded")]  # the first job
+    ids = np.arange(N)  # the numpy oracle
+    assert _result(stdout, "bounded") == (len(ids), int(ids.sum()), len(np.unique(ids)))
     assert re.search(r"raystream: job progress-bounded-\w+: http://127\.0\.0\.1:\d+/#job=",
                      terminal)  # the job's page in the web UI, above the line
     draws = [d for d in terminal.split(CLEAR_LINE) if d.startswith("progress-bounded [")]
@@ -123,23 +143,20 @@ def test_bounded_job_draws_a_bar_in_place_on_a_terminal(script, tmp_path):
         "the line is cleared when the job ends"
 
 
-def test_unbounded_job_shows_rate_and_latest_checkpoint(script, tmp_path):
-    stdout, terminal = _run_on_pty(script, "unbounded", tmp_path / "ckpt")
+def test_unbounded_job_shows_rate_and_latest_checkpoint(runs):
+    stdout, terminal = runs["terminal"]
     ids = np.concatenate([np.arange(k * 10, k * 10 + 10) for k in range(1, 41)])
-    assert _result(stdout) == (len(ids), int(ids.sum()), len(np.unique(ids)))
+    assert _result(stdout, "unbounded") == (len(ids), int(ids.sum()), len(np.unique(ids)))
     draws = [d for d in terminal.split(CLEAR_LINE) if d.startswith("progress-unbounded ")]
     assert draws and all("[" not in d for d in draws)  # no bar: the end is unknown
     assert any(re.search(r"RUNNING \| [\d,]+ rows/s \| [\d,]+ rows \| latest checkpoint #\d+ "
                          r"\(\d+\.\d\d s\)", d) for d in draws), draws
 
 
-def test_redirected_output_has_no_progress(script, tmp_path):
-    child = subprocess.run([sys.executable, str(script), "bounded", str(tmp_path / "ckpt")],
-                           capture_output=True, env=_child_env(), timeout=240)
-    assert child.returncode == 0, child.stderr.decode()[-3000:]
+def test_redirected_output_has_no_progress(runs):
+    stdout, err = runs["redirected"]
     ids = np.arange(N)
-    assert _result(child.stdout.decode()) == (len(ids), int(ids.sum()), len(np.unique(ids)))
-    err = child.stderr.decode(errors="replace")
+    assert _result(stdout, "bounded") == (len(ids), int(ids.sum()), len(np.unique(ids)))
     assert "\r" not in err and "rows/s" not in err and "\x1b[" not in err
     assert "http://" not in err  # the job's page is announced on a terminal only
 

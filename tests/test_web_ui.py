@@ -46,10 +46,12 @@ def throttle(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 def build(env: rs.StreamEnvironment, base_ms: int) -> rs.SinkHandle:
     """A keyed running sum per key: its output is exactly once only if no row is lost or
-    counted twice across the failure, the stop and the restore. Event time starts at
-    ``base_ms``, a millisecond a row, so the watermark lag is a figure to show."""
+    counted twice across the failure, the stop and the restore. Event time runs a
+    millisecond a row up to ``base_ms`` (the wall clock at the start), so the watermark
+    lag (wall clock minus watermark) is a figure to show and never negative: rows read
+    faster than one a millisecond would otherwise carry event times ahead of the clock."""
     rows = env.from_sequence(
-        N, columns=lambda i: {"k": i % KEYS, "id": i, "total": i + 1, "ts": base_ms + i},
+        N, columns=lambda i: {"k": i % KEYS, "id": i, "total": i + 1, "ts": base_ms - N + i},
         batch_size=250, num_splits=4, name="numbers",
         watermarks=rs.BoundedOutOfOrderness("ts", 1000))
     return (rows.map_batches(throttle, name="throttle")

@@ -10,6 +10,8 @@ assigner, sessions with ``groupby``/``diff``/``cumsum`` over both sides' rows.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -21,7 +23,7 @@ from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
 from raystream.engine.operators.base import CollectingOutput, RestoredState, RuntimeContext
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator, WindowJoinSpec
-from tests.test_joins import BASE, events, late_dropped, rescaled_run, throttle
+from tests.test_joins import BASE, crawl, events, late_dropped, rescaled_run, throttle
 
 TUMBLING = rs.TumblingEventTimeWindows(size_ms=100)
 SLIDING = rs.SlidingEventTimeWindows(size_ms=120, slide_ms=50)
@@ -318,12 +320,14 @@ def stragglers(n: int) -> int:
     return int(np.count_nonzero((i % 400 == 399) & (i > STRAGGLER_START)))
 
 
-def sides(env: rs.StreamEnvironment, n: int):
+def sides(env: rs.StreamEnvironment, n: int,
+          pace: Callable[[pa.RecordBatch], pa.RecordBatch] | None = throttle):
     """The left and right streams of :func:`tests.test_joins.events` (disorder 40 ms within
     a 100 ms bound; a minute-late straggler every 400 rows), slowed to span checkpoints."""
     src = env.from_sequence(n, events, batch_size=200, num_splits=1,
-                            watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=100)) \
-        .map_batches(throttle, name="throttle")
+                            watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=100))
+    if pace is not None:
+        src = src.map_batches(pace, name="throttle")
     return (src.filter_batches(lambda b: pc.equal(b["side"], 0), name="left"),
             src.filter_batches(lambda b: pc.equal(b["side"], 1), name="right"))
 
@@ -384,7 +388,7 @@ def test_window_join_survives_a_savepoint_and_a_rescale_exactly_once(ray_session
     def job(parallelism: int):
         env = rs.StreamEnvironment(parallelism=parallelism, checkpoints=rs.CheckpointConfig(
             interval_s=0.2, storage=str(tmp_path / f"chk{parallelism}")))
-        left, right = sides(env, n)
+        left, right = sides(env, n, pace=crawl if parallelism == 2 else None)
         joined = left.join(right).where("k").equal_to("k") \
             .window(assigner, timestamp="ts").apply(odd, name="join")
         return env, joined.collect()
