@@ -115,8 +115,10 @@ def test_submit_through_the_jobs_api_then_list_status_and_checkpoints(ray_head, 
 
 
 def test_savepoint_stop_and_restore_from_the_command_line(ray_head, tmp_path):
-    readings = 300_000  # at 15,000 rows/s: stopped long before its end
-    args = job_args(tmp_path, readings, rows_per_second=15_000)
+    # at 10,000 rows/s: 45 s, stopped long before its end even when every command takes
+    # seconds to connect (seen: at 20 s it ended before the first savepoint on a loaded machine)
+    readings = 450_000
+    args = job_args(tmp_path, readings, rows_per_second=10_000)
     ok(ray_head.run("raystream", "submit", str(EXAMPLES / "meter_totals.py"), "--address",
                     ray_head.dashboard_url, "--", *args))
     job_id = wait_until(lambda: job_id_from_list(ray_head, "meter-totals", "RUNNING"),
