@@ -260,7 +260,7 @@ def environment(scenario: Scenario, parallelism: int, storage: str,
     config = rs.CheckpointConfig(
         interval_s=0.15, storage=storage, unaligned=alignment is Alignment.UNALIGNED,
         aligned_timeout=0.05 if alignment is Alignment.ALIGNED_TIMEOUT else None,
-        max_concurrent=scenario.max_concurrent)
+        max_concurrent=scenario.max_concurrent, state_backend=scenario.backend.value)
     return rs.StreamEnvironment(parallelism=parallelism, checkpoints=config,
                                 failpoints=failpoints,
                                 # growing delays: a restore retried during a storage

@@ -51,6 +51,14 @@ class Path(enum.Enum):
     GENERIC = "generic"
 
 
+class Backend(enum.Enum):
+    """Where keyed state lives: the heap (the default) or RocksDB on local disk (it serves
+    the running sums and the process function; windows and joins keep theirs on the heap)."""
+
+    HEAP = "heap"
+    DISK = "disk"
+
+
 class Sink(enum.Enum):
     COLLECT = "collect"
     PARQUET = "parquet"
@@ -77,6 +85,9 @@ class FailureKind(enum.Enum):
 # Seeds from here on may run the window join or count windows instead of their first
 # job; the seeds below (CI's among them, and every seed printed before) keep theirs.
 NEW_OPERATORS_FROM_SEED = 1000
+# Seeds from here on may keep their state on the disk backend (drawn apart, likewise).
+DISK_STATE_FROM_SEED = 2000
+DISK_JOBS = (JobKind.REDUCE, JobKind.PROCESS)
 
 FAILPOINTS = ("in_processing", "in_snapshot", "in_async_write", "right_after_restore")
 
@@ -111,6 +122,7 @@ class Scenario:
     events: Events = field(default_factory=Events)
     failures: tuple[Failure, ...] = ()
     max_concurrent: int = 1
+    backend: Backend = Backend.HEAP
 
     @property
     def windowed(self) -> bool:
@@ -127,6 +139,7 @@ class Scenario:
                 + (f"/{self.path.value}, lateness {self.lateness_ms}" if self.windowed else "")
                 + f", {'string' if self.events.string_keys else 'int'} keys, "
                 f"{self.sink.value}, {self.alignment.value}, p={self.parallelism}, "
+                f"{self.backend.value} state, "
                 f"max_concurrent={self.max_concurrent}; failures: {failures}")
 
 
@@ -169,7 +182,8 @@ def generate(seed: int) -> Scenario:
                         parallelism=rng.choice([1, 2, 2, 3]),
                         events=Events(string_keys=rng.random() < 0.5),
                         failures=tuple(failures))
-    return _with_later_choices(scenario, random.Random(f"{seed}/later"))
+    scenario = _with_later_choices(scenario, random.Random(f"{seed}/later"))
+    return _with_backend(scenario, random.Random(f"{seed}/backend"))
 
 
 def _with_later_choices(scenario: Scenario, rng: random.Random) -> Scenario:
@@ -199,4 +213,12 @@ def _with_later_choices(scenario: Scenario, rng: random.Random) -> Scenario:
             events = dataclasses.replace(events, late_every=events.n + 1)  # none late
         scenario = dataclasses.replace(scenario, job=job, path=Path.DENSE, lateness_ms=0,
                                        events=events)
+    return scenario
+
+
+def _with_backend(scenario: Scenario, rng: random.Random) -> Scenario:
+    """Half of the jobs the disk backend serves keep their state there (later seeds only)."""
+    if (scenario.seed >= DISK_STATE_FROM_SEED and scenario.job in DISK_JOBS
+            and rng.random() < 0.5):
+        return dataclasses.replace(scenario, backend=Backend.DISK)
     return scenario

@@ -21,8 +21,9 @@ from tests.chaos.scenarios import generate
 # output with lateness; 64 running sums through an outage and a rescale; 71
 # sessions/generic with lateness, an outage and a kill during a stop; 1004 count windows
 # through a kill while deploying, a rescale to p=1 and a kill; 1005 a window join chained
-# into a window, unaligned, with kills of a source and of the join.
-CI_SEEDS = [1, 3, 6, 43, 64, 71, 1004, 1005]
+# into a window, unaligned, with kills of a source and of the join; 2049 the process
+# function on the disk state backend through a kill while deploying, kills and an outage.
+CI_SEEDS = [1, 3, 6, 43, 64, 71, 1004, 1005, 2049]
 
 
 @pytest.mark.parametrize("seed", CI_SEEDS)
