@@ -14,8 +14,8 @@ The same queries on **Bytewax** (one worker, ``run_main``), where it expresses
 them (q0, q1, q2, q5, q7, q11), over the first ``--bytewax-events`` events
 (default 1,000,000): its input is a ``DynamicSource`` over the same generator's
 Arrow batches, flattened to dict rows (Bytewax's item model; that conversion is
-part of its time), then its own operators: ``map``/``filter``; ``count_window``
-(``SlidingWindower``) then ``fold_window`` (ties at the maximum) for q5;
+part of its time), then its own operators: ``map``/``filter``; one ``fold_window``
+(``SlidingWindower``) counting per auction, then the auctions at the maximum, for q5;
 ``fold_window`` keeping the highest bids for q7; ``count_window``
 (``SessionWindower``) for q11; event clocks with a frozen system clock so the
 watermark is pure event time. Its sink counts rows. Bytewax's row counts are
@@ -125,35 +125,29 @@ def bytewax_flow(name: str, events: int):
         kept = op.filter("q2-filter", bids, lambda b: b["auction"] % 123 == 0)
         out = op.map("q2", kept, lambda b: (b["auction"], b["price"]))
     elif name == "q5":
-        counts = win.count_window(
-            "q5-counts", bids, clock(lambda b: event_time(b["date_time"])),
-            win.SlidingWindower(length=timedelta(seconds=10), offset=timedelta(seconds=2),
-                                align_to=align), key=lambda b: str(b["auction"]))
-        # (auction, (window id, count)) -> one key, stamped with the window's last ms
+        # one key, so one clock: per-auction count windows would each keep a clock of
+        # their own, close at different times and reach a second windowed stage late
+        everyone = op.key_on("all", bids, lambda b: "all")
 
-        def stamped(item):
-            auction, (window, num) = item
-            return ("all", (int(auction), window, num))
-
-        def window_last_ms(row) -> datetime:
-            return event_time(CONFIG.base_time_ms + row[1] * 2_000 + 10_000 - 1)
-
-        def at_max(acc, row):
-            best, auctions = acc
-            if row[2] > best:
-                return row[2], [row]
-            if row[2] == best:
-                auctions.append(row)
+        def count(acc: dict, b) -> dict:
+            acc[b["auction"]] = acc.get(b["auction"], 0) + 1
             return acc
 
-        def merge(a, b):
-            return a if a[0] > b[0] else b if b[0] > a[0] else (a[0], a[1] + b[1])
+        def merge_counts(a: dict, b: dict) -> dict:
+            for auction, num in b.items():
+                a[auction] = a.get(auction, 0) + num
+            return a
 
-        hot = win.fold_window("q5", op.map("stamp", counts.down, stamped),
-                              clock(window_last_ms),
-                              win.TumblingWindower(length=timedelta(seconds=2), align_to=align),
-                              lambda: (-1, []), at_max, merge)
-        out = op.flat_map("q5-rows", hot.down, lambda item: item[1][1][1])
+        def at_max(item):
+            _, (_, counts) = item
+            best = max(counts.values())
+            return [(auction, num) for auction, num in counts.items() if num == best]
+
+        hot = win.fold_window(
+            "q5", everyone, clock(lambda b: event_time(b["date_time"])),
+            win.SlidingWindower(length=timedelta(seconds=10), offset=timedelta(seconds=2),
+                                align_to=align), dict, count, merge_counts)
+        out = op.flat_map("q5-rows", hot.down, at_max)
     elif name == "q7":
         everyone = op.key_on("all", bids, lambda b: "all")
 
