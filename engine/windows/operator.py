@@ -408,11 +408,12 @@ class WindowOperator(_KeyedOperator):
         fire_now = []
         # the watermark judging each (key, window): computed once for the batch
         watermarks = np.broadcast_to(self.watermarks_of_key_ids(kids[firsts]), firsts.shape)
+        session_timers = _SessionTimers()
         for kid, start, end, acc, watermark in zip(kids[firsts].tolist(), group_starts.tolist(),
                                                    group_ends.tolist(), accumulators,
                                                    watermarks.tolist()):
             if self.assigner.merging:
-                start, end = self._merge_session(kid, start, end, acc)
+                start, end = self._merge_session(kid, start, end, acc, session_timers)
             else:
                 entry = self.entries.get((kid, start))
                 if entry is None:
@@ -422,6 +423,8 @@ class WindowOperator(_KeyedOperator):
                     entry[1] = self.function.merge(entry[1], acc)
             if self.assigner.event_time and end - 1 <= watermark:
                 fire_now.append((kid, start))
+        if self.assigner.merging:
+            self._apply_session_timers(session_timers)
         if fire_now:  # late but within the allowed lateness: fire again
             self._emit_generic(fire_now)
 
@@ -430,20 +433,33 @@ class WindowOperator(_KeyedOperator):
             return self.function.spec.input_columns
         return table.column_names
 
-    def _merge_session(self, kid: int, start: int, end: int, acc: Any) -> tuple[int, int]:
+    def _merge_session(self, kid: int, start: int, end: int, acc: Any,
+                       timers: "_SessionTimers") -> tuple[int, int]:
         """Merge session ``[start, end)`` of key ``kid`` with the sessions it touches
-        (Flink: windows intersect when ``start <= other.end and end >= other.start``)."""
+        (Flink: windows intersect when ``start <= other.end and end >= other.start``); the
+        timer changes go to ``timers``, applied once for the batch."""
         starts = self.sessions.setdefault(kid, [])
         for other in [s for s in starts if s <= end and self.entries[(kid, s)][0] >= start]:
             other_end, other_acc = self.entries.pop((kid, other))
             starts.remove(other)
-            self._delete_timers(kid, other, other_end)
+            timers.delete(kid, other, other_end)
             acc = self.function.merge(other_acc, acc)
             start, end = min(start, other), max(end, other_end)
         starts.append(start)
         self.entries[(kid, start)] = [end, acc]
-        self._register_timers(np.array([kid]), np.array([start]), np.array([end]))
+        timers.register(kid, start, end)
         return start, end
+
+    def _apply_session_timers(self, timers: "_SessionTimers") -> None:
+        """The batch's session timer changes: deletions first (a session that kept its start
+        may keep its end too), then every registration in one vectorized call."""
+        for kid, start, end in timers.deleted:
+            self._delete_timers(kid, start, end)
+        if timers.registered:
+            (kids, starts), ends = zip(*timers.registered), timers.registered.values()
+            self._register_timers(np.fromiter(kids, np.int64, len(kids)),
+                                  np.fromiter(starts, np.int64, len(starts)),
+                                  np.fromiter(ends, np.int64, len(kids)))
 
     def _emit_generic(self, fired: list[tuple[int, int]]) -> None:
         fn, timers = self.function, self.timers
@@ -655,3 +671,22 @@ class WindowOperator(_KeyedOperator):
             window.present[kids[mine]] = True
             window.count += int(np.count_nonzero(mine))
             window.timed[group] = True  # its timers are in the restored timer sections
+
+
+class _SessionTimers:
+    """The timer changes of one batch's session merges, netted: a session registered and
+    merged away within the batch never reaches the timer heap (one bulk registration per
+    batch instead of a heap call per session)."""
+
+    __slots__ = ("registered", "deleted")
+
+    def __init__(self) -> None:
+        self.registered: dict[tuple[int, int], int] = {}  # (key id, start) -> end
+        self.deleted: list[tuple[int, int, int]] = []  # (key id, start, end) on the heap
+
+    def register(self, kid: int, start: int, end: int) -> None:
+        self.registered[(kid, start)] = end
+
+    def delete(self, kid: int, start: int, end: int) -> None:
+        if self.registered.pop((kid, start), None) is None:
+            self.deleted.append((kid, start, end))
