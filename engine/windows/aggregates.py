@@ -38,6 +38,7 @@ the group ids of the same ``group_by``; no Python per record):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -118,7 +119,7 @@ class AggregateSpec:
     def partial_columns(self) -> list[str]:
         return [name for a in self.aggregates for name, _ in a.partial_names()]
 
-    @property
+    @cached_property
     def merges(self) -> dict[str, str]:
         return {name: merge for a in self.aggregates for name, merge in a.partial_names()}
 
@@ -126,7 +127,7 @@ class AggregateSpec:
     def input_columns(self) -> list[str]:
         return sorted({c for a in self.aggregates for c in a.columns})
 
-    @property
+    @cached_property
     def picking(self) -> list[Aggregate]:
         return [a for a in self.aggregates if a.kind in PICKING]
 
@@ -242,6 +243,9 @@ class AggregateSpec:
 
     def merge_dicts(self, a: dict, b: dict) -> dict:
         """Merge two accumulators of the generic path (dicts of partial scalars)."""
+        if not self.picking:  # sums, minima and maxima of scalars: no arrays needed
+            merges = self.merges
+            return {n: _merge_scalars(merges[n], v, b[n]) for n, v in a.items()}
         index = np.zeros(1, dtype=np.int64)
         target = {n: np.array([v]) for n, v in a.items()}
         self.merge_all(target, index, {n: np.array([v]) for n, v in b.items()})
@@ -383,3 +387,13 @@ def _identity(merge: str, dtype) -> object:
     if merge == "min":
         return info.max if info else np.inf
     return info.min if info else -np.inf
+
+
+def _merge_scalars(merge: str, a, b):
+    """``merge`` of two partial scalars, as the array path would (a NaN wins min and max,
+    as with ``np.minimum``/``np.maximum``)."""
+    if merge == "sum":
+        return a + b
+    if a != a or b != b:
+        return float("nan")
+    return min(a, b) if merge == "min" else max(a, b)
