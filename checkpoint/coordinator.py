@@ -490,10 +490,6 @@ class CheckpointCoordinator:
         """The history row of checkpoint ``n`` (None once forgotten)."""
         return self.history.get(n)
 
-    def initial_checkpoint_id(self) -> int | None:
-        """The id of the savepoint or checkpoint the job started from (``restore_from``)."""
-        return self.initial_restore.checkpoint_id if self.initial_restore is not None else None
-
     def verified_restore_spec(self) -> RestoreSpec | None:
         """The restore spec of the newest completed checkpoint (or stop savepoint) whose
         files all verify.
