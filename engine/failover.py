@@ -97,9 +97,9 @@ class Failover:
                    at: float) -> Decision:
         """Record ``failure`` (at wall-clock time ``at``) and decide. ``completed``: the ids
         of the job's completed checkpoints, oldest first (None: the job takes none)."""
-        self.failure_details.append({"attempt": len(self.failures), "at": at, "error": failure.message,
-                                     "operator": failure.operator, "subtask": failure.subtask,
-                                     "traceback": failure.traceback})
+        self.failure_details.append({"attempt": len(self.failures), "at": at,
+                                     "error": failure.message, "operator": failure.operator,
+                                     "subtask": failure.subtask, "traceback": failure.traceback})
         self.failures.append(failure.message)
         restart = len(self.failures)
         if completed is None:

@@ -93,9 +93,8 @@ def _failure_of(exc: Exception) -> Failure:
     return Failure(f"checkpoint coordinator: {exc}", "coordinator")
 
 
-# (Ray's type stubs know no concurrency_groups)
-@ray.remote(concurrency_groups={"client": 8, "control": 1}, max_restarts=0,  # pyright: ignore[reportCallIssue]
-            max_task_retries=0)
+@ray.remote(  # pyright: ignore[reportCallIssue] (Ray's stubs know no concurrency_groups)
+    concurrency_groups={"client": 8, "control": 1}, max_restarts=0, max_task_retries=0)
 class JobMaster:
     def __init__(self, job_id: str, job_name: str, plan: JobPlan, options: JobOptions) -> None:
         self.job_id, self.job_name, self.plan, self.options = job_id, job_name, plan, options
