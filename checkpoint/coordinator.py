@@ -38,6 +38,7 @@ from raystream.checkpoint.committed_output import CommittedOutput
 from raystream.checkpoint.config import CheckpointConfig
 from raystream.checkpoint.coordinator_holder import OperatorCoordinators
 from raystream.checkpoint.keygroups import HASH_VERSION
+from raystream.checkpoint.metadata import CheckpointMetadata, OperatorFiles
 from raystream.checkpoint.storage import (SAVEPOINT_JOB_KEY, CheckpointStorage,
                                           CorruptCheckpointError, StateHandle, safe_name)
 from raystream.checkpoint.snapshot_stats import SnapshotStats
@@ -115,7 +116,7 @@ class CompletedCheckpoint:
     output, so a restore goes back to it like to a checkpoint)."""
 
     checkpoint_id: int
-    metadata: dict
+    metadata: CheckpointMetadata
     storage_uri: str
     job_key: str
 
@@ -153,6 +154,18 @@ class CheckpointStats:
 
     def __post_init__(self) -> None:  # read back from JSON (the job directory): plain text
         self.status = CheckpointStatus(self.status)
+
+    def aborted(self, reason: str, duration_s: float) -> None:
+        self.status, self.reason, self.duration_s = CheckpointStatus.ABORTED, reason, duration_s
+
+    def completed(self, pending: PendingCheckpoint, duration_s: float) -> None:
+        self.status, self.duration_s = CheckpointStatus.COMPLETED, duration_s
+        self.size, self.alignment_s = pending.size, pending.alignment_s
+        self.unaligned, self.channel_state_bytes = pending.unaligned, pending.channel_state_bytes
+
+    def corrupt(self, reason: str) -> None:
+        """Completed, then found damaged at a restore."""
+        self.status, self.reason = CheckpointStatus.CORRUPT, reason
 
 
 class CheckpointCoordinator:
@@ -297,8 +310,9 @@ class CheckpointCoordinator:
         except Exception as exc:
             self.abort(n, f"operator event not delivered: {exc}")
             raise
-        if ready:
-            barrier, pending.barrier = pending.barrier, None
+        barrier = pending.barrier
+        if ready and barrier is not None:
+            pending.barrier = None
             self._send_trigger(barrier)
 
     # -- acknowledgements -------------------------------------------------------------------
@@ -315,7 +329,7 @@ class CheckpointCoordinator:
         pending.alignment_s = max(pending.alignment_s, stats.alignment_s)
         pending.channel_state_bytes += stats.channel_state_bytes
         pending.unaligned = pending.unaligned or stats.unaligned
-        if stats.channel_state:
+        if stats.channel_state and stats.channel_state_key is not None:
             pending.channel_state[stats.channel_state_key] = stats.channel_state
         if not pending.waiting:
             self._complete(pending)
@@ -332,9 +346,7 @@ class CheckpointCoordinator:
         pending = self.pending.pop(n, None)
         if pending is None:
             return
-        stats = self.history[n]
-        stats.status, stats.reason = CheckpointStatus.ABORTED, reason
-        stats.duration_s = time.monotonic() - pending.started
+        self.history[n].aborted(reason, time.monotonic() - pending.started)
         if pending.final:
             self.final_checkpoint = None  # the master triggers another final checkpoint
             self._final_aborted = True
@@ -372,16 +384,12 @@ class CheckpointCoordinator:
         if pending.savepoint_target is not None:
             storage, job_key = CheckpointStorage(pending.savepoint_target), SAVEPOINT_JOB_KEY
         try:
-            storage.write_metadata(job_key, n, metadata)
+            storage.write_metadata(job_key, n, metadata.to_json())
         except Exception as exc:
             self.abort(n, f"metadata could not be written: {type(exc).__name__}: {exc}")
             return
         del self.pending[n]
-        stats = self.history[n]
-        stats.status, stats.size = CheckpointStatus.COMPLETED, pending.size
-        stats.duration_s = time.monotonic() - pending.started
-        stats.alignment_s, stats.unaligned = pending.alignment_s, pending.unaligned
-        stats.channel_state_bytes = pending.channel_state_bytes
+        self.history[n].completed(pending, time.monotonic() - pending.started)
         if pending.savepoint_target is not None and not (pending.stop or pending.final):
             return  # a savepoint of a running job: no commit, no failover target
         self.completed.append(CompletedCheckpoint(n, metadata, storage.uri, job_key))
@@ -395,11 +403,10 @@ class CheckpointCoordinator:
         self._notify_complete(n)
         self.operator_coordinators.complete(n)
 
-    def _metadata(self, pending: PendingCheckpoint) -> dict:
+    def _metadata(self, pending: PendingCheckpoint) -> CheckpointMetadata:
         operators: dict[str, dict[str, list]] = {}
         latest = self.latest()
-        committed = ({name: CommittedOutput.from_json(value)
-                      for name, value in latest.metadata["committed"].items()} if latest else {})
+        committed = dict(latest.metadata.committed) if latest else {}
         # An origin's output is offered with every checkpoint until one completes: any
         # origin up to the latest completed checkpoint was committed by it already.
         committed_upto = latest.checkpoint_id if latest else 0
@@ -428,20 +435,19 @@ class CheckpointCoordinator:
             by_head.setdefault(self.vertex_heads.get(vertex, f"vertex-{vertex}"), []).append(runs)
         watermarks = {head: WatermarkFloors.combine(runs, max_parallelism=self.max_parallelism)
                       .to_json() for head, runs in by_head.items()}
-        metadata = {"job": self.job_name, "checkpoint_id": pending.checkpoint_id,
-                    "attempt": self.attempt, "trigger_ts_ms": pending.trigger_ts_ms,
-                    "max_parallelism": self.max_parallelism, "hash_version": HASH_VERSION,
-                    "operators": operators, "handles": handles,
-                    "committed": {name: output.to_json() for name, output in committed.items()},
-                    "watermarks": watermarks}
-        if pending.coordinators:
-            metadata["coordinators"] = pending.coordinators
-            handles.extend(pending.coordinators.values())
-        if pending.channel_state:
-            metadata["channel_state"] = dict(sorted(pending.channel_state.items()))
-            metadata["topology"] = self.topology
-            handles.extend(metadata["channel_state"].values())
-        return metadata
+        channel_state = dict(sorted(pending.channel_state.items()))
+        handles.extend(pending.coordinators.values())
+        handles.extend(channel_state.values())
+        return CheckpointMetadata(
+            job=self.job_name, checkpoint_id=pending.checkpoint_id, attempt=self.attempt,
+            trigger_ts_ms=pending.trigger_ts_ms, max_parallelism=self.max_parallelism,
+            hash_version=HASH_VERSION,
+            operators={name: OperatorFiles(tuple(files["operator_state"]),
+                                           tuple(files["keyed_state"]))
+                       for name, files in operators.items()},
+            handles=tuple(handles), committed=committed, watermarks=watermarks,
+            coordinators=dict(pending.coordinators), channel_state=channel_state,
+            topology=self.topology if channel_state else None)
 
     def _discard_beyond_retention(self) -> None:
         while len(self.completed) > self.config.retained:
@@ -476,6 +482,14 @@ class CheckpointCoordinator:
     def latest(self) -> CompletedCheckpoint | None:
         return self.completed[-1] if self.completed else None
 
+    def completed_ids(self) -> list[int]:
+        """The ids of the retained completed checkpoints (and stop savepoints), oldest first."""
+        return [c.checkpoint_id for c in self.completed]
+
+    def checkpoint_stats(self, n: int) -> CheckpointStats | None:
+        """The history row of checkpoint ``n`` (None once forgotten)."""
+        return self.history.get(n)
+
     def verified_restore_spec(self) -> RestoreSpec | None:
         """The restore spec of the newest completed checkpoint (or stop savepoint) whose
         files all verify.
@@ -500,8 +514,7 @@ class CheckpointCoordinator:
                 log.warning("checkpoint %d of %s is corrupt and committed nothing: restoring an "
                             "older one: %s", n, self.job_name, exc)
                 self.completed.pop()
-                self.history[n].status = CheckpointStatus.CORRUPT
-                self.history[n].reason = str(exc)
+                self.history[n].corrupt(str(exc))
         if self.committed_upto:  # what committed it was discarded by retention
             raise RuntimeError(f"no completed checkpoint of {self.job_name} since checkpoint "
                                f"{self.committed_upto} (which committed output) verifies")
@@ -520,20 +533,20 @@ class CheckpointCoordinator:
         found = CheckpointStorage(storage_uri).latest_valid_checkpoint(key)
         if found is None:
             raise FileNotFoundError(f"no complete savepoint or checkpoint under {path}")
-        n, metadata = found
-        if metadata["max_parallelism"] != self.max_parallelism:
+        n, metadata = found[0], CheckpointMetadata.from_json(found[1])
+        if metadata.max_parallelism != self.max_parallelism:
             raise ValueError(
-                f"{path} was taken with max_parallelism {metadata['max_parallelism']}; this job "
+                f"{path} was taken with max_parallelism {metadata.max_parallelism}; this job "
                 f"has {self.max_parallelism}. Keyed state is partitioned into max_parallelism key "
                 f"groups, so it cannot change: set StreamEnvironment(max_parallelism="
-                f"{metadata['max_parallelism']}).")
-        if metadata["hash_version"] != HASH_VERSION:
-            raise ValueError(f"{path} used key hash version {metadata['hash_version']}; this "
+                f"{metadata.max_parallelism}).")
+        if metadata.hash_version != HASH_VERSION:
+            raise ValueError(f"{path} used key hash version {metadata.hash_version}; this "
                              f"raystream uses {HASH_VERSION}")
-        if metadata.get("channel_state") and metadata.get("topology") != self.topology:
+        if metadata.channel_state and metadata.topology != self.topology:
             raise ValueError(
                 f"{path} is an unaligned checkpoint holding in-flight data (channel state) of "
-                f"a job graph other than this one:\n{metadata.get('topology')}\nthis job:\n"
+                f"a job graph other than this one:\n{metadata.topology}\nthis job:\n"
                 f"{self.topology}\nChannel state is not redistributed: restore it at the same "
                 f"parallelism and job graph, or restore from a savepoint (always aligned).")
         self._last_id = max(self._last_id, n)
@@ -546,9 +559,8 @@ class CheckpointCoordinator:
         if latest is None:
             return {}
         storage = CheckpointStorage(latest.storage_uri)
-        return {name: CommittedOutput.from_json(value).handles(
-                    lambda h: storage.read_state(StateHandle.from_json(h)))
-                for name, value in latest.metadata["committed"].items()}
+        return {name: output.handles(lambda h: storage.read_state(StateHandle.from_json(h)))
+                for name, output in latest.metadata.committed.items()}
 
     def stats(self) -> list[CheckpointStats]:
         """The checkpoint history, oldest first (ids only grow: insertion order)."""
@@ -562,13 +574,13 @@ class CheckpointCoordinator:
             del self.history[n]
 
 
-def restore_spec_of(checkpoint_id: int, metadata: dict, storage_uri: str) -> RestoreSpec:
+def restore_spec_of(checkpoint_id: int, metadata: CheckpointMetadata,
+                    storage_uri: str) -> RestoreSpec:
     return RestoreSpec(checkpoint_id, storage_uri,
-                       {name: OperatorRestore(files["operator_state"], files["keyed_state"])
-                        for name, files in metadata["operators"].items()},
-                       dict(metadata.get("watermarks", {})),
-                       dict(metadata.get("channel_state", {})),
-                       dict(metadata.get("coordinators", {})))
+                       {name: OperatorRestore(list(files.operator_state), list(files.keyed_state))
+                        for name, files in metadata.operators.items()},
+                       dict(metadata.watermarks), dict(metadata.channel_state),
+                       dict(metadata.coordinators))
 
 
 def locate_snapshot(path: str) -> tuple[str, str]:

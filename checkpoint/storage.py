@@ -64,6 +64,7 @@ from typing import Any, Callable
 import pyarrow.fs as pafs
 
 from raystream.checkpoint.committed_output import CommittedOutput
+from raystream.checkpoint.metadata import CheckpointMetadata
 from raystream.engine.errors import RaystreamError
 
 __all__ = ["StateHandle", "CorruptCheckpointError", "CheckpointStorage", "METADATA_FILE"]
@@ -467,9 +468,15 @@ class CheckpointStorage:
             if info.type != pafs.FileType.Directory or not info.base_name.startswith(prefix):
                 continue
             found = self.latest_valid_checkpoint(info.base_name)
-            if found is None or found[1].get("job") != job_name:
+            if found is None:
                 continue
-            candidate = (found[1]["trigger_ts_ms"], info.base_name, found[0])
+            try:
+                metadata = CheckpointMetadata.from_json(found[1])
+            except ValueError:  # not a checkpoint of a job (a stray directory)
+                continue
+            if metadata.job != job_name:
+                continue
+            candidate = (metadata.trigger_ts_ms, info.base_name, found[0])
             newest = candidate if newest is None or candidate > newest else newest
         return None if newest is None else (newest[1], newest[2])
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from raystream.checkpoint.snapshot_stats import SnapshotStats
 SubtaskKey = tuple[int, int]  # (vertex id, subtask index)
 
 
@@ -82,7 +83,7 @@ class CheckpointAcknowledged:
     checkpoint_id: int
     subtask: SubtaskKey
     written: dict
-    stats: dict
+    stats: SnapshotStats
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,12 @@ dropped everywhere. A job without checkpoints fails on the first failure.
 End of input (FLIP-147): once every subtask has finished, the master triggers
 a final checkpoint; the job is FINISHED when it completes, so the tail of the
 output is committed. Then the subtasks are stopped.
+
+This module is the actor and its event loop; the parts live beside it:
+:mod:`~raystream.engine.deployment` (the subtask actors: every Ray call to them),
+:mod:`~raystream.engine.failover` (restart or fail, without Ray),
+:mod:`~raystream.engine.savepoint_requests` (savepoints clients wait for) and
+:mod:`~raystream.engine.job_report` (outcome, results, the job directory's summary).
 """
 
 from __future__ import annotations
@@ -28,49 +34,47 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import RayActorError
 
-from raystream.actors.subtask import SubtaskActor, SubtaskSpec, TerminationReport
-from raystream.actors.subtask_checkpoints import CheckpointingSpec, RestoreSpec
-from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
-from raystream.checkpoint.coordinator import (CheckpointCoordinator, CheckpointStatus,
-                                              SavepointTicket, TooManyCheckpointFailures)
+from raystream.actors.subtask_checkpoints import RestoreSpec
+from raystream.checkpoint.coordinator import CheckpointCoordinator, TooManyCheckpointFailures
 from raystream.checkpoint.coordinator_holder import CoordinatorFailure, OperatorCoordinators
+from raystream.checkpoint.snapshot_stats import SnapshotStats
 from raystream.checkpoint.storage import (CheckpointStorage, CorruptCheckpointError, StateHandle,
                                           StorageUnavailableError)
 from raystream.checkpoint.subtask_gateway import EventDeliveryError, GatewayProtocolError
 from raystream.engine import registry
+from raystream.engine.deployment import (NAMESPACE, SUBTASK_SCHEDULING, Deployment,
+                                         SubtaskFailure, deployment_failure)
 from raystream.engine.errors import JobNotRunningError
-from raystream.engine.failpoints import Failpoint, Failpoints, InjectedFailure
-from raystream.engine.graph import Resources
+from raystream.engine.failover import Failover, Failure, FailJob
+from raystream.engine.failpoints import Failpoints, InjectedFailure
 from raystream.engine.job_events import (CancelRequested, CheckpointAcknowledged,
                                          CheckpointDeclined, GatewayAcknowledged, JobEvent,
                                          OperatorEventReceived, Reply, SavepointMode,
-                                         SavepointRequest, SavepointRequested, SubtaskFinished)
+                                         SavepointRequest, SavepointRequested, SubtaskFinished,
+                                         SubtaskKey)
+from raystream.engine.job_options import DETACHED_LINGER_S, JobOptions
+from raystream.engine.job_report import JobOutcome, job_summary, sink_results
 from raystream.engine.job_status import JobStatus, check_transition
 from raystream.engine.metrics import JobMetricsExporter
 from raystream.engine.plan import JobPlan
+from raystream.engine.savepoint_requests import SavepointRequests
+
+# what other modules import from here (the deployment's names for the actor pool)
+__all__ = ["NAMESPACE", "SUBTASK_SCHEDULING", "JobMaster", "JobOptions", "JobOutcome",
+           "master_actor_name"]
 
 log = logging.getLogger(__name__)
 
-NAMESPACE = "raystream"
 POLL_S = 0.05
-# Unaligned checkpoints are taken between two slices of a received batch: about
-# Flink's network buffer (32 KiB), so a barrier never waits behind a whole message.
-UNALIGNED_SLICE_BYTES = 32 * 1024
-RELEASE_WAIT_S = 2.0  # for the subtasks of a failed or canceled job to end before pooling
-HOST_TIMEOUT_S = 20.0  # a live actor hosts its next subtask within this (it stops the old one first)
-# Subtasks spread over the cluster's nodes (within what each operator asks for), so one
-# lost node costs a part of every operator, and a job uses every node's CPUs and memory.
-SUBTASK_SCHEDULING = "SPREAD"
-NODE_PING_TIMEOUT_S = 2.0  # how long the subtasks of a node that may be lost get to answer
 PUBLISH_EVERY_S = 1.0  # how often a changed job summary goes to the cluster's job directory
-PUBLISHED_CHECKPOINTS = 100  # the newest checkpoints a summary lists
+# what fails the job over when the event thread meets it
+_FAILURES = (SubtaskFailure, InjectedFailure, TooManyCheckpointFailures, CoordinatorFailure,
+             EventDeliveryError, GatewayProtocolError)
 
 
 def master_actor_name(job_id: str) -> str:
@@ -78,85 +82,19 @@ def master_actor_name(job_id: str) -> str:
     return f"raystream/{job_id}/master"
 
 
-@dataclass(frozen=True)
-class JobOptions:
-    credits: int = 8
-    actor_start_timeout_s: float = 120.0
-    stop_timeout_s: float = 30.0  # for every subtask to stop (and confirm its final commit)
-    checkpoints: CheckpointConfig | None = None
-    restart: RestartStrategy = field(default_factory=RestartStrategy.none)
-    failpoints: tuple[Failpoint, ...] = ()
-    restore_from: str | None = None
-    submission_id: str | None = None  # the Ray Jobs API submission that runs the driver
-    # idle subtask actors of the driver's pool for the first attempt (engine/actor_pool.py),
-    # and the keeper they go back to when the job ends
-    pooled: tuple[Any, ...] = ()
-    keeper: Any = None
-    # a detached job master outlives its driver, and ends itself DETACHED_LINGER_S after
-    # the job ended (time for a client to fetch the outcome) unless a client ends it first
-    detached: bool = False
+def _failure_of(exc: Exception) -> Failure:
+    """What the failover is told of an exception met by the event thread."""
+    if isinstance(exc, SubtaskFailure):
+        report = exc.report
+        return Failure(report.error, report.operator, report.index if report.index >= 0 else None,
+                       report.traceback)
+    if isinstance(exc, (CoordinatorFailure, EventDeliveryError, GatewayProtocolError)):
+        return Failure(str(exc), getattr(exc, "operator", "coordinator"))
+    return Failure(f"checkpoint coordinator: {exc}", "coordinator")
 
 
-DETACHED_LINGER_S = 600.0
-
-
-@dataclass
-class JobOutcome:
-    status: JobStatus  # FINISHED, FAILED or CANCELED
-    results: dict[int, list[Any]] = field(default_factory=dict)  # sink id -> per-subtask results
-    error: str | None = None
-    operator: str | None = None
-    subtask: int | None = None
-    traceback: str | None = None
-    deploy_s: float = 0.0
-    run_s: float = 0.0
-    restarts: int = 0
-    failures: list[str] = field(default_factory=list)
-    restores: list[dict] = field(default_factory=list)  # per failover: attempt, checkpoint, seconds
-    checkpoints: list[Any] = field(default_factory=list)
-    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
-
-
-class _RayDelivery:
-    """The delivery of an operator event: a Ray call to the subtask's control lane."""
-
-    def __init__(self, ref: Any) -> None:
-        self.ref = ref
-        self._error: BaseException | None = None
-        self._done = False
-
-    def done(self) -> bool:
-        if not self._done:
-            ready, _ = ray.wait([self.ref], timeout=0)
-            if ready:
-                self._done = True
-                try:
-                    ray.get(self.ref)
-                except Exception as exc:
-                    self._error = exc
-        return self._done
-
-    def error(self) -> BaseException | None:
-        return self._error
-
-
-class _Failure(Exception):
-    """A subtask failed (raised inside the event thread to start a failover)."""
-
-    def __init__(self, report: TerminationReport) -> None:
-        super().__init__(report.error)
-        self.report = report
-
-
-def _deployment_failure(exc: RayActorError) -> _Failure:
-    """A subtask's process died while its attempt was being deployed."""
-    first_line = str(exc).splitlines()[0] if str(exc) else ""
-    return _Failure(TerminationReport(
-        -1, -1, "FAILED", operator="deployment",
-        error=f"a subtask died during deployment: {type(exc).__name__}: {first_line}"))
-
-
-@ray.remote(concurrency_groups={"client": 8, "control": 1}, max_restarts=0, max_task_retries=0)
+@ray.remote(  # pyright: ignore[reportCallIssue] (Ray's stubs know no concurrency_groups)
+    concurrency_groups={"client": 8, "control": 1}, max_restarts=0, max_task_retries=0)
 class JobMaster:
     def __init__(self, job_id: str, job_name: str, plan: JobPlan, options: JobOptions) -> None:
         self.job_id, self.job_name, self.plan, self.options = job_id, job_name, plan, options
@@ -165,25 +103,14 @@ class JobMaster:
         self.outcome: JobOutcome | None = None
         self.done = threading.Event()
         self.events: queue.Queue[JobEvent] = queue.Queue()
-        self.actors: dict[tuple[int, int], Any] = {}
-        self.placement: dict[str, str] = {}  # "chain/index" -> id of the node it runs on
-        self.died_on: set[str] = set()  # nodes where subtasks of this attempt died
-        self.terminations: dict[Any, tuple[int, int]] = {}
-        self.finished: dict[tuple[int, int], dict] = {}
-        self.failures: list[str] = []
-        # each failure with where it happened and its traceback, for the web UI
-        self.failure_details: list[dict] = []
+        self.deployment = Deployment(job_id, job_name, plan, options)
+        self.finished: dict[SubtaskKey, dict] = {}  # this attempt's finished subtasks' results
+        self.failover = Failover(options.restart)
         self.restores: list[dict] = []
-        self.coordinator = None
+        self.coordinator: CheckpointCoordinator | None = None
         # the operator coordinators (split enumerators, ...) with their subtask gateways
         self.operator_coordinators = OperatorCoordinators([])  # created by the event thread
-        self.spare: Any = None  # a warm, empty subtask actor for failover
-        self.pooled = list(options.pooled)  # the driver's actors, until the first deployment
-        self._pooled_ids = {actor._actor_id for actor in options.pooled}
-        self.savepoints: dict[int, SavepointRequest] = {}  # by the id of its checkpoint
-        # asked for, waiting in the coordinator for a free checkpoint slot
-        self.queued_savepoints: list[tuple[SavepointTicket, SavepointRequest]] = []
-        self.draining: SavepointRequest | None = None  # its savepoint is the final checkpoint
+        self.savepoints = SavepointRequests()
         self.started_at = time.time()
         self.exporter = JobMetricsExporter(job_name, job_id)
         self._published: tuple[float, str] = (float("-inf"), "")  # when, what
@@ -219,29 +146,27 @@ class JobMaster:
     @ray.method(concurrency_group="client")
     def subtask_actors(self) -> dict[str, list[Any]]:
         """The actors hosting the current attempt's subtasks, by chain."""
-        actors = dict(self.actors)
-        return {v.name: [actors.get((v.id, i)) for i in range(v.parallelism)]
-                for v in self.plan.vertices}
+        return self.deployment.subtask_actors()
 
     @ray.method(concurrency_group="client")
     def get_placement(self) -> dict[str, str]:
         """The node (id) of the job master and of every subtask of the current attempt,
         by "chain/index"."""
-        return {"job master": ray.get_runtime_context().get_node_id(), **self.placement}
+        return {"job master": ray.get_runtime_context().get_node_id(), **self.deployment.placement}
 
     @ray.method(concurrency_group="client")
     def metrics(self) -> dict[str, dict[str, float]]:
         """Live metrics of every subtask of the current attempt, by "chain/index"
         (none while the job deploys or restarts)."""
-        return self._collect_metrics() if self.status is JobStatus.RUNNING else {}
+        return self.deployment.metrics() if self.status is JobStatus.RUNNING else {}
 
     @ray.method(concurrency_group="client")
     def progress(self) -> dict[str, Any]:
         coordinator = self.coordinator
-        return {"status": self.status, "attempt": self.attempt, "failures": list(self.failures),
+        return {"status": self.status, "attempt": self.attempt,
+                "failures": list(self.failover.failures),
                 "restores": list(self.restores), "master_pid": os.getpid(),
-                "completed_checkpoints": ([c.checkpoint_id for c in coordinator.completed]
-                                          if coordinator else []),
+                "completed_checkpoints": coordinator.completed_ids() if coordinator else [],
                 "checkpoints": coordinator.stats() if coordinator else []}
 
     # -- subtask calls (control lane) ---------------------------------------------------------
@@ -251,7 +176,7 @@ class JobMaster:
 
     @ray.method(concurrency_group="control")
     def acknowledge_checkpoint(self, attempt: int, checkpoint_id: int, vertex: int, index: int,
-                               written: dict, stats: dict) -> None:
+                               written: dict, stats: SnapshotStats) -> None:
         self.events.put(CheckpointAcknowledged(attempt, checkpoint_id, (vertex, index), written,
                                                 stats))
 
@@ -279,10 +204,14 @@ class JobMaster:
             self._set_status(JobStatus.DEPLOYING)
             self._publish()
             self.operator_coordinators = OperatorCoordinators(self.plan.coordinated_operators())
-            self._create_coordinator()
+            coordinator = self.coordinator = self._create_coordinator()
             restore = None
             if self.options.restore_from is not None:
-                restore = self.coordinator.restore_from(self.options.restore_from)
+                if coordinator is None:
+                    raise ValueError("restore_from needs checkpoints: "
+                                     "StreamEnvironment(checkpoints=...)")
+                restore = coordinator.restore_from(self.options.restore_from)
+                self.failover.started_from(restore.checkpoint_id)
             self.operator_coordinators.start()
             if restore is not None:
                 self._reset_operator_coordinators(restore)
@@ -297,13 +226,13 @@ class JobMaster:
             outcome = JobOutcome(JobStatus.FAILED, error=f"job '{self.job_name}' could not run: "
                                                  f"{type(exc).__name__}: {exc}")
         finally:
-            self._answer_open_savepoints("the job ended before it")
+            self.savepoints.answer_open(self.coordinator, "the job ended before it")
             self.operator_coordinators.close()
-            self._release_actors()
+            self.deployment.release()
         outcome.deploy_s = deploy_s
         outcome.run_s = time.perf_counter() - started - deploy_s
         outcome.restarts = self.attempt
-        outcome.failures = list(self.failures)
+        outcome.failures = list(self.failover.failures)
         outcome.restores = list(self.restores)
         outcome.checkpoints = self.coordinator.stats() if self.coordinator else []
         self.outcome = outcome
@@ -324,9 +253,8 @@ class JobMaster:
                 outcome = self._step()
                 if outcome is not None:
                     return outcome
-            except (_Failure, InjectedFailure, TooManyCheckpointFailures, CoordinatorFailure,
-                    EventDeliveryError, GatewayProtocolError) as failure:
-                outcome = self._failover(failure)
+            except _FAILURES as failure:
+                outcome = self._failover(_failure_of(failure))
                 if outcome is not None:
                     return outcome
 
@@ -348,43 +276,18 @@ class JobMaster:
                 event = self.events.get_nowait()
             except queue.Empty:
                 event = None
-        ready, _ = ray.wait(list(self.terminations), num_returns=1, timeout=0)
-        if ready:
-            report = self._termination_report(ready[0])
-            if report.status != "FINISHED":
-                raise _Failure(report)
+        report = self.deployment.poll_termination()
+        if report is not None and report.status != "FINISHED":
+            raise SubtaskFailure(report)
         self.operator_coordinators.run_due(time.monotonic())
         if self.coordinator is not None:
             self.coordinator.tick(time.monotonic())
-            outcome = self._answer_savepoints()
-            if outcome is not None:
-                return outcome
+            stop = self.savepoints.answer(self.coordinator)
+            if stop is not None:
+                return self._end_after_savepoint(stop)
         if time.monotonic() - self._published[0] >= PUBLISH_EVERY_S:
             self._publish()
         return self._maybe_finish()
-
-    def _answer_savepoints(self) -> JobOutcome | None:
-        queued = []
-        for ticket, request in self.queued_savepoints:
-            if ticket.checkpoint_id is None:
-                queued.append((ticket, request))
-            else:
-                self.savepoints[ticket.checkpoint_id] = request
-        self.queued_savepoints = queued
-        for n, request in list(self.savepoints.items()):
-            stats = self.coordinator.history[n]
-            if stats.status is CheckpointStatus.PENDING:
-                continue
-            del self.savepoints[n]
-            if stats.status is not CheckpointStatus.COMPLETED:
-                request.reply.set(error=f"savepoint {n} failed: {stats.reason}")
-                if request is self.draining:  # the input has ended: a checkpoint ends the job
-                    self.draining = None
-            elif request.mode is SavepointMode.KEEP_RUNNING:
-                request.reply.set(stats.savepoint)
-            elif request.mode is SavepointMode.STOP:
-                return self._end_after_savepoint(request)
-        return None
 
     def _end_after_savepoint(self, request: SavepointRequest) -> JobOutcome:
         """End the job after its completed stop savepoint. The caller hears of success once
@@ -392,44 +295,24 @@ class JobMaster:
         (its output is committed: never rolled back) and the caller is told so."""
         try:
             outcome = self._end(JobStatus.FINISHED)
-        except _Failure as failure:
+        except SubtaskFailure as failure:
             request.reply.set(error=f"savepoint {request.path} is complete, but the job did not "
                                     f"stop ({failure}); it goes on from that savepoint")
             raise
         request.reply.set(request.path)
         return outcome
 
-    def _answer_open_savepoints(self, reason: str) -> None:
-        """A failover or the end of the job: every savepoint not answered yet is answered
-        now (a completed one that was to stop the job did not stop it)."""
-        open_requests = list(self.savepoints.items())
-        open_requests += [(ticket.checkpoint_id, request)
-                          for ticket, request in self.queued_savepoints]
-        if self.draining is not None and self.draining not in self.savepoints.values():
-            open_requests.append((None, self.draining))
-        self.savepoints, self.queued_savepoints, self.draining = {}, [], None
-        for n, request in open_requests:
-            stats = self.coordinator.history.get(n) if self.coordinator and n else None
-            if stats is not None and stats.status is CheckpointStatus.COMPLETED:
-                if request.mode is SavepointMode.KEEP_RUNNING:
-                    request.reply.set(stats.savepoint)
-                else:
-                    request.reply.set(error=f"savepoint {request.path} is complete, but the job "
-                                            f"did not stop: {reason}")
-            else:
-                request.reply.set(error=f"savepoint to {request.path} failed: {reason}")
-
     def _handle(self, event: JobEvent) -> JobOutcome | None:
         coordinator = self.coordinator
         match event:
             case CancelRequested():
-                for actor in self.actors.values():
-                    actor.cancel.remote()
+                self.deployment.cancel()
                 return JobOutcome(JobStatus.CANCELED)
             case SubtaskFinished(attempt, subtask, results) if attempt == self.attempt:
                 self.finished[subtask] = results
             case SavepointRequested(request):
-                self._handle_savepoint_request(request)
+                if self.savepoints.request(request, coordinator):
+                    self.deployment.drain_sources()  # the final checkpoint goes to its path
             case OperatorEventReceived(attempt, operator, index, payload) if (
                     attempt == self.attempt):
                 self.operator_coordinators.handle_event_from_subtask(operator, index, payload)
@@ -442,27 +325,8 @@ class JobMaster:
                 coordinator.decline(attempt, n, subtask, reason)
         return None  # anything else: an older attempt's, or no coordinator to hand it to
 
-    def _handle_savepoint_request(self, request: SavepointRequest) -> None:
-        if self.coordinator is None:
-            request.reply.set(
-                error="savepoints need checkpoints: StreamEnvironment(checkpoints=...)")
-        elif request.mode is SavepointMode.DRAIN:  # the final checkpoint goes to its path
-            self.draining = request
-            for (vertex, _), actor in self.actors.items():
-                if self.plan.vertices[vertex].is_source:
-                    actor.drain.remote()
-        else:
-            try:
-                ticket = self.coordinator.request_savepoint(
-                    request.path, stop=request.mode is SavepointMode.STOP)
-            except Exception as exc:  # the job may fail over: the caller still hears
-                request.reply.set(error=f"savepoint to {request.path} failed: "
-                                        f"{type(exc).__name__}: {exc}")
-                raise
-            self.queued_savepoints.append((ticket, request))
-
     def _maybe_finish(self) -> JobOutcome | None:
-        if len(self.finished) < len(self.actors):
+        if len(self.finished) < len(self.deployment.actors):
             return None
         coordinator = self.coordinator
         if coordinator is not None:
@@ -470,16 +334,15 @@ class JobMaster:
             if final is None:
                 if not coordinator.final_due(time.monotonic()):
                     return None
-                target = self.draining.path if self.draining else None
+                target = self.savepoints.drain_target()
                 n = coordinator.trigger(final=True, savepoint_target=target,
                                         stop=target is not None)
-                if self.draining is not None:
-                    self.savepoints[n] = self.draining
+                self.savepoints.final_triggered(n)
                 return None
-            if not any(c.checkpoint_id == final for c in coordinator.completed):
+            if final not in coordinator.completed_ids():
                 return None
-            if self.draining is not None:
-                request, self.draining = self.draining, None
+            request = self.savepoints.take_draining()
+            if request is not None:
                 return self._end_after_savepoint(request)
         return self._end(JobStatus.FINISHED)
 
@@ -493,96 +356,25 @@ class JobMaster:
         fails the job over: the job is never reported finished before every
         final commit was confirmed.
         """
-        metrics = self._collect_metrics()
-        for actor in self.actors.values():
-            actor.stop.remote()
-        pending = list(self.terminations)
-        done, not_done = ray.wait(pending, num_returns=len(pending),
-                                  timeout=self.options.stop_timeout_s)
-        for ref in done:
-            report = self._termination_report(ref)
-            if report.status == "FAILED":
-                raise _Failure(report)
-        if not_done:
-            raise _Failure(self._not_stopped(not_done))
-        return JobOutcome(status, self._results(), metrics=metrics)
-
-    def _not_stopped(self, refs: list[Any]) -> TerminationReport:
-        """The failure of subtasks that did not confirm their stop (and so their final
-        commit) in time."""
-        keys = [self.terminations[ref] for ref in refs]
-        names = [f"subtask {index + 1}/{self.plan.vertices[vertex].parallelism} of "
-                 f"'{self.plan.vertices[vertex].name}'" for vertex, index in keys]
-        vertex, index = keys[0]
-        return TerminationReport(
-            vertex, index, "FAILED", operator=self.plan.vertices[vertex].name,
-            error=f"{', '.join(names)} did not stop within {self.options.stop_timeout_s:g} s after the "
-                  f"final checkpoint: its final commit is not confirmed")
-
-    def _results(self) -> dict[int, list[Any]]:
-        results: dict[int, list[Any]] = {}
-        for key in sorted(self.finished):
-            for sink_id, value in self.finished[key].items():
-                if value is not None:
-                    results.setdefault(sink_id, []).append(value)
-        if self.coordinator is not None:
-            ids = {node.name: node.transformation_id for v in self.plan.vertices for node in v.nodes}
-            for name, handles in self.coordinator.committed_outputs().items():
-                results[ids[name]] = [self._read_committed(handles)]
-        return results
-
-    def _read_committed(self, handles: list[dict]) -> pa.Table:
-        from raystream.checkpoint.storage import StateHandle
-
-        tables = []
-        for handle in handles:
-            data = self.coordinator.storage.read_state(StateHandle.from_json(handle))
-            with pa.ipc.open_stream(data) as reader:
-                tables.append(reader.read_all())
-        tables = [t for t in tables if t.num_columns]
-        return pa.concat_tables(tables, promote_options="default") if tables else pa.table({})
-
-    def _collect_metrics(self) -> dict[str, dict[str, float]]:
-        actors = self.actors  # the event thread may replace it (failover)
-        names = {key: f"{self.plan.vertices[key[0]].name}/{key[1]}" for key in actors}
-        refs = {key: actor.metrics.remote() for key, actor in actors.items()}
-        try:
-            return {names[k]: v for k, v in zip(refs, ray.get(list(refs.values()), timeout=10))}
-        except Exception:
-            return {}
+        metrics = self.deployment.metrics()
+        failed = self.deployment.stop(self.options.stop_timeout_s)
+        if failed is not None:
+            raise SubtaskFailure(failed)
+        return JobOutcome(status, sink_results(self.plan, self.finished, self.coordinator),
+                          metrics=metrics)
 
     # -- the cluster's job directory ----------------------------------------------------------
-    def _summary(self) -> dict[str, Any]:
-        coordinator, outcome = self.coordinator, self.outcome
-        checkpoints = coordinator.stats()[-PUBLISHED_CHECKPOINTS:] if coordinator else []
-        summary = {
-            "job_id": self.job_id, "name": self.job_name, "status": self.status,
-            "attempt": self.attempt, "submission_id": self.options.submission_id,
-            "started_at": self.started_at, "ended_at": None, "failures": list(self.failures),
-            "restores": list(self.restores), "plan": self.plan.describe(),
-            "graph": self._graph(), "failure_details": list(self.failure_details),
-            "placement": dict(self.placement),
-            "checkpoints": [dataclasses.asdict(stats) for stats in checkpoints],
-        }
-        if outcome is not None:
-            summary.update(ended_at=time.time(), error=outcome.error, metrics=outcome.metrics,
-                           deploy_s=outcome.deploy_s, run_s=outcome.run_s)
-        return summary
-
-    def _graph(self) -> list[dict[str, Any]]:
-        """The plan as data (for the web UI): each chain with its operators, parallelism
-        and inputs (the upstream chain and the partitioning)."""
-        return [{"id": v.id, "name": v.name, "parallelism": v.parallelism,
-                 "operators": [node.name for node in v.nodes],
-                 "inputs": [{"from": e.source_vertex, "partitioning": str(e.partitioning)}
-                            for e in v.inputs]}
-                for v in self.plan.vertices]
-
     def _publish(self) -> None:
         """Export the job's checkpoint metrics; publish its summary if it changed.
         Never fails the job."""
-        self.exporter.export(self.coordinator.stats() if self.coordinator else [], self.attempt)
-        summary = self._summary()
+        checkpoints = self.coordinator.stats() if self.coordinator else []
+        self.exporter.export(checkpoints, self.attempt)
+        summary = job_summary(
+            job_id=self.job_id, job_name=self.job_name, status=self.status,
+            attempt=self.attempt, submission_id=self.options.submission_id,
+            started_at=self.started_at, plan=self.plan, failover=self.failover,
+            restores=self.restores, placement=self.deployment.placement,
+            checkpoints=checkpoints, outcome=self.outcome)
         text = json.dumps({k: v for k, v in summary.items() if k != "ended_at"}, default=str)
         if text == self._published[1]:
             self._published = (time.monotonic(), text)
@@ -593,115 +385,66 @@ class JobMaster:
         except Exception as exc:  # the directory is for people watching, not for the job
             log.warning("could not publish the summary of %s: %s", self.job_id, exc)
 
-    def _termination_report(self, ref: Any) -> TerminationReport:
-        key = self.terminations.pop(ref)
-        try:
-            return ray.get(ref)
-        except RayActorError as exc:
-            vertex = self.plan.vertices[key[0]]
-            node = self.placement.get(f"{vertex.name}/{key[1]}")
-            if node is not None:
-                self.died_on.add(node)
-            first_line = str(exc).splitlines()[0] if str(exc) else ""
-            return TerminationReport(
-                key[0], key[1], "FAILED", operator=vertex.name,
-                error=f"subtask {key[1] + 1}/{vertex.parallelism} of '{vertex.name}' died: "
-                      f"{type(exc).__name__}: {first_line}")
-
     # -- failover ---------------------------------------------------------------------------------
-    def _failover(self, failure: Exception) -> JobOutcome | None:
-        if isinstance(failure, _Failure):
-            report = failure.report
-        elif isinstance(failure, (CoordinatorFailure, EventDeliveryError, GatewayProtocolError)):
-            report = TerminationReport(-1, -1, "FAILED", error=str(failure),
-                                       operator=getattr(failure, "operator", "coordinator"))
-        else:
-            report = TerminationReport(-1, -1, "FAILED", error=f"checkpoint coordinator: {failure}",
-                                       operator="coordinator")
-        self.failures.append(report.error or "unknown failure")
-        self.failure_details.append({"attempt": self.attempt, "at": time.time(),
-                                     "error": report.error or "unknown failure",
-                                     "operator": report.operator,
-                                     "subtask": report.index if report.index >= 0 else None,
-                                     "traceback": report.traceback})
-        self._answer_open_savepoints(f"the job failed over after: {report.error}")
-        restart = len(self.failures)
-        if self.options.checkpoints is None or restart > self.options.restart.attempts:
-            for actor in self.actors.values():
-                actor.cancel.remote()
-            why = "" if self.options.checkpoints is not None else " (no checkpoints: no restart)"
-            if self.options.checkpoints is not None and self.options.restart.attempts:
-                why = f" (restart attempts exhausted: {self.options.restart.attempts})"
-            return JobOutcome(JobStatus.FAILED, error=(report.error or "") + why,
-                              operator=report.operator,
-                              subtask=report.index if report.index >= 0 else None,
-                              traceback=report.traceback)
+    def _failover(self, failure: Failure) -> JobOutcome | None:
+        """Restart the job from its latest checkpoint, or end it FAILED (the outcome)."""
+        coordinator = self.coordinator
+        decision = self.failover.on_failure(
+            failure, coordinator.completed_ids() if coordinator else None, at=time.time())
+        self.savepoints.answer_open(coordinator, f"the job failed over after: {failure.error}")
+        if isinstance(decision, FailJob):
+            self.deployment.cancel()
+            return self._failed(decision)
+        assert coordinator is not None  # only a job with checkpoints restarts
         self._set_status(JobStatus.RESTARTING)
         self._publish()
-        self.coordinator.abort_all(f"failover after: {report.error}")
-        lost_nodes = self._lost_nodes()
-        time.sleep(self.options.restart.delay_before(restart))
-        self.attempt += 1
-        self.coordinator.start_attempt(self.attempt, self._coordinator_failpoints())
+        coordinator.abort_all(f"failover after: {failure.error}")
+        lost_nodes = self.deployment.lost_nodes()
+        time.sleep(decision.delay_s)
+        self.attempt = decision.attempt
+        coordinator.start_attempt(self.attempt, self._coordinator_failpoints())
         started = time.perf_counter()
         try:
-            restore = self.coordinator.verified_restore_spec()
+            restore = coordinator.verified_restore_spec()
         except StorageUnavailableError as exc:  # it may come back: a failure like any other
-            return self._failover(_Failure(TerminationReport(
-                -1, -1, "FAILED", operator="restore", error=f"could not restore: {exc}")))
+            return self._failover(Failure(f"could not restore: {exc}", operator="restore"))
         except (CorruptCheckpointError, OSError, RuntimeError) as exc:  # nowhere to go back to
-            return JobOutcome(JobStatus.FAILED, error=f"{report.error}; the job cannot restore: {exc}",
-                              operator=report.operator, traceback=report.traceback)
+            return self._failed(Failover.cannot_restore(failure, str(exc)))
         try:
             self._reset_operator_coordinators(restore)
             self._deploy(restore=restore, avoid_nodes=lost_nodes)
-            self.restores.append({"attempt": self.attempt, "failure": report.error,
+            self.restores.append({"attempt": self.attempt, "failure": failure.error,
                                   "checkpoint_id": restore.checkpoint_id if restore else None,
                                   "restore_s": time.perf_counter() - started,
                                   "lost_nodes": lost_nodes})
         except RayActorError as exc:  # a subtask died while being wired: fail over again
-            return self._failover(_deployment_failure(exc))
+            return self._failover(_failure_of(deployment_failure(exc)))
         self._set_status(JobStatus.RUNNING)
         return None
 
+    @staticmethod
+    def _failed(decision: FailJob) -> JobOutcome:
+        return JobOutcome(JobStatus.FAILED, error=decision.error, operator=decision.operator,
+                          subtask=decision.subtask, traceback=decision.traceback)
+
+    # -- deployment -------------------------------------------------------------------------------
     def _deploy_first(self, restore: RestoreSpec | None) -> JobOutcome | None:
         """Deploy the first attempt. A subtask lost meanwhile is a failure like any
         other: the restart strategy applies (an outcome only if it ends the job)."""
         try:
             self._deploy(restore=restore)
         except RayActorError as exc:
-            return self._failover(_deployment_failure(exc))
+            return self._failover(_failure_of(deployment_failure(exc)))
         return None
 
-    def _lost_nodes(self) -> list[str]:
-        """Nodes that seem to have died with subtasks of this job, to keep the restart off.
+    def _deploy(self, restore: RestoreSpec | None, avoid_nodes: list[str] | None = None) -> None:
+        """Deploy the current attempt (none of it on ``avoid_nodes``) and bind the operator
+        coordinators to its subtasks."""
+        self.finished = {}
+        self.deployment.deploy(self.attempt, restore, avoid_nodes or [])
+        if self.operator_coordinators:
+            self.operator_coordinators.bind(self.deployment.event_transport(self.attempt))
 
-        Ray declares a node dead only once its health checks fail (15 s by default); until
-        then it would place new subtasks there and the restart would fail again. A node is
-        taken for lost when a subtask on it died, it is not this master's node, and none of
-        the job's other subtasks there answers within ``NODE_PING_TIMEOUT_S``.
-        """
-        suspects, self.died_on = self.died_on - {ray.get_runtime_context().get_node_id()}, set()
-        if not suspects:
-            return []
-        on_node = {node: [actor for (v, i), actor in self.actors.items()
-                          if self.placement.get(f"{self.plan.vertices[v].name}/{i}") == node]
-                   for node in suspects}
-        pings = {node: [actor.ready.remote() for actor in actors] for node, actors in on_node.items()}
-        refs = [ref for node_refs in pings.values() for ref in node_refs]
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=NODE_PING_TIMEOUT_S)
-        answered = set()
-        for ref in done:
-            try:
-                ray.get(ref)
-                answered.add(ref)
-            except Exception:  # a dead subtask answers with an error
-                pass
-        alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
-        return sorted(node for node, node_refs in pings.items()
-                      if node in alive and not answered.intersection(node_refs))
-
-    # -- deployment -------------------------------------------------------------------------------
     def _coordinator_failpoints(self) -> Failpoints:
         # The coordinator's failpoints always raise: ending the master's process
         # would end the job, not fail it over.
@@ -710,126 +453,22 @@ class JobMaster:
                                 if f.point == "after_metadata_before_notify"),
                           "coordinator", None, self.attempt)
 
-    def _create_coordinator(self) -> None:
+    def _create_coordinator(self) -> CheckpointCoordinator | None:
         config = self.options.checkpoints
         if config is None:
-            return
-        self.coordinator = CheckpointCoordinator(
+            return None
+        deployment = self.deployment
+        return CheckpointCoordinator(
             config=config, job_key=self.job_id, job_name=self.job_name,
             subtasks=[(v.id, i) for v in self.plan.vertices for i in range(v.parallelism)],
             max_parallelism=self.plan.max_parallelism,
             vertex_heads={v.id: v.nodes[0].name for v in self.plan.vertices},
             topology=self.plan.describe(),
-            send_trigger=lambda barrier: [a.trigger_checkpoint.remote(barrier)
-                                          for a in self.actors.values()],
-            notify_complete=lambda n: [a.notify_checkpoint_complete.remote(n, self.attempt)
-                                       for a in self.actors.values()],
-            notify_aborted=lambda n: [a.notify_checkpoint_aborted.remote(n, self.attempt)
-                                      for a in self.actors.values()],
+            send_trigger=deployment.trigger_checkpoint,
+            notify_complete=lambda n: deployment.notify_checkpoint_complete(n, self.attempt),
+            notify_aborted=lambda n: deployment.notify_checkpoint_aborted(n, self.attempt),
             failpoints=self._coordinator_failpoints(),
             operator_coordinators=self.operator_coordinators)
-
-    def _deploy(self, restore: RestoreSpec | None, avoid_nodes: list[str] = ()) -> None:
-        """Deploy the current attempt, none of it on ``avoid_nodes`` (ids of lost nodes).
-
-        Actors of the previous attempt that are still alive host their new subtask
-        (no new process to start); a dead one is replaced by the warm spare where
-        its resources allow, else by a new actor."""
-        plan, options = self.plan, self.options
-        previous, self.actors, self.terminations, self.finished = self.actors, {}, {}, {}
-        self.died_on = set()
-        avoid = {"label_selector": {"ray.io/node-id": f"!in({','.join(avoid_nodes)})"}
-                 } if avoid_nodes else {}
-        me = ray.get_runtime_context().current_actor
-        checkpointing = None
-        if options.checkpoints is not None:
-            unaligned = options.checkpoints.alignment != "aligned"
-            checkpointing = CheckpointingSpec(options.checkpoints.storage, self.job_id, me,
-                                              UNALIGNED_SLICE_BYTES if unaligned else None,
-                                              state_backend=options.checkpoints.state_backend)
-        specs = {(vertex.id, index): SubtaskSpec(
-                     self.job_id, self.job_name, self.attempt, vertex, index, plan.max_parallelism,
-                     options.credits, master=me, checkpointing=checkpointing, restore=restore,
-                     failpoints=options.failpoints)
-                 for vertex in plan.vertices for index in range(vertex.parallelism)}
-        lost = set(avoid_nodes)
-        on_lost = {key for key in previous
-                   if self.placement.get(f"{plan.vertices[key[0]].name}/{key[1]}") in lost}
-        for key in on_lost:  # calls to them could hang until Ray declares the node dead
-            ray.kill(previous[key])
-        hosted = {key: previous[key].host.remote(spec)
-                  for key, spec in specs.items() if key in previous and key not in on_lost}
-        for key, ref in hosted.items():
-            try:
-                ray.get(ref, timeout=HOST_TIMEOUT_S)
-                self.actors[key] = previous[key]
-            except (RayActorError, RuntimeError, GetTimeoutError, ray.exceptions.RayTaskError):
-                ray.kill(previous[key])  # dead, or its subtask would not stop
-        self._host_on_pooled(specs)
-        for key, spec in specs.items():
-            if key in self.actors:
-                continue
-            vertex = plan.vertices[key[0]]
-            if self.spare is not None and lost:  # it may be on a lost node: do not wait on it
-                ray.kill(self.spare)
-                self.spare = None
-            if self.spare is not None and vertex.resources == Resources():
-                spare, self.spare = self.spare, None
-                try:
-                    ray.get(spare.host.remote(spec), timeout=HOST_TIMEOUT_S)
-                    self.actors[key] = spare
-                    continue
-                except (RayActorError, GetTimeoutError):
-                    ray.kill(spare)
-            self.actors[key] = SubtaskActor.options(
-                name=spec.actor_name, namespace=NAMESPACE,
-                scheduling_strategy=SUBTASK_SCHEDULING, **avoid,
-                **vertex.resources.ray_options()).remote(spec)
-        try:
-            nodes = ray.get([a.ready.remote() for a in self.actors.values()],
-                            timeout=options.actor_start_timeout_s)
-        except GetTimeoutError:
-            raise RuntimeError(
-                f"{len(self.actors)} subtask actors did not start within "
-                f"{options.actor_start_timeout_s:.0f} s; the cluster has "
-                f"{ray.available_resources()} available") from None
-        self.placement = {f"{plan.vertices[v].name}/{i}": node
-                          for (v, i), node in zip(self.actors, nodes)}
-        calls = []
-        for vertex in plan.vertices:
-            for index in range(vertex.parallelism):
-                downstream = {c: self.actors[(e.target_vertex, c.downstream)]
-                              for e in vertex.outputs for c in e.output_channels(index)}
-                upstream = {c: self.actors[(e.source_vertex, c.upstream)]
-                            for e in vertex.inputs for c in e.input_channels(index)}
-                calls.append(self.actors[(vertex.id, index)].connect.remote(downstream, upstream))
-        ray.get(calls)
-        self.terminations = {a.await_termination.remote(): key for key, a in self.actors.items()}
-        for actor in self.actors.values():
-            actor.start.remote()  # a subtask that dies from here on is seen by its termination
-        if self.operator_coordinators:
-            self.operator_coordinators.bind(self._event_transport())
-        if self.spare is None and self.pooled and not lost:
-            self.spare = self.pooled.pop()  # a leased actor left over: the warm spare
-        if self.spare is None and options.checkpoints is not None and options.restart.attempts:
-            # A warm, empty actor (process started, modules imported) to replace a
-            # subtask that dies; created in the background, never waited for here.
-            self.spare = SubtaskActor.options(
-                name=f"raystream/{self.job_id}/spare@{self.attempt}", namespace=NAMESPACE,
-                scheduling_strategy=SUBTASK_SCHEDULING, **avoid,
-                **Resources().ray_options()).remote(None)
-
-    def _event_transport(self):
-        """Operator events of this attempt go to a subtask's control lane; delivered once
-        the call returned (the event is in the subtask's mailbox)."""
-        vertex_of = {node.name: vertex.id for vertex in self.plan.vertices for node in vertex.nodes}
-        actors, attempt = dict(self.actors), self.attempt
-
-        def transport(operator: str, index: int):
-            actor = actors[(vertex_of[operator], index)]
-            return lambda event: _RayDelivery(
-                actor.handle_operator_event.remote(attempt, operator, event))
-        return transport
 
     def _reset_operator_coordinators(self, restore: RestoreSpec | None) -> None:
         """Global failover (or a start from a savepoint): every operator coordinator goes
@@ -842,72 +481,3 @@ class JobMaster:
             states = {name: storage.read_state(StateHandle.from_json(handle))
                       for name, handle in restore.coordinators.items()}
         self.operator_coordinators.reset(restore.checkpoint_id if restore else None, states)
-
-    def _host_on_pooled(self, specs: dict[tuple[int, int], SubtaskSpec]) -> None:
-        """Host the subtasks with default resources on the driver's leased actors (first
-        attempt only). An actor that died while idle is dropped (not a failure of this
-        job); one that dies while hosting is a deployment failure like any other."""
-        leased, self.pooled = self.pooled, []
-        if not leased:
-            return
-        pings = {actor.ready.remote(): actor for actor in leased}
-        ready, late = ray.wait(list(pings), num_returns=len(pings),
-                               timeout=self.options.actor_start_timeout_s)
-        live = []
-        for ref in ready:
-            try:
-                ray.get(ref)
-                live.append(pings[ref])
-            except RayActorError:
-                pass  # died while idle: its subtask goes to a new actor
-        for ref in late:
-            ray.kill(pings[ref])
-        hosting = {}
-        for key, spec in specs.items():
-            if live and key not in self.actors and (
-                    self.plan.vertices[key[0]].resources == Resources()):
-                actor = live.pop()
-                hosting[key] = (actor, actor.host.remote(spec))
-        self.pooled = live  # left over: the spare, or back to the pool at the end
-        died: RayActorError | None = None
-        for key, (actor, ref) in hosting.items():
-            try:
-                ray.get(ref, timeout=self.options.actor_start_timeout_s)
-                self.actors[key] = actor
-            except (GetTimeoutError, ray.exceptions.RayTaskError):  # a subtask that would not
-                ray.kill(actor)                                       # stop: a new actor instead
-            except RayActorError as exc:  # it died deploying: a failure of this job
-                died = died or exc
-        if died is not None:
-            raise died  # the failover hosts the next attempt on the live ones
-
-    def _release_actors(self) -> None:
-        """The job is over: the driver's pooled actors whose subtask has ended go back to
-        its pool; every other actor of the job is killed."""
-        actors = [*self.actors.values(), *self.pooled,
-                  *([self.spare] if self.spare is not None else [])]
-        # a subtask whose termination was reported has ended (one that died was replaced,
-        # or failed the job: a dead actor given back is dropped at the next lease)
-        ended = set(self.actors) - set(self.terminations.values())
-        if self.terminations:  # a failed or canceled job: its subtasks may still be ending
-            done, _ = ray.wait(list(self.terminations), num_returns=len(self.terminations),
-                               timeout=RELEASE_WAIT_S)
-            for ref in done:
-                try:
-                    ray.get(ref)
-                    ended.add(self.terminations[ref])
-                except Exception:  # its process died (or its node): not for the pool
-                    pass
-        idle_ids = {self.actors[key]._actor_id for key in ended if key in self.actors}
-        idle_ids |= {a._actor_id for a in [*self.pooled, self.spare] if a is not None}
-        back = {a._actor_id: a for a in actors
-                if a._actor_id in self._pooled_ids and a._actor_id in idle_ids}
-        if self.options.keeper is not None and self._pooled_ids:
-            self.options.keeper.give_back.remote(
-                list(back.values()), [i.hex() for i in self._pooled_ids if i not in back])
-        for actor in actors:
-            if actor._actor_id not in back:
-                try:
-                    ray.kill(actor)
-                except Exception:
-                    pass

@@ -251,7 +251,7 @@ def test_late_acknowledgement_after_completion_does_not_notify_again(tmp_path):
 
 def test_acknowledgements_of_an_older_attempt_are_ignored(tmp_path):
     coord, rec = make(tmp_path)
-    coord.attempt = 1  # as the job master sets it on failover
+    coord.start_attempt(1, coord.failpoints)  # as the job master does on failover
     n = coord.trigger()
     assert rec.barriers[-1].attempt == 1
     ack_all(coord, n, attempt=0)

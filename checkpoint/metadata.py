@@ -1,0 +1,94 @@
+"""What a completed checkpoint's ``_metadata`` says: one type, written and read here.
+
+The coordinator writes a :class:`CheckpointMetadata` when every subtask has
+acknowledged (its JSON is the checkpoint's commit point, checksummed by
+:mod:`raystream.checkpoint.storage`); a restore, a resume and a savepoint's
+reader parse it back with :meth:`CheckpointMetadata.from_json`. The JSON is the
+format checkpoints and savepoints have on disk, so old ones still restore:
+``watermarks``, ``coordinators``, ``channel_state`` and ``topology`` may be
+missing, and committed output may be a plain list (see
+:class:`~raystream.checkpoint.committed_output.CommittedOutput`).
+
+    >>> meta = CheckpointMetadata(job="j", checkpoint_id=3, attempt=0, trigger_ts_ms=1,
+    ...                           max_parallelism=128, hash_version=1)
+    >>> CheckpointMetadata.from_json(meta.to_json()) == meta
+    True
+    >>> "channel_state" in meta.to_json()  # only unaligned checkpoints list it
+    False
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from raystream.checkpoint.committed_output import CommittedOutput, HandleJson
+
+
+@dataclass(frozen=True)
+class OperatorFiles:
+    """The state files one operator's subtasks wrote for a checkpoint (handles as JSON)."""
+
+    operator_state: tuple[HandleJson, ...] = ()
+    keyed_state: tuple[HandleJson, ...] = ()
+
+
+@dataclass(frozen=True)
+class CheckpointMetadata:
+    job: str
+    checkpoint_id: int
+    attempt: int
+    trigger_ts_ms: int
+    max_parallelism: int
+    hash_version: int
+    operators: Mapping[str, OperatorFiles] = field(default_factory=dict)
+    # every file the checkpoint needs (a restore verifies them all), in the order written
+    handles: tuple[HandleJson, ...] = ()
+    committed: Mapping[str, CommittedOutput] = field(default_factory=dict)  # by sink operator
+    # per head operator: WatermarkFloors JSON (an int in older checkpoints)
+    watermarks: Mapping[str, Any] = field(default_factory=dict)
+    coordinators: Mapping[str, HandleJson] = field(default_factory=dict)  # by operator
+    # unaligned checkpoints: in-flight data by channel_state_key, and the plan it fits
+    channel_state: Mapping[str, HandleJson] = field(default_factory=dict)
+    topology: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``_metadata`` payload (keys are sorted when written: order is free here)."""
+        doc: dict[str, Any] = {
+            "job": self.job, "checkpoint_id": self.checkpoint_id, "attempt": self.attempt,
+            "trigger_ts_ms": self.trigger_ts_ms, "max_parallelism": self.max_parallelism,
+            "hash_version": self.hash_version,
+            "operators": {name: {"operator_state": list(files.operator_state),
+                                 "keyed_state": list(files.keyed_state)}
+                          for name, files in self.operators.items()},
+            "handles": list(self.handles),
+            "committed": {name: output.to_json() for name, output in self.committed.items()},
+            "watermarks": dict(self.watermarks)}
+        if self.coordinators:
+            doc["coordinators"] = dict(self.coordinators)
+        if self.channel_state:
+            doc["channel_state"] = dict(self.channel_state)
+            doc["topology"] = self.topology
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> CheckpointMetadata:
+        """Parse a ``_metadata`` payload; ``ValueError`` if it is not checkpoint metadata."""
+        try:
+            return cls(
+                job=doc.get("job", ""), checkpoint_id=doc["checkpoint_id"],
+                attempt=doc.get("attempt", 0), trigger_ts_ms=doc.get("trigger_ts_ms", 0),
+                max_parallelism=doc["max_parallelism"], hash_version=doc["hash_version"],
+                operators={name: OperatorFiles(tuple(files["operator_state"]),
+                                               tuple(files["keyed_state"]))
+                           for name, files in doc["operators"].items()},
+                handles=tuple(doc.get("handles", ())),
+                committed={name: CommittedOutput.from_json(value)
+                           for name, value in doc.get("committed", {}).items()},
+                watermarks=dict(doc.get("watermarks", {})),
+                coordinators=dict(doc.get("coordinators", {})),
+                channel_state=dict(doc.get("channel_state", {})),
+                topology=doc.get("topology"))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not checkpoint metadata ({type(exc).__name__}: {exc})") from None

@@ -1,0 +1,31 @@
+"""How a job runs: the options its driver hands to the job master (no Ray here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
+from raystream.engine.failpoints import Failpoint
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    credits: int = 8
+    actor_start_timeout_s: float = 120.0
+    stop_timeout_s: float = 30.0  # for every subtask to stop (and confirm its final commit)
+    checkpoints: CheckpointConfig | None = None
+    restart: RestartStrategy = field(default_factory=RestartStrategy.none)
+    failpoints: tuple[Failpoint, ...] = ()
+    restore_from: str | None = None
+    submission_id: str | None = None  # the Ray Jobs API submission that runs the driver
+    # idle subtask actors of the driver's pool for the first attempt (engine/actor_pool.py),
+    # and the keeper they go back to when the job ends
+    pooled: tuple[Any, ...] = ()
+    keeper: Any = None
+    # a detached job master outlives its driver, and ends itself DETACHED_LINGER_S after
+    # the job ended (time for a client to fetch the outcome) unless a client ends it first
+    detached: bool = False
+
+
+DETACHED_LINGER_S = 600.0
