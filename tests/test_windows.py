@@ -465,7 +465,9 @@ def test_open_windows_survive_a_savepoint_and_a_rescale_exactly_once(ray_session
             checkpoints=rs.CheckpointConfig(interval_s=0.2, storage=str(tmp_path / f"chk{parallelism}")))
         src = env.from_sequence(n, events, batch_size=250,
                                 watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=500))
-        windowed = src.map_batches(throttle, name="throttle").key_by("user").window(
+        if parallelism == 2:  # the first run, stopped midway; the restored one need not wait
+            src = src.map_batches(throttle, name="throttle")
+        windowed = src.key_by("user").window(
             rs.TumblingEventTimeWindows(size_ms=size), timestamp="ts",
             allowed_lateness_ms=300).agg(n=("count", None), total=("sum", "x"))
         return env, windowed.collect()
