@@ -34,7 +34,6 @@ from typing import Any, Sequence, TypeVar
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 HASH_VERSION = 1
 DEFAULT_MAX_PARALLELISM = 128
