@@ -130,7 +130,7 @@ class DataStream:
         return DataStream(self.env, self.transformation, PartitionSpec("forward"),
                           self.side_output_tag)
 
-    def key_by(self, key: KeySpec) -> "KeyedStream":
+    def key_by(self, key: KeySpec | KeySelector) -> "KeyedStream":
         """Partition by key: a column, a list of columns, or a function of a row.
 
         Every key goes to exactly one subtask, chosen by its key group.
