@@ -17,7 +17,7 @@ fast path.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, overload
 
 import numpy as np
 import pyarrow as pa
@@ -227,6 +227,12 @@ class DataStream:
         """One stream of the records of this and ``others`` (schemas should match)."""
         inputs = [s._edge() for s in (self, *others)]
         return self._add("operator", "union", lambda n: _UnionOperator(n), inputs=inputs)
+
+    @overload
+    def connect(self, other: "BroadcastStream") -> "BroadcastConnectedStream": ...
+
+    @overload
+    def connect(self, other: "DataStream") -> "ConnectedStreams": ...
 
     def connect(self, other: "DataStream | BroadcastStream"
                 ) -> "ConnectedStreams | BroadcastConnectedStream":
