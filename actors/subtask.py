@@ -516,8 +516,9 @@ class Subtask:
         unaligned = snapshot.alignment is Alignment.UNALIGNED
         input_state, self._recording = (self._recording if unaligned else None), None
         self._checkpointing().checkpoint(barrier, forward=snapshot.forward,
-                                         watermark=self.watermark, unaligned=unaligned, input_state=input_state,
-                                     alignment_s=snapshot.alignment_s)
+                                         watermark=self.watermark, unaligned=unaligned,
+                                         input_state=input_state,
+                                         alignment_s=snapshot.alignment_s)
         if self.coordinated:  # the synchronous snapshot is taken: reopen their gateways
             self.spec.master.acknowledge_coordinator_checkpoint.remote(
                 self.spec.attempt, list(self.coordinated), self.spec.index, barrier.checkpoint_id)

@@ -487,7 +487,8 @@ def _help_epilog() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "\n").splitlines()[0].replace("``", ""),
+    summary = (__doc__ or "\n").splitlines()[0]  # (__doc__ is None under python -OO)
+    parser = argparse.ArgumentParser(prog=PROG, description=summary.replace("``", ""),
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=_help_epilog())
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
