@@ -83,5 +83,6 @@ class BarrierForwarder:
             self.pending.pop(n)[1].cancel()
 
     def next_deadline_ms(self) -> float | None:
-        deadlines = [b.timeout_at_ms for b, _ in self.pending.values()]
+        # each pending barrier has a timeout (only then are channels awaited)
+        deadlines = [d for b, _ in self.pending.values() if (d := b.timeout_at_ms) is not None]
         return min(deadlines) if deadlines else None

@@ -194,7 +194,8 @@ _NOTHING: tuple[Action, ...] = ()  # what most progress events yield: no allocat
 class InputView(Protocol):
     """What the handler reads of its subtask (never changes)."""
 
-    is_source: bool
+    @property
+    def is_source(self) -> bool: ...
 
     def inputs_ended(self) -> bool: ...  # the subtask has ended its input (and finished)
     def mid_batch(self) -> bool: ...  # a received batch is half processed (in slices)
@@ -209,6 +210,15 @@ class _Alignment:
     barrier: Barrier  # unaligned once any channel announced it so
     started_s: float  # monotonic time of the first announcement
     channels: set[ChannelId] = field(default_factory=set)  # announced (and blocked) there
+
+
+def _barrier_of(n: int, barrier: Barrier | None, alignment: _Alignment | None) -> Barrier:
+    """The barrier of checkpoint ``n``: the one given, else the one it was aligned with."""
+    if barrier is not None:
+        return barrier
+    if alignment is None:
+        raise AssertionError(f"checkpoint {n}: neither its barrier nor an alignment")
+    return alignment.barrier
 
 
 class BarrierHandler:
@@ -366,18 +376,18 @@ class BarrierHandler:
             self.observer(n, old, to)
         actions: list[Action] = []
         if to is Phase.ALIGNING:
-            self.alignments[n] = _Alignment(barrier, self.monotonic_s())
+            self.alignments[n] = _Alignment(_barrier_of(n, barrier, None), self.monotonic_s())
         elif to is Phase.TAKEN:
             if alignment is None:  # on the trigger: no channel waits for it
-                actions.append(self._snapshot(barrier, Alignment.ALIGNED))
+                actions.append(self._snapshot(_barrier_of(n, barrier, None), Alignment.ALIGNED))
             else:  # aligned: the channels resume after the snapshot
-                actions += [self._snapshot(barrier or alignment.barrier, Alignment.ALIGNED,
+                actions += [self._snapshot(_barrier_of(n, barrier, alignment), Alignment.ALIGNED,
                                            alignment),
                             *self._release(n)]
         elif to is Phase.RECORDING:
             for older in [m for m, p in self.phases.items() if p is Phase.RECORDING and m < n]:
                 self._transition(older, Phase.SUBSUMED)  # StartRecording(n) stops it
-            barrier = barrier or alignment.barrier
+            barrier = _barrier_of(n, barrier, alignment)
             actions += [StartRecording(n), self._snapshot(barrier, Alignment.UNALIGNED, alignment),
                         *self._release(n)]
         elif to is Phase.DECLINED:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 # Watermark before any was seen (kept with the watermark floors, the lowest layer using it).
 from raystream.checkpoint.watermark_floors import MIN_WATERMARK as MIN_WATERMARK
@@ -76,7 +77,7 @@ class Envelope:
     seq: int
     attempt: int
     kind: Kind
-    payload: object = None
+    payload: Any = None  # its type depends on kind (see above)
     rows: int = 0
     announced: int = 0
     nbytes: int = 0

@@ -15,6 +15,7 @@ from raystream.checkpoint.keygroups import subtask_for_key_group
 
 
 class KeyGroupFunction(Protocol):
+    def key_arrays(self, batch: pa.RecordBatch) -> list[pa.Array]: ...
     def key_groups(self, batch: pa.RecordBatch, max_parallelism: int) -> np.ndarray: ...
 
 

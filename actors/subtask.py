@@ -36,6 +36,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -420,10 +421,10 @@ class Subtask:
             case BarrierReceived():
                 self._on_barrier(mail)
             case CheckpointCompleted(n):
-                self.checkpointer.notify_complete(n)
+                self._checkpointing().notify_complete(n)
             case CheckpointAborted(n):
                 self._carry_out(self.barrier_handler.handle(mail))
-                self.checkpointer.notify_aborted(n)
+                self._checkpointing().notify_aborted(n)
                 if n == self.stopped_by:  # a failed stop resumes the sources (Flink)
                     self.stopped_by = None
             case Stop():
@@ -455,29 +456,28 @@ class Subtask:
             if actions:
                 self._carry_out(actions)
 
-    def _carry_out(self, actions: list[Action]) -> None:
+    def _carry_out(self, actions: Sequence[Action]) -> None:
         for action in actions:
-            kind = type(action)
-            if kind is TakeSnapshot:
+            if type(action) is TakeSnapshot:
                 self._checkpoint(action)
-            elif kind is BlockChannel:
+            elif type(action) is BlockChannel:
                 with self.cond:
                     self.gate.add_barrier(action.channel, action.checkpoint_id, action.upto)
-            elif kind is ResumeChannels:
+            elif type(action) is ResumeChannels:
                 with self.cond:
                     self.gate.release_barrier(action.checkpoint_id)
-            elif kind is StartRecording:
+            elif type(action) is StartRecording:
                 self._start_recording(action.checkpoint_id)
-            elif kind is BoundRecording:
+            elif type(action) is BoundRecording:
                 recorder = self.input_states.get(action.checkpoint_id)
                 if recorder is not None and not recorder.done.is_set():
                     with self.cond:
                         recorder.on_barrier(action.channel, action.upto)
-            elif kind is Decline:
+            elif type(action) is Decline:
                 self.spec.master.decline_checkpoint.remote(
                     self.spec.attempt, action.checkpoint_id, self.spec.vertex.id,
                     self.spec.index, action.reason)
-            elif kind is CancelChannelState:
+            elif type(action) is CancelChannelState:
                 self._cancel_channel_state(action.checkpoint_id)
             else:
                 raise TypeError(f"unknown barrier action {action!r}")
@@ -502,15 +502,23 @@ class Subtask:
         for n in [n for n in self.input_states if n <= checkpoint_id]:
             self.input_states.pop(n).cancel()
         self.forwarder.cancel(checkpoint_id)
-        self.checkpointer.cancel_channel_state(checkpoint_id)
+        self._checkpointing().cancel_channel_state(checkpoint_id)
+
+    def _checkpointing(self) -> SubtaskCheckpointer:
+        """The checkpointer, for what only a job with checkpointing asks of a subtask."""
+        if self.checkpointer is None:
+            raise RuntimeError(f"subtask {self.spec.actor_name} got checkpoint work, but its job "
+                               f"has no checkpointing")
+        return self.checkpointer
 
     def _checkpoint(self, snapshot: TakeSnapshot) -> None:
         barrier = snapshot.barrier
         unaligned = snapshot.alignment is Alignment.UNALIGNED
         input_state, self._recording = (self._recording if unaligned else None), None
-        self.checkpointer.checkpoint(barrier, forward=snapshot.forward, watermark=self.watermark,
-                                     unaligned=unaligned, input_state=input_state,
-                                     alignment_s=snapshot.alignment_s)
+        self._checkpointing().checkpoint(barrier, forward=snapshot.forward,
+                                         watermark=self.watermark, unaligned=unaligned,
+                                         input_state=input_state,
+                                         alignment_s=snapshot.alignment_s)
         if self.coordinated:  # the synchronous snapshot is taken: reopen their gateways
             self.spec.master.acknowledge_coordinator_checkpoint.remote(
                 self.spec.attempt, list(self.coordinated), self.spec.index, barrier.checkpoint_id)
@@ -560,7 +568,8 @@ class Subtask:
             self.failpoints.hit("in_processing")
             batch = envelope.payload[0]
             if not isinstance(batch, pa.RecordBatch):
-                batch = ray.get(batch)
+                ref: ray.ObjectRef[pa.RecordBatch] = batch
+                batch = ray.get(ref)
             self.metrics["records_in"] += batch.num_rows
             self.metrics["batches_in"] += 1
             self.metrics["bytes_in"] += batch.nbytes
@@ -588,6 +597,8 @@ class Subtask:
         """Hand the next slice of the batch in progress to the chain; its credit goes
         back once the whole batch is processed."""
         progress = self.in_progress
+        if progress is None:
+            raise RuntimeError("no received batch is in progress")
         part = progress.next_slice()
         channel = self.gate.channels[progress.envelope.channel]
         self.head_inputs[channel.input_index].emit(part)
@@ -694,8 +705,9 @@ class Subtask:
 HOST_STOP_TIMEOUT_S = 10.0
 
 
-@ray.remote(concurrency_groups={"data": 1, "control": 1, "monitor": 1}, max_restarts=0,
-            max_task_retries=0)
+# ray's typed overloads of remote() lack concurrency_groups
+@ray.remote(concurrency_groups={"data": 1, "control": 1, "monitor": 1},  # pyright: ignore[reportCallIssue]
+            max_restarts=0, max_task_retries=0)
 class SubtaskActor:
     """Ray actor hosting one :class:`Subtask` (its methods only enqueue or report).
 
@@ -711,6 +723,11 @@ class SubtaskActor:
         import pandas  # noqa: F401
 
         self.subtask = Subtask(spec) if spec is not None else None
+
+    def _hosted(self) -> Subtask:
+        if self.subtask is None:
+            raise RuntimeError("this actor hosts no subtask yet (a warm spare): host() one first")
+        return self.subtask
 
     def ready(self) -> str:
         """Answered once the actor is up: the id of the Ray node it runs on."""
@@ -730,11 +747,11 @@ class SubtaskActor:
 
     @ray.method(concurrency_group="control")
     def connect(self, downstream: dict, upstream: dict) -> None:
-        self.subtask.connect(downstream, upstream)
+        self._hosted().connect(downstream, upstream)
 
     @ray.method(concurrency_group="control")
     def start(self) -> None:
-        self.subtask.start()
+        self._hosted().start()
 
     @ray.method(concurrency_group="data")
     def deliver(self, envelope: Envelope) -> None:
@@ -783,16 +800,16 @@ class SubtaskActor:
     @ray.method(concurrency_group="control")
     def drain(self) -> None:
         """A source ends its input at once (stop-with-savepoint with drain)."""
-        self.subtask.post(Drain())
+        self._hosted().post(Drain())
 
     @ray.method(concurrency_group="control")
     def stop(self) -> None:
         """End a finished subtask (after the final checkpoint)."""
-        self.subtask.post(Stop())
+        self._hosted().post(Stop())
 
     @ray.method(concurrency_group="control")
     def cancel(self) -> None:
-        self.subtask.post(Cancel())
+        self._hosted().post(Cancel())
 
     @ray.method(concurrency_group="control")
     def running(self) -> bool:
@@ -801,10 +818,12 @@ class SubtaskActor:
 
     @ray.method(concurrency_group="control")
     def metrics(self) -> dict[str, float]:
-        return self.subtask._metrics()
+        return self._hosted()._metrics()
 
     @ray.method(concurrency_group="monitor")
     def await_termination(self) -> TerminationReport:
-        subtask = self.subtask  # the one hosted now, even if host() swaps it meanwhile
+        subtask = self._hosted()  # the one hosted now, even if host() swaps it meanwhile
         subtask.done.wait()
+        if subtask.report is None:
+            raise RuntimeError(f"subtask {subtask.spec.actor_name} ended without a report")
         return subtask.report

@@ -118,19 +118,21 @@ class SubtaskCheckpointer:
     # -- restore ----------------------------------------------------------------------
     def restore(self, restore: RestoreSpec | None) -> ChannelStateContents | None:
         """Initialize every operator's state; return this subtask's channel state, if any."""
-        source = CheckpointStorage(restore.storage_uri) if restore is not None else None
         floors = self.restored_floors = self._restored_floors(restore)
+        if restore is None:
+            for operator in self.operators:
+                call_operator(operator, "initialize_state", None)
+            return None
+        source = CheckpointStorage(restore.storage_uri)
         for name, operator in zip(self.names, self.operators):
-            state = None
-            if restore is not None:
-                files = restore.operators.get(name, OperatorRestore())
-                state = RestoredState(
-                    restore.checkpoint_id,
-                    [_read(source, h) for h in files.operator_state],
-                    self._keyed_sections(source, files.keyed_state), floors)
-                self.last_checkpoint_id = restore.checkpoint_id
+            files = restore.operators.get(name, OperatorRestore())
+            state = RestoredState(
+                restore.checkpoint_id,
+                [_read(source, h) for h in files.operator_state],
+                self._keyed_sections(source, files.keyed_state), floors)
+            self.last_checkpoint_id = restore.checkpoint_id
             call_operator(operator, "initialize_state", state)
-        if restore is None or self.channel_state_key not in restore.channel_state:
+        if self.channel_state_key not in restore.channel_state:
             return None
         blob = _read(source, restore.channel_state[self.channel_state_key])
         return decode_channel_state(blob, self.attempt)
@@ -255,12 +257,12 @@ class SubtaskCheckpointer:
         return handle.to_json()
 
     def _write_operator(self, barrier: Barrier, name: str,
-                        snapshot: OperatorSnapshot) -> dict[str, dict]:
+                        snapshot: OperatorSnapshot) -> dict[str, Any]:
         n, job, stem = barrier.checkpoint_id, self.spec.job_key, f"{safe_name(name)}-{self.index}"
         state_storage, state_job = self.storage, job
-        if barrier.is_savepoint:  # a savepoint owns its files: retention never deletes them
+        if barrier.savepoint_target is not None:  # a savepoint owns its files: never deleted
             state_storage, state_job = CheckpointStorage(barrier.savepoint_target), SAVEPOINT_JOB_KEY
-        entry: dict[str, dict] = {}
+        entry: dict[str, Any] = {}  # file handles by kind; "committables": a list of them
         if snapshot.operator_state is not None:
             entry["operator_state"] = state_storage.write_state(
                 state_job, n, f"{stem}.op", snapshot.operator_state()).to_json()

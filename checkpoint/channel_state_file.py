@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 
@@ -35,7 +36,7 @@ from raystream.checkpoint.sections import decode_parts, encode_parts
 FORMAT = 1
 
 # (kind, batch or watermark, rows) per message, in channel order
-Entries = dict[ChannelId, list[tuple[Kind, object, int]]]
+Entries = dict[ChannelId, list[tuple[Kind, Any, int]]]
 
 
 @dataclass

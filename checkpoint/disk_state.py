@@ -90,7 +90,7 @@ import threading
 import uuid
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, cast
 
 import msgpack
 import numpy as np
@@ -256,7 +256,8 @@ def _open_db(path: str, options: DiskStateOptions):
     db = rocksdict.Rdict(path, opts)
     # State is recovered from checkpoints, never from the local database: no WAL.
     write = rocksdict.WriteOptions()
-    write.disable_wal = True
+    # a property (rocksdict's stub calls it a method)
+    write.disable_wal = True  # pyright: ignore[reportAttributeAccessIssue]
     db.set_write_options(write)
     return db
 
@@ -267,7 +268,7 @@ def _read_options():
     import rocksdict
 
     try:
-        return rocksdict.ReadOptions(raw_mode=True)
+        return rocksdict.ReadOptions(raw_mode=True)  # pyright: ignore[reportCallIssue]
     except TypeError:
         return rocksdict.ReadOptions()
 
@@ -369,7 +370,7 @@ class _DiskMergingState(_DiskState):
         """Merge the values of the current key under ``sources`` into ``target``
         and clear the sources; the current namespace is unchanged."""
         b = self._b
-        if b._kg_bytes is None:
+        if b._kg_bytes is None or b._kg is None:  # (both are set with the current key)
             raise _no_current_key()
         merged, found = None, False
         for ns in sources:
@@ -550,6 +551,8 @@ class DiskStateSnapshot:
         current = None  # key group prefix of ``parts``
 
         def close_section() -> None:
+            if current is None:
+                raise RuntimeError("no section of the disk state snapshot is open")
             kg = _U16.unpack(current)[0]
             out[kg] = b"".join([
                 _HEADER.pack(MAGIC, FORMAT_VERSION, HASH_VERSION, self._max_parallelism, kg),
@@ -697,7 +700,8 @@ class DiskKeyedStateBackend:
     def _multi_get(self, keys: list[bytes]) -> list[bytes | None]:
         if not keys:
             return []
-        return list(self._db[keys])
+        # a list of keys is a multi-get (rocksdict's stub takes no list[bytes], nor a list back)
+        return list(self._db[keys])  # pyright: ignore[reportArgumentType]
 
     def _write(self, pairs: list[tuple[bytes, bytes]]) -> None:
         import rocksdict
@@ -799,8 +803,10 @@ class DiskKeyedStateBackend:
         if entry is None:
             return iter(())
         read = self._bounded()
-        return self._iter_keys(entry[0], self._db.keys(from_key=_U16.pack(self.key_groups.start),
-                                                       read_opt=read), read)
+        # a raw-mode database's keys are bytes (rocksdict's stub types any key)
+        keys = cast(Iterator[bytes], self._db.keys(from_key=_U16.pack(self.key_groups.start),
+                                                   read_opt=read))
+        return self._iter_keys(entry[0], keys, read)
 
     def _bounded(self):
         """Read options bounded to this backend's key groups. Keep them referenced as
@@ -828,14 +834,16 @@ class DiskKeyedStateBackend:
         point-in-time view, no copying); returns the asynchronous part."""
         directory = [[_U16.unpack(sid)[0], name, kind] for name, (sid, kind) in self._states.items()]
         read = self._bounded()
-        entries = self._db.items(from_key=_U16.pack(self.key_groups.start), read_opt=read)
+        # a raw-mode database's keys and values are bytes (rocksdict's stub types any)
+        entries = cast(Iterator[tuple[bytes, bytes]],
+                       self._db.items(from_key=_U16.pack(self.key_groups.start), read_opt=read))
         return DiskStateSnapshot(self, entries, read, directory)
 
     def restore(self, sections: Iterable[tuple[int, bytes]] | Mapping[int, bytes]) -> None:
         """Load snapshot sections, keeping only key groups in ``self.key_groups``
         (one write batch per section). A key group must not be given twice."""
-        if isinstance(sections, Mapping):
-            sections = sections.items()
+        if isinstance(sections, Mapping):  # the Mapping[int, bytes] of the union
+            sections = cast(Mapping[int, bytes], sections).items()
         for kg, data in sections:
             if kg in self.key_groups:
                 self._restore_section(kg, memoryview(data))

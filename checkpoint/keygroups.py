@@ -30,11 +30,10 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeVar
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 HASH_VERSION = 1
 DEFAULT_MAX_PARALLELISM = 128
@@ -49,8 +48,13 @@ _C2 = 0x1B873593
 # Assignment of key groups to subtasks (Flink KeyGroupRangeAssignment)
 # ---------------------------------------------------------------------------
 
-def subtask_for_key_group(key_group: int, parallelism: int, max_parallelism: int) -> int:
-    """Index of the subtask that owns ``key_group``."""
+# one key group, or an array of them (the partitioner routes a batch's at once)
+KeyGroups = TypeVar("KeyGroups", int, np.ndarray)
+
+
+def subtask_for_key_group(key_group: KeyGroups, parallelism: int,
+                          max_parallelism: int) -> KeyGroups:
+    """Index of the subtask that owns ``key_group`` (elementwise for an array)."""
     return key_group * parallelism // max_parallelism
 
 
@@ -244,7 +248,7 @@ def _hash_array(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
             or pa.types.is_large_binary(t):
         # Hash each distinct value once.
-        encoded = pc.dictionary_encode(arr)
+        encoded = arr.dictionary_encode()
         distinct = _murmur3_32_distinct(encoded.dictionary)
         return distinct[encoded.indices.to_numpy(zero_copy_only=False)]
     raise TypeError(f"cannot key by a column of type {t}")

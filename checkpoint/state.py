@@ -107,7 +107,7 @@ import uuid
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol, cast
 
 import numpy as np
 
@@ -1153,12 +1153,13 @@ class HeapKeyedStateBackend:
     def snapshots_in_progress(self) -> int:
         return len(self._active)
 
-    def restore(self, sections: Iterable[tuple[int, bytes]] | Mapping[int, bytes]) -> None:
+    def restore(self, sections: Iterable[tuple[int, bytes | memoryview]] | Mapping[int, bytes]
+                ) -> None:
         """Load snapshot sections, keeping only key groups in ``self.key_groups``.
         May be called several times (e.g. with the sections of several old
         subtasks); a key group's section must not be given twice."""
-        if isinstance(sections, Mapping):
-            sections = sections.items()
+        if isinstance(sections, Mapping):  # the Mapping[int, bytes] of the union
+            sections = cast(Mapping[int, bytes], sections).items()
         # Unpickling allocates many containers at once; with the cyclic GC on,
         # that triggers repeated full collections over the whole heap (several
         # times slower for container values). Pause cycle detection meanwhile.
@@ -1170,7 +1171,7 @@ class HeapKeyedStateBackend:
             if gc_enabled:
                 gc.enable()
 
-    def _restore(self, sections: Iterable[tuple[int, bytes]]) -> None:
+    def _restore(self, sections: Iterable[tuple[int, bytes | memoryview]]) -> None:
         for kg, data in sections:
             if kg not in self.key_groups:
                 continue

@@ -52,6 +52,7 @@ class Delivery(Protocol):
 
     def done(self) -> bool:
         """True once the subtask accepted the event or the delivery failed."""
+        ...
 
     def error(self) -> BaseException | None:
         """Why the delivery failed; None if it succeeded (ask only once done)."""

@@ -30,6 +30,7 @@ import os
 from typing import Any
 
 import ray
+import ray.exceptions
 
 from raystream.actors.subtask import SubtaskActor
 from raystream.engine.graph import Resources
@@ -39,8 +40,10 @@ MAX_IDLE = 8  # idle subtask actors a driver keeps between jobs
 
 
 def _new_actor() -> Any:
-    return SubtaskActor.options(namespace=NAMESPACE, scheduling_strategy=SUBTASK_SCHEDULING,
-                                **Resources().ray_options()).remote(None)
+    # (ray's typed remote() misses concurrency_groups, so pyright sees the plain class)
+    return SubtaskActor.options(  # pyright: ignore[reportAttributeAccessIssue]
+        namespace=NAMESPACE, scheduling_strategy=SUBTASK_SCHEDULING,
+        **Resources().ray_options()).remote(None)
 
 
 @ray.remote(num_cpus=0, max_restarts=0)

@@ -46,7 +46,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, cast
 
 PROG = "raystream"
 TERMINAL_SUBMISSION_STATUSES = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -396,8 +396,9 @@ def _live_masters() -> set[str]:
 
     from raystream.engine.job_master import NAMESPACE
 
-    return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["namespace"] == NAMESPACE}
+    # with all_namespaces, ray returns a dict per actor (its annotation says list[str])
+    actors = cast(list[dict[str, str]], ray.util.list_named_actors(all_namespaces=True))
+    return {a["name"] for a in actors if a["namespace"] == NAMESPACE}
 
 
 def _status(job: dict, live: set[str]) -> str:
@@ -481,11 +482,13 @@ def _duration(job: dict) -> str:
 # -- entry point -------------------------------------------------------------------------------------
 def _help_epilog() -> str:
     """The module docstring after its first line, as plain text (no RST backticks)."""
-    return "\n".join(__doc__.splitlines()[2:]).replace("``", "").strip("\n")
+    # (__doc__ is None under python -OO)
+    return "\n".join((__doc__ or "").splitlines()[2:]).replace("``", "").strip("\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0].replace("``", ""),
+    summary = (__doc__ or "\n").splitlines()[0]  # (__doc__ is None under python -OO)
+    parser = argparse.ArgumentParser(prog=PROG, description=summary.replace("``", ""),
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=_help_epilog())
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import ray
@@ -24,7 +24,7 @@ _RESUME_HINT = ("resume it from its newest completed checkpoint with env.execute
 class JobResult:
     """The outcome of a finished job: sink results, timings and per-subtask metrics."""
 
-    def __init__(self, job_name: str, outcome: JobOutcome, plan: JobPlan) -> None:
+    def __init__(self, job_name: str, outcome: JobOutcome, plan: JobPlan | None) -> None:
         self.job_name = job_name
         self.status = outcome.status
         self.deploy_s = outcome.deploy_s
@@ -38,8 +38,9 @@ class JobResult:
 
     def table(self, sink: SinkHandle) -> pa.Table:
         """Everything a ``collect()`` sink received, subtask by subtask, in arrival order."""
-        if callable(getattr(sink, "read", None)):  # a sink with committed files of its own
-            return sink.read()
+        read = getattr(sink, "read", None)
+        if callable(read):  # a sink with committed files of its own
+            return read()
         parts = self._results.get(sink.transformation_id)
         if parts is None:
             raise KeyError(f"{sink} is not a sink of job '{self.job_name}'")
@@ -125,7 +126,8 @@ class JobClient:
         """Block until the job ends; raise :class:`JobFailedError` if it failed."""
         if self._outcome is None:
             try:
-                outcome = ray.get(self._master.wait.remote(timeout_s))
+                # JobMaster.wait's type (ray.get of an actor call is typed List[Any])
+                outcome = cast(JobOutcome | None, ray.get(self._master.wait.remote(timeout_s)))
             except RayActorError as e:
                 if self._owner:
                     # the master died: nobody gives its pooled actors back or stops them
@@ -182,7 +184,9 @@ class JobClient:
         if self.plan is None:
             raise ValueError("an attached client does not know the job's plan")
         vertex = self.plan.vertex_of(operator_name)
-        actor = ray.get(self._master.subtask_actors.remote())[vertex.name][index]
+        # JobMaster.subtask_actors' type (ray.get of an actor call is typed List[Any])
+        actors = cast(dict[str, list[Any]], ray.get(self._master.subtask_actors.remote()))
+        actor = actors[vertex.name][index]
         if actor is None:
             raise ValueError(f"subtask {index} of '{vertex.name}' is not deployed (the job is "
                              f"starting or restarting)")

@@ -17,7 +17,7 @@ fast path.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, overload
 
 import numpy as np
 import pyarrow as pa
@@ -130,7 +130,7 @@ class DataStream:
         return DataStream(self.env, self.transformation, PartitionSpec("forward"),
                           self.side_output_tag)
 
-    def key_by(self, key: KeySpec) -> "KeyedStream":
+    def key_by(self, key: KeySpec | KeySelector) -> "KeyedStream":
         """Partition by key: a column, a list of columns, or a function of a row.
 
         Every key goes to exactly one subtask, chosen by its key group.
@@ -227,6 +227,12 @@ class DataStream:
         """One stream of the records of this and ``others`` (schemas should match)."""
         inputs = [s._edge() for s in (self, *others)]
         return self._add("operator", "union", lambda n: _UnionOperator(n), inputs=inputs)
+
+    @overload
+    def connect(self, other: "BroadcastStream") -> "BroadcastConnectedStream": ...
+
+    @overload
+    def connect(self, other: "DataStream") -> "ConnectedStreams": ...
 
     def connect(self, other: "DataStream | BroadcastStream"
                 ) -> "ConnectedStreams | BroadcastConnectedStream":

@@ -340,7 +340,7 @@ class StreamEnvironment:
                              "checkpoints=rs.CheckpointConfig(...))")
         plan = self.plan()
         ensure_ray(self.address, **self.ray_init_kwargs)
-        if resume:
+        if resume and self.checkpoints is not None:  # (without checkpoints: raised above)
             restore_from = resume_point(self.checkpoints.storage, name)
         check_resources(plan, name)
         job_id = f"{name}-{uuid.uuid4().hex[:8]}"
@@ -360,11 +360,11 @@ class StreamEnvironment:
                              keeper=(actor_pool.POOL.keeper(head)
                                      if actor_pool.POOL.enabled() and not detach else None),
                              detached=detach)
-        master = JobMaster.options(name=master_actor_name(job_id), namespace=NAMESPACE,
-                                   scheduling_strategy=head,
-                                   lifetime="detached" if detach else None,
-                                   **MASTER_RESOURCES.ray_options()).remote(job_id, name, plan,
-                                                                            options)
+        # (ray's typed remote() misses concurrency_groups, so pyright sees the plain class)
+        master = JobMaster.options(  # pyright: ignore[reportAttributeAccessIssue]
+            name=master_actor_name(job_id), namespace=NAMESPACE, scheduling_strategy=head,
+            lifetime="detached" if detach else None,
+            **MASTER_RESOURCES.ray_options()).remote(job_id, name, plan, options)
         client = JobClient(job_id, name, master, plan, leased=options.pooled)
         if _run_defaults.on_start is not None:
             _run_defaults.on_start(client)

@@ -58,6 +58,8 @@ class PartitionSpec:
         if self.kind == "broadcast":
             return BroadcastPartitioner()
         if self.kind == "hash":
+            if self.keys is None:
+                raise ValueError("hash partitioning needs the keys")
             return KeyGroupPartitioner(self.keys, max_parallelism)
         raise ValueError(f"unknown partitioning {self.kind!r}")
 

@@ -122,6 +122,8 @@ class KeySelector:
         return DistinctKeys(arrays, distinct, groups, inverse)
 
     def _column_arrays(self, batch: pa.RecordBatch) -> list[pa.Array]:
+        if self.columns is None:
+            raise TypeError(f"{self.where}: a key function has no key columns")
         arrays = []
         for name in self.columns:
             index = batch.schema.get_field_index(name)
@@ -157,6 +159,8 @@ class KeySelector:
             raise BadRecordError(f"{self.where}: {exc} (key {self})") from exc
 
     def _call_function(self, batch: pa.RecordBatch) -> list[Any]:
+        if self.function is None:
+            raise TypeError(f"{self.where}: key columns have no key function")
         keys = []
         for row in batch.to_pylist():
             try:
@@ -174,7 +178,7 @@ class KeySelector:
     def __repr__(self) -> str:
         if self.function is not None:
             return getattr(self.function, "__name__", "function")
-        return ", ".join(self.columns)
+        return ", ".join(self.columns or ())
 
 
 def _python_keys(arrays: list[pa.Array]) -> list[Any]:

@@ -183,6 +183,8 @@ def enabled(stream: TextIO | None = None) -> bool:
 def is_terminal(stream: TextIO | None = None) -> bool:
     """True when ``stream`` (stderr) is a terminal."""
     stream = sys.stderr if stream is None else stream
+    if stream is None:  # no stderr (pythonw)
+        return False
     try:
         return stream.isatty()
     except (AttributeError, ValueError):  # closed, or no file behind it
@@ -199,7 +201,7 @@ def shown(client: Any, transformations: list[Any], stream: TextIO | None = None
         ...     result = client.wait()
     """
     stream = sys.stderr if stream is None else stream
-    if not enabled(stream):
+    if stream is None or not enabled(stream):
         yield
         return
     line = ProgressLine(client, input_extent(transformations), stream)

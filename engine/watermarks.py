@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from raystream.actors.messages import MIN_WATERMARK
 from raystream.engine.errors import BadRecordError
@@ -59,7 +58,7 @@ def timestamps_ms(batch: pa.RecordBatch, column: str, *, where: str) -> np.ndarr
                              f"{', '.join(batch.schema.names)})", column=column)
     values = batch.column(index)
     if values.null_count:
-        row = batch.filter(pc.is_null(values)).slice(0, 1).to_pylist()[0]
+        row = batch.filter(values.is_null()).slice(0, 1).to_pylist()[0]
         raise BadRecordError(f"{where}: timestamp column '{column}' is null in record {row}",
                              column=column, record=row)
     if pa.types.is_timestamp(values.type):

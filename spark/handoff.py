@@ -42,7 +42,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -132,7 +132,8 @@ def _fetch_blocks(batches: Iterator[pa.RecordBatch], *, key: str, address: str,
     registry = ray.get_actor(REGISTRY_NAME, namespace=REGISTRY_NAMESPACE)
     for batch in batches:
         for index in batch.column(0).to_pylist():
-            ref = ray.get(registry.get.remote(key, index))
+            # BlockRegistry.get's type (ray.get of an actor call is typed List[Any])
+            ref = cast("ray.ObjectRef | None", ray.get(registry.get.remote(key, index)))
             if ref is None:
                 raise RuntimeError(f"the Ray blocks of hand-off {key} were released: a DataFrame "
                                    f"from rs.spark.to_spark was used after rs.spark.stop()")

@@ -199,9 +199,8 @@ class TimerHeap:
             slot[:n] = self._slot[:n]
         self._ts, self._kid, self._ns, self._slot = ts, kid, ns, slot
         self._cap = capacity
-        # memoryviews give the Python paths plain-int item access
-        self._mts, self._mkid, self._mns, self._mslot = (
-            memoryview(ts), memoryview(kid), memoryview(ns), memoryview(slot))
+        # memoryviews (an array's data) give the Python paths plain-int item access
+        self._mts, self._mkid, self._mns, self._mslot = ts.data, kid.data, ns.data, slot.data
 
     def _ensure_capacity(self, needed: int) -> None:
         if needed > self._cap:
@@ -209,7 +208,7 @@ class TimerHeap:
 
     def _alloc_table(self, size: int) -> None:
         self._table = np.full(size, _EMPTY, np.int32)
-        self._mtable = memoryview(self._table)
+        self._mtable = self._table.data
         self._mask = size - 1
         self._used = 0  # live + deleted slots
         self._limit = int(size * _MAX_LOAD)

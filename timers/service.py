@@ -63,7 +63,7 @@ import operator
 import pickle
 import struct
 from collections.abc import Mapping
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 import numpy as np
 
@@ -78,6 +78,8 @@ _MAGIC = b"RSTM"
 # magic, format version, hash version, max_parallelism, key group,
 # event-time timers, processing-time timers, keys
 _HEADER = struct.Struct(">4sHHIIQQQ")
+# a heap's timers: (timestamps, key ids, namespaces)
+_Timers = tuple[np.ndarray, np.ndarray, np.ndarray]
 _I64 = np.dtype("<i8")
 
 
@@ -381,8 +383,8 @@ class TimerService:
     def restore(self, sections: Iterable[tuple[int, bytes]] | Mapping[int, bytes]) -> None:
         """Add the timers of snapshot ``sections`` (``(key_group, bytes)`` pairs, each key
         group once, all within ``self.key_groups``), written at any parallelism."""
-        if isinstance(sections, Mapping):
-            sections = sections.items()
+        if isinstance(sections, Mapping):  # the Mapping[int, bytes] of the union
+            sections = cast(Mapping[int, bytes], sections).items()
         event: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         processing: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         for kg, data in sections:
@@ -401,7 +403,7 @@ class TimerService:
                 ts, kid, ns = (np.concatenate(cols) for cols in zip(*parts))
                 heap.add_many(ts, kid, ns)
 
-    def _read_section(self, kg: int, data: bytes) -> tuple[tuple[np.ndarray, ...], ...]:
+    def _read_section(self, kg: int, data: bytes) -> tuple[_Timers, _Timers]:
         view = memoryview(data)
         if len(view) < _HEADER.size:
             raise ValueError(f"key group {kg}: timer section too short ({len(view)} bytes)")

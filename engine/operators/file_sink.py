@@ -175,6 +175,11 @@ class ParquetWriter(SinkWriter):
         # directory has a log to follow (see raystream.spark.spark_log).
         self._ensure_dir(self.loc.join(SPARK_LOG_DIR))
 
+    def _location(self) -> Location:
+        if self.loc is None:
+            raise RuntimeError(f"Parquet sink at {self.config.path}: used before open()")
+        return self.loc
+
     # -- data -----------------------------------------------------------------------------
     def write(self, batch: pa.RecordBatch) -> None:
         for values, partition_schema, part in self._split(batch):
@@ -228,10 +233,10 @@ class ParquetWriter(SinkWriter):
         name = f"{checkpoint}-{runtime.subtask_index}-{runtime.attempt}-{uuid.uuid4().hex}.parquet"
         directory = commit_log.partition_dir(self.config.partition_by, values) if values else ""
         if directory:
-            self._ensure_dir(self.loc.join(directory))
+            self._ensure_dir(self._location().join(directory))
         relative = posixpath.join(directory, name) if directory else name
         partition = [[c, v] for c, v in zip(self.config.partition_by, values)]
-        f = _OpenFile(self.loc, relative, schema, checkpoint, partition,
+        f = _OpenFile(self._location(), relative, schema, checkpoint, partition,
                       commit_log.encode_schema(partition_schema) if partition_schema else None,
                       self.config.compression)
         self.files[values] = f
@@ -240,7 +245,7 @@ class ParquetWriter(SinkWriter):
     def _ensure_dir(self, directory: str) -> None:
         if directory in self._dirs:
             return
-        loc = self.loc
+        loc = self._location()
         if loc.is_local:
             # Every directory created on the way must be fsync-ed in its parent.
             d = directory
@@ -255,7 +260,7 @@ class ParquetWriter(SinkWriter):
     def _close(self, values: tuple) -> None:
         f = self.files.pop(values)
         size = f.close()
-        if self.loc.is_local:
+        if self._location().is_local:
             fd = os.open(f.full, os.O_RDONLY)
             try:
                 os.fsync(fd)
@@ -284,7 +289,7 @@ class ParquetWriter(SinkWriter):
 
     def abort(self) -> None:
         for f in self.files.values():  # a failure: these files are never committed
-            f.abandon(self.loc)
+            f.abandon(self._location())
         self.files.clear()
 
 

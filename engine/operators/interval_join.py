@@ -253,6 +253,7 @@ class IntervalJoinOperator(BufferedJoinOperator):
     """
 
     buffer_type = _Buffer
+    buffers: tuple[_Buffer, _Buffer]
 
     def __init__(self, name: str, spec: IntervalJoinSpec, fn: ProcessJoinFunction | None = None,
                  *, schema: pa.Schema | None = None) -> None:

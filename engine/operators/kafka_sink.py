@@ -353,18 +353,22 @@ class KafkaCommitter(Committer):
         # The window the write-ahead closes: checkpoint n is complete, its records are
         # not in Kafka yet. A death here is repaired by the restored committer.
         self.ctx.failpoint("after_complete_before_commit")
+        producer = self.producer
+        if producer is None:
+            raise RuntimeError("kafka sink: a commit without the transactional producer "
+                               "(an at-least-once sink commits nothing)")
         try:
-            self.producer.begin_transaction()
+            producer.begin_transaction()
             for c in todo:
                 records = _decode(c["records"])
-                _produce_all(self.producer, self.config.topic, records.column("key").to_pylist(),
+                _produce_all(producer, self.config.topic, records.column("key").to_pylist(),
                              records.column("value").to_pylist())
             self.ctx.failpoint("mid_commit")
             group = self._group(incarnation).consumer_group_metadata()
-            self.producer.send_offsets_to_transaction(
+            producer.send_offsets_to_transaction(
                 [TopicPartition(self.config.topic, 0, checkpoint_id)], group,
                 self.config.timeout_s)
-            self.producer.commit_transaction(self.config.timeout_s)
+            producer.commit_transaction(self.config.timeout_s)
         except KafkaException as exc:
             raise KafkaSinkError(f"kafka sink: committing checkpoint {checkpoint_id} to topic "
                                  f"'{self.config.topic}' failed: {exc.args[0].str()}") from None

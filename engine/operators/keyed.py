@@ -22,7 +22,7 @@ at another parallelism.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Protocol, cast
 
 import numpy as np
 import pyarrow as pa
@@ -251,9 +251,9 @@ class _KeyedOperator(Operator):
     def keyed_rows(self, batch: pa.RecordBatch, keys: KeySelector | None = None):
         """(key, row) per row, with the backend's current key set to it (``keys``: the
         selector of this input when it is not the operator's, as in a two-input operator)."""
-        keys, groups = (keys or self.keys).keys_and_groups(batch, self.ctx.max_parallelism)
+        row_keys, groups = (keys or self.keys).keys_and_groups(batch, self.ctx.max_parallelism)
         backend = self.backend
-        for key, group, row in zip(keys, groups.tolist(), batch.to_pylist()):
+        for key, group, row in zip(row_keys, groups.tolist(), batch.to_pylist()):
             backend.set_current_key(key, group)
             yield key, row
 
@@ -320,6 +320,13 @@ class KeyedProcessOperator(_KeyedOperator):
         self._emit(out)
 
 
+class _BatchValueState(Protocol):
+    """A value state that reads and writes many keys at once (the disk backend's)."""
+
+    def values_of(self, keys_and_groups: Iterable[tuple[Any, int]]) -> list[Any]: ...
+    def update_all(self, items: Iterable[tuple[tuple[Any, int], Any]]) -> None: ...
+
+
 class ReduceOperator(_KeyedOperator):
     """Keyed running aggregate: ``fn(accumulated: dict, row: dict) -> dict`` per key.
 
@@ -365,7 +372,8 @@ class ReduceOperator(_KeyedOperator):
     def _process_batch_vectorized(self, batch: pa.RecordBatch) -> None:
         """One multi-get for the batch's distinct keys, the rows folded in order in
         Python, one write batch of the keys' last aggregates."""
-        fn, state = self.fn, self.accumulated
+        # process_batch comes here when the state has values_of (the disk backend's)
+        fn, state = self.fn, cast(_BatchValueState, self.accumulated)
         distinct = self.keys.distinct_keys(batch, self.ctx.max_parallelism)
         keys = distinct.keys
         pairs = list(zip(keys, distinct.groups.tolist()))

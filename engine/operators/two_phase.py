@@ -70,7 +70,9 @@ class SinkContext:
 
     @property
     def next_checkpoint_id(self) -> int:
-        """The checkpoint that what is written now will belong to."""
+        """The checkpoint that what is written now will belong to (a writer's context)."""
+        if not isinstance(self._operator, SinkWriterOperator):
+            raise TypeError(f"{self._operator.name}: only a sink writer writes for a checkpoint")
         return self._operator.last_checkpoint + 1
 
     def failpoint(self, point: str) -> None:
@@ -183,7 +185,7 @@ class CommitterOperator(SinkOperator):
         # Every run commits under its own incarnation: two runs restored from one
         # savepoint never take each other's commits for their own.
         self.incarnation = run_incarnation(self.ctx)
-        if not states:
+        if restored is None or not states:
             return
         for state in states:
             if state.get("format") != STATE_FORMAT:
@@ -239,6 +241,8 @@ class CommitterOperator(SinkOperator):
         ids = sorted(c for c in self.pending if c <= checkpoint_id)
         if not ids:
             return
+        if self.incarnation is None:
+            raise RuntimeError(f"{self.name}: a commit before its state was initialized")
         self.committer.commit(self.incarnation, checkpoint_id,
                               [c for i in ids for c in self.pending[i]])
         self.commits += 1

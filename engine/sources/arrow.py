@@ -27,14 +27,15 @@ class ArrowTable(Source):
 
     def __init__(self, table: pa.Table | list[pa.RecordBatch], *, batch_size: int = 65536,
                  num_splits: int = 4) -> None:
-        if not isinstance(table, pa.Table):
-            table = pa.Table.from_batches(list(table))
-        self.num_rows = table.num_rows
-        self.schema = table.schema
+        whole: pa.Table = (table if isinstance(table, pa.Table)
+                           else pa.Table.from_batches(list(table)))
+        self.num_rows = whole.num_rows
+        self.schema = whole.schema
         self.batch_size = batch_size
         self.num_splits = max(1, min(num_splits, self.num_rows)) if self.num_rows else 1
-        self._table = table  # until the job is built: pickling puts it into the object store
-        self._ref = None
+        # until the job is built: pickling puts it into the object store
+        self._table: pa.Table | None = whole
+        self._ref: ray.ObjectRef[pa.Table] | None = None
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -45,6 +46,8 @@ class ArrowTable(Source):
 
     def table(self) -> pa.Table:
         if self._table is None:
+            if self._ref is None:  # __getstate__ puts it in the object store before dropping it
+                raise RuntimeError("the source's table is neither here nor in the object store")
             self._table = ray.get(self._ref)
         return self._table
 

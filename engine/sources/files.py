@@ -230,11 +230,12 @@ class FileSplitEnumerator(SplitEnumerator):
         self.listed = self.bounded
         while self.waiting and self.pending:
             self.context.assign_split(self.pending.pop(0), self.waiting.pop(0))
-        if self.bounded:
+        interval = self.source.monitor_interval_s
+        if interval is None:  # bounded
             while self.waiting:
                 self.context.signal_no_more_splits(self.waiting.pop(0))
         else:
-            self.context.call_later(self.source.monitor_interval_s, self._list)
+            self.context.call_later(interval, self._list)
 
     def add_reader(self, subtask: int) -> None:
         pass  # it asks for splits when it needs them

@@ -53,7 +53,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -68,6 +68,9 @@ from raystream.engine.sources.base import Source, SplitReader
 from raystream.engine.sources.files import OnError
 from raystream.engine.sources.split_enumerator import SplitEnumerator, SplitEnumeratorContext
 from raystream.engine.watermarks import BoundedOutOfOrderness
+
+if TYPE_CHECKING:  # imported by jobs that use Kafka only
+    from confluent_kafka import Consumer
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +270,8 @@ def resolve_splits(config: KafkaSourceConfig, partitions: list[tuple[str, int]],
         committed = consumer.committed([TopicPartition(*tp) for tp in partitions], timeout=timeout)
         starts = {(c.topic, c.partition): c.offset if c.offset >= 0 else lows[(c.topic, c.partition)]
                   for c in committed}
+    elif isinstance(how, str):  # KafkaSourceConfig allows no other
+        raise ValueError(f"read_kafka: unknown starting_offsets {how!r}")
     else:  # {"timestamp": ms}
         asked = [TopicPartition(t, p, int(how["timestamp"])) for t, p in partitions]
         found = consumer.offsets_for_times(asked, timeout=timeout)
@@ -278,12 +283,13 @@ def resolve_splits(config: KafkaSourceConfig, partitions: list[tuple[str, int]],
                 starts[(tp.topic, tp.partition)] = ends[(tp.topic, tp.partition)]
             else:
                 starts[(tp.topic, tp.partition)] = tp.offset
-    if config.bounded_until is None:
+    bound = config.bounded_until
+    if bound is None:
         stops: dict = {}
-    elif config.bounded_until == "latest":
+    elif isinstance(bound, str):  # "latest", the one string KafkaSourceConfig allows
         stops = end_offsets(consumer, partitions, timeout)
     else:
-        stops = {tp: int(config.bounded_until.get(tp, starts[tp])) for tp in partitions}
+        stops = {tp: int(bound.get(tp, starts[tp])) for tp in partitions}
     return [{"topic": t, "partition": p, "start": int(starts[(t, p)]),
              "stop": int(stops[(t, p)]) if (t, p) in stops else None} for t, p in partitions]
 
@@ -342,9 +348,11 @@ class KafkaSplitEnumerator(SplitEnumerator):
         self.context, self.config = context, config
         self.seen: set[str] = set(state["seen"]) if state else set()
         self.pending: list[dict] = list(state["pending"]) if state else []
-        self.bounded = config.bounded_until is not None
-        self.listed = bool(state) and self.bounded and (config.bounded_until == "latest" or all(
-            split_id(t, p) in self.seen for t, p in config.bounded_until))
+        bound = config.bounded_until
+        self.bounded = bound is not None
+        # a string bound is "latest" (KafkaSourceConfig allows no other)
+        self.listed = bool(state) and bound is not None and (isinstance(bound, str) or all(
+            split_id(t, p) in self.seen for t, p in bound))
         self.no_more_sent: set[int] = set()
         self._consumer = None
 
@@ -384,7 +392,7 @@ class KafkaSplitEnumerator(SplitEnumerator):
         # A bounded read lists once; with explicit end offsets, until every partition
         # named there has appeared (a topic created while the job runs, say).
         bound = self.config.bounded_until
-        self.listed = self.bounded and (bound == "latest" or all(
+        self.listed = bound is not None and (isinstance(bound, str) or all(
             split_id(t, p) in self.seen for t, p in bound))
         self._hand_out()
         if not self.listed and self.config.discovery_interval_s is not None:
@@ -432,8 +440,9 @@ def parse_values(values: pa.Array, value_format: ValueFormat,
     values = values.cast(pa.binary())
     # A raw newline is invalid inside a JSON string, so outside strings it is only
     # whitespace: replacing it keeps one record per line.
-    lines = pc.replace_substring(values, "\n", " ")
-    missing = pc.fill_null(pc.equal(pc.binary_length(lines), 0), True)
+    # pyarrow.compute makes its kernels' functions at import: no checker sees them
+    lines = pc.replace_substring(values, "\n", " ")  # pyright: ignore[reportAttributeAccessIssue]
+    missing = pc.fill_null(pc.equal(pc.binary_length(lines), 0), True)  # pyright: ignore[reportAttributeAccessIssue]
     bad: list[tuple[int, str]] = [(int(i), "empty value (a tombstone?)")
                                   for i in np.flatnonzero(missing.to_numpy(zero_copy_only=False))]
     good = np.ones(n, dtype=bool)
@@ -477,8 +486,8 @@ def _read_json(lines: pa.Array, schema: pa.Schema | None) -> pa.Table:
 def _join_lines(lines: pa.Array) -> pa.Buffer:
     """Every value followed by a newline, in one buffer (no per-value Python loop)."""
     big = pa.large_binary()
-    terminated = pc.binary_join_element_wise(lines.cast(big), pa.scalar(b"", big),
-                                             pa.scalar(b"\n", big))
+    terminated = pc.binary_join_element_wise(  # pyright: ignore[reportAttributeAccessIssue]
+        lines.cast(big), pa.scalar(b"", big), pa.scalar(b"\n", big))
     offsets = np.frombuffer(terminated.buffers()[1], dtype=np.int64)[
         terminated.offset:terminated.offset + len(terminated) + 1]
     return terminated.buffers()[2][int(offsets[0]):int(offsets[-1])]
@@ -488,11 +497,14 @@ def _join_lines(lines: pa.Array) -> pa.Buffer:
 class KafkaReaderOperator(SourceReaderOperator):
     """Reads the partitions assigned to this subtask with one consumer; see the module."""
 
+    source: KafkaSource
+    readers: dict[str, PartitionState]  # what its source's reader() makes
+
     def __init__(self, name: str, source: KafkaSource,
                  watermarks: BoundedOutOfOrderness | None = None) -> None:
         super().__init__(name, source, watermarks)
         self.config = source.config
-        self.consumer = None
+        self.consumer: Consumer | None = None
         self._empty_polls = 0
         self._snapshots: dict[int, dict[str, tuple[str, int, int]]] = {}
         self.bad_records = 0
@@ -507,13 +519,18 @@ class KafkaReaderOperator(SourceReaderOperator):
             "auto.offset.reset": "earliest"}))
         super().open()
 
+    def _opened(self) -> Consumer:
+        if self.consumer is None:
+            raise RuntimeError(f"kafka source '{self.name}': its consumer is used before open()")
+        return self.consumer
+
     def add_split(self, split: dict, position: int = 0, max_ts: int = MIN_WATERMARK) -> None:
         super().add_split(split, position, max_ts)
         state = self.readers[self.source.split_id(split)]
         if not state.done:
             from confluent_kafka import TopicPartition
 
-            self.consumer.incremental_assign([TopicPartition(split["topic"], split["partition"],
+            self._opened().incremental_assign([TopicPartition(split["topic"], split["partition"],
                                                              state.position)])
 
     def _drop_split(self, sid: str) -> None:
@@ -527,7 +544,7 @@ class KafkaReaderOperator(SourceReaderOperator):
         self.splits.pop(sid)
         self._order.remove(sid)
         try:
-            self.consumer.incremental_unassign([TopicPartition(state.split["topic"],
+            self._opened().incremental_unassign([TopicPartition(state.split["topic"],
                                                                state.split["partition"])])
         except Exception:
             pass  # never assigned (it was done when added)
@@ -539,7 +556,7 @@ class KafkaReaderOperator(SourceReaderOperator):
         if not self._order:
             return super().emit_next()  # no split: ask for one, or end
         wait = EMPTY_POLL_WAIT_S if self._empty_polls else 0.0
-        messages = self.consumer.consume(self.config.max_poll_records, wait)
+        messages = self._opened().consume(self.config.max_poll_records, wait)
         if not messages:
             self._empty_polls += 1
             self._catch_up_bounded()
@@ -558,10 +575,11 @@ class KafkaReaderOperator(SourceReaderOperator):
         waiting = [self.readers[sid] for sid in self._order if self.readers[sid].stop is not None]
         if not waiting:
             return
-        for tp in self.consumer.position([TopicPartition(s.split["topic"], s.split["partition"])
+        for tp in self._opened().position([TopicPartition(s.split["topic"], s.split["partition"])
                                           for s in waiting]):
             state = self.readers.get(split_id(tp.topic, tp.partition))
-            if state is not None and tp.offset >= 0:
+            # (each is one of the waiting: bounded)
+            if state is not None and state.stop is not None and tp.offset >= 0:
                 state.position = max(state.position, min(tp.offset, state.stop))
 
     def _emit_messages(self, messages: list) -> None:
@@ -583,7 +601,8 @@ class KafkaReaderOperator(SourceReaderOperator):
         # Keep what this reader still reads, from its position up to a bounded end: a
         # dropped partition's prefetched records, or records past the end, are not ours.
         keep = np.zeros(len(messages), dtype=bool)
-        ids = pc.binary_join_element_wise(topics, pa.array(partitions).cast(pa.string()), "-")
+        ids = pc.binary_join_element_wise(  # pyright: ignore[reportAttributeAccessIssue]
+            topics, pa.array(partitions).cast(pa.string()), "-")
         ids_np = np.asarray(ids.to_pylist(), dtype=object)
         for sid in set(ids_np.tolist()):
             state = self.readers.get(sid)
@@ -642,6 +661,8 @@ class KafkaReaderOperator(SourceReaderOperator):
     def _timestamps(self, batch: pa.RecordBatch) -> np.ndarray:
         from raystream.engine.watermarks import timestamps_ms
 
+        if self.watermarks is None:
+            raise RuntimeError(f"source '{self.name}' has no watermarks to take timestamps for")
         return timestamps_ms(batch, self.watermarks.timestamp_column, where=f"source '{self.name}'")
 
     def _on_bad(self, bad: list[tuple[int, str]], messages: list, values: pa.Array) -> None:

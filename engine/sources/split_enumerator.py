@@ -84,6 +84,7 @@ class SplitEnumeratorContext(Protocol):
 
     def registered_readers(self) -> set[int]:
         """The source subtasks of the current attempt that have registered."""
+        ...
 
     def assign_split(self, split: Any, subtask: int) -> None:
         """Give ``split`` to a registered reader."""
@@ -209,8 +210,15 @@ class SourceCoordinator(OperatorCoordinator):
     def _create(self, state: Any | None) -> None:
         if self.enumerator is not None:
             self.enumerator.close()
-        self.enumerator = self.source.create_enumerator(self, state)
-        self.enumerator.start()
+        enumerator: SplitEnumerator = self.source.create_enumerator(self, state)
+        self.enumerator = enumerator
+        enumerator.start()
+
+    def _started(self) -> SplitEnumerator:
+        if self.enumerator is None:
+            raise RuntimeError(f"source '{self.context.operator_name}': its enumerator is used "
+                               f"before the coordinator started")
+        return self.enumerator
 
     def subtask_ready(self, subtask: int, gateway: Any) -> None:
         self.gateways[subtask] = gateway
@@ -219,21 +227,21 @@ class SourceCoordinator(OperatorCoordinator):
         match event:
             case ReaderRegistered():
                 self.registered.add(subtask)
-                self.enumerator.add_reader(subtask)
+                self._started().add_reader(subtask)
             case SplitRequested():
-                self.enumerator.handle_split_request(subtask)
+                self._started().handle_split_request(subtask)
             case SourceEvent(payload):
-                self.enumerator.handle_source_event(subtask, payload)
+                self._started().handle_source_event(subtask, payload)
             case _:
                 raise ValueError(f"source '{self.context.operator_name}': unknown event "
                                  f"{event!r} from subtask {subtask}")
 
     def checkpoint_coordinator(self, checkpoint_id: int) -> bytes:
-        state = self.enumerator.snapshot_state(checkpoint_id)
+        state = self._started().snapshot_state(checkpoint_id)
         return json.dumps(_json_value(state, "the enumerator state")).encode()
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        self.enumerator.notify_checkpoint_complete(checkpoint_id)
+        self._started().notify_checkpoint_complete(checkpoint_id)
 
     def reset_to_checkpoint(self, checkpoint_id: int | None, state: bytes | None) -> None:
         # The readers of the new attempt register again; what was assigned after the

@@ -26,7 +26,7 @@ import ipaddress
 import threading
 import time
 from importlib import resources
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from aiohttp import web
 
@@ -247,7 +247,9 @@ def _start(app: web.Application, host: str, port: int, loop: asyncio.AbstractEve
             raise
         site = web.TCPSite(runner, host, 0)  # another driver's UI has the port: any free one
         loop.run_until_complete(site.start())
-    bound = site._server.sockets[0].getsockname()[1]
+    # the server loop.create_server made (aiohttp types it as AbstractServer, without sockets)
+    server = cast(asyncio.Server, site._server)
+    bound = server.sockets[0].getsockname()[1]
     return runner, f"http://{host}:{bound}/"
 
 

@@ -39,9 +39,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+# its kernels' functions are made at import, so pyright sees none: ignored where used
 import pyarrow.compute as pc
 
 KINDS = ("count", "sum", "min", "max", "mean", "max_by", "top_k")
@@ -87,7 +89,9 @@ class AggregateSpec:
     aggregates: tuple[Aggregate, ...]
 
     @classmethod
-    def of(cls, named: dict[str, tuple[str, str | None]]) -> "AggregateSpec":
+    def of(cls, named: dict[str, tuple[str, Any]]) -> "AggregateSpec":
+        """``{output: (kind, column)}``; the column is None for count, ``(value, by)`` for
+        max_by, ``(column, k)`` for top_k (checked here)."""
         aggregates = []
         for output, (kind, column) in named.items():
             if kind not in KINDS:
@@ -155,7 +159,9 @@ class AggregateSpec:
                     picked.append((a, name))  # computed from the group ids below
                     continue
                 if a.kind == "max_by":  # nn: rows with both columns non-null
-                    valid = pc.and_(pc.is_valid(table[a.column]), pc.is_valid(table[a.by]))
+                    valid = pc.and_(  # pyright: ignore[reportAttributeAccessIssue]
+                        pc.is_valid(table[a.column]),  # pyright: ignore[reportAttributeAccessIssue]
+                        pc.is_valid(table[a.by]))  # pyright: ignore[reportAttributeAccessIssue]
                     table = table.append_column(f"__valid.{a.output}", pc.cast(valid, pa.int64()))
                     calls.append((f"__valid.{a.output}", "sum"))
                 elif part == "n":
@@ -314,7 +320,8 @@ def _group_with_ids(table: pa.Table, by: list[str], calls: list) -> tuple[pa.Tab
     grouped = table.group_by(by, use_threads=False).aggregate([*calls, ("__row", "list")])
     lists = grouped["__row_list"].combine_chunks()
     gid = np.empty(table.num_rows, dtype=np.int64)
-    gid[_numpy(pc.list_flatten(lists))] = _numpy(pc.list_parent_indices(lists))
+    gid[_numpy(pc.list_flatten(lists))] = _numpy(  # pyright: ignore[reportAttributeAccessIssue]
+        pc.list_parent_indices(lists))  # pyright: ignore[reportAttributeAccessIssue]
     return grouped.drop_columns(["__row_list"]), gid
 
 
@@ -326,9 +333,9 @@ def _numpy(column) -> np.ndarray:
 
 def _row_candidates(table: pa.Table, a: Aggregate):
     """Raw rows: (row numbers, values[, by values]) of the rows ``a`` considers."""
-    valid = pc.is_valid(table[a.column])
+    valid = pc.is_valid(table[a.column])  # pyright: ignore[reportAttributeAccessIssue]
     if a.kind == "max_by":
-        valid = pc.and_(valid, pc.is_valid(table[a.by]))
+        valid = pc.and_(valid, pc.is_valid(table[a.by]))  # pyright: ignore[reportAttributeAccessIssue]
     rows = np.flatnonzero(_numpy(valid))
     index = pa.array(rows)
     values = _numpy(table[a.column].take(index))

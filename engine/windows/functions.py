@@ -79,6 +79,11 @@ class WindowFunction:
     def thawed(self, frozen: Any) -> Any:
         return frozen
 
+    def rows(self, key: Any, window: Window, accumulator: Any) -> list[dict]:
+        """A fired window's result rows (when ``rows_output``); ``key`` is the key (for
+        :class:`UserAggregate`, the key's fields)."""
+        raise NotImplementedError
+
 
 class BuiltinAggregates(WindowFunction):
     """Built-in aggregates (count, sum, min, max, mean, max_by, top_k); accumulators are

@@ -72,7 +72,7 @@ from raystream.engine.keys import KeySelector, KeySpec
 from raystream.engine.operators.functions import _close_function, _open_function
 from raystream.engine.operators.keyed_rows import (BufferedJoinOperator, JoinSide, KeyedRows,
                                                    joined_names)
-from raystream.engine.windows.assigners import WindowAssigner
+from raystream.engine.windows.assigners import EventTimeSessionWindows, WindowAssigner
 from raystream.engine.windows.functions import Window
 from raystream.engine.windows.operator import LATE_LOG_INTERVAL_S, WINDOW_TIME, event_times
 
@@ -210,7 +210,8 @@ class WindowJoinOperator(BufferedJoinOperator):
         kid = self._key_ids(batch, side)
         assigner = self.spec.assigner
         rows, starts = assigner.assign(ts)
-        ends = starts + assigner.gap_ms if assigner.merging else assigner.end_of(starts)
+        ends = (starts + assigner.gap_ms if isinstance(assigner, EventTimeSessionWindows)
+                else assigner.end_of(starts))  # sessions (merging) end a gap after the last
         on_time = ends - 1 > self.watermarks_of_key_ids(kid[rows])
         if not on_time.all():
             late = batch.num_rows - len(np.unique(rows[on_time]))
@@ -255,7 +256,7 @@ class WindowJoinOperator(BufferedJoinOperator):
         empty = KeyedRows(pa.table({}), np.empty(0, np.int64), np.empty(0, np.int64))
         rows = [r if r is not None else empty for r in rows]
         assigner = self.spec.assigner
-        if assigner.merging:  # sessions over both sides' rows of a key
+        if isinstance(assigner, EventTimeSessionWindows):  # merging: sessions over both sides' rows
             n_left = len(rows[0].ts)
             starts, ends = _sessions(np.concatenate([rows[0].kid, rows[1].kid]),
                                      np.concatenate([rows[0].ts, rows[1].ts]), assigner.gap_ms)

@@ -46,7 +46,7 @@ from raystream.engine.operators.functions import _close_function, _open_function
 from raystream.engine.operators.keyed import _KeyedOperator
 from raystream.engine.watermarks import timestamps_ms
 from raystream.engine.windows.aggregates import AggregateSpec
-from raystream.engine.windows.assigners import WindowAssigner
+from raystream.engine.windows.assigners import EventTimeSessionWindows, WindowAssigner
 from raystream.engine.windows.functions import (BuiltinAggregates, UserAggregate,
                                                 Window, WindowFunction)
 
@@ -225,6 +225,9 @@ class WindowOperator(_KeyedOperator):
             rows = np.arange(batch.num_rows)
         else:
             if self.assigner.event_time:
+                if self.timestamp is None:  # __init__ requires it for event time
+                    raise ValueError(f"window '{self.name}': event-time windows need the "
+                                     f"timestamp column")
                 times = event_times(batch, self.timestamp, where=f"window '{self.name}'")
             else:
                 times = np.full(batch.num_rows, int(time.time() * 1000), dtype=np.int64)
@@ -241,7 +244,7 @@ class WindowOperator(_KeyedOperator):
             self._merge_generic(table, rows, starts, ends, key_ids)
 
     def _ends(self, starts: np.ndarray) -> np.ndarray:
-        if self.assigner.merging:
+        if isinstance(self.assigner, EventTimeSessionWindows):  # the merging one
             return starts + self.assigner.gap_ms
         return self.assigner.end_of(starts)
 
@@ -283,8 +286,15 @@ class WindowOperator(_KeyedOperator):
         self._late_logged_at, self._late_logged_count = now, self.late_dropped
 
     # -- dense path -----------------------------------------------------------------------
+    @property
+    def _spec(self) -> AggregateSpec:
+        """The built-in aggregates' spec: the dense path is taken for those only."""
+        if not isinstance(self.function, BuiltinAggregates):
+            raise TypeError(f"window '{self.name}': the dense path needs built-in aggregates")
+        return self.function.spec
+
     def _merge_dense(self, table: pa.Table, rows, starts, key_ids) -> None:
-        spec: AggregateSpec = self.function.spec
+        spec = self._spec
         by = [WINDOW_START, "__key_id"]
         if self.partial_input:  # rows: the partials that are not late
             table = _rows_of(table, [WINDOW_START, *spec.partial_columns], rows).append_column(
@@ -326,9 +336,12 @@ class WindowOperator(_KeyedOperator):
     def _dense_window(self, start: int, capacity: int) -> _DenseWindow:
         window = self.dense_windows.get(start)
         if window is None:
+            if self.dtypes is None:
+                raise RuntimeError(f"window '{self.name}': a dense window before the dtypes "
+                                   f"of its aggregates are known")
             window = self.dense_windows[start] = _DenseWindow(
-                max(capacity, 64), self.function.spec, self.dtypes, self.ctx.max_parallelism)
-        window.grow(capacity, self.function.spec)
+                max(capacity, 64), self._spec, self.dtypes, self.ctx.max_parallelism)
+        window.grow(capacity, self._spec)
         return window
 
     def _untimed_groups(self, window: _DenseWindow, start: int,
@@ -369,16 +382,17 @@ class WindowOperator(_KeyedOperator):
         windows = self.dense_windows
         kids = np.concatenate([k for _, k in fired])
         starts = np.concatenate([np.full(len(k), s, dtype=np.int64) for s, k in fired])
-        results = self.function.spec.results(
+        spec = self._spec
+        results = spec.results(
             {name: np.concatenate([windows[s].columns[name][k] for s, k in fired])
-             for name in self.function.spec.partial_columns})
+             for name in spec.partial_columns})
         self._emit_columns(kids, starts, self._ends(starts), results)
 
     def _clear_dense(self, start: int, kids: np.ndarray) -> None:
         window = self.dense_windows.get(start)
         if window is None:
             return
-        spec = self.function.spec
+        spec = self._spec
         kids = kids[window.present[kids]]
         window.present[kids] = False
         window.timed[self.timers.key_groups_of(kids)] = False
@@ -391,8 +405,8 @@ class WindowOperator(_KeyedOperator):
     # -- generic path ---------------------------------------------------------------------
     def _merge_generic(self, table: pa.Table, rows, starts, ends, key_ids) -> None:
         kids = key_ids[rows]
-        if self.assigner.merging:  # sessions within the batch: sort by (key, time)
-            order = np.lexsort((starts, kids))
+        if isinstance(self.assigner, EventTimeSessionWindows):  # merging: sessions within the
+            order = np.lexsort((starts, kids))  # batch, sorted by (key, time)
             kids, starts, ends = kids[order], starts[order], ends[order]
             breaks = np.flatnonzero((np.diff(kids) != 0) | (np.diff(starts) > self.assigner.gap_ms))
         else:
@@ -574,6 +588,8 @@ class WindowOperator(_KeyedOperator):
         if columns.covered == known:
             return
         if ids is not None:
+            if distinct is None:
+                raise TypeError("key ids given without the distinct keys they were made of")
             new = np.flatnonzero(ids >= columns.covered)
             if len(new) == known - columns.covered and np.array_equal(
                     ids[new], np.arange(columns.covered, known)):

@@ -25,7 +25,7 @@ so windowed stages chain:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -119,7 +119,7 @@ class WindowedStream:
         """
         return self.agg(name=name, **{output or column: ("top_k", (column, k))})
 
-    def agg(self, *, name: str | None = None, **named: tuple[str, str | None]) -> "DataStream":
+    def agg(self, *, name: str | None = None, **named: tuple[str, Any]) -> "DataStream":
         """Several built-in aggregates at once: ``agg(clicks=("count", None),
         dwell=("sum", "dwell_ms"), longest=("max", "dwell_ms"))``; also
         ``("max_by", (value, by))`` and ``("top_k", (column, k))``."""
@@ -143,18 +143,20 @@ class WindowedStream:
                 spec: AggregateSpec | None = None, schema: pa.Schema | None = None) -> "DataStream":
         keyed, assigner = self.keyed, self.assigner
         keys = keyed.keys
-        options = dict(timestamp=self.timestamp, allowed_lateness_ms=self.allowed_lateness_ms,
-                       late_output=self.late_output, schema=schema,
-                       emit_keys=not self.all_windows)
+        options: dict[str, Any] = dict(
+            timestamp=self.timestamp, allowed_lateness_ms=self.allowed_lateness_ms,
+            late_output=self.late_output, schema=schema, emit_keys=not self.all_windows)
         name = name or ("window_all" if self.all_windows else "window")
         parallelism = 1 if self.all_windows else None
+        timestamp, columns = self.timestamp, keys.columns
         if (spec is not None and self.pre_aggregate and assigner.event_time
-                and not assigner.merging and self.late_output is None and keys.columns):
+                and not assigner.merging and self.late_output is None and columns
+                and timestamp is not None):  # (without one the window operator raises)
             upstream = keyed.plain()
             pre = upstream._add(
                 "operator", f"{name}-pre-aggregate",
-                lambda n: WindowPreAggregator(n, list(keys.columns), assigner,
-                                              timestamp=self.timestamp, spec=spec),
+                lambda n: WindowPreAggregator(n, list(columns), assigner,
+                                              timestamp=timestamp, spec=spec),
                 parallelism=keyed.transformation.parallelism)
             result = pre._add(
                 "operator", name,

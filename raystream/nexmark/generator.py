@@ -39,6 +39,7 @@ from functools import lru_cache
 
 import numpy as np
 import pyarrow as pa
+# its kernels' functions are made at import, so pyright sees none: ignored where used
 import pyarrow.compute as pc
 
 # The reference's constants (GeneratorConfig, PersonGenerator, AuctionGenerator, BidGenerator)
@@ -273,7 +274,7 @@ def _string_table(seed: int, max_length: int, special: str = " ") -> pa.Array:
     lengths = rng.integers(MIN_STRING_LENGTH, max_length, TABLE_SIZE)
     chars = rng.integers(ord("a"), ord("z") + 1, (TABLE_SIZE, max_length - 1), dtype=np.uint8)
     chars[rng.integers(0, 13, chars.shape) == 0] = ord(special)
-    return pc.utf8_trim(_ragged(chars, lengths), characters=" ")
+    return pc.utf8_trim(_ragged(chars, lengths), characters=" ")  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def _next_string(c: NexmarkConfig, n: np.ndarray, draw: int, max_length: int) -> pa.Array:
@@ -291,15 +292,15 @@ def _pools(seed: int) -> tuple[np.ndarray, pa.Array, pa.Array]:
     parts = [_ragged(np.where(rng.integers(0, 13, (count, 4)) == 0, np.uint8(ord("_")),
                               rng.integers(ord("a"), ord("z") + 1, (count, 4), dtype=np.uint8)),
                      rng.integers(3, 5, count)) for _ in range(3)]
-    urls = pc.binary_join_element_wise("https://www.nexmark.com/",
-                                       pc.binary_join_element_wise(*parts, "/"),
-                                       "/item.htm?query=1", "")
+    urls = pc.binary_join_element_wise(  # pyright: ignore[reportAttributeAccessIssue]
+        "https://www.nexmark.com/", pc.binary_join_element_wise(*parts, "/"),  # pyright: ignore[reportAttributeAccessIssue]
+        "/item.htm?query=1", "")
     channel = np.arange(count) - len(HOT_CHANNELS)
     with_id = (channel >= 0) & (rng.integers(0, 10, count) > 0)
     suffix = pa.array([f"&channel_id={abs(_reverse_int32(int(i)))}" if w else ""
                        for i, w in zip(channel, with_id)])
     channels = pa.array(list(HOT_CHANNELS) + [f"channel-{i}" for i in range(CHANNELS_NUMBER)])
-    return extra, channels, pc.binary_join_element_wise(urls, suffix, "")
+    return extra, channels, pc.binary_join_element_wise(urls, suffix, "")  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def _reverse_int32(i: int) -> int:
@@ -337,23 +338,24 @@ def _pick(values: tuple[str, ...], index: np.ndarray) -> pa.Array:
 
 
 def _lengths(a: pa.Array) -> np.ndarray:
-    return pc.utf8_length(a).to_numpy(zero_copy_only=False).astype(np.int64)
+    return pc.utf8_length(a).to_numpy(zero_copy_only=False).astype(np.int64)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 # -- the three generators --------------------------------------------------------------------------
 
 def _persons(n: np.ndarray, c: NexmarkConfig) -> pa.RecordBatch:
     seed = c.seed
-    name = pc.binary_join_element_wise(
+    name = pc.binary_join_element_wise(  # pyright: ignore[reportAttributeAccessIssue]
         _pick(FIRST_NAMES, _below(seed, n, _D_FIRST, len(FIRST_NAMES))),
         _pick(LAST_NAMES, _below(seed, n, _D_LAST, len(LAST_NAMES))), " ")
-    email = pc.binary_join_element_wise(_next_string(c, n, _D_STR1, 7),
-                                        _next_string(c, n, _D_STR2, 5), "@")
-    email = pc.binary_join_element_wise(email, pa.scalar(".com"), "")
+    email = pc.binary_join_element_wise(  # pyright: ignore[reportAttributeAccessIssue]
+        _next_string(c, n, _D_STR1, 7), _next_string(c, n, _D_STR2, 5), "@")
+    email = pc.binary_join_element_wise(email, pa.scalar(".com"), "")  # pyright: ignore[reportAttributeAccessIssue]
     card = _credit_cards(seed, n)
     city = _pick(US_CITIES, _below(seed, n, _D_CITY, len(US_CITIES)))
     state = _pick(US_STATES, _below(seed, n, _D_STATE, len(US_STATES)))
-    size = 8 + sum(_lengths(a) for a in (name, email, card, city, state))
+    size = (8 + _lengths(name) + _lengths(email) + _lengths(card) + _lengths(city)
+            + _lengths(state))
     columns = [last_base0_person_id(c, n) + FIRST_PERSON_ID, name, email, card, city, state,
                c.timestamp_for_event(n), _next_extra(c, n, size, c.avg_person_byte_size)]
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMAS[EventKind.PERSON])

@@ -21,6 +21,7 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
+# its kernels' functions are made at import, so pyright sees none: ignored where used
 import pyarrow.compute as pc
 
 import raystream as rs
@@ -51,7 +52,7 @@ def q1(env: StreamEnvironment, events: int, config: NexmarkConfig | None = None,
     (``price`` as float64 here, ``DECIMAL(23, 3)`` in Flink.)
     """
     def to_euro(b: pa.RecordBatch) -> pa.RecordBatch:
-        euro = pc.multiply(b["price"].cast(pa.float64()), EURO_PER_DOLLAR)
+        euro = pc.multiply(b["price"].cast(pa.float64()), EURO_PER_DOLLAR)  # pyright: ignore[reportAttributeAccessIssue]
         return pa.record_batch([b["auction"], b["bidder"], euro, b["date_time"], b["extra"]],
                                names=["auction", "bidder", "price", "date_time", "extra"])
 
@@ -109,9 +110,11 @@ def q3(env: StreamEnvironment, events: int, config: NexmarkConfig | None = None,
     """
     states = pa.array(Q3_STATES)
     local = persons(env, events, config, batch_size=batch_size).filter_batches(
-        lambda b: pc.is_in(b["state"], value_set=states), name="q3-persons")
+        lambda b: pc.is_in(b["state"], value_set=states),  # pyright: ignore[reportAttributeAccessIssue]
+        name="q3-persons")
     category = auctions(env, events, config, batch_size=batch_size).filter_batches(
-        lambda b: pc.equal(b["category"], Q3_CATEGORY), name="q3-auctions")
+        lambda b: pc.equal(b["category"], Q3_CATEGORY),  # pyright: ignore[reportAttributeAccessIssue]
+        name="q3-auctions")
     return category.key_by("seller").connect(local.key_by("id")).process(
         LocalItemSuggestion(), name="q3", schema=Q3_SCHEMA)
 
@@ -203,7 +206,7 @@ class AllAtMax(rs.ProcessWindowFunction):
         self.column, self.columns = column, columns
 
     def process(self, key, window, rows):
-        best = rows.filter(pc.equal(rows[self.column], pc.max(rows[self.column])))
+        best = rows.filter(pc.equal(rows[self.column], pc.max(rows[self.column])))  # pyright: ignore[reportAttributeAccessIssue]
         return best.select(list(self.columns)).rename_columns(
             list(self.columns.values())).to_pylist()
 

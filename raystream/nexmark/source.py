@@ -73,7 +73,8 @@ class NexmarkSource(Source):
         return [(first, step, self.events) for first in range(step)]
 
     def reader(self, split: tuple[int, int, int], position: int = 0) -> "NexmarkReader":
-        return NexmarkReader(self, tuple(split), position)
+        first, step, events = split  # (a list, from JSON)
+        return NexmarkReader(self, (first, step, events), position)
 
     def split_id(self, split) -> str:
         first, step, events = split

@@ -1,0 +1,1 @@
+../../raystream/__init__.py
