@@ -40,7 +40,7 @@ from raystream.checkpoint.channel_state_file import (ChannelStateContents, chann
 from raystream.checkpoint.keygroups import key_group_range
 from raystream.checkpoint.sections import decode_sections, encode_sections
 from raystream.checkpoint.snapshot_stats import SnapshotStats
-from raystream.checkpoint.state_backend import StateBackend
+from raystream.checkpoint.state_backend import StateBackend, StateBackendChoice
 from raystream.checkpoint.storage import (SAVEPOINT_JOB_KEY, CheckpointStorage, StateHandle,
                                           safe_name)
 from raystream.checkpoint.watermark_floors import WatermarkFloors, runs_of
@@ -81,7 +81,7 @@ class CheckpointingSpec:
     # unaligned checkpoints: received batches are processed in slices of about this
     # many bytes, so a barrier waits for one slice, never a whole message
     slice_bytes: int | None = None
-    state_backend: StateBackend = StateBackend.HEAP  # where keyed operators keep state
+    state_backend: StateBackendChoice = StateBackend.HEAP  # where keyed operators keep state
 
 
 class _ChannelStateAborted(Exception):

@@ -224,11 +224,9 @@ class Deployment:
         checkpointing = None
         if options.checkpoints is not None:
             unaligned = options.checkpoints.alignment != "aligned"
-            # a StateBackend or DiskStateOptions (the spec's annotation names the first only)
-            backend: Any = options.checkpoints.state_backend
             checkpointing = CheckpointingSpec(options.checkpoints.storage, self.job_id, me,
                                               UNALIGNED_SLICE_BYTES if unaligned else None,
-                                              state_backend=backend)
+                                              state_backend=options.checkpoints.state_backend)
         specs = {(vertex.id, index): SubtaskSpec(
                      self.job_id, self.job_name, attempt, vertex, index, plan.max_parallelism,
                      options.credits, master=me, checkpointing=checkpointing, restore=restore,

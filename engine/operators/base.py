@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 import pyarrow as pa
 
-from raystream.checkpoint.state_backend import StateBackend
+from raystream.checkpoint.state_backend import StateBackend, StateBackendChoice
 
 if TYPE_CHECKING:
     from raystream.checkpoint.watermark_floors import WatermarkFloors
@@ -47,7 +47,7 @@ class RuntimeContext:
     # sends an operator event to this operator's coordinator (None: it has none)
     coordinator_events: Callable[[Any], None] | None = field(default=None, compare=False)
     # where a keyed operator keeps its state (CheckpointConfig.state_backend)
-    state_backend: StateBackend = StateBackend.HEAP
+    state_backend: StateBackendChoice = StateBackend.HEAP
 
     def send_event_to_coordinator(self, event: Any) -> None:
         """Send ``event`` (any picklable value) to the operator's coordinator, which gets it
