@@ -9,7 +9,8 @@ order or latency requires it:
 
 * before a watermark, a barrier or end of input (they must follow the data);
 * when the subtask has nothing else to do (idle);
-* when the oldest pending rows are ``buffer_timeout_s`` old.
+* when the oldest pending rows are ``buffer_timeout_ms`` old (Flink's buffer
+  timeout: 0 sends after every batch, -1 never on a timer, only the rules above).
 
 Small objects travel inside the call (Ray inlines arguments below 100 KiB);
 larger ones are ``ray.put`` once. A broadcast puts one object for every
@@ -44,17 +45,26 @@ INLINE_BATCH_BYTES = 64 * 1024
 # Big enough to merge the parts a shuffle cuts a batch into, small enough that
 # credits x buffer (the data an aligned barrier queues behind) stays ~2 MiB.
 DEFAULT_BUFFER_BYTES = 256 * 1024
-DEFAULT_BUFFER_TIMEOUT_S = 0.05
+DEFAULT_BUFFER_TIMEOUT_MS = 50.0
+
+
+def check_buffer_timeout(ms: float) -> float:
+    """``ms`` as a buffer timeout: >= 0, or -1 for none."""
+    if not (ms >= 0 or ms == -1):
+        raise ValueError(f"buffer_timeout_ms must be >= 0 (0: send every batch at once) "
+                         f"or -1 (send when the buffer is full), got {ms}")
+    return float(ms)
 
 
 class RecordWriter:
     def __init__(self, partitioner: Partitioner, channels: list[OutputChannel], *,
                  buffer_bytes: int = DEFAULT_BUFFER_BYTES,
-                 buffer_timeout_s: float = DEFAULT_BUFFER_TIMEOUT_S) -> None:
+                 buffer_timeout_ms: float = DEFAULT_BUFFER_TIMEOUT_MS) -> None:
         self.partitioner = partitioner
         self.channels = channels
         self.buffer_bytes = buffer_bytes
-        self.buffer_timeout_s = buffer_timeout_s
+        self.buffer_timeout_ms = check_buffer_timeout(buffer_timeout_ms)
+        self._timeout_s = None if buffer_timeout_ms < 0 else buffer_timeout_ms / 1000
         self._buffered = not isinstance(partitioner, BroadcastPartitioner)
         self._pending: list[list[pa.RecordBatch]] = [[] for _ in channels]
         self._pending_bytes = [0] * len(channels)
@@ -77,6 +87,8 @@ class RecordWriter:
                 self._oldest = time.monotonic()
             if self._pending_bytes[index] >= self.buffer_bytes:
                 self._flush_channel(index)
+        if self._timeout_s == 0:
+            self.flush()
 
     def flush(self) -> None:
         """Send every channel's pending rows now."""
@@ -86,7 +98,8 @@ class RecordWriter:
         self._oldest = None
 
     def flush_if_due(self, now: float) -> None:
-        if self._oldest is not None and now - self._oldest >= self.buffer_timeout_s:
+        if (self._oldest is not None and self._timeout_s is not None
+                and now - self._oldest >= self._timeout_s):
             self.flush()
 
     def _flush_channel(self, index: int) -> None:

@@ -237,7 +237,8 @@ class Subtask:
                 channels.append(out)
             partitioner = edge.partitioning.create(spec.max_parallelism)
             partitioner.setup(spec.index, len(channels))
-            writers[edge.id] = RecordWriter(partitioner, channels)
+            writers[edge.id] = RecordWriter(partitioner, channels,
+                                            buffer_timeout_ms=edge.buffer_timeout_ms)
         self.writers = list(writers.values())
         self.upstreams = dict(upstream)
         self.downstream = dict(downstream)
@@ -402,6 +403,9 @@ class Subtask:
                   and call_operator(self.source, "is_available")):
                 if not call_operator(self.source, "emit_next"):
                     self._end_of_input()
+                elif self.source.caught_up():  # its next poll may wait: do not sit on output
+                    for writer in self.writers:
+                        writer.flush()
             self._progress()
             if self.forwarder.pending:
                 self.forwarder.settle(wall_clock_ms)

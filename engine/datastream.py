@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, overload
 import numpy as np
 import pyarrow as pa
 
+from raystream.actors.record_writer import check_buffer_timeout
 from raystream.checkpoint.operator_coordinator import OperatorCoordinator
 from raystream.engine.graph import InputEdge, PartitionSpec, Resources, Transformation
 from raystream.engine.keys import KeySelector, KeySpec
@@ -104,6 +105,13 @@ class DataStream:
             num_cpus if num_cpus is not None else current.num_cpus,
             memory if memory is not None else current.memory,
             tuple(sorted((resources or dict(current.custom)).items())))
+        return self
+
+    def set_buffer_timeout(self, timeout_ms: float) -> "DataStream":
+        """How long rows of this operator may wait in its output buffer before they are
+        sent to the next operator (overrides the job's ``buffer_timeout_ms``): 0 sends
+        after every batch (lowest latency), -1 only when the buffer is full."""
+        self.transformation.buffer_timeout_ms = check_buffer_timeout(timeout_ms)
         return self
 
     def disable_chaining(self) -> "DataStream":

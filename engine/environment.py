@@ -27,6 +27,7 @@ import pyarrow as pa
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from raystream.actors.record_writer import DEFAULT_BUFFER_TIMEOUT_MS, check_buffer_timeout
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.checkpoint.keygroups import DEFAULT_MAX_PARALLELISM
 from raystream.checkpoint.storage import CheckpointStorage
@@ -100,6 +101,11 @@ class StreamEnvironment:
         max_parallelism: number of key groups; fixes the largest parallelism a
             keyed job can ever be restored at.
         credits: unconsumed batches a channel may have in flight (backpressure bound).
+        buffer_timeout_ms: how long a row may wait in an operator's output buffer
+            before it is sent on (Flink's buffer timeout): lower is lower latency and
+            more, smaller messages; 0 sends after every batch, -1 only when the buffer
+            is full (and, as always, before watermarks, barriers and end of input, and
+            when the subtask is idle). ``stream.set_buffer_timeout`` sets one operator's.
         address: Ray cluster to connect to; None starts or reuses a local Ray.
         checkpoints: periodic checkpoints (exactly-once state and sinks); None: off.
         restart: what to do after a failure (default with checkpoints: 3 restarts,
@@ -111,7 +117,8 @@ class StreamEnvironment:
     """
 
     def __init__(self, parallelism: int = 1, max_parallelism: int = DEFAULT_MAX_PARALLELISM, *,
-                 credits: int = 8, address: str | None = None,
+                 credits: int = 8, buffer_timeout_ms: float = DEFAULT_BUFFER_TIMEOUT_MS,
+                 address: str | None = None,
                  checkpoints: CheckpointConfig | None = None,
                  restart: RestartStrategy | None = None,
                  failpoints: SequenceT[Failpoint] = (),
@@ -127,6 +134,7 @@ class StreamEnvironment:
         self.parallelism = parallelism
         self.max_parallelism = max_parallelism
         self.credits = credits
+        self.buffer_timeout_ms = check_buffer_timeout(buffer_timeout_ms)
         self.address = address
         self.actor_start_timeout_s = actor_start_timeout_s
         self.stop_timeout_s = stop_timeout_s
@@ -296,7 +304,8 @@ class StreamEnvironment:
     # -- running -------------------------------------------------------------------------
     def plan(self) -> JobPlan:
         """The physical plan (chains, edges) this job would run."""
-        return build_plan(self.transformations, self.max_parallelism)
+        return build_plan(self.transformations, self.max_parallelism,
+                          buffer_timeout_ms=self.buffer_timeout_ms)
 
     def execute_async(self, name: str = "job", *, restore_from: str | None = None,
                       resume: bool = False, detach: bool = False) -> JobClient:

@@ -87,6 +87,7 @@ class Transformation:
     chainable: bool = True
     # creates the operator's coordinator in the job master: ``coordinator(context)``
     coordinator: Callable[[Any], Any] | None = None
+    buffer_timeout_ms: float | None = None  # of its output edges; None: the job's
 
     @property
     def is_source(self) -> bool:

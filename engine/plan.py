@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from raystream.actors.messages import ChannelId
+from raystream.actors.record_writer import DEFAULT_BUFFER_TIMEOUT_MS
 from raystream.checkpoint.coordinator_holder import CoordinatedOperator
 from raystream.checkpoint.keygroups import check_max_parallelism
 from raystream.engine.graph import PartitionSpec, Resources, Transformation
@@ -47,6 +48,8 @@ class JobEdge:
     source_parallelism: int
     target_parallelism: int
     side_output: str | None = None
+    # the sending operator's: how long its rows may wait in the output buffer (-1: no limit)
+    buffer_timeout_ms: float = DEFAULT_BUFFER_TIMEOUT_MS
 
     def channels(self) -> list[ChannelId]:
         if self.partitioning.kind == "forward":
@@ -109,8 +112,10 @@ class JobPlan:
         return "\n".join(lines)
 
 
-def build_plan(transformations: list[Transformation], max_parallelism: int) -> JobPlan:
-    """Chain and connect the transformations that feed at least one sink."""
+def build_plan(transformations: list[Transformation], max_parallelism: int, *,
+               buffer_timeout_ms: float = DEFAULT_BUFFER_TIMEOUT_MS) -> JobPlan:
+    """Chain and connect the transformations that feed at least one sink; an edge's
+    buffer timeout is its sending operator's, else ``buffer_timeout_ms`` (the job's)."""
     by_id = {t.id: t for t in transformations}
     needed = _ancestors_of_sinks(transformations, by_id)
     if not any(by_id[i].is_sink for i in needed):
@@ -139,9 +144,11 @@ def build_plan(transformations: list[Transformation], max_parallelism: int) -> J
         place[t.id] = (vertex, 0)
         for edge_in, partitioning in resolved:
             source, source_node = place[edge_in.upstream]
+            sender = by_id[edge_in.upstream].buffer_timeout_ms
             edge = JobEdge(len(edges), source.id, source_node, vertex.id, partitioning,
                            edge_in.input_index, source.parallelism, vertex.parallelism,
-                           edge_in.side_output)
+                           edge_in.side_output,
+                           buffer_timeout_ms if sender is None else sender)
             edges.append(edge)
             source.outputs.append(edge)
             if edge_in.side_output is None:

@@ -63,6 +63,12 @@ class SourceOperator(Operator):
         """Emit what is next (a batch, or nothing yet); False once the input has ended."""
         raise NotImplementedError
 
+    def caught_up(self) -> bool:
+        """True when the last ``emit_next`` found nothing new to read (a live source
+        that has caught up with its input): the subtask then sends its buffered output
+        at once, as an idle subtask does, rather than hold it while the source waits."""
+        return False
+
     def end_input_early(self) -> None:
         """Stop-with-savepoint with drain: stop reading and advance event time to the end."""
         self.output.emit_watermark(MAX_WATERMARK)

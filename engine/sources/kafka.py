@@ -555,8 +555,14 @@ class KafkaReaderOperator(SourceReaderOperator):
             self._advance_watermark()
         if not self._order:
             return super().emit_next()  # no split: ask for one, or end
-        wait = EMPTY_POLL_WAIT_S if self._empty_polls else 0.0
-        messages = self._opened().consume(self.config.max_poll_records, wait)
+        consumer = self._opened()
+        if self._empty_polls:  # wait for the first record only, then take what is queued
+            # (a batch consume with a timeout waits for all of its records or the timeout)
+            messages = consumer.consume(1, EMPTY_POLL_WAIT_S)
+            if messages:
+                messages += consumer.consume(self.config.max_poll_records - 1, 0)
+        else:
+            messages = consumer.consume(self.config.max_poll_records, 0)
         if not messages:
             self._empty_polls += 1
             self._catch_up_bounded()
@@ -566,6 +572,9 @@ class KafkaReaderOperator(SourceReaderOperator):
         self._emit_messages(messages)
         self._advance_watermark()
         return True
+
+    def caught_up(self) -> bool:
+        return self._empty_polls > 0
 
     def _catch_up_bounded(self) -> None:
         """A bounded partition's last offsets may hold no record for us (transaction
