@@ -237,8 +237,9 @@ class Subtask:
                 channels.append(out)
             partitioner = edge.partitioning.create(spec.max_parallelism)
             partitioner.setup(spec.index, len(channels))
+            sender = vertex.nodes[edge.source_node]
             writers[edge.id] = RecordWriter(partitioner, channels,
-                                            buffer_timeout_ms=edge.buffer_timeout_ms)
+                                            buffer_timeout_ms=sender.buffer_timeout_ms)
         self.writers = list(writers.values())
         self.upstreams = dict(upstream)
         self.downstream = dict(downstream)
@@ -262,6 +263,7 @@ class Subtask:
                                  spec.max_parallelism, spec.attempt,
                                  checkpointing=spec.checkpointing is not None,
                                  job_id=spec.job_id, coordinator_events=events,
+                                 buffer_timeout_ms=node.buffer_timeout_ms,
                                  state_backend=(spec.checkpointing.state_backend
                                                 if spec.checkpointing else StateBackend.HEAP))
             operator.setup(ctx, output, self.failpoints)

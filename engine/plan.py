@@ -35,6 +35,8 @@ class ChainNode:
     side_network_outputs: list[tuple[str, int]] = field(default_factory=list)
     is_sink: bool = False
     coordinator: Callable[[Any], Any] | None = None  # the operator coordinator's factory
+    # how long its output may wait in a buffer before it is sent (-1: until full)
+    buffer_timeout_ms: float = DEFAULT_BUFFER_TIMEOUT_MS
 
 
 @dataclass
@@ -48,8 +50,6 @@ class JobEdge:
     source_parallelism: int
     target_parallelism: int
     side_output: str | None = None
-    # the sending operator's: how long its rows may wait in the output buffer (-1: no limit)
-    buffer_timeout_ms: float = DEFAULT_BUFFER_TIMEOUT_MS
 
     def channels(self) -> list[ChannelId]:
         if self.partitioning.kind == "forward":
@@ -114,8 +114,8 @@ class JobPlan:
 
 def build_plan(transformations: list[Transformation], max_parallelism: int, *,
                buffer_timeout_ms: float = DEFAULT_BUFFER_TIMEOUT_MS) -> JobPlan:
-    """Chain and connect the transformations that feed at least one sink; an edge's
-    buffer timeout is its sending operator's, else ``buffer_timeout_ms`` (the job's)."""
+    """Chain and connect the transformations that feed at least one sink; an operator
+    without a buffer timeout of its own gets ``buffer_timeout_ms`` (the job's)."""
     by_id = {t.id: t for t in transformations}
     needed = _ancestors_of_sinks(transformations, by_id)
     if not any(by_id[i].is_sink for i in needed):
@@ -126,7 +126,9 @@ def build_plan(transformations: list[Transformation], max_parallelism: int, *,
     for t in sorted((by_id[i] for i in needed), key=lambda t: t.id):
         check_max_parallelism(t.parallelism, max_parallelism)
         node = ChainNode(t.id, t.name, t.create_operator, is_sink=t.is_sink,
-                         coordinator=t.coordinator)
+                         coordinator=t.coordinator,
+                         buffer_timeout_ms=(buffer_timeout_ms if t.buffer_timeout_ms is None
+                                            else t.buffer_timeout_ms))
         resolved = [(e, _resolve(e.partitioning, by_id[e.upstream], t)) for e in t.inputs]
         if _chainable(t, resolved, by_id):
             vertex, upstream_index = place[t.inputs[0].upstream]
@@ -144,11 +146,9 @@ def build_plan(transformations: list[Transformation], max_parallelism: int, *,
         place[t.id] = (vertex, 0)
         for edge_in, partitioning in resolved:
             source, source_node = place[edge_in.upstream]
-            sender = by_id[edge_in.upstream].buffer_timeout_ms
             edge = JobEdge(len(edges), source.id, source_node, vertex.id, partitioning,
                            edge_in.input_index, source.parallelism, vertex.parallelism,
-                           edge_in.side_output,
-                           buffer_timeout_ms if sender is None else sender)
+                           edge_in.side_output)
             edges.append(edge)
             source.outputs.append(edge)
             if edge_in.side_output is None:
