@@ -263,7 +263,6 @@ class Subtask:
                                  spec.max_parallelism, spec.attempt,
                                  checkpointing=spec.checkpointing is not None,
                                  job_id=spec.job_id, coordinator_events=events,
-                                 buffer_timeout_ms=node.buffer_timeout_ms,
                                  state_backend=(spec.checkpointing.state_backend
                                                 if spec.checkpointing else StateBackend.HEAP))
             operator.setup(ctx, output, self.failpoints)

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 import pyarrow as pa
 
-from raystream.actors.record_writer import DEFAULT_BUFFER_TIMEOUT_MS
 from raystream.checkpoint.state_backend import StateBackend, StateBackendChoice
 
 if TYPE_CHECKING:
@@ -49,9 +48,6 @@ class RuntimeContext:
     coordinator_events: Callable[[Any], None] | None = field(default=None, compare=False)
     # where a keyed operator keeps its state (CheckpointConfig.state_backend)
     state_backend: StateBackendChoice = StateBackend.HEAP
-    # how long the operator's output may wait in a buffer (-1: until full); a source
-    # that waits for input bounds its waits by it
-    buffer_timeout_ms: float = DEFAULT_BUFFER_TIMEOUT_MS
 
     def send_event_to_coordinator(self, event: Any) -> None:
         """Send ``event`` (any picklable value) to the operator's coordinator, which gets it

@@ -493,14 +493,6 @@ def _join_lines(lines: pa.Array) -> pa.Buffer:
     return terminated.buffers()[2][int(offsets[0]):int(offsets[-1])]
 
 
-def fetch_wait_ms(buffer_timeout_ms: float) -> int:
-    """How long the broker may hold a fetch that found too little: about as long as a
-    row may wait in the source's output buffer, 5 to 500 ms (librdkafka's default is
-    500 ms, and some brokers hold a fetch that long even when records arrive meanwhile;
-    below 5 ms an idle reader would ask more than 200 times a second)."""
-    return 500 if buffer_timeout_ms < 0 else int(min(500, max(5, buffer_timeout_ms)))
-
-
 # -- the reader -------------------------------------------------------------------------------
 class KafkaReaderOperator(SourceReaderOperator):
     """Reads the partitions assigned to this subtask with one consumer; see the module."""
@@ -521,12 +513,10 @@ class KafkaReaderOperator(SourceReaderOperator):
     def open(self) -> None:
         from confluent_kafka import Consumer
 
-        settings = {"group.id": self.config.group_id or f"raystream-{self.ctx.job_name}",
-                    "enable.auto.commit": False, "enable.auto.offset.store": False,
-                    "auto.offset.reset": "earliest"}
-        if "fetch.wait.max.ms" not in self.config.client_config:
-            settings["fetch.wait.max.ms"] = fetch_wait_ms(self.ctx.buffer_timeout_ms)
-        self.consumer = Consumer(self.config.client(**settings))
+        self.consumer = Consumer(self.config.client(**{
+            "group.id": self.config.group_id or f"raystream-{self.ctx.job_name}",
+            "enable.auto.commit": False, "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest"}))
         super().open()
 
     def _opened(self) -> Consumer:
