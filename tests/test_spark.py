@@ -104,9 +104,13 @@ def test_twenty_handoffs_leave_the_object_store_flat(spark):
             table.num_rows, table.num_rows - table.column("big").null_count)
         del df
         usage.append(object_store_bytes() - baseline)
-    # Released in the background a second or two after their DataFrame is dropped, so a
-    # few hand-offs are in the store at a time; without release all 20 would be.
-    assert max(usage) <= 10 * table.nbytes, [u / table.nbytes for u in usage]
+    # Released in the background a second or two after their DataFrame is dropped; how
+    # many hand-offs that is during the loop depends on the machine's speed (seen: ten on
+    # a fast one), so the check is on the sweep after it: without release all 20 stay.
+    deadline = time.monotonic() + 30
+    while len(ray.get(handoff._registry().keys.remote())) > 4:
+        assert time.monotonic() < deadline, [u / table.nbytes for u in usage]
+        time.sleep(0.2)
     spark.range(1).count()  # Spark keeps the last job's plan until it runs another
     # The background sweep of the last to_spark may release the last hand-offs before
     # (or while) this call does, so what counts is that none is left afterwards.
