@@ -363,8 +363,7 @@ class Subtask:
                 else:
                     idle = False
             if idle:
-                for writer in self.writers:  # nothing else to do: do not sit on output
-                    writer.flush()
+                self._flush_outputs()  # nothing else to do: do not sit on output
                 self._send_credits(idle=True)
                 waited_from = time.perf_counter()
                 deadline_ms = self._next_deadline_ms()
@@ -405,8 +404,7 @@ class Subtask:
                 if not call_operator(self.source, "emit_next"):
                     self._end_of_input()
                 elif self.source.caught_up():  # its next poll may wait: do not sit on output
-                    for writer in self.writers:
-                        writer.flush()
+                    self._flush_outputs()
             self._progress()
             if self.forwarder.pending:
                 self.forwarder.settle(wall_clock_ms)
@@ -530,10 +528,14 @@ class Subtask:
         if barrier.stop:
             self.stopped_by = barrier.checkpoint_id
 
+    def _flush_outputs(self) -> None:
+        """Send every output channel's buffered rows now."""
+        for writer in self.writers:
+            writer.flush()
+
     def _forward_barrier(self, barrier: Barrier, unaligned: bool) -> OutputStateCapture:
         """Announce ``barrier`` on every output channel; return the output channel state."""
-        for writer in self.writers:  # rows emitted before the barrier go before it
-            writer.flush()
+        self._flush_outputs()  # rows emitted before the barrier go before it
         return self.forwarder.forward(
             barrier, unaligned or self.barrier_handler.unaligned_now(barrier))
 

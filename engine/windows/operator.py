@@ -405,10 +405,12 @@ class WindowOperator(_KeyedOperator):
     # -- generic path ---------------------------------------------------------------------
     def _merge_generic(self, table: pa.Table, rows, starts, ends, key_ids) -> None:
         kids = key_ids[rows]
-        if isinstance(self.assigner, EventTimeSessionWindows):  # merging: sessions within the
-            order = np.lexsort((starts, kids))  # batch, sorted by (key, time)
+        # the merging assigner: sessions within the batch first, sorted by (key, time)
+        sessions = self.assigner if isinstance(self.assigner, EventTimeSessionWindows) else None
+        if sessions is not None:
+            order = np.lexsort((starts, kids))
             kids, starts, ends = kids[order], starts[order], ends[order]
-            breaks = np.flatnonzero((np.diff(kids) != 0) | (np.diff(starts) > self.assigner.gap_ms))
+            breaks = np.flatnonzero((np.diff(kids) != 0) | (np.diff(starts) > sessions.gap_ms))
         else:
             order = np.lexsort((kids, starts))
             kids, starts, ends = kids[order], starts[order], ends[order]
@@ -426,7 +428,7 @@ class WindowOperator(_KeyedOperator):
         for kid, start, end, acc, watermark in zip(kids[firsts].tolist(), group_starts.tolist(),
                                                    group_ends.tolist(), accumulators,
                                                    watermarks.tolist()):
-            if self.assigner.merging:
+            if sessions is not None:
                 start, end = self._merge_session(kid, start, end, acc, session_timers)
             else:
                 entry = self.entries.get((kid, start))
@@ -437,7 +439,7 @@ class WindowOperator(_KeyedOperator):
                     entry[1] = self.function.merge(entry[1], acc)
             if self.assigner.event_time and end - 1 <= watermark:
                 fire_now.append((kid, start))
-        if self.assigner.merging:
+        if sessions is not None:
             self._apply_session_timers(session_timers)
         if fire_now:  # late but within the allowed lateness: fire again
             self._emit_generic(fire_now)
