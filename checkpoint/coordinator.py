@@ -553,6 +553,26 @@ class CheckpointCoordinator:
         self.initial_restore = restore_spec_of(n, metadata, storage_uri)
         return self.initial_restore
 
+    def take_over(self) -> RestoreSpec | None:
+        """The job's master died and this coordinator is its successor's: the job's newest
+        completed checkpoint becomes this coordinator's latest (its committed output carries
+        on, retention covers it) and is what the job restores. None: the job has none.
+
+        Whether the dead master notified its completion (and a sink committed its output)
+        is unknown, so it is taken as notified: if it is corrupt, this raises
+        :class:`CorruptCheckpointError` instead of going back past it. New checkpoint
+        ids continue above every ``chk-<id>`` directory (see ``__init__``)."""
+        completed = set(self.storage.completed_checkpoint_ids(self.job_key))
+        found = self.storage.latest_valid_checkpoint(self.job_key,
+                                                     must_not_skip=completed.__contains__)
+        if found is None:
+            return None
+        n, metadata = found[0], CheckpointMetadata.from_json(found[1])
+        self.completed.append(CompletedCheckpoint(n, metadata, self.storage.uri, self.job_key))
+        self.history[n] = CheckpointStats(n, metadata.trigger_ts_ms, CheckpointStatus.COMPLETED)
+        self.committed_upto = n
+        return self.completed[-1].restore_spec()
+
     def committed_outputs(self) -> dict[str, list[dict]]:
         """Committed output handles of every sink, as of the latest completed checkpoint."""
         latest = self.latest()

@@ -11,7 +11,11 @@ subtask actors between its jobs:
   for the rest. The keeper created them and holds them, so they outlive each
   job master (an actor dies with the process that created it, or when no
   handle to it is left) and end with the driver, which owns the keeper.
-* The job master hosts its first attempt's subtasks on them (``host``,
+* The job master asks the keeper (a named actor) for the actors leased to its
+  job — and so does a master Ray restarted, which must stop the subtasks its
+  predecessor ran on them. (Handles in the master's constructor arguments
+  would put those arguments in the object store, where a restart may not
+  find them.) It hosts its first attempt's subtasks on them (``host``,
   as on a failover), after checking that each is alive: an actor that died
   while idle (a test's SIGKILL, a lost node) is replaced, not counted as a
   failure of the job.
@@ -34,7 +38,7 @@ import ray.exceptions
 
 from raystream.actors.subtask import SubtaskActor
 from raystream.engine.graph import Resources
-from raystream.engine.job_master import NAMESPACE, SUBTASK_SCHEDULING
+from raystream.engine.deployment import NAMESPACE, SUBTASK_SCHEDULING
 
 MAX_IDLE = 8  # idle subtask actors a driver keeps between jobs
 
@@ -56,19 +60,26 @@ class _Keeper:
         self.max_idle = max_idle
         self.idle: list[Any] = []
         self.owned: dict[str, Any] = {}  # actor id -> handle, idle or leased to a job
+        self.leases: dict[str, list[Any]] = {}  # job id -> the actors leased to it
 
-    def lease(self, n: int) -> list[Any]:
-        """``n`` actors: idle ones first, new ones for the rest."""
+    def lease(self, n: int, job_id: str) -> list[Any]:
+        """``n`` actors for ``job_id``: idle ones first, new ones for the rest."""
         taken, self.idle = self.idle[:n], self.idle[n:]
         while len(taken) < n:
             actor = _new_actor()
             self.owned[actor._actor_id.hex()] = actor
             taken.append(actor)
+        self.leases[job_id] = taken
         return taken
 
-    def give_back(self, actors: list[Any], gone: list[str]) -> None:
+    def leased(self, job_id: str) -> list[Any]:
+        """The actors leased to ``job_id`` (and not given back)."""
+        return list(self.leases.get(job_id, ()))
+
+    def give_back(self, job_id: str, actors: list[Any], gone: list[str]) -> None:
         """A job ended: ``actors`` are idle again; the actors ``gone`` (ids) died or were
         killed, and are forgotten. Beyond ``max_idle``, the oldest idle ones are killed."""
+        self.leases.pop(job_id, None)
         for actor_id in gone:
             self.owned.pop(actor_id, None)
         self.idle.extend(actors)
@@ -105,20 +116,30 @@ class SubtaskActorPool:
         that may be lost."""
         job = ray.get_runtime_context().get_job_id()
         if self._keeper is None or self._ray_job != job:
-            self._keeper = _Keeper.options(namespace=NAMESPACE,
-                                           scheduling_strategy=placement).remote(self.max_idle)
+            self._keeper = _Keeper.options(
+                name=keeper_name(job, os.getpid()), namespace=NAMESPACE,
+                scheduling_strategy=placement).remote(self.max_idle)
             self._ray_job = job
         return self._keeper
 
-    def lease(self, n: int, placement: Any = None) -> list[Any]:
-        """``n`` subtask actors with the default resources (none if pooling is off)."""
+    def keeper_name(self) -> str | None:
+        """The actor name of this driver's keeper (None before it has one)."""
+        return None if self._ray_job is None else keeper_name(self._ray_job, os.getpid())
+
+    def lease(self, n: int, job_id: str, placement: Any = None) -> list[Any]:
+        """``n`` subtask actors with the default resources for ``job_id`` (none if
+        pooling is off)."""
         if n <= 0 or not self.enabled():
             return []
         try:
-            return ray.get(self.keeper(placement).lease.remote(n))
+            return ray.get(self.keeper(placement).lease.remote(n, job_id))
         except ray.exceptions.RayActorError:  # the keeper was lost (and its actors with it)
             self._keeper = None
-            return ray.get(self.keeper(placement).lease.remote(n))
+            return ray.get(self.keeper(placement).lease.remote(n, job_id))
+
+
+def keeper_name(ray_job_id: str, pid: int) -> str:
+    return f"raystream/pool-keeper/{ray_job_id}/{pid}"
 
 
 POOL = SubtaskActorPool()

@@ -14,6 +14,7 @@ from raystream.engine import registry
 from raystream.engine.datastream import SinkHandle
 from raystream.engine.errors import JobFailedError, JobNotFoundError, JobNotRunningError
 from raystream.engine.job_master import NAMESPACE, JobOutcome, master_actor_name
+from raystream.engine.job_report import outcome_of_summary
 from raystream.engine.job_status import JobStatus
 from raystream.engine.plan import JobPlan
 
@@ -236,9 +237,4 @@ class JobClient:
             return JobOutcome(JobStatus.FAILED, error=f"the job master of {self.job_id} is gone "
                                                     f"(its driver exited while it was "
                                                     f"{summary['status']}); {self._resume_hint()}")
-        return JobOutcome(JobStatus(summary["status"]), error=summary.get("error"),
-                          deploy_s=summary.get("deploy_s", 0.0), run_s=summary.get("run_s", 0.0),
-                          restarts=summary["attempt"], failures=summary["failures"],
-                          restores=summary["restores"],
-                          checkpoints=[CheckpointStats(**c) for c in summary["checkpoints"]],
-                          metrics=summary.get("metrics") or {})
+        return outcome_of_summary(summary)

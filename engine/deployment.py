@@ -87,8 +87,21 @@ class Deployment:
         self.died_on: set[str] = set()  # nodes where subtasks of this attempt died
         self.terminations: dict[Any, SubtaskKey] = {}  # await_termination call -> subtask
         self.spare: Any = None  # a warm, empty subtask actor for failover
-        self.pooled = list(options.pooled)  # the driver's actors, until the first deployment
-        self._pooled_ids = {actor._actor_id for actor in options.pooled}
+        self.pooled: list[Any] = []  # the driver's actors, until the first deployment
+        self._pooled_ids: set[Any] = set()
+        self._keeper: Any = None  # the driver's pool keeper, which leased them
+
+    def lease_pooled(self) -> None:
+        """Take the driver's pooled actors leased to this job from its keeper (none if
+        it has none, or is gone: with its driver, and the actors with it)."""
+        if self.options.pool_keeper is None:
+            return
+        try:
+            self._keeper = ray.get_actor(self.options.pool_keeper, namespace=NAMESPACE)
+            self.pooled = list(ray.get(self._keeper.leased.remote(self.job_id)))
+        except (ValueError, RayActorError):
+            self._keeper, self.pooled = None, []
+        self._pooled_ids = {actor._actor_id for actor in self.pooled}
 
     def _name(self, key: SubtaskKey) -> str:
         return f"{self.plan.vertices[key[0]].name}/{key[1]}"
@@ -345,6 +358,14 @@ class Deployment:
         if died is not None:
             raise died  # the failover hosts the next attempt on the live ones
 
+    def drop_pooled(self) -> None:
+        """The job master that leased the driver's pooled actors died, and this is its
+        successor's deployment: they may still run subtasks of the dead master's attempt,
+        so they are killed, never hosted on (:meth:`release` tells the pool they are gone)."""
+        for actor in self.pooled:
+            ray.kill(actor)
+        self.pooled = []
+
     def release(self) -> None:
         """The job is over: the driver's pooled actors whose subtask has ended go back to
         its pool; every other actor of the job is killed."""
@@ -366,9 +387,9 @@ class Deployment:
         idle_ids |= {a._actor_id for a in [*self.pooled, self.spare] if a is not None}
         back = {a._actor_id: a for a in actors
                 if a._actor_id in self._pooled_ids and a._actor_id in idle_ids}
-        if self.options.keeper is not None and self._pooled_ids:
-            self.options.keeper.give_back.remote(
-                list(back.values()), [i.hex() for i in self._pooled_ids if i not in back])
+        if self._keeper is not None and self._pooled_ids:
+            self._keeper.give_back.remote(
+                self.job_id, list(back.values()), [i.hex() for i in self._pooled_ids if i not in back])
         for actor in actors:
             if actor._actor_id not in back:
                 try:

@@ -38,7 +38,8 @@ from raystream.engine.datastream import DataStream
 from raystream.engine import registry
 from raystream.engine.errors import InsufficientResourcesError, JobStillRunningError
 from raystream.engine.graph import InputEdge, Resources, Transformation
-from raystream.engine.job_master import NAMESPACE, JobMaster, JobOptions, master_actor_name
+from raystream.engine.job_master import (NAMESPACE, JobMaster, JobOptions, master_actor_name,
+                                         master_restarts)
 from raystream.engine.logs import quiet_ray
 from raystream.checkpoint.operator_coordinator import OperatorCoordinator
 from raystream.engine.operators.source import SourceOperator, SourceReaderOperator
@@ -358,23 +359,22 @@ class StreamEnvironment:
         # for the warm spare of a job that may restart
         pooled = sum(v.parallelism for v in plan.vertices if v.resources == Resources()) + int(
             self.checkpoints is not None and self.restart.attempts > 0)
+        # the pool's actors belong to this driver: a detached job has its own
+        leased = () if detach else tuple(actor_pool.POOL.lease(pooled, job_id, head))
         options = JobOptions(credits=self.credits,
                              actor_start_timeout_s=self.actor_start_timeout_s,
                              stop_timeout_s=self.stop_timeout_s,
                              checkpoints=self.checkpoints, restart=self.restart,
                              failpoints=self.failpoints, restore_from=restore_from,
                              submission_id=_submission_id(),
-                             # the pool's actors belong to this driver: a detached job has its own
-                             pooled=() if detach else tuple(actor_pool.POOL.lease(pooled, head)),
-                             keeper=(actor_pool.POOL.keeper(head)
-                                     if actor_pool.POOL.enabled() and not detach else None),
+                             pool_keeper=actor_pool.POOL.keeper_name() if leased else None,
                              detached=detach)
         # (ray's typed remote() misses concurrency_groups, so pyright sees the plain class)
         master = JobMaster.options(  # pyright: ignore[reportAttributeAccessIssue]
             name=master_actor_name(job_id), namespace=NAMESPACE, scheduling_strategy=head,
-            lifetime="detached" if detach else None,
+            lifetime="detached" if detach else None, **master_restarts(options),
             **MASTER_RESOURCES.ray_options()).remote(job_id, name, plan, options)
-        client = JobClient(job_id, name, master, plan, leased=options.pooled)
+        client = JobClient(job_id, name, master, plan, leased=leased)
         if _run_defaults.on_start is not None:
             _run_defaults.on_start(client)
         return client

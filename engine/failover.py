@@ -89,6 +89,12 @@ class Failover:
         # each failure with where it happened and its traceback, for the web UI
         self.failure_details: list[dict[str, Any]] = []
 
+    def carry_on(self, failure_details: Sequence[dict[str, Any]]) -> None:
+        """This failover takes over from a job master that died, after ``failure_details``
+        (its :attr:`failure_details`): the restart strategy counts them too."""
+        self.failure_details = [dict(d) for d in failure_details]
+        self.failures = [d["error"] for d in self.failure_details]
+
     def started_from(self, checkpoint_id: int | None) -> None:
         """The job's first attempt restored ``checkpoint_id`` (``restore_from``)."""
         self.initial_checkpoint = checkpoint_id

@@ -46,11 +46,11 @@ from raystream.checkpoint.snapshot_stats import SnapshotStats
 from raystream.checkpoint.storage import (CheckpointStorage, CorruptCheckpointError, StateHandle,
                                           StorageUnavailableError)
 from raystream.checkpoint.subtask_gateway import EventDeliveryError, GatewayProtocolError
-from raystream.engine import registry
+from raystream.engine import master_journal, registry
 from raystream.engine.deployment import (NAMESPACE, SUBTASK_SCHEDULING, Deployment,
                                          SubtaskFailure, deployment_failure)
-from raystream.engine.errors import JobNotRunningError
-from raystream.engine.failover import Failover, Failure, FailJob
+from raystream.engine.errors import JobNotFoundError, JobNotRunningError
+from raystream.engine.failover import Failover, Failure, FailJob, Restart
 from raystream.engine.failpoints import Failpoints, InjectedFailure
 from raystream.engine.job_events import (CancelRequested, CheckpointAcknowledged,
                                          CheckpointDeclined, GatewayAcknowledged, JobEvent,
@@ -58,8 +58,9 @@ from raystream.engine.job_events import (CancelRequested, CheckpointAcknowledged
                                          SavepointRequest, SavepointRequested, SubtaskFinished,
                                          SubtaskKey)
 from raystream.engine.job_options import DETACHED_LINGER_S, JobOptions
-from raystream.engine.job_report import JobOutcome, job_summary, sink_results
+from raystream.engine.job_report import JobOutcome, job_summary, outcome_of_summary, sink_results
 from raystream.engine.job_status import JobStatus, check_transition
+from raystream.engine.master_journal import JournalEntry
 from raystream.engine.metrics import JobMetricsExporter
 from raystream.engine.plan import JobPlan
 from raystream.engine.savepoint_requests import SavepointRequests
@@ -71,6 +72,7 @@ __all__ = ["NAMESPACE", "SUBTASK_SCHEDULING", "JobMaster", "JobOptions", "JobOut
 log = logging.getLogger(__name__)
 
 POLL_S = 0.05
+MASTER_DIED = "the job master's process died"
 PUBLISH_EVERY_S = 1.0  # how often a changed job summary goes to the cluster's job directory
 # what fails the job over when the event thread meets it
 _FAILURES = (SubtaskFailure, InjectedFailure, TooManyCheckpointFailures, CoordinatorFailure,
@@ -93,11 +95,24 @@ def _failure_of(exc: Exception) -> Failure:
     return Failure(f"checkpoint coordinator: {exc}", "coordinator")
 
 
+def master_restarts(options: JobOptions) -> dict[str, int]:
+    """Ray's restart options for the master of a job: one that fails over is restarted
+    when its process dies (at most as often as the job may restart; each restart is a
+    failover), and the calls clients and subtasks had made to it go to its successor."""
+    if options.checkpoints is None or not options.restart.attempts:
+        return {"max_restarts": 0, "max_task_retries": 0}
+    return {"max_restarts": options.restart.attempts, "max_task_retries": -1}
+
+
 @ray.remote(  # pyright: ignore[reportCallIssue] (Ray's stubs know no concurrency_groups)
     concurrency_groups={"client": 8, "control": 1}, max_restarts=0, max_task_retries=0)
 class JobMaster:
+    """The job master (its Ray options per job: :func:`master_restarts`)."""
+
     def __init__(self, job_id: str, job_name: str, plan: JobPlan, options: JobOptions) -> None:
         self.job_id, self.job_name, self.plan, self.options = job_id, job_name, plan, options
+        # Ray restarted this actor after its process died: take the job over
+        self.successor = ray.get_runtime_context().was_current_actor_reconstructed
         self.attempt = 0
         self.status = JobStatus.CREATED
         self.outcome: JobOutcome | None = None
@@ -198,27 +213,24 @@ class JobMaster:
 
     # -- the event thread ------------------------------------------------------------------------
     def _run(self) -> None:
+        outcome = self._ended_before() if self.successor else None
+        if outcome is None:
+            outcome = self._run_job()
+        self.outcome = outcome
+        master_journal.forget(self.job_id)
+        self.done.set()
+        if self.options.detached:  # no driver may be left to end it
+            time.sleep(DETACHED_LINGER_S)
+            ray.kill(ray.get_runtime_context().current_actor)
+
+    def _run_job(self) -> JobOutcome:
         started = time.perf_counter()
         deploy_s = 0.0
         try:
-            self._set_status(JobStatus.DEPLOYING)
-            self._publish()
-            self.operator_coordinators = OperatorCoordinators(self.plan.coordinated_operators())
-            coordinator = self.coordinator = self._create_coordinator()
-            restore = None
-            if self.options.restore_from is not None:
-                if coordinator is None:
-                    raise ValueError("restore_from needs checkpoints: "
-                                     "StreamEnvironment(checkpoints=...)")
-                restore = coordinator.restore_from(self.options.restore_from)
-                self.failover.started_from(restore.checkpoint_id)
-            self.operator_coordinators.start()
-            if restore is not None:
-                self._reset_operator_coordinators(restore)
-            outcome = self._deploy_first(restore)
+            outcome = self._start()
             deploy_s = time.perf_counter() - started
             if outcome is None:
-                if self.status is JobStatus.DEPLOYING:  # else a failover while deploying ran it
+                if self.status is not JobStatus.RUNNING:  # else a failover while deploying ran it
                     self._set_status(JobStatus.RUNNING)
                 self._publish()
                 outcome = self._event_loop()
@@ -238,10 +250,80 @@ class JobMaster:
         self.outcome = outcome
         self._set_status(outcome.status)
         self._publish()
-        self.done.set()
-        if self.options.detached:  # no driver may be left to end it
-            time.sleep(DETACHED_LINGER_S)
-            ray.kill(ray.get_runtime_context().current_actor)
+        return outcome
+
+    def _start(self) -> JobOutcome | None:
+        """Deploy the first attempt — of the job, or of this master after its predecessor
+        died; an outcome if the job ended instead (its restart attempts were used up)."""
+        self._set_status(JobStatus.RESTARTING if self.successor else JobStatus.DEPLOYING)
+        self._publish()
+        self.operator_coordinators = OperatorCoordinators(self.plan.coordinated_operators())
+        coordinator = self.coordinator = self._create_coordinator()
+        self.deployment.lease_pooled()
+        restore = None
+        if self.successor:
+            restarted = time.perf_counter()
+            decision = self._take_over()
+            if isinstance(decision, FailJob):
+                return self._failed(decision)
+            assert coordinator is not None  # a master without checkpoints is not restarted
+            restore = coordinator.take_over()
+            self.restores.append({"attempt": self.attempt, "failure": MASTER_DIED,
+                                  "checkpoint_id": restore.checkpoint_id if restore else None,
+                                  "restore_s": time.perf_counter() - restarted,
+                                  "lost_nodes": []})
+        if restore is None and self.options.restore_from is not None:
+            if coordinator is None:
+                raise ValueError("restore_from needs checkpoints: "
+                                 "StreamEnvironment(checkpoints=...)")
+            restore = coordinator.restore_from(self.options.restore_from)
+            self.failover.started_from(restore.checkpoint_id)
+        self.operator_coordinators.start()
+        if restore is not None:
+            self._reset_operator_coordinators(restore)
+        return self._deploy_first(restore)
+
+    def _ended_before(self) -> JobOutcome | None:
+        """A successor of a master whose job had already ended: that job's outcome."""
+        try:
+            summary = registry.find_job(self.job_id)
+        except JobNotFoundError:  # nothing published yet: the job had not started
+            return None
+        if summary["status"] not in registry.TERMINAL_STATUSES:
+            return None
+        self.status = JobStatus(summary["status"])  # adopted as published, not a transition
+        return outcome_of_summary(summary)
+
+    def _take_over(self) -> Restart | FailJob:
+        """The predecessor died: its subtasks go (those on the driver's pooled actors are
+        killed here; the rest were its own actors, which Ray ended with it), and its death
+        is a failure the restart strategy decides on, like any other."""
+        self.deployment.drop_pooled()
+        noted = master_journal.read(self.job_id)
+        if noted is not None:
+            self.started_at = noted.started_at
+            self.failover.carry_on(noted.failures)
+            self.restores = list(noted.restores)
+        assert self.options.checkpoints is not None
+        storage = CheckpointStorage(self.options.checkpoints.storage)
+        completed = storage.completed_checkpoint_ids(self.job_id)
+        decision = self.failover.on_failure(Failure(MASTER_DIED, "job master"), completed,
+                                            at=time.time())
+        if isinstance(decision, Restart):
+            log.warning("job %s: its master's process died; restarting it as attempt %d",
+                        self.job_id, decision.attempt)
+            # above every attempt the predecessor may have deployed
+            self.attempt = max(decision.attempt, noted.attempt + 1 if noted else 0)
+            time.sleep(decision.delay_s)
+        return decision
+
+    def _note(self) -> None:
+        """Note the attempt about to be deployed (or just restored) for a successor
+        (:mod:`~raystream.engine.master_journal`), if this master may have one."""
+        if master_restarts(self.options)["max_restarts"]:
+            master_journal.note(self.job_id, JournalEntry(
+                self.attempt, self.started_at, tuple(self.failover.failure_details),
+                tuple(self.restores)))
 
     def _set_status(self, status: JobStatus) -> None:
         """Every status change goes through here (checked against the transition table)."""
@@ -402,7 +484,6 @@ class JobMaster:
         lost_nodes = self.deployment.lost_nodes()
         time.sleep(decision.delay_s)
         self.attempt = decision.attempt
-        coordinator.start_attempt(self.attempt, self._coordinator_failpoints())
         started = time.perf_counter()
         try:
             restore = coordinator.verified_restore_spec()
@@ -417,6 +498,7 @@ class JobMaster:
                                   "checkpoint_id": restore.checkpoint_id if restore else None,
                                   "restore_s": time.perf_counter() - started,
                                   "lost_nodes": lost_nodes})
+            self._note()
         except RayActorError as exc:  # a subtask died while being wired: fail over again
             return self._failover(_failure_of(deployment_failure(exc)))
         self._set_status(JobStatus.RUNNING)
@@ -441,6 +523,9 @@ class JobMaster:
         """Deploy the current attempt (none of it on ``avoid_nodes``) and bind the operator
         coordinators to its subtasks."""
         self.finished = {}
+        if self.coordinator is not None:
+            self.coordinator.start_attempt(self.attempt, self._coordinator_failpoints())
+        self._note()
         self.deployment.deploy(self.attempt, restore, avoid_nodes or [])
         if self.operator_coordinators:
             self.operator_coordinators.bind(self.deployment.event_transport(self.attempt))

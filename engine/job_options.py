@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.engine.failpoints import Failpoint
@@ -19,10 +18,9 @@ class JobOptions:
     failpoints: tuple[Failpoint, ...] = ()
     restore_from: str | None = None
     submission_id: str | None = None  # the Ray Jobs API submission that runs the driver
-    # idle subtask actors of the driver's pool for the first attempt (engine/actor_pool.py),
-    # and the keeper they go back to when the job ends
-    pooled: tuple[Any, ...] = ()
-    keeper: Any = None
+    # the actor name of the driver's pool keeper, which leased idle subtask actors to the
+    # job for its first attempt (engine/actor_pool.py); they go back to it when it ends
+    pool_keeper: str | None = None
     # a detached job master outlives its driver, and ends itself DETACHED_LINGER_S after
     # the job ended (time for a client to fetch the outcome) unless a client ends it first
     detached: bool = False

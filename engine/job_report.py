@@ -41,6 +41,17 @@ class JobOutcome:
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
+def outcome_of_summary(summary: Mapping[str, Any]) -> JobOutcome:
+    """The outcome of an ended job, as its master published it to the job directory
+    (without the sinks' results, which only its master held)."""
+    return JobOutcome(JobStatus(summary["status"]), error=summary.get("error"),
+                      deploy_s=summary.get("deploy_s", 0.0), run_s=summary.get("run_s", 0.0),
+                      restarts=summary["attempt"], failures=summary["failures"],
+                      restores=summary["restores"],
+                      checkpoints=[CheckpointStats(**c) for c in summary["checkpoints"]],
+                      metrics=summary.get("metrics") or {})
+
+
 def sink_results(plan: JobPlan, finished: Mapping[SubtaskKey, dict],
                  coordinator: CheckpointCoordinator | None) -> dict[int, list[Any]]:
     """Each sink's results (by transformation id): what its subtasks returned when they

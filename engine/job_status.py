@@ -34,7 +34,8 @@ class JobStatus(enum.StrEnum):
 
 _ENDS = {JobStatus.FINISHED, JobStatus.FAILED, JobStatus.CANCELED}
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.CREATED: frozenset({JobStatus.DEPLOYING, JobStatus.FAILED}),
+    # a job master that Ray restarted after its process died starts by failing the job over
+    JobStatus.CREATED: frozenset({JobStatus.DEPLOYING, JobStatus.RESTARTING, JobStatus.FAILED}),
     # a subtask lost while deploying goes through the restart strategy like any failure
     JobStatus.DEPLOYING: frozenset({JobStatus.RUNNING, JobStatus.RESTARTING} | _ENDS),
     JobStatus.RUNNING: frozenset({JobStatus.RESTARTING} | _ENDS),

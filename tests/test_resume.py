@@ -1,9 +1,10 @@
-"""A job whose job master dies fails with a clear error, and resumes by name exactly once.
+"""A job whose job master dies is taken over by a restarted master, exactly once; a job
+that may not restart fails with a clear error instead, and resumes by name exactly once.
 
 Real processes: the job master's process is killed with SIGKILL while the job
 runs. The oracle is numpy over the same input (tests/test_exactly_once's
 ``assert_exactly_once``) applied to everything the exactly-once Parquet sink
-committed across both runs: nothing lost, nothing doubled.
+committed: nothing lost, nothing doubled.
 """
 
 from __future__ import annotations
@@ -34,10 +35,41 @@ def build_job(env: rs.StreamEnvironment, out: str) -> None:
      .sink_to_parquet(out, name="out"))
 
 
-def test_a_killed_job_master_fails_the_job_clearly_and_the_job_resumes_exactly_once(
+def kill_master(client: rs.JobClient) -> int:
+    """SIGKILL the process of the job's master; its pid."""
+    pid = client.progress()["master_pid"]
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def test_a_killed_job_master_is_restarted_and_the_job_ends_exactly_once(ray_session, tmp_path):
+    storage, out = str(tmp_path / "checkpoints"), str(tmp_path / "out")
+    env = checkpointed_env(storage)  # three restart attempts
+    build_job(env, out)
+    client = env.execute_async("taken-over")
+    first = wait_for_checkpoint(client, timeout_s=120)
+    kill_master(client)
+    # the successor restores the newest completed checkpoint, and its own checkpoints follow
+    second = wait_for_checkpoint(client, after=first, timeout_s=120)
+    assert client.status() == "RUNNING", "the job ended before the second kill: slow it down"
+    kill_master(client)
+    result = client.wait(timeout_s=180)
+
+    assert result.status == "FINISHED"
+    taken_over = [r for r in result.restores if r["failure"] == "the job master's process died"]
+    assert len(taken_over) == 2 and result.restarts >= 2
+    assert taken_over[0]["checkpoint_id"] >= first and taken_over[1]["checkpoint_id"] >= second
+    # attempts and checkpoint ids only grow across masters (a sink names its files by both)
+    attempts = [r["attempt"] for r in result.restores]
+    assert attempts == sorted(set(attempts))
+    assert registry.find_job(client.job_id)["status"] == "FINISHED"
+    assert_exactly_once(read_committed(out))
+
+
+def test_a_killed_job_master_of_a_job_without_restarts_fails_the_job_clearly_and_the_job_resumes_exactly_once(
         ray_session, tmp_path):
     storage, out = str(tmp_path / "checkpoints"), str(tmp_path / "out")
-    env = checkpointed_env(storage)
+    env = checkpointed_env(storage, attempts=0)
     build_job(env, out)
     client = env.execute_async("resumable", resume=True)  # nothing to resume: from the start
     wait_for_checkpoint(client, after=1, timeout_s=120)
@@ -49,7 +81,7 @@ def test_a_killed_job_master_fails_the_job_clearly_and_the_job_resumes_exactly_o
         again.execute_async("resumable", resume=True)
 
     progress = client.progress()
-    os.kill(progress["master_pid"], signal.SIGKILL)
+    kill_master(client)
     with pytest.raises(rs.JobFailedError, match=r"job master died.*resume=True"):
         client.wait(timeout_s=60)
     assert registry.find_job(client.job_id)["status"] == "FAILED"
