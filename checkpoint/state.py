@@ -77,18 +77,16 @@ kind in the section directory carries a ``+ttl`` suffix.
 
 Section format
 --------------
-``b"RSKS"``, then big-endian ``uint16`` format version (:data:`FORMAT_VERSION`),
-``uint16`` key-group hash version (``keygroups.HASH_VERSION``), ``uint32``
-max_parallelism and ``uint32`` key group; then consecutive pickles (protocol
-5): a directory ``[(state name, kind, number of chunks), ...]``, then every
+The envelope of :mod:`raystream.checkpoint.envelope` (magic ``b"RSKS"``, format
+version, key-group hash version, max_parallelism, key group); then consecutive
+pickles (protocol 5): a directory ``[(state name, kind, number of chunks), ...]``, then every
 state's ``{entry key: value}`` in chunks of at most
 :data:`CHUNK_ENTRIES` entries (each pickled in one C call holding the GIL, so
 chunks bound how long the serializer can stall the processing thread,
-however large a key group). Restore checks all four header fields, and also
-takes the disk backend's sections (``b"RSKD"``, see
-:mod:`raystream.checkpoint.disk_state`), so a job may switch backends through a
-savepoint. The bytes
-are only ever read back by the same job's restore.
+however large a key group). Restore checks the envelope, and also takes the
+disk backend's sections (see :mod:`raystream.checkpoint.disk_state`), so a job
+may switch backends through a savepoint. The bytes are only ever read back by
+the same job's restore.
 """
 
 from __future__ import annotations
@@ -101,7 +99,6 @@ import gc
 import io
 import itertools
 import pickle
-import struct
 import threading
 import uuid
 import weakref
@@ -111,14 +108,13 @@ from typing import Any, Callable, Iterable, Iterator, Protocol, cast
 
 import numpy as np
 
-from raystream.checkpoint.disk_state import MAGIC as DISK_MAGIC
 from raystream.checkpoint.disk_state import section_entries
-from raystream.checkpoint.keygroups import HASH_VERSION, check_key_group_range, key_group_of
+from raystream.checkpoint.envelope import KEYED_STATE, Envelope, SectionKind, is_keyed_state, read
+from raystream.checkpoint.keygroups import check_key_group_range, key_group_of
 from raystream.checkpoint.ttl import StateTtlConfig, TtlTimeProvider, wall_clock_ms
 
 __all__ = [
     "CHUNK_ENTRIES",
-    "FORMAT_VERSION",
     "AggregateFunction",
     "AggregatingState",
     "HeapKeyedStateBackend",
@@ -129,9 +125,6 @@ __all__ = [
     "ValueState",
 ]
 
-FORMAT_VERSION = 2  # 2: entries of the None namespace are keyed by the plain key
-MAGIC = b"RSKS"  # first bytes of every keyed-state section
-_HEADER = struct.Struct(">4sHHII")  # magic, format version, hash version, max_parallelism, key group
 CHUNK_ENTRIES = 8192
 
 _VALUE, _LIST, _MAP, _REDUCING, _AGGREGATING = "value", "list", "map", "reducing", "aggregating"
@@ -909,7 +902,8 @@ class StateSnapshot:
 
     def _section(self, kg: int, states: list[tuple[str, str, dict]]) -> bytes:
         buf = io.BytesIO()
-        buf.write(_HEADER.pack(MAGIC, FORMAT_VERSION, HASH_VERSION, self._max_parallelism, kg))
+        buf.write(Envelope.current(SectionKind.HEAP_STATE, max_parallelism=self._max_parallelism,
+                                   key_group=kg).pack())
         pickler = pickle.Pickler(buf, protocol=5)
         # No memo: state values are written independently (as Flink serializes
         # each value), which halves the time for millions of small entries; a
@@ -989,11 +983,8 @@ class HeapKeyedStateBackend:
         self._kg_idx: int | None = None
         self._kk: Any = None  # _entry_key(current key, current namespace)
 
-    @staticmethod
-    def owns_section(section: bytes) -> bool:
-        """Is ``section`` a keyed-state section (this backend's or the disk backend's,
-        which it restores too), by its magic bytes?"""
-        return bytes(section[:len(MAGIC)]) in (MAGIC, DISK_MAGIC)
+    # keyed state of either backend: it restores the disk backend's too
+    owns_section = staticmethod(is_keyed_state)
 
     # -- current key and namespace ----------------------------------------
     def set_current_key(self, key: Any, key_group: int | None = None) -> None:
@@ -1175,55 +1166,38 @@ class HeapKeyedStateBackend:
         for kg, data in sections:
             if kg not in self.key_groups:
                 continue
-            view = memoryview(data)
-            if len(view) < _HEADER.size:
-                raise ValueError(f"key group {kg}: section too short ({len(view)} bytes)")
-            magic, fmt, hash_version, max_par, section_kg = _HEADER.unpack_from(view)
-            if magic == DISK_MAGIC:  # the disk backend's: a job switching backends
-                self._restore_disk_section(kg, view)
-                continue
-            if magic != MAGIC:
-                raise ValueError(f"key group {kg}: not a keyed-state section")
-            if fmt != FORMAT_VERSION:
-                raise ValueError(f"key group {kg}: unsupported keyed-state format {fmt}")
-            if hash_version != HASH_VERSION:
-                raise ValueError(
-                    f"key group {kg}: written with key-group hash version {hash_version}, "
-                    f"this build uses {HASH_VERSION}")
-            if max_par != self.max_parallelism:
-                raise ValueError(
-                    f"key group {kg}: written with max_parallelism {max_par}, "
-                    f"restoring with {self.max_parallelism}")
-            if section_kg != kg:
-                raise ValueError(
-                    f"section handed over as key group {kg} holds key group {section_kg}")
+            envelope, body = read(data, key_group=kg, max_parallelism=self.max_parallelism,
+                                  kinds=KEYED_STATE)
             if kg in self._restored:
                 raise ValueError(f"key group {kg} restored twice")
-            unpickler = pickle.Unpickler(io.BytesIO(view[_HEADER.size:]))
-            directory = unpickler.load()
-            i = kg - self._kg_start
-            for name, kind, n_chunks in directory:
-                values = unpickler.load()
-                for _ in range(n_chunks - 1):
-                    values.update(unpickler.load())
-                kgm = self._table(name, kind).kgs[i]
-                if kgm.m:  # merge into existing state (copy-on-write aware)
-                    for kk, v in values.items():
-                        kgm.put(kk, v)
-                else:  # adopt the freshly unpickled dict: no snapshot can reach it
-                    kgm.m = values
-                    kgm.version = self._version
-                    kgm.floor = _NEVER
-                    kgm.fresh = set()
+            if envelope.kind is SectionKind.DISK_STATE:  # a job switching backends
+                self._restore_disk_section(kg, body)
+            else:
+                self._restore_heap_section(kg, body)
             self._restored.add(kg)
 
-    def _restore_disk_section(self, kg: int, view: memoryview) -> None:
-        if kg in self._restored:
-            raise ValueError(f"key group {kg} restored twice")
+    def _restore_heap_section(self, kg: int, body: memoryview) -> None:
+        unpickler = pickle.Unpickler(io.BytesIO(body))
+        directory = unpickler.load()
         i = kg - self._kg_start
-        for name, kind, key, namespace, value in section_entries(kg, view, self.max_parallelism):
+        for name, kind, n_chunks in directory:
+            values = unpickler.load()
+            for _ in range(n_chunks - 1):
+                values.update(unpickler.load())
+            kgm = self._table(name, kind).kgs[i]
+            if kgm.m:  # merge into existing state (copy-on-write aware)
+                for kk, v in values.items():
+                    kgm.put(kk, v)
+            else:  # adopt the freshly unpickled dict: no snapshot can reach it
+                kgm.m = values
+                kgm.version = self._version
+                kgm.floor = _NEVER
+                kgm.fresh = set()
+
+    def _restore_disk_section(self, kg: int, body: memoryview) -> None:
+        i = kg - self._kg_start
+        for name, kind, key, namespace, value in section_entries(kg, body):
             self._table(name, kind).kgs[i].put(_entry_key(key, namespace), value)
-        self._restored.add(kg)
 
     def __repr__(self) -> str:
         return (f"HeapKeyedStateBackend(max_parallelism={self.max_parallelism}, "
