@@ -690,16 +690,12 @@ class _TtlListState(_TtlState, ListState):
         lst = kg.owned(kk)
         if lst is _MISSING:
             return []
-        live = [e for e in lst if e[1] + cfg.ttl_ms > now]
-        shown = lst if cfg.return_expired else live
-        out = [e[0] for e in shown]
+        live = _live_elements(lst, cfg.ttl_ms, now)
+        out = [e[0] for e in (lst if cfg.return_expired else live)]
         if cfg.renew_on_read:
-            live = [(e[0], now) for e in live]
-        if len(live) != len(lst) or cfg.renew_on_read:
-            if live:
-                lst[:] = live
-            else:
-                kg.remove(kk)
+            _store_list(kg, kk, [(e[0], now) for e in live])
+        elif len(live) != len(lst):
+            _store_list(kg, kk, live)
         return out
 
     def add(self, value: Any) -> None:
@@ -814,6 +810,21 @@ class _TtlMapState(_TtlState, MapState):
         return not self._entries()
 
 
+def _live_elements(lst: list, ttl_ms: int, now: int) -> list:
+    """The elements of a TTL list state's stored list (``(element, timestamp)`` each)
+    not expired at ``now``."""
+    return [e for e in lst if e[1] + ttl_ms > now]
+
+
+def _store_list(kgm: _KGMap, kk: Any, live: list) -> None:
+    """Store ``live`` (a new list of owned elements) as the list of a TTL list state,
+    or remove the entry when it is empty (an empty list is never stored)."""
+    if live:
+        kgm.put(kk, live)
+    else:
+        kgm.remove(kk)
+
+
 def _unexpired(kind: str, m: dict, ttl_ms: int, now: int) -> dict:
     """The entries of one key group's map of a TTL state that are live at ``now``
     (a new dict; ``m`` is not changed)."""
@@ -821,7 +832,7 @@ def _unexpired(kind: str, m: dict, ttl_ms: int, now: int) -> dict:
     if base == _LIST:
         out = {}
         for kk, lst in m.items():
-            live = [e for e in lst if e[1] + ttl_ms > now]
+            live = _live_elements(lst, ttl_ms, now)
             if live:
                 out[kk] = live
         return out
@@ -1088,10 +1099,7 @@ class HeapKeyedStateBackend:
                 continue
             if base == _LIST:
                 if any(x[1] + expires <= now for x in e):
-                    lst = kgm.owned(kk)
-                    lst[:] = [x for x in lst if x[1] + expires > now]
-                    if not lst:
-                        kgm.remove(kk)
+                    _store_list(kgm, kk, _live_elements(kgm.owned(kk), expires, now))
             elif base == _MAP:
                 dead = [k for k, x in e.items() if x[1] + expires <= now]
                 if dead:
