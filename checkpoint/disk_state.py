@@ -56,9 +56,10 @@ checkpoints (shipping only new SST files) are a later step.
 
 Section format: the envelope of :mod:`raystream.checkpoint.envelope` (magic
 ``b"RSKD"``, format version, key-group hash version, max_parallelism, key
-group); a big-endian ``uint32`` length and a MessagePack directory ``[[state id, name, kind], ...]``;
-then entries ``state id (uint16) | len (uint32) | key suffix | len (uint32) |
-value``, the suffix and value exactly as stored (no re-serialization).
+group); a big-endian ``uint32`` length and a MessagePack directory
+``[[state id, name, kind], ...]``; then entries ``state id (uint16) | len
+(uint32) | key suffix | len (uint32) | value``, the suffix and value exactly as
+stored (no re-serialization).
 Either backend restores the other's sections, so a job switches backends by
 restoring a savepoint with the other ``state_backend``.
 

@@ -31,7 +31,8 @@ from raystream.checkpoint.keygroups import HASH_VERSION
 
 __all__ = ["KEYED_STATE", "Envelope", "SectionKind", "is_keyed_state", "read"]
 
-_LAYOUT = struct.Struct(">4sHHII")  # magic, format version, hash version, max_parallelism, key group
+# magic, format version, hash version, max_parallelism, key group
+_LAYOUT = struct.Struct(">4sHHII")
 
 
 class SectionKind(Enum):

@@ -79,8 +79,8 @@ Section format
 --------------
 The envelope of :mod:`raystream.checkpoint.envelope` (magic ``b"RSKS"``, format
 version, key-group hash version, max_parallelism, key group); then consecutive
-pickles (protocol 5): a directory ``[(state name, kind, number of chunks), ...]``, then every
-state's ``{entry key: value}`` in chunks of at most
+pickles (protocol 5): a directory ``[(state name, kind, number of chunks),
+...]``, then every state's ``{entry key: value}`` in chunks of at most
 :data:`CHUNK_ENTRIES` entries (each pickled in one C call holding the GIL, so
 chunks bound how long the serializer can stall the processing thread,
 however large a key group). Restore checks the envelope, and also takes the

@@ -34,8 +34,8 @@ timestamps, key indexes, namespaces (a key index points into the section's key
 list). Then the section's keys as consecutive pickled lists (protocol 5) of at
 most ``CHUNK_ENTRIES`` keys: each is pickled in one C call holding the GIL, so
 chunks bound how long the background writer can stall the processing thread,
-however many keys a key group holds. Restore checks the envelope. As for keyed state, the bytes are only
-ever read back by the same job's restore.
+however many keys a key group holds. Restore checks the envelope. As for keyed
+state, the bytes are only ever read back by the same job's restore.
 
 Example:
     >>> from raystream.checkpoint.keygroups import key_group_of
@@ -402,7 +402,7 @@ class TimerService:
 
     def _read_section(self, kg: int, data: bytes) -> tuple[_Timers, _Timers]:
         _, view = read(data, key_group=kg, max_parallelism=self.max_parallelism,
-                       kinds=(SectionKind.TIMERS,))
+                       kinds=(SectionKind.TIMERS,))  # the body, after the envelope
         if len(view) < _COUNTS.size:
             raise ValueError(f"key group {kg}: timer section truncated in its counts")
         n_ev, n_pt, n_keys = _COUNTS.unpack_from(view)
