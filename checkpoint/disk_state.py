@@ -54,11 +54,12 @@ checkpointing thread while processing goes on, giving one section per non-empty
 key group. Snapshots are full (every checkpoint writes all state); incremental
 checkpoints (shipping only new SST files) are a later step.
 
-Section format: ``b"RSKD"``, big-endian ``uint16`` format version, ``uint16``
-key-group hash version, ``uint32`` max_parallelism, ``uint32`` key group; a
-``uint32`` length and a MessagePack directory ``[[state id, name, kind], ...]``;
-then entries ``state id (uint16) | len (uint32) | key suffix | len (uint32) |
-value``, the suffix and value exactly as stored (no re-serialization).
+Section format: the envelope of :mod:`raystream.checkpoint.envelope` (magic
+``b"RSKD"``, format version, key-group hash version, max_parallelism, key
+group); a big-endian ``uint32`` length and a MessagePack directory
+``[[state id, name, kind], ...]``; then entries ``state id (uint16) | len
+(uint32) | key suffix | len (uint32) | value``, the suffix and value exactly as
+stored (no re-serialization).
 Either backend restores the other's sections, so a job switches backends by
 restoring a savepoint with the other ``state_backend``.
 
@@ -95,15 +96,11 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, cast
 import msgpack
 import numpy as np
 
-from raystream.checkpoint.keygroups import HASH_VERSION, check_key_group_range, key_group_of
+from raystream.checkpoint.envelope import KEYED_STATE, Envelope, SectionKind, is_keyed_state, read
+from raystream.checkpoint.keygroups import check_key_group_range, key_group_of
 
-__all__ = ["DiskKeyedStateBackend", "DiskStateOptions", "DiskStateSnapshot", "FORMAT_VERSION",
-           "MAGIC", "parse_section", "section_entries"]
+__all__ = ["DiskKeyedStateBackend", "DiskStateOptions", "DiskStateSnapshot", "section_entries"]
 
-MAGIC = b"RSKD"  # first bytes of every disk keyed-state section
-HEAP_MAGIC = b"RSKS"  # the heap backend's (restored too: a job may switch backends)
-FORMAT_VERSION = 1
-_HEADER = struct.Struct(">4sHHII")  # magic, format version, hash version, max_parallelism, key group
 _U16 = struct.Struct(">H")
 _PREFIX = struct.Struct(">HH")  # key group, state id
 _U32 = struct.Struct(">I")
@@ -555,7 +552,8 @@ class DiskStateSnapshot:
                 raise RuntimeError("no section of the disk state snapshot is open")
             kg = _U16.unpack(current)[0]
             out[kg] = b"".join([
-                _HEADER.pack(MAGIC, FORMAT_VERSION, HASH_VERSION, self._max_parallelism, kg),
+                Envelope.current(SectionKind.DISK_STATE, max_parallelism=self._max_parallelism,
+                                 key_group=kg).pack(),
                 _U32.pack(len(directory)), directory, *parts])
 
         try:
@@ -579,28 +577,15 @@ class DiskStateSnapshot:
         return out
 
 
-def parse_section(kg: int, data: bytes | memoryview, max_parallelism: int
-                  ) -> tuple[dict[bytes, tuple[str, str]], list[tuple[bytes, bytes, bytes]]]:
-    """Check a disk section's header and split it: ``{state id: (name, kind)}`` and
-    ``[(state id, key suffix, value), ...]``, all still serialized."""
-    view = memoryview(data)
-    if len(view) < _HEADER.size + 4:
-        raise ValueError(f"key group {kg}: disk state section too short ({len(view)} bytes)")
-    magic, fmt, hash_version, max_par, section_kg = _HEADER.unpack_from(view)
-    if magic != MAGIC:
-        raise ValueError(f"key group {kg}: not a keyed-state section (magic {magic!r})")
-    if fmt != FORMAT_VERSION:
-        raise ValueError(f"key group {kg}: unsupported disk keyed-state format {fmt}")
-    if hash_version != HASH_VERSION:
-        raise ValueError(f"key group {kg}: written with key-group hash version "
-                         f"{hash_version}, this build uses {HASH_VERSION}")
-    if max_par != max_parallelism:
-        raise ValueError(f"key group {kg}: written with max_parallelism {max_par}, "
-                         f"restoring with {max_parallelism}")
-    if section_kg != kg:
-        raise ValueError(f"section handed over as key group {kg} holds key group {section_kg}")
-    data = bytes(view)
-    pos = _HEADER.size
+def _parse_body(kg: int, body: memoryview
+                ) -> tuple[dict[bytes, tuple[str, str]], list[tuple[bytes, bytes, bytes]]]:
+    """Split the body of a disk section (after its envelope): ``{state id: (name, kind)}``
+    and ``[(state id, key suffix, value), ...]``, all still serialized."""
+    if len(body) < _U32.size:
+        raise ValueError(f"key group {kg}: disk keyed-state section truncated before its "
+                         f"directory")
+    data = bytes(body)
+    pos = 0
     (n,) = _U32.unpack_from(data, pos)
     pos += 4
     directory = {_U16.pack(sid): (name, kind) for sid, name, kind in _unpack(data[pos:pos + n])}
@@ -620,11 +605,11 @@ def parse_section(kg: int, data: bytes | memoryview, max_parallelism: int
     return directory, entries
 
 
-def section_entries(kg: int, data: bytes | memoryview, max_parallelism: int
-                    ) -> Iterator[tuple[str, str, Any, Any, Any]]:
-    """``(state name, kind, key, namespace, value)`` of every entry of a disk section,
-    deserialized (how the heap backend restores a disk backend's savepoint)."""
-    directory, entries = parse_section(kg, data, max_parallelism)
+def section_entries(kg: int, body: memoryview) -> Iterator[tuple[str, str, Any, Any, Any]]:
+    """``(state name, kind, key, namespace, value)`` of every entry of a disk section's
+    body (after its envelope, which the caller checked), deserialized: how the heap
+    backend restores a disk backend's savepoint."""
+    directory, entries = _parse_body(kg, body)
     for sid, suffix, value in entries:
         name, kind = directory[sid]
         (n,) = _U32.unpack_from(suffix, 0)
@@ -680,11 +665,8 @@ class DiskKeyedStateBackend:
         get = getattr(self._db, "get", None)
         self._get = get if get is not None else self._get_or_none
 
-    @staticmethod
-    def owns_section(section: bytes) -> bool:
-        """Is ``section`` a keyed-state section (this backend's or the heap's, which it
-        restores too), by its magic bytes?"""
-        return bytes(section[:len(MAGIC)]) in (MAGIC, HEAP_MAGIC)
+    # keyed state of either backend: it restores the heap backend's too
+    owns_section = staticmethod(is_keyed_state)
 
     def close(self) -> None:
         """Close the database and remove its directory (idempotent)."""
@@ -846,27 +828,29 @@ class DiskKeyedStateBackend:
             sections = cast(Mapping[int, bytes], sections).items()
         for kg, data in sections:
             if kg in self.key_groups:
-                self._restore_section(kg, memoryview(data))
+                self._restore_section(kg, data)
 
-    def _restore_section(self, kg: int, view: memoryview) -> None:
+    def _restore_section(self, kg: int, data: bytes) -> None:
+        envelope, body = read(data, key_group=kg, max_parallelism=self.max_parallelism,
+                              kinds=KEYED_STATE)
         if kg in self._restored:
             raise ValueError(f"key group {kg} restored twice")
-        if bytes(view[:len(HEAP_MAGIC)]) == HEAP_MAGIC:
-            self._restore_heap_section(kg, view)
+        if envelope.kind is SectionKind.HEAP_STATE:  # a job switching backends
+            self._restore_heap_section(kg, data)
         else:
-            directory, entries = parse_section(kg, view, self.max_parallelism)
+            directory, entries = _parse_body(kg, body)
             sids = {sid: self._sid(name, kind) for sid, (name, kind) in directory.items()}
             kgb = _U16.pack(kg)
             self._write([(kgb + sids[sid] + suffix, value) for sid, suffix, value in entries])
         self._restored.add(kg)
 
-    def _restore_heap_section(self, kg: int, view: memoryview) -> None:
+    def _restore_heap_section(self, kg: int, section: bytes) -> None:
         """A section the heap backend wrote (a job switching backends through a savepoint)."""
         from raystream.checkpoint.state import HeapKeyedStateBackend, _Namespaced
 
         heap = HeapKeyedStateBackend(max_parallelism=self.max_parallelism,
                                      key_groups=range(kg, kg + 1))
-        heap.restore([(kg, view)])
+        heap.restore([(kg, section)])
         kgb = _U16.pack(kg)
         pairs = []
         for name, table in heap._tables.items():

@@ -77,18 +77,16 @@ kind in the section directory carries a ``+ttl`` suffix.
 
 Section format
 --------------
-``b"RSKS"``, then big-endian ``uint16`` format version (:data:`FORMAT_VERSION`),
-``uint16`` key-group hash version (``keygroups.HASH_VERSION``), ``uint32``
-max_parallelism and ``uint32`` key group; then consecutive pickles (protocol
-5): a directory ``[(state name, kind, number of chunks), ...]``, then every
-state's ``{entry key: value}`` in chunks of at most
+The envelope of :mod:`raystream.checkpoint.envelope` (magic ``b"RSKS"``, format
+version, key-group hash version, max_parallelism, key group); then consecutive
+pickles (protocol 5): a directory ``[(state name, kind, number of chunks),
+...]``, then every state's ``{entry key: value}`` in chunks of at most
 :data:`CHUNK_ENTRIES` entries (each pickled in one C call holding the GIL, so
 chunks bound how long the serializer can stall the processing thread,
-however large a key group). Restore checks all four header fields, and also
-takes the disk backend's sections (``b"RSKD"``, see
-:mod:`raystream.checkpoint.disk_state`), so a job may switch backends through a
-savepoint. The bytes
-are only ever read back by the same job's restore.
+however large a key group). Restore checks the envelope, and also takes the
+disk backend's sections (see :mod:`raystream.checkpoint.disk_state`), so a job
+may switch backends through a savepoint. The bytes are only ever read back by
+the same job's restore.
 """
 
 from __future__ import annotations
@@ -101,7 +99,6 @@ import gc
 import io
 import itertools
 import pickle
-import struct
 import threading
 import uuid
 import weakref
@@ -111,14 +108,13 @@ from typing import Any, Callable, Iterable, Iterator, Protocol, cast
 
 import numpy as np
 
-from raystream.checkpoint.disk_state import MAGIC as DISK_MAGIC
 from raystream.checkpoint.disk_state import section_entries
-from raystream.checkpoint.keygroups import HASH_VERSION, check_key_group_range, key_group_of
+from raystream.checkpoint.envelope import KEYED_STATE, Envelope, SectionKind, is_keyed_state, read
+from raystream.checkpoint.keygroups import check_key_group_range, key_group_of
 from raystream.checkpoint.ttl import StateTtlConfig, TtlTimeProvider, wall_clock_ms
 
 __all__ = [
     "CHUNK_ENTRIES",
-    "FORMAT_VERSION",
     "AggregateFunction",
     "AggregatingState",
     "HeapKeyedStateBackend",
@@ -129,9 +125,6 @@ __all__ = [
     "ValueState",
 ]
 
-FORMAT_VERSION = 2  # 2: entries of the None namespace are keyed by the plain key
-MAGIC = b"RSKS"  # first bytes of every keyed-state section
-_HEADER = struct.Struct(">4sHHII")  # magic, format version, hash version, max_parallelism, key group
 CHUNK_ENTRIES = 8192
 
 _VALUE, _LIST, _MAP, _REDUCING, _AGGREGATING = "value", "list", "map", "reducing", "aggregating"
@@ -697,16 +690,12 @@ class _TtlListState(_TtlState, ListState):
         lst = kg.owned(kk)
         if lst is _MISSING:
             return []
-        live = [e for e in lst if e[1] + cfg.ttl_ms > now]
-        shown = lst if cfg.return_expired else live
-        out = [e[0] for e in shown]
+        live = _live_elements(lst, cfg.ttl_ms, now)
+        out = [e[0] for e in (lst if cfg.return_expired else live)]
         if cfg.renew_on_read:
-            live = [(e[0], now) for e in live]
-        if len(live) != len(lst) or cfg.renew_on_read:
-            if live:
-                lst[:] = live
-            else:
-                kg.remove(kk)
+            _store_list(kg, kk, [(e[0], now) for e in live])
+        elif len(live) != len(lst):
+            _store_list(kg, kk, live)
         return out
 
     def add(self, value: Any) -> None:
@@ -821,6 +810,21 @@ class _TtlMapState(_TtlState, MapState):
         return not self._entries()
 
 
+def _live_elements(lst: list, ttl_ms: int, now: int) -> list:
+    """The elements of a TTL list state's stored list (``(element, timestamp)`` each)
+    not expired at ``now``."""
+    return [e for e in lst if e[1] + ttl_ms > now]
+
+
+def _store_list(kgm: _KGMap, kk: Any, live: list) -> None:
+    """Store ``live`` (a new list of owned elements) as the list of a TTL list state,
+    or remove the entry when it is empty (an empty list is never stored)."""
+    if live:
+        kgm.put(kk, live)
+    else:
+        kgm.remove(kk)
+
+
 def _unexpired(kind: str, m: dict, ttl_ms: int, now: int) -> dict:
     """The entries of one key group's map of a TTL state that are live at ``now``
     (a new dict; ``m`` is not changed)."""
@@ -828,7 +832,7 @@ def _unexpired(kind: str, m: dict, ttl_ms: int, now: int) -> dict:
     if base == _LIST:
         out = {}
         for kk, lst in m.items():
-            live = [e for e in lst if e[1] + ttl_ms > now]
+            live = _live_elements(lst, ttl_ms, now)
             if live:
                 out[kk] = live
         return out
@@ -909,7 +913,8 @@ class StateSnapshot:
 
     def _section(self, kg: int, states: list[tuple[str, str, dict]]) -> bytes:
         buf = io.BytesIO()
-        buf.write(_HEADER.pack(MAGIC, FORMAT_VERSION, HASH_VERSION, self._max_parallelism, kg))
+        buf.write(Envelope.current(SectionKind.HEAP_STATE, max_parallelism=self._max_parallelism,
+                                   key_group=kg).pack())
         pickler = pickle.Pickler(buf, protocol=5)
         # No memo: state values are written independently (as Flink serializes
         # each value), which halves the time for millions of small entries; a
@@ -989,11 +994,8 @@ class HeapKeyedStateBackend:
         self._kg_idx: int | None = None
         self._kk: Any = None  # _entry_key(current key, current namespace)
 
-    @staticmethod
-    def owns_section(section: bytes) -> bool:
-        """Is ``section`` a keyed-state section (this backend's or the disk backend's,
-        which it restores too), by its magic bytes?"""
-        return bytes(section[:len(MAGIC)]) in (MAGIC, DISK_MAGIC)
+    # keyed state of either backend: it restores the disk backend's too
+    owns_section = staticmethod(is_keyed_state)
 
     # -- current key and namespace ----------------------------------------
     def set_current_key(self, key: Any, key_group: int | None = None) -> None:
@@ -1097,10 +1099,7 @@ class HeapKeyedStateBackend:
                 continue
             if base == _LIST:
                 if any(x[1] + expires <= now for x in e):
-                    lst = kgm.owned(kk)
-                    lst[:] = [x for x in lst if x[1] + expires > now]
-                    if not lst:
-                        kgm.remove(kk)
+                    _store_list(kgm, kk, _live_elements(kgm.owned(kk), expires, now))
             elif base == _MAP:
                 dead = [k for k, x in e.items() if x[1] + expires <= now]
                 if dead:
@@ -1175,55 +1174,38 @@ class HeapKeyedStateBackend:
         for kg, data in sections:
             if kg not in self.key_groups:
                 continue
-            view = memoryview(data)
-            if len(view) < _HEADER.size:
-                raise ValueError(f"key group {kg}: section too short ({len(view)} bytes)")
-            magic, fmt, hash_version, max_par, section_kg = _HEADER.unpack_from(view)
-            if magic == DISK_MAGIC:  # the disk backend's: a job switching backends
-                self._restore_disk_section(kg, view)
-                continue
-            if magic != MAGIC:
-                raise ValueError(f"key group {kg}: not a keyed-state section")
-            if fmt != FORMAT_VERSION:
-                raise ValueError(f"key group {kg}: unsupported keyed-state format {fmt}")
-            if hash_version != HASH_VERSION:
-                raise ValueError(
-                    f"key group {kg}: written with key-group hash version {hash_version}, "
-                    f"this build uses {HASH_VERSION}")
-            if max_par != self.max_parallelism:
-                raise ValueError(
-                    f"key group {kg}: written with max_parallelism {max_par}, "
-                    f"restoring with {self.max_parallelism}")
-            if section_kg != kg:
-                raise ValueError(
-                    f"section handed over as key group {kg} holds key group {section_kg}")
+            envelope, body = read(data, key_group=kg, max_parallelism=self.max_parallelism,
+                                  kinds=KEYED_STATE)
             if kg in self._restored:
                 raise ValueError(f"key group {kg} restored twice")
-            unpickler = pickle.Unpickler(io.BytesIO(view[_HEADER.size:]))
-            directory = unpickler.load()
-            i = kg - self._kg_start
-            for name, kind, n_chunks in directory:
-                values = unpickler.load()
-                for _ in range(n_chunks - 1):
-                    values.update(unpickler.load())
-                kgm = self._table(name, kind).kgs[i]
-                if kgm.m:  # merge into existing state (copy-on-write aware)
-                    for kk, v in values.items():
-                        kgm.put(kk, v)
-                else:  # adopt the freshly unpickled dict: no snapshot can reach it
-                    kgm.m = values
-                    kgm.version = self._version
-                    kgm.floor = _NEVER
-                    kgm.fresh = set()
+            if envelope.kind is SectionKind.DISK_STATE:  # a job switching backends
+                self._restore_disk_section(kg, body)
+            else:
+                self._restore_heap_section(kg, body)
             self._restored.add(kg)
 
-    def _restore_disk_section(self, kg: int, view: memoryview) -> None:
-        if kg in self._restored:
-            raise ValueError(f"key group {kg} restored twice")
+    def _restore_heap_section(self, kg: int, body: memoryview) -> None:
+        unpickler = pickle.Unpickler(io.BytesIO(body))
+        directory = unpickler.load()
         i = kg - self._kg_start
-        for name, kind, key, namespace, value in section_entries(kg, view, self.max_parallelism):
+        for name, kind, n_chunks in directory:
+            values = unpickler.load()
+            for _ in range(n_chunks - 1):
+                values.update(unpickler.load())
+            kgm = self._table(name, kind).kgs[i]
+            if kgm.m:  # merge into existing state (copy-on-write aware)
+                for kk, v in values.items():
+                    kgm.put(kk, v)
+            else:  # adopt the freshly unpickled dict: no snapshot can reach it
+                kgm.m = values
+                kgm.version = self._version
+                kgm.floor = _NEVER
+                kgm.fresh = set()
+
+    def _restore_disk_section(self, kg: int, body: memoryview) -> None:
+        i = kg - self._kg_start
+        for name, kind, key, namespace, value in section_entries(kg, body):
             self._table(name, kind).kgs[i].put(_entry_key(key, namespace), value)
-        self._restored.add(kg)
 
     def __repr__(self) -> str:
         return (f"HeapKeyedStateBackend(max_parallelism={self.max_parallelism}, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import doctest
 import heapq
 import pickle
+import struct
 import threading
 
 import numpy as np
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 import raystream.timers.heap as heap_module
 import raystream.timers.service as service_module
+from raystream.checkpoint.envelope import SectionKind
 from raystream.checkpoint.keygroups import HASH_VERSION, key_group_of, key_group_range
 from raystream.timers import TimerHeap, TimerService
 
@@ -410,8 +412,13 @@ def test_restore_into_a_running_service_and_rescale_twice():
     assert set(event) == model.event and set(processing) == model.processing
 
 
+# A timer section's first 40 bytes, as written since its format 1: the 16-byte envelope
+# (magic, format version, hash version, max_parallelism, key group), then its three counts.
+HEADER = struct.Struct(">4sHHIIQQQ")
+
+
 def header_of(section: bytes) -> tuple:
-    return service_module._HEADER.unpack_from(section)
+    return HEADER.unpack_from(section)
 
 
 def with_header(section: bytes, **changes) -> bytes:
@@ -419,14 +426,14 @@ def with_header(section: bytes, **changes) -> bytes:
     names = ["magic", "version", "hash_version", "max_parallelism", "key_group"]
     for name, value in changes.items():
         fields[names.index(name)] = value
-    return service_module._HEADER.pack(*fields) + section[service_module._HEADER.size:]
+    return HEADER.pack(*fields) + section[HEADER.size:]
 
 
 def test_section_header_checks():
     service, _, _ = build_service(2)
     sections = service.snapshot()()
     kg, section = next(iter(sections.items()))
-    assert header_of(section)[:5] == (b"RSTM", service_module.FORMAT_VERSION, HASH_VERSION,
+    assert header_of(section)[:5] == (b"RSTM", SectionKind.TIMERS.format_version, HASH_VERSION,
                                       MAXP, kg)
 
     def restore(pairs, max_parallelism=MAXP, key_groups=range(MAXP)):
@@ -450,8 +457,10 @@ def test_section_header_checks():
         restore([(kg, section), (kg, section)])
     with pytest.raises(ValueError, match="too short"):
         restore([(kg, section[:10])])
+    with pytest.raises(ValueError, match="truncated in its counts"):
+        restore([(kg, section[:20])])
     with pytest.raises(ValueError, match="truncated"):
-        restore([(kg, section[:service_module._HEADER.size + 4])])
+        restore([(kg, section[:HEADER.size + 4])])
     with pytest.raises(ValueError, match="truncated in its keys"):
         restore([(kg, section[:-3])])
 
@@ -502,16 +511,16 @@ def test_service_rejects_bad_input():
     assert "keys=1" in repr(service)  # a failed call appends nothing
     service.register_event_time_timer(a, 0, 10)
     section = service.snapshot()()[key_group_of("a", MAXP)]
-    size = service_module._HEADER.size
+    size = HEADER.size
     arrays_end = size + 3 * 8  # one event-time timer, no processing-time timer
     assert pickle.loads(section[arrays_end:]) == ["a"]
     bad_keys = section[:arrays_end] + pickle.dumps(["a", "extra"], protocol=5)
     with pytest.raises(ValueError, match="bad key list"):
         TimerService(max_parallelism=MAXP, key_groups=range(MAXP)).restore(
             [(key_group_of("a", MAXP), bad_keys)])
-    header = list(service_module._HEADER.unpack_from(section))
+    header = list(HEADER.unpack_from(section))
     header[7] = 0  # no keys, yet a timer refers to key 0
-    no_keys = service_module._HEADER.pack(*header) + section[size:arrays_end] + \
+    no_keys = HEADER.pack(*header) + section[size:arrays_end] + \
         pickle.dumps([], protocol=5)
     with pytest.raises(ValueError, match="refers to a missing key"):
         TimerService(max_parallelism=MAXP, key_groups=range(MAXP)).restore(

@@ -25,18 +25,17 @@ parallelism: timers follow their key groups.
 
 Section format
 --------------
-A big-endian header ``struct(">4sHHIIQQQ")``: magic ``b"RSTM"``, format version
-(:data:`FORMAT_VERSION`), key-group hash version (``keygroups.HASH_VERSION``),
-max_parallelism, key group, number of event-time timers, number of
-processing-time timers, number of keys. Then six little-endian int64 arrays:
+The envelope of :mod:`raystream.checkpoint.envelope` (magic ``b"RSTM"``, format
+version, key-group hash version, max_parallelism, key group), then three
+big-endian ``uint64``: the number of event-time timers, of processing-time
+timers and of keys. Then six little-endian int64 arrays:
 event-time timestamps, key indexes, namespaces, then processing-time
 timestamps, key indexes, namespaces (a key index points into the section's key
 list). Then the section's keys as consecutive pickled lists (protocol 5) of at
 most ``CHUNK_ENTRIES`` keys: each is pickled in one C call holding the GIL, so
 chunks bound how long the background writer can stall the processing thread,
-however many keys a key group holds. Restore checks magic, version, hash
-version, max_parallelism and key group. As for keyed state, the bytes are only
-ever read back by the same job's restore.
+however many keys a key group holds. Restore checks the envelope. As for keyed
+state, the bytes are only ever read back by the same job's restore.
 
 Example:
     >>> from raystream.checkpoint.keygroups import key_group_of
@@ -67,17 +66,15 @@ from typing import Any, Iterable, cast
 
 import numpy as np
 
-from raystream.checkpoint.keygroups import HASH_VERSION, check_key_group_range
+from raystream.checkpoint.envelope import Envelope, SectionKind, read
+from raystream.checkpoint.keygroups import check_key_group_range
 from raystream.checkpoint.state import CHUNK_ENTRIES
 from raystream.timers.heap import TimerHeap
 
-__all__ = ["FORMAT_VERSION", "TimerService", "TimerSnapshot"]
+__all__ = ["TimerService", "TimerSnapshot"]
 
-FORMAT_VERSION = 1
-_MAGIC = b"RSTM"
-# magic, format version, hash version, max_parallelism, key group,
-# event-time timers, processing-time timers, keys
-_HEADER = struct.Struct(">4sHHIIQQQ")
+# after the envelope: event-time timers, processing-time timers, keys
+_COUNTS = struct.Struct(">QQQ")
 # a heap's timers: (timestamps, key ids, namespaces)
 _Timers = tuple[np.ndarray, np.ndarray, np.ndarray]
 _I64 = np.dtype("<i8")
@@ -146,8 +143,8 @@ class TimerSnapshot:
             ids = key_ids[key_starts[kg]:key_starts[kg + 1]].tolist()
             group_keys = [keys[i] for i in ids]
             sections[kg] = b"".join((
-                _HEADER.pack(_MAGIC, FORMAT_VERSION, HASH_VERSION, max_par, kg,
-                             len(e), len(p), len(group_keys)),
+                Envelope.current(SectionKind.TIMERS, max_parallelism=max_par, key_group=kg).pack(),
+                _COUNTS.pack(len(e), len(p), len(group_keys)),
                 ev_ts[e].astype(_I64, copy=False).tobytes(),
                 local_index[ev_kid[e]].astype(_I64, copy=False).tobytes(),
                 ev_ns[e].astype(_I64, copy=False).tobytes(),
@@ -404,28 +401,12 @@ class TimerService:
                 heap.add_many(ts, kid, ns)
 
     def _read_section(self, kg: int, data: bytes) -> tuple[_Timers, _Timers]:
-        view = memoryview(data)
-        if len(view) < _HEADER.size:
-            raise ValueError(f"key group {kg}: timer section too short ({len(view)} bytes)")
-        magic, fmt, hash_version, max_par, section_kg, n_ev, n_pt, n_keys = \
-            _HEADER.unpack_from(view)
-        if magic != _MAGIC:
-            raise ValueError(f"key group {kg}: not a timer section (magic {magic!r})")
-        if fmt != FORMAT_VERSION:
-            raise ValueError(f"key group {kg}: unsupported timer section format {fmt} "
-                             f"(this build reads {FORMAT_VERSION})")
-        if hash_version != HASH_VERSION:
-            raise ValueError(
-                f"key group {kg}: timers written with key-group hash version {hash_version}, "
-                f"this build uses {HASH_VERSION}")
-        if max_par != self.max_parallelism:
-            raise ValueError(
-                f"key group {kg}: timers written with max_parallelism {max_par}, "
-                f"restoring with {self.max_parallelism}")
-        if section_kg != kg:
-            raise ValueError(f"timer section handed over as key group {kg} holds key group "
-                             f"{section_kg}")
-        offset = _HEADER.size
+        _, view = read(data, key_group=kg, max_parallelism=self.max_parallelism,
+                       kinds=(SectionKind.TIMERS,))  # the body, after the envelope
+        if len(view) < _COUNTS.size:
+            raise ValueError(f"key group {kg}: timer section truncated in its counts")
+        n_ev, n_pt, n_keys = _COUNTS.unpack_from(view)
+        offset = _COUNTS.size
         arrays = []
         for count in (n_ev, n_ev, n_ev, n_pt, n_pt, n_pt):
             end = offset + 8 * count
