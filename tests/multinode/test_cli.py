@@ -145,7 +145,14 @@ def test_savepoint_stop_and_restore_from_the_command_line(ray_head, tmp_path):
     assert_exactly_once(tmp_path / "out", readings)
 
 
-def test_a_detached_job_outlives_its_killed_driver(ray_head, tmp_path):
+def master_pid(head, job: str) -> int:
+    """The pid of the job's master process, asked of the cluster as another client."""
+    script = ("import ray, raystream as rs; ray.init(address='auto', logging_level='ERROR'); "
+              f"print(rs.JobClient.attach({job!r}).progress()['master_pid'])")
+    return int(ok(head.run(sys.executable, "-c", script)).split()[-1])
+
+
+def test_a_detached_job_outlives_its_killed_driver_and_job_master(ray_head, tmp_path):
     readings = 450_000  # at 15,000 rows/s: about 30 s, most of it after the driver is gone
     command = ["raystream", "run", "--detach", str(EXAMPLES / "meter_totals.py"), "--",
                *job_args(tmp_path, readings, rows_per_second=15_000)]
@@ -161,8 +168,13 @@ def test_a_detached_job_outlives_its_killed_driver(ray_head, tmp_path):
         if driver.poll() is None:
             driver.kill()
     assert job_id_from_list(ray_head, "meter-totals", "RUNNING") == job_id, "it ended too early"
+    # then its master's process: Ray restarts it (from the constructor arguments Ray kept,
+    # the driver being gone), and it takes the job over from the newest checkpoint
+    os.kill(master_pid(ray_head, job_id), signal.SIGKILL)
     wait_until(lambda: job_id_from_list(ray_head, "meter-totals", "FINISHED") == job_id,
-               timeout_s=180, what="the job to finish without its driver")
+               timeout_s=180, what="the job to finish without its driver and first master")
+    status = ok(ray_head.run("raystream", "status", job_id))
+    assert "the job master's process died" in status, status
     assert_exactly_once(tmp_path / "out", readings)
 
 
