@@ -315,6 +315,15 @@ def place(scenario: Scenario, client: rs.JobClient, failure: Failure, attempt: i
         path = corrupt_a_state_file(FsPath(storage) / client.job_id / f"chk-{newest}")
         os.kill(pid, signal.SIGKILL)
         return f"corrupted {path} (checkpoint {newest}), then SIGKILL of {operator}[{subtask}]"
+    if failure.kind is FailureKind.MASTER_KILL:
+        if not (wait_until(client, lambda: progress(client)["attempt"] >= attempt)
+                and wait_for_checkpoints(client, failure.after_checkpoints)):
+            return "master kill: the job finished first"
+        pid = progress(client).get("master_pid")
+        if pid is None:
+            return "master kill: the job finished first"
+        os.kill(pid, signal.SIGKILL)
+        return "SIGKILL of the job master after checkpoints"
     if failure.kind is FailureKind.FAILPOINT:  # armed: wait until it fired or the job ended
         if wait_until(client, lambda: progress(client)["attempt"] > attempt):
             return f"failpoint {failure.point} in {operator}[{subtask}]"

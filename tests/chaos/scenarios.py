@@ -80,6 +80,8 @@ class FailureKind(enum.Enum):
     CORRUPT_NEWEST = "corrupt"       # a state file of the newest checkpoint damaged, then a
                                      # SIGKILL: the job must fail naming it (never fall back
                                      # past committed output), or restore a newer one
+    MASTER_KILL = "master_kill"      # SIGKILL of the job master's process after a checkpoint:
+                                     # Ray restarts it and it takes the job over
 
 
 # Seeds from here on may run the window join or count windows instead of their first
@@ -88,6 +90,8 @@ NEW_OPERATORS_FROM_SEED = 1000
 # Seeds from here on may keep their state on the disk backend (drawn apart, likewise).
 DISK_STATE_FROM_SEED = 2000
 DISK_JOBS = (JobKind.REDUCE, JobKind.PROCESS)
+# Seeds from here on may also kill the job master (drawn apart, likewise).
+MASTER_KILLS_FROM_SEED = 4000
 
 FAILPOINTS = ("in_processing", "in_snapshot", "in_async_write", "right_after_restore")
 
@@ -183,7 +187,8 @@ def generate(seed: int) -> Scenario:
                         events=Events(string_keys=rng.random() < 0.5),
                         failures=tuple(failures))
     scenario = _with_later_choices(scenario, random.Random(f"{seed}/later"))
-    return _with_backend(scenario, random.Random(f"{seed}/backend"))
+    scenario = _with_backend(scenario, random.Random(f"{seed}/backend"))
+    return _with_master_kill(scenario, random.Random(f"{seed}/master"))
 
 
 def _with_later_choices(scenario: Scenario, rng: random.Random) -> Scenario:
@@ -214,6 +219,19 @@ def _with_later_choices(scenario: Scenario, rng: random.Random) -> Scenario:
         scenario = dataclasses.replace(scenario, job=job, path=Path.DENSE, lateness_ms=0,
                                        events=events)
     return scenario
+
+
+def _with_master_kill(scenario: Scenario, rng: random.Random) -> Scenario:
+    """Later seeds kill the job master about half the time, somewhere among the other
+    failures: after a deploy kill, before a corruption (which may rightly end the job)."""
+    if scenario.seed < MASTER_KILLS_FROM_SEED or rng.random() < 0.5:
+        return scenario
+    failures = list(scenario.failures)
+    first = int(bool(failures) and failures[0].kind is FailureKind.DEPLOY_KILL)
+    last = len(failures) - int(bool(failures) and failures[-1].kind is FailureKind.CORRUPT_NEWEST)
+    failures.insert(rng.randint(first, max(first, last)),
+                    Failure(FailureKind.MASTER_KILL, after_checkpoints=rng.randint(1, 2)))
+    return dataclasses.replace(scenario, failures=tuple(failures))
 
 
 def _with_backend(scenario: Scenario, rng: random.Random) -> Scenario:
