@@ -20,7 +20,8 @@ from typing import Callable
 from raystream.actors.barrier_handler import unaligned_now
 from raystream.actors.channel_state import OutputStateCapture
 from raystream.actors.channels import OutputChannel
-from raystream.actors.messages import Barrier, ChannelId, Kind
+from raystream.actors.messages import ChannelId, Kind
+from raystream.checkpoint.barrier import Barrier
 
 # announce(output channel, barrier, upto): tell the receiver where the barrier sits
 Announce = Callable[[OutputChannel, Barrier, int], None]

@@ -47,7 +47,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence, Union
 
-from raystream.actors.messages import Barrier, ChannelId
+from raystream.actors.messages import ChannelId
+from raystream.checkpoint.barrier import Barrier
 
 
 def unaligned_now(barrier: Barrier, wall_ms: Callable[[], float]) -> bool:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from raystream.actors.barrier_handler import CheckpointAborted, TriggerReceived
-from raystream.actors.messages import Barrier, ChannelId
+from raystream.actors.messages import ChannelId
+from raystream.checkpoint.barrier import Barrier
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,15 +52,16 @@ from raystream.actors.channel_state import InputStateRecorder, OutputStateCaptur
 from raystream.actors.channels import InputGate, OutputChannel
 from raystream.actors.mailbox import (BarrierReceived, Cancel, CheckpointCompleted, Credit,
                                       Drain, Mail, OperatorEvent, Stop)
-from raystream.actors.messages import (MAX_WATERMARK, MIN_WATERMARK, REPLAYED_SEQ, Barrier,
-                                       ChannelId, Envelope, Kind)
+from raystream.actors.messages import (MAX_WATERMARK, MIN_WATERMARK, REPLAYED_SEQ, ChannelId,
+                                       Envelope, Kind)
+from raystream.checkpoint.barrier import Barrier
 from raystream.actors.record_writer import RecordWriter, batch_payload
-from raystream.checkpoint.channel_state_file import ChannelStateContents
+from raystream.actors.channel_state_file import ChannelStateContents
 from raystream.checkpoint.state_backend import StateBackend
 from raystream.checkpoint.watermark_floors import WatermarkFloors
-from raystream.actors.subtask_checkpoints import (CheckpointingSpec, RestoreSpec,
-                                                  SubtaskCheckpointer)
-from raystream.engine.failpoints import Failpoint, Failpoints
+from raystream.actors.subtask_checkpoints import CheckpointingSpec, SubtaskCheckpointer
+from raystream.checkpoint.restore import RestoreSpec
+from raystream.core.failpoints import Failpoint, Failpoints
 from raystream.engine.metrics import SubtaskMetricsExporter
 from raystream.engine.operators.base import (BroadcastingOutput, ChainedOutput, Operator,
                                              OperatorFailure, RoutingOutput, RuntimeContext,

@@ -27,48 +27,27 @@ from __future__ import annotations
 import dataclasses
 import concurrent.futures
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from raystream.actors.channel_state import (InputStateRecorder, OutputStateCapture,
                                             resolve_batches)
-from raystream.actors.messages import Barrier
-from raystream.checkpoint.channel_state_file import (ChannelStateContents, channel_state_key,
+from raystream.checkpoint.barrier import Barrier
+from raystream.actors.channel_state_file import (ChannelStateContents, channel_state_key,
                                                      decode_channel_state, encode_channel_state)
 from raystream.checkpoint.keygroups import key_group_range
+from raystream.checkpoint.restore import OperatorRestore, RestoreSpec
 from raystream.checkpoint.sections import decode_sections, encode_sections
 from raystream.checkpoint.snapshot_stats import SnapshotStats
 from raystream.checkpoint.state_backend import StateBackend, StateBackendChoice
 from raystream.checkpoint.storage import (SAVEPOINT_JOB_KEY, CheckpointStorage, StateHandle,
                                           safe_name)
 from raystream.checkpoint.watermark_floors import WatermarkFloors, runs_of
-from raystream.engine.failpoints import Failpoints
+from raystream.core.failpoints import Failpoints
 from raystream.engine.operators.base import (Operator, OperatorSnapshot, RestoredState,
                                              call_operator)
-
-
-@dataclass
-class OperatorRestore:
-    """The state files of one operator in the checkpoint a job restores from."""
-
-    operator_state: list[dict] = field(default_factory=list)  # StateHandle JSON, all old subtasks
-    keyed_state: list[dict] = field(default_factory=list)
-
-
-@dataclass
-class RestoreSpec:
-    checkpoint_id: int
-    storage_uri: str  # where the handles' files are (checkpoint storage or a savepoint)
-    operators: dict[str, OperatorRestore] = field(default_factory=dict)  # operator name -> files
-    # per head operator: the watermark its subtasks had reached at the checkpoint, as
-    # runs over key groups (WatermarkFloors JSON; an int in older checkpoints)
-    watermarks: dict[str, Any] = field(default_factory=dict)
-    # channel state of an unaligned checkpoint: channel_state_key(chain, subtask) -> handle
-    channel_state: dict[str, dict] = field(default_factory=dict)
-    # operator coordinators' states: operator name -> handle
-    coordinators: dict[str, dict] = field(default_factory=dict)
 
 
 @dataclass

@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from raystream.actors.messages import Barrier
-from raystream.actors.subtask_checkpoints import OperatorRestore, RestoreSpec
+from raystream.checkpoint.barrier import Barrier
+from raystream.checkpoint.restore import OperatorRestore, RestoreSpec
 from raystream.checkpoint.committed_output import CommittedOutput
 from raystream.checkpoint.config import CheckpointConfig
 from raystream.checkpoint.coordinator_holder import OperatorCoordinators
@@ -43,7 +43,7 @@ from raystream.checkpoint.storage import (SAVEPOINT_JOB_KEY, CheckpointStorage,
                                           CorruptCheckpointError, StateHandle, safe_name)
 from raystream.checkpoint.snapshot_stats import SnapshotStats
 from raystream.checkpoint.watermark_floors import WatermarkFloors
-from raystream.engine.failpoints import Failpoints
+from raystream.core.failpoints import Failpoints
 
 log = logging.getLogger(__name__)
 

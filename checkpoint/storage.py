@@ -65,7 +65,7 @@ import pyarrow.fs as pafs
 
 from raystream.checkpoint.committed_output import CommittedOutput
 from raystream.checkpoint.metadata import CheckpointMetadata
-from raystream.engine.errors import RaystreamError
+from raystream.core.errors import RaystreamError
 
 __all__ = ["StateHandle", "CorruptCheckpointError", "CheckpointStorage", "METADATA_FILE"]
 

@@ -32,7 +32,7 @@ from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.checkpoint.keygroups import DEFAULT_MAX_PARALLELISM
 from raystream.checkpoint.storage import CheckpointStorage
 from raystream.engine import actor_pool, progress
-from raystream.engine.failpoints import Failpoint
+from raystream.core.failpoints import Failpoint
 from raystream.engine.client import JobClient, JobResult
 from raystream.engine.datastream import DataStream
 from raystream.engine import registry

@@ -6,9 +6,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeVar
 
-
-class RaystreamError(Exception):
-    """Base of raystream's own errors."""
+# the base of every error here, raised by lower layers too (re-exported)
+from raystream.core.errors import RaystreamError as RaystreamError
 
 
 class JobFailedError(RaystreamError):

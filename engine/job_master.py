@@ -39,7 +39,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from raystream.actors.subtask_checkpoints import RestoreSpec
+from raystream.checkpoint.restore import RestoreSpec
 from raystream.checkpoint.coordinator import CheckpointCoordinator, TooManyCheckpointFailures
 from raystream.checkpoint.coordinator_holder import CoordinatorFailure, OperatorCoordinators
 from raystream.checkpoint.snapshot_stats import SnapshotStats
@@ -51,7 +51,7 @@ from raystream.engine.deployment import (NAMESPACE, SUBTASK_SCHEDULING, Deployme
                                          SubtaskFailure, deployment_failure)
 from raystream.engine.errors import JobNotFoundError, JobNotRunningError
 from raystream.engine.failover import Failover, Failure, FailJob, Restart
-from raystream.engine.failpoints import Failpoints, InjectedFailure
+from raystream.core.failpoints import Failpoints, InjectedFailure
 from raystream.engine.job_events import (CancelRequested, CheckpointAcknowledged,
                                          CheckpointDeclined, GatewayAcknowledged, JobEvent,
                                          OperatorEventReceived, Reply, SavepointMode,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
-from raystream.engine.failpoints import Failpoint
+from raystream.core.failpoints import Failpoint
 
 
 @dataclass(frozen=True)

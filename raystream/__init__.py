@@ -10,7 +10,7 @@
 from raystream import sources, spark
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.checkpoint.disk_state import DiskStateOptions
-from raystream.engine.failpoints import Failpoint
+from raystream.core.failpoints import Failpoint
 from raystream.checkpoint.keygroups import (HASH_VERSION, key_group_of, key_group_range,
                                             subtask_for_key_group)
 from raystream.engine.client import JobClient, JobResult

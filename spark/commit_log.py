@@ -100,11 +100,10 @@ import pyarrow.parquet as pq
 
 from raystream.checkpoint.storage import (CheckpointStorage, _fsync_dir, checksummed_json,
                                           publish_new_file, verify_checksummed_json)
-from raystream.engine.errors import RaystreamError
-from raystream.engine.operators.two_phase import new_incarnation  # noqa: F401  (re-exported)
+from raystream.core.errors import RaystreamError
 
 __all__ = ["LOG_DIR", "LogEntry", "CorruptCommitLogError", "write_entry", "list_entries",
-           "truncate_entries", "committed_files", "read_committed", "new_incarnation"]
+           "truncate_entries", "committed_files", "read_committed"]
 
 LOG_DIR = "_raystream_log"
 LOG_FORMAT = 1

@@ -40,7 +40,8 @@ from raystream.actors.barrier_handler import (ENDINGS, Alignment, BarrierAnnounc
                                               TakeSnapshot, TriggerReceived)
 from raystream.actors.channel_state import InputStateRecorder
 from raystream.actors.channels import InputGate, OutputChannel
-from raystream.actors.messages import Barrier, ChannelId, Kind
+from raystream.actors.messages import ChannelId, Kind
+from raystream.checkpoint.barrier import Barrier
 
 CHANNELS = [ChannelId(0, u, 0) for u in range(2)]
 TIMEOUT_MS = 50

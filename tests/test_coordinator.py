@@ -28,14 +28,14 @@ import time
 
 import pytest
 
-from raystream.actors.messages import Barrier
-from raystream.actors.subtask_checkpoints import OperatorRestore, RestoreSpec
+from raystream.checkpoint.barrier import Barrier
+from raystream.checkpoint.restore import OperatorRestore, RestoreSpec
 from raystream.checkpoint import committed_output
 from raystream.checkpoint.config import CheckpointConfig
 from raystream.checkpoint.coordinator import CheckpointCoordinator
 from raystream.checkpoint.snapshot_stats import SnapshotStats
 from raystream.checkpoint.storage import CheckpointStorage, CorruptCheckpointError, StateHandle
-from raystream.engine.failpoints import Failpoint, Failpoints, InjectedFailure
+from raystream.core.failpoints import Failpoint, Failpoints, InjectedFailure
 
 JOB = "job-1"
 SUBTASKS = [(0, 0), (0, 1), (1, 0)]

@@ -14,24 +14,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 # higher imports lower; spark sits beside the engine and is used by it
-LAYERS = {"raystream": 6, "engine": 5, "spark": 4, "actors": 3, "timers": 2, "checkpoint": 1}
+LAYERS = {"raystream": 6, "engine": 5, "spark": 4, "actors": 3, "timers": 2, "checkpoint": 1,
+          "core": 0}
 
 KNOWN_UPWARD = {
-    ('actors/subtask.py', 'raystream.engine.failpoints'),
     ('actors/subtask.py', 'raystream.engine.metrics'),
     ('actors/subtask.py', 'raystream.engine.operators.base'),
     ('actors/subtask.py', 'raystream.engine.operators.sinks'),
     ('actors/subtask.py', 'raystream.engine.operators.source'),
     ('actors/subtask.py', 'raystream.engine.plan'),
-    ('actors/subtask_checkpoints.py', 'raystream.engine.failpoints'),
     ('actors/subtask_checkpoints.py', 'raystream.engine.operators.base'),
-    ('checkpoint/channel_state_file.py', 'raystream.actors.messages'),
-    ('checkpoint/coordinator.py', 'raystream.actors.messages'),
-    ('checkpoint/coordinator.py', 'raystream.actors.subtask_checkpoints'),
-    ('checkpoint/coordinator.py', 'raystream.engine.failpoints'),
-    ('checkpoint/storage.py', 'raystream.engine.errors'),
-    ('spark/commit_log.py', 'raystream.engine.errors'),
-    ('spark/commit_log.py', 'raystream.engine.operators.two_phase'),
     ('spark/session.py', 'raystream.engine.environment'),
 }
 

@@ -20,7 +20,7 @@ import pytest
 import ray
 
 import raystream as rs
-from raystream.engine.failpoints import Failpoints, InjectedFailure
+from raystream.core.failpoints import Failpoints, InjectedFailure
 from raystream.engine.operators.base import CollectingOutput, RestoredState, RuntimeContext
 from raystream.engine.operators.file_sink import (ParquetCommitter, ParquetSinkConfig,
                                                   ParquetWriter)

@@ -32,8 +32,9 @@ import raystream as rs
 from raystream.actors.barrier_forwarder import BarrierForwarder
 from raystream.actors.channel_state import InputStateRecorder, OutputStateCapture
 from raystream.actors.channels import InputGate, OutputChannel
-from raystream.actors.messages import REPLAYED_SEQ, Barrier, ChannelId, Envelope, Kind
-from raystream.checkpoint.channel_state_file import decode_channel_state, encode_channel_state
+from raystream.actors.messages import REPLAYED_SEQ, ChannelId, Envelope, Kind
+from raystream.checkpoint.barrier import Barrier
+from raystream.actors.channel_state_file import decode_channel_state, encode_channel_state
 from raystream.checkpoint.snapshot_stats import SnapshotStats
 
 CH = ChannelId(edge=0, upstream=0, downstream=0)
@@ -388,7 +389,7 @@ def test_checkpoint_config_modes():
 
 def _coordinator(tmp_path, topology: str = "#0 [a] x2", **config):
     from raystream.checkpoint.coordinator import CheckpointCoordinator
-    from raystream.engine.failpoints import Failpoints
+    from raystream.core.failpoints import Failpoints
 
     barriers: list = []
     coordinator = CheckpointCoordinator(
