@@ -34,7 +34,9 @@ ASSIGNERS = {JobKind.TUMBLING: rs.TumblingEventTimeWindows(size_ms=1000),
              JobKind.SESSION: rs.EventTimeSessionWindows(gap_ms=300)}
 KEYED = {JobKind.TUMBLING: "window", JobKind.SLIDING: "window", JobKind.SESSION: "window",
          JobKind.REDUCE: "sum", JobKind.PROCESS: "process", JobKind.WINDOW_JOIN: "join",
-         JobKind.COUNT_WINDOW: "count-window", JobKind.INTERVAL_JOIN: "join"}
+         JobKind.COUNT_WINDOW: "count-window", JobKind.INTERVAL_JOIN: "join",
+         JobKind.CO_PROCESS: "co-process"}
+CO_PROCESS_DELAY_MS = 500  # SideCounts' timer after a row's time
 TIMEOUT_S = 240
 
 
@@ -74,6 +76,32 @@ class Activity(rs.KeyedProcessFunction):
                    "count": self.count.value()}
         else:
             self.ticks.update(self.ticks.value() + 1)
+
+
+class SideCounts(rs.KeyedCoProcessFunction):
+    """Per key, the rows of each input in map state (time -> rows), and an event-time
+    timer ``CO_PROCESS_DELAY_MS`` after each row's time that reports how many rows of
+    each input had a time at or before it. Replayable: no row is beyond the watermark
+    bound, so when a timer fires every row of either input up to its time has arrived."""
+
+    def open(self, ctx):
+        self.times = (ctx.map_state("first"), ctx.map_state("second"))
+
+    def _add(self, side: int, row: dict, ctx) -> None:
+        times = self.times[side]
+        times.put(row["ts"], times.get(row["ts"], 0) + 1)
+        ctx.register_event_time_timer(row["ts"] + CO_PROCESS_DELAY_MS)
+
+    def process_element1(self, row, ctx):
+        self._add(0, row, ctx)
+
+    def process_element2(self, row, ctx):
+        self._add(1, row, ctx)
+
+    def on_timer(self, timestamp, ctx):
+        first, second = (sum(n for t, n in times.items() if t <= timestamp)
+                         for times in self.times)
+        yield {"user": ctx.current_key, "at": timestamp, "first": first, "second": second}
 
 
 def reduce_columns(events, i: np.ndarray) -> dict:
@@ -130,6 +158,11 @@ def build(scenario: Scenario, env: rs.StreamEnvironment, out: str):
         clicks = source("source", events.columns, half).key_by("user")
         views = source("source-2", lambda i: join_right_columns(events, i), half).key_by("user")
         result = clicks.interval_join(views, timestamp="ts").between(-30, 30).join(name="join")
+    elif scenario.job is JobKind.CO_PROCESS:
+        half = events.n // 2
+        first = source("source", events.columns, half).key_by("user")
+        second = source("source-2", lambda i: events.columns(i + half), half).key_by("user")
+        result = first.connect(second).process(SideCounts(), name="co-process")
     elif scenario.job is JobKind.COUNT_WINDOW:
         result = source("source", events.columns).key_by("user").count_window(40, 20).agg(
             n=("count", None), total=("sum", "x"), name="count-window")
@@ -422,6 +455,8 @@ def compare(scenario: Scenario, rows: list[dict], late_rows: list, reference_dir
         return differences
     if job is JobKind.REDUCE:
         return running_sum_differences(scenario, rows)
+    if job is JobKind.CO_PROCESS:
+        return row_differences(canonical(rows), side_counts(scenario.events), "the numpy model")
     # sessions and the process function: the same job once, without failures
     key = (job, scenario.path, scenario.lateness_ms, scenario.events)
     if key not in _references:
@@ -429,14 +464,33 @@ def compare(scenario: Scenario, rows: list[dict], late_rows: list, reference_dir
                         lateness_ms=scenario.lateness_ms, events=scenario.events, parallelism=2)
         outcome_rows = reference_rows(calm, reference_dir)
         _references[key] = outcome_rows
-    expected = _references[key]
-    got = canonical(rows)
+    return row_differences(canonical(rows), _references[key], "the run without failures")
+
+
+def row_differences(got: list[tuple], expected: list[tuple], oracle: str) -> list[str]:
     if got == expected:
         return []
     missing = collections.Counter(expected) - collections.Counter(got)
     extra = collections.Counter(got) - collections.Counter(expected)
-    return [f"differs from the run without failures: {sum(missing.values())} rows missing "
+    return [f"differs from {oracle}: {sum(missing.values())} rows missing "
             f"(e.g. {list(missing)[:3]}), {sum(extra.values())} extra (e.g. {list(extra)[:3]})"]
+
+
+def side_counts(events) -> list[tuple]:
+    """SideCounts' output, from the input alone: per key and timer time T (a row's time
+    plus the delay), the rows of each half of the input with a time at or before T."""
+    half = events.n // 2
+    columns = events.all()
+    rows = []
+    for key in np.unique(columns["user"]):
+        mine = columns["user"] == key
+        first = np.sort(columns["ts"][:half][mine[:half]])
+        second = np.sort(columns["ts"][half:][mine[half:]])
+        for at in np.unique(np.concatenate([first, second]) + CO_PROCESS_DELAY_MS):
+            rows.append({"user": key.item(), "at": int(at),
+                         "first": int(np.searchsorted(first, at, side="right")),
+                         "second": int(np.searchsorted(second, at, side="right"))})
+    return canonical(rows)
 
 
 def reference_rows(calm: Scenario, workdir: str) -> list[tuple]:

@@ -34,6 +34,8 @@ class JobKind(enum.Enum):
     COUNT_WINDOW = "count_window"  # count and sum per key every 40 rows of it, sliding by 20
     INTERVAL_JOIN = "interval_join"  # two sources joined on rows of a key within 60 ms; no
                                      # row beyond the bound (as for the window join)
+    CO_PROCESS = "co_process"    # a KeyedCoProcessFunction over two sources: state shared by
+                                 # both inputs, event-time timers; no row beyond the bound
 
 
 FIRST_JOBS = [JobKind.TUMBLING, JobKind.SLIDING, JobKind.SESSION, JobKind.REDUCE,
@@ -89,7 +91,9 @@ class FailureKind(enum.Enum):
 NEW_OPERATORS_FROM_SEED = 1000
 # Seeds from here on may keep their state on the disk backend (drawn apart, likewise).
 DISK_STATE_FROM_SEED = 2000
-DISK_JOBS = (JobKind.REDUCE, JobKind.PROCESS)
+DISK_JOBS = (JobKind.REDUCE, JobKind.PROCESS, JobKind.CO_PROCESS)
+# Seeds from here on may run the two-input process function instead (drawn apart, likewise).
+CO_PROCESS_FROM_SEED = 5000
 # Seeds from here on may also kill the job master (drawn apart, likewise).
 MASTER_KILLS_FROM_SEED = 4000
 
@@ -134,7 +138,8 @@ class Scenario:
 
     @property
     def two_sources(self) -> bool:
-        return self.job in (JobKind.REDUCE, JobKind.WINDOW_JOIN, JobKind.INTERVAL_JOIN)
+        return self.job in (JobKind.REDUCE, JobKind.WINDOW_JOIN, JobKind.INTERVAL_JOIN,
+                            JobKind.CO_PROCESS)
 
     def describe(self) -> str:
         failures = ", ".join(f.kind.value + (f"({f.point})" if f.point else "")
@@ -187,6 +192,7 @@ def generate(seed: int) -> Scenario:
                         events=Events(string_keys=rng.random() < 0.5),
                         failures=tuple(failures))
     scenario = _with_later_choices(scenario, random.Random(f"{seed}/later"))
+    scenario = _with_co_process(scenario, random.Random(f"{seed}/co"))
     scenario = _with_backend(scenario, random.Random(f"{seed}/backend"))
     return _with_master_kill(scenario, random.Random(f"{seed}/master"))
 
@@ -219,6 +225,15 @@ def _with_later_choices(scenario: Scenario, rng: random.Random) -> Scenario:
         scenario = dataclasses.replace(scenario, job=job, path=Path.DENSE, lateness_ms=0,
                                        events=events)
     return scenario
+
+
+def _with_co_process(scenario: Scenario, rng: random.Random) -> Scenario:
+    """Later seeds run the two-input process function instead about a third of the time."""
+    if scenario.seed < CO_PROCESS_FROM_SEED or rng.random() >= 0.35:
+        return scenario
+    events = dataclasses.replace(scenario.events, late_every=scenario.events.n + 1)  # none late
+    return dataclasses.replace(scenario, job=JobKind.CO_PROCESS, path=Path.DENSE, lateness_ms=0,
+                               events=events)
 
 
 def _with_master_kill(scenario: Scenario, rng: random.Random) -> Scenario:
