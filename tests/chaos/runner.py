@@ -35,8 +35,10 @@ ASSIGNERS = {JobKind.TUMBLING: rs.TumblingEventTimeWindows(size_ms=1000),
 KEYED = {JobKind.TUMBLING: "window", JobKind.SLIDING: "window", JobKind.SESSION: "window",
          JobKind.REDUCE: "sum", JobKind.PROCESS: "process", JobKind.WINDOW_JOIN: "join",
          JobKind.COUNT_WINDOW: "count-window", JobKind.INTERVAL_JOIN: "join",
-         JobKind.CO_PROCESS: "co-process"}
-CO_PROCESS_DELAY_MS = 500  # SideCounts' timer after a row's time
+         JobKind.CO_PROCESS: "co-process", JobKind.BROADCAST: "weigh"}
+CO_PROCESS_DELAY_MS = 500  # SideCounts' and Weigh's timer after a row's time
+RULES = rs.MapStateDescriptor("rules")  # Weigh's broadcast state: rule time -> weight
+RULE_EVERY = 50  # the broadcast rules: every 50th row's time (2 ms apart: one per 100 ms)
 TIMEOUT_S = 240
 
 
@@ -104,6 +106,35 @@ class SideCounts(rs.KeyedCoProcessFunction):
         yield {"user": ctx.current_key, "at": timestamp, "first": first, "second": second}
 
 
+class Weigh(rs.KeyedBroadcastProcessFunction):
+    """Keyed rows kept by time in map state; an event-time timer ``CO_PROCESS_DELAY_MS``
+    after each reports how many rows of the key had a time at or before it and the sum
+    of the weights of the broadcast rules up to that time. Replayable for the reason
+    SideCounts is: the rules carry event time too, and the timer counts only those up to
+    its own."""
+
+    def open(self, ctx):
+        self.times = ctx.map_state("times")
+
+    def process_broadcast_element(self, rule, ctx):
+        ctx.get_broadcast_state(RULES).put(rule["ts"], rule["x"])
+
+    def process_element(self, row, ctx):
+        self.times.put(row["ts"], self.times.get(row["ts"], 0) + 1)
+        ctx.register_event_time_timer(row["ts"] + CO_PROCESS_DELAY_MS)
+
+    def on_timer(self, timestamp, ctx):
+        rules = ctx.get_broadcast_state(RULES)
+        yield {"user": ctx.current_key, "at": timestamp,
+               "rows": sum(n for t, n in self.times.items() if t <= timestamp),
+               "weight": sum(w for t, w in rules.items() if t <= timestamp)}
+
+
+def rule_columns(events, i: np.ndarray) -> dict:
+    columns = events.columns(i * RULE_EVERY)
+    return {"ts": columns["ts"], "x": columns["x"]}
+
+
 def reduce_columns(events, i: np.ndarray) -> dict:
     return {**events.columns(i), "i": i, "n": np.ones(len(i), np.int64)}
 
@@ -163,6 +194,10 @@ def build(scenario: Scenario, env: rs.StreamEnvironment, out: str):
         first = source("source", events.columns, half).key_by("user")
         second = source("source-2", lambda i: events.columns(i + half), half).key_by("user")
         result = first.connect(second).process(SideCounts(), name="co-process")
+    elif scenario.job is JobKind.BROADCAST:
+        rows = source("source", events.columns).key_by("user")
+        rules = source("source-2", lambda i: rule_columns(events, i), events.n // RULE_EVERY)
+        result = rows.connect(rules.broadcast(RULES)).process(Weigh(), name="weigh")
     elif scenario.job is JobKind.COUNT_WINDOW:
         result = source("source", events.columns).key_by("user").count_window(40, 20).agg(
             n=("count", None), total=("sum", "x"), name="count-window")
@@ -457,6 +492,8 @@ def compare(scenario: Scenario, rows: list[dict], late_rows: list, reference_dir
         return running_sum_differences(scenario, rows)
     if job is JobKind.CO_PROCESS:
         return row_differences(canonical(rows), side_counts(scenario.events), "the numpy model")
+    if job is JobKind.BROADCAST:
+        return row_differences(canonical(rows), weighed(scenario.events), "the numpy model")
     # sessions and the process function: the same job once, without failures
     key = (job, scenario.path, scenario.lateness_ms, scenario.events)
     if key not in _references:
@@ -474,6 +511,23 @@ def row_differences(got: list[tuple], expected: list[tuple], oracle: str) -> lis
     extra = collections.Counter(got) - collections.Counter(expected)
     return [f"differs from {oracle}: {sum(missing.values())} rows missing "
             f"(e.g. {list(missing)[:3]}), {sum(extra.values())} extra (e.g. {list(extra)[:3]})"]
+
+
+def weighed(events) -> list[tuple]:
+    """Weigh's output, from the input alone: per key and timer time T, the key's rows up
+    to T and the sum of the weights of the rules up to T."""
+    columns = events.all()
+    rules = rule_columns(events, np.arange(events.n // RULE_EVERY))
+    order = np.argsort(rules["ts"], kind="stable")
+    rule_ts, weights = rules["ts"][order], np.concatenate([[0.0], np.cumsum(rules["x"][order])])
+    rows = []
+    for key in np.unique(columns["user"]):
+        times = np.sort(columns["ts"][columns["user"] == key])
+        for at in np.unique(times + CO_PROCESS_DELAY_MS):
+            rows.append({"user": key.item(), "at": int(at),
+                         "rows": int(np.searchsorted(times, at, side="right")),
+                         "weight": float(weights[np.searchsorted(rule_ts, at, side="right")])})
+    return canonical(rows)
 
 
 def side_counts(events) -> list[tuple]:

@@ -36,6 +36,8 @@ class JobKind(enum.Enum):
                                      # row beyond the bound (as for the window join)
     CO_PROCESS = "co_process"    # a KeyedCoProcessFunction over two sources: state shared by
                                  # both inputs, event-time timers; no row beyond the bound
+    BROADCAST = "broadcast"      # a KeyedBroadcastProcessFunction: keyed rows weighed at
+                                 # event-time timers by the broadcast rules up to that time
 
 
 FIRST_JOBS = [JobKind.TUMBLING, JobKind.SLIDING, JobKind.SESSION, JobKind.REDUCE,
@@ -91,9 +93,11 @@ class FailureKind(enum.Enum):
 NEW_OPERATORS_FROM_SEED = 1000
 # Seeds from here on may keep their state on the disk backend (drawn apart, likewise).
 DISK_STATE_FROM_SEED = 2000
-DISK_JOBS = (JobKind.REDUCE, JobKind.PROCESS, JobKind.CO_PROCESS)
-# Seeds from here on may run the two-input process function instead (drawn apart, likewise).
+DISK_JOBS = (JobKind.REDUCE, JobKind.PROCESS, JobKind.CO_PROCESS, JobKind.BROADCAST)
+# Seeds from here on may run the two-input process function instead (drawn apart, likewise),
+# and from 6000 on the broadcast one.
 CO_PROCESS_FROM_SEED = 5000
+BROADCAST_FROM_SEED = 6000
 # Seeds from here on may also kill the job master (drawn apart, likewise).
 MASTER_KILLS_FROM_SEED = 4000
 
@@ -139,7 +143,7 @@ class Scenario:
     @property
     def two_sources(self) -> bool:
         return self.job in (JobKind.REDUCE, JobKind.WINDOW_JOIN, JobKind.INTERVAL_JOIN,
-                            JobKind.CO_PROCESS)
+                            JobKind.CO_PROCESS, JobKind.BROADCAST)
 
     def describe(self) -> str:
         failures = ", ".join(f.kind.value + (f"({f.point})" if f.point else "")
@@ -193,6 +197,7 @@ def generate(seed: int) -> Scenario:
                         failures=tuple(failures))
     scenario = _with_later_choices(scenario, random.Random(f"{seed}/later"))
     scenario = _with_co_process(scenario, random.Random(f"{seed}/co"))
+    scenario = _with_broadcast(scenario, random.Random(f"{seed}/broadcast"))
     scenario = _with_backend(scenario, random.Random(f"{seed}/backend"))
     return _with_master_kill(scenario, random.Random(f"{seed}/master"))
 
@@ -233,6 +238,15 @@ def _with_co_process(scenario: Scenario, rng: random.Random) -> Scenario:
         return scenario
     events = dataclasses.replace(scenario.events, late_every=scenario.events.n + 1)  # none late
     return dataclasses.replace(scenario, job=JobKind.CO_PROCESS, path=Path.DENSE, lateness_ms=0,
+                               events=events)
+
+
+def _with_broadcast(scenario: Scenario, rng: random.Random) -> Scenario:
+    """Later seeds run the broadcast process function instead about a third of the time."""
+    if scenario.seed < BROADCAST_FROM_SEED or rng.random() >= 0.35:
+        return scenario
+    events = dataclasses.replace(scenario.events, late_every=scenario.events.n + 1)  # none late
+    return dataclasses.replace(scenario, job=JobKind.BROADCAST, path=Path.DENSE, lateness_ms=0,
                                events=events)
 
 
