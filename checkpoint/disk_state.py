@@ -96,6 +96,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, cast
 import msgpack
 import numpy as np
 
+from raystream.checkpoint.disk_incremental import IncrementalSnapshot, RestoredDb, UploadTracker
 from raystream.checkpoint.envelope import KEYED_STATE, Envelope, SectionKind, is_keyed_state, read
 from raystream.checkpoint.keygroups import check_key_group_range, key_group_of
 
@@ -183,6 +184,10 @@ class DiskStateOptions:
             two thirds block cache, one third write buffers (two memtables).
         local_dir: where each instance creates its database directory (the
             system temp dir if None); a local disk, not checkpoint storage.
+        incremental: checkpoints upload only the RocksDB files that are new since
+            the previous completed checkpoint (:mod:`raystream.checkpoint.disk_incremental`);
+            savepoints stay full. Off by default: a restore then reads more files,
+            and the job's storage holds files shared between checkpoints.
 
     >>> DiskStateOptions(memory_mb=128).block_cache_bytes
     89478485
@@ -194,6 +199,7 @@ class DiskStateOptions:
 
     memory_mb: int = 64
     local_dir: str | None = None
+    incremental: bool = False
 
     def __post_init__(self) -> None:
         if self.memory_mb < 8:
@@ -655,6 +661,7 @@ class DiskKeyedStateBackend:
         self._finalizer = weakref.finalize(self, _dispose, self._db, self.path)
         self._states: dict[str, tuple[bytes, str]] = {}  # name -> (state id bytes, kind)
         self._restored: set[int] = set()
+        self._uploads = UploadTracker()  # incremental checkpoints: what is uploaded already
         self._key: Any = None
         self._kg: int | None = None
         self._ns: Any = None
@@ -811,15 +818,105 @@ class DiskKeyedStateBackend:
                 yield _unpack(kb[2:])
 
     # -- snapshot and restore ---------------------------------------------------
-    def snapshot(self) -> DiskStateSnapshot:
+    def snapshot(self) -> DiskStateSnapshot | IncrementalSnapshot:
         """Synchronous part: a RocksDB iterator over this backend's key groups (a
-        point-in-time view, no copying); returns the asynchronous part."""
-        directory = [[_U16.unpack(sid)[0], name, kind] for name, (sid, kind) in self._states.items()]
+        point-in-time view, no copying); returns the asynchronous part. With
+        ``incremental`` options also a local RocksDB checkpoint (a flush, then hard
+        links), which the asynchronous part uploads as an incremental checkpoint."""
+        directory = self._directory()
         read = self._bounded()
         # a raw-mode database's keys and values are bytes (rocksdict's stub types any)
         entries = cast(Iterator[tuple[bytes, bytes]],
                        self._db.items(from_key=_U16.pack(self.key_groups.start), read_opt=read))
-        return DiskStateSnapshot(self, entries, read, directory)
+        full = DiskStateSnapshot(self, entries, read, directory)
+        if not self.options.incremental:
+            return full
+        import rocksdict
+
+        local = f"{self.path}.chk{uuid.uuid4().hex}"  # a sibling: stale ones go with the DB's
+        self._db.flush(True)  # no WAL: the memtable must be in SST files to be checkpointed
+        rocksdict.Checkpoint(self._db).create_checkpoint(local)
+        return IncrementalSnapshot(local_dir=local, full=full, release_full=full.release,
+                                   tracker=self._uploads, max_parallelism=self.max_parallelism,
+                                   key_groups=self.key_groups, states=directory)
+
+    def _directory(self) -> list[list]:
+        return [[_U16.unpack(sid)[0], name, kind] for name, (sid, kind) in self._states.items()]
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` completed: later incremental checkpoints reuse
+        the files it uploaded."""
+        self._uploads.complete(checkpoint_id)
+
+    def restore_db(self, dbs: Iterable[RestoredDb]) -> None:
+        """Restore the databases of an incremental checkpoint, keeping this backend's
+        key groups. One database of exactly this key-group range becomes this backend's
+        database (its files downloaded, nothing rewritten); otherwise (a rescale) each
+        overlapping one is downloaded to a temporary directory and the entries of the
+        shared key groups are copied over, range by range, in write batches."""
+        dbs = [d for d in dbs if range(max(d.manifest.key_groups.start, self.key_groups.start),
+                                       min(d.manifest.key_groups.stop, self.key_groups.stop))]
+        for d in dbs:
+            if d.manifest.max_parallelism != self.max_parallelism:
+                raise ValueError(f"a keyed-state database of max_parallelism "
+                                 f"{d.manifest.max_parallelism} cannot restore into one of "
+                                 f"{self.max_parallelism}")
+        if (len(dbs) == 1 and dbs[0].manifest.key_groups == self.key_groups
+                and not self._states and not self._restored):
+            self._adopt(dbs[0])
+        else:
+            for d in dbs:
+                self._copy_from(d)
+        for d in dbs:
+            m = d.manifest.key_groups
+            self._restored.update(range(max(m.start, self.key_groups.start),
+                                        min(m.stop, self.key_groups.stop)))
+
+    def _adopt(self, db: RestoredDb) -> None:
+        """Replace this (empty) backend's database by the one of ``db``."""
+        self._finalizer()  # close and remove the empty database
+        os.makedirs(self.path)
+        try:
+            db.download(self.path)
+        except BaseException:
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise
+        self._db = _open_db(self.path, self.options)
+        self._finalizer = weakref.finalize(self, _dispose, self._db, self.path)
+        get = getattr(self._db, "get", None)
+        self._get = get if get is not None else self._get_or_none
+        self._states = {name: (_U16.pack(sid), kind) for sid, name, kind in db.manifest.states}
+
+    def _copy_from(self, db: RestoredDb, batch_bytes: int = 4 << 20) -> None:
+        """Copy the entries of this backend's key groups from ``db`` (state ids renamed
+        to this backend's)."""
+        import rocksdict
+
+        sids = {_U16.pack(sid): self._sid(name, kind) for sid, name, kind in db.manifest.states}
+        temp = f"{self.path}.restore{uuid.uuid4().hex}"
+        try:
+            db.download(temp)
+            other = _open_db(temp, DiskStateOptions(memory_mb=8))
+            try:
+                read = _read_options()
+                read.set_iterate_upper_bound(_U16.pack(min(self.key_groups.stop,
+                                                           db.manifest.key_groups.stop)))
+                start = max(self.key_groups.start, db.manifest.key_groups.start)
+                items = cast(Iterator[tuple[bytes, bytes]],
+                             other.items(from_key=_U16.pack(start), read_opt=read))
+                batch, size = rocksdict.WriteBatch(raw_mode=True), 0
+                for k, v in items:
+                    batch.put(k[:2] + sids[k[2:4]] + k[4:], v)
+                    size += len(k) + len(v)
+                    if size >= batch_bytes:
+                        self._db.write(batch)
+                        batch, size = rocksdict.WriteBatch(raw_mode=True), 0
+                self._db.write(batch)
+                del items
+            finally:
+                other.close()
+        finally:
+            shutil.rmtree(temp, ignore_errors=True)
 
     def restore(self, sections: Iterable[tuple[int, bytes]] | Mapping[int, bytes]) -> None:
         """Load snapshot sections, keeping only key groups in ``self.key_groups``
