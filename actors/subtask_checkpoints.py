@@ -164,7 +164,9 @@ class SubtaskCheckpointer:
     def _keyed_dbs(self, storage: CheckpointStorage, handles: list[dict]) -> list[RestoredDb]:
         """The manifests of the databases whose key groups overlap ours."""
         mine = self.key_groups
-        return [RestoredDb.read(storage, h) for h in handles
+        own = (self.storage.shared_dir(self.spec.job_key)
+               if storage.uri == self.storage.uri else None)
+        return [RestoredDb.read(storage, h, own) for h in handles
                 if range(max(mine.start, db_handle_key_groups(h).start),
                          min(mine.stop, db_handle_key_groups(h).stop))]
 

@@ -25,7 +25,11 @@ The keyed-state handle of such a checkpoint is the manifest's handle plus
 verify them and count references: :mod:`raystream.checkpoint.shared_state`)
 and ``uploaded`` (bytes this checkpoint wrote). A restore downloads a
 manifest's files into a fresh directory and opens the database from them
-(:class:`RestoredDb`); see ``DiskKeyedStateBackend.restore_db``.
+(:class:`RestoredDb`); see ``DiskKeyedStateBackend.restore_db``. After a
+restore of the job's own checkpoint at the same key groups (a failover), the
+next checkpoint references the restored files again; after a rescale, or a
+restore from another job's checkpoint (whose files that job may delete), the
+next checkpoint uploads everything once (Flink's "no claim" mode).
 
 A savepoint is always full: the same snapshot, asked for its sections
 instead (:meth:`IncrementalSnapshot.__call__`), writes every entry in the
@@ -122,6 +126,11 @@ class UploadTracker:
         with self._lock:
             return dict(self._confirmed)
 
+    def restored(self, files: dict[str, StateHandle]) -> None:
+        """The database was restored from these files (of a completed checkpoint)."""
+        with self._lock:
+            self._confirmed = dict(files)
+
     def uploaded(self, checkpoint_id: int, files: dict[str, StateHandle]) -> None:
         with self._lock:
             self._pending[checkpoint_id] = files
@@ -200,16 +209,28 @@ class RestoredDb:
 
     manifest: DbManifest
     storage: CheckpointStorage
+    # its SST files are the restoring job's own shared files: the next checkpoint may
+    # reference them again (another job's files never are: that job may delete them)
+    reusable: bool = False
 
     @classmethod
-    def read(cls, storage: CheckpointStorage, handle: Mapping[str, Any]) -> RestoredDb:
-        """The manifest of ``handle`` (verified; ``CorruptCheckpointError`` naming it)."""
+    def read(cls, storage: CheckpointStorage, handle: Mapping[str, Any],
+             own_shared_dir: str | None = None) -> RestoredDb:
+        """The manifest of ``handle`` (verified; ``CorruptCheckpointError`` naming it);
+        ``own_shared_dir``: the restoring job's shared directory."""
         state = StateHandle.from_json(dict(handle))
         try:
             manifest = DbManifest.from_bytes(storage.read_state(state))
         except ValueError as exc:
             raise CorruptCheckpointError(state.path, str(exc)) from None
-        return cls(manifest, storage)
+        reusable = own_shared_dir is not None and all(
+            h.path.startswith(own_shared_dir + "/")
+            for name, h in manifest.files.items() if name.endswith(_SST))
+        return cls(manifest, storage, reusable)
+
+    def shared_files(self) -> dict[str, StateHandle]:
+        """Its SST files by local name."""
+        return {n: h for n, h in self.manifest.files.items() if n.endswith(_SST)}
 
     def download(self, directory: str) -> None:
         """Copy every file into ``directory`` (created), each checked against its handle."""

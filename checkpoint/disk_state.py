@@ -886,6 +886,8 @@ class DiskKeyedStateBackend:
         get = getattr(self._db, "get", None)
         self._get = get if get is not None else self._get_or_none
         self._states = {name: (_U16.pack(sid), kind) for sid, name, kind in db.manifest.states}
+        if db.reusable:  # the job's own files, of a completed checkpoint
+            self._uploads.restored(db.shared_files())
 
     def _copy_from(self, db: RestoredDb, batch_bytes: int = 4 << 20) -> None:
         """Copy the entries of this backend's key groups from ``db`` (state ids renamed

@@ -21,7 +21,8 @@ import raystream as rs
 from raystream.checkpoint.disk_incremental import RestoredDb, db_handle_files
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend, DiskStateOptions
 from raystream.checkpoint.keygroups import key_group_range
-from raystream.checkpoint.metadata import CheckpointMetadata
+from raystream.checkpoint.metadata import CheckpointMetadata, OperatorFiles
+from raystream.checkpoint.shared_state import SharedStateRegistry
 from raystream.checkpoint.state import HeapKeyedStateBackend
 from raystream.checkpoint.storage import CheckpointStorage, CorruptCheckpointError
 
@@ -146,6 +147,67 @@ def test_restore_at_the_same_and_at_other_parallelisms_equals_the_oracle(backend
         third = backends(groups)
         third.restore_db(dbs)
         assert contents(third) == oracle(both, groups)
+
+
+def test_after_a_failover_the_restored_files_are_referenced_again(backends, tmp_path):
+    storage = CheckpointStorage(str(tmp_path / "chk"))
+    frame = rows(6_000, 800, seed=8)
+    b = backends()
+    add_rows(b, frame)
+    h1 = checkpoint(b, storage, 1)
+    own = RestoredDb.read(storage, h1, storage.shared_dir(JOB))
+    other = RestoredDb.read(storage, h1, str(tmp_path / "elsewhere" / "shared"))
+    assert own.reusable and not other.reusable
+    restored, elsewhere = backends(), backends()
+    restored.restore_db([own])
+    elsewhere.restore_db([other])
+    more = rows(100, 800, seed=9)
+    add_rows(restored, more)
+    add_rows(elsewhere, more)
+    h2 = checkpoint(restored, storage, 2)
+    assert set(shared(h1)) <= set(shared(h2))  # the job's own files: reused
+    assert sum(s for p, s in shared(h2).items() if p not in shared(h1)) < \
+        sum(shared(h1).values()) / 5
+    h3 = checkpoint(elsewhere, storage, 3, stem="sum-1")  # another job's: all uploaded once
+    assert not set(shared(h1)) & set(shared(h3))
+    assert contents(restored_from(backends, storage, h2)) == oracle(pd.concat([frame, more]))
+
+
+def restored_from(backends, storage: CheckpointStorage, handle: dict) -> DiskKeyedStateBackend:
+    b = backends()
+    b.restore_db([RestoredDb.read(storage, handle)])
+    return b
+
+
+def test_the_registry_deletes_what_no_retained_checkpoint_references(tmp_path):
+    storage = CheckpointStorage(str(tmp_path / "chk"))
+    local = tmp_path / "f.sst"
+    local.write_bytes(b"x" * 10)
+
+    def upload(n: int) -> dict:
+        return storage.write_shared_file(JOB, n, f"{n}{os.urandom(4).hex()}.sst",
+                                         str(local)).to_json()
+
+    def metadata(n: int, files: list[dict]) -> CheckpointMetadata:
+        db = {"path": "m", "size": 0, "sha256": "0" * 64, "key_groups": [0, 128],
+              "files": files}
+        return CheckpointMetadata(job="j", checkpoint_id=n, attempt=0, trigger_ts_ms=0,
+                                  max_parallelism=128, hash_version=1,
+                                  operators={"sum": OperatorFiles(keyed_db=(db,))})
+    registry = SharedStateRegistry(storage, JOB)
+    a, b = upload(1), upload(1)
+    registry.register(1, metadata(1, [a, b]))
+    aborted = upload(2)  # checkpoint 2 aborts after uploading
+    c = upload(3)
+    m3 = metadata(3, [a, c])
+    assert registry.unknown(3, m3) == []
+    registry.register(3, m3)
+    registry.release(1)  # retention discards 1: b goes, a stays (3 uses it)
+    registry.sweep(3)  # the aborted upload goes
+    assert set(storage.shared_files(JOB)) == {a["path"], c["path"]} == registry.referenced()
+    late = metadata(4, [b, upload(4)])  # reuses b, deleted meanwhile: must not complete
+    assert registry.unknown(4, late) == [b["path"]]
+    assert aborted["path"] not in storage.shared_files(JOB)
 
 
 def _groups(frame: pd.DataFrame) -> list[int]:
