@@ -51,8 +51,13 @@ it creates a RocksDB iterator over the backend's key range (O(1), no copying; a
 RocksDB iterator reads the database as of its creation, like a snapshot) and
 returns the asynchronous part, a callable that runs that iterator on the
 checkpointing thread while processing goes on, giving one section per non-empty
-key group. Snapshots are full (every checkpoint writes all state); incremental
-checkpoints (shipping only new SST files) are a later step.
+key group: a full snapshot, every checkpoint writes all state. With
+``DiskStateOptions(incremental=True)`` the synchronous part also flushes the
+memtable and makes a local RocksDB checkpoint (hard links), and a checkpoint
+uploads only the SST files no completed checkpoint has uploaded before,
+referencing the others again (:mod:`raystream.checkpoint.disk_incremental`;
+:meth:`DiskKeyedStateBackend.restore_db` reads such a checkpoint back, at any
+parallelism). A savepoint is always full, in the section format below.
 
 Section format: the envelope of :mod:`raystream.checkpoint.envelope` (magic
 ``b"RSKD"``, format version, key-group hash version, max_parallelism, key
