@@ -356,3 +356,45 @@ def test_retention_keeps_exactly_the_referenced_shared_files(ray_session, tmp_pa
     referenced = retained_references(job_dir)
     assert referenced
     assert set(storage.shared_files(job)) == referenced
+
+
+def test_the_coordinator_registers_releases_sweeps_and_refuses_deleted_files(tmp_path):
+    from tests.test_coordinator import JOB as CJOB, ack_all, make
+
+    coord, rec = make(tmp_path, retained=1, subtasks=[(0, 0)])
+    storage = coord.storage
+    local = tmp_path / "local.sst"
+    local.write_bytes(b"sst" * 100)
+
+    def upload(n: int) -> dict:
+        return storage.write_shared_file(CJOB, n, f"{os.urandom(4).hex()}.sst",
+                                         str(local)).to_json()
+
+    def checkpoint_with(files: list[dict]) -> int:
+        n = coord.trigger()
+        manifest = storage.write_state(CJOB, n, "sum-0.keyed-db", b"{}").to_json()
+        db = {**manifest, "key_groups": [0, 128], "files": files}
+        ack_all(coord, n, {(0, 0): {"sum": {"keyed_db": db}}})
+        return n
+
+    def on_disk() -> set[str]:
+        return set(storage.shared_files(CJOB))
+
+    a, b = upload(1), upload(1)
+    assert checkpoint_with([a, b]) == 1 and rec.completed == [1]
+    c = upload(2)
+    checkpoint_with([a, c])  # retention discards 1: b goes
+    assert rec.completed == [1, 2] and on_disk() == {a["path"], c["path"]}
+    aborted = coord.trigger()
+    upload(aborted)  # uploaded, then the checkpoint aborts: swept at the next completion
+    coord.abort(aborted, "declined")
+    e = upload(4)
+    checkpoint_with([a, c, e])
+    assert rec.completed == [1, 2, 4] and on_disk() == {a["path"], c["path"], e["path"]}
+    late = checkpoint_with([a, b])  # reuses b, deleted meanwhile: aborted, not completed
+    assert late in rec.aborted and late not in rec.completed
+    assert "shared state files" in coord.history[late].reason
+
+    successor, _ = make(tmp_path, retained=1, subtasks=[(0, 0)])  # a new job master
+    successor.take_over()
+    assert successor.shared_state.referenced() == {a["path"], c["path"], e["path"]}
