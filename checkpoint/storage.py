@@ -250,8 +250,9 @@ class CheckpointStorage:
         with open(local_path, "rb") as f:
             if os.fstat(f.fileno()).st_size == 0:
                 return self._write_file(self.shared_dir(job_key), target, b"")
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                return self._write_file(self.shared_dir(job_key), target, mapped)
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped, \
+                    memoryview(mapped) as view:
+                return self._write_file(self.shared_dir(job_key), target, view)
 
     @staticmethod
     def shared_file_checkpoint(path: str) -> int | None:
