@@ -398,3 +398,9 @@ def test_the_coordinator_registers_releases_sweeps_and_refuses_deleted_files(tmp
     successor, _ = make(tmp_path, retained=1, subtasks=[(0, 0)])  # a new job master
     successor.take_over()
     assert successor.shared_state.referenced() == {a["path"], c["path"], e["path"]}
+
+    with open(c["path"], "r+b") as f:  # a shared file is damaged: named, as any file
+        f.write(b"XYZ")
+    with pytest.raises(CorruptCheckpointError) as err:
+        coord.verified_restore_spec()  # 4 committed output: no going back past it
+    assert err.value.path == c["path"]
