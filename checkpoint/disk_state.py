@@ -855,30 +855,35 @@ class DiskKeyedStateBackend:
 
     def restore_db(self, dbs: Iterable[RestoredDb]) -> None:
         """Restore the databases of an incremental checkpoint, keeping this backend's
-        key groups. One database of exactly this key-group range becomes this backend's
-        database (its files downloaded, nothing rewritten); otherwise (a rescale) each
-        overlapping one is downloaded to a temporary directory and the entries of the
-        shared key groups are copied over, range by range, in write batches."""
-        dbs = [d for d in dbs if range(max(d.manifest.key_groups.start, self.key_groups.start),
-                                       min(d.manifest.key_groups.stop, self.key_groups.stop))]
-        for d in dbs:
+        key groups (Flink's approach): the one sharing the most key groups with this
+        backend becomes its database (files downloaded, nothing rewritten; key groups
+        of other backends deleted by range), and the entries of this backend's key
+        groups in every other one (a rescale) are copied over in write batches."""
+        overlaps = [(self._overlap(d), d) for d in dbs]
+        overlaps = [(o, d) for o, d in overlaps if o]
+        for _, d in overlaps:
             if d.manifest.max_parallelism != self.max_parallelism:
                 raise ValueError(f"a keyed-state database of max_parallelism "
                                  f"{d.manifest.max_parallelism} cannot restore into one of "
                                  f"{self.max_parallelism}")
-        if (len(dbs) == 1 and dbs[0].manifest.key_groups == self.key_groups
-                and not self._states and not self._restored):
-            self._adopt(dbs[0])
-        else:
-            for d in dbs:
-                self._copy_from(d)
-        for d in dbs:
-            m = d.manifest.key_groups
-            self._restored.update(range(max(m.start, self.key_groups.start),
-                                        min(m.stop, self.key_groups.stop)))
+        rest = [d for _, d in overlaps]
+        if overlaps and not self._states and not self._restored:  # an empty backend
+            first = max(overlaps, key=lambda od: len(od[0]))[1]
+            self._adopt(first)
+            rest.remove(first)
+        for d in rest:
+            self._copy_from(d)
+        for groups, _ in overlaps:
+            self._restored.update(groups)
+
+    def _overlap(self, db: RestoredDb) -> range:
+        theirs = db.manifest.key_groups
+        return range(max(theirs.start, self.key_groups.start),
+                     min(theirs.stop, self.key_groups.stop))
 
     def _adopt(self, db: RestoredDb) -> None:
-        """Replace this (empty) backend's database by the one of ``db``."""
+        """Replace this (empty) backend's database by the one of ``db``, without the
+        key groups that are not this backend's."""
         self._finalizer()  # close and remove the empty database
         os.makedirs(self.path)
         try:
@@ -891,7 +896,12 @@ class DiskKeyedStateBackend:
         get = getattr(self._db, "get", None)
         self._get = get if get is not None else self._get_or_none
         self._states = {name: (_U16.pack(sid), kind) for sid, name, kind in db.manifest.states}
-        if db.reusable:  # the job's own files, of a completed checkpoint
+        theirs = db.manifest.key_groups
+        if theirs.start < self.key_groups.start:
+            self._db.delete_range(_U16.pack(theirs.start), _U16.pack(self.key_groups.start))
+        if theirs.stop > self.key_groups.stop:
+            self._db.delete_range(_U16.pack(self.key_groups.stop), _U16.pack(theirs.stop))
+        if db.reusable and theirs == self.key_groups:  # the job's own files, all ours
             self._uploads.restored(db.shared_files())
 
     def _copy_from(self, db: RestoredDb, batch_bytes: int = 4 << 20) -> None:
