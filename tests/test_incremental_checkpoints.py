@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import numpy as np
 import pandas as pd
@@ -277,13 +278,18 @@ def incremental_env(storage: str, parallelism: int = 2, interval_s: float = 0.25
         restart=rs.RestartStrategy.fixed_delay(3, 0.1))
 
 
-def running_sum_job(env: rs.StreamEnvironment) -> rs.SinkHandle:
+def slow_throttle(batch):
+    time.sleep(0.04)  # about 5 s a run: time for two checkpoints before a kill or a cancel
+    return batch
+
+
+def running_sum_job(env: rs.StreamEnvironment, slow: bool = False) -> rs.SinkHandle:
     from tests.test_disk_state import RunningSum
     from tests.test_exactly_once import N, SPLITS, numbers, throttle
 
     source = env.from_sequence(N, numbers, batch_size=100, num_splits=SPLITS, name="numbers")
-    return source.map_batches(throttle, name="throttle").key_by("k").process(
-        RunningSum(), name="sum").collect(name="out")
+    return source.map_batches(slow_throttle if slow else throttle, name="throttle").key_by(
+        "k").process(RunningSum(), name="sum").collect(name="out")
 
 
 def only_job_dir(root) -> str:
@@ -307,7 +313,7 @@ def test_a_sigkilled_subtask_restores_from_incremental_checkpoints(ray_session, 
     from tests.test_exactly_once import assert_exactly_once, wait_for_checkpoint
 
     env = incremental_env(str(tmp_path / "chk"))
-    sink = running_sum_job(env)
+    sink = running_sum_job(env, slow=True)
     client = env.execute_async("incremental-kill")
     completed = wait_for_checkpoint(client)
     completed = wait_for_checkpoint(client, after=completed)  # a second one: an increment
@@ -328,7 +334,7 @@ def test_a_cancelled_run_restores_at_another_parallelism(ray_session, tmp_path):
     from tests.test_exactly_once import KEYS, N, numbers, wait_for_checkpoint
 
     env = incremental_env(str(tmp_path / "chk"))
-    running_sum_job(env)
+    running_sum_job(env, slow=True)
     client = env.execute_async("incremental-p2")
     wait_for_checkpoint(client, after=wait_for_checkpoint(client))
     client.cancel()
