@@ -37,6 +37,7 @@ from raystream.actors.channel_state import (InputStateRecorder, OutputStateCaptu
 from raystream.checkpoint.barrier import Barrier
 from raystream.actors.channel_state_file import (ChannelStateContents, channel_state_key,
                                                      decode_channel_state, encode_channel_state)
+from raystream.checkpoint.disk_incremental import RestoredDb, db_handle_key_groups
 from raystream.checkpoint.keygroups import key_group_range
 from raystream.checkpoint.restore import OperatorRestore, RestoreSpec
 from raystream.checkpoint.sections import decode_sections, encode_sections
@@ -108,7 +109,8 @@ class SubtaskCheckpointer:
             state = RestoredState(
                 restore.checkpoint_id,
                 [_read(source, h) for h in files.operator_state],
-                self._keyed_sections(source, files.keyed_state), floors)
+                self._keyed_sections(source, files.keyed_state), floors,
+                self._keyed_dbs(source, files.keyed_db))
             self.last_checkpoint_id = restore.checkpoint_id
             call_operator(operator, "initialize_state", state)
         if self.channel_state_key not in restore.channel_state:
@@ -136,6 +138,15 @@ class SubtaskCheckpointer:
         if floors is None:
             return [[self.key_groups.start, self.key_groups.stop - 1, watermark]]
         return runs_of(self.key_groups, np.maximum(floors, watermark))
+
+    def _keyed_dbs(self, storage: CheckpointStorage, handles: list[dict]) -> list[RestoredDb]:
+        """The manifests of the databases whose key groups overlap ours."""
+        mine = self.key_groups
+        own = (self.storage.shared_dir(self.spec.job_key)
+               if storage.uri == self.storage.uri else None)
+        return [RestoredDb.read(storage, h, own) for h in handles
+                if range(max(mine.start, db_handle_key_groups(h).start),
+                         min(mine.stop, db_handle_key_groups(h).stop))]
 
     def _keyed_sections(self, storage, handles: list[dict]):
         for handle in handles:
@@ -190,7 +201,8 @@ class SubtaskCheckpointer:
                 if snapshot is None:
                     continue
                 entry = self._write_operator(barrier, name, snapshot)
-                size += sum(h["size"] for key, h in entry.items() if key != "committables")
+                size += sum(h.get("uploaded", h["size"]) for key, h in entry.items()
+                            if key != "committables")
                 written[name] = entry
             try:
                 channel_state = self._write_channel_state(n, input_state, output_state)
@@ -245,6 +257,9 @@ class SubtaskCheckpointer:
         if snapshot.operator_state is not None:
             entry["operator_state"] = state_storage.write_state(
                 state_job, n, f"{stem}.op", snapshot.operator_state()).to_json()
+        if snapshot.keyed_db is not None and barrier.savepoint_target is None:
+            # (a savepoint: keyed_state() below writes the database whole, as sections)
+            entry["keyed_db"] = snapshot.keyed_db.upload(self.storage, job, n, stem)
         if snapshot.keyed_state is not None:
             entry["keyed_state"] = state_storage.write_state(
                 state_job, n, f"{stem}.keyed", encode_sections(snapshot.keyed_state())).to_json()

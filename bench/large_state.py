@@ -32,12 +32,25 @@ The last line is machine-readable: the disk run's rate over the heap run's, and
 both peak RSS figures in MB::
 
     RESULT disk_over_heap=<ratio> heap_rss_mb=<MB> disk_rss_mb=<MB>
+
+With ``--incremental`` the disk run takes incremental checkpoints
+(``DiskStateOptions(incremental=True)``, every checkpoint retained), and the
+bench prints each checkpoint's bytes written and duration and appends
+``incremental_bytes_over_changed=<ratio>`` to the RESULT line: the bytes the
+checkpoints after the first wrote, over the bytes of the entries that changed
+between each of them and the previous completed one. Those are counted
+exactly after the run: both checkpoints' databases are downloaded and scanned
+side by side in key order, and every entry that is new or holds another value
+counts its key and value bytes (as RocksDB stores them, uncompressed)::
+
+    ./dev bench bench/large_state.py --incremental --keys 1000000 --rows 3000000
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import shutil
 import sys
 import tempfile
@@ -134,27 +147,107 @@ class RssSampler:
 
 
 @dataclass(frozen=True)
+class Increment:
+    """A checkpoint after the first: bytes it wrote, its duration, and the bytes of the
+    entries that changed since the previous completed checkpoint."""
+
+    checkpoint_id: int
+    size: int
+    duration_s: float
+    changed_bytes: int
+
+
+@dataclass(frozen=True)
 class Run:
     backend: str
     rows: int
     run_s: float
     peak_rss: int
     checkpoints: int
+    increments: tuple[Increment, ...] = ()
+    state_bytes: int = 0  # SST bytes of the newest checkpoint
 
     @property
     def rows_per_s(self) -> float:
         return self.rows / self.run_s
 
 
+class CheckpointEntries:
+    """The keyed-state entries of an incremental checkpoint, in key order (its subtasks'
+    databases downloaded to a temporary directory, scanned one after another)."""
+
+    def __init__(self, storage: str, job: str, checkpoint_id: int, scratch: str) -> None:
+        from raystream.checkpoint.disk_incremental import RestoredDb
+        from raystream.checkpoint.metadata import CheckpointMetadata
+        from raystream.checkpoint.storage import CheckpointStorage
+
+        store = CheckpointStorage(storage)
+        metadata = CheckpointMetadata.from_json(store.read_metadata(job, checkpoint_id))
+        handles = [db for files in metadata.operators.values() for db in files.keyed_db]
+        self.dbs = sorted((RestoredDb.read(store, h) for h in handles),
+                          key=lambda d: d.manifest.key_groups.start)
+        self.sst_bytes = sum(h.size for d in self.dbs for name, h in d.manifest.files.items()
+                             if name.endswith(".sst"))
+        self.scratch = os.path.join(scratch, f"chk-{checkpoint_id}")
+
+    def __iter__(self):
+        import rocksdict
+
+        for i, db in enumerate(self.dbs):
+            path = os.path.join(self.scratch, str(i))
+            db.download(path)
+            rdict = rocksdict.Rdict(path, rocksdict.Options(raw_mode=True))
+            try:
+                yield from rdict.items()
+            finally:
+                rdict.close()
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def changed_bytes(before: CheckpointEntries, after: CheckpointEntries) -> int:
+    """Key and value bytes of the entries of ``after`` that ``before`` lacks or holds
+    with another value (a merge of the two key-ordered scans)."""
+    old = iter(before)
+    current = next(old, None)
+    changed = 0
+    for k, v in after:
+        while current is not None and current[0] < k:
+            current = next(old, None)
+        if current is None or current[0] != k or current[1] != v:
+            changed += len(k) + len(v)
+    return changed
+
+
+def increments(storage: str, checkpoints: list) -> tuple[tuple[Increment, ...], int]:
+    """Every completed checkpoint after the first, and the newest one's SST bytes."""
+    (job,) = [d for d in os.listdir(storage) if os.path.isdir(os.path.join(storage, d))]
+    done = sorted((c for c in checkpoints if c.status == "COMPLETED"),
+                  key=lambda c: c.checkpoint_id)
+    scratch = tempfile.mkdtemp(prefix="entries-")
+    try:
+        entries = [CheckpointEntries(storage, job, c.checkpoint_id, scratch) for c in done]
+        out = tuple(Increment(c.checkpoint_id, c.size, c.duration_s,
+                              changed_bytes(entries[i - 1], entries[i]))
+                    for i, c in enumerate(done) if i > 0)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return out, entries[-1].sst_bytes
+
+
 def run(backend: str, op: str, keys: int, rows: int, batch_size: int, memory_mb: int,
-        storage_root: str) -> Run:
+        storage_root: str, incremental: bool = False) -> Run:
     storage = tempfile.mkdtemp(prefix="checkpoints-", dir=storage_root)
-    state = rs.DiskStateOptions(memory_mb=memory_mb) if backend == "disk" else "heap"
+    state = (rs.DiskStateOptions(memory_mb=memory_mb, incremental=incremental)
+             if backend == "disk" else "heap")
+    steps: tuple[Increment, ...] = ()
+    state_bytes = 0
     try:
         env = rs.StreamEnvironment(
             parallelism=PARALLELISM, ray_init_kwargs=RAY_INIT_KWARGS,
             checkpoints=rs.CheckpointConfig(interval_s=INTERVAL_S, storage=storage,
-                                            state_backend=state),
+                                            state_backend=state,
+                                            # incremental: every checkpoint, to compare them
+                                            retained=1000 if incremental else 3),
             restart=rs.RestartStrategy.none())
         keyed = env.from_sequence(rows, columns=Rows(keys), batch_size=batch_size,
                                   num_splits=NUM_SPLITS, name="sequence").key_by("key")
@@ -165,6 +258,8 @@ def run(backend: str, op: str, keys: int, rows: int, batch_size: int, memory_mb:
         sampler = RssSampler(client)
         result = client.wait(timeout_s=600)
         peak = sampler.stop()
+        if incremental:
+            steps, state_bytes = increments(storage, result.checkpoints)
     finally:
         shutil.rmtree(storage, ignore_errors=True)
     seen = result.count(sink)
@@ -173,7 +268,7 @@ def run(backend: str, op: str, keys: int, rows: int, batch_size: int, memory_mb:
     completed = sum(c.status == "COMPLETED" for c in result.checkpoints)
     if completed < 1:
         raise SystemExit(f"{backend} run: no checkpoint completed")
-    return Run(backend, rows, result.run_s, peak, completed)
+    return Run(backend, rows, result.run_s, peak, completed, steps, state_bytes)
 
 
 def main() -> None:
@@ -185,6 +280,8 @@ def main() -> None:
     parser.add_argument("--memory-mb", type=int, default=64,
                         help="disk backend memory budget per subtask")
     parser.add_argument("--storage", default=tempfile.gettempdir())
+    parser.add_argument("--incremental", action="store_true",
+                        help="the disk run takes incremental checkpoints")
     args = parser.parse_args()
     if args.rows < args.keys:
         parser.error("--rows must be at least --keys (every key gets state)")
@@ -192,7 +289,7 @@ def main() -> None:
     runs = []
     for backend in ("heap", "disk"):
         r = run(backend, args.op, args.keys, args.rows, args.batch_size, args.memory_mb,
-                args.storage)
+                args.storage, incremental=args.incremental and backend == "disk")
         print(f"  {backend}: {r.rows:,} rows in {r.run_s:.1f} s ({r.rows_per_s:,.0f} rows/s), "
               f"peak RSS of the sum subtasks {r.peak_rss / 2**20:,.0f} MB, "
               f"{r.checkpoints} checkpoints", file=sys.stderr, flush=True)
@@ -203,8 +300,19 @@ def main() -> None:
           f"disk memory budget={args.memory_mb} MB/subtask")
     for r in runs:
         print(f"{r.backend:5} {r.rows_per_s:>12,.0f} rows/s  peak RSS {r.peak_rss / 2**20:>8,.0f} MB")
-    print(f"RESULT disk_over_heap={disk.rows_per_s / heap.rows_per_s:.4f} "
-          f"heap_rss_mb={heap.peak_rss / 2**20:.0f} disk_rss_mb={disk.peak_rss / 2**20:.0f}")
+    result = (f"RESULT disk_over_heap={disk.rows_per_s / heap.rows_per_s:.4f} "
+              f"heap_rss_mb={heap.peak_rss / 2**20:.0f} disk_rss_mb={disk.peak_rss / 2**20:.0f}")
+    if args.incremental:
+        for inc in disk.increments:
+            print(f"checkpoint {inc.checkpoint_id:>4}: {inc.size / 2**20:>8.2f} MB written in "
+                  f"{inc.duration_s:.2f} s; {inc.changed_bytes / 2**20:>8.2f} MB of entries "
+                  f"changed since the previous one")
+        print(f"state: {disk.state_bytes / 2**20:.1f} MB of SST files in the last checkpoint")
+        written = sum(inc.size for inc in disk.increments)
+        changed = sum(inc.changed_bytes for inc in disk.increments)
+        if changed:
+            result += f" incremental_bytes_over_changed={written / changed:.3f}"
+    print(result)
 
 
 if __name__ == "__main__":

@@ -37,8 +37,10 @@ from raystream.checkpoint.restore import OperatorRestore, RestoreSpec
 from raystream.checkpoint.committed_output import CommittedOutput
 from raystream.checkpoint.config import CheckpointConfig
 from raystream.checkpoint.coordinator_holder import OperatorCoordinators
+from raystream.checkpoint.disk_incremental import db_handle_files
 from raystream.checkpoint.keygroups import HASH_VERSION
 from raystream.checkpoint.metadata import CheckpointMetadata, OperatorFiles
+from raystream.checkpoint.shared_state import SharedStateRegistry
 from raystream.checkpoint.storage import (SAVEPOINT_JOB_KEY, CheckpointStorage,
                                           CorruptCheckpointError, StateHandle, safe_name)
 from raystream.checkpoint.snapshot_stats import SnapshotStats
@@ -197,6 +199,8 @@ class CheckpointCoordinator:
         self.pending: dict[int, PendingCheckpoint] = {}
         self.completed: list[CompletedCheckpoint] = []  # oldest first
         self._undeleted: set[int] = set()  # discarded checkpoints whose directory remained
+        # files of incremental checkpoints shared between checkpoints: who uses which
+        self.shared_state = SharedStateRegistry(self.storage, job_key)
         self.history: dict[int, CheckpointStats] = {}
         self.failures_in_a_row = 0
         # The newest checkpoint whose completion was notified: its output may be committed
@@ -380,6 +384,11 @@ class CheckpointCoordinator:
     def _complete(self, pending: PendingCheckpoint) -> None:
         n = pending.checkpoint_id
         metadata = self._metadata(pending)
+        gone = self.shared_state.unknown(n, metadata)
+        if gone:  # a subtask reused files of a checkpoint retention discarded meanwhile
+            self.abort(n, f"it references shared state files no retained checkpoint keeps "
+                          f"(deleted): {', '.join(gone[:3])}", failed=False)
+            return
         storage, job_key = self.storage, self.job_key
         if pending.savepoint_target is not None:
             storage, job_key = CheckpointStorage(pending.savepoint_target), SAVEPOINT_JOB_KEY
@@ -393,6 +402,7 @@ class CheckpointCoordinator:
         if pending.savepoint_target is not None and not (pending.stop or pending.final):
             return  # a savepoint of a running job: no commit, no failover target
         self.completed.append(CompletedCheckpoint(n, metadata, storage.uri, job_key))
+        self.shared_state.register(n, metadata)
         self._last_completion = time.monotonic()
         self.failures_in_a_row = 0
         for older in [m for m in self.pending if m < n]:
@@ -414,11 +424,14 @@ class CheckpointCoordinator:
         handles = []
         for subtask in sorted(pending.written):
             for name, entry in pending.written[subtask].items():
-                files = operators.setdefault(name, {"operator_state": [], "keyed_state": []})
-                for kind in ("operator_state", "keyed_state"):
+                files = operators.setdefault(name, {"operator_state": [], "keyed_state": [],
+                                                    "keyed_db": []})
+                for kind in ("operator_state", "keyed_state", "keyed_db"):
                     if kind in entry:
                         files[kind].append(entry[kind])
                         handles.append(entry[kind])
+                if "keyed_db" in entry:  # the files its manifest references: verified too
+                    handles.extend(db_handle_files(entry["keyed_db"]))
                 if "committables" not in entry:
                     continue
                 # listed even before it commits anything: an empty sink is an empty result
@@ -443,7 +456,7 @@ class CheckpointCoordinator:
             trigger_ts_ms=pending.trigger_ts_ms, max_parallelism=self.max_parallelism,
             hash_version=HASH_VERSION,
             operators={name: OperatorFiles(tuple(files["operator_state"]),
-                                           tuple(files["keyed_state"]))
+                                           tuple(files["keyed_state"]), tuple(files["keyed_db"]))
                        for name, files in operators.items()},
             handles=tuple(handles), committed=committed, watermarks=watermarks,
             coordinators=dict(pending.coordinators), channel_state=channel_state,
@@ -454,6 +467,7 @@ class CheckpointCoordinator:
             oldest = self.completed.pop(0)
             if not oldest.is_savepoint:  # savepoints are never deleted automatically
                 self._discard(oldest.checkpoint_id)
+                self.shared_state.release(oldest.checkpoint_id)
         # Directories that could not be deleted before, or that a subtask still
         # writing into an aborted checkpoint created again after it was deleted:
         # whatever is below the newest completed checkpoint and neither kept nor
@@ -469,6 +483,7 @@ class CheckpointCoordinator:
         for n in sorted(self._undeleted | stale):
             self._undeleted.discard(n)
             self._discard(n, again=True)
+        self.shared_state.sweep(newest)
 
     def _discard(self, n: int, again: bool = False) -> None:
         try:
@@ -569,6 +584,7 @@ class CheckpointCoordinator:
             return None
         n, metadata = found[0], CheckpointMetadata.from_json(found[1])
         self.completed.append(CompletedCheckpoint(n, metadata, self.storage.uri, self.job_key))
+        self.shared_state.register(n, metadata)
         self.history[n] = CheckpointStats(n, metadata.trigger_ts_ms, CheckpointStatus.COMPLETED)
         self.committed_upto = n
         return self.completed[-1].restore_spec()
@@ -597,7 +613,8 @@ class CheckpointCoordinator:
 def restore_spec_of(checkpoint_id: int, metadata: CheckpointMetadata,
                     storage_uri: str) -> RestoreSpec:
     return RestoreSpec(checkpoint_id, storage_uri,
-                       {name: OperatorRestore(list(files.operator_state), list(files.keyed_state))
+                       {name: OperatorRestore(list(files.operator_state), list(files.keyed_state),
+                                              list(files.keyed_db))
                         for name, files in metadata.operators.items()},
                        dict(metadata.watermarks), dict(metadata.channel_state),
                        dict(metadata.coordinators))

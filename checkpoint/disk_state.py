@@ -51,8 +51,13 @@ it creates a RocksDB iterator over the backend's key range (O(1), no copying; a
 RocksDB iterator reads the database as of its creation, like a snapshot) and
 returns the asynchronous part, a callable that runs that iterator on the
 checkpointing thread while processing goes on, giving one section per non-empty
-key group. Snapshots are full (every checkpoint writes all state); incremental
-checkpoints (shipping only new SST files) are a later step.
+key group: a full snapshot, every checkpoint writes all state. With
+``DiskStateOptions(incremental=True)`` the synchronous part also flushes the
+memtable and makes a local RocksDB checkpoint (hard links), and a checkpoint
+uploads only the SST files no completed checkpoint has uploaded before,
+referencing the others again (:mod:`raystream.checkpoint.disk_incremental`;
+:meth:`DiskKeyedStateBackend.restore_db` reads such a checkpoint back, at any
+parallelism). A savepoint is always full, in the section format below.
 
 Section format: the envelope of :mod:`raystream.checkpoint.envelope` (magic
 ``b"RSKD"``, format version, key-group hash version, max_parallelism, key
@@ -96,6 +101,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, cast
 import msgpack
 import numpy as np
 
+from raystream.checkpoint.disk_incremental import IncrementalSnapshot, RestoredDb, UploadTracker
 from raystream.checkpoint.envelope import KEYED_STATE, Envelope, SectionKind, is_keyed_state, read
 from raystream.checkpoint.keygroups import check_key_group_range, key_group_of
 
@@ -183,6 +189,10 @@ class DiskStateOptions:
             two thirds block cache, one third write buffers (two memtables).
         local_dir: where each instance creates its database directory (the
             system temp dir if None); a local disk, not checkpoint storage.
+        incremental: checkpoints upload only the RocksDB files that are new since
+            the previous completed checkpoint (:mod:`raystream.checkpoint.disk_incremental`);
+            savepoints stay full. Off by default: a restore then reads more files,
+            and the job's storage holds files shared between checkpoints.
 
     >>> DiskStateOptions(memory_mb=128).block_cache_bytes
     89478485
@@ -194,6 +204,7 @@ class DiskStateOptions:
 
     memory_mb: int = 64
     local_dir: str | None = None
+    incremental: bool = False
 
     def __post_init__(self) -> None:
         if self.memory_mb < 8:
@@ -655,6 +666,7 @@ class DiskKeyedStateBackend:
         self._finalizer = weakref.finalize(self, _dispose, self._db, self.path)
         self._states: dict[str, tuple[bytes, str]] = {}  # name -> (state id bytes, kind)
         self._restored: set[int] = set()
+        self._uploads = UploadTracker()  # incremental checkpoints: what is uploaded already
         self._key: Any = None
         self._kg: int | None = None
         self._ns: Any = None
@@ -811,15 +823,117 @@ class DiskKeyedStateBackend:
                 yield _unpack(kb[2:])
 
     # -- snapshot and restore ---------------------------------------------------
-    def snapshot(self) -> DiskStateSnapshot:
+    def snapshot(self) -> DiskStateSnapshot | IncrementalSnapshot:
         """Synchronous part: a RocksDB iterator over this backend's key groups (a
-        point-in-time view, no copying); returns the asynchronous part."""
-        directory = [[_U16.unpack(sid)[0], name, kind] for name, (sid, kind) in self._states.items()]
+        point-in-time view, no copying); returns the asynchronous part. With
+        ``incremental`` options also a local RocksDB checkpoint (a flush, then hard
+        links), which the asynchronous part uploads as an incremental checkpoint."""
+        directory = self._directory()
         read = self._bounded()
         # a raw-mode database's keys and values are bytes (rocksdict's stub types any)
         entries = cast(Iterator[tuple[bytes, bytes]],
                        self._db.items(from_key=_U16.pack(self.key_groups.start), read_opt=read))
-        return DiskStateSnapshot(self, entries, read, directory)
+        full = DiskStateSnapshot(self, entries, read, directory)
+        if not self.options.incremental:
+            return full
+        import rocksdict
+
+        local = f"{self.path}.chk{uuid.uuid4().hex}"  # a sibling: stale ones go with the DB's
+        self._db.flush(True)  # no WAL: the memtable must be in SST files to be checkpointed
+        rocksdict.Checkpoint(self._db).create_checkpoint(local)
+        return IncrementalSnapshot(local_dir=local, full=full, release_full=full.release,
+                                   tracker=self._uploads, max_parallelism=self.max_parallelism,
+                                   key_groups=self.key_groups, states=directory)
+
+    def _directory(self) -> list[list]:
+        return [[_U16.unpack(sid)[0], name, kind] for name, (sid, kind) in self._states.items()]
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` completed: later incremental checkpoints reuse
+        the files it uploaded."""
+        self._uploads.complete(checkpoint_id)
+
+    def restore_db(self, dbs: Iterable[RestoredDb]) -> None:
+        """Restore the databases of an incremental checkpoint, keeping this backend's
+        key groups (Flink's approach): the one sharing the most key groups with this
+        backend becomes its database (files downloaded, nothing rewritten; key groups
+        of other backends deleted by range), and the entries of this backend's key
+        groups in every other one (a rescale) are copied over in write batches."""
+        overlaps = [(self._overlap(d), d) for d in dbs]
+        overlaps = [(o, d) for o, d in overlaps if o]
+        for _, d in overlaps:
+            if d.manifest.max_parallelism != self.max_parallelism:
+                raise ValueError(f"a keyed-state database of max_parallelism "
+                                 f"{d.manifest.max_parallelism} cannot restore into one of "
+                                 f"{self.max_parallelism}")
+        rest = [d for _, d in overlaps]
+        if overlaps and not self._states and not self._restored:  # an empty backend
+            first = max(overlaps, key=lambda od: len(od[0]))[1]
+            self._adopt(first)
+            rest.remove(first)
+        for d in rest:
+            self._copy_from(d)
+        for groups, _ in overlaps:
+            self._restored.update(groups)
+
+    def _overlap(self, db: RestoredDb) -> range:
+        theirs = db.manifest.key_groups
+        return range(max(theirs.start, self.key_groups.start),
+                     min(theirs.stop, self.key_groups.stop))
+
+    def _adopt(self, db: RestoredDb) -> None:
+        """Replace this (empty) backend's database by the one of ``db``, without the
+        key groups that are not this backend's."""
+        self._finalizer()  # close and remove the empty database
+        os.makedirs(self.path)
+        try:
+            db.download(self.path)
+        except BaseException:
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise
+        self._db = _open_db(self.path, self.options)
+        self._finalizer = weakref.finalize(self, _dispose, self._db, self.path)
+        get = getattr(self._db, "get", None)
+        self._get = get if get is not None else self._get_or_none
+        self._states = {name: (_U16.pack(sid), kind) for sid, name, kind in db.manifest.states}
+        theirs = db.manifest.key_groups
+        if theirs.start < self.key_groups.start:
+            self._db.delete_range(_U16.pack(theirs.start), _U16.pack(self.key_groups.start))
+        if theirs.stop > self.key_groups.stop:
+            self._db.delete_range(_U16.pack(self.key_groups.stop), _U16.pack(theirs.stop))
+        if db.reusable and theirs == self.key_groups:  # the job's own files, all ours
+            self._uploads.restored(db.shared_files())
+
+    def _copy_from(self, db: RestoredDb, batch_bytes: int = 4 << 20) -> None:
+        """Copy the entries of this backend's key groups from ``db`` (state ids renamed
+        to this backend's)."""
+        import rocksdict
+
+        sids = {_U16.pack(sid): self._sid(name, kind) for sid, name, kind in db.manifest.states}
+        temp = f"{self.path}.restore{uuid.uuid4().hex}"
+        try:
+            db.download(temp)
+            other = _open_db(temp, DiskStateOptions(memory_mb=8))
+            try:
+                read = _read_options()
+                read.set_iterate_upper_bound(_U16.pack(min(self.key_groups.stop,
+                                                           db.manifest.key_groups.stop)))
+                start = max(self.key_groups.start, db.manifest.key_groups.start)
+                items = cast(Iterator[tuple[bytes, bytes]],
+                             other.items(from_key=_U16.pack(start), read_opt=read))
+                batch, size = rocksdict.WriteBatch(raw_mode=True), 0
+                for k, v in items:
+                    batch.put(k[:2] + sids[k[2:4]] + k[4:], v)
+                    size += len(k) + len(v)
+                    if size >= batch_bytes:
+                        self._db.write(batch)
+                        batch, size = rocksdict.WriteBatch(raw_mode=True), 0
+                self._db.write(batch)
+                del items
+            finally:
+                other.close()
+        finally:
+            shutil.rmtree(temp, ignore_errors=True)
 
     def restore(self, sections: Iterable[tuple[int, bytes]] | Mapping[int, bytes]) -> None:
         """Load snapshot sections, keeping only key groups in ``self.key_groups``

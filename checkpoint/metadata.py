@@ -32,6 +32,9 @@ class OperatorFiles:
 
     operator_state: tuple[HandleJson, ...] = ()
     keyed_state: tuple[HandleJson, ...] = ()
+    # incremental checkpoints of the disk backend: a manifest's handle with the key
+    # groups and the files (shared or private) it references (disk_incremental)
+    keyed_db: tuple[HandleJson, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,8 @@ class CheckpointMetadata:
             "trigger_ts_ms": self.trigger_ts_ms, "max_parallelism": self.max_parallelism,
             "hash_version": self.hash_version,
             "operators": {name: {"operator_state": list(files.operator_state),
-                                 "keyed_state": list(files.keyed_state)}
+                                 "keyed_state": list(files.keyed_state),
+                                 **({"keyed_db": list(files.keyed_db)} if files.keyed_db else {})}
                           for name, files in self.operators.items()},
             "handles": list(self.handles),
             "committed": {name: output.to_json() for name, output in self.committed.items()},
@@ -81,7 +85,8 @@ class CheckpointMetadata:
                 attempt=doc.get("attempt", 0), trigger_ts_ms=doc.get("trigger_ts_ms", 0),
                 max_parallelism=doc["max_parallelism"], hash_version=doc["hash_version"],
                 operators={name: OperatorFiles(tuple(files["operator_state"]),
-                                               tuple(files["keyed_state"]))
+                                               tuple(files["keyed_state"]),
+                                               tuple(files.get("keyed_db", ())))
                            for name, files in doc["operators"].items()},
                 handles=tuple(doc.get("handles", ())),
                 committed={name: CommittedOutput.from_json(value)

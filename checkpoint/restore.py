@@ -12,6 +12,7 @@ class OperatorRestore:
 
     operator_state: list[dict] = field(default_factory=list)  # StateHandle JSON, all old subtasks
     keyed_state: list[dict] = field(default_factory=list)
+    keyed_db: list[dict] = field(default_factory=list)  # incremental disk-state handles
 
 
 @dataclass

@@ -14,7 +14,10 @@ A backend snapshots per key group: ``snapshot()`` is the synchronous part of a
 checkpoint and returns a callable (the asynchronous part) giving one section
 (bytes) per non-empty key group; ``restore`` takes sections of any key groups
 and keeps those of its own range, which is how a job is restored at another
-parallelism.
+parallelism. (The disk backend with ``DiskStateOptions(incremental=True)``
+returns an :class:`~raystream.checkpoint.disk_incremental.IncrementalSnapshot`,
+a callable too: a checkpoint uploads it as new RocksDB files instead, and
+``DiskKeyedStateBackend.restore_db`` reads those back.)
 
 >>> backend = create_keyed_state_backend(StateBackend.HEAP, max_parallelism=128,
 ...                                      key_groups=range(128))

@@ -4,6 +4,8 @@ Layout, under the storage root (a local directory or any ``pyarrow.fs`` URI)::
 
     <root>/<job_key>/chk-<id>/<state files>    written by the subtasks (``write_state``)
     <root>/<job_key>/chk-<id>/_metadata        written last by the coordinator (``write_metadata``)
+    <root>/<job_key>/shared/<id>-<name>        files of incremental checkpoints, which later
+                                               checkpoints reference too (``write_shared_file``)
 
 Every file is checksummed (SHA-256). A state file's size and checksum travel in
 its :class:`StateHandle`, which the coordinator records in the checkpoint's
@@ -54,6 +56,7 @@ import errno
 import hashlib
 import json
 import logging
+import mmap
 import os
 import posixpath
 import re
@@ -74,6 +77,7 @@ logger = logging.getLogger(__name__)
 METADATA_FILE = "_metadata"
 SAVEPOINT_JOB_KEY = "savepoint"  # a savepoint at URI u is <u>/savepoint/chk-<id>/
 OUTPUT_DIR = "output"  # committed sink output, outside every chk-<id>
+SHARED_DIR = "shared"  # files of incremental checkpoints, referenced by several chk-<id>
 METADATA_FORMAT = 1
 _TMP_PREFIX = "_metadata.inprogress-"
 _CHK_PREFIX = "chk-"
@@ -81,6 +85,7 @@ _CHK_PREFIX = "chk-"
 # back from a listing names the same directory as checkpoint_dir(id).
 _CHK_RE = re.compile(r"chk-(0|[1-9][0-9]*)")
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
+_SHARED_RE = re.compile(r"(0|[1-9][0-9]*)-.+")
 _CHUNK = 8 << 20  # bytes per write/hash step of large state
 
 
@@ -232,6 +237,67 @@ class CheckpointStorage:
                          temp_name=f".{posixpath.basename(path)}.tmp-{uuid.uuid4().hex}",
                          fsync_dirs=(output,) if self.is_local else ())
         return StateHandle(path, len(body), hashlib.sha256(body).hexdigest())
+
+    def shared_dir(self, job_key: str) -> str:
+        return self._join(self.job_dir(job_key), SHARED_DIR)
+
+    def write_shared_file(self, job_key: str, checkpoint_id: int, name: str,
+                          local_path: str) -> StateHandle:
+        """Copy the local file ``local_path`` to ``<job_dir>/shared/<checkpoint_id>-<name>``
+        (an incremental checkpoint's file that later checkpoints may reference too; the
+        id says which checkpoint uploaded it). Streams: the file is mapped, not read."""
+        target = f"{checkpoint_id}-{self._checked_name(name)}"
+        with open(local_path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return self._write_file(self.shared_dir(job_key), target, b"")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped, \
+                    memoryview(mapped) as view:
+                return self._write_file(self.shared_dir(job_key), target, view)
+
+    @staticmethod
+    def shared_file_checkpoint(path: str) -> int | None:
+        """The id of the checkpoint that uploaded the shared file ``path`` (None: not one).
+
+        >>> CheckpointStorage.shared_file_checkpoint("/s/job/shared/12-000009.sst")
+        12
+        """
+        m = _SHARED_RE.fullmatch(posixpath.basename(path))
+        return int(m.group(1)) if m else None
+
+    def shared_files(self, job_key: str) -> list[str]:
+        """Paths of every file in the job's shared directory."""
+        infos = self.filesystem.get_file_info(
+            pafs.FileSelector(self.shared_dir(job_key), allow_not_found=True, recursive=False))
+        return sorted(info.path for info in infos if info.type == pafs.FileType.File)
+
+    def delete_file(self, path: str) -> None:
+        """Delete one file; a missing one is fine."""
+        try:
+            self.filesystem.delete_file(path)
+        except FileNotFoundError:
+            pass
+
+    def download(self, handle: StateHandle, local_path: str) -> None:
+        """Copy the file of ``handle`` to ``local_path``, in chunks, checking its size and
+        SHA-256 (:class:`CorruptCheckpointError` naming the file if they differ)."""
+        digest, size = hashlib.sha256(), 0
+        try:
+            with self._open_for_read(handle.path) as f, open(local_path, "wb") as out:
+                while size <= handle.size:
+                    chunk = f.read(_CHUNK)
+                    if not chunk:
+                        break
+                    size += len(chunk)
+                    digest.update(chunk)
+                    out.write(chunk)
+            _check_size(handle.path, size, handle.size)
+            if digest.hexdigest() != handle.sha256:
+                raise CorruptCheckpointError(
+                    handle.path, f"checksum mismatch: expected sha256 {handle.sha256}, "
+                                 f"got {digest.hexdigest()}")
+        except BaseException:
+            _remove_quietly(local_path)
+            raise
 
     @staticmethod
     def _checked_name(name: str) -> str:

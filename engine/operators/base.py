@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 import pyarrow as pa
 
+from raystream.checkpoint.disk_incremental import IncrementalSnapshot, RestoredDb
 from raystream.checkpoint.state_backend import StateBackend, StateBackendChoice
 
 if TYPE_CHECKING:
@@ -86,6 +87,10 @@ class OperatorSnapshot:
     operator_state: Callable[[], bytes] | None = None
     keyed_state: Callable[[], dict[int, bytes]] | None = None
     committable: Callable[[], dict[int, bytes]] | None = None
+    # the disk backend's database, when it checkpoints incrementally: a checkpoint
+    # uploads it (keyed_db.upload) before keyed_state() runs, which then leaves the
+    # backend's part out; a savepoint only runs keyed_state(), which writes it whole
+    keyed_db: IncrementalSnapshot | None = None
 
 
 @dataclass
@@ -98,6 +103,9 @@ class RestoredState:
     # the watermark each key group had reached at the checkpoint (keyed operators judge
     # lateness by it until their own watermark passes it); None: the minimum everywhere
     watermark_floors: "WatermarkFloors | None" = None
+    # databases of the disk backend's incremental checkpoints overlapping the subtask's
+    # key groups (their keyed state is not in keyed_sections)
+    keyed_dbs: list[RestoredDb] = field(default_factory=list)
 
 
 class Output(Protocol):

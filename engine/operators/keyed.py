@@ -28,6 +28,8 @@ import numpy as np
 import pyarrow as pa
 
 from raystream.actors.messages import MIN_WATERMARK
+from raystream.checkpoint.disk_incremental import IncrementalSnapshot
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.checkpoint.keygroups import key_group_range
 from raystream.checkpoint.sections import decode_parts, encode_parts
 from raystream.checkpoint.state import AggregateFunction
@@ -205,6 +207,13 @@ class _KeyedOperator(Operator):
                 for name, data in decode_parts(section).items():
                     parts.setdefault(name, []).append((group, data))
             self.timers.restore(parts.pop("timers", []))  # first: it builds the key table
+            if restored.keyed_dbs:  # first: it may replace the (empty) database
+                if not isinstance(self.backend, DiskKeyedStateBackend):
+                    raise ValueError(
+                        f"operator '{self.name}': the checkpoint holds incremental checkpoints "
+                        f"of the disk state backend, which only that backend restores; restore "
+                        f"with state_backend='disk', or from a savepoint (always full)")
+                self.backend.restore_db(restored.keyed_dbs)
             self.backend.restore(parts.pop("state", []))
             self.restore_keyed_parts(parts)
 
@@ -237,8 +246,13 @@ class _KeyedOperator(Operator):
         if parts:
             raise ValueError(f"operator '{self.name}': unexpected keyed state parts {sorted(parts)}")
 
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        if isinstance(self.backend, DiskKeyedStateBackend):  # its next increment starts here
+            self.backend.notify_checkpoint_complete(checkpoint_id)
+
     def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
         parts = self.keyed_snapshot_parts()
+        state = parts.get("state")
 
         def sections() -> dict[int, bytes]:
             by_group: dict[int, dict[str, bytes]] = {}
@@ -246,7 +260,8 @@ class _KeyedOperator(Operator):
                 for group, data in part().items():
                     by_group.setdefault(group, {})[name] = data
             return {group: encode_parts(named) for group, named in by_group.items()}
-        return OperatorSnapshot(keyed_state=sections)
+        return OperatorSnapshot(keyed_state=sections, keyed_db=state if isinstance(
+            state, IncrementalSnapshot) else None)
 
     def keyed_rows(self, batch: pa.RecordBatch, keys: KeySelector | None = None):
         """(key, row) per row, with the backend's current key set to it (``keys``: the
