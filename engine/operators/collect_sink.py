@@ -60,13 +60,17 @@ MARKER = "_collect"  # in the committer's directory: this sink's result is its c
 COMMIT_RETRY_S = 10.0
 
 
-def ipc_bytes(batches: list[pa.RecordBatch]) -> bytes:
-    """Batches as one Arrow IPC stream (schemas unified)."""
+def ipc_stream(batches: list[pa.RecordBatch]) -> pa.Buffer:
+    """Batches as one Arrow IPC stream (schemas unified), copied once into a buffer of
+    its exact size (measured first: growing a buffer would copy again and again)."""
     table = concat_batches(batches)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
+    size = pa.MockOutputStream()
+    with pa.ipc.new_stream(size, table.schema) as writer:
         writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    buffer = pa.allocate_buffer(size.size())
+    with pa.ipc.new_stream(pa.FixedSizeBufferWriter(buffer), table.schema) as writer:
+        writer.write_table(table)
+    return buffer
 
 
 class CollectWriter(SinkWriter):
@@ -82,7 +86,7 @@ class CollectWriter(SinkWriter):
             raise ValueError(f"{runtime.operator_name}: a collect writer needs the job's id")
         self.storage = CheckpointStorage(self.storage_uri)
         self.batches: list[pa.RecordBatch] = []
-        self.unwritten: dict[str, bytes] = {}  # name under output/ -> bytes handed over
+        self.unwritten: dict[str, pa.Buffer] = {}  # name under output/ -> bytes handed over
         self.lock = threading.Lock()  # unwritten: the processing and the snapshot thread
 
     def write(self, batch: pa.RecordBatch) -> None:
@@ -91,7 +95,7 @@ class CollectWriter(SinkWriter):
     def prepare_commit(self, checkpoint_id: int | None) -> list[dict]:
         if not self.batches:
             return []
-        body = ipc_bytes(self.batches)
+        body = ipc_stream(self.batches)
         rows = sum(b.num_rows for b in self.batches)
         self.batches = []
         runtime = self.ctx.runtime
@@ -101,7 +105,7 @@ class CollectWriter(SinkWriter):
         with self.lock:
             self.unwritten[name] = body
         path = posixpath.join(self.storage.job_dir(runtime.job_id), OUTPUT_DIR, name)
-        return [{"path": path, "size": len(body), "sha256": hashlib.sha256(body).hexdigest(),
+        return [{"path": path, "size": body.size, "sha256": hashlib.sha256(body).hexdigest(),
                  "rows": rows}]
 
     def make_durable(self) -> Callable[[], None] | None:
