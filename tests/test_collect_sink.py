@@ -10,6 +10,7 @@ every update exactly once (tests/test_exactly_once's numpy oracle).
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -141,6 +142,31 @@ def test_a_file_the_storage_refused_is_written_by_the_next_checkpoint(tmp_path):
     commit.snapshot_state(2)
     commit.notify_checkpoint_complete(2)
     assert collected(storage) == list(range(5))
+
+
+def test_a_commit_rides_out_storage_that_is_away_for_a_moment(tmp_path):
+    """The completion of a checkpoint and its commit are apart: storage going away in
+    between must not fail the job over when it comes back soon (the commit retries)."""
+    storage = str(tmp_path / "chk")
+    writer, commit = Writer(storage), committer(storage)
+    writer.op.process_batch(ids(0, 4))
+    (batch,), _ = writer.checkpoint(1)
+    commit.process_batch(batch)
+    commit.snapshot_state(1)
+    away = tmp_path / "away"
+    os.rename(storage, away)
+    (tmp_path / "chk").write_text("not a directory")
+
+    def back() -> None:
+        os.unlink(storage)
+        os.rename(away, storage)
+    returns = threading.Timer(0.3, back)
+    returns.start()
+    try:
+        commit.notify_checkpoint_complete(1)
+    finally:
+        returns.join()
+    assert commit.commits == 1 and collected(storage) == list(range(4))
 
 
 def test_a_committer_killed_mid_commit_still_returns_every_row_once(ray_session, tmp_path):
