@@ -201,8 +201,7 @@ class SubtaskCheckpointer:
                 if snapshot is None:
                     continue
                 entry = self._write_operator(barrier, name, snapshot)
-                size += sum(h.get("uploaded", h["size"]) for key, h in entry.items()
-                            if key != "committables")
+                size += sum(h.get("uploaded", h["size"]) for h in entry.values())
                 written[name] = entry
             try:
                 channel_state = self._write_channel_state(n, input_state, output_state)
@@ -249,26 +248,22 @@ class SubtaskCheckpointer:
 
     def _write_operator(self, barrier: Barrier, name: str,
                         snapshot: OperatorSnapshot) -> dict[str, Any]:
-        n, job, stem = barrier.checkpoint_id, self.spec.job_key, f"{safe_name(name)}-{self.index}"
-        state_storage, state_job = self.storage, job
+        n, stem = barrier.checkpoint_id, f"{safe_name(name)}-{self.index}"
+        state_storage, state_job = self.storage, self.spec.job_key
         if barrier.savepoint_target is not None:  # a savepoint owns its files: never deleted
             state_storage, state_job = CheckpointStorage(barrier.savepoint_target), SAVEPOINT_JOB_KEY
-        entry: dict[str, Any] = {}  # file handles by kind; "committables": a list of them
+        if snapshot.make_durable is not None:  # output handed over before the barrier
+            snapshot.make_durable()
+        entry: dict[str, Any] = {}  # file handles by kind
         if snapshot.operator_state is not None:
             entry["operator_state"] = state_storage.write_state(
                 state_job, n, f"{stem}.op", snapshot.operator_state()).to_json()
         if snapshot.keyed_db is not None and barrier.savepoint_target is None:
             # (a savepoint: keyed_state() below writes the database whole, as sections)
-            entry["keyed_db"] = snapshot.keyed_db.upload(self.storage, job, n, stem)
+            entry["keyed_db"] = snapshot.keyed_db.upload(self.storage, self.spec.job_key, n, stem)
         if snapshot.keyed_state is not None:
             entry["keyed_state"] = state_storage.write_state(
                 state_job, n, f"{stem}.keyed", encode_sections(snapshot.keyed_state())).to_json()
-        if snapshot.committable is not None:
-            entry["committables"] = [
-                {"origin": origin, **self.storage.write_output(
-                    job, f"{safe_name(name)}/{origin}-{self.index}-{self.attempt}.arrow",
-                    blob).to_json()}
-                for origin, blob in sorted(snapshot.committable().items())]
         return entry
 
     def notify_complete(self, checkpoint_id: int) -> None:

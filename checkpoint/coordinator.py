@@ -12,11 +12,6 @@ then are subtasks told (``notify_checkpoint_complete``), so side effects are
 committed only for checkpoints a restore can return to. Ids increase across
 restarts (the next id is above every ``chk-<id>`` directory in storage).
 
-Output committed by a checkpoint (a collect sink's batches) is listed in the
-metadata, cumulatively (older handles in a chain of segment files, so the
-metadata stays bounded): restoring checkpoint ``n`` restores exactly the output
-committed up to ``n``.
-
 Unaligned checkpoints (``CheckpointConfig(unaligned=True)`` or
 ``aligned_timeout``) also list each subtask's channel state file; such a
 checkpoint restores only into the same job graph at the same parallelism
@@ -34,7 +29,6 @@ from typing import Callable
 
 from raystream.checkpoint.barrier import Barrier
 from raystream.checkpoint.restore import OperatorRestore, RestoreSpec
-from raystream.checkpoint.committed_output import CommittedOutput
 from raystream.checkpoint.config import CheckpointConfig
 from raystream.checkpoint.coordinator_holder import OperatorCoordinators
 from raystream.checkpoint.disk_incremental import db_handle_files
@@ -42,7 +36,7 @@ from raystream.checkpoint.keygroups import HASH_VERSION
 from raystream.checkpoint.metadata import CheckpointMetadata, OperatorFiles
 from raystream.checkpoint.shared_state import SharedStateRegistry
 from raystream.checkpoint.storage import (SAVEPOINT_JOB_KEY, CheckpointStorage,
-                                          CorruptCheckpointError, StateHandle, safe_name)
+                                          CorruptCheckpointError)
 from raystream.checkpoint.snapshot_stats import SnapshotStats
 from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.core.failpoints import Failpoints
@@ -415,12 +409,6 @@ class CheckpointCoordinator:
 
     def _metadata(self, pending: PendingCheckpoint) -> CheckpointMetadata:
         operators: dict[str, dict[str, list]] = {}
-        latest = self.latest()
-        committed = dict(latest.metadata.committed) if latest else {}
-        # An origin's output is offered with every checkpoint until one completes: any
-        # origin up to the latest completed checkpoint was committed by it already.
-        committed_upto = latest.checkpoint_id if latest else 0
-        new_output: dict[str, list[dict]] = {}
         handles = []
         for subtask in sorted(pending.written):
             for name, entry in pending.written[subtask].items():
@@ -432,17 +420,6 @@ class CheckpointCoordinator:
                         handles.append(entry[kind])
                 if "keyed_db" in entry:  # the files its manifest references: verified too
                     handles.extend(db_handle_files(entry["keyed_db"]))
-                if "committables" not in entry:
-                    continue
-                # listed even before it commits anything: an empty sink is an empty result
-                new_output.setdefault(name, []).extend(
-                    {k: v for k, v in offered.items() if k != "origin"}
-                    for offered in entry["committables"] if offered["origin"] > committed_upto)
-        for name, output in new_output.items():
-            committed[name] = committed.get(name, CommittedOutput()).adding(
-                output, lambda body, name=name: self.storage.write_output(
-                    self.job_key, f"_committed/{pending.checkpoint_id}/{safe_name(name)}.json",
-                    body).to_json())
         by_head: dict[str, list[list[list[int]]]] = {}
         for (vertex, _), runs in pending.watermarks.items():
             by_head.setdefault(self.vertex_heads.get(vertex, f"vertex-{vertex}"), []).append(runs)
@@ -458,7 +435,7 @@ class CheckpointCoordinator:
             operators={name: OperatorFiles(tuple(files["operator_state"]),
                                            tuple(files["keyed_state"]), tuple(files["keyed_db"]))
                        for name, files in operators.items()},
-            handles=tuple(handles), committed=committed, watermarks=watermarks,
+            handles=tuple(handles), watermarks=watermarks,
             coordinators=dict(pending.coordinators), channel_state=channel_state,
             topology=self.topology if channel_state else None)
 
@@ -570,8 +547,9 @@ class CheckpointCoordinator:
 
     def take_over(self) -> RestoreSpec | None:
         """The job's master died and this coordinator is its successor's: the job's newest
-        completed checkpoint becomes this coordinator's latest (its committed output carries
-        on, retention covers it) and is what the job restores. None: the job has none.
+        completed checkpoint becomes this coordinator's latest (retention covers it, and so
+        does the registry of shared files) and is what the job restores. None: the job has
+        none.
 
         Whether the dead master notified its completion (and a sink committed its output)
         is unknown, so it is taken as notified: if it is corrupt, this raises
@@ -588,15 +566,6 @@ class CheckpointCoordinator:
         self.history[n] = CheckpointStats(n, metadata.trigger_ts_ms, CheckpointStatus.COMPLETED)
         self.committed_upto = n
         return self.completed[-1].restore_spec()
-
-    def committed_outputs(self) -> dict[str, list[dict]]:
-        """Committed output handles of every sink, as of the latest completed checkpoint."""
-        latest = self.latest()
-        if latest is None:
-            return {}
-        storage = CheckpointStorage(latest.storage_uri)
-        return {name: output.handles(lambda h: storage.read_state(StateHandle.from_json(h)))
-                for name, output in latest.metadata.committed.items()}
 
     def stats(self) -> list[CheckpointStats]:
         """The checkpoint history, oldest first (ids only grow: insertion order)."""

@@ -6,8 +6,8 @@ acknowledged (its JSON is the checkpoint's commit point, checksummed by
 reader parse it back with :meth:`CheckpointMetadata.from_json`. The JSON is the
 format checkpoints and savepoints have on disk, so old ones still restore:
 ``watermarks``, ``coordinators``, ``channel_state`` and ``topology`` may be
-missing, and committed output may be a plain list (see
-:class:`~raystream.checkpoint.committed_output.CommittedOutput`).
+missing, and the ``committed`` output lists of checkpoints taken before the
+collect sink committed through its own commit log (Sink V2) are ignored.
 
     >>> meta = CheckpointMetadata(job="j", checkpoint_id=3, attempt=0, trigger_ts_ms=1,
     ...                           max_parallelism=128, hash_version=1)
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from raystream.checkpoint.committed_output import CommittedOutput, HandleJson
+HandleJson = dict  # a StateHandle as JSON: {"path", "size", "sha256"}
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,6 @@ class CheckpointMetadata:
     operators: Mapping[str, OperatorFiles] = field(default_factory=dict)
     # every file the checkpoint needs (a restore verifies them all), in the order written
     handles: tuple[HandleJson, ...] = ()
-    committed: Mapping[str, CommittedOutput] = field(default_factory=dict)  # by sink operator
     # per head operator: WatermarkFloors JSON (an int in older checkpoints)
     watermarks: Mapping[str, Any] = field(default_factory=dict)
     coordinators: Mapping[str, HandleJson] = field(default_factory=dict)  # by operator
@@ -67,7 +66,6 @@ class CheckpointMetadata:
                                  **({"keyed_db": list(files.keyed_db)} if files.keyed_db else {})}
                           for name, files in self.operators.items()},
             "handles": list(self.handles),
-            "committed": {name: output.to_json() for name, output in self.committed.items()},
             "watermarks": dict(self.watermarks)}
         if self.coordinators:
             doc["coordinators"] = dict(self.coordinators)
@@ -89,8 +87,6 @@ class CheckpointMetadata:
                                                tuple(files.get("keyed_db", ())))
                            for name, files in doc["operators"].items()},
                 handles=tuple(doc.get("handles", ())),
-                committed={name: CommittedOutput.from_json(value)
-                           for name, value in doc.get("committed", {}).items()},
                 watermarks=dict(doc.get("watermarks", {})),
                 coordinators=dict(doc.get("coordinators", {})),
                 channel_state=dict(doc.get("channel_state", {})),

@@ -66,7 +66,6 @@ from typing import Any, Callable
 
 import pyarrow.fs as pafs
 
-from raystream.checkpoint.committed_output import CommittedOutput
 from raystream.checkpoint.metadata import CheckpointMetadata
 from raystream.core.errors import RaystreamError
 
@@ -217,17 +216,17 @@ class CheckpointStorage:
 
     def write_output(self, job_key: str, name: str,
                      data: bytes | bytearray | memoryview) -> StateHandle:
-        """Write a sink's committable to ``<job_dir>/output/<name>``.
+        """Write a sink's output file to ``<job_dir>/output/<name>``.
 
         Output lives outside the ``chk-<id>`` directories because it stays
         committed after the checkpoint that committed it is deleted by
-        retention; the metadata of later checkpoints keeps listing it.
+        retention (the collect sink's files and commit log).
 
-        An output file is written once and never rewritten: a sink offers the
-        same bytes under the same name with every checkpoint until one commits
-        them, and rewriting a committed file in place could corrupt it if the
-        process died midway. It appears whole (temporary file, fsync, rename; one
-        PUT on object stores) or not at all.
+        An output file is written once and never rewritten: a sink may write the
+        same bytes under the same name again (a retry), and rewriting a committed
+        file in place could corrupt it if the process died midway. It appears
+        whole (temporary file, fsync, rename; one PUT on object stores) or not at
+        all.
         """
         output = self._join(self.job_dir(job_key), OUTPUT_DIR)
         path = self._join(output, self._checked_name(name))
@@ -501,18 +500,7 @@ class CheckpointStorage:
         handles = metadata.get("handles", [])
         if not isinstance(handles, list):
             raise CorruptCheckpointError(metadata_path, "'handles' is not a list")
-        committed = metadata.get("committed", {})
-        if not isinstance(committed, dict):
-            raise CorruptCheckpointError(metadata_path, "'committed' is not a dict")
-        # committed sink output is verified too (its segment files as they are read):
-        # a job must not restore (and later return) output damaged after its commit
-        try:
-            outputs = [CommittedOutput.from_json(value).handles(
-                           lambda d: self.read_state(StateHandle.from_json(d)))
-                       for value in committed.values()]
-        except (ValueError, KeyError, TypeError) as e:
-            raise CorruptCheckpointError(metadata_path, f"bad committed output: {e}") from None
-        for d in [*handles, *(h for output in outputs for h in output)]:
+        for d in handles:
             try:
                 handle = StateHandle.from_json(d)
             except ValueError as e:

@@ -38,7 +38,9 @@ class JobResult:
         self._results = outcome.results
 
     def table(self, sink: SinkHandle) -> pa.Table:
-        """Everything a ``collect()`` sink received, subtask by subtask, in arrival order."""
+        """Everything a ``collect()`` sink received: without checkpoints subtask by subtask,
+        in arrival order; with checkpoints what this run committed, exactly once, checkpoint
+        by checkpoint."""
         read = getattr(sink, "read", None)
         if callable(read):  # a sink with committed files of its own
             return read()

@@ -290,8 +290,21 @@ class DataStream:
         return SinkHandle(stream.transformation.id, stream.transformation.name)
 
     def collect(self, *, name: str = "collect", parallelism: int | None = None) -> "SinkHandle":
-        """Collect every record; ``env.execute(...).table(handle)`` returns them as a Table."""
-        return self.sink_to(CollectSink, name=name, parallelism=parallelism)
+        """Collect every record; ``env.execute(...).table(handle)`` returns them as a Table.
+
+        With checkpoints on, exactly once: a writer ``name`` hands each checkpoint's
+        rows over as one file in checkpoint storage and a committer
+        (``<name>-committer``, parallelism 1) commits them when the checkpoint
+        completes; see :mod:`raystream.engine.operators.collect_sink`.
+        """
+        checkpoints = self.env.checkpoints
+        if checkpoints is None:
+            return self.sink_to(CollectSink, name=name, parallelism=parallelism)
+        from raystream.engine.operators.collect_sink import CollectCommitter, CollectWriter
+
+        return self.sink_exactly_once(CollectWriter(checkpoints.storage),
+                                      CollectCommitter(checkpoints.storage), name=name,
+                                      parallelism=parallelism or self.env.parallelism)
 
     def print(self, prefix: str | None = None, *, parallelism: int | None = None) -> "SinkHandle":
         """Print every record (``prefix:subtask> row``)."""
@@ -353,16 +366,16 @@ class DataStream:
         return self.sink_exactly_once(KafkaWriter(config), KafkaCommitter(config), name=name)
 
     def sink_exactly_once(self, writer: SinkWriter, committer: Committer, *,
-                          name: str = "sink") -> "SinkHandle":
+                          name: str = "sink", parallelism: int | None = None) -> "SinkHandle":
         """An exactly-once sink from a :class:`SinkWriter` and a :class:`Committer` (Sink V2).
 
-        The writer runs at this stream's parallelism (operator ``name``) and
-        hands over committables before every barrier; one committer
-        (``<name>-committer``, parallelism 1) commits them when their
+        The writer runs at ``parallelism`` (default: this stream's; operator
+        ``name``) and hands over committables before every barrier; one
+        committer (``<name>-committer``, parallelism 1) commits them when their
         checkpoint completes. See :mod:`raystream.engine.operators.two_phase`.
         """
-        stream = self._add("operator", name, lambda n: SinkWriterOperator(n, writer),
-                           name=name, parallelism=self.transformation.parallelism)
+        stream = self._add("operator", name, lambda n: SinkWriterOperator(n, writer), name=name,
+                           parallelism=parallelism or self.transformation.parallelism)
         sink = stream._add("sink", f"{stream.transformation.name}-committer",
                            lambda n: CommitterOperator(n, committer), parallelism=1)
         return SinkHandle(sink.transformation.id, sink.transformation.name)

@@ -442,7 +442,8 @@ class JobMaster:
         failed = self.deployment.stop(self.options.stop_timeout_s)
         if failed is not None:
             raise SubtaskFailure(failed)
-        return JobOutcome(status, sink_results(self.plan, self.finished, self.coordinator),
+        return JobOutcome(status, sink_results(self.plan, self.finished,
+                                               self.options.checkpoints, self.job_id),
                           metrics=metrics)
 
     # -- the cluster's job directory ----------------------------------------------------------

@@ -12,13 +12,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
-
-from raystream.checkpoint.coordinator import CheckpointCoordinator, CheckpointStats
-from raystream.checkpoint.storage import CheckpointStorage, StateHandle
+from raystream.checkpoint.config import CheckpointConfig
+from raystream.checkpoint.coordinator import CheckpointStats
 from raystream.engine.failover import Failover
 from raystream.engine.job_events import SubtaskKey
 from raystream.engine.job_status import JobStatus
+from raystream.engine.operators.collect_sink import read_collected
 from raystream.engine.plan import JobPlan
 
 PUBLISHED_CHECKPOINTS = 100  # the newest checkpoints a summary lists
@@ -53,30 +52,21 @@ def outcome_of_summary(summary: Mapping[str, Any]) -> JobOutcome:
 
 
 def sink_results(plan: JobPlan, finished: Mapping[SubtaskKey, dict],
-                 coordinator: CheckpointCoordinator | None) -> dict[int, list[Any]]:
+                 checkpoints: CheckpointConfig | None, job_key: str) -> dict[int, list[Any]]:
     """Each sink's results (by transformation id): what its subtasks returned when they
-    finished, or with checkpoints the output committed up to the last one (one table)."""
+    finished; for a collect sink with checkpoints, the output its committer committed in
+    this run (one table), read once every subtask has stopped, so every commit is in."""
     results: dict[int, list[Any]] = {}
     for key in sorted(finished):
         for sink_id, value in finished[key].items():
             if value is not None:
                 results.setdefault(sink_id, []).append(value)
-    if coordinator is not None:
-        ids = {node.name: node.transformation_id for v in plan.vertices for node in v.nodes}
-        for name, handles in coordinator.committed_outputs().items():
-            results[ids[name]] = [read_committed(coordinator.storage, handles)]
+    if checkpoints is not None:
+        for node in (node for v in plan.vertices for node in v.nodes if node.is_sink):
+            table = read_collected(checkpoints.storage, job_key, node.name)
+            if table is not None:
+                results[node.transformation_id] = [table]
     return results
-
-
-def read_committed(storage: CheckpointStorage, handles: list[dict]) -> pa.Table:
-    """One table of a sink's committed output files (Arrow IPC streams)."""
-    tables = []
-    for handle in handles:
-        data = storage.read_state(StateHandle.from_json(handle))
-        with pa.ipc.open_stream(data) as reader:
-            tables.append(reader.read_all())
-    tables = [t for t in tables if t.num_columns]
-    return pa.concat_tables(tables, promote_options="default") if tables else pa.table({})
 
 
 def graph(plan: JobPlan) -> list[dict[str, Any]]:

@@ -3,7 +3,8 @@
 The payloads below are written out by hand in the format checkpoints and savepoints
 have on disk (the one the coordinator wrote as a plain dict before the type existed);
 parsing and writing them again must give the same checksummed bytes, and older
-payloads (committed output as a plain list, no watermarks) must still restore.
+payloads (no watermarks, committed collect output listed in the metadata, which is
+ignored now that the collect sink keeps its own commit log) must still restore.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import copy
 
 import pytest
 
-from raystream.checkpoint.committed_output import CommittedOutput
 from raystream.checkpoint.coordinator import restore_spec_of
 from raystream.checkpoint.metadata import CheckpointMetadata, OperatorFiles
 from raystream.checkpoint.storage import METADATA_FORMAT, CheckpointStorage, checksummed_json
@@ -30,7 +30,6 @@ ALIGNED = {
                   "numbers": {"operator_state": [handle("numbers-0.op")], "keyed_state": []}},
     "handles": [handle("sum-0.op"), handle("sum-0.kg"), handle("sum-1.kg"),
                 handle("numbers-0.op"), handle("coordinator-0.state")],
-    "committed": {"sink": {"recent": [handle("out-1")], "segment": None}},
     "watermarks": {"numbers": [[0, 127, 5000]]},
     "coordinators": {"numbers": handle("coordinator-0.state")},
 }
@@ -58,19 +57,21 @@ def test_read_back_through_storage(tmp_path):
         (handle("sum-0.op"),), (handle("sum-0.kg"), handle("sum-1.kg")))
 
 
-def test_an_older_checkpoint_still_restores():
-    # before committed-output segments and watermark floors: a list and no watermarks
+@pytest.mark.parametrize("committed", [
+    [handle("out-1"), handle("out-2")],  # before committed-output segments: a list
+    {"recent": [handle("out-2")], "segment": handle("segment-1")}])
+def test_an_older_checkpoint_still_restores(committed):
+    # before watermark floors (none), and with the collect sink's output in the metadata
     old = {k: v for k, v in ALIGNED.items() if k not in ("watermarks", "coordinators")}
-    old["committed"] = {"sink": [handle("out-1"), handle("out-2")]}
+    old["committed"] = {"sink": committed}
     metadata = CheckpointMetadata.from_json(old)
-    assert metadata.committed == {"sink": CommittedOutput((handle("out-1"), handle("out-2")))}
+    assert "committed" not in metadata.to_json()  # ignored: collect has a commit log now
     spec = restore_spec_of(4, metadata, "/ckpt")
     assert spec.operators["sum"].keyed_state == [handle("sum-0.kg"), handle("sum-1.kg")]
     assert spec.watermarks == {} and spec.channel_state == {} and spec.coordinators == {}
 
 
-@pytest.mark.parametrize("bad", [{}, {"checkpoint_id": 1}, {**ALIGNED, "operators": [1]},
-                                 {**ALIGNED, "committed": {"sink": 3}}])
+@pytest.mark.parametrize("bad", [{}, {"checkpoint_id": 1}, {**ALIGNED, "operators": [1]}])
 def test_what_is_not_checkpoint_metadata_is_refused(bad):
     with pytest.raises(ValueError):
         CheckpointMetadata.from_json(bad)

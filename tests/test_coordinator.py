@@ -20,7 +20,6 @@ copied back.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -30,7 +29,6 @@ import pytest
 
 from raystream.checkpoint.barrier import Barrier
 from raystream.checkpoint.restore import OperatorRestore, RestoreSpec
-from raystream.checkpoint import committed_output
 from raystream.checkpoint.config import CheckpointConfig
 from raystream.checkpoint.coordinator import CheckpointCoordinator
 from raystream.checkpoint.snapshot_stats import SnapshotStats
@@ -486,79 +484,6 @@ def test_final_checkpoint_timing_out_resets_it(tmp_path):
     assert rec.aborted == [final] and coord.final_checkpoint is None
 
 
-# -- committed outputs ---------------------------------------------------------------------------
-
-
-def test_committed_outputs_are_cumulative_and_committed_once(tmp_path):
-    coord, rec = make(tmp_path, retained=1)
-    sink = SUBTASKS[2]
-    h1 = coord.storage.write_output(JOB, "c1-part.arrow", b"one").to_json()
-    h2 = coord.storage.write_output(JOB, "c2-part.arrow", b"two").to_json()
-
-    n1 = complete(coord, {sink: {"sink": {"committables": [{"origin": 1, **h1}]}}})
-    assert coord.committed_outputs()["sink"] == [h1]
-    # origin 1 offered again (its commit was not notified yet when 2 was taken)
-    n2 = complete(coord, {sink: {"sink": {"committables": [{"origin": 1, **h1},
-                                                            {"origin": 2, **h2}]}}})
-    assert coord.committed_outputs()["sink"] == [h1, h2]
-    n3 = complete(coord)  # nothing new
-    assert coord.committed_outputs()["sink"] == [h1, h2]
-    assert rec.completed == [n1, n2, n3]
-
-    # n1 and n2 were discarded (retained=1): the newest metadata carries the whole list
-    assert chk_dirs(tmp_path) == [n3]
-    listed = {"sink": {"recent": [h1, h2], "segment": None}}
-    assert coord.storage.read_metadata(JOB, n3)["committed"] == listed
-    assert rec.metadata_at_notify[n1]["committed"] == {"sink": {"recent": [h1], "segment": None}}
-    assert rec.metadata_at_notify[n2]["committed"] == listed
-    # committed output lives outside chk-<id> and survives retention
-    assert coord.storage.read_state(StateHandle.from_json(h1)) == b"one"
-    assert coord.storage.read_state(StateHandle.from_json(h2)) == b"two"
-
-
-def test_committables_of_an_aborted_checkpoint_are_not_committed(tmp_path):
-    coord, rec = make(tmp_path)
-    sink = SUBTASKS[2]
-    h1 = coord.storage.write_output(JOB, "c1-part.arrow", b"one").to_json()
-    n = coord.trigger()
-    coord.acknowledge(0, n, sink, {"sink": {"committables": [{"origin": n, **h1}]}}, SnapshotStats())
-    coord.decline(0, n, SUBTASKS[0], "no")
-    assert coord.committed_outputs() == {}
-    complete(coord)
-    assert coord.committed_outputs().get("sink", []) == []
-
-
-def test_a_long_jobs_metadata_stays_bounded_and_lists_every_committed_file(tmp_path,
-                                                                             monkeypatch):
-    """Committed handles move into a chain of write-once segment files: after
-    200 checkpoints each committing a file (segments of 8 here), the metadata lists
-    fewer than 8 inline and one segment, and the chain returns every file once, in
-    order; a damaged segment makes the checkpoint corrupt, naming the segment."""
-    monkeypatch.setattr(committed_output, "SEGMENT_HANDLES", 8)
-    coord, rec = make(tmp_path, retained=2)
-    sink = SUBTASKS[2]
-    expected = []
-    for n in range(1, 201):
-        handle = coord.storage.write_output(JOB, f"sink/{n}-0-0.arrow", b"%d" % n).to_json()
-        offered = [{"origin": n, **handle}] + ([{"origin": n - 1, **expected[-1]}] if n > 1 else [])
-        assert complete(coord, {sink: {"sink": {"committables": offered}}}) == n
-        expected.append(handle)
-    metadata = coord.storage.read_metadata(JOB, 200)
-    entry = metadata["committed"]["sink"]
-    assert len(entry["recent"]) < 8 and entry["segment"] is not None
-    assert len(json.dumps(metadata)) < 5_000  # all 200 handles inline would be ~38 kB
-    assert coord.committed_outputs()["sink"] == expected
-    assert coord.storage.verified_metadata(JOB, 200)["checkpoint_id"] == 200
-
-    segment = entry["segment"]["path"]
-    with open(segment, "r+b") as f:  # same size, one byte changed
-        first = f.read(1)
-        f.seek(0)
-        f.write(b"[" if first != b"[" else b"{")
-    with pytest.raises(CorruptCheckpointError, match=re.escape(os.path.basename(segment))):
-        coord.storage.verified_metadata(JOB, 200)
-
-
 # -- restore -------------------------------------------------------------------------------------
 
 
@@ -626,7 +551,7 @@ def test_a_corrupt_checkpoint_that_committed_output_is_never_skipped(tmp_path):
 def test_restore_spec_without_completed_checkpoints_is_none(tmp_path):
     coord, _ = make(tmp_path)
     assert coord.verified_restore_spec() is None
-    assert coord.restore_spec() is None and coord.committed_outputs() == {}
+    assert coord.restore_spec() is None
 
 
 def test_a_long_jobs_checkpoint_history_stays_bounded(monkeypatch, tmp_path):

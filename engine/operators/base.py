@@ -77,16 +77,15 @@ class OperatorSnapshot:
       states of all old subtasks and picks its share (Flink's union state).
     * ``keyed_state``: bytes per key group; on restore every subtask gets the
       key groups of its range.
-    * ``committable``: output to commit when the checkpoint completes (a
-      two-phase-commit sink's pending part), one blob per *origin* checkpoint
-      (the checkpoint whose barrier the data preceded). An origin offered
-      again by a later checkpoint is written to the same file and committed
-      once.
+    * ``make_durable``: output the operator handed over before the barrier
+      that must be durable before the checkpoint is acknowledged (a sink
+      writer's files, see ``SinkWriter.make_durable``); if it raises, the
+      checkpoint is declined.
     """
 
     operator_state: Callable[[], bytes] | None = None
     keyed_state: Callable[[], dict[int, bytes]] | None = None
-    committable: Callable[[], dict[int, bytes]] | None = None
+    make_durable: Callable[[], None] | None = None
     # the disk backend's database, when it checkpoints incrementally: a checkpoint
     # uploads it (keyed_db.upload) before keyed_state() runs, which then leaves the
     # backend's part out; a savepoint only runs keyed_state(), which writes it whole

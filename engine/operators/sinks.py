@@ -1,7 +1,8 @@
 """Sinks: the last operator of a pipeline.
 
 * :class:`CollectSink` keeps every batch and hands the table to the driver when
-  the job finishes (``result.table(handle)``).
+  a job without checkpoints finishes (``result.table(handle)``; with
+  checkpoints, see :mod:`~raystream.engine.operators.collect_sink`).
 * :class:`PrintSink` prints rows (to the worker's stdout, which Ray forwards).
 * :class:`DiscardSink` counts rows and drops them (benchmarks).
 """
@@ -11,16 +12,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from raystream.engine.batches import concat_batches
-from raystream.engine.operators.base import Operator, OperatorSnapshot
-
-
-def _ipc_bytes(batches: list[pa.RecordBatch]) -> bytes:
-    """Batches as one Arrow IPC stream (schemas unified)."""
-    table = concat_batches(batches)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+from raystream.engine.operators.base import Operator
 
 
 class SinkOperator(Operator):
@@ -34,48 +26,24 @@ class SinkOperator(Operator):
 
 
 class CollectSink(SinkOperator):
-    """Keeps what it receives; with checkpoints, exactly once.
-
-    With checkpoints on, the batches received before barrier n and after
-    barrier n-1 belong to *origin* n. Until a completed checkpoint covers an
-    origin, the sink keeps its batches and offers them again with every
-    checkpoint (so an aborted checkpoint loses nothing), each origin as one
-    file with a fixed name; the coordinator lists every file once in the
-    committed output when a checkpoint completes. The job's result is the
-    committed output only, so a failover never duplicates or loses a row.
-    """
+    """Keeps what it receives and hands it to the driver at the end (a job without
+    checkpoints; with checkpoints ``collect()`` is exactly once through
+    :mod:`~raystream.engine.operators.collect_sink`)."""
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.batches: list[pa.RecordBatch] = []
-        self.uncommitted: dict[int, list[pa.RecordBatch]] = {}  # origin checkpoint -> batches
-        self.encoded: dict[int, bytes] = {}  # origin -> its file, once a snapshot wrote it
+
+    def open(self) -> None:
+        if self.ctx.checkpointing:  # its batches would be neither checkpointed nor committed
+            raise RuntimeError(f"{self.name}: collect() was added to a stream environment "
+                               f"without checkpoints, and the job runs with them")
 
     def process_batch(self, batch, input_index=0):
         self.batches.append(batch)
 
-    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot | None:
-        if not self.ctx.checkpointing:
-            return None
-        if self.batches:
-            self.uncommitted[checkpoint_id], self.batches = self.batches, []
-        offered = dict(self.uncommitted)  # batches are immutable: a shallow copy is consistent
-        encoded = self.encoded  # an origin offered again is encoded once
-
-        def committable() -> dict[int, bytes]:
-            return {origin: encoded.get(origin) or encoded.setdefault(origin, _ipc_bytes(batches))
-                    for origin, batches in offered.items()}
-        return OperatorSnapshot(committable=committable)
-
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        for origin in [o for o in self.uncommitted if o <= checkpoint_id]:
-            del self.uncommitted[origin]
-        # also any origin a late background write encoded after its commit
-        for origin in [o for o in list(self.encoded) if o not in self.uncommitted]:
-            self.encoded.pop(origin, None)
-
-    def final_result(self) -> pa.Table | None:
-        return None if self.ctx.checkpointing else concat_batches(self.batches)
+    def final_result(self) -> pa.Table:
+        return concat_batches(self.batches)
 
 
 class PrintSink(SinkOperator):

@@ -17,12 +17,17 @@
   committables under ``k`` again, skipping those already committed — so a
   checkpoint whose notification was lost is committed on restore.
 
+A writer may leave the slow part of making its committables durable to the
+subtask's snapshot thread (:meth:`SinkWriter.make_durable`), as a state file
+is written there: the checkpoint is acknowledged only after it succeeded.
+
 A commit must be idempotent per (incarnation, checkpoint id). The
 incarnation is the run's job id (``<job name>-<8 hex>``): the same across
 the failovers of a run, different for every run, also for two runs restored
 from one savepoint. A run restored from another run's snapshot undoes what
 that run committed after the snapshot and commits the snapshot's pending
-committables that run had not committed, under its own incarnation. Without
+committables that run had not committed, under its own incarnation (unless the
+committer's output is each run's own: ``Committer.shared_output``). Without
 checkpoints, everything is committed as checkpoint 0 when a bounded job ends,
 and nothing if it fails.
 
@@ -45,6 +50,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from typing import Callable
 
 import pyarrow as pa
 
@@ -97,12 +103,25 @@ class SinkWriter:
         """
         raise NotImplementedError
 
+    def make_durable(self) -> Callable[[], None] | None:
+        """Called at every checkpoint's synchronous snapshot, after ``prepare_commit``: work
+        that makes the committables handed over so far durable, run on the subtask's
+        snapshot thread before the checkpoint is acknowledged (a failure declines the
+        checkpoint; the next one must try again). None: nothing left to do."""
+        return None
+
     def abort(self) -> None:
         """The subtask is going away: discard output that was never handed over."""
 
 
 class Committer:
     """Makes committables visible, once, when their checkpoint completes."""
+
+    # Output that outlives a run (files, a topic) is shared by the runs restored from one
+    # another's snapshots: a run restored from another run's snapshot commits what that
+    # run left pending and undoes what it committed after the snapshot. False: each run's
+    # output is its own (collect: the job's result), and another run's is left alone.
+    shared_output: bool = True
 
     def open(self, ctx: SinkContext) -> None:
         self.ctx = ctx
@@ -142,6 +161,10 @@ class SinkWriterOperator(Operator):
 
     def process_watermark(self, watermark: int) -> None:
         pass  # the committer has no use for event time
+
+    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot | None:
+        durable = self.writer.make_durable()
+        return OperatorSnapshot(make_durable=durable) if durable is not None else None
 
     def _hand_over(self, checkpoint_id: int | None) -> None:
         committables = self.writer.prepare_commit(checkpoint_id)
@@ -192,6 +215,8 @@ class CommitterOperator(SinkOperator):
                 raise ValueError(f"{self.name}: unknown committer state format "
                                  f"{state.get('format')!r}")
         origin = states[0]["incarnation"]  # the run that took the snapshot (maybe this one)
+        if origin != self.incarnation and not self.committer.shared_output:
+            return  # what that run had pending is its own output, not this run's
         for state in states:
             for checkpoint_id, committables in state["pending"]:
                 self.pending.setdefault(int(checkpoint_id), []).extend(committables)
@@ -253,7 +278,12 @@ class CommitterOperator(SinkOperator):
 def run_incarnation(ctx: RuntimeContext) -> str:
     """The commit-log incarnation of the run ``ctx`` belongs to: its job id, made
     path-safe (``<job name>-<8 hex>``); for an operator run by hand, a new one."""
-    return _path_safe(ctx.job_id) if ctx.job_id else new_incarnation(ctx.job_name)
+    return incarnation_of(ctx.job_id) if ctx.job_id else new_incarnation(ctx.job_name)
+
+
+def incarnation_of(job_id: str) -> str:
+    """The commit-log incarnation of the run with job id ``job_id``."""
+    return _path_safe(job_id)
 
 
 def new_incarnation(job_name: str) -> str:

@@ -26,8 +26,8 @@ import raystream as rs
 from raystream.spark.commit_log import read_committed
 from tests.chaos.model import (CountAndSum, emission_differences, emissions_of,
                                window_emissions)
-from tests.chaos.scenarios import (Alignment, Failure, FailureKind, JobKind, Path, Scenario,
-                                   Sink)
+from tests.chaos.scenarios import (Alignment, Backend, Failure, FailureKind, JobKind, Path,
+                                   Scenario, Sink)
 
 ASSIGNERS = {JobKind.TUMBLING: rs.TumblingEventTimeWindows(size_ms=1000),
              JobKind.SLIDING: rs.SlidingEventTimeWindows(size_ms=1000, slide_ms=500),
@@ -328,7 +328,9 @@ def environment(scenario: Scenario, parallelism: int, storage: str,
     config = rs.CheckpointConfig(
         interval_s=0.15, storage=storage, unaligned=alignment is Alignment.UNALIGNED,
         aligned_timeout=0.05 if alignment is Alignment.ALIGNED_TIMEOUT else None,
-        max_concurrent=scenario.max_concurrent, state_backend=scenario.backend.value)
+        max_concurrent=scenario.max_concurrent, state_backend=(
+            rs.DiskStateOptions(incremental=True)
+            if scenario.backend is Backend.DISK_INCREMENTAL else scenario.backend.value))
     return rs.StreamEnvironment(parallelism=parallelism, checkpoints=config,
                                 failpoints=failpoints,
                                 # growing delays: a restore retried during a storage

@@ -61,6 +61,7 @@ class Backend(enum.Enum):
 
     HEAP = "heap"
     DISK = "disk"
+    DISK_INCREMENTAL = "disk_incremental"  # with incremental checkpoints (shared SST files)
 
 
 class Sink(enum.Enum):
@@ -98,6 +99,8 @@ DISK_JOBS = (JobKind.REDUCE, JobKind.PROCESS, JobKind.CO_PROCESS, JobKind.BROADC
 # and from 6000 on the broadcast one.
 CO_PROCESS_FROM_SEED = 5000
 BROADCAST_FROM_SEED = 6000
+# Seeds from here on may take the disk backend's checkpoints incrementally (drawn apart).
+INCREMENTAL_FROM_SEED = 7000
 # Seeds from here on may also kill the job master (drawn apart, likewise).
 MASTER_KILLS_FROM_SEED = 4000
 
@@ -199,6 +202,7 @@ def generate(seed: int) -> Scenario:
     scenario = _with_co_process(scenario, random.Random(f"{seed}/co"))
     scenario = _with_broadcast(scenario, random.Random(f"{seed}/broadcast"))
     scenario = _with_backend(scenario, random.Random(f"{seed}/backend"))
+    scenario = _with_incremental(scenario, random.Random(f"{seed}/incremental"))
     return _with_master_kill(scenario, random.Random(f"{seed}/master"))
 
 
@@ -248,6 +252,14 @@ def _with_broadcast(scenario: Scenario, rng: random.Random) -> Scenario:
     events = dataclasses.replace(scenario.events, late_every=scenario.events.n + 1)  # none late
     return dataclasses.replace(scenario, job=JobKind.BROADCAST, path=Path.DENSE, lateness_ms=0,
                                events=events)
+
+
+def _with_incremental(scenario: Scenario, rng: random.Random) -> Scenario:
+    """Later seeds on the disk backend take incremental checkpoints two times in three."""
+    if (scenario.seed >= INCREMENTAL_FROM_SEED and scenario.backend is Backend.DISK
+            and rng.random() < 2 / 3):
+        return dataclasses.replace(scenario, backend=Backend.DISK_INCREMENTAL)
+    return scenario
 
 
 def _with_master_kill(scenario: Scenario, rng: random.Random) -> Scenario:

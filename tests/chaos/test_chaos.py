@@ -23,7 +23,7 @@ from tests.chaos.scenarios import generate
 # through a kill while deploying, a rescale to p=1 and a kill; 1005 a window join chained
 # into a window, unaligned, with kills of a source and of the join; 2049 the process
 # function on the disk state backend through a kill while deploying, kills and an outage.
-CI_SEEDS = [1, 3, 6, 43, 64, 71, 1004, 1005, 2049, 4002, 5000, 6055]
+CI_SEEDS = [1, 3, 6, 43, 64, 71, 1004, 1005, 2049, 4002, 5000, 6055, 7164]
 
 
 @pytest.mark.parametrize("seed", CI_SEEDS)
