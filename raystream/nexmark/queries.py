@@ -121,52 +121,6 @@ def q3(env: StreamEnvironment, events: int, config: NexmarkConfig | None = None,
 
 Q4_SCHEMA = pa.schema([("category", pa.int64()), ("average", pa.float64()),
                        ("auctions", pa.int64()), ("total", pa.int64())])
-CLOSED_SCHEMA = pa.schema([("id", pa.int64()), ("category", pa.int64()), ("final", pa.int64()),
-                           ("expires", pa.int64())])
-
-
-class WinningBid(rs.KeyedCoProcessFunction):
-    """Keyed by auction id: the highest bid between an auction's start and its expiry,
-    emitted when the watermark passes the expiry (event-time timer). A bid for an
-    auction not seen yet waits until the watermark passes the bid's time; an auction
-    that started by then would have arrived (the sources are in event-time order), so
-    the bid matches none and is dropped."""
-
-    def open(self, ctx):
-        self.auction = ctx.value_state("auction")  # (category, start, expires, best price)
-        self.early = ctx.list_state("early_bids")  # (time, price) of bids before the auction
-
-    def process_element1(self, auction, ctx):
-        start, expires = auction["date_time"], auction["expires"]
-        best = max((price for ts, price in self.early.get() if start <= ts <= expires),
-                   default=None)
-        self.early.clear()
-        self.auction.update((auction["category"], start, expires, best))
-        ctx.register_event_time_timer(expires)
-
-    def process_element2(self, bid, ctx):
-        auction = self.auction.value()
-        ts, price = bid["date_time"], bid["price"]
-        if auction is None:
-            self.early.add((ts, price))
-            ctx.register_event_time_timer(ts)
-            return
-        category, start, expires, best = auction
-        if start <= ts <= expires and (best is None or price > best):
-            self.auction.update((category, start, expires, price))
-
-    def on_timer(self, timestamp, ctx):
-        auction = self.auction.value()
-        if auction is not None:
-            category, _start, expires, best = auction
-            if timestamp == expires:
-                self.auction.clear()
-                if best is not None:
-                    yield {"id": ctx.current_key, "category": category, "final": best,
-                           "expires": expires}
-            return
-        # no auction for these bids has started by ``timestamp``: drop those up to it
-        self.early.update([(ts, price) for ts, price in self.early.get() if ts > timestamp])
 
 
 def _running_average(acc: dict, row: dict) -> dict:
@@ -183,10 +137,27 @@ def q4(env: StreamEnvironment, events: int, config: NexmarkConfig | None = None,
     ``SELECT Q.category, AVG(Q.final) FROM (SELECT MAX(B.price) AS final, A.category
     FROM auction A, bid B WHERE A.id = B.auction AND B.dateTime BETWEEN A.dateTime AND
     A.expires GROUP BY A.id, A.category) Q GROUP BY Q.category;``
+
+    As Flink plans it: a join of auctions and bids, then the maximum per auction, then the
+    average per category. The join is an interval join (a bid from an auction's start up
+    to the longest auction length after it, then up to its own expiry); every joined row
+    carries its auction's expiry as event time, so a session window per auction (of the
+    shortest gap) closes exactly when the auction does and gives its winning bid.
     """
-    closed = auctions(env, events, config, batch_size=batch_size).key_by("id").connect(
-        bids(env, events, config, batch_size=batch_size).key_by("auction")).process(
-        WinningBid(), name="q4-winning-bids", schema=CLOSED_SCHEMA)
+    config = config or NexmarkConfig()
+    open_auctions = auctions(env, events, config, batch_size=batch_size).map_batches(
+        lambda b: b.select(["id", "category", "date_time", "expires"]), name="q4-auctions")
+    offers = bids(env, events, config, batch_size=batch_size).map_batches(
+        lambda b: b.select(["auction", "price", "date_time"]), name="q4-bids")
+    pairs = open_auctions.key_by("id").interval_join(
+        offers.key_by("auction"), timestamp="date_time").between(
+        0, config.max_auction_length_ms).join(name="q4-join")
+    in_time = pairs.filter_batches(
+        lambda b: pc.less_equal(b["date_time_right"], b["expires"]),  # pyright: ignore[reportAttributeAccessIssue]
+        name="q4-in-time")
+    closed = in_time.key_by(["id", "category"]).window(
+        rs.EventTimeSessionWindows(gap_ms=1), timestamp="expires").max(
+        "price", output="final", name="q4-winning-bids")
     one = closed.map_batches(lambda b: {
         "category": b["category"], "average": b["final"].cast(pa.float64()),
         "auctions": pa.array(np.ones(b.num_rows, dtype=np.int64)), "total": b["final"]},
