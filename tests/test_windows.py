@@ -170,6 +170,26 @@ def test_session_picking_aggregates_equal_oracle():
     assert {w: (r["best"], r["top"], r["n"]) for w, r in got.items()} == expected
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_session_breaks_equal_a_running_union(seed):
+    """Sorted intervals: a merged session starts where a new key starts or an interval
+    begins after every end of its key so far (nested intervals included)."""
+    from raystream.engine.windows.sessions import session_breaks
+
+    rng = np.random.default_rng(seed)
+    n = 300
+    kids, starts = rng.integers(0, 4, n), rng.integers(0, 500, n)
+    ends = starts + rng.integers(1, 60 if seed % 2 else 5, n)
+    order = np.lexsort((starts, kids))
+    kids, starts, ends = kids[order], starts[order], ends[order]
+    expected, reach = [], None
+    for i in range(n):
+        new = i == 0 or kids[i] != kids[i - 1] or starts[i] > reach
+        expected.append(bool(new))
+        reach = int(ends[i]) if new else max(reach, int(ends[i]))
+    assert session_breaks(kids, starts, ends).tolist() == expected
+
+
 class SessionAggregates:
     """count, sum, min and max of ``x`` as a user AggregateFunction: its sessions take the
     per-session path of the window operator."""
