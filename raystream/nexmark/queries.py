@@ -214,14 +214,16 @@ HIGHEST_SCHEMA = pa.schema([("auction", pa.int64()), ("price", pa.int64()),
 
 def _window_maxima(size_ms: int) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
     """Per batch, the bids at their tumbling window's highest price within the batch: a
-    window's highest bids overall are among them, so the window sees few rows."""
+    window's highest bids overall are among them, so the window sees few rows (and only
+    the columns of the result: not the dictionaries of ``channel`` and ``url``, which a
+    filtered batch would still carry whole)."""
     def keep(batch: pa.RecordBatch) -> pa.RecordBatch:
         window = batch["date_time"].to_numpy() // size_ms
         price = batch["price"].to_numpy()
         windows, inverse = np.unique(window, return_inverse=True)
         best = np.full(len(windows), np.iinfo(np.int64).min)
         np.maximum.at(best, inverse, price)
-        return batch.filter(pa.array(price == best[inverse]))
+        return batch.filter(pa.array(price == best[inverse])).select(HIGHEST_SCHEMA.names)
     return keep
 
 
