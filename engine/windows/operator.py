@@ -55,7 +55,7 @@ from raystream.engine.windows.functions import (BuiltinAggregates, UserAggregate
                                                 Window, WindowFunction)
 from raystream.engine.windows.sessions import SessionStore, session_breaks
 
-WINDOW_START = "__window_start"  # the window column of pre-aggregated partial rows
+WINDOW_START = "__window_start"  # pre-aggregated partial rows: their window's (or pane's) start
 WINDOW_TIME = "window_end - 1"
 """``timestamp=WINDOW_TIME``: a window result's event time, ``window_end - 1`` (Flink's
 ``TimeWindow.maxTimestamp()``), read from its ``window_end`` column. It is the default
@@ -235,6 +235,8 @@ class WindowOperator(_KeyedOperator):
         if self.partial_input:
             starts = batch.column(batch.schema.get_field_index(WINDOW_START)).to_numpy()
             rows = np.arange(batch.num_rows)
+            if getattr(self.assigner, "panes", None) is not None:  # a pane's windows
+                rows, starts = self.assigner.assign(starts)
         else:
             if self.assigner.event_time:
                 if self.timestamp is None:  # __init__ requires it for event time
@@ -310,9 +312,9 @@ class WindowOperator(_KeyedOperator):
     def _merge_dense(self, table: pa.Table, rows, starts, key_ids) -> None:
         spec = self._spec
         by = [WINDOW_START, "__key_id"]
-        if self.partial_input:  # rows: the partials that are not late
-            table = _rows_of(table, [WINDOW_START, *spec.partial_columns], rows).append_column(
-                "__key_id", pa.array(key_ids[rows]))
+        if self.partial_input:  # rows: the partials (of a window or a pane) that are not late
+            table = _rows_of(table, spec.partial_columns, rows).append_column(
+                WINDOW_START, pa.array(starts)).append_column("__key_id", pa.array(key_ids[rows]))
             partials = spec.merge_partials(table, by)
         else:
             columns = _rows_of(table, spec.input_columns, rows).append_column(
