@@ -190,6 +190,29 @@ def test_session_breaks_equal_a_running_union(seed):
     assert session_breaks(kids, starts, ends).tolist() == expected
 
 
+def test_sessions_of_a_version_2_checkpoint_restore_into_the_session_store():
+    """Version 2 kept a session of built-in aggregates as one accumulator dict."""
+    import pickle
+
+    spec = AggregateSpec.of({"n": ("count", None), "total": ("sum", "x")})
+    op = WindowOperator("s", KeySelector.of("k"), rs.EventTimeSessionWindows(gap_ms=10),
+                        function=BuiltinAggregates(spec), timestamp="ts")
+    out = CollectingOutput()
+    op.setup(RuntimeContext.local(), out)
+    op.initialize_state(None)
+    op.open()
+    group = rs.key_group_of(7, 128)
+    blob = pickle.dumps((2, {"dense": None, "generic": [
+        (7, 100, 115, {"__n.n": 3, "__total.sum": 6.0}),
+        (7, 200, 210, {"__n.n": 1, "__total.sum": 1.0})]}))
+    op.restore_keyed_parts({"windows": [(group, blob)]})
+    # a row at 112 extends the first session to 122 (and re-registers its timer)
+    op.process_batch(pa.record_batch({"k": [7], "ts": [112], "x": [4.0]}))
+    op.process_watermark(150)
+    assert pa.Table.from_batches(out.batches).to_pylist() == [
+        {"k": 7, "window_start": 100, "window_end": 122, "n": 4, "total": 10.0}]
+
+
 class SessionAggregates:
     """count, sum, min and max of ``x`` as a user AggregateFunction: its sessions take the
     per-session path of the window operator."""

@@ -202,9 +202,7 @@ class WindowOperator(_KeyedOperator):
         self.dtypes: dict[str, np.dtype] | None = None
         self.entries: dict[tuple[int, int], list] = {}  # (key id, start) -> [end, accumulator]
         self.sessions: dict[int, list[int]] = {}  # key id -> starts of its open sessions
-        self.session_store: SessionStore | None = (
-            SessionStore(self.function.spec) if isinstance(self.function, BuiltinAggregates)
-            and self.columnar_sessions else None)
+        self.session_store = SessionStore(self._spec) if self.columnar_sessions else None
         super().initialize_state(restored)  # timers first, then our part "windows"
         self.key_columns = KeyColumns(self.key_names)
         self._sync_key_columns(None, None)
@@ -453,11 +451,10 @@ class WindowOperator(_KeyedOperator):
         """Due timers of the session store: a timer whose session is gone, or has
         another end now, is a stale one (sessions keep the timers of their old ends)."""
         found = store.find(kids, starts)
-        ends = np.where(found >= 0, store.ends[np.maximum(found, 0)] if len(store) else 0, 0)
-        fire = (found >= 0) & (timestamps == ends - 1)
-        self._emit_sessions(store, found[fire])
-        cleanup = (found >= 0) & (timestamps == ends - 1 + self.lateness)
-        store.remove(np.unique(found[cleanup]))
+        timestamps, found = timestamps[found >= 0], found[found >= 0]
+        ends = store.ends[found]
+        self._emit_sessions(store, found[timestamps == ends - 1])
+        store.remove(np.unique(found[timestamps == ends - 1 + self.lateness]))
 
     # -- generic path ---------------------------------------------------------------------
     def _merge_generic(self, table: pa.Table, rows, starts, ends, key_ids) -> None:

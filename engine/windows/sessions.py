@@ -94,8 +94,9 @@ class SessionStore:
 
     def add(self, kids: np.ndarray, starts: np.ndarray, ends: np.ndarray,
             partials: dict[str, np.ndarray]) -> Merged:
-        """Merge sessions ``[starts, ends)`` of ``kids`` with their partials into the store
-        (the new sessions of one key may not intersect each other)."""
+        """Merge sessions ``[starts, ends)`` of ``kids`` with their partials into the store:
+        every stored session of those keys and the new ones, sorted and grouped where they
+        intersect, become the merged sessions."""
         touched = np.isin(self.kids, kids) if len(self.kids) else np.zeros(0, dtype=bool)
         old = np.flatnonzero(touched)
         k = np.concatenate([self.kids[old], kids])
