@@ -183,6 +183,7 @@ class KeepColumns:
     """A batch's columns among ``names`` (the others are dropped; a missing one is left
     for the window operator to report).
 
+        >>> import pyarrow as pa
         >>> KeepColumns(("k", "ts"))(pa.record_batch({"k": [1], "x": [2], "ts": [3]})).schema.names
         ['k', 'ts']
     """
