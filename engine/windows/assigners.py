@@ -80,6 +80,19 @@ class SlidingEventTimeWindows:
     def max_size_ms(self) -> int:
         return self.size_ms
 
+    @property
+    def panes(self) -> TumblingEventTimeWindows | None:
+        """The slide-long tumbling windows ("panes", Flink SQL's slices) that tile these
+        windows when the size is a multiple of the slide: every window is a union of
+        panes, and :meth:`assign` of a pane's start gives the windows holding the pane.
+
+            >>> SlidingEventTimeWindows(size_ms=10, slide_ms=5, offset_ms=2).panes
+            TumblingEventTimeWindows(size_ms=5, offset_ms=2)
+        """
+        if self.size_ms % self.slide_ms:
+            return None
+        return TumblingEventTimeWindows(size_ms=self.slide_ms, offset_ms=self.offset_ms)
+
 
 @dataclass(frozen=True)
 class EventTimeSessionWindows:

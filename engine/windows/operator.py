@@ -19,9 +19,13 @@ Two state layouts:
   not one per key: a firing timer emits every key of its window in its key
   group. Timers still follow their key groups on rescaling, and a window of a
   million keys costs at most ``max_parallelism`` timers instead of a million.
-* **generic** (session windows, user ``AggregateFunction``, full-window
-  ``process``): one accumulator object per (key, window); Python runs per
-  (key, window) of a batch, and per row only inside a user function.
+* **sessions** (session windows with built-in aggregates): every open
+  session's key id, start, end and partials in flat arrays, merged with a
+  batch by sorting (:mod:`raystream.engine.windows.sessions`): no Python per
+  session or row.
+* **generic** (user ``AggregateFunction``, full-window ``process``): one
+  accumulator object per (key, window); Python runs per (key, window) of a
+  batch, and per row only inside a user function.
 
 The operator also reads *partials* from an upstream pre-aggregator
 (:mod:`raystream.engine.windows.pre_aggregate`) instead of raw rows.
@@ -49,8 +53,9 @@ from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.assigners import EventTimeSessionWindows, WindowAssigner
 from raystream.engine.windows.functions import (BuiltinAggregates, UserAggregate,
                                                 Window, WindowFunction)
+from raystream.engine.windows.sessions import SessionStore, session_breaks
 
-WINDOW_START = "__window_start"  # the window column of pre-aggregated partial rows
+WINDOW_START = "__window_start"  # pre-aggregated partial rows: their window's (or pane's) start
 WINDOW_TIME = "window_end - 1"
 """``timestamp=WINDOW_TIME``: a window result's event time, ``window_end - 1`` (Flink's
 ``TimeWindow.maxTimestamp()``), read from its ``window_end`` column. It is the default
@@ -76,7 +81,8 @@ def event_times(batch: pa.RecordBatch, timestamp: str, *, where: str) -> np.ndar
     return timestamps_ms(batch, timestamp, where=where)
 
 
-_WINDOW_STATE_VERSION = 2  # 2: a key group's dense windows as flat arrays
+_WINDOW_STATE_VERSION = 3  # 2: a key group's dense windows as flat arrays; 3: sessions too
+_READABLE_VERSIONS = (2, 3)
 
 
 class KeyColumns:
@@ -179,6 +185,9 @@ class WindowOperator(_KeyedOperator):
         self.partial_input = partial_input
         self.schema = schema
         self.dense = isinstance(function, BuiltinAggregates) and not assigner.merging
+        # session windows of built-in aggregates: the columnar session store
+        self.columnar_sessions = (isinstance(function, BuiltinAggregates)
+                                  and isinstance(assigner, EventTimeSessionWindows))
         self.key_names = list(keys.columns) if keys.columns else ["key"]
         self.emit_keys = emit_keys  # False for window_all: its key column is internal
         self.late_dropped = 0
@@ -193,6 +202,7 @@ class WindowOperator(_KeyedOperator):
         self.dtypes: dict[str, np.dtype] | None = None
         self.entries: dict[tuple[int, int], list] = {}  # (key id, start) -> [end, accumulator]
         self.sessions: dict[int, list[int]] = {}  # key id -> starts of its open sessions
+        self.session_store = SessionStore(self._spec) if self.columnar_sessions else None
         super().initialize_state(restored)  # timers first, then our part "windows"
         self.key_columns = KeyColumns(self.key_names)
         self._sync_key_columns(None, None)
@@ -223,6 +233,8 @@ class WindowOperator(_KeyedOperator):
         if self.partial_input:
             starts = batch.column(batch.schema.get_field_index(WINDOW_START)).to_numpy()
             rows = np.arange(batch.num_rows)
+            if getattr(self.assigner, "panes", None) is not None:  # a pane's windows
+                rows, starts = self.assigner.assign(starts)
         else:
             if self.assigner.event_time:
                 if self.timestamp is None:  # __init__ requires it for event time
@@ -240,6 +252,8 @@ class WindowOperator(_KeyedOperator):
         table = pa.Table.from_batches([batch])
         if self.dense:
             self._merge_dense(table, rows, starts, key_ids)
+        elif self.session_store is not None:
+            self._merge_sessions(self.session_store, table, rows, starts, ends, key_ids)
         else:
             self._merge_generic(table, rows, starts, ends, key_ids)
 
@@ -296,9 +310,9 @@ class WindowOperator(_KeyedOperator):
     def _merge_dense(self, table: pa.Table, rows, starts, key_ids) -> None:
         spec = self._spec
         by = [WINDOW_START, "__key_id"]
-        if self.partial_input:  # rows: the partials that are not late
-            table = _rows_of(table, [WINDOW_START, *spec.partial_columns], rows).append_column(
-                "__key_id", pa.array(key_ids[rows]))
+        if self.partial_input:  # rows: the partials (of a window or a pane) that are not late
+            table = _rows_of(table, spec.partial_columns, rows).append_column(
+                WINDOW_START, pa.array(starts)).append_column("__key_id", pa.array(key_ids[rows]))
             partials = spec.merge_partials(table, by)
         else:
             columns = _rows_of(table, spec.input_columns, rows).append_column(
@@ -402,6 +416,46 @@ class WindowOperator(_KeyedOperator):
         if window.count <= 0:
             del self.dense_windows[start]
 
+    # -- columnar sessions ----------------------------------------------------------------
+    def _merge_sessions(self, store: SessionStore, table: pa.Table, rows, starts, ends,
+                        key_ids) -> None:
+        """The batch's rows as sessions ``[ts, ts + gap)``, grouped where they intersect,
+        then merged into the store; timers for the sessions that changed, and a late
+        session (within the allowed lateness) that took in rows fires again at once."""
+        spec = self._spec
+        kids = key_ids[rows]
+        order = np.lexsort((starts, kids))
+        kids, starts, ends = kids[order], starts[order], ends[order]
+        breaks = session_breaks(kids, starts, ends)
+        firsts = np.flatnonzero(breaks)
+        group = np.cumsum(breaks) - 1
+        columns = _rows_of(table, spec.input_columns, rows[order]).append_column(
+            "__group", pa.array(group))
+        partials = spec.partials_of_rows(columns, ["__group"])
+        by_group = np.argsort(partials["__group"].to_numpy())
+        merged = store.add(kids[firsts], starts[firsts], np.maximum.reduceat(ends, firsts),
+                           {name: partials[name].to_numpy()[by_group]
+                            for name in spec.partial_columns})
+        changed = merged.changed
+        self._register_timers(store.kids[changed], store.starts[changed], store.ends[changed])
+        received = merged.received
+        due = store.ends[received] - 1 <= self.watermarks_of_key_ids(store.kids[received])
+        self._emit_sessions(store, received[due])
+
+    def _emit_sessions(self, store: SessionStore, indices: np.ndarray) -> None:
+        self._emit_columns(store.kids[indices], store.starts[indices], store.ends[indices],
+                           store.results(indices))
+
+    def _on_session_timers(self, store: SessionStore, timestamps: np.ndarray, kids: np.ndarray,
+                           starts: np.ndarray) -> None:
+        """Due timers of the session store: a timer whose session is gone, or has
+        another end now, is a stale one (sessions keep the timers of their old ends)."""
+        found = store.find(kids, starts)
+        timestamps, found = timestamps[found >= 0], found[found >= 0]
+        ends = store.ends[found]
+        self._emit_sessions(store, found[timestamps == ends - 1])
+        store.remove(np.unique(found[timestamps == ends - 1 + self.lateness]))
+
     # -- generic path ---------------------------------------------------------------------
     def _merge_generic(self, table: pa.Table, rows, starts, ends, key_ids) -> None:
         kids = key_ids[rows]
@@ -421,7 +475,7 @@ class WindowOperator(_KeyedOperator):
         group_ends = np.maximum.reduceat(ends, firsts) if len(order) else ends
         sorted_rows = _rows_of(table, self._input_columns(table), rows[order])
         accumulators = self.function.accumulate(sorted_rows, offsets)
-        fire_now = []
+        touched: dict[tuple[int, int], int] = {}  # (key id, start) -> its watermark
         # the watermark judging each (key, window): computed once for the batch
         watermarks = np.broadcast_to(self.watermarks_of_key_ids(kids[firsts]), firsts.shape)
         session_timers = _SessionTimers()
@@ -437,11 +491,14 @@ class WindowOperator(_KeyedOperator):
                     self._register_timers(np.array([kid]), np.array([start]), np.array([end]))
                 else:
                     entry[1] = self.function.merge(entry[1], acc)
-            if self.assigner.event_time and end - 1 <= watermark:
-                fire_now.append((kid, start))
+            touched[(kid, start)] = watermark
         if sessions is not None:
             self._apply_session_timers(session_timers)
-        if fire_now:  # late but within the allowed lateness: fire again
+        # late but within the allowed lateness: fire again, once per batch, judged by the
+        # window's end once the batch is merged (a later session merge may extend it)
+        fire_now = [window for window, watermark in touched.items() if self.assigner.event_time
+                    and window in self.entries and self.entries[window][0] - 1 <= watermark]
+        if fire_now:
             self._emit_generic(fire_now)
 
     def _input_columns(self, table: pa.Table) -> list[str]:
@@ -559,6 +616,9 @@ class WindowOperator(_KeyedOperator):
             timestamps, kids, starts = pop()
             if not len(timestamps):
                 return
+            if self.session_store is not None:
+                self._on_session_timers(self.session_store, timestamps, kids, starts)
+                continue
             if self.dense:
                 ends = self._ends(starts)
             else:
@@ -619,25 +679,43 @@ class WindowOperator(_KeyedOperator):
         freeze = self.function.frozen
         generic = [(kid, start, end, freeze(acc))
                    for (kid, start), (end, acc) in self.entries.items()]
+        store = self.session_store  # its arrays are replaced, never changed: no copy
+        sessions = ((store.kids, store.starts, store.ends, store.partials) if store is not None
+                    else None)
         timers = self.timers
+
+        def by_key_group(kids: np.ndarray, *arrays: np.ndarray, columns: dict[str, np.ndarray]):
+            """(key group, keys, arrays, columns) slices: sorted by key group once."""
+            groups = timers.key_groups_of(kids)
+            order = np.argsort(groups, kind="stable")
+            groups, kids = groups[order], kids[order]
+            arrays = tuple(a[order] for a in arrays)
+            columns = {n: c[order] for n, c in columns.items()}
+            keys = timers.keys(kids)
+            edges = [0, *(np.flatnonzero(np.diff(groups)) + 1).tolist(), len(kids)]
+            for a, b in zip(edges[:-1], edges[1:]):
+                yield (int(groups[a]), keys[a:b], tuple(x[a:b] for x in arrays),
+                       {n: c[a:b] for n, c in columns.items()})
 
         def sections() -> dict[int, bytes]:
             by_group: dict[int, dict[str, Any]] = {}
+
+            def section(group: int) -> dict[str, Any]:
+                return by_group.setdefault(group, {"dense": None, "generic": [],
+                                                   "sessions": None})
+
             kids, starts, columns = dense
-            if len(kids):  # sort by key group once, then one slice per group
-                groups = timers.key_groups_of(kids)
-                order = np.argsort(groups, kind="stable")
-                groups, kids, starts = groups[order], kids[order], starts[order]
-                columns = {n: c[order] for n, c in columns.items()}
-                keys = timers.keys(kids)
-                edges = [0, *(np.flatnonzero(np.diff(groups)) + 1).tolist(), len(kids)]
-                for a, b in zip(edges[:-1], edges[1:]):
-                    by_group[int(groups[a])] = {
-                        "dense": (starts[a:b], keys[a:b], {n: c[a:b] for n, c in columns.items()}),
-                        "generic": []}
+            if len(kids):
+                for group, keys, (starts_,), columns_ in by_key_group(kids, starts,
+                                                                      columns=columns):
+                    section(group)["dense"] = (starts_, keys, columns_)
+            if sessions is not None and len(sessions[0]):
+                kids, starts, ends, partials = sessions
+                for group, keys, (starts_, ends_), partials_ in by_key_group(
+                        kids, starts, ends, columns=partials):
+                    section(group)["sessions"] = (keys, starts_, ends_, partials_)
             for kid, start, end, acc in generic:
-                group = timers.key_group(kid)
-                by_group.setdefault(group, {"dense": None, "generic": []})["generic"].append(
+                section(timers.key_group(kid))["generic"].append(
                     (timers.key(kid), start, end, acc))
             return {group: pickle.dumps((_WINDOW_STATE_VERSION, content), protocol=5)
                     for group, content in by_group.items()}
@@ -664,12 +742,29 @@ class WindowOperator(_KeyedOperator):
         super().restore_keyed_parts(parts)
         for group, blob in sections:
             version, content = pickle.loads(blob)  # this job's own checkpoint file
-            if version != _WINDOW_STATE_VERSION:
+            if version not in _READABLE_VERSIONS:
                 raise ValueError(f"window '{self.name}': window state version {version} in key "
-                                 f"group {group}; this raystream reads version "
-                                 f"{_WINDOW_STATE_VERSION}")
+                                 f"group {group}; this raystream reads versions "
+                                 f"{', '.join(map(str, _READABLE_VERSIONS))}")
             if content["dense"] is not None:
                 self._restore_dense(group, *content["dense"])
+            store = self.session_store
+            if content.get("sessions") is not None:
+                if store is None:
+                    raise ValueError(f"window '{self.name}': the checkpoint holds session "
+                                     f"windows of built-in aggregates, this window is not one")
+                keys, starts, ends, partials = content["sessions"]
+                store.extend(self.timers.key_ids(keys, np.full(len(keys), group)), starts, ends,
+                             partials)
+            if store is not None and content["generic"]:  # version 2: sessions one by one
+                entries = content["generic"]
+                store.extend(self.timers.key_ids([e[0] for e in entries],
+                                                 np.full(len(entries), group)),
+                             np.array([e[1] for e in entries], dtype=np.int64),
+                             np.array([e[2] for e in entries], dtype=np.int64),
+                             {name: np.array([e[3][name] for e in entries])
+                              for name in store.spec.partial_columns})
+                continue
             for key, start, end, acc in content["generic"]:
                 kid = self.timers.key_id(key, group)
                 self.entries[(kid, start)] = [end, self.function.thawed(acc)]

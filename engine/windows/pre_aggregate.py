@@ -11,6 +11,11 @@ its own checkpointed state is empty.
 Used automatically by ``window(...)`` aggregations with built-in aggregates
 on tumbling or sliding event-time windows, column keys and no late side
 output (partials cannot hold the original late records).
+
+Sliding windows whose size is a multiple of the slide are pre-aggregated per
+*pane* (the slide-long tumbling windows that tile them; Flink SQL's slices):
+a row is in one pane but in ``size / slide`` windows, so the partials are
+fewer, and the window operator adds each pane's partials to its windows.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ class WindowPreAggregator(Operator):
         super().__init__(name)
         self.key_columns = list(key_columns)
         self.assigner = assigner
+        # what the partials are per: the panes of sliding windows, else the windows
+        self.slices: WindowAssigner = getattr(assigner, "panes", None) or assigner
         self.timestamp = timestamp
         self.spec = spec
         self.max_buffered_rows = max_buffered_rows
@@ -56,7 +63,7 @@ class WindowPreAggregator(Operator):
             return
         self.rows_in += batch.num_rows
         times = event_times(batch, self.timestamp, where=f"window pre-aggregation '{self.name}'")
-        rows, starts = self.assigner.assign(times)
+        rows, starts = self.slices.assign(times)
         table = pa.Table.from_batches([batch]).select([*self.key_columns, *self.spec.input_columns])
         if not _is_identity(rows, batch.num_rows):  # sliding windows: a row in several
             table = table.take(pa.array(rows))

@@ -25,6 +25,7 @@ so windowed stages chain:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -165,6 +166,9 @@ class WindowedStream:
                 parallelism=parallelism,
                 inputs=[InputEdge(pre.transformation.id, PartitionSpec("hash", keys))])
         else:
+            if spec is not None and self.late_output is None and columns:
+                keyed = _pruned(keyed, name, [*columns, *_time_columns(timestamp),
+                                              *spec.input_columns])
             result = keyed._add("operator", name,
                                 lambda n: WindowOperator(n, keys, assigner, function=function,
                                                          **options),
@@ -172,6 +176,41 @@ class WindowedStream:
         if assigner.event_time:  # results carry event time window_end - 1 (Flink's)
             result.default_timestamp = WINDOW_TIME
         return result
+
+
+@dataclass(frozen=True)
+class KeepColumns:
+    """A batch's columns among ``names`` (the others are dropped; a missing one is left
+    for the window operator to report).
+
+        >>> import pyarrow as pa
+        >>> KeepColumns(("k", "ts"))(pa.record_batch({"k": [1], "x": [2], "ts": [3]})).schema.names
+        ['k', 'ts']
+    """
+
+    names: tuple[str, ...]
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        present = set(batch.schema.names)
+        return batch.select([n for n in self.names if n in present])
+
+
+def _time_columns(timestamp: str | None) -> list[str]:
+    """The columns an event-time column name reads (``WINDOW_TIME`` reads ``window_end``)."""
+    if timestamp is None:
+        return []
+    return ["window_end"] if timestamp == WINDOW_TIME else [timestamp]
+
+
+def _pruned(keyed: "KeyedStream", name: str, needed: list[str]) -> "KeyedStream":
+    """``keyed`` with only the ``needed`` columns, dropped before the shuffle (chained
+    with the upstream operator): a window of built-in aggregates without a late side
+    output reads nothing else, so the other columns need not cross the network."""
+    names = tuple(dict.fromkeys(needed))
+    upstream = keyed.plain()
+    pruned = upstream.map_batches(KeepColumns(names), name=f"{name}-columns",
+                                  parallelism=keyed.transformation.parallelism)
+    return pruned.key_by(keyed.keys)
 
 
 class CountWindowedStream:

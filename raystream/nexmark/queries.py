@@ -107,72 +107,39 @@ def q3(env: StreamEnvironment, events: int, config: NexmarkConfig | None = None,
     ``SELECT P.name, P.city, P.state, A.id FROM auction AS A INNER JOIN person AS P on
     A.seller = P.id WHERE A.category = 10 and (P.state = 'OR' OR P.state = 'ID' OR
     P.state = 'CA');``
+
+    Each side is filtered and cut to the columns the join reads before the shuffle (the
+    projection Flink's planner pushes down).
     """
     states = pa.array(Q3_STATES)
-    local = persons(env, events, config, batch_size=batch_size).filter_batches(
-        lambda b: pc.is_in(b["state"], value_set=states),  # pyright: ignore[reportAttributeAccessIssue]
-        name="q3-persons")
-    category = auctions(env, events, config, batch_size=batch_size).filter_batches(
-        lambda b: pc.equal(b["category"], Q3_CATEGORY),  # pyright: ignore[reportAttributeAccessIssue]
-        name="q3-auctions")
+    local = persons(env, events, config, batch_size=batch_size).map_batches(
+        lambda b: b.filter(pc.is_in(b["state"], value_set=states)).select(  # pyright: ignore[reportAttributeAccessIssue]
+            ["id", "name", "city", "state"]), name="q3-persons")
+    category = auctions(env, events, config, batch_size=batch_size).map_batches(
+        lambda b: b.filter(pc.equal(b["category"], Q3_CATEGORY)).select(  # pyright: ignore[reportAttributeAccessIssue]
+            ["id", "seller"]), name="q3-auctions")
     return category.key_by("seller").connect(local.key_by("id")).process(
         LocalItemSuggestion(), name="q3", schema=Q3_SCHEMA)
 
 
 Q4_SCHEMA = pa.schema([("category", pa.int64()), ("average", pa.float64()),
                        ("auctions", pa.int64()), ("total", pa.int64())])
-CLOSED_SCHEMA = pa.schema([("id", pa.int64()), ("category", pa.int64()), ("final", pa.int64()),
-                           ("expires", pa.int64())])
-
-
-class WinningBid(rs.KeyedCoProcessFunction):
-    """Keyed by auction id: the highest bid between an auction's start and its expiry,
-    emitted when the watermark passes the expiry (event-time timer). A bid for an
-    auction not seen yet waits until the watermark passes the bid's time; an auction
-    that started by then would have arrived (the sources are in event-time order), so
-    the bid matches none and is dropped."""
-
-    def open(self, ctx):
-        self.auction = ctx.value_state("auction")  # (category, start, expires, best price)
-        self.early = ctx.list_state("early_bids")  # (time, price) of bids before the auction
-
-    def process_element1(self, auction, ctx):
-        start, expires = auction["date_time"], auction["expires"]
-        best = max((price for ts, price in self.early.get() if start <= ts <= expires),
-                   default=None)
-        self.early.clear()
-        self.auction.update((auction["category"], start, expires, best))
-        ctx.register_event_time_timer(expires)
-
-    def process_element2(self, bid, ctx):
-        auction = self.auction.value()
-        ts, price = bid["date_time"], bid["price"]
-        if auction is None:
-            self.early.add((ts, price))
-            ctx.register_event_time_timer(ts)
-            return
-        category, start, expires, best = auction
-        if start <= ts <= expires and (best is None or price > best):
-            self.auction.update((category, start, expires, price))
-
-    def on_timer(self, timestamp, ctx):
-        auction = self.auction.value()
-        if auction is not None:
-            category, _start, expires, best = auction
-            if timestamp == expires:
-                self.auction.clear()
-                if best is not None:
-                    yield {"id": ctx.current_key, "category": category, "final": best,
-                           "expires": expires}
-            return
-        # no auction for these bids has started by ``timestamp``: drop those up to it
-        self.early.update([(ts, price) for ts, price in self.early.get() if ts > timestamp])
 
 
 def _running_average(acc: dict, row: dict) -> dict:
     auctions_, total = acc["auctions"] + row["auctions"], acc["total"] + row["total"]
     return {"category": row["category"], "average": total / auctions_, "auctions": auctions_,
             "total": total}
+
+
+def _highest_in_time(pairs: pa.RecordBatch) -> pa.Table:
+    """The highest price per auction among a batch's joined pairs whose bid came by the
+    auction's expiry, with the auction's category and expiry."""
+    in_time = pairs.filter(pc.less_equal(pairs["date_time_right"], pairs["expires"]))  # pyright: ignore[reportAttributeAccessIssue]
+    highest = pa.Table.from_batches([in_time]).group_by(
+        ["id", "category", "expires"], use_threads=False).aggregate([("price", "max")])
+    return highest.rename_columns(
+        ["price" if n == "price_max" else n for n in highest.column_names])
 
 
 def q4(env: StreamEnvironment, events: int, config: NexmarkConfig | None = None, *,
@@ -183,10 +150,27 @@ def q4(env: StreamEnvironment, events: int, config: NexmarkConfig | None = None,
     ``SELECT Q.category, AVG(Q.final) FROM (SELECT MAX(B.price) AS final, A.category
     FROM auction A, bid B WHERE A.id = B.auction AND B.dateTime BETWEEN A.dateTime AND
     A.expires GROUP BY A.id, A.category) Q GROUP BY Q.category;``
+
+    As Flink plans it: a join of auctions and bids, then the maximum per auction, then the
+    average per category. The join is an interval join (a bid from an auction's start up
+    to the longest auction length after it, then up to its own expiry); every joined row
+    carries its auction's expiry as event time, so a session window per auction (of the
+    shortest gap) closes exactly when the auction does and gives its winning bid. Each
+    batch of pairs is cut to its highest bid per auction first (the local phase of
+    Flink's two-phase aggregation), so the window sees a row per auction and batch.
     """
-    closed = auctions(env, events, config, batch_size=batch_size).key_by("id").connect(
-        bids(env, events, config, batch_size=batch_size).key_by("auction")).process(
-        WinningBid(), name="q4-winning-bids", schema=CLOSED_SCHEMA)
+    config = config or NexmarkConfig()
+    open_auctions = auctions(env, events, config, batch_size=batch_size).map_batches(
+        lambda b: b.select(["id", "category", "date_time", "expires"]), name="q4-auctions")
+    offers = bids(env, events, config, batch_size=batch_size).map_batches(
+        lambda b: b.select(["auction", "price", "date_time"]), name="q4-bids")
+    pairs = open_auctions.key_by("id").interval_join(
+        offers.key_by("auction"), timestamp="date_time").between(
+        0, config.max_auction_length_ms).join(name="q4-join")
+    in_time = pairs.map_batches(_highest_in_time, name="q4-in-time")
+    closed = in_time.key_by(["id", "category"]).window(
+        rs.EventTimeSessionWindows(gap_ms=1), timestamp="expires").max(
+        "price", output="final", name="q4-winning-bids")
     one = closed.map_batches(lambda b: {
         "category": b["category"], "average": b["final"].cast(pa.float64()),
         "auctions": pa.array(np.ones(b.num_rows, dtype=np.int64)), "total": b["final"]},
@@ -243,14 +227,16 @@ HIGHEST_SCHEMA = pa.schema([("auction", pa.int64()), ("price", pa.int64()),
 
 def _window_maxima(size_ms: int) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
     """Per batch, the bids at their tumbling window's highest price within the batch: a
-    window's highest bids overall are among them, so the window sees few rows."""
+    window's highest bids overall are among them, so the window sees few rows (and only
+    the columns of the result: not the dictionaries of ``channel`` and ``url``, which a
+    filtered batch would still carry whole)."""
     def keep(batch: pa.RecordBatch) -> pa.RecordBatch:
         window = batch["date_time"].to_numpy() // size_ms
         price = batch["price"].to_numpy()
         windows, inverse = np.unique(window, return_inverse=True)
         best = np.full(len(windows), np.iinfo(np.int64).min)
         np.maximum.at(best, inverse, price)
-        return batch.filter(pa.array(price == best[inverse]))
+        return batch.filter(pa.array(price == best[inverse])).select(HIGHEST_SCHEMA.names)
     return keep
 
 
