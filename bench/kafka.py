@@ -151,7 +151,7 @@ def raystream_rate(bootstrap: str, topic: str, n: int, storage: str) -> tuple[fl
 
 
 def latency_p99(bootstrap: str, seconds: float, rate: int, storage: str,
-                buffer_timeout_ms: float) -> float:
+                buffer_timeout_ms: float, fetch_wait_max_ms: int | None = None) -> float:
     """p99 ms from a record's send stamp to its output record's creation, at ``rate``/s."""
     from confluent_kafka import Producer
 
@@ -161,7 +161,9 @@ def latency_p99(bootstrap: str, seconds: float, rate: int, storage: str,
                                checkpoints=rs.CheckpointConfig(interval_s=1.0, storage=storage))
     (env.read_kafka(bootstrap, topics=[source], schema=pa.schema([("key", pa.int64()),
                                                                   ("sent", pa.int64())]),
-                    bounded_until={(source, p): total // 2 for p in range(2)})
+                    bounded_until={(source, p): total // 2 for p in range(2)},
+                    **({} if fetch_wait_max_ms is None
+                       else {"fetch_wait_max_ms": fetch_wait_max_ms}))
      .key_by("key").map(lambda row: {"key": row["key"], "sent": row["sent"]})
      .sink_to_kafka(bootstrap, out, key="key", delivery="at_least_once"))
     client = env.execute_async("bench-kafka-latency")
@@ -198,6 +200,11 @@ def main() -> None:
     parser.add_argument("--latency-seconds", type=float, default=20.0)
     parser.add_argument("--buffer-timeout-ms", type=float, default=1.0,
                         help="the latency job's buffer_timeout_ms")
+    parser.add_argument("--fetch-wait-max-ms", type=int, default=None,
+                        help="the latency job's source: how long the broker may hold a fetch "
+                             "(librdkafka's fetch.wait.max.ms; its default 500)")
+    parser.add_argument("--latency-only", action="store_true",
+                        help="only the latency job (no RESULT line)")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -210,6 +217,13 @@ def main() -> None:
 
     with (contextlib.nullcontext(args.bootstrap) if args.bootstrap
           else embedded_broker()) as bootstrap:
+        if args.latency_only:
+            p99 = latency_p99(bootstrap, args.latency_seconds, 50_000, tempfile.mkdtemp(),
+                              args.buffer_timeout_ms, args.fetch_wait_max_ms)
+            print(f"end to end at 50,000 rows/s, at least once, buffer_timeout_ms="
+                  f"{args.buffer_timeout_ms:g}, fetch_wait_max_ms={args.fetch_wait_max_ms}: "
+                  f"p99 {p99:.0f} ms")
+            return
         topic = create_topic(bootstrap, "bench", PARTITIONS)
         t = time.perf_counter()
         fill(bootstrap, topic, args.records)
@@ -227,9 +241,10 @@ def main() -> None:
               f"({rate / limit:.2f} of the client limit; start-up {deploy_s:.1f} s apart); "
               f"counts equal the client loop's")
         p99 = latency_p99(bootstrap, args.latency_seconds, 50_000, tempfile.mkdtemp(),
-                          args.buffer_timeout_ms)
+                          args.buffer_timeout_ms, args.fetch_wait_max_ms)
         print(f"end to end at 50,000 rows/s, at least once, buffer_timeout_ms="
-              f"{args.buffer_timeout_ms:g}: p99 {p99:.0f} ms")
+              f"{args.buffer_timeout_ms:g}, fetch_wait_max_ms={args.fetch_wait_max_ms}: "
+              f"p99 {p99:.0f} ms")
         print(f"RESULT kafka_events_per_s={rate:.0f} of_client_limit={rate / limit:.2f} "
               f"e2e_p99_ms={p99:.0f}")
 

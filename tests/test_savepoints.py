@@ -108,10 +108,16 @@ def test_event_time_does_not_go_back_after_a_restore(ray_session, tmp_path):
     def ticks(i):
         return {"k": i % 13, "ts": 1_700_000_000_000 + i * 10}  # in order: no record is late
 
-    def build(env: rs.StreamEnvironment) -> rs.SinkHandle:
+    def build(env: rs.StreamEnvironment, first_batch_s: float = 0.01) -> rs.SinkHandle:
         source = env.from_sequence(20_000, ticks, batch_size=100, num_splits=2,
                                    watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=50))
-        slowed = source.map_batches(lambda b: (time.sleep(0.01), b)[1], name="slow")
+        waited = []  # (per subtask: its copy of the function)
+
+        def slow(batch):
+            time.sleep(0.01 if waited else first_batch_s)
+            waited.append(True)
+            return batch
+        slowed = source.map_batches(slow, name="slow")
         return slowed.key_by("k").transform("probe", WatermarkProbe).collect(name="marks")
 
     env = env_at(2, str(tmp_path / "chk"))
@@ -134,14 +140,19 @@ def test_event_time_does_not_go_back_after_a_restore(ray_session, tmp_path):
     assert restored == min(last.values()) > rs.MIN_WATERMARK
 
     env = env_at(1, str(tmp_path / "chk-after"))
-    sink = build(env)
+    sink = build(env, first_batch_s=5.0)  # no record or watermark reaches the probe for 5 s
     client = env.execute_async("event-time-after", restore_from=str(tmp_path / "sp"))
     while client.status() in ("CREATED", "DEPLOYING"):
         time.sleep(0.01)
-    # Before any record or watermark arrives, the restored subtask is already at
-    # the checkpoint's event time (it would be MIN_WATERMARK otherwise).
-    first = ray.get(client.subtask_actor("probe", 0).metrics.remote())["watermark"]
-    assert first >= restored
+    # Before any record or watermark arrives, the restored subtask is already at the
+    # checkpoint's event time (it would be MIN_WATERMARK until input came otherwise). Its
+    # restore runs on its own thread once deployed: watch it until it has input.
+    while True:
+        metrics = ray.get(client.subtask_actor("probe", 0).metrics.remote())
+        if metrics["watermark"] >= restored or metrics["records_in"]:
+            break
+        time.sleep(0.01)
+    assert metrics["watermark"] >= restored and metrics["records_in"] == 0, metrics
     after = client.wait(timeout_s=120).table(sink).to_pylist()
     assert after and after[0]["watermark"] > restored  # watermarks resume above it
     assert after[-1]["late"] == 0

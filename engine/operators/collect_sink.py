@@ -74,7 +74,10 @@ def ipc_stream(batches: list[pa.RecordBatch]) -> pa.Buffer:
 
 
 class CollectWriter(SinkWriter):
-    """One Arrow IPC file per checkpoint and subtask, written off the processing thread."""
+    """One Arrow IPC file per checkpoint and subtask, written off the processing thread.
+    Batches without rows only give the result its columns: one file of them at most."""
+
+    writes_empty_batches = True
 
     def __init__(self, storage_uri: str) -> None:
         self.storage_uri = storage_uri
@@ -88,13 +91,16 @@ class CollectWriter(SinkWriter):
         self.batches: list[pa.RecordBatch] = []
         self.unwritten: dict[str, pa.Buffer] = {}  # name under output/ -> bytes handed over
         self.lock = threading.Lock()  # unwritten: the processing and the snapshot thread
+        self.gave_columns = False  # a file of this subtask holds the result's columns
 
     def write(self, batch: pa.RecordBatch) -> None:
-        self.batches.append(batch)
+        if batch.num_rows or not (self.gave_columns or self.batches):
+            self.batches.append(batch)
 
     def prepare_commit(self, checkpoint_id: int | None) -> list[dict]:
         if not self.batches:
             return []
+        self.gave_columns = True
         body = ipc_stream(self.batches)
         rows = sum(b.num_rows for b in self.batches)
         self.batches = []

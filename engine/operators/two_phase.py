@@ -90,6 +90,10 @@ class SinkContext:
 class SinkWriter:
     """Writes batches; gives its committables before every barrier."""
 
+    # Batches without rows are not written, unless the writer keeps their schema (the
+    # collect writer: a result without rows still has its columns).
+    writes_empty_batches: bool = False
+
     def open(self, ctx: SinkContext) -> None:
         self.ctx = ctx
 
@@ -156,11 +160,8 @@ class SinkWriterOperator(Operator):
         self.writer.open(SinkContext(self))
 
     def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
-        if batch.num_rows:
+        if batch.num_rows or self.writer.writes_empty_batches:
             self.writer.write(batch)
-
-    def process_watermark(self, watermark: int) -> None:
-        pass  # the committer has no use for event time
 
     def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot | None:
         durable = self.writer.make_durable()
