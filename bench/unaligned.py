@@ -48,7 +48,7 @@ import pyarrow as pa
 import ray
 
 import raystream as rs
-from raystream.engine.environment import ensure_ray
+from raystream.core.ray_start import ensure_ray
 from raystream.engine.operators.sinks import SinkOperator
 
 PARALLELISM = 2
