@@ -63,11 +63,9 @@ from raystream.actors.subtask_checkpoints import CheckpointingSpec, SubtaskCheck
 from raystream.actors.subtask_metrics import SubtaskMetricsExporter
 from raystream.checkpoint.restore import RestoreSpec
 from raystream.core.failpoints import Failpoint, Failpoints
-from raystream.engine.operators.base import (BroadcastingOutput, ChainedOutput, Operator,
-                                             OperatorFailure, RoutingOutput, RuntimeContext,
-                                             call_operator)
-from raystream.engine.operators.sinks import SinkOperator
-from raystream.engine.operators.source import SourceOperator
+from raystream.actors.operator import (BroadcastingOutput, ChainedOutput, Operator,
+                                       OperatorFailure, RoutingOutput, RuntimeContext,
+                                       SinkOperator, SourceOperator, call_operator)
 from raystream.engine.plan import JobVertex
 
 IDLE_WAIT_S = 0.05

@@ -65,7 +65,7 @@ import ray
 
 import raystream as rs
 from raystream.core.ray_start import ensure_ray
-from raystream.engine.operators.sinks import SinkOperator
+from raystream.actors.operator import SinkOperator
 
 RAY_INIT_KWARGS = {"num_cpus": 2, "include_dashboard": False}
 PARALLELISM = 2

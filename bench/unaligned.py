@@ -49,7 +49,7 @@ import ray
 
 import raystream as rs
 from raystream.core.ray_start import ensure_ray
-from raystream.engine.operators.sinks import SinkOperator
+from raystream.actors.operator import SinkOperator
 
 PARALLELISM = 2
 BATCH_ROWS = 1024

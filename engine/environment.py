@@ -42,7 +42,8 @@ from raystream.engine.graph import InputEdge, Resources, Transformation
 from raystream.engine.job_master import (NAMESPACE, JobMaster, JobOptions, master_actor_name,
                                          master_restarts)
 from raystream.checkpoint.operator_coordinator import OperatorCoordinator
-from raystream.engine.operators.source import SourceOperator, SourceReaderOperator
+from raystream.actors.operator import SourceOperator
+from raystream.engine.operators.source import SourceReaderOperator
 from raystream.engine.plan import JobPlan, build_plan
 from raystream.engine.sources.base import Source
 from raystream.engine.sources.split_enumerator import SourceCoordinator

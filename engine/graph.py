@@ -13,7 +13,7 @@ from raystream.actors.partitioners import (BroadcastPartitioner, ForwardPartitio
                                            KeyGroupPartitioner, Partitioner,
                                            RebalancePartitioner)
 from raystream.engine.keys import KeySelector
-from raystream.engine.operators.base import Operator
+from raystream.actors.operator import Operator
 
 
 @dataclass(frozen=True)

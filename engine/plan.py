@@ -18,7 +18,7 @@ from raystream.actors.record_writer import DEFAULT_BUFFER_TIMEOUT_MS
 from raystream.checkpoint.coordinator_holder import CoordinatedOperator
 from raystream.checkpoint.keygroups import check_max_parallelism
 from raystream.engine.graph import PartitionSpec, Resources, Transformation
-from raystream.engine.operators.base import Operator
+from raystream.actors.operator import Operator
 
 
 @dataclass

@@ -18,11 +18,7 @@ LAYERS = {"raystream": 6, "engine": 5, "spark": 4, "actors": 3, "timers": 2, "ch
           "core": 0}
 
 KNOWN_UPWARD = {
-    ('actors/subtask.py', 'raystream.engine.operators.base'),
-    ('actors/subtask.py', 'raystream.engine.operators.sinks'),
-    ('actors/subtask.py', 'raystream.engine.operators.source'),
     ('actors/subtask.py', 'raystream.engine.plan'),
-    ('actors/subtask_checkpoints.py', 'raystream.engine.operators.base'),
 }
 
 
