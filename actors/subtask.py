@@ -61,12 +61,12 @@ from raystream.checkpoint.state_backend import StateBackend
 from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.actors.subtask_checkpoints import CheckpointingSpec, SubtaskCheckpointer
 from raystream.actors.subtask_metrics import SubtaskMetricsExporter
+from raystream.actors.vertex import JobVertex
 from raystream.checkpoint.restore import RestoreSpec
 from raystream.core.failpoints import Failpoint, Failpoints
 from raystream.actors.operator import (BroadcastingOutput, ChainedOutput, Operator,
                                        OperatorFailure, RoutingOutput, RuntimeContext,
                                        SinkOperator, SourceOperator, call_operator)
-from raystream.engine.plan import JobVertex
 
 IDLE_WAIT_S = 0.05
 

@@ -24,7 +24,9 @@ import pyarrow as pa
 
 from raystream.actors.record_writer import check_buffer_timeout
 from raystream.checkpoint.operator_coordinator import OperatorCoordinator
-from raystream.engine.graph import InputEdge, PartitionSpec, Resources, Transformation
+from raystream.actors.partitioners import PartitionSpec
+from raystream.actors.resources import Resources
+from raystream.engine.graph import InputEdge, Transformation
 from raystream.engine.keys import KeySelector, KeySpec
 from raystream.actors.operator import Operator, SinkOperator
 from raystream.engine.operators.functions import (FilterBatchesOperator, FilterOperator,

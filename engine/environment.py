@@ -38,7 +38,8 @@ from raystream.engine.client import JobClient, JobResult
 from raystream.engine.datastream import DataStream
 from raystream.engine import registry
 from raystream.engine.errors import InsufficientResourcesError, JobStillRunningError
-from raystream.engine.graph import InputEdge, Resources, Transformation
+from raystream.actors.resources import Resources
+from raystream.engine.graph import InputEdge, Transformation
 from raystream.engine.job_master import (NAMESPACE, JobMaster, JobOptions, master_actor_name,
                                          master_restarts)
 from raystream.checkpoint.operator_coordinator import OperatorCoordinator

@@ -17,9 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS = {"raystream": 6, "engine": 5, "spark": 4, "actors": 3, "timers": 2, "checkpoint": 1,
           "core": 0}
 
-KNOWN_UPWARD = {
-    ('actors/subtask.py', 'raystream.engine.plan'),
-}
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def package_of(module: str) -> str | None:
