@@ -1,11 +1,13 @@
 """Output partitioners: which downstream subtask(s) get which rows of a batch.
 
 Each partitioner splits a whole ``pyarrow.RecordBatch`` at once (one ``take``
-and zero-copy slices), never row by row.
+and zero-copy slices), never row by row. A job edge carries a
+:class:`PartitionSpec`, from which each sending subtask creates its partitioner.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -108,3 +110,27 @@ class KeyGroupPartitioner(Partitioner):
 
     def __repr__(self):
         return f"hash({self.keys})"
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    """How an edge distributes records: forward, rebalance, broadcast or hash(key)."""
+
+    kind: str  # "forward" | "rebalance" | "broadcast" | "hash"
+    keys: KeyGroupFunction | None = None
+
+    def create(self, max_parallelism: int) -> Partitioner:
+        if self.kind == "forward":
+            return ForwardPartitioner()
+        if self.kind == "rebalance":
+            return RebalancePartitioner()
+        if self.kind == "broadcast":
+            return BroadcastPartitioner()
+        if self.kind == "hash":
+            if self.keys is None:
+                raise ValueError("hash partitioning needs the keys")
+            return KeyGroupPartitioner(self.keys, max_parallelism)
+        raise ValueError(f"unknown partitioning {self.kind!r}")
+
+    def __str__(self) -> str:
+        return f"hash({self.keys})" if self.kind == "hash" else self.kind

@@ -60,15 +60,13 @@ from raystream.actors.channel_state_file import ChannelStateContents
 from raystream.checkpoint.state_backend import StateBackend
 from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.actors.subtask_checkpoints import CheckpointingSpec, SubtaskCheckpointer
+from raystream.actors.subtask_metrics import SubtaskMetricsExporter
+from raystream.actors.vertex import JobVertex
 from raystream.checkpoint.restore import RestoreSpec
 from raystream.core.failpoints import Failpoint, Failpoints
-from raystream.engine.metrics import SubtaskMetricsExporter
-from raystream.engine.operators.base import (BroadcastingOutput, ChainedOutput, Operator,
-                                             OperatorFailure, RoutingOutput, RuntimeContext,
-                                             call_operator)
-from raystream.engine.operators.sinks import SinkOperator
-from raystream.engine.operators.source import SourceOperator
-from raystream.engine.plan import JobVertex
+from raystream.actors.operator import (BroadcastingOutput, ChainedOutput, Operator,
+                                       OperatorFailure, RoutingOutput, RuntimeContext,
+                                       SinkOperator, SourceOperator, call_operator)
 
 IDLE_WAIT_S = 0.05
 

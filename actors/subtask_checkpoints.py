@@ -47,8 +47,8 @@ from raystream.checkpoint.storage import (SAVEPOINT_JOB_KEY, CheckpointStorage, 
                                           safe_name)
 from raystream.checkpoint.watermark_floors import WatermarkFloors, runs_of
 from raystream.core.failpoints import Failpoints
-from raystream.engine.operators.base import (Operator, OperatorSnapshot, RestoredState,
-                                             call_operator)
+from raystream.actors.operator import (Operator, OperatorSnapshot, RestoredState,
+                                       call_operator)
 
 
 @dataclass

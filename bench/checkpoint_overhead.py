@@ -86,10 +86,10 @@ import pyarrow as pa
 import ray
 
 import raystream as rs
-from raystream.engine.environment import ensure_ray
+from raystream.core.ray_start import ensure_ray
 from raystream.engine.keys import KeySelector
 from raystream.engine.operators.keyed import KeyedProcessOperator
-from raystream.engine.operators.sinks import SinkOperator
+from raystream.actors.operator import SinkOperator
 from raystream.engine.sources.sequence import Sequence
 
 RAY_INIT_KWARGS = {"num_cpus": 2, "include_dashboard": False}

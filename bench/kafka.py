@@ -210,7 +210,7 @@ def main() -> None:
     if args.quick:
         args.records, args.latency_seconds = 200_000, 5.0
     rs.StreamEnvironment()  # nothing timed below waits for Ray to start
-    from raystream.engine.environment import ensure_ray
+    from raystream.core.ray_start import ensure_ray
 
     ensure_ray()
     import tempfile

@@ -64,8 +64,8 @@ import pyarrow as pa
 import ray
 
 import raystream as rs
-from raystream.engine.environment import ensure_ray
-from raystream.engine.operators.sinks import SinkOperator
+from raystream.core.ray_start import ensure_ray
+from raystream.actors.operator import SinkOperator
 
 RAY_INIT_KWARGS = {"num_cpus": 2, "include_dashboard": False}
 PARALLELISM = 2

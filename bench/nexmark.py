@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 import raystream as rs
-from raystream.engine.environment import ensure_ray
+from raystream.core.ray_start import ensure_ray
 from raystream.nexmark import EventKind, NexmarkConfig, generate, queries
 
 CONFIG = NexmarkConfig()

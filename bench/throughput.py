@@ -52,7 +52,7 @@ import pyarrow as pa
 
 import raystream as rs
 from raystream.checkpoint.keygroups import DEFAULT_MAX_PARALLELISM, key_groups_of_array
-from raystream.engine.environment import ensure_ray
+from raystream.core.ray_start import ensure_ray
 
 RAY_INIT_KWARGS = {"num_cpus": 2, "include_dashboard": False}
 PIPELINES = ("pass-through", "shuffle")

@@ -48,8 +48,8 @@ import pyarrow as pa
 import ray
 
 import raystream as rs
-from raystream.engine.environment import ensure_ray
-from raystream.engine.operators.sinks import SinkOperator
+from raystream.core.ray_start import ensure_ray
+from raystream.actors.operator import SinkOperator
 
 PARALLELISM = 2
 BATCH_ROWS = 1024

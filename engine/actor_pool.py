@@ -37,7 +37,7 @@ import ray
 import ray.exceptions
 
 from raystream.actors.subtask import SubtaskActor
-from raystream.engine.graph import Resources
+from raystream.actors.resources import Resources
 from raystream.engine.deployment import NAMESPACE, SUBTASK_SCHEDULING
 
 MAX_IDLE = 8  # idle subtask actors a driver keeps between jobs

@@ -56,7 +56,7 @@ TERMINAL_SUBMISSION_STATUSES = {"SUCCEEDED", "FAILED", "STOPPED"}
 def cmd_run(args: argparse.Namespace) -> int:
     from raystream.engine import progress
     from raystream.engine.environment import run_defaults
-    from raystream.engine.logs import set_verbose
+    from raystream.core.logs import set_verbose
 
     if args.verbose:
         set_verbose()

@@ -24,9 +24,11 @@ import pyarrow as pa
 
 from raystream.actors.record_writer import check_buffer_timeout
 from raystream.checkpoint.operator_coordinator import OperatorCoordinator
-from raystream.engine.graph import InputEdge, PartitionSpec, Resources, Transformation
+from raystream.actors.partitioners import PartitionSpec
+from raystream.actors.resources import Resources
+from raystream.engine.graph import InputEdge, Transformation
 from raystream.engine.keys import KeySelector, KeySpec
-from raystream.engine.operators.base import Operator
+from raystream.actors.operator import Operator, SinkOperator
 from raystream.engine.operators.functions import (FilterBatchesOperator, FilterOperator,
                                                   FlatMapOperator, MapBatchesOperator,
                                                   MapOperator)
@@ -40,7 +42,7 @@ from raystream.engine.operators.broadcast import (BroadcastProcessFunction,
 from raystream.engine.operators.co_process import KeyedCoProcessFunction, KeyedCoProcessOperator
 from raystream.engine.operators.interval_join import (IntervalBounds, IntervalJoinOperator,
                                                       IntervalJoinSpec, ProcessJoinFunction)
-from raystream.engine.operators.sinks import CollectSink, DiscardSink, PrintSink, SinkOperator
+from raystream.engine.operators.sinks import CollectSink, DiscardSink, PrintSink
 from raystream.engine.operators.two_phase import (Committer, CommitterOperator, SinkWriter,
                                                   SinkWriterOperator)
 
@@ -223,7 +225,7 @@ class DataStream:
     def transform(self, name: str, create_operator: Callable[[str], Operator], *,
                   parallelism: int | None = None,
                   coordinator: Callable[[Any], OperatorCoordinator] | None = None) -> "DataStream":
-        """Add a custom :class:`~raystream.engine.operators.base.Operator` (created per subtask).
+        """Add a custom :class:`~raystream.actors.operator.Operator` (created per subtask).
 
         ``coordinator(context)`` creates its :class:`~raystream.OperatorCoordinator` in the
         job master; the operator exchanges events with it (``handle_operator_event``,

@@ -18,7 +18,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from raystream.actors.subtask import SubtaskActor, SubtaskSpec, TerminationReport
 from raystream.actors.subtask_checkpoints import CheckpointingSpec
 from raystream.checkpoint.restore import RestoreSpec
-from raystream.engine.graph import Resources
+from raystream.actors.resources import Resources
 from raystream.engine.job_events import SubtaskKey
 from raystream.engine.job_options import JobOptions
 from raystream.engine.plan import JobPlan

@@ -3,84 +3,23 @@
 An operator is chained to its input (runs in the same subtask, handed
 batches by a function call) when it has exactly one input, the edge is
 ``forward`` and both sides have the same parallelism — Flink's chaining rule.
-Each chain is a :class:`JobVertex`; ``parallelism`` subtask actors run it.
-Between vertices, :class:`JobEdge` s carry batches over channels: one per
-(upstream subtask, downstream subtask) pair, or per index for ``forward``.
+Each chain is a :class:`~raystream.actors.vertex.JobVertex`; ``parallelism``
+subtask actors run it. Between vertices,
+:class:`~raystream.actors.vertex.JobEdge` s carry batches over channels: one per
+(upstream subtask, downstream subtask) pair, or per index for ``forward``. Those
+types are the subtask's (:mod:`raystream.actors.vertex`); this module builds them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
 
-from raystream.actors.messages import ChannelId
+from raystream.actors.partitioners import PartitionSpec
 from raystream.actors.record_writer import DEFAULT_BUFFER_TIMEOUT_MS
+from raystream.actors.vertex import ChainNode, JobEdge, JobVertex
 from raystream.checkpoint.coordinator_holder import CoordinatedOperator
 from raystream.checkpoint.keygroups import check_max_parallelism
-from raystream.engine.graph import PartitionSpec, Resources, Transformation
-from raystream.engine.operators.base import Operator
-
-
-@dataclass
-class ChainNode:
-    """One operator inside a vertex's chain."""
-
-    transformation_id: int
-    name: str
-    create_operator: Callable[[], Operator]
-    chained_outputs: list[int] = field(default_factory=list)  # indexes into JobVertex.nodes
-    network_outputs: list[int] = field(default_factory=list)  # JobEdge ids
-    # consumers of the operator's side outputs: (tag, node index) and (tag, JobEdge id)
-    side_chained_outputs: list[tuple[str, int]] = field(default_factory=list)
-    side_network_outputs: list[tuple[str, int]] = field(default_factory=list)
-    is_sink: bool = False
-    coordinator: Callable[[Any], Any] | None = None  # the operator coordinator's factory
-    # how long its output may wait in a buffer before it is sent (-1: until full)
-    buffer_timeout_ms: float = DEFAULT_BUFFER_TIMEOUT_MS
-
-
-@dataclass
-class JobEdge:
-    id: int
-    source_vertex: int
-    source_node: int  # index of the sending node in the source vertex's chain
-    target_vertex: int
-    partitioning: PartitionSpec
-    input_index: int
-    source_parallelism: int
-    target_parallelism: int
-    side_output: str | None = None
-
-    def channels(self) -> list[ChannelId]:
-        if self.partitioning.kind == "forward":
-            return [ChannelId(self.id, i, i) for i in range(self.source_parallelism)]
-        return [ChannelId(self.id, u, d) for u in range(self.source_parallelism)
-                for d in range(self.target_parallelism)]
-
-    def output_channels(self, upstream: int) -> list[ChannelId]:
-        """The channels subtask ``upstream`` sends on, indexed as its partitioner routes."""
-        return [c for c in self.channels() if c.upstream == upstream]
-
-    def input_channels(self, downstream: int) -> list[ChannelId]:
-        return [c for c in self.channels() if c.downstream == downstream]
-
-
-@dataclass
-class JobVertex:
-    id: int
-    parallelism: int
-    nodes: list[ChainNode]
-    resources: Resources
-    is_source: bool
-    inputs: list[JobEdge] = field(default_factory=list)
-    outputs: list[JobEdge] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return " -> ".join(node.name for node in self.nodes)
-
-    def input_channels(self, subtask: int) -> list[tuple[ChannelId, int]]:
-        return [(c, e.input_index) for e in self.inputs for c in e.input_channels(subtask)]
+from raystream.engine.graph import Transformation
 
 
 @dataclass

@@ -26,8 +26,7 @@ from raystream.engine.errors import (BadRecordError, FileReadError, Insufficient
 from raystream.checkpoint.operator_coordinator import (OperatorCoordinator,
                                                         OperatorCoordinatorContext,
                                                         SubtaskEventGateway)
-from raystream.engine.operators.base import Operator, RuntimeContext
-from raystream.engine.operators.source import SourceOperator
+from raystream.actors.operator import Operator, RuntimeContext, SourceOperator
 from raystream.engine.operators.keyed import KeyedContext, KeyedProcessFunction
 from raystream.engine.operators.co_process import KeyedCoProcessFunction
 from raystream.engine.operators.interval_join import (IntervalBounds, JoinContext,

@@ -1,11 +1,11 @@
-"""Spark's and RayDP's start-up output, and the one setting for how much Ray and Spark print.
+"""Spark's and RayDP's start-up output.
 
 Spark's JVM prints log4j warnings about the host name and native Hadoop, and
 the INFO lines Ray's C++ code prints before its logging is set up (in RayDP's
 JVM, which writes to this process's stderr). None of it is about the job.
 Unless ``RAYSTREAM_LOG=debug`` (:func:`verbose`), a Spark session gets a
 quieter log4j configuration, and those INFO lines are filtered out of the
-JVM's stderr. Ray's own settings are in :mod:`raystream.engine.logs`.
+JVM's stderr. Ray's own settings, and :func:`verbose`, are in :mod:`raystream.core.logs`.
 
     >>> import os
     >>> os.environ.pop("RAYSTREAM_LOG", None) and None
@@ -22,17 +22,12 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
-LOG_LEVEL_VARIABLE = "RAYSTREAM_LOG"
-VERBOSE_LEVELS = ("debug", "info", "verbose")
+from raystream.core.logs import verbose
 
 # Spark's driver JVM (RayDP reads this file name from its config): WARN, minus the
 # start-up warnings about this machine rather than the job
 SPARK_LOG4J_FILE = Path(__file__).resolve().parent / "log4j2-quiet.properties"
 
-
-def verbose() -> bool:
-    """Whether the user asked for Ray's and Spark's own output (``RAYSTREAM_LOG=debug``)."""
-    return os.environ.get(LOG_LEVEL_VARIABLE, "").strip().lower() in VERBOSE_LEVELS
 
 def quiet_spark(configs: dict[str, str]) -> None:
     """Before a Spark session starts: a log4j configuration without the start-up noise,

@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Any, Mapping
 
+from raystream.core.ray_start import ensure_ray
 from raystream.spark.quiet import children_stderr_without_ray_info, quiet_spark
 from raystream.spark.extra import require_spark
 
@@ -43,8 +44,6 @@ def session(app_name: str = "raystream", *, address: str | None = None, num_exec
     if _session is not None:
         return _session
     require_spark("rs.spark.session()")
-    # here, not at the top: the engine imports this package (the engine starts Ray)
-    from raystream.engine.environment import ensure_ray
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

@@ -34,7 +34,7 @@ RAY_CPUS = 2
 @pytest.fixture(scope="session")
 def ray_session():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from raystream.engine.environment import ensure_ray
+    from raystream.core.ray_start import ensure_ray
 
     ensure_ray(num_cpus=RAY_CPUS, object_store_memory=1 << 30, log_to_driver=False)
     yield

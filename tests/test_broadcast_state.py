@@ -28,7 +28,7 @@ import pytest
 
 import raystream as rs
 from raystream.engine.keys import KeySelector
-from raystream.engine.operators.base import CollectingOutput, RestoredState, RuntimeContext
+from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
 from raystream.engine.operators.broadcast import (BroadcastProcessOperator,
                                                   KeyedBroadcastProcessOperator)
 from tests.test_exactly_once import wait_for_checkpoint

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 
 import raystream as rs
-from raystream.engine.operators.base import CollectingOutput, RestoredState, RuntimeContext
+from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
 from raystream.engine.operators.collect_sink import (CollectCommitter, CollectWriter,
                                                      read_collected)
 from raystream.engine.operators.two_phase import CommitterOperator, SinkWriterOperator

@@ -26,7 +26,7 @@ from raystream.checkpoint.keygroups import key_group_of, key_group_range
 from raystream.checkpoint.state_backend import (StateBackend, create_keyed_state_backend,
                                                 is_disk)
 from raystream.engine.keys import KeySelector
-from raystream.engine.operators.base import CollectingOutput, RuntimeContext
+from raystream.actors.operator import CollectingOutput, RuntimeContext
 from raystream.engine.operators.keyed import KeyedProcessOperator, ReduceOperator
 
 MAXP = 128

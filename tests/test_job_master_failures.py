@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pytest
 
 import raystream as rs
-from raystream.engine.operators.base import Operator
+from raystream.actors.operator import Operator
 from tests.test_exactly_once import (N, add, assert_exactly_once, build_job, checkpointed_env,
                                      numbers, throttle, wait_for_checkpoint)
 

@@ -21,7 +21,7 @@ import pytest
 import raystream as rs
 from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
-from raystream.engine.operators.base import CollectingOutput, RestoredState, RuntimeContext
+from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
 from raystream.engine.operators.interval_join import (IntervalBounds, IntervalJoinOperator,
                                                       IntervalJoinSpec, JoinSide)
 from tests.test_exactly_once import wait_for_checkpoint
@@ -372,7 +372,7 @@ def test_co_process_operator_shares_state_and_timers_across_inputs_and_restores(
     """By hand: both inputs update one key's state, a timer registered by either fires
     once for the key, and the state moves with its key group to another parallelism.
     The operator's output has no side outputs: ``ctx.output`` to an unread tag is a no-op."""
-    from raystream.engine.operators.base import BroadcastingOutput
+    from raystream.actors.operator import BroadcastingOutput
     from raystream.engine.operators.co_process import KeyedCoProcessOperator
 
     def operator(index=0, parallelism=1):

@@ -224,7 +224,7 @@ def test_bad_records_go_to_dead_letters_or_fail_the_job_naming_them(ray_session,
 
     # errors="fail" (the default): the reader itself, run by hand (a failing job wraps
     # this error as "operator 'kafka' (subtask i/n) failed: KafkaRecordError: ...")
-    from raystream.engine.operators.base import CollectingOutput, RuntimeContext
+    from raystream.actors.operator import CollectingOutput, RuntimeContext
     from raystream.engine.sources.kafka import KafkaReaderOperator, KafkaSource, KafkaSourceConfig
 
     config = KafkaSourceConfig(broker.bootstrap, topics=(topic,), bounded_until="latest",

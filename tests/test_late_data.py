@@ -144,7 +144,7 @@ def test_a_rescaled_restore_judges_each_key_group_by_its_former_owners_watermark
     the faster one's fired windows would open again."""
     from raystream.checkpoint.watermark_floors import WatermarkFloors
     from raystream.engine.keys import KeySelector
-    from raystream.engine.operators.base import CollectingOutput, RestoredState, RuntimeContext
+    from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
     from raystream.engine.windows.aggregates import AggregateSpec
     from raystream.engine.windows.functions import BuiltinAggregates
     from raystream.engine.windows.operator import WindowOperator

@@ -17,15 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS = {"raystream": 6, "engine": 5, "spark": 4, "actors": 3, "timers": 2, "checkpoint": 1,
           "core": 0}
 
-KNOWN_UPWARD = {
-    ('actors/subtask.py', 'raystream.engine.metrics'),
-    ('actors/subtask.py', 'raystream.engine.operators.base'),
-    ('actors/subtask.py', 'raystream.engine.operators.sinks'),
-    ('actors/subtask.py', 'raystream.engine.operators.source'),
-    ('actors/subtask.py', 'raystream.engine.plan'),
-    ('actors/subtask_checkpoints.py', 'raystream.engine.operators.base'),
-    ('spark/session.py', 'raystream.engine.environment'),
-}
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def package_of(module: str) -> str | None:

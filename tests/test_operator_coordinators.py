@@ -21,7 +21,7 @@ import pytest
 import ray
 
 import raystream as rs
-from raystream.engine.operators.base import OperatorSnapshot
+from raystream.actors.operator import OperatorSnapshot
 from tests.test_exactly_once import wait_for_checkpoint
 
 PARALLELISM = 2

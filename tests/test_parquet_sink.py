@@ -21,7 +21,7 @@ import ray
 
 import raystream as rs
 from raystream.core.failpoints import Failpoints, InjectedFailure
-from raystream.engine.operators.base import CollectingOutput, RestoredState, RuntimeContext
+from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
 from raystream.engine.operators.file_sink import (ParquetCommitter, ParquetSinkConfig,
                                                   ParquetWriter)
 from raystream.engine.operators.two_phase import CommitterOperator, SinkWriterOperator

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import raystream as rs
-from raystream.engine.operators.base import CollectingOutput, RestoredState, RuntimeContext
+from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
 from raystream.engine.operators.file_sink import (ParquetCommitter, ParquetSinkConfig,
                                                   ParquetWriter)
 from raystream.engine.operators.two_phase import CommitterOperator, SinkWriterOperator

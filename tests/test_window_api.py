@@ -18,7 +18,7 @@ import pytest
 import raystream as rs
 from raystream.engine.datastream import ALL_KEY, _with_all_key
 from raystream.engine.keys import KeySelector
-from raystream.engine.operators.base import CollectingOutput, RestoredState, RuntimeContext
+from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.functions import BuiltinAggregates, UserAggregate
 from raystream.engine.windows.operator import WindowOperator

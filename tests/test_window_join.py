@@ -21,7 +21,7 @@ import pytest
 import raystream as rs
 from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
-from raystream.engine.operators.base import CollectingOutput, RestoredState, RuntimeContext
+from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator, WindowJoinSpec
 from tests.test_joins import BASE, crawl, events, late_dropped, rescaled_run, throttle
 

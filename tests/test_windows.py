@@ -18,7 +18,7 @@ import ray
 import raystream as rs
 from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
-from raystream.engine.operators.base import CollectingOutput, RestoredState, RuntimeContext
+from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.functions import BuiltinAggregates, ProcessWindow, UserAggregate
 from raystream.engine.windows.operator import WindowOperator

@@ -43,7 +43,7 @@ import pyarrow as pa
 from raystream.actors.messages import MIN_WATERMARK
 from raystream.engine.batches import rows_to_batch
 from raystream.engine.keys import KeySelector
-from raystream.engine.operators.base import Operator, OperatorSnapshot, RestoredState
+from raystream.actors.operator import Operator, OperatorSnapshot, RestoredState
 from raystream.engine.operators.functions import _call, _close_function, emit_rows
 from raystream.engine.operators.keyed import KeyedContext, KeyedProcessOperator
 

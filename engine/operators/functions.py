@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from raystream.engine.batches import rows_to_batch
 from raystream.engine.errors import BadRecordError, describe_record
-from raystream.engine.operators.base import Operator
+from raystream.actors.operator import Operator
 
 
 def _open_function(fn: Any, ctx) -> None:

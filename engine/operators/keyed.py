@@ -37,8 +37,8 @@ from raystream.checkpoint.state_backend import create_keyed_state_backend, is_di
 from raystream.checkpoint.ttl import StateTtlConfig
 from raystream.engine.errors import BadRecordError, describe_record
 from raystream.engine.keys import KeySelector
-from raystream.engine.operators.base import (Operator, OperatorSnapshot, RestoredState,
-                                             RuntimeContext)
+from raystream.actors.operator import (Operator, OperatorSnapshot, RestoredState,
+                                       RuntimeContext)
 from raystream.engine.batches import rows_to_batch
 from raystream.engine.operators.functions import _call, _close_function, emit_rows
 from raystream.timers.service import TimerService

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from raystream.checkpoint.sections import decode_parts, encode_parts
-from raystream.engine.operators.base import RestoredState
+from raystream.actors.operator import RestoredState
 from raystream.engine.operators.keyed import _KeyedOperator
 
 

@@ -11,18 +11,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from raystream.actors.operator import SinkOperator
 from raystream.engine.batches import concat_batches
-from raystream.engine.operators.base import Operator
-
-
-class SinkOperator(Operator):
-    """A sink emits nothing downstream; ``final_result()`` goes back to the driver."""
-
-    def process_watermark(self, watermark: int) -> None:
-        pass
-
-    def final_result(self) -> object | None:
-        return None
 
 
 class CollectSink(SinkOperator):

@@ -1,11 +1,5 @@
-"""Source operators: the head of a source subtask's chain.
-
-:class:`SourceOperator` is the contract the subtask drives: it calls
-:meth:`SourceOperator.emit_next` whenever the operator :meth:`is_available`
-and its output has credit, and ends the input when ``emit_next`` returns
-False. A source that waits for something (an operator event with a split, a
-file to appear) says so with ``is_available() == False``; the subtask then
-sleeps until a control message (an operator event) or a short poll wakes it.
+"""The source operator of split-based sources (the contract the subtask drives,
+:class:`~raystream.actors.operator.SourceOperator`, is in :mod:`raystream.actors.operator`).
 
 :class:`SourceReaderOperator` is a split-based source's reader (FLIP-27): it
 gets its splits from the source's enumerator (an operator coordinator in the
@@ -18,20 +12,6 @@ positions and largest timestamps, as JSON; a split it has finished is in no
 state any more, and one not yet assigned is in the enumerator's. On restore
 at the same parallelism each reader takes its own splits back; at another
 parallelism the old readers' splits are dealt out again.
-
-A source of its own (used with ``StreamEnvironment.add_source``):
-
-    >>> import pyarrow as pa
-    >>> class Countdown(SourceOperator):
-    ...     def open(self): self.left = 3
-    ...     def emit_next(self):
-    ...         if self.left == 0: return False
-    ...         self.output.emit(pa.record_batch({"n": [self.left]})); self.left -= 1
-    ...         return True
-    >>> from raystream.engine.operators.base import CollectingOutput, RuntimeContext
-    >>> op = Countdown("countdown"); out = CollectingOutput(); op.setup(RuntimeContext.local(), out)
-    >>> op.open(); [op.emit_next() for _ in range(4)], [b["n"][0].as_py() for b in out.batches]
-    ([True, True, True, False], [3, 2, 1])
 """
 
 from __future__ import annotations
@@ -40,38 +20,12 @@ import json
 from typing import Any
 
 from raystream.actors.messages import MAX_WATERMARK, MIN_WATERMARK
-from raystream.engine.operators.base import Operator, OperatorSnapshot, RestoredState
+from raystream.actors.operator import OperatorSnapshot, RestoredState, SourceOperator
 from raystream.engine.sources.base import DEAD_LETTERS, Source, SplitReader
 from raystream.engine.sources.split_enumerator import (EnumeratorEvent, NoMoreSplits,
                                                        ReaderRegistered, SourceEvent,
                                                        SplitRequested, SplitsAssigned)
 from raystream.engine.watermarks import BoundedOutOfOrderness
-
-
-class SourceOperator(Operator):
-    """A chain head without input: the subtask asks it for output."""
-
-    def process_batch(self, batch, input_index=0):
-        raise RuntimeError(f"source '{self.name}' has no input")
-
-    def is_available(self) -> bool:
-        """False while the source has nothing to emit now (it waits for an event or
-        for data to appear); the subtask then waits instead of calling emit_next."""
-        return True
-
-    def emit_next(self) -> bool:
-        """Emit what is next (a batch, or nothing yet); False once the input has ended."""
-        raise NotImplementedError
-
-    def caught_up(self) -> bool:
-        """True when the last ``emit_next`` found nothing new to read (a live source
-        that has caught up with its input): the subtask then sends its buffered output
-        at once, as an idle subtask does, rather than hold it while the source waits."""
-        return False
-
-    def end_input_early(self) -> None:
-        """Stop-with-savepoint with drain: stop reading and advance event time to the end."""
-        self.output.emit_watermark(MAX_WATERMARK)
 
 
 class SourceReaderOperator(SourceOperator):

@@ -54,9 +54,8 @@ from typing import Callable
 
 import pyarrow as pa
 
-from raystream.engine.operators.base import (Operator, OperatorSnapshot, RestoredState,
-                                             RuntimeContext)
-from raystream.engine.operators.sinks import SinkOperator
+from raystream.actors.operator import (Operator, OperatorSnapshot, RestoredState,
+                                       RuntimeContext, SinkOperator)
 
 log = logging.getLogger(__name__)
 

@@ -62,7 +62,7 @@ import pyarrow.json as pajson
 
 from raystream.actors.messages import MIN_WATERMARK
 from raystream.engine.errors import RaystreamError, choice
-from raystream.engine.operators.base import OperatorSnapshot
+from raystream.actors.operator import OperatorSnapshot
 from raystream.engine.operators.source import SourceReaderOperator
 from raystream.engine.sources.base import Source, SplitReader
 from raystream.engine.sources.files import OnError

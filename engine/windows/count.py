@@ -15,7 +15,7 @@ group, so they are checkpointed and restored at any parallelism.
 
     >>> import pyarrow as pa
     >>> from raystream.engine.keys import KeySelector
-    >>> from raystream.engine.operators.base import CollectingOutput, RuntimeContext
+    >>> from raystream.actors.operator import CollectingOutput, RuntimeContext
     >>> op = CountWindowOperator("c", KeySelector.of("k"), size=2,
     ...                          spec=AggregateSpec.of({"total": ("sum", "x")}))
     >>> out = CollectingOutput(); op.setup(RuntimeContext.local(), out)

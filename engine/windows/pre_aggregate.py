@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from raystream.engine.operators.base import Operator, OperatorSnapshot
+from raystream.actors.operator import Operator, OperatorSnapshot
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.assigners import WindowAssigner
 from raystream.engine.windows.operator import WINDOW_START, _is_identity, event_times
@@ -32,7 +32,7 @@ class WindowPreAggregator(Operator):
     """Partial aggregates per (key columns, window) of the rows it sees.
 
         >>> import pyarrow as pa
-        >>> from raystream.engine.operators.base import CollectingOutput, RuntimeContext
+        >>> from raystream.actors.operator import CollectingOutput, RuntimeContext
         >>> from raystream.engine.windows.assigners import TumblingEventTimeWindows
         >>> pre = WindowPreAggregator("pre", ["user"], TumblingEventTimeWindows(size_ms=10),
         ...                           timestamp="ts", spec=AggregateSpec.of({"n": ("count", None)}))

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from raystream.checkpoint.state import AggregateFunction
-from raystream.engine.graph import InputEdge, PartitionSpec
+from raystream.actors.partitioners import PartitionSpec
+from raystream.engine.graph import InputEdge
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.assigners import WindowAssigner
 from raystream.engine.windows.count import CountWindowOperator

@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 
-from raystream.engine.environment import ensure_ray
+from raystream.core.ray_start import ensure_ray
 from tests.chaos.runner import run_scenario
 from tests.chaos.scenarios import JobKind, generate
 

@@ -18,7 +18,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 import raystream as rs
-from raystream.engine.operators.base import Operator
+from raystream.actors.operator import Operator
 from tests.multinode.ray_clusters import machine_wide_ray_address_untouched
 
 # Ray declares a lost node dead after about 8 s (its default is 15 s): in seconds, and

@@ -6,7 +6,7 @@ warnings about the host name and native Hadoop. None of it is about the job.
 So, unless verbose: Ray's Python logger is at ERROR and the output of Ray's
 worker processes stays in their log files (``/tmp/ray/session_latest/logs``;
 a job's failures still reach the driver, with their tracebacks). Spark's part
-is in :mod:`raystream.spark.quiet`.
+is in :mod:`raystream.spark.quiet`; Ray's start-up in :mod:`raystream.core.ray_start`.
 ``RAYSTREAM_LOG=debug`` (``raystream run --verbose``, ``./dev demo --verbose``)
 leaves Ray's and Spark's own settings alone.
 
@@ -22,9 +22,15 @@ import logging
 import os
 from typing import Any
 
-from raystream.spark.quiet import LOG_LEVEL_VARIABLE, verbose
+__all__ = ["LOG_LEVEL_VARIABLE", "quiet_ray", "set_verbose", "verbose"]
 
-__all__ = ["quiet_ray", "set_verbose", "verbose"]
+LOG_LEVEL_VARIABLE = "RAYSTREAM_LOG"
+VERBOSE_LEVELS = ("debug", "info", "verbose")
+
+
+def verbose() -> bool:
+    """Whether the user asked for Ray's and Spark's own output (``RAYSTREAM_LOG=debug``)."""
+    return os.environ.get(LOG_LEVEL_VARIABLE, "").strip().lower() in VERBOSE_LEVELS
 
 
 def set_verbose() -> None:

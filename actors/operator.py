@@ -1,5 +1,11 @@
 """The operator contract and the plumbing that chains operators in one subtask.
 
+The subtask actor runs operators, so the runtime defines what it runs (as Flink's
+``StreamOperator`` lives with its task runtime): :class:`Operator`, and its two
+kinds the subtask treats apart, :class:`SourceOperator` (a chain head the
+subtask asks for output) and :class:`SinkOperator` (whose result goes back to the
+driver). The engine's operators (``raystream.engine.operators``) implement them.
+
 An operator receives whole ``pyarrow.RecordBatch`` es, watermarks and
 end-of-input, and emits batches and watermarks to its :class:`Output`. Every
 parallel instance runs inside one subtask actor, chained with its neighbours
@@ -24,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 import pyarrow as pa
 
+from raystream.actors.messages import MAX_WATERMARK
 from raystream.checkpoint.disk_incremental import IncrementalSnapshot, RestoredDb
 from raystream.checkpoint.state_backend import StateBackend, StateBackendChoice
 
@@ -200,6 +207,63 @@ class Operator:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
+
+
+class SourceOperator(Operator):
+    """A chain head without input: the subtask asks it for output.
+
+    The subtask calls :meth:`emit_next` whenever the operator :meth:`is_available`
+    and its output has credit, and ends the input when ``emit_next`` returns False.
+    A source that waits for something (an operator event with a split, a file to
+    appear) says so with ``is_available() == False``; the subtask then sleeps until
+    a control message (an operator event) or a short poll wakes it.
+
+    A source of its own (used with ``StreamEnvironment.add_source``):
+
+        >>> import pyarrow as pa
+        >>> class Countdown(SourceOperator):
+        ...     def open(self): self.left = 3
+        ...     def emit_next(self):
+        ...         if self.left == 0: return False
+        ...         self.output.emit(pa.record_batch({"n": [self.left]})); self.left -= 1
+        ...         return True
+        >>> op = Countdown("countdown"); out = CollectingOutput()
+        >>> op.setup(RuntimeContext.local(), out)
+        >>> op.open(); [op.emit_next() for _ in range(4)], [b["n"][0].as_py() for b in out.batches]
+        ([True, True, True, False], [3, 2, 1])
+    """
+
+    def process_batch(self, batch, input_index=0):
+        raise RuntimeError(f"source '{self.name}' has no input")
+
+    def is_available(self) -> bool:
+        """False while the source has nothing to emit now (it waits for an event or
+        for data to appear); the subtask then waits instead of calling emit_next."""
+        return True
+
+    def emit_next(self) -> bool:
+        """Emit what is next (a batch, or nothing yet); False once the input has ended."""
+        raise NotImplementedError
+
+    def caught_up(self) -> bool:
+        """True when the last ``emit_next`` found nothing new to read (a live source
+        that has caught up with its input): the subtask then sends its buffered output
+        at once, as an idle subtask does, rather than hold it while the source waits."""
+        return False
+
+    def end_input_early(self) -> None:
+        """Stop-with-savepoint with drain: stop reading and advance event time to the end."""
+        self.output.emit_watermark(MAX_WATERMARK)
+
+
+class SinkOperator(Operator):
+    """A sink emits nothing downstream; ``final_result()`` goes back to the driver."""
+
+    def process_watermark(self, watermark: int) -> None:
+        pass
+
+    def final_result(self) -> object | None:
+        return None
 
 
 class ChainedOutput:

@@ -1,0 +1,60 @@
+"""Starting Ray in this process, or connecting to a cluster: :func:`ensure_ray`.
+
+The environment calls it before a job runs, and ``rs.spark.session()`` before
+RayDP starts Spark, so both get the same Ray: quiet unless verbose
+(:mod:`raystream.core.logs`), and on loopback when raystream starts it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+
+from raystream.core.logs import quiet_ray
+
+
+# Ray deletes released objects in periodic batches (1 s by default), so a
+# consumed batch would linger for up to a second and in-flight memory would be
+# "credits + one second of throughput". A short period keeps it at "credits".
+# On a cluster, set RAY_free_objects_period_milliseconds=50 where Ray starts.
+EMBEDDED_RAY_SYSTEM_CONFIG = {"free_objects_period_milliseconds": 50}
+
+
+def ensure_ray(address: str | None = None, **init_kwargs: Any) -> None:
+    """Start Ray in this process (or connect to ``address``) unless it is already up.
+
+    Without ``address``, a ``RAY_ADDRESS`` in the environment names the cluster
+    (the Jobs API sets it for the drivers it starts), as for ``ray.init()``.
+    The Ray it starts itself serves this machine only: see :func:`_embedded_on_loopback`.
+    """
+    if ray.is_initialized():
+        return
+    init_kwargs.setdefault("include_dashboard", False)
+    quiet_ray(init_kwargs)
+    if address is None and os.environ.get("RAY_ADDRESS", "local") in ("", "local"):
+        # "local": always a Ray of our own, even where `ray start` left a cluster
+        # running on this machine (plain ray.init() would attach to that one).
+        address = "local"
+        init_kwargs.setdefault("_system_config", EMBEDDED_RAY_SYSTEM_CONFIG)
+        _embedded_on_loopback()
+    ray.init(address=address, **init_kwargs)
+
+
+def _embedded_on_loopback() -> None:
+    """Make the embedded Ray's node address 127.0.0.1, so that its servers (GCS,
+    raylet, object manager, workers) listen on loopback only.
+
+    Ray binds its servers to the node's IP, and on Linux it turns a loopback
+    ``_node_ip_address`` into the first external interface's address, since a
+    cluster needs one. Its single-machine mode (the default on macOS and
+    Windows, switched by ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``) keeps loopback.
+    The variable is read when Ray is imported, so this process's copy is set
+    too; the processes Ray starts inherit the variable. A Ray ``ray start``
+    launched for several machines is not affected.
+    """
+    from ray._private import ray_constants
+
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
