@@ -261,7 +261,9 @@ def _run(scenario: Scenario, work: FsPath, placed: list[str]) -> list[str]:
                     restore_from, parallelism = savepoint, failure.new_parallelism
             else:
                 placed.append(place(scenario, client, failure, attempt, parallelism, storage))
-                attempt += counts_an_attempt(failure)
+                # a subtask's kill, then the master's (whose successor deploys the next)
+                attempt += counts_an_attempt(failure) * (
+                    2 if failure.kind is FailureKind.MASTER_KILL_IN_RESTORE else 1)
         corrupted = next((p.split(" ")[1] for p in placed if p.startswith("corrupted ")), None)
         if result is None:
             try:
@@ -293,15 +295,19 @@ def stop(scenario: Scenario, client: rs.JobClient, failure: Failure, savepoint: 
     if not wait_for_checkpoints(client, failure.after_checkpoints):
         placed.append("stop: the job finished first")
         return None
-    killer = None
+    killer, victim = None, "a subtask"
     if failure.kind is FailureKind.KILL_DURING_STOP:
         subtask = failure.subtask % parallelism if failure.target == "keyed" else 0
         pid = wait_for_pid(client, operator_of(scenario, failure), subtask)
-        if pid is not None:
-            killer = threading.Timer(failure.delay_ms / 1000, _kill_quietly, (pid,))
-            killer.start()
-    what = (f"stop at p={parallelism}" + (f" with a SIGKILL after {failure.delay_ms} ms"
-                                          if killer else ""))
+    elif failure.kind is FailureKind.MASTER_KILL_IN_STOP:
+        pid, victim = progress(client).get("master_pid"), "the job master"
+    else:
+        pid = None
+    if pid is not None:
+        killer = threading.Timer(failure.delay_ms / 1000, _kill_quietly, (pid,))
+        killer.start()
+    what = (f"stop at p={parallelism}"
+            + (f" with a SIGKILL of {victim} after {failure.delay_ms} ms" if killer else ""))
     try:
         result = client.stop_with_savepoint(savepoint, timeout_s=TIMEOUT_S)
     except Exception as exc:  # a stop that failed: the job must go on and finish exactly
@@ -394,6 +400,8 @@ def place(scenario: Scenario, client: rs.JobClient, failure: Failure, attempt: i
             return "master kill: the job finished first"
         os.kill(pid, signal.SIGKILL)
         return "SIGKILL of the job master after checkpoints"
+    if failure.kind is FailureKind.MASTER_KILL_IN_RESTORE:
+        return kill_master_in_restore(client, operator, subtask, attempt)
     if failure.kind is FailureKind.FAILPOINT:  # armed: wait until it fired or the job ended
         if wait_until(client, lambda: progress(client)["attempt"] > attempt):
             return f"failpoint {failure.point} in {operator}[{subtask}]"
@@ -415,6 +423,29 @@ def place(scenario: Scenario, client: rs.JobClient, failure: Failure, attempt: i
         return "sigkill: the job finished first"
     os.kill(pid, signal.SIGKILL)
     return f"SIGKILL of {operator}[{subtask}] after checkpoints"
+
+
+def kill_master_in_restore(client: rs.JobClient, operator: str, subtask: int,
+                           attempt: int) -> str:
+    """SIGKILL a subtask after a checkpoint, then the job master as soon as the job
+    restores from it (RESTARTING, or the next attempt not yet RUNNING)."""
+    if not (wait_until(client, lambda: progress(client)["attempt"] >= attempt)
+            and wait_for_checkpoints(client, 1)):
+        return "master kill in restore: the job finished first"
+    pid, master = wait_for_pid(client, operator, subtask), progress(client).get("master_pid")
+    if pid is None or master is None:
+        return "master kill in restore: the job finished first"
+    os.kill(pid, signal.SIGKILL)
+
+    def restoring() -> bool:
+        now = progress(client)
+        return now["status"] != "RUNNING" or now["attempt"] > attempt
+
+    if not wait_until(client, restoring, timeout_s=30):
+        return f"SIGKILL of {operator}[{subtask}]; the job finished before its master's"
+    status = progress(client)["status"]
+    _kill_quietly(master)
+    return f"SIGKILL of {operator}[{subtask}], then of the job master while {status}"
 
 
 def corrupt_a_state_file(checkpoint_dir: FsPath) -> str:

@@ -87,6 +87,9 @@ class FailureKind(enum.Enum):
                                      # past committed output), or restore a newer one
     MASTER_KILL = "master_kill"      # SIGKILL of the job master's process after a checkpoint:
                                      # Ray restarts it and it takes the job over
+    MASTER_KILL_IN_RESTORE = "master_kill_restore"  # the same while the job restores after
+                                     # a SIGKILL of a subtask (its first kill)
+    MASTER_KILL_IN_STOP = "master_kill_stop"  # the same while the job stops with a savepoint
 
 
 # Seeds from here on may run the window join or count windows instead of their first
@@ -101,8 +104,10 @@ CO_PROCESS_FROM_SEED = 5000
 BROADCAST_FROM_SEED = 6000
 # Seeds from here on may take the disk backend's checkpoints incrementally (drawn apart).
 INCREMENTAL_FROM_SEED = 7000
-# Seeds from here on may also kill the job master (drawn apart, likewise).
+# Seeds from here on may also kill the job master (drawn apart, likewise),
 MASTER_KILLS_FROM_SEED = 4000
+# and from here on also while the job restores or stops.
+MASTER_KILL_MOMENTS_FROM_SEED = 8000
 
 FAILPOINTS = ("in_processing", "in_snapshot", "in_async_write", "right_after_restore")
 
@@ -122,7 +127,8 @@ class Failure:
 
     @property
     def stops(self) -> bool:
-        return self.kind in (FailureKind.STOP_AND_RESCALE, FailureKind.KILL_DURING_STOP)
+        return self.kind in (FailureKind.STOP_AND_RESCALE, FailureKind.KILL_DURING_STOP,
+                             FailureKind.MASTER_KILL_IN_STOP)
 
 
 @dataclass(frozen=True)
@@ -273,8 +279,27 @@ def _with_master_kill(scenario: Scenario, rng: random.Random) -> Scenario:
     failures = list(scenario.failures)
     first = int(bool(failures) and failures[0].kind is FailureKind.DEPLOY_KILL)
     last = len(failures) - int(bool(failures) and failures[-1].kind is FailureKind.CORRUPT_NEWEST)
-    failures.insert(rng.randint(first, max(first, last)),
-                    Failure(FailureKind.MASTER_KILL, after_checkpoints=rng.randint(1, 2)))
+    at = rng.randint(first, max(first, last))
+    failures.insert(at, Failure(FailureKind.MASTER_KILL, after_checkpoints=rng.randint(1, 2)))
+    scenario = dataclasses.replace(scenario, failures=tuple(failures))
+    return _with_master_kill_moment(scenario, at, random.Random(f"{scenario.seed}/moment"))
+
+
+def _with_master_kill_moment(scenario: Scenario, at: int, rng: random.Random) -> Scenario:
+    """Later seeds kill the master (failure ``at``) two times in three while the job
+    restores or stops instead. A stop needs aligned checkpoints and no other stop."""
+    if scenario.seed < MASTER_KILL_MOMENTS_FROM_SEED or rng.random() < 1 / 3:
+        return scenario
+    kind = rng.choice([FailureKind.MASTER_KILL_IN_RESTORE, FailureKind.MASTER_KILL_IN_STOP])
+    if kind is FailureKind.MASTER_KILL_IN_STOP and (
+            scenario.alignment is not Alignment.ALIGNED
+            or any(f.stops for f in scenario.failures)):
+        kind = FailureKind.MASTER_KILL_IN_RESTORE
+    failures = list(scenario.failures)
+    failures[at] = dataclasses.replace(
+        failures[at], kind=kind, target=rng.choice(["keyed", "keyed", "source"]),
+        subtask=rng.randint(0, 1), new_parallelism=rng.choice([1, 3]),
+        delay_ms=rng.randint(0, 300) if kind is FailureKind.MASTER_KILL_IN_STOP else 0)
     return dataclasses.replace(scenario, failures=tuple(failures))
 
 

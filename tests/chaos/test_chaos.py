@@ -3,8 +3,9 @@
 Each seed is a job with late data and one to four failures (failpoints, SIGKILLs
 of subtask processes after checkpoints, while deploying or while stopping, a stop
 with a savepoint restored at another parallelism, a storage outage, a corrupted
-newest checkpoint), checked against a numpy model or the same job run without
-failures.
+newest checkpoint, SIGKILLs of the job master after a checkpoint, while the job
+restores or while it stops), checked against a numpy model or the same job run
+without failures.
 """
 
 from __future__ import annotations
@@ -22,8 +23,12 @@ from tests.chaos.scenarios import generate
 # sessions/generic with lateness, an outage and a kill during a stop; 1004 count windows
 # through a kill while deploying, a rescale to p=1 and a kill; 1005 a window join chained
 # into a window, unaligned, with kills of a source and of the join; 2049 the process
-# function on the disk state backend through a kill while deploying, kills and an outage.
-CI_SEEDS = [1, 3, 6, 43, 64, 71, 1004, 1005, 2049, 4002, 5000, 6055, 7164]
+# function on the disk state backend through a kill while deploying, kills and an outage;
+# 4002 a job master killed after checkpoints; 5000 the two-input process function; 6055
+# the broadcast process function; 7164 incremental checkpoints of the disk backend; 8007
+# broadcast on disk, the master killed while the job restores; 8022 co-process on
+# incremental disk state, the master killed 86 ms into a stop with a savepoint.
+CI_SEEDS = [1, 3, 6, 43, 64, 71, 1004, 1005, 2049, 4002, 5000, 6055, 7164, 8007, 8022]
 
 
 @pytest.mark.parametrize("seed", CI_SEEDS)
