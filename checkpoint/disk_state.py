@@ -44,6 +44,39 @@ Semantics differ from the heap backend in one way, as in Flink: a value read
 from state is a copy, so mutating it in place changes nothing until it is
 written back (``update``, ``put``, ``add``).
 
+State TTL
+---------
+A state created with ``ttl=StateTtlConfig(...)`` (:mod:`raystream.checkpoint.ttl`)
+behaves exactly as on the heap backend, with the same injectable clock
+(``ttl_time_provider``). Its stored values start with a fixed 8-byte header, a
+big-endian int64 timestamp in ms, before the MessagePack bytes: the time of the
+last renewal for value, reducing and aggregating state; for a list state
+(``[[element, ts], ...]``) and a map state (``{user key: [value, ts]}``), where
+every element or entry expires on its own, the oldest of their timestamps. So
+whether anything of a value has expired is one look at its first 8 bytes. A
+read hides and deletes what has expired; every access also checks the next
+``cleanup_per_access`` stored values of the state (a cursor per state through
+its key range of each key group in turn, wrapping around, one RocksDB iterator
+per access; the batch reads and writes of keyed reduce, ``values_of`` and
+``update_all``, count as one access and check their batch's headers with
+numpy) and deletes or rewrites the expired ones; full snapshots and
+savepoints leave expired values out (as of their synchronous part).
+
+Flink drops expired values while RocksDB compacts, through a C++ compaction
+filter (``FlinkCompactionFilter``); ``rocksdict`` has none. Here TTL goes
+through compaction the other way round: expired values are deleted by the
+reads and the cleanup above, and the database is opened with a
+compact-on-deletion collector, so SST files that fill with those tombstones
+are compacted and the space is reclaimed. An incremental checkpoint uploads SST files as they are, so it may
+hold values that had expired but were not deleted yet: a restored job hides
+them on read (their timestamps came with them) and the cleanup deletes them.
+
+In a snapshot's directory the kind of a state with a TTL carries the heap
+backend's ``+ttl`` suffix (``"value+ttl"``...), so a restore declaring the
+state without a TTL (or a state without one with a TTL) is refused, as in
+Flink, and a section moves between backends with its timestamps: the heap
+backend stores ``(value, ts)`` (per element, per entry) and converts.
+
 Snapshots
 ---------
 :meth:`DiskKeyedStateBackend.snapshot` is the synchronous part of a checkpoint:
@@ -62,9 +95,11 @@ parallelism). A savepoint is always full, in the section format below.
 Section format: the envelope of :mod:`raystream.checkpoint.envelope` (magic
 ``b"RSKD"``, format version, key-group hash version, max_parallelism, key
 group); a big-endian ``uint32`` length and a MessagePack directory
-``[[state id, name, kind], ...]``; then entries ``state id (uint16) | len
-(uint32) | key suffix | len (uint32) | value``, the suffix and value exactly as
-stored (no re-serialization).
+``[[state id, name, kind], ...]`` (kind ``"+ttl"``-suffixed for a state with a
+TTL); then entries ``state id (uint16) | len (uint32) | key suffix | len
+(uint32) | value``, the suffix and value exactly as stored (no
+re-serialization; only a TTL list or map with expired parts is rewritten
+without them).
 Either backend restores the other's sections, so a job switches backends by
 restoring a savepoint with the other ``state_backend``.
 
