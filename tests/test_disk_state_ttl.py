@@ -475,6 +475,66 @@ def test_a_state_cannot_gain_or_lose_its_ttl_across_a_restore(make, source, targ
         r.value_state("x", ttl=100)
 
 
+def test_an_incremental_checkpoint_holds_expired_values_a_restore_hides(tmp_path):
+    """Incremental checkpoints upload RocksDB files as they are: values that expired but
+    were not deleted are in them. A restore (adopting the files, or copying a half at
+    another parallelism) hides them on read with their original timestamps, the
+    cleanup deletes them, and a savepoint of the same snapshot leaves them out."""
+    from raystream.checkpoint.disk_incremental import RestoredDb
+    from raystream.checkpoint.storage import CheckpointStorage
+
+    storage = CheckpointStorage(str(tmp_path / "chk"))
+    clock = Clock()
+    made: list = []
+
+    def incremental(key_groups: range = range(MAXP), at: int = 0):
+        b = DiskKeyedStateBackend(max_parallelism=MAXP, key_groups=key_groups,
+                                  options=DiskStateOptions(memory_mb=8, incremental=True,
+                                                           local_dir=str(tmp_path)),
+                                  ttl_time_provider=Clock(at) if at else clock)
+        made.append(b)
+        return b
+    try:
+        b = incremental()
+        v = b.value_state("v", ttl=rs.StateTtlConfig(TTL, cleanup_per_access=0))
+        for k in range(100):
+            b.set_current_key(k)
+            v.update(k)
+            if k == 49:
+                clock.now += 60  # keys 50-99 are written 60 ms later
+        clock.now += 50  # keys 0-49 expired, nobody deleted them
+        snapshot = b.snapshot()
+        handle = snapshot.upload(storage, "job", 1, "probe-0")
+        b.notify_checkpoint_complete(1)
+        savepoint = b.snapshot()()  # a full snapshot of the same database
+        assert stored_entries(savepoint) == {"v": 50}
+        dbs = [RestoredDb.read(storage, handle)]
+        for groups in (range(MAXP), rs.key_group_range(0, 2, MAXP),
+                       rs.key_group_range(1, 2, MAXP)):
+            r = incremental(groups, at=clock.now)
+            r.restore_db(dbs)
+            mine = [k for k in range(100) if rs.key_group_of(k, MAXP) in groups]
+            assert sorted(r.keys("v")) == mine  # the expired values came with the files
+            rv = r.value_state("v", ttl=rs.StateTtlConfig(TTL))
+            shown = {}
+            for k in mine:
+                r.set_current_key(k)
+                shown[k] = rv.value()
+            assert shown == {k: (k if k >= 50 else None) for k in mine}
+            assert sorted(r.keys("v")) == [k for k in mine if k >= 50]  # reads deleted them
+        later = incremental(at=clock.now + 49)  # now +110; written at +60: live until +160
+        later.restore_db(dbs)
+        lv = later.value_state("v", ttl=rs.StateTtlConfig(TTL, cleanup_per_access=5))
+        later.set_current_key(50)
+        assert lv.value() == 50
+        for _ in range(40):  # the cleanup reaches the expired keys no one reads
+            lv.value()
+        assert sorted(later.keys("v")) == list(range(50, 100))
+    finally:
+        for x in made:
+            x.close()
+
+
 # -- the vectorized path -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=["write", "read_and_write", "return_expired"])
