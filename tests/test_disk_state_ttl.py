@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import glob
+import os
 import time
 
 import numpy as np
@@ -533,6 +535,16 @@ def test_an_incremental_checkpoint_holds_expired_values_a_restore_hides(tmp_path
     finally:
         for x in made:
             x.close()
+
+
+def test_the_database_compacts_files_full_of_deletions(make):
+    """TTL through compaction on this binding: expired values are deleted, and the
+    database's options carry RocksDB's compact-on-deletion collector, so files that
+    fill with those tombstones are compacted (RocksDB records its options in the
+    database directory)."""
+    b = make("disk", Clock())
+    options = "".join(open(f).read() for f in glob.glob(os.path.join(b.path, "OPTIONS-*")))
+    assert "CompactOnDeletionCollector" in options
 
 
 # -- the vectorized path -----------------------------------------------------------------------
