@@ -55,12 +55,13 @@ last renewal for value, reducing and aggregating state; for a list state
 every element or entry expires on its own, the oldest of their timestamps. So
 whether anything of a value has expired is one look at its first 8 bytes. A
 read hides and deletes what has expired; every access also checks the next
-``cleanup_per_access`` stored values of the state (a cursor per state through
-its key range of each key group in turn, wrapping around, one RocksDB iterator
-per access; the batch reads and writes of keyed reduce, ``values_of`` and
-``update_all``, count as one access and check their batch's headers with
-numpy) and deletes or rewrites the expired ones; full snapshots and
-savepoints leave expired values out (as of their synchronous part).
+``cleanup_per_access`` stored values of the state and deletes or rewrites the
+expired ones (a cursor per state through its key range of each key group in
+turn, wrapping around; it runs every 16 accesses for their share, as creating
+a RocksDB iterator costs more than checking a few values; the batch reads and
+writes of keyed reduce, ``values_of`` and ``update_all``, count as one access
+and check their batch's headers with numpy); full snapshots and savepoints
+leave expired values out (as of their synchronous part).
 
 Flink drops expired values while RocksDB compacts, through a C++ compaction
 filter (``FlinkCompactionFilter``); ``rocksdict`` has none. Here TTL goes
@@ -150,7 +151,8 @@ _U32 = struct.Struct(">I")
 _PREFIX_LEN = struct.Struct(">HHI")  # key group, state id, key length
 _MAX_KEY_GROUPS = 1 << 15  # key group + 1 must fit the uint16 prefix (upper scan bound)
 _TS = struct.Struct(">q")  # the TTL timestamp before every value of a state with a TTL
-_NO_TS = _TS.pack((1 << 63) - 1)  # what values_of reads for an unset key: never expired
+_NEVER = (1 << 63) - 1
+_NO_TS = _TS.pack(_NEVER)  # the header values_of reads for an unset key: never expired
 _MISSING: Any = object()
 
 _VALUE, _LIST, _MAP, _REDUCING, _AGGREGATING = "value", "list", "map", "reducing", "aggregating"
@@ -624,14 +626,18 @@ class DiskAggregatingState(_DiskMergingState):
 
 # ---------------------------------------------------------------------------
 # State with a time-to-live (see raystream.checkpoint.ttl): the heap backend's
-# semantics over the stored layout described at _ttl_base
+# semantics over the layout described above _ttl_base
 # ---------------------------------------------------------------------------
+
+_CLEANUP_EVERY = 16  # accesses per incremental cleanup run (one RocksDB iterator each)
+
 
 class _TtlCleanup:
     """A state's TTL and the position of its incremental cleanup: the next stored key
-    to check (``seek``) in the state's range of key group ``kg``."""
+    to check (``seek``) in the state's range of key group ``kg``, and how many
+    accesses since the cleanup last ran (``accesses``)."""
 
-    __slots__ = ("cfg", "base", "sid", "kg", "seek")
+    __slots__ = ("cfg", "base", "sid", "kg", "seek", "accesses")
 
     def __init__(self, cfg: StateTtlConfig, base: str, sid: bytes, kg: int) -> None:
         self.cfg = cfg
@@ -639,6 +645,7 @@ class _TtlCleanup:
         self.sid = sid
         self.kg = kg
         self.seek = _U16.pack(kg) + sid
+        self.accesses = 0
 
 
 class _DiskTtlState:
@@ -728,7 +735,7 @@ class DiskTtlValueState(_DiskTtlSingle, DiskValueState):
         expired = ts <= now - cfg.ttl_ms  # never an unset key (_NO_TS)
         if expired.any():
             b._delete_all([keys[i] for i in np.flatnonzero(expired).tolist()])
-        shown = ts != _TS.unpack(_NO_TS)[0]
+        shown = ts != _NEVER
         if not cfg.return_expired:
             shown &= ~expired
         if cfg.renew_on_read:
@@ -1243,12 +1250,19 @@ class DiskKeyedStateBackend:
 
     def _cleanup_step(self, t: _TtlCleanup, now: int) -> None:
         """The incremental TTL cleanup (Flink's, which its RocksDB backend lacks): check
-        the next ``cleanup_per_access`` stored values of ``t``'s state, in key order
+        ``cleanup_per_access`` stored values of ``t``'s state per access, in key order
         through its range of each key group in turn, wrapping around (a key group
-        moved past counts as one), deleting what has expired; one iterator per step."""
+        moved past counts as one), deleting what has expired. It runs every
+        ``_CLEANUP_EVERY`` accesses for that many accesses' worth: a RocksDB iterator
+        costs several microseconds to create, more than checking a few values."""
         n = t.cfg.cleanup_per_access
         if not n:
             return
+        t.accesses += 1
+        if t.accesses < _CLEANUP_EVERY:
+            return
+        n *= t.accesses
+        t.accesses = 0
         base, ttl_ms, sid = t.base, t.cfg.ttl_ms, t.sid
         prefix = _U16.pack(t.kg) + sid
         it = self._db.iter()

@@ -529,7 +529,7 @@ def test_an_incremental_checkpoint_holds_expired_values_a_restore_hides(tmp_path
         lv = later.value_state("v", ttl=rs.StateTtlConfig(TTL, cleanup_per_access=5))
         later.set_current_key(50)
         assert lv.value() == 50
-        for _ in range(40):  # the cleanup reaches the expired keys no one reads
+        for _ in range(100):  # the cleanup reaches the expired keys no one reads
             lv.value()
         assert sorted(later.keys("v")) == list(range(50, 100))
     finally:
