@@ -68,9 +68,10 @@ filter (``FlinkCompactionFilter``); ``rocksdict`` has none. Here TTL goes
 through compaction the other way round: expired values are deleted by the
 reads and the cleanup above, and the database is opened with a
 compact-on-deletion collector, so SST files that fill with those tombstones
-are compacted and the space is reclaimed. An incremental checkpoint uploads SST files as they are, so it may
-hold values that had expired but were not deleted yet: a restored job hides
-them on read (their timestamps came with them) and the cleanup deletes them.
+are compacted and the space is reclaimed. An incremental checkpoint uploads
+SST files as they are, so it may hold values that had expired but were not
+deleted yet: a restored job hides them on read (their timestamps came with
+them) and the cleanup deletes them.
 
 In a snapshot's directory the kind of a state with a TTL carries the heap
 backend's ``+ttl`` suffix (``"value+ttl"``...), so a restore declaring the
