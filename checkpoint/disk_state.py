@@ -44,6 +44,41 @@ Semantics differ from the heap backend in one way, as in Flink: a value read
 from state is a copy, so mutating it in place changes nothing until it is
 written back (``update``, ``put``, ``add``).
 
+State TTL
+---------
+A state created with ``ttl=StateTtlConfig(...)`` (:mod:`raystream.checkpoint.ttl`)
+behaves exactly as on the heap backend, with the same injectable clock
+(``ttl_time_provider``). Its stored values start with a fixed 8-byte header, a
+big-endian int64 timestamp in ms, before the MessagePack bytes: the time of the
+last renewal for value, reducing and aggregating state; for a list state
+(``[[element, ts], ...]``) and a map state (``{user key: [value, ts]}``), where
+every element or entry expires on its own, the oldest of their timestamps. So
+whether anything of a value has expired is one look at its first 8 bytes. A
+read hides and deletes what has expired; every access also checks the next
+``cleanup_per_access`` stored values of the state and deletes or rewrites the
+expired ones (a cursor per state through its key range of each key group in
+turn, wrapping around; it runs every 16 accesses for their share, as creating
+a RocksDB iterator costs more than checking a few values; the batch reads and
+writes of keyed reduce, ``values_of`` and ``update_all``, count as one access
+and check their batch's headers with numpy); full snapshots and savepoints
+leave expired values out (as of their synchronous part).
+
+Flink drops expired values while RocksDB compacts, through a C++ compaction
+filter (``FlinkCompactionFilter``); ``rocksdict`` has none. Here TTL goes
+through compaction the other way round: expired values are deleted by the
+reads and the cleanup above, and the database is opened with a
+compact-on-deletion collector, so SST files that fill with those tombstones
+are compacted and the space is reclaimed. An incremental checkpoint uploads
+SST files as they are, so it may hold values that had expired but were not
+deleted yet: a restored job hides them on read (their timestamps came with
+them) and the cleanup deletes them.
+
+In a snapshot's directory the kind of a state with a TTL carries the heap
+backend's ``+ttl`` suffix (``"value+ttl"``...), so a restore declaring the
+state without a TTL (or a state without one with a TTL) is refused, as in
+Flink, and a section moves between backends with its timestamps: the heap
+backend stores ``(value, ts)`` (per element, per entry) and converts.
+
 Snapshots
 ---------
 :meth:`DiskKeyedStateBackend.snapshot` is the synchronous part of a checkpoint:
@@ -62,9 +97,11 @@ parallelism). A savepoint is always full, in the section format below.
 Section format: the envelope of :mod:`raystream.checkpoint.envelope` (magic
 ``b"RSKD"``, format version, key-group hash version, max_parallelism, key
 group); a big-endian ``uint32`` length and a MessagePack directory
-``[[state id, name, kind], ...]``; then entries ``state id (uint16) | len
-(uint32) | key suffix | len (uint32) | value``, the suffix and value exactly as
-stored (no re-serialization).
+``[[state id, name, kind], ...]`` (kind ``"+ttl"``-suffixed for a state with a
+TTL); then entries ``state id (uint16) | len (uint32) | key suffix | len
+(uint32) | value``, the suffix and value exactly as stored (no
+re-serialization; only a TTL list or map with expired parts is rewritten
+without them).
 Either backend restores the other's sections, so a job switches backends by
 restoring a savepoint with the other ``state_backend``.
 
@@ -104,6 +141,8 @@ import numpy as np
 from raystream.checkpoint.disk_incremental import IncrementalSnapshot, RestoredDb, UploadTracker
 from raystream.checkpoint.envelope import KEYED_STATE, Envelope, SectionKind, is_keyed_state, read
 from raystream.checkpoint.keygroups import check_key_group_range, key_group_of
+from raystream.checkpoint.ttl import (TTL_KIND_SUFFIX, StateTtlConfig, TtlTimeProvider,
+                                      check_state_kind, ttl_kind, wall_clock_ms)
 
 __all__ = ["DiskKeyedStateBackend", "DiskStateOptions", "DiskStateSnapshot", "section_entries"]
 
@@ -112,6 +151,10 @@ _PREFIX = struct.Struct(">HH")  # key group, state id
 _U32 = struct.Struct(">I")
 _PREFIX_LEN = struct.Struct(">HHI")  # key group, state id, key length
 _MAX_KEY_GROUPS = 1 << 15  # key group + 1 must fit the uint16 prefix (upper scan bound)
+_TS = struct.Struct(">q")  # the TTL timestamp before every value of a state with a TTL
+_NEVER = (1 << 63) - 1
+_NO_TS = _TS.pack(_NEVER)  # the header values_of reads for an unset key: never expired
+_MISSING: Any = object()
 
 _VALUE, _LIST, _MAP, _REDUCING, _AGGREGATING = "value", "list", "map", "reducing", "aggregating"
 
@@ -174,6 +217,65 @@ def encode_key(key: Any) -> bytes:
     if t is int or t is str or t is bytes or t is float:  # the common keys: nothing to convert
         return _pack(key)
     return _pack(_canonical_key(key))
+
+
+# ---------------------------------------------------------------------------
+# Values of states with a TTL: an 8-byte timestamp, then the MessagePack bytes
+# ---------------------------------------------------------------------------
+# value, reducing, aggregating: ts | value, ts the processing time of the last renewal
+# list: min ts | [[element, ts], ...]   (every element expires on its own)
+# map:  min ts | {user key: [value, ts]} (every entry expires on its own)
+# So whether anything of a stored value has expired is one look at its first 8 bytes
+# (snapshots and the cleanup unpack only values with something expired), and a read
+# that renews a single value rewrites its header only.
+
+def _ttl_base(kind: str) -> str | None:
+    """The plain kind of a stored kind with a TTL, None for a state without one."""
+    return kind[:-len(TTL_KIND_SUFFIX)] if kind.endswith(TTL_KIND_SUFFIX) else None
+
+
+def _encode_list(entries: list) -> bytes:
+    """A TTL list state's stored value from ``[[element, ts], ...]`` (not empty)."""
+    return _TS.pack(min(e[1] for e in entries)) + _pack(entries)
+
+
+def _encode_map(entries: dict) -> bytes:
+    """A TTL map state's stored value from ``{user key: [value, ts]}`` (not empty)."""
+    return _TS.pack(min(e[1] for e in entries.values())) + _pack(entries)
+
+
+def _unexpired(base: str, raw: bytes, ttl_ms: int, now: int) -> bytes | None:
+    """``raw`` (a stored value of a TTL state of kind ``base``) without what has expired
+    at ``now``: ``raw`` itself when nothing has, None when everything has."""
+    cut = now - ttl_ms  # expired: ts <= cut (ts + ttl_ms <= now)
+    if _TS.unpack_from(raw)[0] > cut:
+        return raw
+    if base == _LIST:
+        live = [e for e in _unpack(raw[8:]) if e[1] > cut]
+        return _encode_list(live) if live else None
+    if base == _MAP:
+        kept = {k: e for k, e in _unpack(raw[8:]).items() if e[1] > cut}
+        return _encode_map(kept) if kept else None
+    return None
+
+
+def _from_heap(base: str, value: Any) -> bytes:
+    """The stored value of a heap TTL state's value (``(value, ts)``, ``[(element,
+    ts), ...]`` or ``{user key: (value, ts)}``)."""
+    if base == _LIST:
+        return _encode_list([[e, ts] for e, ts in value])
+    if base == _MAP:
+        return _encode_map({k: [v, ts] for k, (v, ts) in value.items()})
+    return _TS.pack(value[1]) + _pack(value[0])
+
+
+def _to_heap(base: str, raw: bytes) -> Any:
+    """The heap backend's value of a stored value of a TTL state (see :func:`_from_heap`)."""
+    if base == _LIST:
+        return [(e, ts) for e, ts in _unpack(raw[8:])]
+    if base == _MAP:
+        return {k: (v, ts) for k, (v, ts) in _unpack(raw[8:]).items()}
+    return _unpack(raw[8:]), _TS.unpack_from(raw)[0]
 
 
 # ---------------------------------------------------------------------------
@@ -261,6 +363,10 @@ def _open_db(path: str, options: DiskStateOptions):
     opts.set_max_write_buffer_number(2)
     opts.set_db_write_buffer_size(options.write_buffer_bytes * 2)
     opts.set_max_background_jobs(2)
+    # TTL through compaction: deleting expired entries leaves tombstones; an SST with
+    # many (64 in any 128 consecutive entries, or half of it) is compacted, so the
+    # space is reclaimed (rocksdict has no compaction filter to drop expired values)
+    opts.add_compact_on_deletion_collector_factory(128, 64, 0.5)
     db = rocksdict.Rdict(path, opts)
     # State is recovered from checkpoints, never from the local database: no WAL.
     write = rocksdict.WriteOptions()
@@ -352,6 +458,10 @@ class DiskValueState(_DiskState):
     # -- vectorized access (keyed reduce over a batch) -------------------------
     def values_of(self, keys_and_groups: Iterable[tuple[Any, int]]) -> list[Any]:
         """The values of many keys (None where unset), with one multi-get."""
+        raws = self._b._multi_get(self._entry_keys(keys_and_groups))
+        return [None if raw is None else _unpack(raw) for raw in raws]
+
+    def _entry_keys(self, keys_and_groups: Iterable[tuple[Any, int]]) -> list[bytes]:
         b = self._b
         pairs = list(keys_and_groups)
         groups = b.key_groups
@@ -359,8 +469,7 @@ class DiskValueState(_DiskState):
             if g not in groups:
                 raise ValueError(f"key {k!r} is in key group {g}, outside this backend's key "
                                  f"groups {groups.start}..{groups.stop - 1}")
-        raws = b._multi_get([b._entry_key(self._sid, k, g) for k, g in pairs])
-        return [None if raw is None else _unpack(raw) for raw in raws]
+        return [b._entry_key(self._sid, k, g) for k, g in pairs]
 
     def update_all(self, items: Iterable[tuple[tuple[Any, int], Any]]) -> None:
         """Set the values of many ``(key, key group)`` at once, in one write batch."""
@@ -517,6 +626,320 @@ class DiskAggregatingState(_DiskMergingState):
 
 
 # ---------------------------------------------------------------------------
+# State with a time-to-live (see raystream.checkpoint.ttl): the heap backend's
+# semantics over the layout described above _ttl_base
+# ---------------------------------------------------------------------------
+
+_CLEANUP_EVERY = 16  # accesses per incremental cleanup run (one RocksDB iterator each)
+
+
+class _TtlCleanup:
+    """A state's TTL and the position of its incremental cleanup: the next stored key
+    to check (``seek``) in the state's range of key group ``kg``, and how many
+    accesses since the cleanup last ran (``accesses``)."""
+
+    __slots__ = ("cfg", "base", "sid", "kg", "seek", "accesses")
+
+    def __init__(self, cfg: StateTtlConfig, base: str, sid: bytes, kg: int) -> None:
+        self.cfg = cfg
+        self.base = base
+        self.sid = sid
+        self.kg = kg
+        self.seek = _U16.pack(kg) + sid
+        self.accesses = 0
+
+
+class _DiskTtlState:
+    """Mixin of the TTL handles: the clock, the cleanup step, no namespace merging."""
+
+    __slots__ = ()
+    _b: "DiskKeyedStateBackend"
+    _t: _TtlCleanup
+    _name: str
+    _key: Callable[[], bytes]  # the state class's
+
+    def _tick(self) -> int:
+        """The current processing time, after one incremental cleanup step over this state."""
+        b = self._b
+        if b._kg_bytes is None:
+            raise _no_current_key()
+        now = b._ttl_now()
+        b._cleanup_step(self._t, now)
+        return now
+
+    def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:
+        raise NotImplementedError(f"state {self._name!r}: namespaces of a state with a TTL "
+                                  f"cannot be merged (window state has no TTL)")
+
+
+class _DiskTtlSingle(_DiskTtlState):
+    """Value, reducing and aggregating state: ``ts | value`` per key and namespace."""
+
+    __slots__ = ()
+
+    def _live(self, now: int) -> Any:
+        """The current value (``_MISSING`` if unset or expired and hidden); deletes an
+        expired one, renews a live one when reads renew."""
+        b, key, cfg = self._b, self._key(), self._t.cfg
+        raw = b._get(key)
+        if raw is None:
+            return _MISSING
+        if _TS.unpack_from(raw)[0] <= now - cfg.ttl_ms:
+            del b._db[key]
+            return _unpack(raw[8:]) if cfg.return_expired else _MISSING
+        if cfg.renew_on_read:
+            b._db[key] = _TS.pack(now) + raw[8:]
+        return _unpack(raw[8:])
+
+    def _live_for_write(self, now: int) -> Any:
+        """The unexpired value to combine a write with (an expired one counts as unset)."""
+        raw = self._b._get(self._key())
+        if raw is None or _TS.unpack_from(raw)[0] <= now - self._t.cfg.ttl_ms:
+            return _MISSING
+        return _unpack(raw[8:])
+
+    def _write(self, value: Any, now: int) -> None:
+        self._b._db[self._key()] = _TS.pack(now) + _pack(value)
+
+
+class DiskTtlValueState(_DiskTtlSingle, DiskValueState):
+    """A :class:`DiskValueState` with a TTL."""
+
+    __slots__ = ("_t",)
+
+    def __init__(self, backend: "DiskKeyedStateBackend", sid: bytes, name: str, default: Any,
+                 ttl: _TtlCleanup) -> None:
+        super().__init__(backend, sid, name, default)
+        self._t = ttl
+
+    def value(self) -> Any:
+        v = self._live(self._tick())
+        if v is _MISSING:
+            d = self._default
+            return _unpack(_pack(d)) if type(d) in (list, dict, set, bytearray) else d
+        return v
+
+    def update(self, value: Any) -> None:
+        self._write(value, self._tick())
+
+    # -- vectorized access: one cleanup step per call, the batch checked with numpy ----
+    def values_of(self, keys_and_groups: Iterable[tuple[Any, int]]) -> list[Any]:
+        """The values of many keys (None where unset or expired and hidden), with one
+        multi-get; expired values are deleted (and renewed ones rewritten) in one batch."""
+        b, cfg = self._b, self._t.cfg
+        now = b._ttl_now()
+        b._cleanup_step(self._t, now)
+        keys = self._entry_keys(keys_and_groups)
+        raws = b._multi_get(keys)
+        ts = np.frombuffer(b"".join([_NO_TS if r is None else r[:8] for r in raws]),
+                           dtype=">i8")
+        expired = ts <= now - cfg.ttl_ms  # never an unset key (_NO_TS)
+        if expired.any():
+            b._delete_all([keys[i] for i in np.flatnonzero(expired).tolist()])
+        shown = ts != _NEVER
+        if not cfg.return_expired:
+            shown &= ~expired
+        if cfg.renew_on_read:
+            head = _TS.pack(now)
+            b._write([(keys[i], head + raws[i][8:])  # type: ignore[index]
+                      for i in np.flatnonzero(shown & ~expired).tolist()])
+        return [_unpack(r[8:]) if show else None  # type: ignore[index]
+                for r, show in zip(raws, shown.tolist())]
+
+    def update_all(self, items: Iterable[tuple[tuple[Any, int], Any]]) -> None:
+        """Set the values of many ``(key, key group)`` at once, in one write batch."""
+        b = self._b
+        now = b._ttl_now()
+        b._cleanup_step(self._t, now)
+        head = _TS.pack(now)
+        b._write([(b._entry_key(self._sid, k, g), head + _pack(v)) for (k, g), v in items])
+
+
+class DiskTtlReducingState(_DiskTtlSingle, DiskReducingState):
+    """A :class:`DiskReducingState` with a TTL: an expired value counts as unset."""
+
+    __slots__ = ("_t",)
+
+    def __init__(self, backend: "DiskKeyedStateBackend", sid: bytes, name: str,
+                 reduce: Callable[[Any, Any], Any], ttl: _TtlCleanup) -> None:
+        super().__init__(backend, sid, name, reduce)
+        self._t = ttl
+
+    def get(self) -> Any:
+        v = self._live(self._tick())
+        return None if v is _MISSING else v
+
+    def add(self, value: Any) -> None:
+        now = self._tick()
+        cur = self._live_for_write(now)
+        self._write(value if cur is _MISSING else self._reduce(cur, value), now)
+
+
+class DiskTtlAggregatingState(_DiskTtlSingle, DiskAggregatingState):
+    """A :class:`DiskAggregatingState` with a TTL: an expired accumulator counts as unset."""
+
+    __slots__ = ("_t",)
+
+    def __init__(self, backend: "DiskKeyedStateBackend", sid: bytes, name: str,
+                 aggregate: Any, ttl: _TtlCleanup) -> None:
+        super().__init__(backend, sid, name, aggregate)
+        self._t = ttl
+
+    def get(self) -> Any:
+        acc = self._live(self._tick())
+        return None if acc is _MISSING else self._agg.get_result(acc)
+
+    def add(self, value: Any) -> None:
+        now = self._tick()
+        acc = self._live_for_write(now)
+        if acc is _MISSING:
+            acc = self._agg.create_accumulator()
+        self._write(self._agg.add(value, acc), now)
+
+
+class DiskTtlListState(_DiskTtlState, DiskListState):
+    """A :class:`DiskListState` with a TTL: ``min ts | [[element, ts], ...]``, every
+    element expires on its own."""
+
+    __slots__ = ("_t",)
+
+    def __init__(self, backend: "DiskKeyedStateBackend", sid: bytes, name: str,
+                 ttl: _TtlCleanup) -> None:
+        super().__init__(backend, sid, name)
+        self._t = ttl
+
+    def _store(self, entries: list) -> None:
+        if entries:
+            self._b._db[self._key()] = _encode_list(entries)
+        else:
+            self.clear()
+
+    def get(self) -> list:
+        now = self._tick()
+        cfg = self._t.cfg
+        raw = self._b._get(self._key())
+        if raw is None:
+            return []
+        stored = _unpack(raw[8:])
+        cut = now - cfg.ttl_ms
+        live = stored if _TS.unpack_from(raw)[0] > cut else [e for e in stored if e[1] > cut]
+        out = [e[0] for e in (stored if cfg.return_expired else live)]
+        if cfg.renew_on_read:
+            self._store([[e[0], now] for e in live])
+        elif len(live) != len(stored):
+            self._store(live)
+        return out
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        now = self._tick()
+        entries = [[v, now] for v in values]
+        if not entries:
+            return
+        raw = self._b._get(self._key())
+        if raw is not None:  # expired elements stay until a read or the cleanup
+            entries = _unpack(raw[8:]) + entries
+        self._store(entries)
+
+    def update(self, values: Iterable[Any]) -> None:
+        now = self._tick()
+        self._store([[v, now] for v in values])
+
+
+class DiskTtlMapState(_DiskTtlState, DiskMapState):
+    """A :class:`DiskMapState` with a TTL: ``min ts | {user key: [value, ts]}``, every
+    entry expires on its own."""
+
+    __slots__ = ("_t",)
+
+    def __init__(self, backend: "DiskKeyedStateBackend", sid: bytes, name: str,
+                 ttl: _TtlCleanup) -> None:
+        super().__init__(backend, sid, name)
+        self._t = ttl
+
+    def _stored(self) -> dict:
+        raw = self._b._get(self._key())
+        return {} if raw is None else _unpack(raw[8:])
+
+    def _store(self, entries: dict) -> None:
+        if entries:
+            self._b._db[self._key()] = _encode_map(entries)
+        else:
+            self.clear()
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        now = self._tick()
+        cfg = self._t.cfg
+        d = self._stored()
+        e = d.get(key, _MISSING)
+        if e is _MISSING:
+            return default
+        if e[1] <= now - cfg.ttl_ms:
+            del d[key]
+            self._store(d)
+            return e[0] if cfg.return_expired else default
+        if cfg.renew_on_read:
+            d[key] = [e[0], now]
+            self._store(d)
+        return e[0]
+
+    def put(self, key: Any, value: Any) -> None:
+        self.put_all({key: value})
+
+    def put_all(self, mapping: Mapping[Any, Any]) -> None:
+        now = self._tick()
+        entries = {k: [v, now] for k, v in dict(mapping).items()}
+        if entries:
+            d = self._stored()
+            d.update(entries)
+            self._store(d)
+
+    def remove(self, key: Any) -> None:
+        self._tick()
+        d = self._stored()
+        if key in d:
+            del d[key]
+            self._store(d)
+
+    def contains(self, key: Any) -> bool:
+        return self.get(key, _MISSING) is not _MISSING
+
+    def _entries(self) -> list[tuple[Any, Any]]:
+        """``(user key, value)`` of the entries a read sees; deletes expired ones and
+        renews the others when reads renew."""
+        now = self._tick()
+        cfg = self._t.cfg
+        d = self._stored()
+        cut = now - cfg.ttl_ms
+        out, changed = [], False
+        for k, e in list(d.items()):
+            if e[1] <= cut:
+                del d[k]
+                changed = True
+                if cfg.return_expired:
+                    out.append((k, e[0]))
+            else:
+                if cfg.renew_on_read:
+                    d[k] = [e[0], now]
+                    changed = True
+                out.append((k, e[0]))
+        if changed:
+            self._store(d)
+        return out
+
+    def keys(self) -> list:
+        return [k for k, _ in self._entries()]
+
+    def values(self) -> list:
+        return [v for _, v in self._entries()]
+
+    def items(self) -> list:
+        return self._entries()
+
+    def is_empty(self) -> bool:
+        return not self._entries()
+
+
+# ---------------------------------------------------------------------------
 # Snapshots
 # ---------------------------------------------------------------------------
 
@@ -533,8 +956,12 @@ class DiskStateSnapshot:
     without running."""
 
     def __init__(self, backend: "DiskKeyedStateBackend", entries: Iterator[tuple[bytes, bytes]],
-                 read_options: Any, directory: list[list]) -> None:
+                 read_options: Any, directory: list[list],
+                 expiry: dict[bytes, tuple[str, int, int]] | None = None) -> None:
         self._entries: Iterator[tuple[bytes, bytes]] | None = entries
+        # state id -> (plain kind, ttl_ms, now) of the states with a TTL: what has
+        # expired at the synchronous part is left out
+        self._expiry = expiry or {}
         self._read_options = read_options  # must outlive the iterator (its bounds)
         self._directory = _pack(directory)  # packed here, on the processing thread
         self._max_parallelism = backend.max_parallelism
@@ -567,9 +994,17 @@ class DiskStateSnapshot:
                                  key_group=kg).pack(),
                 _U32.pack(len(directory)), directory, *parts])
 
+        expiry = self._expiry
         try:
             append = parts.append
             for k, v in entries:  # in key order: key group by key group
+                if expiry:
+                    ttl = expiry.get(k[2:4])
+                    if ttl is not None:
+                        live = _unexpired(ttl[0], v, ttl[1], ttl[2])
+                        if live is None:
+                            continue
+                        v = live
                 group = k[:2]
                 if group != current:
                     if parts:
@@ -618,14 +1053,17 @@ def _parse_body(kg: int, body: memoryview
 
 def section_entries(kg: int, body: memoryview) -> Iterator[tuple[str, str, Any, Any, Any]]:
     """``(state name, kind, key, namespace, value)`` of every entry of a disk section's
-    body (after its envelope, which the caller checked), deserialized: how the heap
+    body (after its envelope, which the caller checked), deserialized (a value of a
+    state with a TTL as the heap backend stores it, with its timestamps): how the heap
     backend restores a disk backend's savepoint."""
     directory, entries = _parse_body(kg, body)
     for sid, suffix, value in entries:
         name, kind = directory[sid]
         (n,) = _U32.unpack_from(suffix, 0)
         ns = suffix[4 + n:]
-        yield name, kind, _unpack(suffix[4:4 + n]), (_unpack(ns) if ns else None), _unpack(value)
+        base = _ttl_base(kind)
+        yield (name, kind, _unpack(suffix[4:4 + n]), (_unpack(ns) if ns else None),
+               _unpack(value) if base is None else _to_heap(base, value))
 
 
 # ---------------------------------------------------------------------------
@@ -650,7 +1088,8 @@ class DiskKeyedStateBackend:
     """
 
     def __init__(self, *, max_parallelism: int, key_groups: range,
-                 options: DiskStateOptions | None = None) -> None:
+                 options: DiskStateOptions | None = None,
+                 ttl_time_provider: TtlTimeProvider = wall_clock_ms) -> None:
         check_key_group_range(key_groups, max_parallelism)
         if max_parallelism > _MAX_KEY_GROUPS:
             raise ValueError(f"disk state backend: max_parallelism must be <= {_MAX_KEY_GROUPS}, "
@@ -665,6 +1104,8 @@ class DiskKeyedStateBackend:
         self._db = _open_db(self.path, self.options)
         self._finalizer = weakref.finalize(self, _dispose, self._db, self.path)
         self._states: dict[str, tuple[bytes, str]] = {}  # name -> (state id bytes, kind)
+        self._ttl_now = ttl_time_provider  # the processing-time clock of state TTLs
+        self._ttls: dict[str, _TtlCleanup] = {}  # states declared with a TTL
         self._restored: set[int] = set()
         self._uploads = UploadTracker()  # incremental checkpoints: what is uploaded already
         self._key: Any = None
@@ -703,6 +1144,14 @@ class DiskKeyedStateBackend:
         batch = rocksdict.WriteBatch(raw_mode=True)
         for k, v in pairs:
             batch.put(k, v)
+        self._db.write(batch)
+
+    def _delete_all(self, keys: list[bytes]) -> None:
+        import rocksdict
+
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        for k in keys:
+            batch.delete(k)
         self._db.write(batch)
 
     def _entry_key(self, sid: bytes, key: Any, key_group: int, namespace: Any = None) -> bytes:
@@ -753,39 +1202,88 @@ class DiskKeyedStateBackend:
             if len(self._states) >= 1 << 16:
                 raise ValueError("disk state backend: more than 65536 state names")
             entry = self._states[name] = (_U16.pack(len(self._states)), kind)
-        elif entry[1] != kind:
-            raise ValueError(f"state {name!r} is {entry[1]} state, not {kind} state")
+        else:
+            check_state_kind(name, entry[1], kind)
         return entry[0]
 
-    @staticmethod
-    def _no_ttl(name: str, ttl: Any) -> None:
-        if ttl is not None:
-            raise ValueError(
-                f"state {name!r} has a TTL ({ttl}), which the disk state backend does not "
-                f"support yet: run this job with CheckpointConfig(state_backend='heap'), or "
-                f"create the state without ttl=")
+    def _declare(self, name: str, kind: str, ttl: StateTtlConfig | None
+                 ) -> tuple[bytes, _TtlCleanup | None]:
+        """The state id of ``name`` and, for a state with a TTL, its cleanup record."""
+        sid = self._sid(name, ttl_kind(kind, name, ttl))
+        if ttl is None:
+            return sid, None
+        t = self._ttls.get(name)
+        if t is None:
+            t = self._ttls[name] = _TtlCleanup(ttl, kind, sid, self.key_groups.start)
+        elif t.cfg != ttl:
+            raise ValueError(f"state {name!r} is declared with two TTLs: {t.cfg} and {ttl}")
+        return sid, t
 
-    def value_state(self, name: str, default: Any = None, *, ttl: Any = None) -> DiskValueState:
-        self._no_ttl(name, ttl)
-        return DiskValueState(self, self._sid(name, _VALUE), name, default)
+    def value_state(self, name: str, default: Any = None, *,
+                    ttl: StateTtlConfig | None = None) -> DiskValueState:
+        """``ttl``: expire values (see :class:`~raystream.StateTtlConfig`); likewise below."""
+        sid, t = self._declare(name, _VALUE, ttl)
+        if t is None:
+            return DiskValueState(self, sid, name, default)
+        return DiskTtlValueState(self, sid, name, default, t)
 
-    def list_state(self, name: str, *, ttl: Any = None) -> DiskListState:
-        self._no_ttl(name, ttl)
-        return DiskListState(self, self._sid(name, _LIST), name)
+    def list_state(self, name: str, *, ttl: StateTtlConfig | None = None) -> DiskListState:
+        sid, t = self._declare(name, _LIST, ttl)
+        return DiskListState(self, sid, name) if t is None else DiskTtlListState(self, sid, name, t)
 
-    def map_state(self, name: str, *, ttl: Any = None) -> DiskMapState:
-        self._no_ttl(name, ttl)
-        return DiskMapState(self, self._sid(name, _MAP), name)
+    def map_state(self, name: str, *, ttl: StateTtlConfig | None = None) -> DiskMapState:
+        sid, t = self._declare(name, _MAP, ttl)
+        return DiskMapState(self, sid, name) if t is None else DiskTtlMapState(self, sid, name, t)
 
     def reducing_state(self, name: str, reduce: Callable[[Any, Any], Any], *,
-                       ttl: Any = None) -> DiskReducingState:
-        self._no_ttl(name, ttl)
-        return DiskReducingState(self, self._sid(name, _REDUCING), name, reduce)
+                       ttl: StateTtlConfig | None = None) -> DiskReducingState:
+        sid, t = self._declare(name, _REDUCING, ttl)
+        if t is None:
+            return DiskReducingState(self, sid, name, reduce)
+        return DiskTtlReducingState(self, sid, name, reduce, t)
 
     def aggregating_state(self, name: str, aggregate: Any, *,
-                          ttl: Any = None) -> DiskAggregatingState:
-        self._no_ttl(name, ttl)
-        return DiskAggregatingState(self, self._sid(name, _AGGREGATING), name, aggregate)
+                          ttl: StateTtlConfig | None = None) -> DiskAggregatingState:
+        sid, t = self._declare(name, _AGGREGATING, ttl)
+        if t is None:
+            return DiskAggregatingState(self, sid, name, aggregate)
+        return DiskTtlAggregatingState(self, sid, name, aggregate, t)
+
+    def _cleanup_step(self, t: _TtlCleanup, now: int) -> None:
+        """The incremental TTL cleanup (Flink's, which its RocksDB backend lacks): check
+        ``cleanup_per_access`` stored values of ``t``'s state per access, in key order
+        through its range of each key group in turn, wrapping around (a key group
+        moved past counts as one), deleting what has expired. It runs every
+        ``_CLEANUP_EVERY`` accesses for that many accesses' worth: a RocksDB iterator
+        costs several microseconds to create, more than checking a few values."""
+        n = t.cfg.cleanup_per_access
+        if not n:
+            return
+        t.accesses += 1
+        if t.accesses < _CLEANUP_EVERY:
+            return
+        n *= t.accesses
+        t.accesses = 0
+        base, ttl_ms, sid = t.base, t.cfg.ttl_ms, t.sid
+        prefix = _U16.pack(t.kg) + sid
+        it = self._db.iter()
+        it.seek(t.seek)
+        for _ in range(n):
+            k = it.key() if it.valid() else None
+            if k is None or k[:4] != prefix:  # past the state's range in this key group
+                kg = t.kg + 1
+                t.kg = self.key_groups.start if kg >= self.key_groups.stop else kg
+                prefix = t.seek = _U16.pack(t.kg) + sid
+                it.seek(prefix)
+                continue
+            v = it.value()
+            live = _unexpired(base, v, ttl_ms, now)
+            if live is None:
+                del self._db[k]
+            elif live is not v:
+                self._db[k] = live
+            t.seek = k + b"\x00"  # the next key after k
+            it.next()
 
     def state_names(self) -> list[str]:
         return list(self._states)
@@ -833,7 +1331,9 @@ class DiskKeyedStateBackend:
         # a raw-mode database's keys and values are bytes (rocksdict's stub types any)
         entries = cast(Iterator[tuple[bytes, bytes]],
                        self._db.items(from_key=_U16.pack(self.key_groups.start), read_opt=read))
-        full = DiskStateSnapshot(self, entries, read, directory)
+        now = self._ttl_now()  # expired values are left out, as of now (the synchronous part)
+        expiry = {t.sid: (t.base, t.cfg.ttl_ms, now) for t in self._ttls.values()}
+        full = DiskStateSnapshot(self, entries, read, directory, expiry)
         if not self.options.incremental:
             return full
         import rocksdict
@@ -969,11 +1469,13 @@ class DiskKeyedStateBackend:
         pairs = []
         for name, table in heap._tables.items():
             sid = self._sid(name, table.kind)
+            base = _ttl_base(table.kind)  # a state with a TTL: (value, timestamp)s
             for kk, value in table.kgs[0].m.items():
                 key, ns = (kk.key, kk.namespace) if type(kk) is _Namespaced else (kk, None)
                 kb = encode_key(key)
                 pairs.append((kgb + sid + _U32.pack(len(kb)) + kb
-                              + (b"" if ns is None else _pack(ns)), _pack(value)))
+                              + (b"" if ns is None else _pack(ns)),
+                              _pack(value) if base is None else _from_heap(base, value)))
         self._write(pairs)
 
     def __repr__(self) -> str:

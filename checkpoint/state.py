@@ -111,7 +111,9 @@ import numpy as np
 from raystream.checkpoint.disk_state import section_entries
 from raystream.checkpoint.envelope import KEYED_STATE, Envelope, SectionKind, is_keyed_state, read
 from raystream.checkpoint.keygroups import check_key_group_range, key_group_of
-from raystream.checkpoint.ttl import StateTtlConfig, TtlTimeProvider, wall_clock_ms
+from raystream.checkpoint.ttl import TTL_KIND_SUFFIX as _TTL_SUFFIX
+from raystream.checkpoint.ttl import (StateTtlConfig, TtlTimeProvider, check_state_kind,
+                                      ttl_kind, wall_clock_ms)
 
 __all__ = [
     "CHUNK_ENTRIES",
@@ -582,8 +584,6 @@ class AggregatingState(_MergingState):
 # entry of a map): the processing time of its last renewal. Its table kind is the
 # plain kind plus ``_TTL_SUFFIX``, so a checkpoint records that its values are wrapped.
 
-_TTL_SUFFIX = "+ttl"
-
 
 class _TtlState:
     """Mixin of the TTL handles: the clock, expiry and the incremental cleanup step."""
@@ -1031,23 +1031,12 @@ class HeapKeyedStateBackend:
 
     # -- state handles -------------------------------------------------------
     def _table(self, name: str, kind: str, ttl: StateTtlConfig | None = None) -> _StateTable:
-        if ttl is not None:
-            if not isinstance(ttl, StateTtlConfig):
-                raise TypeError(f"state {name!r}: ttl must be a rs.StateTtlConfig, "
-                                f"got {type(ttl).__name__}")
-            kind += _TTL_SUFFIX
+        kind = ttl_kind(kind, name, ttl)
         t = self._tables.get(name)
         if t is None:
             t = self._tables[name] = _StateTable(self, name, kind)
-        elif t.kind != kind:
-            had, has = t.kind.endswith(_TTL_SUFFIX), kind.endswith(_TTL_SUFFIX)
-            if had != has:  # Flink refuses this too: the stored values differ in shape
-                raise ValueError(
-                    f"state {name!r} has {'a' if had else 'no'} TTL (as declared before, or "
-                    f"as restored from a checkpoint) and is now declared "
-                    f"{'with' if has else 'without'} one: a state cannot gain or lose its "
-                    f"TTL (give it another name, or keep the ttl= it was created with)")
-            raise ValueError(f"state {name!r} is {t.kind} state, not {kind} state")
+        else:
+            check_state_kind(name, t.kind, kind)
         if ttl is not None:
             if t.ttl is not None and t.ttl != ttl:
                 raise ValueError(f"state {name!r} is declared with two TTLs: {t.ttl} and {ttl}")

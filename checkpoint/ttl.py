@@ -26,9 +26,14 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["StateTtlConfig", "TtlTimeProvider", "TtlUpdate", "TtlVisibility", "wall_clock_ms"]
+__all__ = ["TTL_KIND_SUFFIX", "StateTtlConfig", "TtlTimeProvider", "TtlUpdate", "TtlVisibility",
+           "check_state_kind", "ttl_kind", "wall_clock_ms"]
 
 TtlTimeProvider = Callable[[], int]  # processing time in ms since the epoch
+
+# The kind of a state with a TTL in a snapshot's directory, on either backend: the
+# plain kind plus this suffix, so a restore knows its values carry timestamps.
+TTL_KIND_SUFFIX = "+ttl"
 
 
 def wall_clock_ms() -> int:
@@ -101,3 +106,33 @@ class StateTtlConfig:
     @property
     def return_expired(self) -> bool:
         return self.visibility is TtlVisibility.RETURN_EXPIRED_IF_NOT_CLEANED_UP
+
+
+def ttl_kind(kind: str, name: str, ttl: "StateTtlConfig | None") -> str:
+    """The stored kind of state ``name`` of ``kind`` declared with ``ttl``.
+
+    >>> ttl_kind("list", "seen", StateTtlConfig(10)), ttl_kind("list", "seen", None)
+    ('list+ttl', 'list')
+    """
+    if ttl is None:
+        return kind
+    if not isinstance(ttl, StateTtlConfig):
+        raise TypeError(f"state {name!r}: ttl must be a rs.StateTtlConfig, "
+                        f"got {type(ttl).__name__}")
+    return kind + TTL_KIND_SUFFIX
+
+
+def check_state_kind(name: str, had: str, kind: str) -> None:
+    """Refuse to declare state ``name``, stored as ``had``, as ``kind`` (stored kinds,
+    see :func:`ttl_kind`) when they differ; a state that gains or loses its TTL is
+    refused as in Flink (its stored values differ in shape)."""
+    if had == kind:
+        return
+    was, now = had.endswith(TTL_KIND_SUFFIX), kind.endswith(TTL_KIND_SUFFIX)
+    if was != now:
+        raise ValueError(
+            f"state {name!r} has {'a' if was else 'no'} TTL (as declared before, or "
+            f"as restored from a checkpoint) and is now declared "
+            f"{'with' if now else 'without'} one: a state cannot gain or lose its "
+            f"TTL (give it another name, or keep the ttl= it was created with)")
+    raise ValueError(f"state {name!r} is {had} state, not {kind} state")

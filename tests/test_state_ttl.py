@@ -21,7 +21,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import raystream as rs
-from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.checkpoint.state import HeapKeyedStateBackend
 from tests.test_exactly_once import wait_for_checkpoint
 
@@ -95,22 +94,6 @@ def test_config_accepts_enums_and_strings_and_rejects_bad_input():
     with pytest.raises(ValueError, match="state 'y' has a TTL .* and is now declared "
                                          "without one"):
         b.value_state("y")
-
-
-def test_disk_backend_refuses_a_ttl_naming_the_state(tmp_path):
-    disk = DiskKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP),
-                                 options=rs.DiskStateOptions(local_dir=str(tmp_path)))
-    try:
-        for make in (lambda t: disk.value_state("seen", ttl=t),
-                     lambda t: disk.list_state("seen", ttl=t),
-                     lambda t: disk.map_state("seen", ttl=t),
-                     lambda t: disk.reducing_state("seen", max, ttl=t),
-                     lambda t: disk.aggregating_state("seen", Sum(), ttl=t)):
-            with pytest.raises(ValueError, match="state 'seen' has a TTL.*disk state backend "
-                                                 "does not support yet.*state_backend='heap'"):
-                make(rs.StateTtlConfig(10))
-    finally:
-        disk.close()
 
 
 # -- expiry, per kind ---------------------------------------------------------------------
