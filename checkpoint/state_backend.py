@@ -105,7 +105,7 @@ class KeyedStateBackend(Protocol):
 
     def set_namespace(self, namespace: Any) -> None: ...
 
-    # ttl: a StateTtlConfig, or None; a backend without TTL support refuses one by name
+    # ttl: a StateTtlConfig, or None (both backends implement it)
     def value_state(self, name: str, default: Any = None, *,
                     ttl: StateTtlConfig | None = None) -> KeyedValueState: ...
 
