@@ -415,7 +415,8 @@ def _out_batches(op) -> list:
 
 def test_buffer_matching_equals_brute_force_on_both_index_paths():
     """The (key, ts)-sorted range search and the wide-buffer fallback (key runs, then a
-    time filter) give exactly the pairs a double loop finds."""
+    time filter) give exactly the pairs a double loop finds, and so does a buffer of
+    many segments (appended in pieces, some merged, some cut by a time limit)."""
     from raystream.engine.operators.interval_join import _Buffer, _match_by_key_runs, _Rows, _SortedRows
 
     rng = np.random.default_rng(1)
@@ -425,12 +426,22 @@ def test_buffer_matching_equals_brute_force_on_both_index_paths():
         kid_p, ts_p = rng.integers(0, 7, n), rng.integers(-20, 120, n)
         lo = int(rng.integers(-30, 10))
         hi = lo + int(rng.integers(0, 30))
+        limit = int(rng.integers(-10, 60))  # rows below it are dropped from the buffer
         brute = {(i, j) for i in range(n) for j in range(m)
                  if kid_p[i] == kid_b[j] and ts_p[i] + lo <= ts_b[j] <= ts_p[i] + hi}
         rows = _Rows(pa.table({"x": np.arange(m)}), ts_b, kid_b)
-        buffer = _Buffer()
-        buffer.append(rows)
-        probe, buffered, _ = buffer.matches(kid_p, ts_p, (lo, hi))
+        probe, buffered = _SortedRows.of(rows).matches(kid_p, ts_p, (lo, hi))
         assert sorted(zip(probe.tolist(), buffered.tolist())) == sorted(brute), trial
         probe, buffered = _match_by_key_runs(_SortedRows.of(rows), kid_p, ts_p, (lo, hi))
         assert sorted(zip(probe.tolist(), buffered.tolist())) == sorted(brute), trial
+        buffer = _Buffer(segment_rows=int(rng.integers(1, 20)))
+        cuts = np.unique(rng.integers(0, m + 1, 6))
+        for part in np.split(np.arange(m), cuts):
+            if len(part):
+                buffer.append(rows.take(part))
+        assert len(buffer) == m
+        buffer.drop_before(limit)
+        probe, matched = buffer.matches(kid_p, ts_p, (lo, hi))
+        got = [] if matched is None else list(zip(probe.tolist(), matched.table["x"].to_pylist()))
+        assert sorted(got) == sorted((i, j) for i, j in brute if ts_b[j] >= limit), trial
+        assert buffer.min_ts == (int(ts_b[ts_b >= limit].min()) if (ts_b >= limit).any() else None)

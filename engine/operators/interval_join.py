@@ -7,16 +7,20 @@ pairs every left row ``l`` with every right row ``r`` of the same key where
 How it runs (vectorized; no Python per record on the built-in path):
 
 * Each side's rows are buffered as Arrow tables, with their timestamps and the
-  timer service's key ids as numpy arrays beside them.
-* A new batch is joined against the *other* side's buffer: the buffer is
-  sorted by (key id, ts) once (cached until it changes), each batch row finds
-  the range of its matches with two ``searchsorted`` calls, and the pairs are
+  timer service's key ids as numpy arrays beside them, in segments of up to
+  ``SEGMENT_ROWS`` rows in arrival order (the newest merged while of similar size).
+* A new batch is joined against the *other* side's buffer: each segment is
+  sorted by (key id, ts) once (when first probed), each batch row finds
+  the range of its matches in it with two ``searchsorted`` calls, and the pairs are
   expanded with ``repeat``/``arange``: only real pairs are materialized. The
-  output is the ``take`` of both sides' rows.
+  output is the ``take`` of both sides' rows. No step re-sorts or copies the
+  whole buffer, so a batch costs the same however much the buffer holds (when
+  one input lags in event time the other's buffer holds everything since).
 * Rows late for the watermark (``ts < watermark``, Flink's ``isLate``) are
   dropped and counted (``late_records_dropped`` in the operator's metrics).
 * A watermark ``W`` drops the buffered rows no on-time row can still match:
-  left rows with ``ts + upper < W``, right rows with ``ts - lower < W``.
+  left rows with ``ts + upper < W``, right rows with ``ts - lower < W`` (whole
+  segments, and the rows of the one or two that straddle the limit).
 * Buffers are keyed state: snapshotted per key group (part ``"join"``, one
   Arrow IPC stream per side), so they survive failover and rescaling.
 
@@ -35,6 +39,7 @@ gets ``right_suffix`` (default ``"_right"``). With ``.process(fn)`` a
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -88,10 +93,10 @@ class IntervalBounds:
         """Offsets from a row of ``side`` to the other side's rows it joins (inclusive)."""
         return (self.lower, self.upper) if side is JoinSide.LEFT else (-self.upper, -self.lower)
 
-    def keep_after(self, side: JoinSide, ts: np.ndarray, watermark: int) -> np.ndarray:
-        """Which buffered rows of ``side`` an on-time row (``ts >= watermark``) of the
-        other side can still join."""
-        return ts + self.relative_to(side)[1] >= watermark
+    def first_joinable(self, side: JoinSide, watermark: int) -> int:
+        """The smallest timestamp of a row of ``side`` that an on-time row (``ts >=
+        watermark``) of the other side can still join."""
+        return watermark - self.relative_to(side)[1]
 
 
 @dataclass(frozen=True)
@@ -156,51 +161,96 @@ class JoinContext:
         self.side_rows.setdefault(tag, []).append(row)
 
 
+# A buffer is kept as segments of at most this many rows, each sorted by (key, ts) once:
+# a batch probes every segment and a watermark drops whole expired segments, so the work
+# per batch does not grow with what the buffer holds (an input that lags in event time
+# makes the other side's buffer hold millions of rows).
+SEGMENT_ROWS = 1 << 16
+
+
+@dataclass(frozen=True, eq=False)
+class _Segment:
+    """Buffered rows appended together, with their time range; sorted when first probed."""
+
+    rows: _Rows
+    min_ts: int
+    max_ts: int
+
+    @classmethod
+    def of(cls, rows: _Rows) -> "_Segment":
+        return cls(rows, int(rows.ts.min()), int(rows.ts.max()))
+
+    @functools.cached_property
+    def index(self) -> "_SortedRows":
+        return _SortedRows.of(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows.ts)
+
+
 class _Buffer(RowBuffer):
-    """One side's buffered rows, sorted by key lazily for probing."""
+    """One side's buffered rows as segments in arrival order (so roughly in time order).
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._sorted: _SortedRows | None = None  # built when probed, dropped on change
+    Appending adds a segment and merges the newest ones while they are of similar size
+    and fit in ``segment_rows`` (a binary counter: a row is copied and sorted
+    O(log(segment_rows / batch)) times, and a probe visits O(log) small segments plus
+    one per ``segment_rows`` held)."""
 
-    def _changed(self) -> None:
-        self._sorted = None
+    def __init__(self, segment_rows: int = SEGMENT_ROWS) -> None:
+        self.segments: list[_Segment] = []
+        self.segment_rows = segment_rows
+
+    @property
+    def chunks(self) -> list[_Rows]:  # type: ignore[override]  # what snapshots and metrics read
+        return [s.rows for s in self.segments]
+
+    @property
+    def min_ts(self) -> int | None:  # type: ignore[override]
+        return min((s.min_ts for s in self.segments), default=None)
+
+    def append(self, rows: _Rows) -> None:
+        segments = self.segments
+        segments.append(_Segment.of(rows))
+        while (len(segments) >= 2 and len(segments[-2]) <= 2 * len(segments[-1])
+               and len(segments[-2]) + len(segments[-1]) <= self.segment_rows):
+            last = segments.pop()
+            segments[-1] = _Segment.of(_Rows.concat([segments[-1].rows, last.rows]))
+
+    def combined(self) -> _Rows | None:
+        return _Rows.concat(self.chunks) if self.segments else None
+
+    def drop_before(self, ts: int) -> None:
+        """Drop the rows whose time is below ``ts``: whole segments, and only the rows
+        of a segment that straddles it."""
+        kept = []
+        for segment in self.segments:
+            if segment.min_ts >= ts:
+                kept.append(segment)
+            elif segment.max_ts >= ts:  # so ts fits in int64 here
+                rows = segment.rows
+                kept.append(_Segment.of(rows.take(np.flatnonzero(rows.ts >= ts))))
+        self.segments = kept
+
+    def keep_rows(self, mask: np.ndarray) -> None:
+        raise NotImplementedError("an interval join buffer drops rows by time: drop_before")
 
     def matches(self, kid: np.ndarray, ts: np.ndarray,
-                offsets: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, _Rows | None]:
-        """Pairs (row of the probe, row of this buffer) with equal key ids and
-        ``ts + offsets[0] <= buffered ts <= ts + offsets[1]``: two index arrays.
-
-        Only real pairs are materialized, however many rows a hot key buffers: the
-        buffer is sorted by (key, ts) into one int64 ``rank(key) * span + ts - ts_min``,
-        so each probe row's matches are one ``searchsorted`` range."""
-        empty = np.empty(0, np.int64)
-        if self._sorted is None:
-            rows = self.combined()
-            if rows is None:
-                return empty, empty, None
-            self._sorted = _SortedRows.of(rows)
-        index = self._sorted
-        rows = index.rows
-        if index.span == 0:
-            return (*_match_by_key_runs(index, kid, ts, offsets), rows)
-        rank = np.searchsorted(index.distinct_kids, kid)
-        rank = np.minimum(rank, len(index.distinct_kids) - 1)
-        present = index.distinct_kids[rank] == kid
-        base = rank * index.span
-        # probe bounds in the buffer's local time, clipped to [0, span - 1] / [-1, span - 2]
-        low = np.clip(ts + offsets[0] - index.ts_min, 0, index.span - 1) + base
-        high = np.clip(ts + offsets[1] - index.ts_min, -1, index.span - 2) + base
-        start = np.searchsorted(index.composite, low, side="left")
-        counts = np.searchsorted(index.composite, high, side="right") - start
-        counts = np.where(present, np.maximum(counts, 0), 0)
-        total = int(counts.sum())
-        if total == 0:
-            return empty, empty, rows
-        probe = np.repeat(np.arange(len(kid), dtype=np.int64), counts)
-        # position within each probe row's range, plus the range's start in the sorted buffer
-        within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-        return probe, index.order[np.repeat(start, counts) + within], rows
+                offsets: tuple[int, int]) -> tuple[np.ndarray, _Rows | None]:
+        """Pairs of a probe row and a buffered row with equal key ids and ``ts +
+        offsets[0] <= buffered ts <= ts + offsets[1]``: the probe rows' positions, and
+        the buffered rows they pair with (None when there is no pair)."""
+        low, high = int(ts.min()) + offsets[0], int(ts.max()) + offsets[1]
+        probes, found = [], []
+        for segment in self.segments:
+            if segment.max_ts < low or segment.min_ts > high:
+                continue
+            probe, buffered = segment.index.matches(kid, ts, offsets)
+            if len(probe):
+                probes.append(probe)
+                found.append(segment.rows.take(buffered))
+        if not probes:
+            return np.empty(0, np.int64), None
+        return np.concatenate(probes), _Rows.concat(found)
 
 
 def _match_by_key_runs(index: "_SortedRows", kid: np.ndarray, ts: np.ndarray,
@@ -242,6 +292,34 @@ class _SortedRows:
             span = 0
         return cls(rows, order, distinct_kids, rank.reshape(-1) * span + (ts - ts_min),
                    ts_min, span)
+
+    def matches(self, kid: np.ndarray, ts: np.ndarray,
+                offsets: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+        """Pairs (row of the probe, row of these rows) with equal key ids and
+        ``ts + offsets[0] <= row's ts <= ts + offsets[1]``: two index arrays.
+
+        Only real pairs are materialized, however many rows a hot key has: each probe
+        row's matches are one ``searchsorted`` range of ``composite``."""
+        if self.span == 0:
+            return _match_by_key_runs(self, kid, ts, offsets)
+        rank = np.searchsorted(self.distinct_kids, kid)
+        rank = np.minimum(rank, len(self.distinct_kids) - 1)
+        present = self.distinct_kids[rank] == kid
+        base = rank * self.span
+        # probe bounds in local time, clipped to [0, span - 1] / [-1, span - 2]
+        low = np.clip(ts + offsets[0] - self.ts_min, 0, self.span - 1) + base
+        high = np.clip(ts + offsets[1] - self.ts_min, -1, self.span - 2) + base
+        start = np.searchsorted(self.composite, low, side="left")
+        counts = np.searchsorted(self.composite, high, side="right") - start
+        counts = np.where(present, np.maximum(counts, 0), 0)
+        total = int(counts.sum())
+        if total == 0:
+            empty = np.empty(0, np.int64)
+            return empty, empty
+        probe = np.repeat(np.arange(len(kid), dtype=np.int64), counts)
+        # position within each probe row's range, plus the range's start in sorted order
+        within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+        return probe, self.order[np.repeat(start, counts) + within]
 
 
 class IntervalJoinOperator(BufferedJoinOperator):
@@ -295,11 +373,11 @@ class IntervalJoinOperator(BufferedJoinOperator):
             if late.all():
                 return
             rows = rows.take(np.flatnonzero(~late))
-        probe, buffered, other = self.buffers[side.other].matches(
+        probe, matched = self.buffers[side.other].matches(
             rows.kid, rows.ts, self.spec.bounds.relative_to(side))
         self.buffers[side].append(rows)
-        if len(probe):
-            pair = (rows.take(probe), other.take(buffered))  # type: ignore[union-attr]
+        if matched is not None:
+            pair = (rows.take(probe), matched)
             left, right = pair if side is JoinSide.LEFT else pair[::-1]
             self._emit_pairs(left, right)
 
@@ -337,11 +415,8 @@ class IntervalJoinOperator(BufferedJoinOperator):
         # the operator's own watermark (not a restored floor, which may be further):
         # cleaning by the smaller one keeps rows longer, never drops a match
         current = self.current_watermark
-        bounds = self.spec.bounds
         for side in JoinSide:
-            buffer = self.buffers[side]
-            if buffer.min_ts is not None and buffer.min_ts + bounds.relative_to(side)[1] < current:
-                buffer.retain(lambda ts, side=side: bounds.keep_after(side, ts, current))
+            self.buffers[side].drop_before(self.spec.bounds.first_joinable(side, current))
         self.output.emit_watermark(watermark)
 
     # -- state -----------------------------------------------------------------------
