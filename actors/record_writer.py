@@ -12,6 +12,13 @@ order or latency requires it:
 * when the oldest pending rows are ``buffer_timeout_ms`` old (Flink's buffer
   timeout: 0 sends after every batch, -1 never on a timer, only the rules above).
 
+The last two are *opportunistic* (:meth:`RecordWriter.flush_ready`): they send only
+on channels that can transmit at once (credit, nothing backlogged). A channel out
+of credit keeps gathering its rows into one batch instead of queueing many small
+ones behind its backlog: they could not travel sooner, and each message costs the
+receiver the same whatever its size, so a backpressured source would otherwise
+send ever smaller messages, each covering less event time, and fall behind.
+
 Small objects travel inside the call (Ray inlines arguments below 100 KiB);
 larger ones are ``ray.put`` once. A broadcast puts one object for every
 channel and is not buffered.
@@ -88,19 +95,27 @@ class RecordWriter:
             if self._pending_bytes[index] >= self.buffer_bytes:
                 self._flush_channel(index)
         if self._timeout_s == 0:
-            self.flush()
+            self.flush_ready()
 
     def flush(self) -> None:
-        """Send every channel's pending rows now."""
+        """Send every channel's pending rows now (into its backlog when out of credit)."""
         for index in range(len(self.channels)):
             if self._pending[index]:
                 self._flush_channel(index)
         self._oldest = None
 
+    def flush_ready(self) -> None:
+        """Send the pending rows of the channels that can transmit them at once."""
+        for index, channel in enumerate(self.channels):
+            if self._pending[index] and channel.credits > 0 and not channel.backlogged():
+                self._flush_channel(index)
+        if not any(self._pending):
+            self._oldest = None  # else still due: the rest go when their credit returns
+
     def flush_if_due(self, now: float) -> None:
         if (self._oldest is not None and self._timeout_s is not None
                 and now - self._oldest >= self._timeout_s):
-            self.flush()
+            self.flush_ready()
 
     def _flush_channel(self, index: int) -> None:
         parts = self._pending[index]

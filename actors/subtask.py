@@ -362,7 +362,7 @@ class Subtask:
                 else:
                     idle = False
             if idle:
-                self._flush_outputs()  # nothing else to do: do not sit on output
+                self._flush_ready_outputs()  # nothing else to do: do not sit on output
                 self._send_credits(idle=True)
                 waited_from = time.perf_counter()
                 deadline_ms = self._next_deadline_ms()
@@ -403,7 +403,7 @@ class Subtask:
                 if not call_operator(self.source, "emit_next"):
                     self._end_of_input()
                 elif self.source.caught_up():  # its next poll may wait: do not sit on output
-                    self._flush_outputs()
+                    self._flush_ready_outputs()
             self._progress()
             if self.forwarder.pending:
                 self.forwarder.settle(wall_clock_ms)
@@ -531,6 +531,11 @@ class Subtask:
         """Send every output channel's buffered rows now."""
         for writer in self.writers:
             writer.flush()
+
+    def _flush_ready_outputs(self) -> None:
+        """Send the buffered rows of every output channel that can transmit them at once."""
+        for writer in self.writers:
+            writer.flush_ready()
 
     def _forward_barrier(self, barrier: Barrier, unaligned: bool) -> OutputStateCapture:
         """Announce ``barrier`` on every output channel; return the output channel state."""
