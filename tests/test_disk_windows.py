@@ -124,6 +124,39 @@ def test_disk_windows_equal_heap_windows_and_pandas(assigner, lateness):
         assert len(disk) == len(expected)  # each window fires once
 
 
+def test_picking_aggregates_on_disk_equal_the_heap_and_pandas():
+    """max_by and top_k: their partials are fixed-width slots too."""
+    aggs = {"best": ("max_by", ("x", "y")), "top": ("top_k", ("x", 3))}
+    key, ts, x = make_input(seed=2, n=500, keys=30, disorder=50)
+    y = (np.arange(len(x)) * 7919 % 13).astype(np.float64)  # ties: the smallest x wins
+    outputs = {}
+    for backend in (StateBackend.HEAP, StateBackend.DISK):
+        op = WindowOperator("w", KeySelector.of("k"), ASSIGNERS[2],
+                            function=BuiltinAggregates(AggregateSpec.of(aggs)), timestamp="ts")
+        op.setup(RuntimeContext("job", "w", 0, 1, MAXP, 0, state_backend=backend),
+                 CollectingOutput())
+        op.initialize_state(None)
+        for i in range(0, len(ts), 50):
+            sl = slice(i, i + 50)
+            op.process_batch(pa.record_batch({"k": key[sl], "ts": ts[sl], "x": x[sl], "y": y[sl]}))
+        op.process_watermark(rs.MAX_WATERMARK)  # no row is late: the oracle needs no watermark
+        outputs[backend] = (pa.Table.from_batches(op.output.batches)  # pyright: ignore
+                            .to_pandas().sort_values(["k", "window_start"]).reset_index(drop=True))
+    heap, disk = outputs[StateBackend.HEAP], outputs[StateBackend.DISK]
+    assert heap.drop(columns="top").equals(disk.drop(columns="top"))
+    assert [list(t) for t in heap["top"]] == [list(t) for t in disk["top"]]
+    rows = pd.DataFrame({"k": key, "ts": ts, "x": x, "y": y})
+    rows["window"] = [windows_of(ASSIGNERS[2], t) for t in ts.tolist()]
+    rows = rows.explode("window")
+    rows["window_start"] = [w[0] for w in rows["window"]]
+    expected = []
+    for (k, start), group in rows.groupby(["k", "window_start"]):
+        tied = group[group["y"] == group["y"].max()]
+        expected.append((k, start, tied["x"].min(), sorted(group["x"], reverse=True)[:3]))
+    got = [(r.k, r.window_start, r.best, list(r.top)) for r in disk.itertuples()]
+    assert got == expected
+
+
 def test_processing_time_windows_on_disk_fire_at_the_end():
     op = WindowOperator("w", KeySelector.of("k"), rs.TumblingProcessingTimeWindows(size_ms=3_600_000),
                         function=BuiltinAggregates(AggregateSpec.of({"n": ("count", None),
@@ -255,12 +288,14 @@ def disk_env(storage: str, parallelism: int = 2, *, incremental: bool = False
 
 @pytest.mark.parametrize("incremental", [False, True], ids=["full", "incremental"])
 def test_disk_windows_exactly_once_through_a_subtask_kill(ray_session, tmp_path, incremental):
+    """Full checkpoints with raw rows in; incremental ones with pre-aggregated partials in."""
     n, size = 40_000, 1000
     env = disk_env(str(tmp_path / "chk"), incremental=incremental)
     src = env.from_sequence(n, events, batch_size=250,
                             watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=500))
     sink = src.map_batches(throttle, name="throttle").key_by("user").window(
-        rs.TumblingEventTimeWindows(size_ms=size), timestamp="ts").agg(
+        rs.TumblingEventTimeWindows(size_ms=size), timestamp="ts",
+        pre_aggregate=incremental).agg(
         n=("count", None), total=("sum", "x")).collect()
     client = env.execute_async("disk-windows-kill")
     completed = wait_for_checkpoint(client, after=1)
