@@ -150,9 +150,9 @@ def test_picking_aggregates_on_disk_equal_the_heap_and_pandas():
     rows = rows.explode("window")
     rows["window_start"] = [w[0] for w in rows["window"]]
     expected = []
-    for (k, start), group in rows.groupby(["k", "window_start"]):
+    for window, group in rows.groupby(["k", "window_start"]):
         tied = group[group["y"] == group["y"].max()]
-        expected.append((k, start, tied["x"].min(), sorted(group["x"], reverse=True)[:3]))
+        expected.append((*window, tied["x"].min(), sorted(group["x"], reverse=True)[:3]))  # pyright: ignore[reportGeneralTypeIssues]
     got = [(r.k, r.window_start, r.best, list(r.top)) for r in disk.itertuples()]
     assert got == expected
 
