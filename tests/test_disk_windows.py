@@ -22,9 +22,10 @@ from raystream.checkpoint.state_backend import StateBackend
 from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
 from raystream.engine.windows.aggregates import AggregateSpec
-from raystream.engine.windows.disk_panes import STATE_NAME
+from raystream.engine.windows.disk_panes import STATE_NAME, DiskPanes
 from raystream.engine.windows.functions import BuiltinAggregates
 from raystream.engine.windows.operator import WindowOperator
+from raystream.timers.service import TimerService
 from tests.test_exactly_once import wait_for_checkpoint
 from tests.test_windows import AGGS, events, make_input, throttle, windows_of, with_stragglers
 
@@ -155,6 +156,29 @@ def test_picking_aggregates_on_disk_equal_the_heap_and_pandas():
         expected.append((*window, tied["x"].min(), sorted(group["x"], reverse=True)[:3]))  # pyright: ignore[reportGeneralTypeIssues]
     got = [(r.k, r.window_start, r.best, list(r.top)) for r in disk.itertuples()]
     assert got == expected
+
+
+def test_a_key_group_cleared_alone_leaves_the_others_of_its_window():
+    """A window cleared in one key group (timers of groups fire apart after a restore):
+    the other groups keep their partials, and a key of the cleared group starts anew."""
+    backend = DiskKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    timers = TimerService(max_parallelism=MAXP, key_groups=range(MAXP))
+    panes = DiskPanes(backend, AggregateSpec.of({"total": ("sum", "x")}), timers, where="w")
+    panes.set_dtypes({"__total.sum": np.dtype(np.float64)})
+    keys = list(range(200))
+    groups = np.array([rs.key_group_of(k, MAXP) for k in keys])
+    kids = timers.key_ids(keys, groups)
+    ones = {"__total.sum": np.ones(len(keys))}
+    for _ in range(2):
+        panes.merge(np.full(len(keys), 100), kids, ones)
+    cleared = np.unique(groups)[:5]
+    panes.clear(100, cleared.tolist())
+    panes.merge(np.full(len(keys), 100), kids, ones)
+    found, partials = panes.read(100, np.unique(groups).tolist())
+    expected = pd.Series(np.where(np.isin(groups, cleared), 1.0, 3.0), index=kids)
+    got = pd.Series(partials["__total.sum"], index=found).sort_index()
+    pd.testing.assert_series_equal(got, expected.sort_index())
+    backend.close()
 
 
 def test_processing_time_windows_on_disk_fire_at_the_end():

@@ -14,7 +14,10 @@ MessagePack), so the values of a batch decode with one ``np.frombuffer`` over
 their joined bytes. The record's dtype is in the state's kind
 (``"window-panes [[column, dtype], ...]"``), which the backend's section
 directory and incremental-checkpoint manifest carry, so a restored job knows
-it before any record arrives.
+it before any record arrives. The record ends with the key's id in the timer
+service of the instance that wrote it and a random tag of that instance: a
+firing window finds its keys' ids with numpy for the entries this instance
+wrote, and decodes keys only for entries it restored and has not rewritten.
 
 Window before key: a window fires per key group (one timer per key group and
 window), so firing is one bounded range scan per (key group, window) and
@@ -51,6 +54,7 @@ from __future__ import annotations
 
 import json
 import operator
+import os
 import struct
 from dataclasses import dataclass
 from typing import Iterable
@@ -69,6 +73,7 @@ _ENTRY = struct.Struct(">HHQ")  # key group, state id, window end + 2**63
 _PREFIX = _ENTRY.size
 _SIGN = 1 << 63
 _U32 = struct.Struct(">I")
+_KID, _TAG = "__kid", "__tag"  # the record's last fields: who wrote the entry
 
 
 def _kind_of(record: np.dtype) -> str:
@@ -109,9 +114,12 @@ class DiskPanes:
         self._timers = timers
         self._where = where
         self._codes: list[bytes] = []  # the encoded key of each key id
-        self._ids: dict[bytes, int] = {}
+        self._tag = np.frombuffer(os.urandom(8), dtype="<u8")[0]  # this instance's entries
         # window end -> the key groups holding entries of it (each has its timers)
         self.timed: dict[int, np.ndarray] = {}
+        # window end -> which key ids have entries, for windows this instance created
+        self._written: dict[int, np.ndarray] = {}
+        self._restored: set[int] = set()  # windows holding restored entries: get every pair
         self.record: np.dtype | None = None
         self._columns: list[str] = []  # the record's fields: the partial columns
         self._sid = b""
@@ -126,7 +134,8 @@ class DiskPanes:
         return None if record is None else {n: record[n] for n in self._columns}
 
     def set_dtypes(self, dtypes: dict[str, np.dtype]) -> None:
-        record = np.dtype([(n, np.dtype(d).newbyteorder("<")) for n, d in dtypes.items()])
+        record = np.dtype([*((n, np.dtype(d).newbyteorder("<")) for n, d in dtypes.items()),
+                           (_KID, "<i8"), (_TAG, "<u8")])
         if record.hasobject:
             raise ValueError(f"{self._where}: partials of type "
                              f"{', '.join(str(d) for d in dtypes.values())} cannot be kept in "
@@ -136,7 +145,7 @@ class DiskPanes:
 
     def _use(self, record: np.dtype) -> None:
         self.record = record
-        self._columns = list(record.names or ())
+        self._columns = [n for n in record.names or () if n not in (_KID, _TAG)]
         self._sid = self._backend.raw_state_id(STATE_NAME, _kind_of(record))
 
     def _timed(self, end: int) -> np.ndarray:
@@ -165,6 +174,7 @@ class DiskPanes:
                     break
                 (end,) = struct.unpack_from(">Q", key, 4)
                 self._timed(end - _SIGN)[group] = True
+                self._restored.add(end - _SIGN)
                 if end == 2 * _SIGN - 1:
                     break
                 it.seek(_ENTRY.pack(group, sid, end + 1))
@@ -174,9 +184,7 @@ class DiskPanes:
     def _sync_codes(self) -> None:
         codes, n = self._codes, self._timers.num_keys
         if len(codes) < n:  # each key is encoded once, when it first appears
-            new = [encode_key(k) for k in self._timers.keys(np.arange(len(codes), n))]
-            self._ids.update(zip(new, range(len(codes), n)))
-            codes.extend(new)
+            codes.extend(encode_key(k) for k in self._timers.keys(np.arange(len(codes), n)))
 
     def _codes_of(self, kids: np.ndarray) -> list[bytes]:
         self._sync_codes()
@@ -185,16 +193,12 @@ class DiskPanes:
             return [self._codes[i] for i in ids]
         return list(operator.itemgetter(*ids)(self._codes))
 
-    def _ids_of(self, codes: list[bytes], group: int) -> list[int]:
-        found = list(map(self._ids.get, codes))
-        if None in found:  # restored keys this instance has not seen yet
-            missing = [i for i, kid in enumerate(found) if kid is None]
-            kids = self._timers.key_ids([DiskKeyedStateBackend.decode_key(codes[i])
-                                         for i in missing], np.full(len(missing), group))
-            self._sync_codes()
-            for i, kid in zip(missing, kids.tolist()):
-                found[i] = kid
-        return found  # pyright: ignore[reportReturnType]
+    def _ids_of(self, codes: list[bytes], groups: np.ndarray) -> np.ndarray:
+        """Key ids of encoded keys (restored ones: written by another instance)."""
+        kids = self._timers.key_ids([DiskKeyedStateBackend.decode_key(c) for c in codes],
+                                    groups)
+        self._sync_codes()
+        return kids
 
     # -- merge, read, clear ------------------------------------------------------------------
     def merge(self, ends: np.ndarray, kids: np.ndarray, values: dict[str, np.ndarray]
@@ -214,13 +218,14 @@ class DiskPanes:
         keys = [pack(g, sid, e) + c for g, e, c in zip(groups.tolist(), offsets,
                                                        self._codes_of(kids))]
         db = self._backend.raw_db
-        raws = list(db[keys]) if keys else []  # a list of keys is a multi-get
         n = len(keys)
+        asked = np.flatnonzero(self._maybe_stored(ends, kids))
+        raws = list(db[[keys[i] for i in asked.tolist()]]) if len(asked) else []  # multi-get
         spec = self._spec
         merged = {name: np.full(n, spec.identity(name, record[name]), dtype=record[name])
                   for name in self._columns}
-        present = np.fromiter((r is not None for r in raws), dtype=bool, count=n)
-        if present.any():
+        present = asked[np.fromiter((r is not None for r in raws), dtype=bool, count=len(raws))]
+        if len(present):
             old = np.frombuffer(b"".join([r for r in raws if r is not None]), dtype=record)
             for name in self._columns:
                 merged[name][present] = old[name]
@@ -230,13 +235,45 @@ class DiskPanes:
         rows = np.empty(n, dtype=record)
         for name in self._columns:
             rows[name] = merged[name]
+        rows[_KID] = kids
+        rows[_TAG] = self._tag
         data, width = rows.tobytes(), record.itemsize
         batch = rocksdict.WriteBatch(raw_mode=True)
         put = batch.put
         for key, at in zip(keys, range(0, n * width, width)):
             put(key, data[at:at + width])
         db.write(batch)
+        self._mark_written(ends, kids)
         return Merged(merged, groups, self._untimed(ends, groups))
+
+    def _maybe_stored(self, ends: np.ndarray, kids: np.ndarray) -> np.ndarray:
+        """Which (window end, key id) pairs may have stored partials: those this instance
+        wrote before, and all pairs of a window it restored (the others are read as new,
+        without a get: the first row of a key in a window costs no lookup)."""
+        maybe = np.ones(len(kids), dtype=bool)
+        for end in np.unique(ends).tolist():
+            if end in self._restored:
+                continue
+            at = np.flatnonzero(ends == end)
+            written = self._written.get(end)
+            maybe[at] = False
+            if written is not None:  # keys new since it last grew were not written
+                at = at[kids[at] < len(written)]
+                maybe[at] = written[kids[at]]
+        return maybe
+
+    def _mark_written(self, ends: np.ndarray, kids: np.ndarray) -> None:
+        n = self._timers.num_keys
+        for end in np.unique(ends).tolist():
+            if end in self._restored:
+                continue
+            written = self._written.get(end)
+            if written is None or len(written) < n:
+                grown = np.zeros(max(n, 2 * len(written) if written is not None else n), bool)
+                if written is not None:
+                    grown[:len(written)] = written
+                written = self._written[end] = grown
+            written[kids[ends == end]] = True
 
     def _untimed(self, ends: np.ndarray, groups: np.ndarray) -> np.ndarray:
         """Positions of the first pair of each (window end, key group) that had no entries
@@ -257,17 +294,31 @@ class DiskPanes:
         timed, record = self.timed.get(end), self.record
         if timed is None or record is None:
             return np.empty(0, dtype=np.int64), {}
-        db, kids, values = self._backend.raw_db, [], []
+        db, keys, values = self._backend.raw_db, [], []
+        foreign = end in self._restored  # entries of another instance: their keys are needed
         for group in groups:
             if not timed[group]:
                 continue
             lo, hi = self._range(group, end)
             read_options = self._backend.read_options(hi)
-            entries = list(db.items(from_key=lo, read_opt=read_options))
-            kids.extend(self._ids_of([k[_PREFIX:] for k, _ in entries], group))
-            values.extend(v for _, v in entries)
+            if foreign:
+                entries = list(db.items(from_key=lo, read_opt=read_options))
+                keys.extend(k for k, _ in entries)
+                values.extend(v for _, v in entries)
+            else:
+                values.extend(db.values(from_key=lo, read_opt=read_options))
         rows = np.frombuffer(b"".join(values), dtype=record)
-        return np.array(kids, dtype=np.int64), {n: rows[n] for n in self._columns}
+        kids = rows[_KID].copy()
+        restored = np.flatnonzero(rows[_TAG] != self._tag)
+        if len(restored):
+            if not foreign:
+                raise RuntimeError(f"{self._where}: window {end} holds entries of another "
+                                   f"instance it did not restore")
+            at = restored.tolist()
+            kids[restored] = self._ids_of(
+                [keys[i][_PREFIX:] for i in at],
+                np.array([_ENTRY.unpack_from(keys[i])[0] for i in at], dtype=np.int64))
+        return kids, {n: rows[n] for n in self._columns}
 
     def clear(self, end: int, groups: Iterable[int]) -> None:
         """Delete window ``end`` in key groups ``groups`` (one range deletion each)."""
@@ -275,9 +326,15 @@ class DiskPanes:
         if timed is None:
             return
         db = self._backend.raw_db
-        for group in groups:
-            if timed[group]:
-                db.delete_range(*self._range(group, end))
-                timed[group] = False
+        cleared = [g for g in groups if timed[g]]
+        for group in cleared:
+            db.delete_range(*self._range(group, end))
+        timed[cleared] = False
         if not timed.any():
             del self.timed[end]
+            self._written.pop(end, None)
+            self._restored.discard(end)
+        elif end in self._written:  # some key groups of the window remain
+            written = self._written[end]
+            kids = np.flatnonzero(written)
+            written[kids[np.isin(self._timers.key_groups_of(kids), cleared)]] = False
