@@ -22,7 +22,11 @@ wrote, and decodes keys only for entries it restored and has not rewritten.
 Window before key: a window fires per key group (one timer per key group and
 window), so firing is one bounded range scan per (key group, window) and
 clearing one ``delete_range``. A batch merges with one multi-get of its (key,
-window) pairs' stored partials, a numpy merge, and one write batch.
+window) pairs' stored partials, a numpy merge, and one write batch. The
+multi-get asks only for pairs that may be stored: a window this instance
+created remembers which key ids it wrote (one byte per key id, for open windows
+only), so a key's first rows in a window cost no lookup; a window holding
+restored entries asks for every pair.
 
 The entries share the backend's key-group prefix, so its full and incremental
 snapshots, restores and rescaling carry them like any keyed state. Timers stay
