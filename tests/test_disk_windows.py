@@ -333,9 +333,9 @@ def test_disk_windows_exactly_once_through_a_subtask_kill(ray_session, tmp_path,
 
 
 def test_disk_sliding_windows_savepoint_at_2_restore_at_3(ray_session, tmp_path):
-    """Sliding windows with allowed lateness on the disk backend: stopped with a
-    savepoint at parallelism 2 while windows are open, restored at 3, every window
-    fires exactly once over the two runs."""
+    """Sliding windows (pre-aggregated into panes) with allowed lateness on the disk
+    backend: stopped with a savepoint at parallelism 2 while windows are open, restored
+    at 3, every window fires exactly once over the two runs."""
     n, size, slide = 30_000, 1000, 500
 
     def job(parallelism: int):
@@ -346,7 +346,8 @@ def test_disk_sliding_windows_savepoint_at_2_restore_at_3(ray_session, tmp_path)
             src = src.map_batches(throttle, name="throttle")
         windowed = src.key_by("user").window(
             rs.SlidingEventTimeWindows(size_ms=size, slide_ms=slide), timestamp="ts",
-            allowed_lateness_ms=300).agg(n=("count", None), total=("sum", "x"))
+            allowed_lateness_ms=300, pre_aggregate=True).agg(n=("count", None),
+                                                             total=("sum", "x"))
         return env, windowed.collect()
 
     env, sink = job(2)
