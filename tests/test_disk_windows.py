@@ -23,11 +23,12 @@ from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.disk_panes import STATE_NAME, DiskPanes
-from raystream.engine.windows.functions import BuiltinAggregates
+from raystream.engine.windows.functions import BuiltinAggregates, UserAggregate
 from raystream.engine.windows.operator import WindowOperator
 from raystream.timers.service import TimerService
 from tests.test_exactly_once import wait_for_checkpoint
-from tests.test_windows import AGGS, events, make_input, throttle, windows_of, with_stragglers
+from tests.test_windows import (AGGS, Average, events, make_input, throttle, windows_of,
+                                with_stragglers)
 
 MAXP = 128
 ASSIGNERS = [rs.TumblingEventTimeWindows(size_ms=50),
@@ -179,6 +180,31 @@ def test_a_key_group_cleared_alone_leaves_the_others_of_its_window():
     got = pd.Series(partials["__total.sum"], index=found).sort_index()
     pd.testing.assert_series_equal(got, expected.sort_index())
     backend.close()
+
+
+@pytest.mark.parametrize("layout", ["sessions", "generic"])
+def test_sessions_and_user_functions_run_in_a_disk_job_with_heap_state(layout):
+    """Not the dense layout: in a job on the disk backend their state stays on the heap
+    (checkpointed in part "windows"), with the heap job's results."""
+    key, ts, x = make_input(seed=9, n=400, keys=20, disorder=60)
+    outputs = []
+    for backend in (StateBackend.HEAP, StateBackend.DISK):
+        if layout == "sessions":
+            assigner, function = (rs.EventTimeSessionWindows(gap_ms=15),
+                                  BuiltinAggregates(AggregateSpec.of(AGGS)))
+        else:
+            assigner, function = ASSIGNERS[2], UserAggregate(Average(), "result")
+        op = WindowOperator("w", KeySelector.of("k"), assigner, function=function,
+                            timestamp="ts", allowed_lateness_ms=10, late_output="late")
+        op.setup(RuntimeContext("job", "w", 0, 1, MAXP, 0, state_backend=backend),
+                 CollectingOutput())
+        rows, _, late = drive(op, key, ts, x)
+        assert op.disk_panes is None
+        outputs.append((rows.astype(str).sort_values(list(rows.columns)).reset_index(drop=True),
+                        sorted(late["ts"].tolist())))
+    assert len(outputs[0][0])
+    pd.testing.assert_frame_equal(outputs[0][0], outputs[1][0])
+    assert outputs[0][1] == outputs[1][1]
 
 
 def test_processing_time_windows_on_disk_fire_at_the_end():
