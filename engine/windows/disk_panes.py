@@ -32,6 +32,7 @@ The entries share the backend's key-group prefix, so its full and incremental
 snapshots, restores and rescaling carry them like any keyed state. Timers stay
 on the heap timer service (at most one per key group and window).
 
+    >>> import numpy as np
     >>> from raystream.checkpoint.disk_state import DiskKeyedStateBackend
     >>> from raystream.engine.windows.aggregates import AggregateSpec
     >>> from raystream.timers.service import TimerService
