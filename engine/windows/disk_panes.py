@@ -215,6 +215,9 @@ class DiskPanes:
             raise RuntimeError(f"{self._where}: disk panes before the dtypes of their partials")
         import rocksdict
 
+        order = np.lexsort((kids, ends, self._timers.key_groups_of(kids)))
+        ends, kids = ends[order], kids[order]  # near key order: RocksDB reads and writes
+        values = {name: v[order] for name, v in values.items()}  # neighbouring blocks
         groups = self._timers.key_groups_of(kids)
         sid = struct.unpack(">H", self._sid)[0]
         pack = _ENTRY.pack
@@ -249,7 +252,10 @@ class DiskPanes:
             put(key, data[at:at + width])
         db.write(batch)
         self._mark_written(ends, kids)
-        return Merged(merged, groups, self._untimed(ends, groups))
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(n)
+        return Merged({name: v[inverse] for name, v in merged.items()}, groups[inverse],
+                      order[self._untimed(ends, groups)])
 
     def _maybe_stored(self, ends: np.ndarray, kids: np.ndarray) -> np.ndarray:
         """Which (window end, key id) pairs may have stored partials: those this instance
