@@ -1481,3 +1481,34 @@ class DiskKeyedStateBackend:
     def __repr__(self) -> str:
         return (f"DiskKeyedStateBackend(max_parallelism={self.max_parallelism}, "
                 f"key_groups={self.key_groups!r}, states={list(self._states)})")
+
+    # -- raw entries of another layout (the window operator's dense panes) ----------------
+    @property
+    def raw_db(self) -> Any:
+        """The raw-bytes RocksDB, for a layout that writes entries of its own under a state
+        id of its own kind (:meth:`raw_state_id`), each key starting with its key group and
+        that id, so snapshots, incremental checkpoints and rescaling carry them as they
+        are. Read it anew after a restore (``restore_db`` may replace the database)."""
+        return self._db
+
+    def raw_state_id(self, name: str, kind: str) -> bytes:
+        """The state id (two bytes) of raw state ``name`` of ``kind``, allocated if new."""
+        return self._sid(name, kind)
+
+    def state_kind(self, name: str) -> str | None:
+        """The kind of state ``name`` (None if this backend has none by that name)."""
+        entry = self._states.get(name)
+        return None if entry is None else entry[1]
+
+    @staticmethod
+    def read_options(upper_bound: bytes) -> Any:
+        """Read options whose iterators stop before ``upper_bound``; keep them referenced
+        as long as such an iterator (see :meth:`_bounded`)."""
+        read = _read_options()
+        read.set_iterate_upper_bound(upper_bound)
+        return read
+
+    @staticmethod
+    def decode_key(data: bytes) -> Any:
+        """The key :func:`encode_key` encoded as ``data``."""
+        return _unpack(data)

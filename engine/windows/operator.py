@@ -27,6 +27,12 @@ Two state layouts:
   accumulator object per (key, window); Python runs per (key, window) of a
   batch, and per row only inside a user function.
 
+With the disk state backend (``CheckpointConfig(state_backend="disk")``) the dense
+layout keeps its partials in the operator instance's RocksDB instead
+(:mod:`raystream.engine.windows.disk_panes`: a batch merges with one multi-get and
+one write batch, a key group's window fires with one range scan); sessions and
+the generic layout stay on the heap in such a job too.
+
 The operator also reads *partials* from an upstream pre-aggregator
 (:mod:`raystream.engine.windows.pre_aggregate`) instead of raw rows.
 
@@ -39,11 +45,17 @@ from __future__ import annotations
 import logging
 import pickle
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from raystream.actors.operator import RestoredState
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
+from raystream.checkpoint.envelope import is_keyed_state
+from raystream.checkpoint.sections import decode_parts
+from raystream.checkpoint.state_backend import is_disk
 from raystream.engine.batches import rows_to_batch
 from raystream.engine.keys import DistinctKeys, KeySelector
 from raystream.engine.operators.functions import _close_function, _open_function
@@ -51,6 +63,7 @@ from raystream.engine.operators.keyed import _KeyedOperator
 from raystream.engine.watermarks import timestamps_ms
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.assigners import EventTimeSessionWindows, WindowAssigner
+from raystream.engine.windows.disk_panes import DiskPanes, holds_panes
 from raystream.engine.windows.functions import (BuiltinAggregates, UserAggregate,
                                                 Window, WindowFunction)
 from raystream.engine.windows.sessions import SessionStore, session_breaks
@@ -164,6 +177,10 @@ class _DenseWindow:
 class WindowOperator(_KeyedOperator):
     """Keyed windows over ``assigner``, computing ``function`` per (key, window)."""
 
+    # on the disk backend the dense layout keeps its partials in RocksDB; sessions and the
+    # generic layout keep theirs on the heap (snapshotted in part "windows" either way)
+    supports_disk_state = True
+
     def __init__(self, name: str, keys: KeySelector, assigner: WindowAssigner, *,
                  function: WindowFunction, timestamp: str | None, allowed_lateness_ms: int = 0,
                  late_output: str | None = None, partial_input: bool = False,
@@ -197,15 +214,41 @@ class WindowOperator(_KeyedOperator):
         self.fired = 0
 
     # -- life cycle ---------------------------------------------------------------------
-    def initialize_state(self, restored) -> None:
+    def initialize_state(self, restored: RestoredState | None) -> None:
         self.dense_windows: dict[int, _DenseWindow] = {}
+        self.disk_panes: DiskPanes | None = None
+        if restored is not None and self.dense and not is_disk(self.ctx.state_backend):
+            restored = replace(restored, keyed_sections=list(restored.keyed_sections))
+            self._refuse_disk_panes(restored)
         self.dtypes: dict[str, np.dtype] | None = None
         self.entries: dict[tuple[int, int], list] = {}  # (key id, start) -> [end, accumulator]
         self.sessions: dict[int, list[int]] = {}  # key id -> starts of its open sessions
         self.session_store = SessionStore(self._spec) if self.columnar_sessions else None
         super().initialize_state(restored)  # timers first, then our part "windows"
+        self._open_disk_panes()
         self.key_columns = KeyColumns(self.key_names)
         self._sync_key_columns(None, None)
+
+    def _open_disk_panes(self) -> None:
+        """The dense layout on the disk backend: once its state is restored, if any."""
+        if self.disk_panes is None and self.dense and isinstance(self.backend,
+                                                                 DiskKeyedStateBackend):
+            panes = self.disk_panes = DiskPanes(self.backend, self._spec, self.timers,
+                                                where=f"window '{self.name}'")
+            if panes.dtypes is not None:
+                self.dtypes = panes.dtypes
+
+    def _refuse_disk_panes(self, restored: RestoredState) -> None:
+        """A heap job cannot restore the disk backend's window panes (their entries are
+        no heap state): say so, naming the operator."""
+        for group, section in restored.keyed_sections:
+            state = section if is_keyed_state(section) else decode_parts(section).get("state")
+            if state is not None and holds_panes(group, state, self.ctx.max_parallelism):
+                raise ValueError(
+                    f"window '{self.name}': the checkpoint keeps this window's state in the "
+                    f"disk state backend, which only that backend restores; restore with "
+                    f"CheckpointConfig(state_backend='disk') (a heap savepoint restores into "
+                    f"either backend)")
 
     def open(self) -> None:
         fn = getattr(self.function, "fn", None)
@@ -321,6 +364,9 @@ class WindowOperator(_KeyedOperator):
         if self.dtypes is None:
             self.dtypes = {name: partials[name].type.to_pandas_dtype()
                            for name in spec.partial_columns}
+        if self.disk_panes is not None:
+            self._merge_disk(self.disk_panes, spec, partials)
+            return
         window_of = partials[WINDOW_START].to_numpy()
         kids_of = partials["__key_id"].to_numpy()
         values = {name: partials[name].to_numpy() for name in spec.partial_columns}
@@ -346,6 +392,53 @@ class WindowOperator(_KeyedOperator):
             kids, starts = (np.concatenate(c) for c in zip(*timed))
             self._register_timers(kids, starts, self._ends(starts))
         self._emit_dense(fire_now)  # late but within the allowed lateness: fire again
+
+    def _merge_disk(self, panes: DiskPanes, spec: AggregateSpec, partials: pa.Table) -> None:
+        """The batch's partials (one row per (window, key)) into the disk panes; timers for
+        the key groups new to a window; windows fired already (within the allowed
+        lateness) fire again at once with their merged partials."""
+        if panes.record is None and self.dtypes is not None:
+            panes.set_dtypes(self.dtypes)
+        starts = partials[WINDOW_START].to_numpy()
+        kids = partials["__key_id"].to_numpy()
+        ends = self._ends(starts)
+        merged = panes.merge(ends, kids, {name: partials[name].to_numpy()
+                                          for name in spec.partial_columns})
+        first = merged.first
+        if len(first):
+            self._register_timers(kids[first], starts[first], ends[first])
+        if self.assigner.event_time:
+            due = np.broadcast_to(ends - 1 <= self.watermarks_of_key_ids(kids), kids.shape)
+            if due.any():
+                self._emit_columns(kids[due], starts[due], ends[due], spec.results(
+                    {name: values[due] for name, values in merged.values.items()}))
+
+    def _on_disk_timers(self, panes: DiskPanes, starts: np.ndarray, groups: np.ndarray,
+                        fire: np.ndarray, cleanup: np.ndarray) -> None:
+        """Due timers of the disk panes, a timer standing for its key group in its window:
+        firing ones emit the window's keys of their groups (one range scan per group),
+        then cleanup ones (the firing ones, without lateness) delete them by range."""
+        fired, cleared = [], []
+        for start in np.unique(starts).tolist():
+            end = int(self._ends(np.array([start]))[0])
+            at = starts == start
+            firing = np.unique(groups[at & fire]).tolist()
+            if firing:
+                kids, values = panes.read(end, firing)
+                if len(kids):
+                    fired.append((start, end, kids, values))
+            cleared.append((end, np.unique(groups[at & cleanup]).tolist()))
+        if fired:
+            self._sync_key_columns(None, None)  # restored keys read for the first time
+            spec = self._spec
+            self._emit_columns(
+                np.concatenate([k for _, _, k, _ in fired]),
+                np.concatenate([np.full(len(k), s, np.int64) for s, _, k, _ in fired]),
+                np.concatenate([np.full(len(k), e, np.int64) for _, e, k, _ in fired]),
+                spec.results({name: np.concatenate([v[name] for _, _, _, v in fired])
+                              for name in spec.partial_columns}))
+        for end, groups_ in cleared:
+            panes.clear(end, groups_)
 
     def _dense_window(self, start: int, capacity: int) -> _DenseWindow:
         window = self.dense_windows.get(start)
@@ -628,6 +721,11 @@ class WindowOperator(_KeyedOperator):
             cleanup = timestamps == ends - 1 + self.lateness
             if self.dense:  # a timer stands for its key group in its window
                 groups = self.timers.key_groups_of(kids)
+                if self.disk_panes is not None:
+                    due = fire | cleanup  # without lateness a firing timer cleans up too
+                    self._on_disk_timers(self.disk_panes, starts[due], groups[due], fire[due],
+                                         cleanup[due])
+                    continue
                 fired = self._dense_due(starts[fire], groups[fire])
                 self._emit_dense(fired)
                 cleared = (self._dense_due(starts[cleanup], groups[cleanup]) if self.lateness
@@ -740,6 +838,7 @@ class WindowOperator(_KeyedOperator):
     def restore_keyed_parts(self, parts) -> None:
         sections = parts.pop("windows", [])
         super().restore_keyed_parts(parts)
+        self._open_disk_panes()  # the backend is restored: its panes, if any
         for group, blob in sections:
             version, content = pickle.loads(blob)  # this job's own checkpoint file
             if version not in _READABLE_VERSIONS:
@@ -776,6 +875,12 @@ class WindowOperator(_KeyedOperator):
         kids = self.timers.key_ids(keys, np.full(len(keys), group))
         if self.dtypes is None:
             self.dtypes = {n: c.dtype for n, c in columns.items()}
+        panes = self.disk_panes
+        if panes is not None:  # a heap savepoint into a disk job: its timers are restored
+            if panes.record is None:
+                panes.set_dtypes(self.dtypes)
+            panes.merge(self._ends(starts), kids, columns)
+            return
         for start in np.unique(starts).tolist():
             mine = starts == start
             window = self._dense_window(start, self.timers.num_keys)

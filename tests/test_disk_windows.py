@@ -1,0 +1,413 @@
+"""Dense windows on the disk state backend: partials in RocksDB, against pandas.
+
+Operator-level tests drive a heap and a disk :class:`WindowOperator` with the same
+batches and watermarks (disorder, rows beyond the bound, allowed lateness) and
+check both against a pandas oracle; snapshot tests restore disk sections at
+other parallelisms; job tests run real Ray jobs on the disk backend through a
+subtask kill and a savepoint restored at another parallelism.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+import ray
+
+import raystream as rs
+from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
+from raystream.checkpoint.state_backend import StateBackend
+from raystream.checkpoint.watermark_floors import WatermarkFloors
+from raystream.engine.keys import KeySelector
+from raystream.engine.windows.aggregates import AggregateSpec
+from raystream.engine.windows.disk_panes import STATE_NAME, DiskPanes
+from raystream.engine.windows.functions import BuiltinAggregates, UserAggregate
+from raystream.engine.windows.operator import WindowOperator
+from raystream.timers.service import TimerService
+from tests.test_exactly_once import wait_for_checkpoint
+from tests.test_windows import (AGGS, Average, events, make_input, throttle, windows_of,
+                                with_stragglers)
+
+MAXP = 128
+ASSIGNERS = [rs.TumblingEventTimeWindows(size_ms=50),
+             rs.TumblingEventTimeWindows(size_ms=40, offset_ms=7),
+             rs.SlidingEventTimeWindows(size_ms=60, slide_ms=20)]
+
+
+def window_operator(backend: StateBackend, assigner, *, lateness: int = 0, index: int = 0,
+                    parallelism: int = 1) -> WindowOperator:
+    op = WindowOperator("w", KeySelector.of("k"), assigner,
+                        function=BuiltinAggregates(AggregateSpec.of(AGGS)), timestamp="ts",
+                        allowed_lateness_ms=lateness, late_output="late")
+    op.setup(RuntimeContext("job", "w", index, parallelism, MAXP, 0, state_backend=backend),
+             CollectingOutput())
+    return op
+
+
+def drive(op: WindowOperator, key, ts, x, *, batch: int = 25, lag: int = 20):
+    """Feed batches; after each the watermark is max(ts seen) - lag - 1. Returns the
+    output rows, the watermark each input row saw on arrival, and the late rows."""
+    op.initialize_state(None)
+    op.open()
+    wm, seen, arrival = rs.MIN_WATERMARK, -(2 ** 62), []
+    for i in range(0, len(ts), batch):
+        sl = slice(i, i + batch)
+        op.process_batch(pa.record_batch({"k": key[sl], "ts": ts[sl], "x": x[sl]}))
+        arrival += [wm] * len(ts[sl])
+        seen = max(seen, int(ts[sl].max()))
+        if seen - lag - 1 > wm:
+            wm = seen - lag - 1
+            op.process_watermark(wm)
+    op.process_watermark(rs.MAX_WATERMARK)
+    out = op.output
+    assert isinstance(out, CollectingOutput)
+    late = (pa.Table.from_batches(out.side_batches["late"]).to_pandas()
+            if "late" in out.side_batches else pd.DataFrame({"k": [], "ts": [], "x": []}))
+    return pa.Table.from_batches(out.batches).to_pandas(), arrival, late
+
+
+def oracle(assigner, lateness: int, key, ts, x, arrival) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """pandas: each row in every window it belongs to unless that window was past its
+    lateness when the row arrived; rows kept by no window are the late ones."""
+    rows = pd.DataFrame({"k": key, "ts": ts, "x": x, "wm": arrival})
+    rows["window"] = [windows_of(assigner, t) for t in ts.tolist()]
+    exploded = rows.explode("window")
+    exploded["window_start"] = [w[0] for w in exploded["window"]]
+    exploded["window_end"] = [w[1] for w in exploded["window"]]
+    kept = exploded[exploded["window_end"] - 1 + lateness > exploded["wm"]]
+    results = kept.groupby(["k", "window_start", "window_end"]).agg(
+        n=("x", "size"), total=("x", "sum"), low=("x", "min"), high=("x", "max"),
+        avg=("x", "mean")).reset_index()
+    late = rows.loc[~rows.index.isin(kept.index), ["k", "ts", "x"]]
+    return results, late
+
+
+def last_per_window(results: pd.DataFrame) -> pd.DataFrame:
+    """A window fired again (a row within the allowed lateness) replaces its result."""
+    return (results.drop_duplicates(["k", "window_start", "window_end"], keep="last")
+            .sort_values(["k", "window_start"]).reset_index(drop=True))
+
+
+def stored_entries(op: WindowOperator) -> int:
+    assert isinstance(op.backend, DiskKeyedStateBackend)
+    return sum(1 for _ in op.backend.raw_db.keys())
+
+
+@pytest.mark.parametrize("assigner", ASSIGNERS, ids=repr)
+@pytest.mark.parametrize("lateness", [0, 25])
+def test_disk_windows_equal_heap_windows_and_pandas(assigner, lateness):
+    key, ts, x = make_input(seed=lateness + assigner.size_ms, n=600, keys=40, disorder=100)
+    heap, heap_arrival, heap_late = drive(window_operator(StateBackend.HEAP, assigner,
+                                                          lateness=lateness), key, ts, x)
+    op = window_operator(StateBackend.DISK, assigner, lateness=lateness)
+    disk, arrival, late = drive(op, key, ts, x)
+    assert op.disk_panes is not None and not op.dense_windows  # nothing on the heap
+    assert stored_entries(op) == 0 and not op.disk_panes.timed  # every window deleted
+    # the same rows (re-firings included) as the heap backend, in any order
+    columns = ["k", "window_start", "window_end", *AGGS]
+    pd.testing.assert_frame_equal(
+        disk[columns].sort_values(columns).reset_index(drop=True),
+        heap[columns].sort_values(columns).reset_index(drop=True))
+    assert arrival == heap_arrival
+    pd.testing.assert_frame_equal(late.sort_values("ts").reset_index(drop=True),
+                                  heap_late.sort_values("ts").reset_index(drop=True))
+
+    expected, expected_late = oracle(assigner, lateness, key, ts, x, arrival)
+    assert len(expected_late), "the input must hold rows beyond the bound to mean something"
+    got = last_per_window(disk)
+    assert got[["k", "window_start", "window_end", "n"]].astype(np.int64).equals(
+        expected[["k", "window_start", "window_end", "n"]].astype(np.int64))
+    for column in ("total", "low", "high", "avg"):
+        np.testing.assert_allclose(got[column], expected[column])
+    assert sorted(late["ts"].tolist()) == sorted(expected_late["ts"].tolist())
+    if lateness == 0:
+        assert len(disk) == len(expected)  # each window fires once
+
+
+def test_picking_aggregates_on_disk_equal_the_heap_and_pandas():
+    """max_by and top_k: their partials are fixed-width slots too."""
+    aggs = {"best": ("max_by", ("x", "y")), "top": ("top_k", ("x", 3))}
+    key, ts, x = make_input(seed=2, n=500, keys=30, disorder=50)
+    y = (np.arange(len(x)) * 7919 % 13).astype(np.float64)  # ties: the smallest x wins
+    outputs = {}
+    for backend in (StateBackend.HEAP, StateBackend.DISK):
+        op = WindowOperator("w", KeySelector.of("k"), ASSIGNERS[2],
+                            function=BuiltinAggregates(AggregateSpec.of(aggs)), timestamp="ts")
+        op.setup(RuntimeContext("job", "w", 0, 1, MAXP, 0, state_backend=backend),
+                 CollectingOutput())
+        op.initialize_state(None)
+        for i in range(0, len(ts), 50):
+            sl = slice(i, i + 50)
+            op.process_batch(pa.record_batch({"k": key[sl], "ts": ts[sl], "x": x[sl], "y": y[sl]}))
+        op.process_watermark(rs.MAX_WATERMARK)  # no row is late: the oracle needs no watermark
+        outputs[backend] = (pa.Table.from_batches(op.output.batches)  # pyright: ignore
+                            .to_pandas().sort_values(["k", "window_start"]).reset_index(drop=True))
+    heap, disk = outputs[StateBackend.HEAP], outputs[StateBackend.DISK]
+    assert heap.drop(columns="top").equals(disk.drop(columns="top"))
+    assert [list(t) for t in heap["top"]] == [list(t) for t in disk["top"]]
+    rows = pd.DataFrame({"k": key, "ts": ts, "x": x, "y": y})
+    rows["window"] = [windows_of(ASSIGNERS[2], t) for t in ts.tolist()]
+    rows = rows.explode("window")
+    rows["window_start"] = [w[0] for w in rows["window"]]
+    expected = []
+    for window, group in rows.groupby(["k", "window_start"]):
+        tied = group[group["y"] == group["y"].max()]
+        expected.append((*window, tied["x"].min(), sorted(group["x"], reverse=True)[:3]))  # pyright: ignore[reportGeneralTypeIssues]
+    got = [(r.k, r.window_start, r.best, list(r.top)) for r in disk.itertuples()]
+    assert got == expected
+
+
+def test_a_key_group_cleared_alone_leaves_the_others_of_its_window():
+    """A window cleared in one key group (timers of groups fire apart after a restore):
+    the other groups keep their partials, and a key of the cleared group starts anew."""
+    backend = DiskKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    timers = TimerService(max_parallelism=MAXP, key_groups=range(MAXP))
+    panes = DiskPanes(backend, AggregateSpec.of({"total": ("sum", "x")}), timers, where="w")
+    panes.set_dtypes({"__total.sum": np.dtype(np.float64)})
+    keys = list(range(200))
+    groups = np.array([rs.key_group_of(k, MAXP) for k in keys])
+    kids = timers.key_ids(keys, groups)
+    ones = {"__total.sum": np.ones(len(keys))}
+    for _ in range(2):
+        panes.merge(np.full(len(keys), 100), kids, ones)
+    cleared = np.unique(groups)[:5]
+    panes.clear(100, cleared.tolist())
+    panes.merge(np.full(len(keys), 100), kids, ones)
+    found, partials = panes.read(100, np.unique(groups).tolist())
+    expected = pd.Series(np.where(np.isin(groups, cleared), 1.0, 3.0), index=kids)
+    got = pd.Series(partials["__total.sum"], index=found).sort_index()
+    pd.testing.assert_series_equal(got, expected.sort_index())
+    backend.close()
+
+
+@pytest.mark.parametrize("layout", ["sessions", "generic"])
+def test_sessions_and_user_functions_run_in_a_disk_job_with_heap_state(layout):
+    """Not the dense layout: in a job on the disk backend their state stays on the heap
+    (checkpointed in part "windows"), with the heap job's results."""
+    key, ts, x = make_input(seed=9, n=400, keys=20, disorder=60)
+    outputs = []
+    for backend in (StateBackend.HEAP, StateBackend.DISK):
+        if layout == "sessions":
+            assigner, function = (rs.EventTimeSessionWindows(gap_ms=15),
+                                  BuiltinAggregates(AggregateSpec.of(AGGS)))
+        else:
+            assigner, function = ASSIGNERS[2], UserAggregate(Average(), "result")
+        op = WindowOperator("w", KeySelector.of("k"), assigner, function=function,
+                            timestamp="ts", allowed_lateness_ms=10, late_output="late")
+        op.setup(RuntimeContext("job", "w", 0, 1, MAXP, 0, state_backend=backend),
+                 CollectingOutput())
+        rows, _, late = drive(op, key, ts, x)
+        assert op.disk_panes is None
+        outputs.append((rows.astype(str).sort_values(list(rows.columns)).reset_index(drop=True),
+                        sorted(late["ts"].tolist())))
+    assert len(outputs[0][0])
+    pd.testing.assert_frame_equal(outputs[0][0], outputs[1][0])
+    assert outputs[0][1] == outputs[1][1]
+
+
+def test_processing_time_windows_on_disk_fire_at_the_end():
+    op = WindowOperator("w", KeySelector.of("k"), rs.TumblingProcessingTimeWindows(size_ms=3_600_000),
+                        function=BuiltinAggregates(AggregateSpec.of({"n": ("count", None),
+                                                                     "total": ("sum", "x")})),
+                        timestamp=None)
+    op.setup(RuntimeContext("job", "w", 0, 1, MAXP, 0, state_backend=StateBackend.DISK),
+             CollectingOutput())
+    op.initialize_state(None)
+    key, _, x = make_input(seed=1, n=300, keys=30)
+    for i in range(0, 300, 50):
+        op.process_batch(pa.record_batch({"k": key[i:i + 50], "x": x[i:i + 50]}))
+    assert stored_entries(op) > 0
+    op.finish()
+    got = pa.Table.from_batches(op.output.batches).to_pandas()  # pyright: ignore
+    expected = pd.DataFrame({"k": key, "x": x}).groupby("k")["x"].agg(["size", "sum"])
+    assert len(got["window_start"].unique()) <= 2  # an hour's window (or two, at its edge)
+    by_key = got.groupby("k").agg(n=("n", "sum"), total=("total", "sum"))
+    assert by_key["n"].tolist() == expected["size"].tolist()
+    np.testing.assert_allclose(by_key["total"], expected["sum"])
+    assert stored_entries(op) == 0
+
+
+def snapshot_midway(backend: StateBackend, assigner, key, ts, x, half: int):
+    """Run the first ``half`` rows, snapshot (the synchronous part), process the rest
+    before the asynchronous part runs, then finish: (sections, whole run's results)."""
+    whole = window_operator(backend, assigner)
+    whole.initialize_state(None)
+    whole.open()
+    whole.process_batch(pa.record_batch({"k": key[:half], "ts": ts[:half], "x": x[:half]}))
+    whole.process_watermark(int(ts[:half].max()) - 100)
+    snapshot = whole.snapshot_state(1).keyed_state
+    assert snapshot is not None
+    whole.process_batch(pa.record_batch({"k": key[half:], "ts": ts[half:], "x": x[half:]}))
+    sections = snapshot()
+    whole.process_watermark(rs.MAX_WATERMARK)
+    return sections, pa.Table.from_batches(whole.output.batches).to_pandas()  # pyright: ignore
+
+
+def restore_and_finish(backend: StateBackend, assigner, sections, key, ts, x, half: int,
+                       parallelism: int) -> pd.DataFrame:
+    """Restore ``sections`` into ``parallelism`` subtasks by key group, feed each the rest
+    of its keys' rows, finish: the union of their results."""
+    floors = WatermarkFloors.from_json(int(ts[:half].max()) - 100, max_parallelism=MAXP)
+    out = []
+    for index in range(parallelism):
+        op = window_operator(backend, assigner, index=index, parallelism=parallelism)
+        groups = rs.key_group_range(index, parallelism, MAXP)
+        op.initialize_state(RestoredState(1, [], [(g, s) for g, s in sections.items()
+                                                   if g in groups], floors))
+        op.open()
+        mine = np.array([rs.key_group_of(k, MAXP) in groups for k in key[half:].tolist()])
+        op.process_batch(pa.record_batch({"k": key[half:][mine], "ts": ts[half:][mine],
+                                          "x": x[half:][mine]}))
+        op.process_watermark(rs.MAX_WATERMARK)
+        out.extend(op.output.batches)  # pyright: ignore
+    return pa.Table.from_batches(out).to_pandas()
+
+
+def sorted_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    columns = ["k", "window_start", "window_end", *AGGS]
+    return frame.loc[:, columns].sort_values(by=columns).reset_index(drop=True)
+
+
+@pytest.mark.parametrize("assigner", ASSIGNERS[1:], ids=repr)
+def test_disk_snapshot_restores_at_other_parallelism(assigner):
+    """The panes travel in the backend's sections: restored into 1, 2 and 3 subtasks
+    (and from a heap snapshot into disk ones) the windows open at the snapshot fire
+    once, as in the uninterrupted run; a heap job refuses the disk sections."""
+    key, ts, x = make_input(seed=11, n=400, keys=60, disorder=0)
+    half = 200
+    sections, whole = snapshot_midway(StateBackend.DISK, assigner, key, ts, x, half)
+    open_at_snapshot = sorted_rows(whole[whole["window_end"] - 1 > int(ts[:half].max()) - 100])
+    assert len(open_at_snapshot)
+    for parallelism in (1, 2, 3):
+        got = restore_and_finish(StateBackend.DISK, assigner, sections, key, ts, x, half,
+                                 parallelism)
+        pd.testing.assert_frame_equal(sorted_rows(got), open_at_snapshot)
+
+    heap_sections, heap_whole = snapshot_midway(StateBackend.HEAP, assigner, key, ts, x, half)
+    pd.testing.assert_frame_equal(sorted_rows(heap_whole), sorted_rows(whole))
+    got = restore_and_finish(StateBackend.DISK, assigner, heap_sections, key, ts, x, half, 2)
+    pd.testing.assert_frame_equal(sorted_rows(got), open_at_snapshot)
+
+    with pytest.raises(ValueError, match="window 'w': .*state_backend='disk'"):
+        restore_and_finish(StateBackend.HEAP, assigner, sections, key, ts, x, half, 1)
+
+
+def test_restored_panes_know_their_record_before_any_row():
+    """A restored disk operator fires its windows from the watermark alone: the partials'
+    dtypes come with the state's kind, the keys from the entries."""
+    assigner = ASSIGNERS[0]
+    key, ts, x = make_input(seed=4, n=200, keys=25, disorder=0)
+    sections, whole = snapshot_midway(StateBackend.DISK, assigner, key, ts, x, len(ts))
+    op = window_operator(StateBackend.DISK, assigner)
+    op.initialize_state(RestoredState(1, [], list(sections.items()), None))
+    assert isinstance(op.backend, DiskKeyedStateBackend)
+    assert str(op.backend.state_kind(STATE_NAME)).startswith("window-panes ")
+    op.process_watermark(rs.MAX_WATERMARK)
+    got = pa.Table.from_batches(op.output.batches).to_pandas()  # pyright: ignore
+    snapshot_watermark = int(ts.max()) - 100
+    pd.testing.assert_frame_equal(
+        sorted_rows(got), sorted_rows(whole[whole["window_end"] - 1 > snapshot_watermark]))
+
+
+# -- jobs on Ray ----------------------------------------------------------------------------
+
+def tumbling_oracle(make, n: int, size: int, keep=None) -> pd.DataFrame:
+    e = pd.DataFrame(make(np.arange(n)))
+    if keep is not None:
+        e = e[keep]
+    e["window_start"] = e["ts"] // size * size
+    return (e.groupby(["user", "window_start"]).agg(n=("x", "size"), total=("x", "sum"))
+            .reset_index().sort_values(["user", "window_start"]).reset_index(drop=True))
+
+
+def job_rows(table: pa.Table) -> pd.DataFrame:
+    return (table.to_pandas()[["user", "window_start", "n", "total"]]
+            .sort_values(["user", "window_start"]).reset_index(drop=True))
+
+
+def disk_env(storage: str, parallelism: int = 2, *, incremental: bool = False
+             ) -> rs.StreamEnvironment:
+    return rs.StreamEnvironment(
+        parallelism=parallelism,
+        checkpoints=rs.CheckpointConfig(interval_s=0.2, storage=storage, retained=2,
+                                        state_backend=rs.DiskStateOptions(incremental=incremental)),
+        restart=rs.RestartStrategy.fixed_delay(3, 0.1))
+
+
+@pytest.mark.parametrize("incremental", [False, True], ids=["full", "incremental"])
+def test_disk_windows_exactly_once_through_a_subtask_kill(ray_session, tmp_path, incremental):
+    """Full checkpoints with raw rows in; incremental ones with pre-aggregated partials in."""
+    n, size = 40_000, 1000
+    env = disk_env(str(tmp_path / "chk"), incremental=incremental)
+    src = env.from_sequence(n, events, batch_size=250,
+                            watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=500))
+    sink = src.map_batches(throttle, name="throttle").key_by("user").window(
+        rs.TumblingEventTimeWindows(size_ms=size), timestamp="ts",
+        pre_aggregate=incremental).agg(
+        n=("count", None), total=("sum", "x")).collect()
+    client = env.execute_async("disk-windows-kill")
+    completed = wait_for_checkpoint(client, after=1)
+    ray.kill(client.subtask_actor("window", 1))
+    job = client.wait(timeout_s=240)
+    assert job.restarts == 1, job.failures
+    assert job.restores[0]["checkpoint_id"] >= completed
+    got = job_rows(job.table(sink))
+    assert not got.duplicated(["user", "window_start"]).any()  # no window emitted twice
+    pd.testing.assert_frame_equal(got, tumbling_oracle(events, n, size), check_dtype=False)
+
+
+def test_disk_sliding_windows_savepoint_at_2_restore_at_3(ray_session, tmp_path):
+    """Sliding windows (pre-aggregated into panes) with allowed lateness on the disk
+    backend: stopped with a savepoint at parallelism 2 while windows are open, restored
+    at 3, every window fires exactly once over the two runs."""
+    n, size, slide = 30_000, 1000, 500
+
+    def job(parallelism: int):
+        env = disk_env(str(tmp_path / f"chk{parallelism}"), parallelism)
+        src = env.from_sequence(n, events, batch_size=250,
+                                watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=500))
+        if parallelism == 2:  # the first run, stopped midway
+            src = src.map_batches(throttle, name="throttle")
+        windowed = src.key_by("user").window(
+            rs.SlidingEventTimeWindows(size_ms=size, slide_ms=slide), timestamp="ts",
+            allowed_lateness_ms=300, pre_aggregate=True).agg(n=("count", None),
+                                                             total=("sum", "x"))
+        return env, windowed.collect()
+
+    env, sink = job(2)
+    client = env.execute_async("disk-windows-before-rescale")
+    wait_for_checkpoint(client, after=1)
+    first = client.stop_with_savepoint(str(tmp_path / "savepoint"))
+    env, sink_after = job(3)
+    second = env.execute("disk-windows-after-rescale", restore_from=str(tmp_path / "savepoint"))
+    assert 0 < first.table(sink).num_rows
+    got = job_rows(pa.concat_tables([first.table(sink), second.table(sink_after)]))
+    assert not got.duplicated(["user", "window_start"]).any()
+    e = pd.DataFrame(events(np.arange(n)))
+    first_start = e["ts"] // slide * slide - size + slide  # each row: its two windows
+    e = pd.concat([e.assign(window_start=first_start),
+                   e.assign(window_start=first_start + slide)])
+    expected = (e.groupby(["user", "window_start"]).agg(n=("x", "size"), total=("x", "sum"))
+                .reset_index().sort_values(["user", "window_start"]).reset_index(drop=True))
+    pd.testing.assert_frame_equal(got, expected, check_dtype=False)
+
+
+def test_disk_windows_send_rows_beyond_the_bound_to_the_side_output(ray_session, tmp_path):
+    n, size = 10_000, 1000
+    env = disk_env(str(tmp_path / "chk"))
+    src = env.from_sequence(n, with_stragglers, batch_size=200, num_splits=1,
+                            watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=100))
+    windowed = src.key_by("user").window(rs.TumblingEventTimeWindows(size_ms=size),
+                                         timestamp="ts", late_output="late").agg(
+        n=("count", None), total=("sum", "x"))
+    main, late = windowed.collect(), windowed.side_output("late").collect(name="late")
+    job = env.execute("disk-windows-late")
+    i = np.arange(n)
+    straggler = (i % 500 == 499) & (i > 1000)
+    assert sorted(job.table(late)["ts"].to_pylist()) == sorted(
+        with_stragglers(i)["ts"][straggler].tolist())
+    pd.testing.assert_frame_equal(job_rows(job.table(main)),
+                                  tumbling_oracle(with_stragglers, n, size, keep=~straggler),
+                                  check_dtype=False)
