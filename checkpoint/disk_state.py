@@ -2,8 +2,10 @@
 
 Flink's ``EmbeddedRocksDBStateBackend``, in Python: selected per job with
 ``rs.CheckpointConfig(state_backend="disk")`` (or ``state_backend=DiskStateOptions(...)``
-to set its memory budget), it keeps keyed state of keyed process functions and
-keyed reduce off the Python heap, so state may outgrow memory.
+to set its memory budget), it keeps keyed state of keyed process functions, keyed
+reduce and time windows (:mod:`raystream.engine.windows.disk_panes` stores their
+partials through :meth:`DiskKeyedStateBackend.raw_db`) off the Python heap, so
+state may outgrow memory.
 
 Why rocksdict
 -------------

@@ -166,8 +166,8 @@ class _KeyedOperator(Operator):
     :meth:`keyed_snapshot_parts`), so restore works at any parallelism.
     """
 
-    # May this operator keep its state in the disk backend? Keyed process functions and
-    # keyed reduce may; windows (namespaced, merging state) stay on the heap for now.
+    # May this operator keep its state in the disk backend? Keyed (co-, broadcast) process
+    # functions, keyed reduce and windows may; count windows and joins not yet.
     supports_disk_state = False
 
     def __init__(self, name: str, keys: KeySelector) -> None:
@@ -184,8 +184,9 @@ class _KeyedOperator(Operator):
         if is_disk(ctx.state_backend) and not self.supports_disk_state:
             raise ValueError(
                 f"operator '{self.name}' ({type(self).__name__}) cannot keep its state in the "
-                f"disk state backend yet (that backend serves keyed process functions and keyed "
-                f"reduce only); run this job with CheckpointConfig(state_backend='heap')")
+                f"disk state backend yet (that backend serves keyed process functions, keyed "
+                f"reduce and time windows); run this job with "
+                f"CheckpointConfig(state_backend='heap')")
         self.backend = create_keyed_state_backend(ctx.state_backend,
                                                   max_parallelism=ctx.max_parallelism,
                                                   key_groups=groups)
