@@ -57,7 +57,9 @@ class Path(enum.Enum):
 
 class Backend(enum.Enum):
     """Where keyed state lives: the heap (the default) or RocksDB on local disk (it serves
-    the running sums and the process function; windows and joins keep theirs on the heap)."""
+    the running sums, the process functions and, from seed 9000 on, time windows: dense
+    ones keep their partials there, sessions and generic ones stay on the heap in such
+    a job; joins and count windows are heap only)."""
 
     HEAP = "heap"
     DISK = "disk"
@@ -98,6 +100,9 @@ NEW_OPERATORS_FROM_SEED = 1000
 # Seeds from here on may keep their state on the disk backend (drawn apart, likewise).
 DISK_STATE_FROM_SEED = 2000
 DISK_JOBS = (JobKind.REDUCE, JobKind.PROCESS, JobKind.CO_PROCESS, JobKind.BROADCAST)
+# Seeds from here on may run their time windows on the disk backend too (drawn apart).
+DISK_WINDOWS_FROM_SEED = 9000
+DISK_WINDOW_JOBS = (JobKind.TUMBLING, JobKind.SLIDING, JobKind.SESSION)
 # Seeds from here on may run the two-input process function instead (drawn apart, likewise),
 # and from 6000 on the broadcast one.
 CO_PROCESS_FROM_SEED = 5000
@@ -305,7 +310,7 @@ def _with_master_kill_moment(scenario: Scenario, at: int, rng: random.Random) ->
 
 def _with_backend(scenario: Scenario, rng: random.Random) -> Scenario:
     """Half of the jobs the disk backend serves keep their state there (later seeds only)."""
-    if (scenario.seed >= DISK_STATE_FROM_SEED and scenario.job in DISK_JOBS
-            and rng.random() < 0.5):
+    jobs = DISK_JOBS + (DISK_WINDOW_JOBS if scenario.seed >= DISK_WINDOWS_FROM_SEED else ())
+    if scenario.seed >= DISK_STATE_FROM_SEED and scenario.job in jobs and rng.random() < 0.5:
         return dataclasses.replace(scenario, backend=Backend.DISK)
     return scenario

@@ -27,8 +27,10 @@ from tests.chaos.scenarios import generate
 # 4002 a job master killed after checkpoints; 5000 the two-input process function; 6055
 # the broadcast process function; 7164 incremental checkpoints of the disk backend; 8007
 # broadcast on disk, the master killed while the job restores; 8022 co-process on
-# incremental disk state, the master killed 86 ms into a stop with a savepoint.
-CI_SEEDS = [1, 3, 6, 43, 64, 71, 1004, 1005, 2049, 4002, 5000, 6055, 7164, 8007, 8022]
+# incremental disk state, the master killed 86 ms into a stop with a savepoint; 9025
+# sliding windows pre-aggregated into panes on incremental disk state, stopped and
+# restored at p=3, then a kill.
+CI_SEEDS = [1, 3, 6, 43, 64, 71, 1004, 1005, 2049, 4002, 5000, 6055, 7164, 8007, 8022, 9025]
 
 
 @pytest.mark.parametrize("seed", CI_SEEDS)
