@@ -36,7 +36,9 @@ status and completed checkpoints). The figures:
 * **rows/s**: rows the ``sum`` subtasks took in between the first poll that saw
   any and the last poll before the kill (the disk run) or the poll that saw the
   last row (the heap run), over the time between those polls: failover and
-  replay are not in it.
+  replay are not in it. The same rows over the CPU seconds the ``sum``
+  processes used meanwhile (psutil: all their threads) are printed too: on a
+  loaded machine that figure moves much less than rows/s.
 * **peak RSS per subtask**: the largest resident set size, sampled with psutil,
   of the process of each ``sum`` subtask (the disk backend's block cache,
   write buffers and index blocks count; its files do not), over both attempts.
@@ -179,8 +181,10 @@ class Monitor:
         self.client, self.rows, self.plan = client, rows, kill
         self.chain = client.plan.vertex_of("sum").name
         self.peak_rss: dict[int, int] = {}
-        self.first: tuple[float, int] | None = None  # (time, rows in) at the first input seen
-        self.last: tuple[float, int] | None = None  # ... at the last increase before a kill
+        # (time, rows in, CPU seconds of the sum processes) at the first input seen, and at
+        # the last increase before a kill
+        self.first: tuple[float, int, float] | None = None
+        self.last: tuple[float, int, float] | None = None
         self.kill: Kill | None = None
         self.killed_at = 0.0
         self.restore_s: float | None = None
@@ -195,15 +199,18 @@ class Monitor:
         return {int(index): m for key, m in metrics.items()
                 for chain, _, index in [key.rpartition("/")] if chain == self.chain}
 
-    def _rss(self, index: int, pid: int) -> None:
+    def _sample(self, index: int, pid: int) -> float:
+        """Record the process's RSS; its CPU seconds so far (0 once it is gone)."""
         process = self._processes.get(pid)
         if process is None:
             process = self._processes[pid] = psutil.Process(pid)
         try:
-            rss = process.memory_info().rss
+            with process.oneshot():
+                rss, cpu = process.memory_info().rss, process.cpu_times()
         except psutil.Error:  # killed meanwhile
-            return
+            return 0.0
         self.peak_rss[index] = max(self.peak_rss.get(index, 0), rss)
+        return cpu.user + cpu.system
 
     def _run(self) -> None:
         try:
@@ -216,17 +223,16 @@ class Monitor:
     def _poll(self) -> None:
         now = time.monotonic()
         subtasks = self._subtasks()
-        for index, m in subtasks.items():
-            self._rss(index, int(m["pid"]))
+        cpu = sum(self._sample(index, int(m["pid"])) for index, m in subtasks.items())
         if len(subtasks) < PARALLELISM:
             return
         rows_in = int(sum(m["records_in"] for m in subtasks.values()))
         attempts = {int(m["attempt"]) for m in subtasks.values()}
         if self.kill is None and attempts == {0}:
             if self.first is None and rows_in:
-                self.first = (now, rows_in)
+                self.first = (now, rows_in, cpu)
             if self.last is None or rows_in > self.last[1]:
-                self.last = (now, rows_in)
+                self.last = (now, rows_in, cpu)
             if self.plan is not None and rows_in >= self.plan.at_fraction * self.rows:
                 completed = len(self.client.progress()["completed_checkpoints"])
                 if completed >= self.plan.after_checkpoints:
@@ -250,6 +256,15 @@ class Monitor:
             return math.nan
         return (self.last[1] - self.first[1]) / (self.last[0] - self.first[0])
 
+    @property
+    def rows_per_cpu_s(self) -> float:
+        """The same rows over the CPU seconds the sum processes used meanwhile (all their
+        threads: RocksDB's flushes and compactions, checkpoint uploads): a figure other
+        load on the machine does not change much."""
+        if self.first is None or self.last is None or self.last[2] <= self.first[2]:
+            return math.nan
+        return (self.last[1] - self.first[1]) / (self.last[2] - self.first[2])
+
 
 @dataclass(frozen=True)
 class Increment:
@@ -267,6 +282,7 @@ class Run:
     keys: int
     rows: int
     rows_per_s: float
+    rows_per_cpu_s: float
     peak_rss: dict[int, int]  # by sum subtask
     checkpoints: tuple  # the completed CheckpointStats
     increments: tuple[Increment, ...] = ()
@@ -375,8 +391,8 @@ def run(backend: str, op: str, keys: int, rows: int, batch_size: int, memory_mb:
         raise SystemExit(f"{backend} run: the job ended before a subtask was killed and "
                          f"restored (fewer than {kill.after_checkpoints} checkpoints by "
                          f"{kill.at_fraction:.0%} of the rows?): give it more --rows")
-    return Run(backend, keys, rows, monitor.rows_per_s, dict(monitor.peak_rss), tuple(done),
-               steps, state_bytes, monitor.kill, monitor.restore_s, tuple(result.restores))
+    return Run(backend, keys, rows, monitor.rows_per_s, monitor.rows_per_cpu_s,
+               dict(monitor.peak_rss), tuple(done), steps, state_bytes, monitor.kill, monitor.restore_s, tuple(result.restores))
 
 
 def mb(n: float) -> str:
@@ -385,7 +401,8 @@ def mb(n: float) -> str:
 
 def report(r: Run) -> None:
     rss = ", ".join(f"sum[{i}] {mb(r.peak_rss[i])}" for i in sorted(r.peak_rss))
-    print(f"{r.backend}: {r.keys:,} keys, {r.rows:,} rows: {r.rows_per_s:,.0f} rows/s; "
+    print(f"{r.backend}: {r.keys:,} keys, {r.rows:,} rows: {r.rows_per_s:,.0f} rows/s "
+          f"({r.rows_per_cpu_s:,.0f} per CPU second of the sum processes); "
           f"peak RSS {rss}; {len(r.checkpoints)} checkpoints completed")
     changed = {inc.checkpoint_id: inc.changed_bytes for inc in r.increments}
     for c in r.checkpoints:
@@ -445,6 +462,7 @@ def main() -> None:
     ratio = written / changed if changed else math.nan
     print(f"op={args.op} p={PARALLELISM} checkpoint every {INTERVAL_S:g} s; disk budget "
           f"{args.memory_mb} MB/subtask; bench wall time {time.monotonic() - started:,.0f} s")
+    print(f"disk over heap per CPU second: {disk.rows_per_cpu_s / heap.rows_per_cpu_s:.4f}")
     print(f"targets: peak RSS {mb(peak)} <= budget + 1 GiB {mb(budget)}: {peak <= budget}; "
           f"over_heap_1m >= 0.5: {disk.rows_per_s / heap.rows_per_s >= 0.5}; "
           f"incremental_bytes_over_changed <= 3: {ratio <= 3}; "
