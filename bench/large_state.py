@@ -56,8 +56,10 @@ status and completed checkpoints). The figures:
   The job master's own record (``JobResult.restores``' ``restore_s``, also
   printed) only covers verifying and redeploying: subtasks restore their state
   on their own threads after that.
-* **incremental_bytes_over_changed**: over the last ``--compare`` (3) pairs of
-  consecutive completed checkpoints (the disk run retains ``--compare + 1``),
+* **incremental_bytes_over_changed**: over ``--compare`` (3) pairs of consecutive
+  completed checkpoints, the last ones but for the newest two (those straddle
+  the end of the input, when few entries change; the disk run retains
+  ``--compare + 3``),
   the bytes the later one wrote over the bytes of the entries that changed
   between them. Those are counted exactly after the run: both checkpoints'
   databases are downloaded and scanned side by side in key order, and every
@@ -109,6 +111,7 @@ NUM_SPLITS = 4
 INTERVAL_S = 5.0
 MULTIPLIER = 2654435761  # coprime to the key count: a bijection mod keys
 POLL_S = 0.25
+TAIL = 2  # the newest checkpoints straddle the end of the input: not compared
 
 
 class Rows:
@@ -341,18 +344,19 @@ def changed_bytes(before: CheckpointEntries, after: CheckpointEntries) -> int:
     return changed
 
 
-def increments(storage: str, compared: list) -> tuple[tuple[Increment, ...], int]:
+def increments(storage: str, compared: list, newest: int) -> tuple[tuple[Increment, ...], int]:
     """Each of the ``compared`` completed checkpoints (oldest first) after the first
-    against the one before it, and the newest one's SST bytes."""
+    against the one before it, and the SST bytes of checkpoint ``newest``."""
     (job,) = [d for d in os.listdir(storage) if os.path.isdir(os.path.join(storage, d))]
     scratch = tempfile.mkdtemp(prefix="entries-", dir=storage)
     try:
         entries = [CheckpointEntries(storage, job, c.checkpoint_id, scratch) for c in compared]
         out = tuple(Increment(c.checkpoint_id, c.size, changed_bytes(entries[i - 1], entries[i]))
                     for i, c in enumerate(compared) if i > 0)
+        state_bytes = CheckpointEntries(storage, job, newest, scratch).sst_bytes
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return out, entries[-1].sst_bytes
+    return out, state_bytes
 
 
 def run(backend: str, op: str, keys: int, rows: int, batch_size: int, memory_mb: int,
@@ -367,7 +371,7 @@ def run(backend: str, op: str, keys: int, rows: int, batch_size: int, memory_mb:
             checkpoints=rs.CheckpointConfig(interval_s=INTERVAL_S, storage=storage,
                                             state_backend=state,
                                             # the compared ones stay on disk after the run
-                                            retained=max(compare + 1, 1)),
+                                            retained=compare + 1 + TAIL if compare else 1),
             restart=(rs.RestartStrategy.fixed_delay(1, 0.0) if kill is not None
                      else rs.RestartStrategy.none()))
         keyed = env.from_sequence(rows, columns=Rows(keys), batch_size=batch_size,
@@ -384,9 +388,10 @@ def run(backend: str, op: str, keys: int, rows: int, batch_size: int, memory_mb:
         done = sorted((c for c in result.checkpoints if c.status == "COMPLETED"),
                       key=lambda c: c.checkpoint_id)
         print(f"{backend} run ended: {monitor.rows_per_s:,.0f} rows/s, restore_s "
-              f"{monitor.restore_s}, {len(done)} checkpoints; comparing the last {compare}"
-              f" pairs", file=sys.stderr, flush=True)
-        steps, state_bytes = increments(storage, done[-compare - 1:]) if compare else ((), 0)
+              f"{monitor.restore_s}, {len(done)} checkpoints; comparing {compare} pairs",
+              file=sys.stderr, flush=True)
+        steps, state_bytes = (increments(storage, done[-compare - 1 - TAIL:-TAIL],
+                                         done[-1].checkpoint_id) if compare else ((), 0))
     finally:
         shutil.rmtree(storage, ignore_errors=True)
     seen = result.count(sink)
