@@ -144,7 +144,7 @@ from raystream.checkpoint.disk_incremental import IncrementalSnapshot, RestoredD
 from raystream.checkpoint.envelope import KEYED_STATE, Envelope, SectionKind, is_keyed_state, read
 from raystream.checkpoint.keygroups import check_key_group_range, key_group_of
 from raystream.checkpoint.ttl import (TTL_KIND_SUFFIX, StateTtlConfig, TtlTimeProvider,
-                                      check_state_kind, ttl_kind, wall_clock_ms)
+                                      check_state_kind, read_entries, ttl_kind, wall_clock_ms)
 
 __all__ = ["DiskKeyedStateBackend", "DiskStateOptions", "DiskStateSnapshot", "section_entries"]
 
@@ -916,21 +916,8 @@ class DiskTtlMapState(_DiskTtlState, DiskMapState):
         """``(user key, value)`` of the entries a read sees; deletes expired ones and
         renews the others when reads renew."""
         now = self._tick()
-        cfg = self._t.cfg
         d = self._stored()
-        cut = now - cfg.ttl_ms
-        out, changed = [], False
-        for k, e in list(d.items()):
-            if e[1] <= cut:
-                del d[k]
-                changed = True
-                if cfg.return_expired:
-                    out.append((k, e[0]))
-            else:
-                if cfg.renew_on_read:
-                    d[k] = [e[0], now]
-                    changed = True
-                out.append((k, e[0]))
+        out, changed = read_entries(d, self._t.cfg, now)
         if changed:
             self._store(d)
         return out

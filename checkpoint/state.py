@@ -113,7 +113,7 @@ from raystream.checkpoint.envelope import KEYED_STATE, Envelope, SectionKind, is
 from raystream.checkpoint.keygroups import check_key_group_range, key_group_of
 from raystream.checkpoint.ttl import TTL_KIND_SUFFIX as _TTL_SUFFIX
 from raystream.checkpoint.ttl import (StateTtlConfig, TtlTimeProvider, check_state_kind,
-                                      ttl_kind, wall_clock_ms)
+                                      read_entries, ttl_kind, wall_clock_ms)
 
 __all__ = [
     "CHUNK_ENTRIES",
@@ -784,16 +784,7 @@ class _TtlMapState(_TtlState, MapState):
         d = self._owned_map()
         if d is None:
             return []
-        out = []
-        for k, e in list(d.items()):
-            if e[1] + cfg.ttl_ms <= now:
-                del d[k]
-                if cfg.return_expired:
-                    out.append((k, e[0]))
-            else:
-                if cfg.renew_on_read:
-                    d[k] = (e[0], now)
-                out.append((k, e[0]))
+        out, _ = read_entries(d, cfg, now)
         self._drop_if_empty(d)
         return out
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 __all__ = ["TTL_KIND_SUFFIX", "StateTtlConfig", "TtlTimeProvider", "TtlUpdate", "TtlVisibility",
            "check_state_kind", "ttl_kind", "wall_clock_ms"]
@@ -136,3 +136,31 @@ def check_state_kind(name: str, had: str, kind: str) -> None:
             f"{'with' if now else 'without'} one: a state cannot gain or lose its "
             f"TTL (give it another name, or keep the ttl= it was created with)")
     raise ValueError(f"state {name!r} is {had} state, not {kind} state")
+
+
+def read_entries(entries: dict, cfg: StateTtlConfig,
+                 now: int) -> tuple[list[tuple[Any, Any]], bool]:
+    """What a read of a map state with a TTL sees: its ``(user key, value)`` pairs, from
+    ``entries`` (user key -> ``(value, timestamp)``, a tuple or a list), which it changes
+    in place: expired entries are removed (and returned once when the visibility allows
+    it), the others renewed when reads renew. Returns the pairs and whether ``entries``
+    changed. Both backends' map states read through it.
+
+        >>> cfg = StateTtlConfig(ttl_ms=100, update_on="read_and_write")
+        >>> entries = {"a": (1, 0), "b": (2, 950)}
+        >>> read_entries(entries, cfg, now=1000), entries
+        (([('b', 2)], True), {'b': (2, 1000)})
+    """
+    out, changed = [], False
+    for k, e in list(entries.items()):
+        if e[1] + cfg.ttl_ms <= now:
+            del entries[k]
+            changed = True
+            if cfg.return_expired:
+                out.append((k, e[0]))
+        else:
+            if cfg.renew_on_read:
+                entries[k] = type(e)((e[0], now))  # as stored: a tuple, or a list on disk
+                changed = True
+            out.append((k, e[0]))
+    return out, changed
