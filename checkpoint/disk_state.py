@@ -465,25 +465,36 @@ class DiskValueState(_DiskState):
         self._put(value)
 
     # -- vectorized access (keyed reduce over a batch) -------------------------
-    def values_of(self, keys_and_groups: Iterable[tuple[Any, int]]) -> list[Any]:
-        """The values of many keys (None where unset), with one multi-get."""
-        raws = self._b._multi_get(self._entry_keys(keys_and_groups))
-        return [None if raw is None else _unpack(raw) for raw in raws]
-
-    def _entry_keys(self, keys_and_groups: Iterable[tuple[Any, int]]) -> list[bytes]:
-        b = self._b
+    # A batch's keys are encoded once (entry_keys) and then read and written with them.
+    def entry_keys(self, keys_and_groups: Iterable[tuple[Any, int]]) -> list[bytes]:
+        """The stored keys of many ``(key, key group)`` pairs, for :meth:`values_at` and
+        :meth:`update_at`; a key group outside this backend's fails naming the key."""
         pairs = list(keys_and_groups)
-        groups = b.key_groups
+        groups = self._b.key_groups
         for k, g in pairs:
             if g not in groups:
                 raise ValueError(f"key {k!r} is in key group {g}, outside this backend's key "
                                  f"groups {groups.start}..{groups.stop - 1}")
-        return [b._entry_key(self._sid, k, g) for k, g in pairs]
+        sid, pack = _U16.unpack(self._sid)[0], _PREFIX_LEN.pack
+        encoded = [encode_key(k) for k, _ in pairs]
+        return [pack(g, sid, len(kb)) + kb for kb, (_, g) in zip(encoded, pairs)]
+
+    def values_at(self, keys: list[bytes]) -> list[Any]:
+        """The values stored at ``keys`` (None where unset), with one multi-get."""
+        return [None if raw is None else _unpack(raw) for raw in self._b._multi_get(keys)]
+
+    def update_at(self, keys: list[bytes], values: Iterable[Any]) -> None:
+        """Store ``values`` at ``keys``, in one write batch."""
+        self._b._write([(k, _pack(v)) for k, v in zip(keys, values)])
+
+    def values_of(self, keys_and_groups: Iterable[tuple[Any, int]]) -> list[Any]:
+        """The values of many ``(key, key group)`` pairs (None where unset)."""
+        return self.values_at(self.entry_keys(keys_and_groups))
 
     def update_all(self, items: Iterable[tuple[tuple[Any, int], Any]]) -> None:
-        """Set the values of many ``(key, key group)`` at once, in one write batch."""
-        b = self._b
-        b._write([(b._entry_key(self._sid, k, g), _pack(v)) for (k, g), v in items])
+        """Set the values of many ``(key, key group)`` pairs at once, in one write batch."""
+        items = list(items)
+        self.update_at(self.entry_keys(pair for pair, _ in items), (v for _, v in items))
 
 
 class _DiskMergingState(_DiskState):
@@ -732,13 +743,12 @@ class DiskTtlValueState(_DiskTtlSingle, DiskValueState):
         self._write(value, self._tick())
 
     # -- vectorized access: one cleanup step per call, the batch checked with numpy ----
-    def values_of(self, keys_and_groups: Iterable[tuple[Any, int]]) -> list[Any]:
-        """The values of many keys (None where unset or expired and hidden), with one
+    def values_at(self, keys: list[bytes]) -> list[Any]:
+        """The values stored at ``keys`` (None where unset or expired and hidden), with one
         multi-get; expired values are deleted (and renewed ones rewritten) in one batch."""
         b, cfg = self._b, self._t.cfg
         now = b._ttl_now()
         b._cleanup_step(self._t, now)
-        keys = self._entry_keys(keys_and_groups)
         raws = b._multi_get(keys)
         ts = np.frombuffer(b"".join([_NO_TS if r is None else r[:8] for r in raws]),
                            dtype=">i8")
@@ -755,13 +765,13 @@ class DiskTtlValueState(_DiskTtlSingle, DiskValueState):
         return [_unpack(r[8:]) if show else None  # type: ignore[index]
                 for r, show in zip(raws, shown.tolist())]
 
-    def update_all(self, items: Iterable[tuple[tuple[Any, int], Any]]) -> None:
-        """Set the values of many ``(key, key group)`` at once, in one write batch."""
+    def update_at(self, keys: list[bytes], values: Iterable[Any]) -> None:
+        """Store ``values`` at ``keys``, stamped now, in one write batch."""
         b = self._b
         now = b._ttl_now()
         b._cleanup_step(self._t, now)
         head = _TS.pack(now)
-        b._write([(b._entry_key(self._sid, k, g), head + _pack(v)) for (k, g), v in items])
+        b._write([(k, head + _pack(v)) for k, v in zip(keys, values)])
 
 
 class DiskTtlReducingState(_DiskTtlSingle, DiskReducingState):

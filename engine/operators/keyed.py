@@ -339,8 +339,9 @@ class KeyedProcessOperator(_KeyedOperator):
 class _BatchValueState(Protocol):
     """A value state that reads and writes many keys at once (the disk backend's)."""
 
-    def values_of(self, keys_and_groups: Iterable[tuple[Any, int]]) -> list[Any]: ...
-    def update_all(self, items: Iterable[tuple[tuple[Any, int], Any]]) -> None: ...
+    def entry_keys(self, keys_and_groups: Iterable[tuple[Any, int]]) -> list[bytes]: ...
+    def values_at(self, keys: list[bytes]) -> list[Any]: ...
+    def update_at(self, keys: list[bytes], values: Iterable[Any]) -> None: ...
 
 
 class ReduceOperator(_KeyedOperator):
@@ -364,7 +365,7 @@ class ReduceOperator(_KeyedOperator):
         self.accumulated = self.backend.value_state("reduce")
 
     def process_batch(self, batch, input_index=0):
-        if hasattr(self.accumulated, "values_of"):
+        if hasattr(self.accumulated, "values_at"):
             return self._process_batch_vectorized(batch)
         fn, state = self.fn, self.accumulated
         out = []
@@ -388,12 +389,12 @@ class ReduceOperator(_KeyedOperator):
     def _process_batch_vectorized(self, batch: pa.RecordBatch) -> None:
         """One multi-get for the batch's distinct keys, the rows folded in order in
         Python, one write batch of the keys' last aggregates."""
-        # process_batch comes here when the state has values_of (the disk backend's)
+        # process_batch comes here when the state has values_at (the disk backend's)
         fn, state = self.fn, cast(_BatchValueState, self.accumulated)
         distinct = self.keys.distinct_keys(batch, self.ctx.max_parallelism)
         keys = distinct.keys
-        pairs = list(zip(keys, distinct.groups.tolist()))
-        current = state.values_of(pairs)
+        stored = state.entry_keys(zip(keys, distinct.groups.tolist()))  # encoded once
+        current = state.values_at(stored)
         out = []
         for i, row in zip(distinct.inverse.tolist(), batch.to_pylist()):
             previous = current[i]
@@ -401,5 +402,5 @@ class ReduceOperator(_KeyedOperator):
                 row = self._reduce(fn, previous, row, keys[i])
             current[i] = row
             out.append(row)
-        state.update_all(zip(pairs, current))
+        state.update_at(stored, current)
         emit_rows(self, out, self.schema)
