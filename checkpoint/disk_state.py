@@ -61,7 +61,7 @@ read hides and deletes what has expired; every access also checks the next
 expired ones (a cursor per state through its key range of each key group in
 turn, wrapping around; it runs every 16 accesses for their share, as creating
 a RocksDB iterator costs more than checking a few values; the batch reads and
-writes of keyed reduce, ``values_of`` and ``update_all``, count as one access
+writes of keyed reduce, ``values_at`` and ``update_at``, count as one access
 and check their batch's headers with numpy); full snapshots and savepoints
 leave expired values out (as of their synchronous part).
 
@@ -144,7 +144,8 @@ from raystream.checkpoint.disk_incremental import IncrementalSnapshot, RestoredD
 from raystream.checkpoint.envelope import KEYED_STATE, Envelope, SectionKind, is_keyed_state, read
 from raystream.checkpoint.keygroups import check_key_group_range, key_group_of
 from raystream.checkpoint.ttl import (TTL_KIND_SUFFIX, StateTtlConfig, TtlTimeProvider,
-                                      check_state_kind, read_entries, ttl_kind, wall_clock_ms)
+                                      TtlMapReads, check_state_kind, read_entries, ttl_kind,
+                                      wall_clock_ms)
 
 __all__ = ["DiskKeyedStateBackend", "DiskStateOptions", "DiskStateSnapshot", "section_entries"]
 
@@ -155,7 +156,7 @@ _PREFIX_LEN = struct.Struct(">HHI")  # key group, state id, key length
 _MAX_KEY_GROUPS = 1 << 15  # key group + 1 must fit the uint16 prefix (upper scan bound)
 _TS = struct.Struct(">q")  # the TTL timestamp before every value of a state with a TTL
 _NEVER = (1 << 63) - 1
-_NO_TS = _TS.pack(_NEVER)  # the header values_of reads for an unset key: never expired
+_NO_TS = _TS.pack(_NEVER)  # the header values_at reads for an unset key: never expired
 _MISSING: Any = object()
 
 _VALUE, _LIST, _MAP, _REDUCING, _AGGREGATING = "value", "list", "map", "reducing", "aggregating"
@@ -486,15 +487,6 @@ class DiskValueState(_DiskState):
     def update_at(self, keys: list[bytes], values: Iterable[Any]) -> None:
         """Store ``values`` at ``keys``, in one write batch."""
         self._b._write([(k, _pack(v)) for k, v in zip(keys, values)])
-
-    def values_of(self, keys_and_groups: Iterable[tuple[Any, int]]) -> list[Any]:
-        """The values of many ``(key, key group)`` pairs (None where unset)."""
-        return self.values_at(self.entry_keys(keys_and_groups))
-
-    def update_all(self, items: Iterable[tuple[tuple[Any, int], Any]]) -> None:
-        """Set the values of many ``(key, key group)`` pairs at once, in one write batch."""
-        items = list(items)
-        self.update_at(self.entry_keys(pair for pair, _ in items), (v for _, v in items))
 
 
 class _DiskMergingState(_DiskState):
@@ -864,7 +856,7 @@ class DiskTtlListState(_DiskTtlState, DiskListState):
         self._store([[v, now] for v in values])
 
 
-class DiskTtlMapState(_DiskTtlState, DiskMapState):
+class DiskTtlMapState(TtlMapReads, _DiskTtlState, DiskMapState):
     """A :class:`DiskMapState` with a TTL: ``min ts | {user key: [value, ts]}``, every
     entry expires on its own."""
 
@@ -931,18 +923,6 @@ class DiskTtlMapState(_DiskTtlState, DiskMapState):
         if changed:
             self._store(d)
         return out
-
-    def keys(self) -> list:
-        return [k for k, _ in self._entries()]
-
-    def values(self) -> list:
-        return [v for _, v in self._entries()]
-
-    def items(self) -> list:
-        return self._entries()
-
-    def is_empty(self) -> bool:
-        return not self._entries()
 
 
 # ---------------------------------------------------------------------------

@@ -113,7 +113,8 @@ from raystream.checkpoint.envelope import KEYED_STATE, Envelope, SectionKind, is
 from raystream.checkpoint.keygroups import check_key_group_range, key_group_of
 from raystream.checkpoint.ttl import TTL_KIND_SUFFIX as _TTL_SUFFIX
 from raystream.checkpoint.ttl import (StateTtlConfig, TtlTimeProvider, check_state_kind,
-                                      read_entries, ttl_kind, wall_clock_ms)
+                                      TtlMapReads, read_entries, ttl_kind,
+                                      wall_clock_ms)
 
 __all__ = [
     "CHUNK_ENTRIES",
@@ -722,7 +723,7 @@ class _TtlListState(_TtlState, ListState):
             self._kg().remove(self._b._kk)
 
 
-class _TtlMapState(_TtlState, MapState):
+class _TtlMapState(TtlMapReads, _TtlState, MapState):
     """A dict of ``user key -> (value, timestamp)``: every entry expires on its own."""
 
     __slots__ = ()
@@ -787,18 +788,6 @@ class _TtlMapState(_TtlState, MapState):
         out, _ = read_entries(d, cfg, now)
         self._drop_if_empty(d)
         return out
-
-    def keys(self) -> list:
-        return [k for k, _ in self._entries()]
-
-    def values(self) -> list:
-        return [v for _, v in self._entries()]
-
-    def items(self) -> list:
-        return self._entries()
-
-    def is_empty(self) -> bool:
-        return not self._entries()
 
 
 def _live_elements(lst: list, ttl_ms: int, now: int) -> list:

@@ -164,3 +164,25 @@ def read_entries(entries: dict, cfg: StateTtlConfig,
                 changed = True
             out.append((k, e[0]))
     return out, changed
+
+
+class TtlMapReads:
+    """The reads of a map state with a TTL, both backends': each sees the entries that
+    ``_entries()`` (its backend's, through :func:`read_entries`) leaves visible."""
+
+    __slots__ = ()
+
+    def _entries(self) -> list[tuple[Any, Any]]:  # pragma: no cover - each backend's
+        raise NotImplementedError
+
+    def keys(self) -> list:
+        return [k for k, _ in self._entries()]
+
+    def values(self) -> list:
+        return [v for _, v in self._entries()]
+
+    def items(self) -> list:
+        return self._entries()
+
+    def is_empty(self) -> bool:
+        return not self._entries()
