@@ -52,6 +52,9 @@ class CountWindowOperator(_KeyedOperator):
     """Count windows of ``size`` records per key, every ``slide`` records (default:
     ``size``, tumbling), computing the built-in aggregates of ``spec``."""
 
+    # on the disk backend a key's count and pending rows are one RocksDB entry
+    supports_disk_state = True
+
     def __init__(self, name: str, keys: KeySelector, *, size: int, slide: int | None = None,
                  spec: AggregateSpec) -> None:
         super().__init__(name, keys)
