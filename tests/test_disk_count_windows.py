@@ -146,6 +146,24 @@ def test_keys_with_many_pending_rows_across_many_batches(size, slide):
         k: 8 + p * record for k, p in pending.items()}
 
 
+def test_windows_of_count_alone_keep_a_byte_per_pending_row():
+    df = make_input(seed=5, n=800, keys=20)
+    batches = batches_of(df, 5, 50)
+    ops = [count_operator(backend, 6, 4, aggs={"n": ("count", None)})
+           for backend in (StateBackend.HEAP, StateBackend.DISK)]
+    outputs = []
+    for op in ops:
+        op.initialize_state(None)
+        for batch in batches:
+            op.process_batch(batch)
+        outputs.append(sorted(pa.Table.from_batches(op.output.batches)  # pyright: ignore
+                              .to_pandas().itertuples(index=False)))
+    assert outputs[0] == outputs[1] == [(k, n) for k, n, *_ in count_oracle(df, 6, 4)]
+    seen = df.groupby("k").size()  # pending: size - slide + count % slide rows, a byte each
+    assert {k: len(v) for k, v in stored_values(ops[1]).items()} == {
+        k: 8 + 6 - 4 + c % 4 for k, c in seen.items()}
+
+
 def snapshot_midway(backend: StateBackend, size: int, slide: int | None,
                     batches: list[pa.RecordBatch], half: int):
     """Run ``half`` batches, snapshot (the synchronous part), process the rest before

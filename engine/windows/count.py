@@ -80,8 +80,7 @@ class CountWindowOperator(_KeyedOperator):
     def _open_disk_state(self) -> None:
         """On the disk backend: the per-key state in RocksDB, once the backend is restored."""
         if self.disk_state is None and isinstance(self.backend, DiskKeyedStateBackend):
-            self.disk_state = DiskCountState(self.backend, self._pending_of,
-                                             where=f"count window '{self.name}'")
+            self.disk_state = DiskCountState(self.backend, where=f"count window '{self.name}'")
 
     def _refuse_disk_state(self, restored: RestoredState) -> None:
         """A heap job cannot restore count windows kept in the disk backend (their entries
@@ -105,11 +104,6 @@ class CountWindowOperator(_KeyedOperator):
         next_fire = (counts // self.slide + 1) * self.slide - 1
         return next_fire - self.size + 1
 
-    def _pending_of(self, counts: np.ndarray) -> np.ndarray:
-        """How many rows a key with ``counts`` records keeps pending: those from its first
-        still-needed position on."""
-        return np.clip(counts - np.maximum(self._first_needed(counts), 0), 0, None)
-
     def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
         n = batch.num_rows
         if not n:
@@ -120,19 +114,18 @@ class CountWindowOperator(_KeyedOperator):
         # the keys' records before this batch, and their pending rows, key by key
         if disk is None:
             ids = self.timers.key_ids(distinct.keys, distinct.groups)
-            stored: list[tuple[int, pa.Table | None]] = [self.pending.get(k, (0, None))
-                                                         for k in ids.tolist()]
-            before = np.array([count for count, _ in stored], dtype=np.int64)
-            tables = [t for _, t in stored if t is not None and t.num_rows]
-            lengths = np.array([0 if t is None else t.num_rows for _, t in stored],
+            held: list[tuple[int, pa.Table | None]] = [self.pending.get(k, (0, None))
+                                                       for k in ids.tolist()]
+            before = np.array([count for count, _ in held], dtype=np.int64)
+            tables = [t for _, t in held if t is not None and t.num_rows]
+            lengths = np.array([0 if t is None else t.num_rows for _, t in held],
                                dtype=np.int64)
-        else:
+        else:  # one multi-get
             entry_keys = disk.entry_keys(distinct.keys, distinct.groups)
             inputs = disk.conform(inputs)
-            before, pending = disk.read(entry_keys)
-            lengths = self._pending_of(before)
-            total = int(lengths.sum())
-            tables = [pa.table({**{c: pending[c] for c in inputs.column_names},
+            stored = disk.read(entry_keys)
+            before, lengths, total = stored.counts, stored.lengths, int(stored.lengths.sum())
+            tables = [pa.table({**{c: stored.rows[c] for c in inputs.column_names},
                                 _ONE: pa.array(np.ones(total, dtype=np.int8))})] if total else []
         rows = pa.table({**{c: inputs[c] for c in inputs.column_names},
                          _ONE: pa.array(np.ones(n, dtype=np.int8))})

@@ -11,9 +11,9 @@ with the key encoded as the disk backend encodes keys. The value is the key's
 record count (int64, little-endian) followed by its pending rows, oldest
 first, as fixed-width little-endian numpy records: one field per aggregate
 input column (the built-in aggregates read numeric columns only) and one
-validity byte per column (nulls survive). A key with nothing pending is its 8
-count bytes. How many rows are pending follows from the count, the size and
-the slide, so the value stores no length. The record's fields are in the
+validity byte per column (nulls survive); windows of ``count`` alone store a
+one-byte record, so a value's length always tells its number of rows. A key
+with nothing pending is its 8 count bytes. The record's fields are in the
 state's kind (``"count-windows [[column, dtype], ...]"``), which the backend's
 section directory and incremental-checkpoint manifest carry, so a restored job
 decodes its keys' rows before any record arrives. Not MessagePack, never
@@ -29,13 +29,13 @@ them like any keyed state.
     >>> import numpy as np, pyarrow as pa
     >>> from raystream.checkpoint.disk_state import DiskKeyedStateBackend
     >>> backend = DiskKeyedStateBackend(max_parallelism=8, key_groups=range(8))
-    >>> state = DiskCountState(backend, lambda counts: counts % 2, where="count window 'c'")
+    >>> state = DiskCountState(backend, where="count window 'c'")
     >>> keys = state.entry_keys(["a", "b"], np.array([1, 2]))
-    >>> rows = state.conform(pa.table({"x": [1.5, 2.5]}))
-    >>> state.write(keys, np.array([3, 4]), rows, np.array([0, 1, 1]))
-    >>> counts, pending = state.read(keys)
-    >>> counts.tolist(), pending.to_pydict()
-    ([3, 4], {'x': [1.5]})
+    >>> rows = state.conform(pa.table({"x": [1.5, None]}))
+    >>> state.write(keys, np.array([3, 4]), rows, np.array([0, 2, 2]))
+    >>> stored = state.read(keys)
+    >>> stored.counts.tolist(), stored.lengths.tolist(), stored.rows.to_pydict()
+    ([3, 4], [2, 0], {'x': [1.5, None]})
     >>> backend.close()
 """
 
@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -58,6 +59,7 @@ KIND = "count-windows"
 _ENTRY = struct.Struct(">HHI")  # key group, state id, key length (the backend's layout)
 _COUNT = struct.Struct("<q")
 _VALID = "__valid"  # the record's last field: one validity byte per column
+_ROW = "__row"  # the record of windows without input columns: one byte, a row
 _U32 = struct.Struct(">I")
 
 
@@ -80,28 +82,31 @@ def holds_count_windows(group: int, section: bytes, max_parallelism: int) -> boo
     return any(str(kind).startswith(KIND) for _, _, kind in directory)
 
 
+@dataclass(frozen=True)
+class Stored:
+    """What :meth:`DiskCountState.read` found for a batch's keys."""
+
+    counts: np.ndarray  # each key's records so far (0 for a new key)
+    lengths: np.ndarray  # each key's number of pending rows
+    rows: pa.Table  # all their pending rows, key by key, oldest first
+
+
 class DiskCountState:
-    """The count windows' per-key state of one operator instance, in its disk backend.
+    """The count windows' per-key state of one operator instance, in its disk backend."""
 
-    ``pending_of(counts)``: how many rows a key with each of ``counts`` records keeps
-    pending (the operator's window arithmetic)."""
-
-    def __init__(self, backend: DiskKeyedStateBackend,
-                 pending_of: Callable[[np.ndarray], np.ndarray], *, where: str) -> None:
+    def __init__(self, backend: DiskKeyedStateBackend, *, where: str) -> None:
         self._backend = backend
-        self._pending_of = pending_of
         self._where = where
         self.schema: pa.Schema | None = None  # the stored columns, once known
-        self._record = np.dtype([])
+        self._record = np.dtype([(_ROW, "u1")])
         self._sid = 0
         kind = backend.state_kind(STATE_NAME)
         if kind is not None:  # restored: the record comes with the state
             self._use(_columns_of(kind))
 
     def _use(self, columns: list[tuple[str, np.dtype]]) -> None:
-        fields: list[Any] = list(columns)
-        if columns:
-            fields.append((_VALID, "u1", (len(columns),)))
+        fields: list[Any] = ([*columns, (_VALID, "u1", (len(columns),))] if columns
+                             else [(_ROW, "u1")])
         self._record = np.dtype(fields)
         self.schema = pa.schema([(name, pa.from_numpy_dtype(dtype)) for name, dtype in columns])
         sid = self._backend.raw_state_id(STATE_NAME, _kind_of(columns))
@@ -144,21 +149,19 @@ class DiskCountState:
             out.append(pack(group, sid, len(code)) + code)
         return out
 
-    def read(self, keys: list[bytes]) -> tuple[np.ndarray, pa.Table]:
-        """Each key's record count (0 if unset) and all their pending rows, key by key,
-        oldest first: one multi-get."""
+    def read(self, keys: list[bytes]) -> Stored:
+        """The stored counts and pending rows of ``keys``: one multi-get."""
         raws = list(self._backend.raw_db[keys]) if keys else []  # a list of keys: a multi-get
-        heads = b"".join([_COUNT.pack(0) if r is None else r[:_COUNT.size] for r in raws])
-        counts = np.frombuffer(heads, dtype="<i8").astype(np.int64)
-        total = int(self._pending_of(counts).sum())
-        record = self._record
-        data = b"".join([memoryview(r)[_COUNT.size:] for r in raws if r is not None])
-        if len(data) != total * record.itemsize:
-            raise ValueError(f"{self._where}: stored pending rows of {len(data)} bytes where "
-                             f"{total} rows of {record.itemsize} bytes are due")
-        records = (np.frombuffer(data, dtype=record) if record.itemsize
-                   else np.empty(total, dtype=record))
-        return counts, self._table(records)
+        head = _COUNT.size
+        heads = b"".join([_COUNT.pack(0) if r is None else r[:head] for r in raws])
+        sizes = np.array([0 if r is None else len(r) - head for r in raws], dtype=np.int64)
+        width = self._record.itemsize
+        if np.any(sizes % width):
+            raise ValueError(f"{self._where}: a stored key's pending rows are not whole "
+                             f"records of {width} bytes (state written by another version?)")
+        data = b"".join([memoryview(r)[head:] for r in raws if r is not None])
+        return Stored(np.frombuffer(heads, dtype="<i8").astype(np.int64), sizes // width,
+                      self._table(np.frombuffer(data, dtype=self._record)))
 
     def _table(self, records: np.ndarray) -> pa.Table:
         schema = self.schema
@@ -179,7 +182,7 @@ class DiskCountState:
         import rocksdict
 
         record = self._record
-        records = np.zeros(rows.num_rows, dtype=record)
+        records = np.ones(rows.num_rows, dtype=record)  # a count alone: a byte of 1 a row
         for i, name in enumerate(rows.column_names):
             column = rows[name]
             records[name] = column.fill_null(0).to_numpy()
