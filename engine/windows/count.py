@@ -13,6 +13,16 @@ never per record. A key's pending rows (the aggregate input columns of the
 records a future window still needs) and its record count are state per key
 group, so they are checkpointed and restored at any parallelism.
 
+On the heap backend they are a dict of Arrow tables, checkpointed in part
+``"count_windows"``. With ``CheckpointConfig(state_backend="disk")`` each key's
+count and pending rows are one entry of the operator instance's RocksDB
+(:mod:`raystream.engine.windows.disk_count`): a batch reads its distinct keys'
+entries with one multi-get and writes them back with one write batch, and the
+backend's full or incremental snapshots carry them (no part of their own). A
+heap checkpoint restores into a disk job (its pending rows move into RocksDB);
+a heap job refuses a checkpoint whose count windows are on disk, naming the
+window.
+
     >>> import pyarrow as pa
     >>> from raystream.engine.keys import KeySelector
     >>> from raystream.actors.operator import CollectingOutput, RuntimeContext
