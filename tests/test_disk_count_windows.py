@@ -23,7 +23,7 @@ from raystream.checkpoint.state_backend import StateBackend
 from raystream.engine.keys import KeySelector
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.count import CountWindowOperator
-from raystream.engine.windows.disk_count import KIND, STATE_NAME
+from raystream.engine.windows.disk_count import KIND, STATE_NAME, DiskCountState
 from tests.test_exactly_once import wait_for_checkpoint
 from tests.test_windows import throttle
 
@@ -162,6 +162,28 @@ def test_windows_of_count_alone_keep_a_byte_per_pending_row():
     seen = df.groupby("k").size()  # pending: size - slide + count % slide rows, a byte each
     assert {k: len(v) for k, v in stored_values(ops[1]).items()} == {
         k: 8 + 6 - 4 + c % 4 for k, c in seen.items()}
+
+
+def test_entries_are_keyed_state_under_their_own_state_id():
+    """Beside other state of the backend: the backend lists the entries' keys under the
+    state's name, and rows of another numeric type are cast to the stored one."""
+    backend = DiskKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    other = backend.value_state("other")
+    backend.set_current_key("z")
+    other.update(1)
+    state = DiskCountState(backend, where="count window 'c'")
+    rows = state.conform(pa.table({"x": pa.array([1.5, None, 3.0])}))
+    keys = ["a", 7, ("t", 1)]
+    groups = np.array([rs.key_group_of(k, MAXP) for k in keys])
+    stored = state.entry_keys(keys, groups)
+    state.write(stored, np.array([1, 5, 2]), rows, np.array([0, 1, 1, 3]))
+    assert sorted(map(str, backend.keys(STATE_NAME))) == sorted(map(str, keys))
+    assert list(backend.keys("other")) == ["z"]
+    found = state.read(stored)
+    assert (found.counts.tolist(), found.lengths.tolist()) == ([1, 5, 2], [1, 0, 2])
+    assert found.rows["x"].to_pylist() == [1.5, None, 3.0]
+    assert state.conform(pa.table({"x": pa.array([2], pa.int32())}))["x"].type == pa.float64()
+    backend.close()
 
 
 def snapshot_midway(backend: StateBackend, size: int, slide: int | None,

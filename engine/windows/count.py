@@ -131,8 +131,8 @@ class CountWindowOperator(_KeyedOperator):
             lengths = np.array([0 if t is None else t.num_rows for _, t in held],
                                dtype=np.int64)
         else:  # one multi-get
+            inputs = disk.conform(inputs)  # first: a new state's first rows declare it
             entry_keys = disk.entry_keys(distinct.keys, distinct.groups)
-            inputs = disk.conform(inputs)
             stored = disk.read(entry_keys)
             before, lengths, total = stored.counts, stored.lengths, int(stored.lengths.sum())
             tables = [pa.table({**{c: stored.rows[c] for c in inputs.column_names},

@@ -30,8 +30,8 @@ them like any keyed state.
     >>> from raystream.checkpoint.disk_state import DiskKeyedStateBackend
     >>> backend = DiskKeyedStateBackend(max_parallelism=8, key_groups=range(8))
     >>> state = DiskCountState(backend, where="count window 'c'")
+    >>> rows = state.conform(pa.table({"x": [1.5, None]}))  # declares the state's record
     >>> keys = state.entry_keys(["a", "b"], np.array([1, 2]))
-    >>> rows = state.conform(pa.table({"x": [1.5, None]}))
     >>> state.write(keys, np.array([3, 4]), rows, np.array([0, 2, 2]))
     >>> stored = state.read(keys)
     >>> stored.counts.tolist(), stored.lengths.tolist(), stored.rows.to_pydict()
@@ -141,7 +141,10 @@ class DiskCountState:
                             f"stored pending rows' types {schema.types}: {e}") from e
 
     def entry_keys(self, keys: list[Any], groups: np.ndarray) -> list[bytes]:
-        """The stored keys of ``keys`` in key groups ``groups`` (encoded once per batch)."""
+        """The stored keys of ``keys`` in key groups ``groups`` (encoded once per batch),
+        once the state is declared (:meth:`conform`)."""
+        if self.schema is None:
+            raise RuntimeError(f"{self._where}: count-window state keys before its columns")
         pack, sid = _ENTRY.pack, self._sid
         out = []
         for key, group in zip(keys, groups.tolist()):
