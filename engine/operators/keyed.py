@@ -167,7 +167,7 @@ class _KeyedOperator(Operator):
     """
 
     # May this operator keep its state in the disk backend? Keyed (co-, broadcast) process
-    # functions, keyed reduce and windows may; count windows and joins not yet.
+    # functions, keyed reduce, windows and count windows may; joins not yet.
     supports_disk_state = False
 
     def __init__(self, name: str, keys: KeySelector) -> None:

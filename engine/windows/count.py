@@ -13,6 +13,16 @@ never per record. A key's pending rows (the aggregate input columns of the
 records a future window still needs) and its record count are state per key
 group, so they are checkpointed and restored at any parallelism.
 
+On the heap backend they are a dict of Arrow tables, checkpointed in part
+``"count_windows"``. With ``CheckpointConfig(state_backend="disk")`` each key's
+count and pending rows are one entry of the operator instance's RocksDB
+(:mod:`raystream.engine.windows.disk_count`): a batch reads its distinct keys'
+entries with one multi-get and writes them back with one write batch, and the
+backend's full or incremental snapshots carry them (no part of their own). A
+heap checkpoint restores into a disk job (its pending rows move into RocksDB);
+a heap job refuses a checkpoint whose count windows are on disk, naming the
+window.
+
     >>> import pyarrow as pa
     >>> from raystream.engine.keys import KeySelector
     >>> from raystream.actors.operator import CollectingOutput, RuntimeContext
@@ -34,9 +44,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from raystream.actors.operator import RestoredState
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
+from raystream.checkpoint.envelope import is_keyed_state
+from raystream.checkpoint.sections import decode_parts
+from raystream.checkpoint.state_backend import is_disk
 from raystream.engine.keys import KeySelector
 from raystream.engine.operators.keyed import _KeyedOperator
 from raystream.engine.windows.aggregates import AggregateSpec
+from raystream.engine.windows.disk_count import DiskCountState, holds_count_windows
 
 _COUNT_STATE_VERSION = 1
 _ONE = "__one"  # a placeholder column: keeps row counts when no aggregate reads a column
@@ -45,6 +61,9 @@ _ONE = "__one"  # a placeholder column: keeps row counts when no aggregate reads
 class CountWindowOperator(_KeyedOperator):
     """Count windows of ``size`` records per key, every ``slide`` records (default:
     ``size``, tumbling), computing the built-in aggregates of ``spec``."""
+
+    # on the disk backend a key's count and pending rows are one RocksDB entry
+    supports_disk_state = True
 
     def __init__(self, name: str, keys: KeySelector, *, size: int, slide: int | None = None,
                  spec: AggregateSpec) -> None:
@@ -58,11 +77,33 @@ class CountWindowOperator(_KeyedOperator):
         self.key_names = list(keys.columns) if keys.columns else ["key"]
         self.fired = 0
 
-    def initialize_state(self, restored) -> None:
+    def initialize_state(self, restored: RestoredState | None) -> None:
         # key id -> (records of the key so far, its pending rows: the last ones a future
         # window needs, oldest first); values are replaced, never mutated (snapshots share)
         self.pending: dict[int, tuple[int, pa.Table]] = {}
+        self.disk_state: DiskCountState | None = None
+        if restored is not None and not is_disk(self.ctx.state_backend):
+            self._refuse_disk_state(restored)
         super().initialize_state(restored)
+        self._open_disk_state()
+
+    def _open_disk_state(self) -> None:
+        """On the disk backend: the per-key state in RocksDB, once the backend is restored."""
+        if self.disk_state is None and isinstance(self.backend, DiskKeyedStateBackend):
+            self.disk_state = DiskCountState(self.backend, where=f"count window '{self.name}'")
+
+    def _refuse_disk_state(self, restored: RestoredState) -> None:
+        """A heap job cannot restore count windows kept in the disk backend (their entries
+        are no heap state): say so, naming the operator."""
+        for group, section in restored.keyed_sections:
+            state = section if is_keyed_state(section) else decode_parts(section).get("state")
+            if state is not None and holds_count_windows(group, state,
+                                                         self.ctx.max_parallelism):
+                raise ValueError(
+                    f"count window '{self.name}': the checkpoint keeps this window's state in "
+                    f"the disk state backend, which only that backend restores; restore with "
+                    f"CheckpointConfig(state_backend='disk') (a heap savepoint restores into "
+                    f"either backend)")
 
     def metrics(self) -> dict[str, float]:
         return {"windows_fired": self.fired}
@@ -78,33 +119,45 @@ class CountWindowOperator(_KeyedOperator):
         if not n:
             return
         distinct = self.keys.distinct_keys(batch, self.ctx.max_parallelism)
-        ids = self.timers.key_ids(distinct.keys, distinct.groups)
-        rows = pa.table({**{c: batch.column(c) for c in self.spec.input_columns},
+        inputs = pa.table({c: batch.column(c) for c in self.spec.input_columns})
+        disk = self.disk_state
+        # the keys' records before this batch, and their pending rows, key by key
+        if disk is None:
+            ids = self.timers.key_ids(distinct.keys, distinct.groups)
+            held: list[tuple[int, pa.Table | None]] = [self.pending.get(k, (0, None))
+                                                       for k in ids.tolist()]
+            before = np.array([count for count, _ in held], dtype=np.int64)
+            tables = [t for _, t in held if t is not None and t.num_rows]
+            lengths = np.array([0 if t is None else t.num_rows for _, t in held],
+                               dtype=np.int64)
+        else:  # one multi-get
+            inputs = disk.conform(inputs)  # first: a new state's first rows declare it
+            entry_keys = disk.entry_keys(distinct.keys, distinct.groups)
+            stored = disk.read(entry_keys)
+            before, lengths, total = stored.counts, stored.lengths, int(stored.lengths.sum())
+            tables = [pa.table({**{c: stored.rows[c] for c in inputs.column_names},
+                                _ONE: pa.array(np.ones(total, dtype=np.int8))})] if total else []
+        rows = pa.table({**{c: inputs[c] for c in inputs.column_names},
                          _ONE: pa.array(np.ones(n, dtype=np.int8))})
 
         # positions: the key's records before this batch, then its rank in the batch
-        before = np.array([self.pending.get(k, (0, None))[0] for k in ids.tolist()],
-                          dtype=np.int64)
         order = np.argsort(distinct.inverse, kind="stable")
-        per_key = np.bincount(distinct.inverse, minlength=len(ids))
+        per_key = np.bincount(distinct.inverse, minlength=len(before))
         first_of_key = np.concatenate([[0], np.cumsum(per_key)[:-1]])
         rank = np.empty(n, dtype=np.int64)
         rank[order] = np.arange(n) - first_of_key[distinct.inverse[order]]
         positions = before[distinct.inverse] + rank
 
         # every row a window may need: the pending ones of these keys, then the batch's
-        tables, all_kids, all_pos = [], [], []
-        for index, kid in enumerate(ids.tolist()):
-            count, table = self.pending.get(kid, (0, None))
-            if table is not None and table.num_rows:
-                tables.append(table)
-                all_kids.append(np.full(table.num_rows, index, dtype=np.int64))
-                all_pos.append(count - table.num_rows + np.arange(table.num_rows))
-        pending_rows = sum(t.num_rows for t in tables)
+        pending_rows = int(lengths.sum())
+        pending_kids = np.repeat(np.arange(len(before), dtype=np.int64), lengths)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        pending_pos = (np.repeat(before - lengths, lengths) + np.arange(pending_rows)
+                       - np.repeat(starts, lengths))
         tables.append(rows)
         everything = pa.concat_tables(tables) if len(tables) > 1 else rows
-        keys_of = np.concatenate([*all_kids, distinct.inverse.astype(np.int64)])
-        pos_of = np.concatenate([*all_pos, positions]).astype(np.int64)
+        keys_of = np.concatenate([pending_kids, distinct.inverse.astype(np.int64)])
+        pos_of = np.concatenate([pending_pos, positions]).astype(np.int64)
         sorted_rows = np.lexsort((pos_of, keys_of))  # by key, then position
 
         # fires: batch rows whose position completes a slide
@@ -137,7 +190,10 @@ class CountWindowOperator(_KeyedOperator):
         kept = sorted_rows[needed[sorted_rows]]
         kept_keys = keys_of[kept]
         kept_table = everything.take(pa.array(kept))
-        edges = np.searchsorted(kept_keys, np.arange(len(ids) + 1))
+        edges = np.searchsorted(kept_keys, np.arange(len(before) + 1))
+        if disk is not None:  # one write batch
+            disk.write(entry_keys, counts, kept_table.drop_columns([_ONE]), edges)
+            return
         for index, kid in enumerate(ids.tolist()):
             a, b = int(edges[index]), int(edges[index + 1])
             self.pending[kid] = (int(counts[index]), kept_table.slice(a, b - a))
@@ -145,6 +201,8 @@ class CountWindowOperator(_KeyedOperator):
     # -- state ---------------------------------------------------------------------------
     def keyed_snapshot_parts(self):
         parts = super().keyed_snapshot_parts()
+        if self.disk_state is not None:  # its entries are in the backend's sections
+            return parts
         pending = dict(self.pending)  # synchronous: values are immutable, never mutated
         timers = self.timers
 
@@ -161,11 +219,17 @@ class CountWindowOperator(_KeyedOperator):
     def restore_keyed_parts(self, parts) -> None:
         sections = parts.pop("count_windows", [])
         super().restore_keyed_parts(parts)
+        self._open_disk_state()  # the backend is restored: its count windows, if any
         for group, blob in sections:
             version, entries = pickle.loads(blob)  # this job's own checkpoint file
             if version != _COUNT_STATE_VERSION:
                 raise ValueError(f"count window '{self.name}': state version {version} in key "
                                  f"group {group}; this raystream reads version "
                                  f"{_COUNT_STATE_VERSION}")
+            disk = self.disk_state
+            if disk is not None:  # a heap checkpoint into a disk job: into RocksDB
+                disk.restore_heap(group, [(key, count, table.drop_columns([_ONE]))
+                                          for key, count, table in entries])
+                continue
             for key, count, table in entries:
                 self.pending[self.timers.key_id(key, group)] = (count, table)
