@@ -23,6 +23,9 @@ How it runs (vectorized; no Python per record on the built-in path):
   segments, and the rows of the one or two that straddle the limit).
 * Buffers are keyed state: snapshotted per key group (part ``"join"``, one
   Arrow IPC stream per side), so they survive failover and rescaling.
+* On the disk state backend the buffers live in the instance's RocksDB instead
+  (:mod:`raystream.engine.operators.disk_join`), carried by that backend's snapshots;
+  the results are the same.
 
 The default output (``.join()``) has the left columns, then the right columns;
 a right column whose name is also a left column's (the key, the timestamp...)
@@ -40,14 +43,20 @@ gets ``right_suffix`` (default ``"_right"``). With ``.process(fn)`` a
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 import numpy as np
 import pyarrow as pa
 
+from raystream.actors.operator import RestoredState
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
+from raystream.checkpoint.envelope import is_keyed_state
+from raystream.checkpoint.sections import decode_parts
+from raystream.checkpoint.state_backend import is_disk
 from raystream.engine.batches import rows_to_batch
 from raystream.engine.keys import KeySelector
+from raystream.engine.operators.disk_join import MIN_BUCKET_MS, DiskJoinRows, holds_join_rows
 from raystream.engine.operators.functions import _close_function, emit_rows
 from raystream.engine.operators.keyed_rows import (BufferedJoinOperator, JoinSide, RowBuffer,
                                                    joined_names)
@@ -332,6 +341,7 @@ class IntervalJoinOperator(BufferedJoinOperator):
 
     buffer_type = _Buffer
     buffers: tuple[_Buffer, _Buffer]
+    supports_disk_state = True  # the buffers in RocksDB (DiskJoinRows)
 
     def __init__(self, name: str, spec: IntervalJoinSpec, fn: ProcessJoinFunction | None = None,
                  *, schema: pa.Schema | None = None) -> None:
@@ -342,8 +352,47 @@ class IntervalJoinOperator(BufferedJoinOperator):
         self.spec = spec
         self.fn = fn
         self.schema = schema
+        self.disk_rows: DiskJoinRows | None = None
 
     # -- lifecycle -----------------------------------------------------------------
+    def initialize_state(self, restored: RestoredState | None) -> None:
+        self.disk_rows = None
+        if restored is not None and not is_disk(self.ctx.state_backend):
+            restored = replace(restored, keyed_sections=list(restored.keyed_sections))
+            self._refuse_disk_rows(restored)
+        super().initialize_state(restored)  # a heap snapshot's buffers move to disk rows
+        self._open_disk_rows()
+
+    def _open_disk_rows(self) -> DiskJoinRows | None:
+        """On the disk backend, the rows in RocksDB (opened once the database is restored)."""
+        if self.disk_rows is None and isinstance(self.backend, DiskKeyedStateBackend):
+            bounds = self.spec.bounds
+            self.disk_rows = DiskJoinRows(
+                self.backend, self.timers, self._stored_timestamps,
+                bucket_ms=max(MIN_BUCKET_MS, bounds.upper - bounds.lower + 1))
+        return self.disk_rows
+
+    @property
+    def buffers_on_heap(self) -> bool:
+        return self.disk_rows is None
+
+    def _refuse_disk_rows(self, restored: RestoredState) -> None:
+        """A heap job cannot restore the disk backend's join rows: say so, naming the
+        operator."""
+        for group, section in restored.keyed_sections:
+            state = section if is_keyed_state(section) else decode_parts(section).get("state")
+            if state is not None and holds_join_rows(group, state, self.ctx.max_parallelism):
+                raise ValueError(
+                    f"interval join '{self.name}': the checkpoint keeps this join's buffered "
+                    f"rows in the disk state backend, which only that backend restores; "
+                    f"restore with CheckpointConfig(state_backend='disk') (a heap savepoint "
+                    f"restores into either backend)")
+
+    def _stored_timestamps(self, side: JoinSide, table: pa.Table) -> np.ndarray:
+        batches = table.to_batches()
+        return timestamps_ms(batches[0], self.spec.timestamps[side],
+                             where=f"interval join '{self.name}' (restored rows)")
+
     def open(self) -> None:
         self.join_ctx = JoinContext(self.ctx.subtask_index)
         if self.fn is not None:
@@ -373,9 +422,14 @@ class IntervalJoinOperator(BufferedJoinOperator):
             if late.all():
                 return
             rows = rows.take(np.flatnonzero(~late))
-        probe, matched = self.buffers[side.other].matches(
-            rows.kid, rows.ts, self.spec.bounds.relative_to(side))
-        self.buffers[side].append(rows)
+        offsets = self.spec.bounds.relative_to(side)
+        disk = self.disk_rows
+        if disk is None:
+            probe, matched = self.buffers[side.other].matches(rows.kid, rows.ts, offsets)
+            self.buffers[side].append(rows)
+        else:
+            probe, matched = disk.matches(side.other, rows.kid, rows.ts, offsets)
+            disk.append(side, rows)
         if matched is not None:
             pair = (rows.take(probe), matched)
             left, right = pair if side is JoinSide.LEFT else pair[::-1]
@@ -416,10 +470,19 @@ class IntervalJoinOperator(BufferedJoinOperator):
         # cleaning by the smaller one keeps rows longer, never drops a match
         current = self.current_watermark
         for side in JoinSide:
-            self.buffers[side].drop_before(self.spec.bounds.first_joinable(side, current))
+            first = self.spec.bounds.first_joinable(side, current)
+            if self.disk_rows is None:
+                self.buffers[side].drop_before(first)
+            else:
+                self.disk_rows.drop_before(side, first)
         self.output.emit_watermark(watermark)
 
     # -- state -----------------------------------------------------------------------
     def restore_side(self, side: JoinSide, table: pa.Table) -> None:
+        disk = self._open_disk_rows()  # a heap snapshot restored on disk: its rows move in
         for batch in table.to_batches():
-            self.buffers[side].append(self._index(batch, side))
+            rows = self._index(batch, side)
+            if disk is None:
+                self.buffers[side].append(rows)
+            else:
+                disk.append(side, rows)

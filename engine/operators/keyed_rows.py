@@ -133,6 +133,12 @@ class BufferedJoinOperator(_KeyedOperator):
                 "buffered_left": sum(len(c.ts) for c in list(self.buffers[0].chunks)),
                 "buffered_right": sum(len(c.ts) for c in list(self.buffers[1].chunks))}
 
+    @property
+    def buffers_on_heap(self) -> bool:
+        """Are the rows in ``self.buffers`` (snapshotted in part ``"join"``)? Not when a
+        subclass keeps them in the disk backend, whose snapshots carry them."""
+        return True
+
     def snapshot_table(self, rows: KeyedRows) -> pa.Table:
         """What of buffered rows a snapshot keeps (default: the rows as they came)."""
         return rows.table
@@ -143,6 +149,8 @@ class BufferedJoinOperator(_KeyedOperator):
 
     def keyed_snapshot_parts(self):
         parts = super().keyed_snapshot_parts()
+        if not self.buffers_on_heap:
+            return parts
         # synchronous part: the chunk lists as they are (tables and arrays are immutable)
         chunks = {side.name.lower(): list(buffer.chunks)
                   for side, buffer in zip(JoinSide, self.buffers)}
