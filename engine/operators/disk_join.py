@@ -10,9 +10,12 @@ its own under one state id per side::
 all big-endian, so byte order is numeric order. A bucket is ``ts // bucket_ms``; the
 key is the backend's canonical encoding (MessagePack, self-delimiting, so one key's
 bytes are never a prefix of another's); ``seq`` tells apart the batches (and, after
-a rescale, the instances) that wrote rows of one key to one bucket. The value is the
-Arrow IPC stream of those rows: one entry per (key, bucket) of a batch, written in
-one write batch. Like Flink's ``MapState<Long, List<BufferEntry>>`` per key and side,
+a rescale, the instances) that wrote rows of one key to one bucket. The value is an
+8-byte schema fingerprint and the Arrow IPC record batch message of those rows: one
+entry per (key, bucket) of a batch, written in one write batch. The schemas are
+entries of their own, ``key group | state id | fingerprint`` -> the Arrow IPC schema,
+written once per key group (so they move with it): a message without its schema is
+written in a quarter and read in a third of the time of a whole IPC stream. Like Flink's ``MapState<Long, List<BufferEntry>>`` per key and side,
 but bucketed, and ordered bucket before key so that cleanup is a range deletion.
 
 * A batch probes the other side with one iterator: per distinct key of the batch and
@@ -35,6 +38,7 @@ probe reads about two buckets, and cleanup keeps at most one bucket more than ne
 
 from __future__ import annotations
 
+import hashlib
 import json
 import operator
 import os
@@ -47,11 +51,13 @@ import pyarrow as pa
 
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend, encode_key
 from raystream.checkpoint.envelope import KEYED_STATE, SectionKind, read
-from raystream.engine.operators.keyed_rows import JoinSide, KeyedRows, concat_tables, ipc_bytes
+from raystream.engine.operators.keyed_rows import JoinSide, KeyedRows, concat_tables
 from raystream.timers.service import TimerService
 
 STATE_NAMES = ("__interval_join_left", "__interval_join_right")
 KIND = "interval-join-rows"
+SCHEMAS, SCHEMA_KIND = "__interval_join_schemas", "interval-join-schemas"
+_FP = 8  # bytes of a schema's fingerprint
 MIN_BUCKET_MS = 1000
 _HEAD = struct.Struct(">HHQ")  # key group, state id, bucket + 2**63
 _SEQ = struct.Struct(">Q")
@@ -81,6 +87,88 @@ def _clip(value: int) -> int:
     return min(max(value, int(_I64.min)), int(_I64.max))
 
 
+class _Format:
+    """How the rows of one schema are stored: Arrow IPC record batch messages, or (all
+    columns fixed-width numbers or booleans, no nulls) fixed-width numpy records, which
+    cost no Arrow call per entry."""
+
+    def __init__(self, schema: pa.Schema, fixed: bool) -> None:
+        self.schema = schema
+        self.record = (np.dtype([(f"f{i}", np.dtype(field.type.to_pandas_dtype()))
+                                 for i, field in enumerate(schema)]) if fixed else None)
+
+    @staticmethod
+    def fits(batch: pa.RecordBatch) -> bool:
+        return all((pa.types.is_integer(c.type) or pa.types.is_floating(c.type)
+                    or pa.types.is_boolean(c.type)) and not c.null_count for c in batch.columns)
+
+    def payloads(self, batch: pa.RecordBatch, starts: list[int], ends: list[int]) -> list[bytes]:
+        """The stored bytes of rows ``start:end`` of ``batch`` for each pair."""
+        record = self.record
+        if record is None:
+            return [batch.slice(s, e - s).serialize().to_pybytes() for s, e in zip(starts, ends)]
+        rows = np.empty(batch.num_rows, dtype=record)
+        for name, column in zip(record.names or (), batch.columns):
+            rows[name] = column.to_numpy(zero_copy_only=False)
+        data, width = rows.tobytes(), record.itemsize
+        return [data[s * width:e * width] for s, e in zip(starts, ends)]
+
+    def table(self, payloads: list[bytes]) -> tuple[pa.Table, np.ndarray]:
+        """The rows of ``payloads`` as one table, and each payload's number of rows."""
+        record, schema = self.record, self.schema
+        if record is None:
+            batches = [pa.ipc.read_record_batch(pa.py_buffer(p), schema) for p in payloads]
+            return (pa.Table.from_batches(batches, schema),
+                    np.fromiter((b.num_rows for b in batches), np.int64, len(batches)))
+        rows = np.frombuffer(b"".join(payloads), dtype=record)
+        sizes = np.fromiter((len(p) for p in payloads), np.int64, len(payloads)) // record.itemsize
+        return pa.Table.from_arrays([pa.array(np.ascontiguousarray(rows[name]), type=field.type)
+                                     for name, field in zip(record.names or (), schema)],
+                                    schema=schema), sizes
+
+
+class _Formats:
+    """The formats of the stored rows by fingerprint (8 bytes, each value's first), kept
+    as entries ``key group | state id | fingerprint`` -> kind byte and Arrow IPC schema,
+    once per key group (so they move with it)."""
+
+    def __init__(self, backend: DiskKeyedStateBackend) -> None:
+        self._backend = backend
+        self._sid = backend.raw_state_id(SCHEMAS, SCHEMA_KIND)
+        self._formats: dict[bytes, _Format] = {}
+        self._fps: dict[bytes, bytes] = {}  # stored description -> fingerprint
+        self._written: dict[bytes, np.ndarray] = {}  # fingerprint -> key groups holding it
+
+    def of(self, batch: pa.RecordBatch, groups: np.ndarray, writes) -> tuple[bytes, _Format]:
+        """``batch``'s format and its fingerprint; puts it into ``writes`` for the key
+        groups (from the backend's first) that do not hold it yet."""
+        fixed = _Format.fits(batch)
+        data = (b"N" if fixed else b"A") + batch.schema.serialize().to_pybytes()
+        fp = self._fps.get(data)
+        if fp is None:
+            fp = self._fps[data] = hashlib.blake2b(data, digest_size=_FP).digest()
+            self._formats[fp] = _Format(batch.schema, fixed)
+            self._written[fp] = np.zeros(len(self._backend.key_groups), dtype=bool)
+        written = self._written[fp]
+        new = np.unique(groups[~written[groups]])
+        first = self._backend.key_groups.start
+        for at in new.tolist():
+            writes.put(struct.pack(">H", first + at) + self._sid + fp, data)
+        written[new] = True
+        return fp, self._formats[fp]
+
+    def get(self, fp: bytes, group: int) -> _Format:
+        found = self._formats.get(fp)
+        if found is None:  # restored: written by another instance
+            raw = self._backend.raw_db.get(struct.pack(">H", group) + self._sid + fp)
+            if raw is None:
+                raise RuntimeError(f"interval join rows of key group {group} without their "
+                                   f"format {fp.hex()}")
+            found = self._formats[fp] = _Format(pa.ipc.read_schema(pa.py_buffer(raw[1:])),
+                                                raw[:1] == b"N")
+        return found
+
+
 class DiskJoinRows:
     """Both sides' buffered rows of one interval join instance, in its disk backend.
 
@@ -95,7 +183,7 @@ class DiskJoinRows:
         self._codes: list[bytes] = []  # the encoded key of each key id
         self._tag = int.from_bytes(os.urandom(4), "big") << 32  # this instance's seqs
         self._seq = 0
-        kinds = {backend.state_kind(name) for name in STATE_NAMES} - {None}
+        kinds = {k for k in (backend.state_kind(name) for name in STATE_NAMES) if k is not None}
         if len(kinds) > 1:
             raise ValueError(f"interval join rows restored with different kinds {kinds}")
         restored = bool(kinds)
@@ -103,6 +191,7 @@ class DiskJoinRows:
         self.bucket_ms = int(json.loads(kind[len(KIND) + 1:])["bucket_ms"])
         self._sids = tuple(struct.unpack(">H", backend.raw_state_id(name, kind))[0]
                            for name in STATE_NAMES)
+        self._formats = _Formats(backend)
         groups = backend.key_groups
         self._first = groups.start
         # per side and key group (from the first one), the lowest and highest bucket held
@@ -152,20 +241,22 @@ class DiskJoinRows:
         new = np.flatnonzero((kid[1:] != kid[:-1]) | (bucket[1:] != bucket[:-1])) + 1
         starts = np.concatenate([[0], new])
         ends = np.append(starts[1:], len(order))
-        table = rows.table.take(pa.array(order, pa.int64()))
+        table = rows.table.take(pa.array(order, pa.int64())).combine_chunks().to_batches()[0]
         seq = _SEQ.pack(self._tag | self._seq)
         self._seq = (self._seq + 1) & 0xFFFFFFFF
         if not self._seq:  # 2**32 batches: a fresh tag keeps seqs unique
             self._tag = int.from_bytes(os.urandom(4), "big") << 32
         sid, pack = self._sids[side], _HEAD.pack
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        put = batch.put
-        for g, b, code, start, end in zip(group[starts].tolist(), bucket[starts].tolist(),
-                                          self._codes_of(kid[starts]), starts.tolist(),
-                                          ends.tolist()):
-            put(pack(g, sid, b + _SIGN) + code + seq, ipc_bytes(table.slice(start, end - start)))
-        self._backend.raw_db.write(batch)
-        at = group[starts] - self._first  # widen each key group's bucket range
+        writes = rocksdict.WriteBatch(raw_mode=True)
+        at = group[starts] - self._first
+        fp, fmt = self._formats.of(table, at, writes)
+        put = writes.put
+        for g, b, code, payload in zip(group[starts].tolist(), bucket[starts].tolist(),
+                                       self._codes_of(kid[starts]),
+                                       fmt.payloads(table, starts.tolist(), ends.tolist())):
+            put(pack(g, sid, b + _SIGN) + code + seq, fp + payload)
+        self._backend.raw_db.write(writes)
+        # widen each key group's bucket range
         np.minimum.at(self._low[side], at, bucket[starts])
         np.maximum.at(self._high[side], at, bucket[starts])
 
@@ -187,37 +278,76 @@ class DiskJoinRows:
         asked = np.flatnonzero(low <= high)
         if not len(asked):
             return empty
-        backend, sid, pack = self._backend, self._sids[side], _HEAD.pack
-        read_options = backend.read_options(struct.pack(">H", backend.key_groups.stop))
-        it = backend.raw_db.iter(read_options)
-        values: list[bytes] = []
-        counts: list[int] = []  # entries read per asked key
-        groups = (at + self._first)[asked].tolist()
-        for g, code, lo, hi in zip(groups, self._codes_of(kids[asked]), low[asked].tolist(),
-                                   high[asked].tolist()):
-            read = len(values)
-            for b in range(lo, hi + 1):
-                prefix = pack(g, sid, b + _SIGN) + code
-                it.seek(prefix)
-                while it.valid():
-                    key = it.key()
-                    if not key.startswith(prefix):
-                        break
-                    values.append(it.value())
-                    it.next()
-            counts.append(len(values) - read)
+        codes = self._codes_of(kids[asked])
+        # per (key group, bucket), the asked keys in byte order (RocksDB's): one scan each
+        asked_kg = at[asked] + self._first
+        spans = (high - low)[asked] + 1
+        pair_kg = np.repeat(asked_kg, spans)
+        pair_key = np.repeat(np.arange(len(asked)), spans)
+        pair_bucket = (np.repeat(low[asked], spans) + np.arange(int(spans.sum()))
+                       - np.repeat(np.cumsum(spans) - spans, spans))
+        rank = np.empty(len(asked), np.int64)
+        rank[sorted(range(len(asked)), key=codes.__getitem__)] = np.arange(len(asked))
+        pair_order = np.lexsort((rank[pair_key], pair_bucket, pair_kg))
+        found: dict[bytes, tuple[list[bytes], list[int], int]] = {}  # fp: payloads, key ids
+        read_options = self._backend.read_options(
+            struct.pack(">H", self._backend.key_groups.stop))
+        it = self._backend.raw_db.iter(read_options)
+        self._scan(it, side, pair_kg[pair_order], pair_bucket[pair_order],
+                   pair_key[pair_order], codes, kids[asked].tolist(), found)
         del it
-        if not values:
+        if not found:
             return empty
-        tables = [pa.ipc.open_stream(v).read_all() for v in values]
-        sizes = np.fromiter((t.num_rows for t in tables), np.int64, len(tables))
-        stored_kid = np.repeat(np.repeat(kids[asked], counts), sizes)
-        table = concat_tables(tables).combine_chunks()
-        stored = KeyedRows(table, self._timestamps(side, table), stored_kid)
-        probe, found = _SortedRows.of(stored).matches(kid, ts, offsets)
+        tables, stored_kids = [], []
+        for fp, (payloads, kid_of, group) in found.items():
+            table, sizes = self._formats.get(fp, group).table(payloads)
+            tables.append(table)
+            stored_kids.append(np.repeat(np.array(kid_of, dtype=np.int64), sizes))
+        table = concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
+        stored = KeyedRows(table, self._timestamps(side, table), np.concatenate(stored_kids))
+        probe, taken = _SortedRows.of(stored).matches(kid, ts, offsets)
         if not len(probe):
             return empty
-        return probe, stored.take(found)
+        return probe, stored.take(taken)
+
+    def _scan(self, it, side: JoinSide, kgs: np.ndarray, buckets: np.ndarray,
+              keys: np.ndarray, codes: list[bytes], kids: list[int],
+              found: dict[bytes, tuple[list[bytes], list[int], int]]) -> None:
+        """Read the entries of (key group, bucket, key) triples, sorted as stored: a
+        merge of each (key group, bucket)'s asked keys with its entries, stepping over
+        an unasked key's entries with ``next`` and seeking past longer runs of them."""
+        sid, pack = self._sids[side], _HEAD.pack
+        head, skipped = b"", 0
+        for g, b, k in zip(kgs.tolist(), buckets.tolist(), keys.tolist()):
+            want = codes[k]
+            new_head = pack(g, sid, b + _SIGN)
+            if new_head != head:  # a new (key group, bucket): seek
+                head = new_head
+                it.seek(head + want)
+            skipped = 0
+            cut = len(head) + len(want)
+            while it.valid():
+                key = it.key()
+                if key[:len(head)] != head:
+                    break
+                code = key[len(head):cut]
+                if code == want and len(key) == cut + _SEQ.size:
+                    value = it.value()
+                    fp = value[:_FP]
+                    entry = found.get(fp)
+                    if entry is None:
+                        entry = found[fp] = ([], [], g)
+                    entry[0].append(value[_FP:])
+                    entry[1].append(kids[k])
+                elif key[len(head):] > want:  # past the asked key
+                    break
+                else:
+                    skipped += 1
+                    if skipped > 4:  # a long run of unasked keys: seek instead
+                        it.seek(head + want)
+                        skipped = 0
+                        continue
+                it.next()
 
     def drop_before(self, side: JoinSide, ts: int) -> None:
         """Delete the buckets wholly below ``ts`` of ``side``: one range deletion per key

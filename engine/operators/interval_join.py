@@ -389,8 +389,8 @@ class IntervalJoinOperator(BufferedJoinOperator):
                     f"restores into either backend)")
 
     def _stored_timestamps(self, side: JoinSide, table: pa.Table) -> np.ndarray:
-        batches = table.to_batches()
-        return timestamps_ms(batches[0], self.spec.timestamps[side],
+        (batch,) = table.combine_chunks().to_batches()
+        return timestamps_ms(batch, self.spec.timestamps[side],
                              where=f"interval join '{self.name}' (restored rows)")
 
     def open(self) -> None:
