@@ -136,12 +136,24 @@ def test_hot_keys_and_a_lagging_side(bounds):
     assert disk == heap == on_time_oracle(events, late, lagging) and len(disk) > 500
 
 
-def test_string_keys_and_nulls_in_both_formats():
+def test_many_keys_per_key_group():
+    """Thousands of keys over 128 key groups, wide buckets: a probe asks a few keys of
+    each (key group, bucket) among many stored, stepping over and seeking past the
+    others."""
+    bounds = IntervalBounds(-2000, 1500)
+    events = make_events(8, 6000, keys=3000, disorder=50, hot=0.05)
+    heap, disk, late = run_both(events, bounds, batch=30)
+    assert disk == heap == on_time_oracle(events, late, bounds) and len(disk) > 300
+
+
+@pytest.mark.parametrize("strings", [False, True], ids=["numbers", "strings"])
+def test_string_keys_and_nulls_in_both_formats(strings):
     """Rows that are not all fixed-width numbers (string keys, a column with nulls) are
     stored as Arrow IPC messages, the others as numpy records; a probe reading both
     gets the heap's pairs."""
     events = make_events(4, 1500, keys=25, disorder=120)
-    events["k"] = "user-" + events["k"].astype(str)
+    if strings:
+        events["k"] = "user-" + events["k"].astype(str)
     events["x"] = events["x"].where(events["id"] % 7 != 0)  # some nulls
     outputs = []
     for backend in (StateBackend.HEAP, StateBackend.DISK):

@@ -316,7 +316,7 @@ class DiskJoinRows:
         """Read the entries of (key group, bucket, key) triples, sorted as stored: a
         merge of each (key group, bucket)'s asked keys with its entries, stepping over
         an unasked key's entries with ``next`` and seeking past longer runs of them."""
-        sid, pack = self._sids[side], _HEAD.pack
+        sid, pack, size, seq_size = self._sids[side], _HEAD.pack, _HEAD.size, _SEQ.size
         head, skipped = b"", 0
         for g, b, k in zip(kgs.tolist(), buckets.tolist(), keys.tolist()):
             want = codes[k]
@@ -325,13 +325,12 @@ class DiskJoinRows:
                 head = new_head
                 it.seek(head + want)
             skipped = 0
-            cut = len(head) + len(want)
             while it.valid():
                 key = it.key()
-                if key[:len(head)] != head:
+                if key[:size] != head:
                     break
-                code = key[len(head):cut]
-                if code == want and len(key) == cut + _SEQ.size:
+                rest = key[size:]
+                if rest[:-seq_size] == want:
                     value = it.value()
                     fp = value[:_FP]
                     entry = found.get(fp)
@@ -339,7 +338,7 @@ class DiskJoinRows:
                         entry = found[fp] = ([], [], g)
                     entry[0].append(value[_FP:])
                     entry[1].append(kids[k])
-                elif key[len(head):] > want:  # past the asked key
+                elif rest > want:  # past the asked key
                     break
                 else:
                     skipped += 1
