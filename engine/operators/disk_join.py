@@ -43,7 +43,7 @@ import json
 import operator
 import os
 import struct
-from typing import Callable
+from typing import Any, Callable
 
 import msgpack
 import numpy as np
@@ -169,57 +169,31 @@ class _Formats:
         return found
 
 
-class DiskJoinRows:
-    """Both sides' buffered rows of one interval join instance, in its disk backend.
-
-    ``timestamps(side, table)``: the int64 ms times of rows of ``side`` read back."""
+class _DiskRows:
+    """Both sides' rows of one join instance in its disk backend, under state ids
+    ``names`` (left, right) of ``kind``: writes one entry per (key, bucket) of a batch."""
 
     def __init__(self, backend: DiskKeyedStateBackend, timers: TimerService,
-                 timestamps: Callable[[JoinSide, pa.Table], np.ndarray], *,
-                 bucket_ms: int) -> None:
+                 names: tuple[str, str], kind: str) -> None:
         self._backend = backend
         self._timers = timers
-        self._timestamps = timestamps
         self._codes: list[bytes] = []  # the encoded key of each key id
+        self._kids: dict[bytes, int] = {}  # key ids of encoded keys read back
         self._tag = int.from_bytes(os.urandom(4), "big") << 32  # this instance's seqs
         self._seq = 0
-        kinds = {k for k in (backend.state_kind(name) for name in STATE_NAMES) if k is not None}
-        if len(kinds) > 1:
-            raise ValueError(f"interval join rows restored with different kinds {kinds}")
-        restored = bool(kinds)
-        kind = kinds.pop() if restored else _kind_of(bucket_ms)
-        self.bucket_ms = int(json.loads(kind[len(KIND) + 1:])["bucket_ms"])
         self._sids = tuple(struct.unpack(">H", backend.raw_state_id(name, kind))[0]
-                           for name in STATE_NAMES)
+                           for name in names)
         self._formats = _Formats(backend)
-        groups = backend.key_groups
-        self._first = groups.start
-        # per side and key group (from the first one), the lowest and highest bucket held
-        self._low = [np.full(len(groups), _EMPTY_LOW, np.int64) for _ in JoinSide]
-        self._high = [np.full(len(groups), _EMPTY_HIGH, np.int64) for _ in JoinSide]
-        if restored:
-            self._find_buckets()
+        self._first = backend.key_groups.start
 
-    def _find_buckets(self) -> None:
-        """After a restore: each key group's lowest and highest bucket per side (two
-        seeks each)."""
+    def _iter(self) -> tuple[Any, Any]:
+        """An iterator bounded to the backend's key groups, and its read options (keep
+        them referenced while it is used)."""
         backend = self._backend
         read_options = backend.read_options(struct.pack(">H", backend.key_groups.stop))
-        it = backend.raw_db.iter(read_options)
-        for side in JoinSide:
-            sid = self._sids[side]
-            for group in backend.key_groups:
-                head = _SID.pack(group, sid)
-                it.seek(head)
-                if not it.valid() or it.key()[:4] != head:
-                    continue
-                at = group - self._first
-                self._low[side][at] = _HEAD.unpack_from(it.key())[2] - _SIGN
-                it.seek_for_prev(_SID.pack(group, sid + 1))
-                self._high[side][at] = _HEAD.unpack_from(it.key())[2] - _SIGN
-        del it
+        return backend.raw_db.iter(read_options), read_options
 
-    # -- key ids -> encoded keys -----------------------------------------------------------
+    # -- key ids <-> encoded keys ---------------------------------------------------------
     def _codes_of(self, kids: np.ndarray) -> list[bytes]:
         codes, n = self._codes, self._timers.num_keys
         if len(codes) < n:  # each key is encoded once, when it first appears
@@ -229,12 +203,23 @@ class DiskJoinRows:
             return [codes[i] for i in ids]
         return list(operator.itemgetter(*ids)(codes))
 
-    # -- write, probe, clean -----------------------------------------------------------------
-    def append(self, side: JoinSide, rows: KeyedRows) -> None:
-        """Write ``rows`` of ``side``: one entry per (key, bucket), one write batch."""
+    def _kids_of(self, codes: list[bytes], groups: list[int]) -> np.ndarray:
+        """Key ids of encoded keys (one timer service call for the ones new here)."""
+        known = self._kids
+        new = {c: g for c, g in zip(codes, groups) if c not in known}
+        if new:
+            kids = self._timers.key_ids([DiskKeyedStateBackend.decode_key(c) for c in new],
+                                        np.fromiter(new.values(), np.int64, len(new)))
+            known.update(zip(new, kids.tolist()))
+        return np.fromiter((known[c] for c in codes), np.int64, len(codes))
+
+    # -- write and read -------------------------------------------------------------------
+    def _write(self, side: JoinSide, rows: KeyedRows, buckets: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """Write ``rows`` of ``side`` in their ``buckets``: one entry per (key, bucket),
+        one write batch. Returns the (key group - first, bucket) of the entries."""
         import rocksdict
 
-        buckets = np.floor_divide(rows.ts, self.bucket_ms)
         groups = self._timers.key_groups_of(rows.kid)
         order = np.lexsort((rows.kid, buckets, groups))
         kid, bucket, group = rows.kid[order], buckets[order], groups[order]
@@ -256,9 +241,74 @@ class DiskJoinRows:
                                        fmt.payloads(table, starts.tolist(), ends.tolist())):
             put(pack(g, sid, b + _SIGN) + code + seq, fp + payload)
         self._backend.raw_db.write(writes)
-        # widen each key group's bucket range
-        np.minimum.at(self._low[side], at, bucket[starts])
-        np.maximum.at(self._high[side], at, bucket[starts])
+        return at, bucket[starts]
+
+    def _tables(self, found: dict[bytes, tuple[list[bytes], list[int], int]]
+                ) -> tuple[pa.Table, np.ndarray]:
+        """The rows of the entries read (per format: payloads, key ids, a key group
+        holding the format) as one table, and their key ids."""
+        tables, stored_kids = [], []
+        for fp, (payloads, kid_of, group) in found.items():
+            table, sizes = self._formats.get(fp, group).table(payloads)
+            tables.append(table)
+            stored_kids.append(np.repeat(np.array(kid_of, dtype=np.int64), sizes))
+        table = concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
+        return table, np.concatenate(stored_kids)
+
+    def stored_entries(self) -> int:
+        """How many entries both sides hold (tests; a full scan)."""
+        backend = self._backend
+        read_options = backend.read_options(struct.pack(">H", backend.key_groups.stop))
+        sids = {struct.pack(">H", s) for s in self._sids}
+        return sum(1 for k in backend.raw_db.keys(from_key=struct.pack(
+            ">H", backend.key_groups.start), read_opt=read_options) if k[2:4] in sids)
+
+
+class DiskJoinRows(_DiskRows):
+    """Both sides' buffered rows of one interval join instance, in its disk backend.
+
+    ``timestamps(side, table)``: the int64 ms times of rows of ``side`` read back."""
+
+    def __init__(self, backend: DiskKeyedStateBackend, timers: TimerService,
+                 timestamps: Callable[[JoinSide, pa.Table], np.ndarray], *,
+                 bucket_ms: int) -> None:
+        kinds = {k for k in (backend.state_kind(name) for name in STATE_NAMES) if k is not None}
+        if len(kinds) > 1:
+            raise ValueError(f"interval join rows restored with different kinds {kinds}")
+        restored = bool(kinds)
+        kind = kinds.pop() if restored else _kind_of(bucket_ms)
+        super().__init__(backend, timers, STATE_NAMES, kind)
+        self._timestamps = timestamps
+        self.bucket_ms = int(json.loads(kind[len(KIND) + 1:])["bucket_ms"])
+        groups = backend.key_groups
+        # per side and key group (from the first one), the lowest and highest bucket held
+        self._low = [np.full(len(groups), _EMPTY_LOW, np.int64) for _ in JoinSide]
+        self._high = [np.full(len(groups), _EMPTY_HIGH, np.int64) for _ in JoinSide]
+        if restored:
+            self._find_buckets()
+
+    def _find_buckets(self) -> None:
+        """After a restore: each key group's lowest and highest bucket per side (two
+        seeks each)."""
+        it, _read = self._iter()
+        for side in JoinSide:
+            sid = self._sids[side]
+            for group in self._backend.key_groups:
+                head = _SID.pack(group, sid)
+                it.seek(head)
+                if not it.valid() or it.key()[:4] != head:
+                    continue
+                at = group - self._first
+                self._low[side][at] = _HEAD.unpack_from(it.key())[2] - _SIGN
+                it.seek_for_prev(_SID.pack(group, sid + 1))
+                self._high[side][at] = _HEAD.unpack_from(it.key())[2] - _SIGN
+        del it
+
+    def append(self, side: JoinSide, rows: KeyedRows) -> None:
+        """Write ``rows`` of ``side``: one entry per (key, bucket), one write batch."""
+        at, buckets = self._write(side, rows, np.floor_divide(rows.ts, self.bucket_ms))
+        np.minimum.at(self._low[side], at, buckets)  # widen each key group's bucket range
+        np.maximum.at(self._high[side], at, buckets)
 
     def matches(self, side: JoinSide, kid: np.ndarray, ts: np.ndarray,
                 offsets: tuple[int, int]) -> tuple[np.ndarray, KeyedRows | None]:
@@ -290,21 +340,14 @@ class DiskJoinRows:
         rank[sorted(range(len(asked)), key=codes.__getitem__)] = np.arange(len(asked))
         pair_order = np.lexsort((rank[pair_key], pair_bucket, pair_kg))
         found: dict[bytes, tuple[list[bytes], list[int], int]] = {}  # fp: payloads, key ids
-        read_options = self._backend.read_options(
-            struct.pack(">H", self._backend.key_groups.stop))
-        it = self._backend.raw_db.iter(read_options)
+        it, _read = self._iter()
         self._scan(it, side, pair_kg[pair_order], pair_bucket[pair_order],
                    pair_key[pair_order], codes, kids[asked].tolist(), found)
         del it
         if not found:
             return empty
-        tables, stored_kids = [], []
-        for fp, (payloads, kid_of, group) in found.items():
-            table, sizes = self._formats.get(fp, group).table(payloads)
-            tables.append(table)
-            stored_kids.append(np.repeat(np.array(kid_of, dtype=np.int64), sizes))
-        table = concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
-        stored = KeyedRows(table, self._timestamps(side, table), np.concatenate(stored_kids))
+        table, stored_kids = self._tables(found)
+        stored = KeyedRows(table, self._timestamps(side, table), stored_kids)
         probe, taken = _SortedRows.of(stored).matches(kid, ts, offsets)
         if not len(probe):
             return empty
@@ -364,11 +407,3 @@ class DiskJoinRows:
         gone = expired[high[expired] < limit]
         low[expired] = limit
         low[gone], high[gone] = _EMPTY_LOW, _EMPTY_HIGH
-
-    def stored_entries(self) -> int:
-        """How many entries both sides hold (tests and metrics; a full scan)."""
-        backend = self._backend
-        read_options = backend.read_options(struct.pack(">H", backend.key_groups.stop))
-        sids = {struct.pack(">H", s) for s in self._sids}
-        return sum(1 for k in backend.raw_db.keys(from_key=struct.pack(
-            ">H", backend.key_groups.start), read_opt=read_options) if k[2:4] in sids)
