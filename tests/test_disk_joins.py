@@ -27,6 +27,7 @@ from raystream.engine.operators.disk_join import KIND, STATE_NAMES
 from raystream.engine.operators.interval_join import (IntervalBounds, IntervalJoinOperator,
                                                       IntervalJoinSpec, JoinSide)
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator, WindowJoinSpec
+from tests import test_window_join as wj
 from tests.test_exactly_once import wait_for_checkpoint
 from tests.test_joins import (BASE, Ids, crawl, expected_pairs, join_job, oracle,
                               pairs_of, throttle)
@@ -286,14 +287,113 @@ def test_restored_rows_keep_their_bucket_width():
                               events.iloc[300:], 1) == expected and expected
 
 
-def test_window_join_still_refuses_the_disk_backend():
-    spec = WindowJoinSpec(WindowJoinKind.JOIN, rs.TumblingEventTimeWindows(size_ms=10),
-                          (KeySelector.of("k"), KeySelector.of("k")), ("ts", "ts"))
-    op = WindowJoinOperator("wjoin", spec)
-    op.setup(RuntimeContext("job", "wjoin", 0, 1, MAXP, 0, state_backend=StateBackend.DISK),
+# -- the window join --------------------------------------------------------------------------
+
+def window_join_operator(backend: StateBackend, assigner, kind=WindowJoinKind.JOIN, fn=None,
+                         *, index: int = 0, parallelism: int = 1) -> WindowJoinOperator:
+    spec = WindowJoinSpec(kind, assigner, (KeySelector.of("k"), KeySelector.of("k")),
+                          ("ts", "ts"))
+    op = WindowJoinOperator("wjoin", spec, fn)
+    op.setup(RuntimeContext("job", "wjoin", index, parallelism, MAXP, 0, state_backend=backend),
              CollectingOutput())
-    with pytest.raises(ValueError, match="operator 'wjoin' .*state_backend='heap'"):
+    return op
+
+
+def co_groups(key, left, right, window):
+    yield {"k": key, "left": tuple(sorted(left["id"].to_pylist())),
+           "right": tuple(sorted(right["id"].to_pylist()))}
+
+
+def window_rows(op: WindowJoinOperator, kind: WindowJoinKind) -> list:
+    if kind is WindowJoinKind.JOIN:
+        return sorted(wj.pairs_of(wj.output_of(op)))
+    rows = [r for b in op.output.batches for r in b.to_pylist()]  # pyright: ignore[reportAttributeAccessIssue]
+    return sorted((r["k"], r["window_start"], r["window_end"], tuple(r["left"]),
+                   tuple(r["right"])) for r in rows)
+
+
+@pytest.mark.parametrize("kind", list(WindowJoinKind), ids=lambda k: k.value)
+@pytest.mark.parametrize("assigner", [wj.TUMBLING, wj.SLIDING, wj.SESSION],
+                         ids=["tumbling", "sliding", "session"])
+def test_disk_window_join_equals_heap_and_pandas(assigner, kind):
+    """Rows late for some or all of their windows, and stragglers a second late: the
+    disk job's pairs (co-groups) are the heap's and pandas'; sessions stay on the heap."""
+    merging = isinstance(assigner, rs.EventTimeSessionWindows)
+    frame = wj.make_events(np.random.default_rng(11), 1500, keys=6,
+                           disorder=30 if merging else 250)
+    stragglers = frame.index[(frame.index % 97 == 96) & (frame.index > 300)]
+    frame.loc[stragglers, "ts"] -= 1000
+    outputs = []
+    for backend in (StateBackend.HEAP, StateBackend.DISK):
+        op = window_join_operator(backend, assigner, kind,
+                                  co_groups if kind is WindowJoinKind.CO_GROUP else None)
         op.initialize_state(None)
+        op.open()
+        on_time, late = wj.drive(op, frame, assigner)
+        assert len(late) and op.metrics()["late_records_dropped"] == len(late)
+        assert (op.disk_rows is not None) == (backend is StateBackend.DISK and not merging)
+        if op.disk_rows is not None:
+            assert not op.disk_rows.windows and op.disk_rows.stored_entries() == 0
+        outputs.append(window_rows(op, kind))
+    left, right = (on_time.loc[on_time["side"] == side] for side in (0, 1))
+    if kind is WindowJoinKind.JOIN:
+        expected = sorted(wj.oracle_pairs(left, right, assigner))
+    else:
+        expected = sorted(wj.oracle_groups(left, right, assigner))
+    assert outputs[1] == outputs[0] == expected and expected
+
+
+def test_disk_window_join_restores_at_other_parallelism():
+    """A snapshot with windows open, restored into 1, 2 and 3 disk subtasks, from disk
+    and from heap sections: the windows fire as in the uninterrupted run; a heap job
+    refuses the disk sections."""
+    frame = wj.make_events(np.random.default_rng(3), 1200, keys=40, disorder=0)
+    half = 600
+    outputs = {}
+    for backend in (StateBackend.HEAP, StateBackend.DISK):
+        op = window_join_operator(backend, wj.SLIDING)
+        op.initialize_state(None)
+        op.open()
+        first = frame.iloc[:half]
+        for side in (0, 1):
+            part = first[first["side"] == side]
+            op.process_batch(pa.RecordBatch.from_pandas(part[["id", "k", "ts"]],
+                                                        preserve_index=False), side)
+        watermark = int(first["ts"].max()) - 300
+        op.process_watermark(watermark)
+        snapshot = op.snapshot_state(1).keyed_state
+        assert snapshot is not None
+        outputs[backend] = (snapshot(), sorted(wj.pairs_of(wj.output_of(op))))
+    assert outputs[StateBackend.HEAP][1] == outputs[StateBackend.DISK][1]
+    before = outputs[StateBackend.DISK][1]
+    rest = frame.iloc[half:]
+    expected = sorted(wj.oracle_pairs(frame.loc[frame["side"] == 0],
+                                      frame.loc[frame["side"] == 1], wj.SLIDING))
+    floors = WatermarkFloors.from_json(watermark, max_parallelism=MAXP)
+    for source, parallelism in [(StateBackend.DISK, 1), (StateBackend.DISK, 2),
+                                (StateBackend.DISK, 3), (StateBackend.HEAP, 2)]:
+        sections, got = outputs[source][0], list(before)
+        for index in range(parallelism):
+            groups = rs.key_group_range(index, parallelism, MAXP)
+            op = window_join_operator(StateBackend.DISK, wj.SLIDING, index=index,
+                                      parallelism=parallelism)
+            op.initialize_state(RestoredState(1, [], [(g, s) for g, s in sections.items()
+                                                      if g in groups], floors))
+            op.open()
+            assert op.disk_rows is not None
+            for side in (0, 1):
+                mine = np.array([rs.key_group_of(k, MAXP) in groups for k in rest["k"].tolist()])
+                part = rest.loc[(rest["side"] == side).to_numpy() & mine]
+                if len(part):
+                    op.process_batch(pa.RecordBatch.from_pandas(
+                        part[["id", "k", "ts"]], preserve_index=False), side)
+            op.process_watermark(rs.MAX_WATERMARK)
+            got += wj.pairs_of(wj.output_of(op))
+        assert sorted(got) == expected, (source, parallelism)
+    heap = window_join_operator(StateBackend.HEAP, wj.SLIDING)
+    with pytest.raises(ValueError, match="window join 'wjoin': .*state_backend='disk'"):
+        heap.initialize_state(RestoredState(1, [], list(outputs[StateBackend.DISK][0].items()),
+                                            floors))
 
 
 # -- jobs on Ray ----------------------------------------------------------------------------

@@ -56,7 +56,9 @@ from raystream.timers.service import TimerService
 
 STATE_NAMES = ("__interval_join_left", "__interval_join_right")
 KIND = "interval-join-rows"
-SCHEMAS, SCHEMA_KIND = "__interval_join_schemas", "interval-join-schemas"
+WINDOW_STATE_NAMES = ("__window_join_left", "__window_join_right")
+WINDOW_KIND = "window-join-rows"
+SCHEMAS, SCHEMA_KIND = "__join_row_formats", "join-row-formats"
 _FP = 8  # bytes of a schema's fingerprint
 MIN_BUCKET_MS = 1000
 _HEAD = struct.Struct(">HHQ")  # key group, state id, bucket + 2**63
@@ -73,14 +75,14 @@ def _kind_of(bucket_ms: int) -> str:
 
 
 def holds_join_rows(group: int, section: bytes, max_parallelism: int) -> bool:
-    """Does keyed-state ``section`` (of either backend) hold disk interval join rows?"""
+    """Does keyed-state ``section`` (of either backend) hold disk join rows?"""
     envelope, body = read(section, key_group=group, max_parallelism=max_parallelism,
                           kinds=KEYED_STATE)
     if envelope.kind is not SectionKind.DISK_STATE or len(body) < _U32.size:
         return False
     (n,) = _U32.unpack_from(body, 0)
     directory = msgpack.unpackb(bytes(body[_U32.size:_U32.size + n]), raw=False)
-    return any(str(kind).startswith(KIND) for _, _, kind in directory)
+    return any(str(kind).startswith((KIND, WINDOW_KIND)) for _, _, kind in directory)
 
 
 def _clip(value: int) -> int:
@@ -245,8 +247,8 @@ class _DiskRows:
 
     def _tables(self, found: dict[bytes, tuple[list[bytes], list[int], int]]
                 ) -> tuple[pa.Table, np.ndarray]:
-        """The rows of the entries read (per format: payloads, key ids, a key group
-        holding the format) as one table, and their key ids."""
+        """The rows of the entries read (per format: payloads, an int per entry, a key
+        group holding the format) as one table, and each row's entry's int."""
         tables, stored_kids = [], []
         for fp, (payloads, kid_of, group) in found.items():
             table, sizes = self._formats.get(fp, group).table(payloads)
@@ -407,3 +409,97 @@ class DiskJoinRows(_DiskRows):
         gone = expired[high[expired] < limit]
         low[expired] = limit
         low[gone], high[gone] = _EMPTY_LOW, _EMPTY_HIGH
+
+
+class DiskWindowRows(_DiskRows):
+    """Both sides' buffered rows of one window join instance (tumbling or sliding
+    windows), in its disk backend: the bucket of an entry is its window's start."""
+
+    def __init__(self, backend: DiskKeyedStateBackend, timers: TimerService) -> None:
+        restored = any(backend.state_kind(name) is not None for name in WINDOW_STATE_NAMES)
+        super().__init__(backend, timers, WINDOW_STATE_NAMES, WINDOW_KIND)
+        # window start -> the key groups (from the first one) holding rows of it
+        self.windows: dict[int, np.ndarray] = {}
+        if restored:
+            self._find_windows()
+
+    def _held(self, start: int) -> np.ndarray:
+        held = self.windows.get(start)
+        if held is None:
+            held = self.windows[start] = np.zeros(len(self._backend.key_groups), dtype=bool)
+        return held
+
+    def _find_windows(self) -> None:
+        """After a restore: the windows each key group holds, one seek per window."""
+        it, _read = self._iter()
+        for side in JoinSide:
+            sid = self._sids[side]
+            for group in self._backend.key_groups:
+                head = _SID.pack(group, sid)
+                it.seek(head)
+                while it.valid():
+                    key = it.key()
+                    if key[:4] != head:
+                        break
+                    bucket = _HEAD.unpack_from(key)[2]
+                    self._held(bucket - _SIGN)[group - self._first] = True
+                    if bucket == 2 * _SIGN - 1:
+                        break
+                    it.seek(_HEAD.pack(group, sid, bucket + 1))
+        del it
+
+    def append(self, side: JoinSide, rows: KeyedRows) -> None:
+        """Write ``rows`` of ``side`` (``rows.ts``: their window starts)."""
+        at, starts = self._write(side, rows, rows.ts)
+        for start in np.unique(starts).tolist():
+            self._held(start)[at[starts == start]] = True
+
+    def take(self, starts: list[int]) -> tuple[KeyedRows | None, KeyedRows | None]:
+        """Read and delete the rows of windows ``starts``, per side (``ts``: the window
+        start): one range scan and one range deletion per key group, window and side."""
+        taken: list[KeyedRows | None] = []
+        size = _HEAD.size
+        for side in JoinSide:
+            sid, pack = self._sids[side], _HEAD.pack
+            found: dict[bytes, tuple[list[bytes], list[int], int]] = {}
+            codes: list[bytes] = []
+            groups: list[int] = []
+            entry_starts: list[int] = []
+            it, _read = self._iter()
+            for start in starts:
+                for at in np.flatnonzero(self.windows.get(start, ())).tolist():
+                    group = at + self._first
+                    head = pack(group, sid, start + _SIGN)
+                    it.seek(head)
+                    while it.valid():
+                        key = it.key()
+                        if key[:size] != head:
+                            break
+                        value = it.value()
+                        fp = value[:_FP]
+                        entry = found.get(fp)
+                        if entry is None:
+                            entry = found[fp] = ([], [], group)
+                        entry[0].append(value[_FP:])
+                        entry[1].append(len(codes))
+                        codes.append(key[size:-_SEQ.size])
+                        groups.append(group)
+                        entry_starts.append(start)
+                        it.next()
+            del it
+            if not found:
+                taken.append(None)
+                continue
+            table, entry = self._tables(found)
+            kids = self._kids_of(codes, groups)
+            taken.append(KeyedRows(table, np.array(entry_starts, np.int64)[entry], kids[entry]))
+        db = self._backend.raw_db
+        for start in starts:
+            held = self.windows.pop(start, None)
+            if held is None:
+                continue
+            for at in np.flatnonzero(held).tolist():
+                for sid in self._sids:
+                    db.delete_range(_HEAD.pack(at + self._first, sid, start + _SIGN),
+                                    _HEAD.pack(at + self._first, sid, start + _SIGN + 1))
+        return taken[0], taken[1]

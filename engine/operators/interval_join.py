@@ -43,20 +43,16 @@ gets ``right_suffix`` (default ``"_right"``). With ``.process(fn)`` a
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import numpy as np
 import pyarrow as pa
 
-from raystream.actors.operator import RestoredState
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
-from raystream.checkpoint.envelope import is_keyed_state
-from raystream.checkpoint.sections import decode_parts
-from raystream.checkpoint.state_backend import is_disk
 from raystream.engine.batches import rows_to_batch
 from raystream.engine.keys import KeySelector
-from raystream.engine.operators.disk_join import MIN_BUCKET_MS, DiskJoinRows, holds_join_rows
+from raystream.engine.operators.disk_join import MIN_BUCKET_MS, DiskJoinRows
 from raystream.engine.operators.functions import _close_function, emit_rows
 from raystream.engine.operators.keyed_rows import (BufferedJoinOperator, JoinSide, RowBuffer,
                                                    joined_names)
@@ -342,6 +338,8 @@ class IntervalJoinOperator(BufferedJoinOperator):
     buffer_type = _Buffer
     buffers: tuple[_Buffer, _Buffer]
     supports_disk_state = True  # the buffers in RocksDB (DiskJoinRows)
+    label = "interval join"
+    disk_rows: DiskJoinRows | None
 
     def __init__(self, name: str, spec: IntervalJoinSpec, fn: ProcessJoinFunction | None = None,
                  *, schema: pa.Schema | None = None) -> None:
@@ -352,41 +350,14 @@ class IntervalJoinOperator(BufferedJoinOperator):
         self.spec = spec
         self.fn = fn
         self.schema = schema
-        self.disk_rows: DiskJoinRows | None = None
 
     # -- lifecycle -----------------------------------------------------------------
-    def initialize_state(self, restored: RestoredState | None) -> None:
-        self.disk_rows = None
-        if restored is not None and not is_disk(self.ctx.state_backend):
-            restored = replace(restored, keyed_sections=list(restored.keyed_sections))
-            self._refuse_disk_rows(restored)
-        super().initialize_state(restored)  # a heap snapshot's buffers move to disk rows
-        self._open_disk_rows()
-
-    def _open_disk_rows(self) -> DiskJoinRows | None:
-        """On the disk backend, the rows in RocksDB (opened once the database is restored)."""
-        if self.disk_rows is None and isinstance(self.backend, DiskKeyedStateBackend):
-            bounds = self.spec.bounds
-            self.disk_rows = DiskJoinRows(
-                self.backend, self.timers, self._stored_timestamps,
-                bucket_ms=max(MIN_BUCKET_MS, bounds.upper - bounds.lower + 1))
-        return self.disk_rows
-
-    @property
-    def buffers_on_heap(self) -> bool:
-        return self.disk_rows is None
-
-    def _refuse_disk_rows(self, restored: RestoredState) -> None:
-        """A heap job cannot restore the disk backend's join rows: say so, naming the
-        operator."""
-        for group, section in restored.keyed_sections:
-            state = section if is_keyed_state(section) else decode_parts(section).get("state")
-            if state is not None and holds_join_rows(group, state, self.ctx.max_parallelism):
-                raise ValueError(
-                    f"interval join '{self.name}': the checkpoint keeps this join's buffered "
-                    f"rows in the disk state backend, which only that backend restores; "
-                    f"restore with CheckpointConfig(state_backend='disk') (a heap savepoint "
-                    f"restores into either backend)")
+    def open_disk_rows(self) -> DiskJoinRows | None:
+        if not isinstance(self.backend, DiskKeyedStateBackend):
+            return None
+        bounds = self.spec.bounds
+        return DiskJoinRows(self.backend, self.timers, self._stored_timestamps,
+                            bucket_ms=max(MIN_BUCKET_MS, bounds.upper - bounds.lower + 1))
 
     def _stored_timestamps(self, side: JoinSide, table: pa.Table) -> np.ndarray:
         (batch,) = table.combine_chunks().to_batches()
@@ -479,7 +450,7 @@ class IntervalJoinOperator(BufferedJoinOperator):
 
     # -- state -----------------------------------------------------------------------
     def restore_side(self, side: JoinSide, table: pa.Table) -> None:
-        disk = self._open_disk_rows()  # a heap snapshot restored on disk: its rows move in
+        disk = self._disk_rows()  # a heap snapshot restored on disk: its rows move in
         for batch in table.to_batches():
             rows = self._index(batch, side)
             if disk is None:
