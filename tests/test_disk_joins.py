@@ -451,3 +451,24 @@ def test_disk_interval_join_savepoints_at_1_2_3(ray_session, tmp_path):
     got = pairs_of(pa.concat_tables(tables))
     assert len(got) == len(set(got))
     assert set(got) == expected_pairs(n, lower, upper)
+
+
+def test_disk_window_join_exactly_once_through_a_subtask_kill(ray_session, tmp_path):
+    """Tumbling windows on the disk backend with incremental checkpoints, one join
+    subtask killed midway: every pair of pandas once."""
+    n = 10_000
+    assigner = rs.TumblingEventTimeWindows(size_ms=300)
+    env = disk_env(str(tmp_path / "chk"), 2, incremental=True, restart=True)
+    left, right = wj.sides(env, n)
+    sink = left.join(right).where("k").equal_to("k").window(assigner, timestamp="ts") \
+        .join(name="join").collect()
+    client = env.execute_async("disk-window-join-kill")
+    completed = wait_for_checkpoint(client, after=1)
+    ray.kill(client.subtask_actor("join", 1))
+    job = client.wait(timeout_s=240)
+    assert job.restarts == 1, job.failures
+    assert job.restores[0]["checkpoint_id"] >= completed
+    got = wj.pairs_of(job.table(sink))
+    assert len(got) == len(set(got))
+    expected = wj.expected_job_output(n, assigner)
+    assert set(got) == expected and len(expected) > 5000
