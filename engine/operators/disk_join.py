@@ -1,39 +1,51 @@
-"""The interval join's buffered rows in the disk state backend (state larger than memory).
+"""Join rows in the disk state backend (state larger than memory).
 
-On the disk backend an :class:`~raystream.engine.operators.interval_join.IntervalJoinOperator`
-keeps each side's rows in its instance's RocksDB (the backend's
-:meth:`~raystream.checkpoint.disk_state.DiskKeyedStateBackend.raw_db`), in a layout of
-its own under one state id per side::
+On the disk backend an interval join (:class:`DiskJoinRows`) and a window join over
+tumbling or sliding windows (:class:`DiskWindowRows`) keep each side's buffered rows
+in their instance's RocksDB (the backend's
+:meth:`~raystream.checkpoint.disk_state.DiskKeyedStateBackend.raw_db`), in a layout
+of their own under one state id per side::
 
-    key group (u16) | state id (u16) | time bucket + 2**63 (u64) | key | seq (u64)
+    key group (u16) | state id (u16) | bucket + 2**63 (u64) | key | seq (u64)
 
-all big-endian, so byte order is numeric order. A bucket is ``ts // bucket_ms``; the
-key is the backend's canonical encoding (MessagePack, self-delimiting, so one key's
-bytes are never a prefix of another's); ``seq`` tells apart the batches (and, after
-a rescale, the instances) that wrote rows of one key to one bucket. The value is an
-8-byte schema fingerprint and the Arrow IPC record batch message of those rows: one
-entry per (key, bucket) of a batch, written in one write batch. The schemas are
-entries of their own, ``key group | state id | fingerprint`` -> the Arrow IPC schema,
-written once per key group (so they move with it): a message without its schema is
-written in a quarter and read in a third of the time of a whole IPC stream. Like Flink's ``MapState<Long, List<BufferEntry>>`` per key and side,
-but bucketed, and ordered bucket before key so that cleanup is a range deletion.
+all big-endian, so byte order is numeric order. The bucket is ``ts // bucket_ms``
+(interval join) or the window start (window join); the key is the backend's
+canonical encoding (MessagePack, self-delimiting, so one key's bytes are never a
+prefix of another's); ``seq`` tells apart the batches (and, after a rescale, the
+instances) that wrote rows of one key to one bucket. Like Flink's
+``MapState<Long, List<BufferEntry>>`` per key and side, but ordered bucket before
+key, so that cleanup is a range deletion per key group.
 
-* A batch probes the other side with one iterator: per distinct key of the batch and
-  bucket its rows can match (``[min ts + lower, max ts + upper]`` of that key's rows,
-  within the buckets the key group holds) one seek and a scan of that key's entries:
-  the rows read are those of the batch's keys in the buckets that can match. They are
-  matched exactly by the heap path's sorted index (``_SortedRows``).
+A value is an 8-byte format fingerprint, then the rows of one key in one bucket from
+one batch: fixed-width numpy records when every column is a number or a boolean
+without nulls (no Arrow call per entry), otherwise an Arrow IPC record batch
+message. Formats are entries of their own, ``key group | state id | fingerprint`` ->
+kind byte and Arrow IPC schema, written once per key group so they move with it.
+Nothing is pickled. A batch is written with one write batch.
+
+Interval join:
+
+* A batch probes the other side with one iterator: one seek per (key group, bucket)
+  its keys' rows can match (``[min ts + lower, max ts + upper]`` per key, within the
+  buckets the key group holds), then a merge of the batch's keys of that key group
+  (in byte order) with the stored entries, stepping over other keys' entries with
+  ``next`` and seeking past runs of them: only the batch's keys' rows in the buckets
+  that can match are read. They are matched exactly by the heap path's sorted index.
 * A watermark deletes, per key group holding expired buckets, everything below the
   first bucket an on-time row can still join: one ``delete_range`` per key group and
   side (rows of the straddling bucket stay until the next bucket passes: they can no
   longer match, so the output is the heap path's).
-* Entries start with their key group, so the backend's full and incremental
-  snapshots, restores and rescaling carry them as they are. The state's kind in the
-  backend's directory (``"interval-join-rows {"bucket_ms": ...}"``) says the bucket
-  width a restore must read them with; a heap job refuses them (:func:`holds_join_rows`).
+* ``bucket_ms`` is the interval's width, at least ``MIN_BUCKET_MS``: a key's probe
+  reads about two buckets, and cleanup keeps at most one bucket more than needed.
+  The state's kind (``"interval-join-rows {"bucket_ms": ...}"``) keeps it, so a
+  restore with other bounds reads the rows right.
 
-``bucket_ms`` defaults to the interval's width, at least ``MIN_BUCKET_MS``: a key's
-probe reads about two buckets, and cleanup keeps at most one bucket more than needed.
+Window join: a window fires with one range scan per key group and side holding it,
+then one range deletion each.
+
+Entries start with their key group, so the backend's full and incremental
+snapshots, restores and rescaling carry them as they are; a heap job refuses them
+(:func:`holds_join_rows`).
 """
 
 from __future__ import annotations
