@@ -71,7 +71,7 @@ KIND = "interval-join-rows"
 WINDOW_STATE_NAMES = ("__window_join_left", "__window_join_right")
 WINDOW_KIND = "window-join-rows"
 SCHEMAS, SCHEMA_KIND = "__join_row_formats", "join-row-formats"
-_FP = 8  # bytes of a schema's fingerprint
+_FP = 8  # bytes of a format's fingerprint
 MIN_BUCKET_MS = 1000
 _HEAD = struct.Struct(">HHQ")  # key group, state id, bucket + 2**63
 _SEQ = struct.Struct(">Q")
@@ -108,7 +108,7 @@ class _Format:
 
     def __init__(self, schema: pa.Schema, fixed: bool) -> None:
         self.schema = schema
-        self.record = (np.dtype([(f"f{i}", np.dtype(field.type.to_pandas_dtype()))
+        self.record = (np.dtype([(f"f{i}", np.dtype(field.type.to_pandas_dtype()).newbyteorder("<"))
                                  for i, field in enumerate(schema)]) if fixed else None)
 
     @staticmethod
@@ -157,11 +157,13 @@ class _Formats:
         """``batch``'s format and its fingerprint; puts it into ``writes`` for the key
         groups (from the backend's first) that do not hold it yet."""
         fixed = _Format.fits(batch)
-        data = (b"N" if fixed else b"A") + batch.schema.serialize().to_pybytes()
+        # without metadata (pandas' may differ batch by batch): joins emit none of it
+        schema = batch.schema.remove_metadata()
+        data = (b"N" if fixed else b"A") + schema.serialize().to_pybytes()
         fp = self._fps.get(data)
         if fp is None:
             fp = self._fps[data] = hashlib.blake2b(data, digest_size=_FP).digest()
-            self._formats[fp] = _Format(batch.schema, fixed)
+            self._formats[fp] = _Format(schema, fixed)
             self._written[fp] = np.zeros(len(self._backend.key_groups), dtype=bool)
         written = self._written[fp]
         new = np.unique(groups[~written[groups]])
@@ -176,8 +178,8 @@ class _Formats:
         if found is None:  # restored: written by another instance
             raw = self._backend.raw_db.get(struct.pack(">H", group) + self._sid + fp)
             if raw is None:
-                raise RuntimeError(f"interval join rows of key group {group} without their "
-                                   f"format {fp.hex()}")
+                raise RuntimeError(f"join rows of key group {group} without their format "
+                                   f"{fp.hex()}")
             found = self._formats[fp] = _Format(pa.ipc.read_schema(pa.py_buffer(raw[1:])),
                                                 raw[:1] == b"N")
         return found
