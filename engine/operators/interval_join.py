@@ -23,6 +23,9 @@ How it runs (vectorized; no Python per record on the built-in path):
   segments, and the rows of the one or two that straddle the limit).
 * Buffers are keyed state: snapshotted per key group (part ``"join"``, one
   Arrow IPC stream per side), so they survive failover and rescaling.
+* On the disk state backend the buffers live in the instance's RocksDB instead
+  (:mod:`raystream.engine.operators.disk_join`), carried by that backend's snapshots;
+  the results are the same.
 
 The default output (``.join()``) has the left columns, then the right columns;
 a right column whose name is also a left column's (the key, the timestamp...)
@@ -46,8 +49,10 @@ from typing import Any, Iterable
 import numpy as np
 import pyarrow as pa
 
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.engine.batches import rows_to_batch
 from raystream.engine.keys import KeySelector
+from raystream.engine.operators.disk_join import MIN_BUCKET_MS, DiskJoinRows
 from raystream.engine.operators.functions import _close_function, emit_rows
 from raystream.engine.operators.keyed_rows import (BufferedJoinOperator, JoinSide, RowBuffer,
                                                    joined_names)
@@ -332,6 +337,9 @@ class IntervalJoinOperator(BufferedJoinOperator):
 
     buffer_type = _Buffer
     buffers: tuple[_Buffer, _Buffer]
+    supports_disk_state = True  # the buffers in RocksDB (DiskJoinRows)
+    label = "interval join"
+    disk_rows: DiskJoinRows | None
 
     def __init__(self, name: str, spec: IntervalJoinSpec, fn: ProcessJoinFunction | None = None,
                  *, schema: pa.Schema | None = None) -> None:
@@ -344,6 +352,18 @@ class IntervalJoinOperator(BufferedJoinOperator):
         self.schema = schema
 
     # -- lifecycle -----------------------------------------------------------------
+    def open_disk_rows(self) -> DiskJoinRows | None:
+        if not isinstance(self.backend, DiskKeyedStateBackend):
+            return None
+        bounds = self.spec.bounds
+        return DiskJoinRows(self.backend, self.timers, self._stored_timestamps,
+                            bucket_ms=max(MIN_BUCKET_MS, bounds.upper - bounds.lower + 1))
+
+    def _stored_timestamps(self, side: JoinSide, table: pa.Table) -> np.ndarray:
+        (batch,) = table.combine_chunks().to_batches()
+        return timestamps_ms(batch, self.spec.timestamps[side],
+                             where=f"interval join '{self.name}' (restored rows)")
+
     def open(self) -> None:
         self.join_ctx = JoinContext(self.ctx.subtask_index)
         if self.fn is not None:
@@ -373,9 +393,14 @@ class IntervalJoinOperator(BufferedJoinOperator):
             if late.all():
                 return
             rows = rows.take(np.flatnonzero(~late))
-        probe, matched = self.buffers[side.other].matches(
-            rows.kid, rows.ts, self.spec.bounds.relative_to(side))
-        self.buffers[side].append(rows)
+        offsets = self.spec.bounds.relative_to(side)
+        disk = self.disk_rows
+        if disk is None:
+            probe, matched = self.buffers[side.other].matches(rows.kid, rows.ts, offsets)
+            self.buffers[side].append(rows)
+        else:
+            probe, matched = disk.matches(side.other, rows.kid, rows.ts, offsets)
+            disk.append(side, rows)
         if matched is not None:
             pair = (rows.take(probe), matched)
             left, right = pair if side is JoinSide.LEFT else pair[::-1]
@@ -416,10 +441,19 @@ class IntervalJoinOperator(BufferedJoinOperator):
         # cleaning by the smaller one keeps rows longer, never drops a match
         current = self.current_watermark
         for side in JoinSide:
-            self.buffers[side].drop_before(self.spec.bounds.first_joinable(side, current))
+            first = self.spec.bounds.first_joinable(side, current)
+            if self.disk_rows is None:
+                self.buffers[side].drop_before(first)
+            else:
+                self.disk_rows.drop_before(side, first)
         self.output.emit_watermark(watermark)
 
     # -- state -----------------------------------------------------------------------
     def restore_side(self, side: JoinSide, table: pa.Table) -> None:
+        disk = self._disk_rows()  # a heap snapshot restored on disk: its rows move in
         for batch in table.to_batches():
-            self.buffers[side].append(self._index(batch, side))
+            rows = self._index(batch, side)
+            if disk is None:
+                self.buffers[side].append(rows)
+            else:
+                disk.append(side, rows)

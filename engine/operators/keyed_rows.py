@@ -17,13 +17,15 @@ key groups to any parallelism.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
 
+from raystream.checkpoint.envelope import is_keyed_state
 from raystream.checkpoint.sections import decode_parts, encode_parts
+from raystream.checkpoint.state_backend import is_disk
 from raystream.actors.operator import RestoredState
 from raystream.engine.operators.keyed import _KeyedOperator
 
@@ -112,19 +114,53 @@ class BufferedJoinOperator(_KeyedOperator):
     """A keyed operator over two inputs that buffers each input's rows (``self.buffers``,
     one :class:`RowBuffer` per :class:`JoinSide`) as keyed state: snapshotted per key
     group in part ``"join"`` (``STATE_VERSION`` first), restored through
-    :meth:`restore_side`. Counts the rows it drops as late per side."""
+    :meth:`restore_side`. Counts the rows it drops as late per side.
+
+    On the disk state backend a subclass may keep the rows in RocksDB instead
+    (``self.disk_rows``, from :meth:`open_disk_rows`), carried by that backend's
+    snapshots; a heap job then refuses them, naming the operator."""
 
     STATE_VERSION = b"\x01"  # first byte of a key group's "join" part
     buffer_type: type[RowBuffer] = RowBuffer
+    label = "join"  # what error messages call the operator
 
     def __init__(self, name: str, keys) -> None:
         super().__init__(name, keys)
         self.buffers = (self.buffer_type(), self.buffer_type())
         self.late_dropped = [0, 0]
+        self.disk_rows: Any = None
 
     def initialize_state(self, restored: RestoredState | None) -> None:
         self.buffers = (self.buffer_type(), self.buffer_type())
-        super().initialize_state(restored)
+        self.disk_rows = None
+        if restored is not None and not is_disk(self.ctx.state_backend):
+            restored = replace(restored, keyed_sections=list(restored.keyed_sections))
+            self._refuse_disk_rows(restored)
+        super().initialize_state(restored)  # a heap snapshot's buffers may move to disk rows
+        self._disk_rows()
+
+    def open_disk_rows(self) -> Any:
+        """The rows in the disk backend (None: on the heap), once its state is restored."""
+        return None
+
+    def _disk_rows(self) -> Any:
+        if self.disk_rows is None:
+            self.disk_rows = self.open_disk_rows()
+        return self.disk_rows
+
+    def _refuse_disk_rows(self, restored: RestoredState) -> None:
+        """A heap job cannot restore the disk backend's join rows: say so, naming the
+        operator."""
+        from raystream.engine.operators.disk_join import holds_join_rows
+
+        for group, section in restored.keyed_sections:
+            state = section if is_keyed_state(section) else decode_parts(section).get("state")
+            if state is not None and holds_join_rows(group, state, self.ctx.max_parallelism):
+                raise ValueError(
+                    f"{self.label} '{self.name}': the checkpoint keeps this join's buffered "
+                    f"rows in the disk state backend, which only that backend restores; "
+                    f"restore with CheckpointConfig(state_backend='disk') (a heap savepoint "
+                    f"restores into either backend)")
 
     def metrics(self) -> dict[str, float]:
         left, right = self.late_dropped
@@ -143,6 +179,8 @@ class BufferedJoinOperator(_KeyedOperator):
 
     def keyed_snapshot_parts(self):
         parts = super().keyed_snapshot_parts()
+        if self.disk_rows is not None:  # the disk backend's snapshot carries them
+            return parts
         # synchronous part: the chunk lists as they are (tables and arrays are immutable)
         chunks = {side.name.lower(): list(buffer.chunks)
                   for side, buffer in zip(JoinSide, self.buffers)}

@@ -52,6 +52,11 @@ How it runs (Flink's semantics; no Python per row on the built-in path):
   or co-grouped, emitted, and dropped from the buffers.
 * Buffers are keyed state, snapshotted per key group (part ``"join"``), so they
   survive failover and follow their key groups when the job is rescaled.
+* On the disk state backend, tumbling and sliding windows keep the buffered rows
+  in the subtask's RocksDB (:class:`~raystream.engine.operators.disk_join.DiskWindowRows`:
+  one range scan and one range deletion per key group and window when it fires),
+  carried by that backend's snapshots; session windows keep theirs on the heap
+  (snapshotted in part ``"join"`` as on the heap backend).
 """
 
 from __future__ import annotations
@@ -69,6 +74,8 @@ from raystream.engine.batches import rows_to_batch
 from raystream.engine.errors import BadRecordError, describe_record
 from raystream.engine.graph import InputEdge
 from raystream.engine.keys import KeySelector, KeySpec
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
+from raystream.engine.operators.disk_join import DiskWindowRows
 from raystream.engine.operators.functions import _close_function, _open_function
 from raystream.engine.operators.keyed_rows import (BufferedJoinOperator, JoinSide, KeyedRows,
                                                    joined_names)
@@ -168,6 +175,12 @@ class WindowJoinOperator(BufferedJoinOperator):
     :data:`JoinFunction` per pair or a :data:`CoGroupFunction` per key and window.
     """
 
+    # on the disk backend tumbling and sliding windows keep their rows in RocksDB
+    # (DiskWindowRows); sessions (merging) keep theirs on the heap
+    supports_disk_state = True
+    label = "window join"
+    disk_rows: DiskWindowRows | None
+
     def __init__(self, name: str, spec: WindowJoinSpec, fn: Callable | None = None, *,
                  schema: pa.Schema | None = None) -> None:
         super().__init__(name, spec.keys[0])
@@ -185,6 +198,11 @@ class WindowJoinOperator(BufferedJoinOperator):
         self.schemas: list[pa.Schema | None] = [None, None]
 
     # -- lifecycle -----------------------------------------------------------------------
+    def open_disk_rows(self) -> DiskWindowRows | None:
+        if self.spec.assigner.merging or not isinstance(self.backend, DiskKeyedStateBackend):
+            return None
+        return DiskWindowRows(self.backend, self.timers)
+
     def open(self) -> None:
         if self.fn is not None:
             _open_function(self.fn, self.ctx)
@@ -224,7 +242,10 @@ class WindowJoinOperator(BufferedJoinOperator):
         table = pa.Table.from_batches([batch])
         if not (len(rows) == batch.num_rows and bool(np.all(rows == np.arange(len(rows))))):
             table = table.take(pa.array(rows))
-        self.buffers[side].append(KeyedRows(table, starts, kid[rows]))
+        if self.disk_rows is None:
+            self.buffers[side].append(KeyedRows(table, starts, kid[rows]))
+        else:
+            self.disk_rows.append(side, KeyedRows(table, starts, kid[rows]))
 
     # -- time ----------------------------------------------------------------------------
     def process_watermark(self, watermark: int) -> None:
@@ -236,10 +257,13 @@ class WindowJoinOperator(BufferedJoinOperator):
 
     def _fire(self, watermark: int) -> None:
         size = self.spec.assigner.max_size_ms
-        if not any(b.min_ts is not None and b.min_ts + size - 1 <= watermark
-                   for b in self.buffers):
+        if self.disk_rows is not None:
+            fired = self._take_fired_disk(self.disk_rows, watermark)
+        elif not any(b.min_ts is not None and b.min_ts + size - 1 <= watermark
+                     for b in self.buffers):
             return  # no window of a buffered row can have ended
-        fired = self._take_fired(watermark)
+        else:
+            fired = self._take_fired(watermark)
         if fired is None:
             return
         left, right = fired
@@ -273,6 +297,23 @@ class WindowJoinOperator(BufferedJoinOperator):
                 self.buffers[side].keep_rows(~due)
         if not any(len(f.ends) for f in fired):
             return None
+        return fired[0], fired[1]
+
+    def _take_fired_disk(self, disk: DiskWindowRows, watermark: int
+                         ) -> tuple[_Fired, _Fired] | None:
+        """Read and delete the disk rows of windows that end by ``watermark``."""
+        assigner = self.spec.assigner
+        due = sorted(s for s in disk.windows if s + assigner.max_size_ms - 1 <= watermark)
+        if not due:
+            return None
+        empty = KeyedRows(pa.table({}), np.empty(0, np.int64), np.empty(0, np.int64))
+        fired = []
+        for side, rows in zip(JoinSide, disk.take(due)):
+            if rows is None:
+                rows = empty
+            elif self.schemas[side] is None:  # restored: the schema of a co-group's empty side
+                self.schemas[side] = rows.table.schema
+            fired.append(_Fired(rows, rows.ts + assigner.max_size_ms))  # not sessions
         return fired[0], fired[1]
 
     # -- output --------------------------------------------------------------------------
@@ -376,11 +417,15 @@ class WindowJoinOperator(BufferedJoinOperator):
 
     def restore_side(self, side: JoinSide, table: pa.Table) -> None:
         self.schemas[side] = table.schema.remove(table.schema.get_field_index(_START))
+        disk = self._disk_rows()  # a heap snapshot restored on disk: its rows move in
         for batch in table.to_batches():
             starts = batch.column(_START).to_numpy()
             batch = batch.drop_columns([_START])
-            self.buffers[side].append(KeyedRows(pa.Table.from_batches([batch]), starts,
-                                                self._key_ids(batch, side)))
+            rows = KeyedRows(pa.Table.from_batches([batch]), starts, self._key_ids(batch, side))
+            if disk is None:
+                self.buffers[side].append(rows)
+            else:
+                disk.append(side, rows)
 
 
 @dataclass(frozen=True)
