@@ -2,10 +2,12 @@
 
 Flink's ``EmbeddedRocksDBStateBackend``, in Python: selected per job with
 ``rs.CheckpointConfig(state_backend="disk")`` (or ``state_backend=DiskStateOptions(...)``
-to set its memory budget), it keeps keyed state of keyed process functions, keyed
-reduce and time windows (:mod:`raystream.engine.windows.disk_panes` stores their
-partials through :meth:`DiskKeyedStateBackend.raw_db`) off the Python heap, so
-state may outgrow memory.
+to set its memory budget), it keeps the keyed state of every built-in keyed
+operator off the Python heap, so state may outgrow memory: process functions and
+reduce through its state handles; time windows, count windows and joins in
+layouts of their own through :meth:`DiskKeyedStateBackend.raw_db`
+(:mod:`raystream.engine.windows.disk_panes`, :mod:`raystream.engine.windows.disk_count`,
+:mod:`raystream.engine.operators.disk_join`).
 
 Why rocksdict
 -------------
@@ -1043,6 +1045,17 @@ def _parse_body(kg: int, body: memoryview
         entries.append((sid, suffix, data[pos:pos + n]))
         pos += n
     return directory, entries
+
+
+def section_state_kinds(group: int, section: bytes, max_parallelism: int) -> list[str]:
+    """The kinds of the states in keyed-state ``section`` of key group ``group``: those
+    its directory lists when it is the disk backend's, none when it is the heap's."""
+    envelope, body = read(section, key_group=group, max_parallelism=max_parallelism,
+                          kinds=KEYED_STATE)
+    if envelope.kind is not SectionKind.DISK_STATE or len(body) < _U32.size:
+        return []
+    (n,) = _U32.unpack_from(body, 0)
+    return [str(kind) for _, _, kind in _unpack(bytes(body[_U32.size:_U32.size + n]))]
 
 
 def section_entries(kg: int, body: memoryview) -> Iterator[tuple[str, str, Any, Any, Any]]:

@@ -45,7 +45,7 @@ then one range deletion each.
 
 Entries start with their key group, so the backend's full and incremental
 snapshots, restores and rescaling carry them as they are; a heap job refuses them
-(:func:`holds_join_rows`).
+(their state kinds are the join operators' ``disk_only_kinds``).
 """
 
 from __future__ import annotations
@@ -57,12 +57,10 @@ import os
 import struct
 from typing import Any, Callable
 
-import msgpack
 import numpy as np
 import pyarrow as pa
 
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend, encode_key
-from raystream.checkpoint.envelope import KEYED_STATE, SectionKind, read
 from raystream.engine.operators.keyed_rows import JoinSide, KeyedRows, concat_tables
 from raystream.timers.service import TimerService
 
@@ -76,7 +74,6 @@ MIN_BUCKET_MS = 1000
 _HEAD = struct.Struct(">HHQ")  # key group, state id, bucket + 2**63
 _SEQ = struct.Struct(">Q")
 _SID = struct.Struct(">HH")
-_U32 = struct.Struct(">I")
 _SIGN = 1 << 63
 _I64 = np.iinfo(np.int64)
 _EMPTY_LOW, _EMPTY_HIGH = int(_I64.max), int(_I64.min)
@@ -84,17 +81,6 @@ _EMPTY_LOW, _EMPTY_HIGH = int(_I64.max), int(_I64.min)
 
 def _kind_of(bucket_ms: int) -> str:
     return f"{KIND} {json.dumps({'bucket_ms': bucket_ms})}"
-
-
-def holds_join_rows(group: int, section: bytes, max_parallelism: int) -> bool:
-    """Does keyed-state ``section`` (of either backend) hold disk join rows?"""
-    envelope, body = read(section, key_group=group, max_parallelism=max_parallelism,
-                          kinds=KEYED_STATE)
-    if envelope.kind is not SectionKind.DISK_STATE or len(body) < _U32.size:
-        return False
-    (n,) = _U32.unpack_from(body, 0)
-    directory = msgpack.unpackb(bytes(body[_U32.size:_U32.size + n]), raw=False)
-    return any(str(kind).startswith((KIND, WINDOW_KIND)) for _, _, kind in directory)
 
 
 def _clip(value: int) -> int:

@@ -52,6 +52,7 @@ import pyarrow as pa
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.engine.batches import rows_to_batch
 from raystream.engine.keys import KeySelector
+from raystream.engine.operators import disk_join
 from raystream.engine.operators.disk_join import MIN_BUCKET_MS, DiskJoinRows
 from raystream.engine.operators.functions import _close_function, emit_rows
 from raystream.engine.operators.keyed_rows import (BufferedJoinOperator, JoinSide, RowBuffer,
@@ -338,6 +339,7 @@ class IntervalJoinOperator(BufferedJoinOperator):
     buffer_type = _Buffer
     buffers: tuple[_Buffer, _Buffer]
     supports_disk_state = True  # the buffers in RocksDB (DiskJoinRows)
+    disk_only_kinds = (disk_join.KIND,)
     label = "interval join"
     disk_rows: DiskJoinRows | None
 

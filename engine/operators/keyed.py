@@ -22,6 +22,7 @@ at another parallelism.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping, Protocol, cast
 
 import numpy as np
@@ -29,7 +30,8 @@ import pyarrow as pa
 
 from raystream.actors.messages import MIN_WATERMARK
 from raystream.checkpoint.disk_incremental import IncrementalSnapshot
-from raystream.checkpoint.disk_state import DiskKeyedStateBackend
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend, section_state_kinds
+from raystream.checkpoint.envelope import is_keyed_state
 from raystream.checkpoint.keygroups import key_group_range
 from raystream.checkpoint.sections import decode_parts, encode_parts
 from raystream.checkpoint.state import AggregateFunction
@@ -166,9 +168,13 @@ class _KeyedOperator(Operator):
     :meth:`keyed_snapshot_parts`), so restore works at any parallelism.
     """
 
-    # May this operator keep its state in the disk backend? Keyed (co-, broadcast) process
-    # functions, keyed reduce, windows and count windows may; joins not yet.
+    # May this operator keep its state in the disk backend? Every built-in keyed operator
+    # may; a subclass that keeps state of its own beside the backend's may not.
     supports_disk_state = False
+    # Layouts of the operator's own in the disk backend's database, by the prefix of their
+    # state kind (window panes, count windows, join rows): a heap job cannot read them.
+    disk_only_kinds: tuple[str, ...] = ()
+    label = "operator"  # what error messages call the operator
 
     def __init__(self, name: str, keys: KeySelector) -> None:
         super().__init__(name)
@@ -183,10 +189,12 @@ class _KeyedOperator(Operator):
         groups = key_group_range(ctx.subtask_index, ctx.parallelism, ctx.max_parallelism)
         if is_disk(ctx.state_backend) and not self.supports_disk_state:
             raise ValueError(
-                f"operator '{self.name}' ({type(self).__name__}) cannot keep its state in the "
-                f"disk state backend yet (that backend serves keyed process functions, keyed "
-                f"reduce and time windows); run this job with "
-                f"CheckpointConfig(state_backend='heap')")
+                f"operator '{self.name}' ({type(self).__name__}) keeps state of its own beside "
+                f"the keyed state backend, so it cannot run on the disk state backend; run "
+                f"this job with CheckpointConfig(state_backend='heap')")
+        if restored is not None and self.disk_only_kinds and not is_disk(ctx.state_backend):
+            restored = replace(restored, keyed_sections=list(restored.keyed_sections))
+            self._refuse_disk_only_state(restored)
         self.backend = create_keyed_state_backend(ctx.state_backend,
                                                   max_parallelism=ctx.max_parallelism,
                                                   key_groups=groups)
@@ -217,6 +225,20 @@ class _KeyedOperator(Operator):
                 self.backend.restore_db(restored.keyed_dbs)
             self.backend.restore(parts.pop("state", []))
             self.restore_keyed_parts(parts)
+
+    def _refuse_disk_only_state(self, restored: RestoredState) -> None:
+        """A heap job cannot restore the layouts of :attr:`disk_only_kinds`: say so, naming
+        the operator."""
+        for group, section in restored.keyed_sections:
+            state = section if is_keyed_state(section) else decode_parts(section).get("state")
+            if state is not None and any(
+                    kind.startswith(self.disk_only_kinds)
+                    for kind in section_state_kinds(group, state, self.ctx.max_parallelism)):
+                raise ValueError(
+                    f"{self.label} '{self.name}': the checkpoint keeps this {self.label}'s "
+                    f"state in the disk state backend, which only that backend restores; "
+                    f"restore with CheckpointConfig(state_backend='disk') (a heap savepoint "
+                    f"restores into either backend)")
 
     def advance_watermark(self, watermark: int) -> None:
         """The operator's event time moves to ``watermark`` (never back)."""

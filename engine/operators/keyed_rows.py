@@ -17,15 +17,13 @@ key groups to any parallelism.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
 
-from raystream.checkpoint.envelope import is_keyed_state
 from raystream.checkpoint.sections import decode_parts, encode_parts
-from raystream.checkpoint.state_backend import is_disk
 from raystream.actors.operator import RestoredState
 from raystream.engine.operators.keyed import _KeyedOperator
 
@@ -133,9 +131,6 @@ class BufferedJoinOperator(_KeyedOperator):
     def initialize_state(self, restored: RestoredState | None) -> None:
         self.buffers = (self.buffer_type(), self.buffer_type())
         self.disk_rows = None
-        if restored is not None and not is_disk(self.ctx.state_backend):
-            restored = replace(restored, keyed_sections=list(restored.keyed_sections))
-            self._refuse_disk_rows(restored)
         super().initialize_state(restored)  # a heap snapshot's buffers may move to disk rows
         self._disk_rows()
 
@@ -147,20 +142,6 @@ class BufferedJoinOperator(_KeyedOperator):
         if self.disk_rows is None:
             self.disk_rows = self.open_disk_rows()
         return self.disk_rows
-
-    def _refuse_disk_rows(self, restored: RestoredState) -> None:
-        """A heap job cannot restore the disk backend's join rows: say so, naming the
-        operator."""
-        from raystream.engine.operators.disk_join import holds_join_rows
-
-        for group, section in restored.keyed_sections:
-            state = section if is_keyed_state(section) else decode_parts(section).get("state")
-            if state is not None and holds_join_rows(group, state, self.ctx.max_parallelism):
-                raise ValueError(
-                    f"{self.label} '{self.name}': the checkpoint keeps this join's buffered "
-                    f"rows in the disk state backend, which only that backend restores; "
-                    f"restore with CheckpointConfig(state_backend='disk') (a heap savepoint "
-                    f"restores into either backend)")
 
     def metrics(self) -> dict[str, float]:
         left, right = self.late_dropped

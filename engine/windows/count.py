@@ -46,13 +46,11 @@ import pyarrow as pa
 
 from raystream.actors.operator import RestoredState
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
-from raystream.checkpoint.envelope import is_keyed_state
-from raystream.checkpoint.sections import decode_parts
-from raystream.checkpoint.state_backend import is_disk
 from raystream.engine.keys import KeySelector
 from raystream.engine.operators.keyed import _KeyedOperator
 from raystream.engine.windows.aggregates import AggregateSpec
-from raystream.engine.windows.disk_count import DiskCountState, holds_count_windows
+from raystream.engine.windows import disk_count
+from raystream.engine.windows.disk_count import DiskCountState
 
 _COUNT_STATE_VERSION = 1
 _ONE = "__one"  # a placeholder column: keeps row counts when no aggregate reads a column
@@ -64,6 +62,8 @@ class CountWindowOperator(_KeyedOperator):
 
     # on the disk backend a key's count and pending rows are one RocksDB entry
     supports_disk_state = True
+    disk_only_kinds = (disk_count.KIND,)
+    label = "count window"
 
     def __init__(self, name: str, keys: KeySelector, *, size: int, slide: int | None = None,
                  spec: AggregateSpec) -> None:
@@ -82,8 +82,6 @@ class CountWindowOperator(_KeyedOperator):
         # window needs, oldest first); values are replaced, never mutated (snapshots share)
         self.pending: dict[int, tuple[int, pa.Table]] = {}
         self.disk_state: DiskCountState | None = None
-        if restored is not None and not is_disk(self.ctx.state_backend):
-            self._refuse_disk_state(restored)
         super().initialize_state(restored)
         self._open_disk_state()
 
@@ -91,19 +89,6 @@ class CountWindowOperator(_KeyedOperator):
         """On the disk backend: the per-key state in RocksDB, once the backend is restored."""
         if self.disk_state is None and isinstance(self.backend, DiskKeyedStateBackend):
             self.disk_state = DiskCountState(self.backend, where=f"count window '{self.name}'")
-
-    def _refuse_disk_state(self, restored: RestoredState) -> None:
-        """A heap job cannot restore count windows kept in the disk backend (their entries
-        are no heap state): say so, naming the operator."""
-        for group, section in restored.keyed_sections:
-            state = section if is_keyed_state(section) else decode_parts(section).get("state")
-            if state is not None and holds_count_windows(group, state,
-                                                         self.ctx.max_parallelism):
-                raise ValueError(
-                    f"count window '{self.name}': the checkpoint keeps this window's state in "
-                    f"the disk state backend, which only that backend restores; restore with "
-                    f"CheckpointConfig(state_backend='disk') (a heap savepoint restores into "
-                    f"either backend)")
 
     def metrics(self) -> dict[str, float]:
         return {"windows_fired": self.fired}

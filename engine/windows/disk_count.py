@@ -46,13 +46,11 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend, encode_key
-from raystream.checkpoint.envelope import KEYED_STATE, SectionKind, read
 
 STATE_NAME = "__count_windows"
 KIND = "count-windows"
@@ -60,7 +58,6 @@ _ENTRY = struct.Struct(">HHI")  # key group, state id, key length (the backend's
 _COUNT = struct.Struct("<q")
 _VALID = "__valid"  # the record's last field: one validity byte per column
 _ROW = "__row"  # the record of windows without input columns: one byte, a row
-_U32 = struct.Struct(">I")
 
 
 def _kind_of(columns: list[tuple[str, np.dtype]]) -> str:
@@ -69,17 +66,6 @@ def _kind_of(columns: list[tuple[str, np.dtype]]) -> str:
 
 def _columns_of(kind: str) -> list[tuple[str, np.dtype]]:
     return [(name, np.dtype(dtype)) for name, dtype in json.loads(kind[len(KIND) + 1:])]
-
-
-def holds_count_windows(group: int, section: bytes, max_parallelism: int) -> bool:
-    """Does keyed-state ``section`` (of either backend) hold disk count-window state?"""
-    envelope, body = read(section, key_group=group, max_parallelism=max_parallelism,
-                          kinds=KEYED_STATE)
-    if envelope.kind is not SectionKind.DISK_STATE or len(body) < _U32.size:
-        return False
-    (n,) = _U32.unpack_from(body, 0)
-    directory = msgpack.unpackb(bytes(body[_U32.size:_U32.size + n]), raw=False)
-    return any(str(kind).startswith(KIND) for _, _, kind in directory)
 
 
 @dataclass(frozen=True)

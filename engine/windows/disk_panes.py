@@ -64,11 +64,9 @@ import struct
 from dataclasses import dataclass
 from typing import Iterable
 
-import msgpack
 import numpy as np
 
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend, encode_key
-from raystream.checkpoint.envelope import KEYED_STATE, SectionKind, read
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.timers.service import TimerService
 
@@ -77,7 +75,6 @@ KIND = "window-panes"
 _ENTRY = struct.Struct(">HHQ")  # key group, state id, window end + 2**63
 _PREFIX = _ENTRY.size
 _SIGN = 1 << 63
-_U32 = struct.Struct(">I")
 _KID, _TAG = "__kid", "__tag"  # the record's last fields: who wrote the entry
 
 
@@ -87,17 +84,6 @@ def _kind_of(record: np.dtype) -> str:
 
 def _record_of(kind: str) -> np.dtype:
     return np.dtype([(n, d) for n, d in json.loads(kind[len(KIND) + 1:])])
-
-
-def holds_panes(group: int, section: bytes, max_parallelism: int) -> bool:
-    """Does keyed-state ``section`` (of either backend) hold disk window panes?"""
-    envelope, body = read(section, key_group=group, max_parallelism=max_parallelism,
-                          kinds=KEYED_STATE)
-    if envelope.kind is not SectionKind.DISK_STATE or len(body) < _U32.size:
-        return False
-    (n,) = _U32.unpack_from(body, 0)
-    directory = msgpack.unpackb(bytes(body[_U32.size:_U32.size + n]), raw=False)
-    return any(str(kind).startswith(KIND) for _, _, kind in directory)
 
 
 @dataclass(frozen=True)

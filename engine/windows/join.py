@@ -75,6 +75,7 @@ from raystream.engine.errors import BadRecordError, describe_record
 from raystream.engine.graph import InputEdge
 from raystream.engine.keys import KeySelector, KeySpec
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
+from raystream.engine.operators import disk_join
 from raystream.engine.operators.disk_join import DiskWindowRows
 from raystream.engine.operators.functions import _close_function, _open_function
 from raystream.engine.operators.keyed_rows import (BufferedJoinOperator, JoinSide, KeyedRows,
@@ -178,6 +179,7 @@ class WindowJoinOperator(BufferedJoinOperator):
     # on the disk backend tumbling and sliding windows keep their rows in RocksDB
     # (DiskWindowRows); sessions (merging) keep theirs on the heap
     supports_disk_state = True
+    disk_only_kinds = (disk_join.WINDOW_KIND,)
     label = "window join"
     disk_rows: DiskWindowRows | None
 

@@ -45,7 +45,6 @@ from __future__ import annotations
 import logging
 import pickle
 import time
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -53,9 +52,6 @@ import pyarrow as pa
 
 from raystream.actors.operator import RestoredState
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
-from raystream.checkpoint.envelope import is_keyed_state
-from raystream.checkpoint.sections import decode_parts
-from raystream.checkpoint.state_backend import is_disk
 from raystream.engine.batches import rows_to_batch
 from raystream.engine.keys import DistinctKeys, KeySelector
 from raystream.engine.operators.functions import _close_function, _open_function
@@ -63,7 +59,8 @@ from raystream.engine.operators.keyed import _KeyedOperator
 from raystream.engine.watermarks import timestamps_ms
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.assigners import EventTimeSessionWindows, WindowAssigner
-from raystream.engine.windows.disk_panes import DiskPanes, holds_panes
+from raystream.engine.windows import disk_panes
+from raystream.engine.windows.disk_panes import DiskPanes
 from raystream.engine.windows.functions import (BuiltinAggregates, UserAggregate,
                                                 Window, WindowFunction)
 from raystream.engine.windows.sessions import SessionStore, session_breaks
@@ -180,6 +177,8 @@ class WindowOperator(_KeyedOperator):
     # on the disk backend the dense layout keeps its partials in RocksDB; sessions and the
     # generic layout keep theirs on the heap (snapshotted in part "windows" either way)
     supports_disk_state = True
+    disk_only_kinds = (disk_panes.KIND,)
+    label = "window"
 
     def __init__(self, name: str, keys: KeySelector, assigner: WindowAssigner, *,
                  function: WindowFunction, timestamp: str | None, allowed_lateness_ms: int = 0,
@@ -217,9 +216,6 @@ class WindowOperator(_KeyedOperator):
     def initialize_state(self, restored: RestoredState | None) -> None:
         self.dense_windows: dict[int, _DenseWindow] = {}
         self.disk_panes: DiskPanes | None = None
-        if restored is not None and self.dense and not is_disk(self.ctx.state_backend):
-            restored = replace(restored, keyed_sections=list(restored.keyed_sections))
-            self._refuse_disk_panes(restored)
         self.dtypes: dict[str, np.dtype] | None = None
         self.entries: dict[tuple[int, int], list] = {}  # (key id, start) -> [end, accumulator]
         self.sessions: dict[int, list[int]] = {}  # key id -> starts of its open sessions
@@ -237,18 +233,6 @@ class WindowOperator(_KeyedOperator):
                                                 where=f"window '{self.name}'")
             if panes.dtypes is not None:
                 self.dtypes = panes.dtypes
-
-    def _refuse_disk_panes(self, restored: RestoredState) -> None:
-        """A heap job cannot restore the disk backend's window panes (their entries are
-        no heap state): say so, naming the operator."""
-        for group, section in restored.keyed_sections:
-            state = section if is_keyed_state(section) else decode_parts(section).get("state")
-            if state is not None and holds_panes(group, state, self.ctx.max_parallelism):
-                raise ValueError(
-                    f"window '{self.name}': the checkpoint keeps this window's state in the "
-                    f"disk state backend, which only that backend restores; restore with "
-                    f"CheckpointConfig(state_backend='disk') (a heap savepoint restores into "
-                    f"either backend)")
 
     def open(self) -> None:
         fn = getattr(self.function, "fn", None)
