@@ -103,8 +103,9 @@ DISK_JOBS = (JobKind.REDUCE, JobKind.PROCESS, JobKind.CO_PROCESS, JobKind.BROADC
 # Seeds from here on may run their time windows on the disk backend too (drawn apart).
 DISK_WINDOWS_FROM_SEED = 9000
 DISK_WINDOW_JOBS = (JobKind.TUMBLING, JobKind.SLIDING, JobKind.SESSION)
-# Seeds from here on may run count windows on the disk backend too (drawn apart).
-DISK_COUNT_WINDOWS_FROM_SEED = 10000
+# Seeds from here on may run count windows and joins on the disk backend too (drawn apart).
+DISK_JOINS_FROM_SEED = 10000
+DISK_JOIN_JOBS = (JobKind.COUNT_WINDOW, JobKind.WINDOW_JOIN, JobKind.INTERVAL_JOIN)
 # Seeds from here on may run the two-input process function instead (drawn apart, likewise),
 # and from 6000 on the broadcast one.
 CO_PROCESS_FROM_SEED = 5000
@@ -313,8 +314,8 @@ def _with_master_kill_moment(scenario: Scenario, at: int, rng: random.Random) ->
 def _with_backend(scenario: Scenario, rng: random.Random) -> Scenario:
     """Half of the jobs the disk backend serves keep their state there (later seeds only)."""
     jobs = DISK_JOBS + (DISK_WINDOW_JOBS if scenario.seed >= DISK_WINDOWS_FROM_SEED else ())
-    if scenario.seed >= DISK_COUNT_WINDOWS_FROM_SEED:
-        jobs += (JobKind.COUNT_WINDOW,)
+    if scenario.seed >= DISK_JOINS_FROM_SEED:
+        jobs += DISK_JOIN_JOBS
     if scenario.seed >= DISK_STATE_FROM_SEED and scenario.job in jobs and rng.random() < 0.5:
         return dataclasses.replace(scenario, backend=Backend.DISK)
     return scenario
