@@ -29,8 +29,13 @@ from tests.chaos.scenarios import generate
 # broadcast on disk, the master killed while the job restores; 8022 co-process on
 # incremental disk state, the master killed 86 ms into a stop with a savepoint; 9025
 # sliding windows pre-aggregated into panes on incremental disk state, stopped and
-# restored at p=3, then a kill.
-CI_SEEDS = [1, 3, 6, 43, 64, 71, 1004, 1005, 2049, 4002, 5000, 6055, 7164, 8007, 8022, 9025]
+# restored at p=3, then a kill; 10001 a window join's rows on disk at p=3 (string keys)
+# through a kill while deploying and a failpoint right after the restore; 10008 an
+# interval join's rows on disk, its subtask and then the master killed while the job
+# restarts; 10228 count windows on disk stopped with a subtask kill 184 ms in, restored
+# at p=1, then a failpoint in the asynchronous write.
+CI_SEEDS = [1, 3, 6, 43, 64, 71, 1004, 1005, 2049, 4002, 5000, 6055, 7164, 8007, 8022, 9025,
+            10001, 10008, 10228]
 
 
 @pytest.mark.parametrize("seed", CI_SEEDS)
