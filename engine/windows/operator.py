@@ -30,14 +30,17 @@ Two state layouts:
 With the disk state backend (``CheckpointConfig(state_backend="disk")``) the dense
 layout keeps its partials in the operator instance's RocksDB instead
 (:mod:`raystream.engine.windows.disk_panes`: a batch merges with one multi-get and
-one write batch, a key group's window fires with one range scan); sessions and
-the generic layout stay on the heap in such a job too.
+one write batch, a key group's window fires with one range scan), and so do the
+sessions (:mod:`raystream.engine.windows.disk_sessions`: one entry per key holding
+its open sessions; a batch and a firing read their keys with one multi-get and write
+them back with one write batch); the generic layout stays on the heap in such a job.
 
 The operator also reads *partials* from an upstream pre-aggregator
 (:mod:`raystream.engine.windows.pre_aggregate`) instead of raw rows.
 
 State and timers are snapshotted per key group (part ``"windows"`` beside
-``"state"`` and ``"timers"``), so windows survive failover and rescaling.
+``"state"`` and ``"timers"``; the disk backend's entries in its own sections), so
+windows survive failover and rescaling.
 """
 
 from __future__ import annotations
@@ -59,8 +62,9 @@ from raystream.engine.operators.keyed import _KeyedOperator
 from raystream.engine.watermarks import timestamps_ms
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.assigners import EventTimeSessionWindows, WindowAssigner
-from raystream.engine.windows import disk_panes
+from raystream.engine.windows import disk_panes, disk_sessions
 from raystream.engine.windows.disk_panes import DiskPanes
+from raystream.engine.windows.disk_sessions import DiskSessions
 from raystream.engine.windows.functions import (BuiltinAggregates, UserAggregate,
                                                 Window, WindowFunction)
 from raystream.engine.windows.sessions import SessionStore, session_breaks
@@ -174,10 +178,10 @@ class _DenseWindow:
 class WindowOperator(_KeyedOperator):
     """Keyed windows over ``assigner``, computing ``function`` per (key, window)."""
 
-    # on the disk backend the dense layout keeps its partials in RocksDB; sessions and the
-    # generic layout keep theirs on the heap (snapshotted in part "windows" either way)
+    # on the disk backend the dense layout and the columnar sessions keep their state in
+    # RocksDB; the generic layout keeps its on the heap (snapshotted in part "windows")
     supports_disk_state = True
-    disk_only_kinds = (disk_panes.KIND,)
+    disk_only_kinds = (disk_panes.KIND, disk_sessions.KIND)
     label = "window"
 
     def __init__(self, name: str, keys: KeySelector, assigner: WindowAssigner, *,
@@ -220,15 +224,22 @@ class WindowOperator(_KeyedOperator):
         self.entries: dict[tuple[int, int], list] = {}  # (key id, start) -> [end, accumulator]
         self.sessions: dict[int, list[int]] = {}  # key id -> starts of its open sessions
         self.session_store = SessionStore(self._spec) if self.columnar_sessions else None
+        self.disk_sessions: DiskSessions | None = None  # in place of the store on disk
         super().initialize_state(restored)  # timers first, then our part "windows"
         self._open_disk_panes()
         self.key_columns = KeyColumns(self.key_names)
         self._sync_key_columns(None, None)
 
     def _open_disk_panes(self) -> None:
-        """The dense layout on the disk backend: once its state is restored, if any."""
-        if self.disk_panes is None and self.dense and isinstance(self.backend,
-                                                                 DiskKeyedStateBackend):
+        """The dense layout or the sessions on the disk backend: once its state is
+        restored, if any."""
+        if not isinstance(self.backend, DiskKeyedStateBackend):
+            return
+        if self.disk_sessions is None and self.columnar_sessions:
+            self.disk_sessions = DiskSessions(self.backend, self._spec, self.timers,
+                                              where=f"window '{self.name}'")
+            self.session_store = None
+        if self.disk_panes is None and self.dense:
             panes = self.disk_panes = DiskPanes(self.backend, self._spec, self.timers,
                                                 where=f"window '{self.name}'")
             if panes.dtypes is not None:
@@ -279,8 +290,8 @@ class WindowOperator(_KeyedOperator):
         table = pa.Table.from_batches([batch])
         if self.dense:
             self._merge_dense(table, rows, starts, key_ids)
-        elif self.session_store is not None:
-            self._merge_sessions(self.session_store, table, rows, starts, ends, key_ids)
+        elif self.columnar_sessions:
+            self._merge_sessions(table, rows, starts, ends, key_ids)
         else:
             self._merge_generic(table, rows, starts, ends, key_ids)
 
@@ -494,11 +505,11 @@ class WindowOperator(_KeyedOperator):
             del self.dense_windows[start]
 
     # -- columnar sessions ----------------------------------------------------------------
-    def _merge_sessions(self, store: SessionStore, table: pa.Table, rows, starts, ends,
-                        key_ids) -> None:
+    def _merge_sessions(self, table: pa.Table, rows, starts, ends, key_ids) -> None:
         """The batch's rows as sessions ``[ts, ts + gap)``, grouped where they intersect,
-        then merged into the store; timers for the sessions that changed, and a late
-        session (within the allowed lateness) that took in rows fires again at once."""
+        then merged into the store (on disk: a store of the batch's keys' sessions, read
+        and written back); timers for the sessions that changed, and a late session
+        (within the allowed lateness) that took in rows fires again at once."""
         spec = self._spec
         kids = key_ids[rows]
         order = np.lexsort((starts, kids))
@@ -510,9 +521,15 @@ class WindowOperator(_KeyedOperator):
             "__group", pa.array(group))
         partials = spec.partials_of_rows(columns, ["__group"])
         by_group = np.argsort(partials["__group"].to_numpy())
-        merged = store.add(kids[firsts], starts[firsts], np.maximum.reduceat(ends, firsts),
-                           {name: partials[name].to_numpy()[by_group]
-                            for name in spec.partial_columns})
+        sessions = (kids[firsts], starts[firsts], np.maximum.reduceat(ends, firsts),
+                    {name: partials[name].to_numpy()[by_group] for name in spec.partial_columns})
+        if self.disk_sessions is not None:
+            store, merged = self.disk_sessions.merge(*sessions)
+        elif self.session_store is not None:
+            store = self.session_store
+            merged = store.add(*sessions)
+        else:
+            raise RuntimeError(f"window '{self.name}': sessions without a session store")
         changed = merged.changed
         self._register_timers(store.kids[changed], store.starts[changed], store.ends[changed])
         received = merged.received
@@ -696,6 +713,14 @@ class WindowOperator(_KeyedOperator):
             if self.session_store is not None:
                 self._on_session_timers(self.session_store, timestamps, kids, starts)
                 continue
+            if self.disk_sessions is not None:  # the due keys' sessions: read, written back
+                disk = self.disk_sessions
+                distinct = np.unique(kids)
+                keys = disk.entry_keys(distinct)
+                store = disk.read(distinct, keys)
+                self._on_session_timers(store, timestamps, kids, starts)
+                disk.write(distinct, keys, store)
+                continue
             if self.dense:
                 ends = self._ends(starts)
             else:
@@ -831,6 +856,9 @@ class WindowOperator(_KeyedOperator):
                                  f"{', '.join(map(str, _READABLE_VERSIONS))}")
             if content["dense"] is not None:
                 self._restore_dense(group, *content["dense"])
+            if self.disk_sessions is not None:  # a heap checkpoint into a disk job
+                self._restore_heap_sessions(self.disk_sessions, group, content)
+                continue
             store = self.session_store
             if content.get("sessions") is not None:
                 if store is None:
@@ -853,6 +881,24 @@ class WindowOperator(_KeyedOperator):
                 self.entries[(kid, start)] = [end, self.function.thawed(acc)]
                 if self.assigner.merging:
                     self.sessions.setdefault(kid, []).append(start)
+
+    def _restore_heap_sessions(self, disk: DiskSessions, group: int,
+                               content: dict[str, Any]) -> None:
+        """A heap checkpoint's open sessions of key group ``group`` into RocksDB (their
+        timers are restored already)."""
+        if content.get("sessions") is not None:
+            keys, starts, ends, partials = content["sessions"]
+        elif content["generic"]:  # version 2: sessions one by one
+            entries = content["generic"]
+            keys = [e[0] for e in entries]
+            starts = np.array([e[1] for e in entries], dtype=np.int64)
+            ends = np.array([e[2] for e in entries], dtype=np.int64)
+            partials = {name: np.array([e[3][name] for e in entries])
+                        for name in disk.spec.partial_columns}
+        else:
+            return
+        disk.restore_heap(self.timers.key_ids(keys, np.full(len(keys), group)), starts, ends,
+                          partials)
 
     def _restore_dense(self, group: int, starts: np.ndarray, keys: list,
                        columns: dict[str, np.ndarray]) -> None:

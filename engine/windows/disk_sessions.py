@@ -1,0 +1,184 @@
+"""Open session windows in the disk state backend's RocksDB (large session state).
+
+With ``CheckpointConfig(state_backend="disk")`` the window operator's columnar
+sessions (session windows of built-in aggregates,
+:mod:`raystream.engine.windows.sessions`) keep each key's open sessions in the
+operator instance's RocksDB instead of the heap's :class:`SessionStore`. Each
+key is one entry, in the backend's own layout for keyed state::
+
+    key group (uint16) | state id (uint16) | len(key) (uint32) | key
+
+with the key encoded as the disk backend encodes keys. The value is the key's
+open sessions, by start, as fixed-width little-endian numpy records: start,
+end (int64) and the aggregates' partial columns. The record's dtype is in the
+state's kind (``"session-windows [[field, dtype], ...]"``), which the backend's
+section directory and incremental-checkpoint manifest carry, so a restored job
+decodes its sessions before any record arrives.
+
+A batch reads its distinct keys' sessions with one multi-get into a
+:class:`SessionStore` of those keys only, merges with the store's own sorts,
+and writes them back with one write batch; firing timers read their keys the
+same way, and a key left without sessions is deleted. Python runs per distinct
+key (its entry key and value slice), never per session or record. Timers stay
+on the heap timer service, as for heap sessions. The entries share the
+backend's key-group prefix, so its full and incremental snapshots, restores and
+rescaling carry them like any keyed state.
+
+    >>> from raystream.checkpoint.disk_state import DiskKeyedStateBackend
+    >>> from raystream.engine.windows.aggregates import AggregateSpec
+    >>> from raystream.timers.service import TimerService
+    >>> backend = DiskKeyedStateBackend(max_parallelism=8, key_groups=range(8))
+    >>> timers = TimerService(max_parallelism=8, key_groups=range(8))
+    >>> spec = AggregateSpec.of({"n": ("count", None)})
+    >>> disk = DiskSessions(backend, spec, timers, where="window 'w'")
+    >>> kids = timers.key_ids(["a", "b"], np.array([1, 2]))
+    >>> store, _ = disk.merge(kids[[0, 0, 1]], np.array([0, 30, 5]), np.array([10, 40, 9]),
+    ...                       {"__n.n": np.array([2, 1, 4])})
+    >>> store, _ = disk.merge(kids[:1], np.array([10]), np.array([30]), {"__n.n": np.array([5])})
+    >>> store.starts.tolist(), store.ends.tolist(), store.partials["__n.n"].tolist()
+    ([0], [40], [8])
+    >>> keys = disk.entry_keys(kids)
+    >>> disk.read(kids, keys).partials["__n.n"].tolist()
+    [8, 4]
+    >>> backend.close()
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend, encode_key
+from raystream.engine.windows.aggregates import AggregateSpec
+from raystream.engine.windows.sessions import Merged, SessionStore
+from raystream.timers.service import TimerService
+
+STATE_NAME = "__session_windows"
+KIND = "session-windows"
+_ENTRY = struct.Struct(">HHI")  # key group, state id, key length (the backend's layout)
+_START, _END = "__start", "__end"  # the record's first fields
+
+
+def _kind_of(record: np.dtype) -> str:
+    return f"{KIND} {json.dumps([[n, record[n].str] for n in record.names or ()])}"
+
+
+def _record_of(kind: str) -> np.dtype:
+    return np.dtype([(n, d) for n, d in json.loads(kind[len(KIND) + 1:])])
+
+
+class DiskSessions:
+    """The open sessions of one window operator instance, in its disk backend."""
+
+    def __init__(self, backend: DiskKeyedStateBackend, spec: AggregateSpec,
+                 timers: TimerService, *, where: str) -> None:
+        self._backend = backend
+        self.spec = spec
+        self._timers = timers
+        self._where = where
+        self.record: np.dtype | None = None
+        self._columns: list[str] = []  # the record's partial columns
+        self._sid = 0
+        kind = backend.state_kind(STATE_NAME)
+        if kind is not None:  # restored: the record comes with the state
+            self._use(_record_of(kind))
+
+    def _declare(self, partials: dict[str, np.ndarray]) -> None:
+        """The first partials of a state that has no record yet fix it."""
+        if self.record is not None:
+            return
+        record = np.dtype([(_START, "<i8"), (_END, "<i8"),
+                           *((n, v.dtype.newbyteorder("<")) for n, v in partials.items())])
+        if record.hasobject:
+            raise ValueError(f"{self._where}: partials of type "
+                             f"{', '.join(str(v.dtype) for v in partials.values())} cannot be "
+                             f"kept in the disk state backend (fixed-width numeric partials "
+                             f"only); run this job with CheckpointConfig(state_backend='heap')")
+        self._use(record)
+
+    def _use(self, record: np.dtype) -> None:
+        self.record = record
+        self._columns = [n for n in record.names or () if n not in (_START, _END)]
+        sid = self._backend.raw_state_id(STATE_NAME, _kind_of(record))
+        self._sid = struct.unpack(">H", sid)[0]
+
+    def entry_keys(self, kids: np.ndarray) -> list[bytes]:
+        """The stored keys of key ids ``kids`` (one encoding per distinct key)."""
+        pack, sid = _ENTRY.pack, self._sid
+        out = []
+        for key, group in zip(self._timers.keys(kids),
+                              self._timers.key_groups_of(kids).tolist()):
+            code = encode_key(key)
+            out.append(pack(group, sid, len(code)) + code)
+        return out
+
+    def read(self, kids: np.ndarray, keys: list[bytes]) -> SessionStore:
+        """A store of the open sessions of the distinct key ids ``kids`` (stored at
+        ``keys``): one multi-get."""
+        store = SessionStore(self.spec)
+        record = self.record
+        if record is None or not keys:  # no state yet
+            return store
+        raws = list(self._backend.raw_db[keys])  # a list of keys: a multi-get
+        sizes = np.array([0 if r is None else len(r) for r in raws], dtype=np.int64)
+        width = record.itemsize
+        if np.any(sizes % width):
+            raise ValueError(f"{self._where}: a stored key's sessions are not whole records "
+                             f"of {width} bytes (state written by another version?)")
+        records = np.frombuffer(b"".join([r for r in raws if r is not None]), dtype=record)
+        store.extend(np.repeat(kids, sizes // width), records[_START].astype(np.int64),
+                     records[_END].astype(np.int64),
+                     {n: np.ascontiguousarray(records[n]) for n in self._columns})
+        return store
+
+    def write(self, kids: np.ndarray, keys: list[bytes], store: SessionStore) -> None:
+        """Store the sessions ``store`` holds of each of the distinct key ids ``kids``
+        (at ``keys``); a key without any is deleted: one write batch."""
+        import rocksdict
+
+        record = self.record
+        if record is None:
+            return
+        order = np.lexsort((store.starts, store.kids))
+        records = np.empty(len(order), dtype=record)
+        records[_START], records[_END] = store.starts[order], store.ends[order]
+        for name in self._columns:
+            records[name] = store.partials[name][order]
+        data, width = records.tobytes(), record.itemsize
+        sorted_kids = store.kids[order]
+        los = np.searchsorted(sorted_kids, kids, side="left").tolist()
+        his = np.searchsorted(sorted_kids, kids, side="right").tolist()
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        for key, a, b in zip(keys, los, his):
+            if a == b:
+                batch.delete(key)
+            else:
+                batch.put(key, data[a * width:b * width])
+        self._backend.raw_db.write(batch)
+
+    def merge(self, kids: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+              partials: dict[str, np.ndarray]) -> tuple[SessionStore, Merged]:
+        """Merge a batch's sessions into their keys' stored ones (as
+        :meth:`SessionStore.add` does); returns the store of those keys' sessions after the
+        merge and where the merged sessions are in it."""
+        self._declare(partials)
+        distinct = np.unique(kids)
+        keys = self.entry_keys(distinct)
+        store = self.read(distinct, keys)
+        merged = store.add(kids, starts, ends, partials)
+        self.write(distinct, keys, store)
+        return store, merged
+
+    def restore_heap(self, kids: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                     partials: dict[str, np.ndarray]) -> None:
+        """Move a heap checkpoint's open sessions (disjoint, new to this state) into
+        RocksDB."""
+        if not len(kids):
+            return
+        self._declare(partials)
+        store = SessionStore(self.spec)
+        store.extend(kids, starts, ends, partials)
+        distinct = np.unique(kids)
+        self.write(distinct, self.entry_keys(distinct), store)

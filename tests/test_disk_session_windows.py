@@ -1,0 +1,205 @@
+"""Session windows of built-in aggregates on the disk state backend: a key's open
+sessions in RocksDB, against pandas.
+
+Operator-level tests drive a heap and a disk :class:`WindowOperator` with the same
+batches and watermarks (disorder, rows beyond the bound, allowed lateness) and check
+both against a pandas oracle (per key, the rows kept on arrival split where two
+consecutive times are more than the gap apart); snapshot tests restore disk (and
+heap) sections at other parallelisms; a job test runs a real Ray job on the disk
+backend with incremental checkpoints through a subtask kill.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+import ray
+
+import raystream as rs
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
+from raystream.checkpoint.envelope import is_keyed_state
+from raystream.checkpoint.sections import decode_parts
+from raystream.checkpoint.state_backend import StateBackend
+from raystream.engine.windows.disk_sessions import KIND, STATE_NAME
+from raystream.engine.windows.operator import WindowOperator
+from tests.test_disk_windows import (disk_env, drive, restore_and_finish, snapshot_midway,
+                                     sorted_rows, window_operator)
+from tests.test_exactly_once import wait_for_checkpoint
+from tests.test_windows import AGGS, make_input, throttle
+
+GAP = 15
+SESSIONS = rs.EventTimeSessionWindows(gap_ms=GAP)
+KEYS = ["k", "window_start", "window_end"]
+
+
+def session_input(seed: int, n: int, keys: int, jitter: int):
+    """Times mostly in order (out of order by up to ``jitter``), with a few stragglers far
+    beyond any bound."""
+    rng = np.random.default_rng(seed)
+    ts = np.cumsum(rng.integers(0, 4, n)) + 1000 - rng.integers(0, jitter + 1, n)
+    ts[rng.random(n) < 0.03] -= 300
+    return rng.integers(0, keys, n), ts, rng.integers(-50, 50, n).astype(np.float64)
+
+
+def sessions_oracle(frame: pd.DataFrame, gap: int, key: str = "k") -> pd.DataFrame:
+    """pandas: per key, rows by time, a new session where the time is more than ``gap``
+    after the one before (sessions that touch merge)."""
+    frame = frame.sort_values([key, "ts"], kind="stable")
+    new = (frame[key].diff() != 0) | (frame["ts"].diff() > gap)
+    frame = frame.assign(session=new.cumsum())
+    out = frame.groupby([key, "session"]).agg(
+        window_start=("ts", "min"), last=("ts", "max"), n=("x", "size"), total=("x", "sum"),
+        low=("x", "min"), high=("x", "max"), avg=("x", "mean")).reset_index()
+    out["window_end"] = out["last"] + gap
+    return out[[key, "window_start", "window_end", *AGGS]]
+
+
+def final_sessions(rows: pd.DataFrame) -> pd.DataFrame:
+    """The emitted rows that no later emission replaced: a session that fired again (rows
+    within the allowed lateness) replaces its earlier result, which it covers."""
+    last = rows.drop_duplicates(["k", "window_start"], keep="last")
+    pairs = last.merge(last, on="k", suffixes=("", "_by"))
+    covered = pairs[(pairs["window_start_by"] <= pairs["window_start"])
+                    & (pairs["window_end_by"] >= pairs["window_end"])
+                    & ((pairs["window_start_by"] != pairs["window_start"])
+                       | (pairs["window_end_by"] != pairs["window_end"]))]
+    gone = pd.MultiIndex.from_frame(covered[KEYS])
+    return last[~pd.MultiIndex.from_frame(last[KEYS]).isin(gone)]
+
+
+def stored_sessions(op: WindowOperator) -> dict:
+    """Key -> number of open sessions of the disk session state."""
+    backend = op.backend
+    assert isinstance(backend, DiskKeyedStateBackend)
+    record = op.disk_sessions.record if op.disk_sessions is not None else None
+    out = {}
+    for k, v in backend.raw_db.items():
+        assert record is not None
+        (n,) = np.frombuffer(k[4:8], dtype=">u4")
+        out[DiskKeyedStateBackend.decode_key(k[8:8 + int(n)])] = len(v) // record.itemsize
+    return out
+
+
+def by_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    columns = [*KEYS, *AGGS]
+    return frame[columns].sort_values(columns).reset_index(drop=True)
+
+
+@pytest.mark.parametrize("lateness", [0, 30])
+def test_disk_sessions_equal_heap_sessions_and_pandas(lateness):
+    key, ts, x = session_input(seed=lateness + 1, n=1500, keys=8, jitter=19 + lateness)
+    heap, heap_arrival, heap_late = drive(window_operator(StateBackend.HEAP, SESSIONS,
+                                                          lateness=lateness), key, ts, x)
+    op = window_operator(StateBackend.DISK, SESSIONS, lateness=lateness)
+    disk, arrival, late = drive(op, key, ts, x)
+    assert op.disk_sessions is not None and op.session_store is None  # nothing on the heap
+    assert str(op.backend.state_kind(STATE_NAME)).startswith(KIND + " ")  # pyright: ignore
+    assert stored_sessions(op) == {}  # every session fired and deleted
+    # the same rows (re-firings included, in the same order) as the heap backend
+    pd.testing.assert_frame_equal(disk, heap)
+    assert arrival == heap_arrival
+    pd.testing.assert_frame_equal(late, heap_late)
+
+    rows = pd.DataFrame({"k": key, "ts": ts, "x": x, "wm": np.maximum(arrival, -2 ** 62)})
+    kept = rows["ts"] + GAP - 1 + lateness > rows["wm"]
+    # each kept row comes after every session it could touch was cleared: pandas may merge
+    # the kept rows without knowing what fired when
+    assert (rows["ts"][kept] > rows["wm"][kept] + 1 - lateness).all()
+    assert (~kept).sum() > 10, "the input must hold rows beyond the bound"
+    assert sorted(late["ts"].tolist()) == sorted(rows["ts"][~kept].tolist())
+    expected = sessions_oracle(rows[kept], GAP)
+    got = by_rows(final_sessions(disk))
+    want = by_rows(expected)
+    assert got[KEYS + ["n"]].astype(np.int64).equals(want[KEYS + ["n"]].astype(np.int64))
+    for column in ("total", "low", "high", "avg"):
+        np.testing.assert_allclose(got[column], want[column])
+    if lateness:
+        assert len(disk) > len(got)  # some sessions fired again
+    else:
+        assert len(disk) == len(got)
+
+
+def test_sessions_merge_across_batches_in_one_entry_per_key():
+    """Sessions of separate batches that a later row bridges become one record; a key's
+    entry holds all its open sessions and goes when the last one fires."""
+    op = window_operator(StateBackend.DISK, SESSIONS)
+    op.initialize_state(None)
+    op.process_batch(pa.record_batch({"k": [1, 1, 2], "ts": [100, 130, 100],
+                                      "x": [1.0, 2.0, 3.0]}))
+    op.process_batch(pa.record_batch({"k": [1, 1], "ts": [170, 102], "x": [4.0, 5.0]}))
+    assert stored_sessions(op) == {1: 3, 2: 1}  # [100, 117), [130, 145), [170, 185)
+    op.process_batch(pa.record_batch({"k": [1], "ts": [116], "x": [6.0]}))  # bridges two
+    assert stored_sessions(op) == {1: 2, 2: 1}
+    op.process_watermark(150)  # fires [100, 145) of key 1 and [100, 115) of key 2
+    assert stored_sessions(op) == {1: 1}
+    op.process_watermark(rs.MAX_WATERMARK)
+    assert stored_sessions(op) == {}
+    got = pa.Table.from_batches(op.output.batches).to_pylist()  # pyright: ignore
+    assert sorted((r["k"], r["window_start"], r["window_end"], r["n"], r["total"])
+                  for r in got) == [(1, 100, 145, 4, 14.0), (1, 170, 185, 1, 4.0),
+                                    (2, 100, 115, 1, 3.0)]
+
+
+def test_disk_session_snapshot_restores_at_other_parallelism():
+    """The sessions travel in the backend's sections: restored into 1, 2 and 3 subtasks
+    (and from a heap snapshot into disk ones) the sessions open at the snapshot fire
+    once, as in the uninterrupted run; a heap job refuses the disk sections."""
+    assigner = rs.EventTimeSessionWindows(gap_ms=40)
+    key, ts, x = make_input(seed=5, n=400, keys=10, disorder=0)
+    half = 200
+    sections, whole = snapshot_midway(StateBackend.DISK, assigner, key, ts, x, half)
+    open_at_snapshot = sorted_rows(whole[whole["window_end"] - 1 > int(ts[:half].max()) - 100])
+    assert len(open_at_snapshot) and (open_at_snapshot["window_start"] < ts[half]).any()
+    assert not any("windows" in decode_parts(s) for s in sections.values()
+                   if not is_keyed_state(s))  # no heap part: the sessions are keyed state
+    for parallelism in (1, 2, 3):
+        got = restore_and_finish(StateBackend.DISK, assigner, sections, key, ts, x, half,
+                                 parallelism)
+        pd.testing.assert_frame_equal(sorted_rows(got), open_at_snapshot)
+
+    heap_sections, heap_whole = snapshot_midway(StateBackend.HEAP, assigner, key, ts, x, half)
+    pd.testing.assert_frame_equal(sorted_rows(heap_whole), sorted_rows(whole))
+    got = restore_and_finish(StateBackend.DISK, assigner, heap_sections, key, ts, x, half, 2)
+    pd.testing.assert_frame_equal(sorted_rows(got), open_at_snapshot)
+
+    with pytest.raises(ValueError, match="window 'w': the checkpoint keeps this window's "
+                                         "state in the disk state backend.*"
+                                         "state_backend='disk'"):
+        restore_and_finish(StateBackend.HEAP, assigner, sections, key, ts, x, half, 1)
+
+
+# -- a job on Ray ---------------------------------------------------------------------------
+
+BASE, BLOCK, JOB_GAP = 1_000_000, 700, 100
+
+
+def session_events(i: np.ndarray) -> dict:
+    """Seven users; every ``BLOCK`` records time jumps 300 ms: one session per user and
+    block."""
+    return {"user": i % 7, "ts": BASE + i * 2 + (i // BLOCK) * 300,
+            "x": (i % 11).astype(np.float64)}
+
+
+def test_disk_sessions_exactly_once_through_a_subtask_kill(ray_session, tmp_path):
+    n = 20_000
+    env = disk_env(str(tmp_path / "chk"), incremental=True)
+    src = env.from_sequence(n, session_events, batch_size=250,
+                            watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=50))
+    sink = src.map_batches(throttle, name="throttle").key_by("user").window(
+        rs.EventTimeSessionWindows(gap_ms=JOB_GAP), timestamp="ts").agg(**AGGS).collect()
+    client = env.execute_async("disk-sessions-kill")
+    completed = wait_for_checkpoint(client, after=1)
+    ray.kill(client.subtask_actor("window", 1))
+    job = client.wait(timeout_s=240)
+    assert job.restarts == 1, job.failures
+    assert job.restores[0]["checkpoint_id"] >= completed
+    got = job.table(sink).to_pandas().rename(columns={"user": "k"})
+    expected = sessions_oracle(pd.DataFrame(session_events(np.arange(n))).rename(
+        columns={"user": "k"}), JOB_GAP)
+    assert len(expected) == 7 * -(-n // BLOCK)
+    got, expected = by_rows(got), by_rows(expected)
+    assert got[KEYS + ["n"]].astype(np.int64).equals(expected[KEYS + ["n"]].astype(np.int64))
+    for column in ("total", "low", "high", "avg"):
+        np.testing.assert_allclose(got[column], expected[column])
