@@ -53,7 +53,7 @@ def sessions_oracle(frame: pd.DataFrame, gap: int, key: str = "k") -> pd.DataFra
         window_start=("ts", "min"), last=("ts", "max"), n=("x", "size"), total=("x", "sum"),
         low=("x", "min"), high=("x", "max"), avg=("x", "mean")).reset_index()
     out["window_end"] = out["last"] + gap
-    return out[[key, "window_start", "window_end", *AGGS]]
+    return out.loc[:, [key, "window_start", "window_end", *AGGS]]
 
 
 def final_sessions(rows: pd.DataFrame) -> pd.DataFrame:
@@ -65,8 +65,8 @@ def final_sessions(rows: pd.DataFrame) -> pd.DataFrame:
                     & (pairs["window_end_by"] >= pairs["window_end"])
                     & ((pairs["window_start_by"] != pairs["window_start"])
                        | (pairs["window_end_by"] != pairs["window_end"]))]
-    gone = pd.MultiIndex.from_frame(covered[KEYS])
-    return last[~pd.MultiIndex.from_frame(last[KEYS]).isin(gone)]
+    gone = pd.MultiIndex.from_frame(covered.loc[:, KEYS])
+    return last.loc[~pd.MultiIndex.from_frame(last.loc[:, KEYS]).isin(gone)]
 
 
 def stored_sessions(op: WindowOperator) -> dict:
@@ -84,7 +84,7 @@ def stored_sessions(op: WindowOperator) -> dict:
 
 def by_rows(frame: pd.DataFrame) -> pd.DataFrame:
     columns = [*KEYS, *AGGS]
-    return frame[columns].sort_values(columns).reset_index(drop=True)
+    return frame.loc[:, columns].sort_values(by=columns).reset_index(drop=True)
 
 
 @pytest.mark.parametrize("lateness", [0, 30])
@@ -109,7 +109,7 @@ def test_disk_sessions_equal_heap_sessions_and_pandas(lateness):
     assert (rows["ts"][kept] > rows["wm"][kept] + 1 - lateness).all()
     assert (~kept).sum() > 10, "the input must hold rows beyond the bound"
     assert sorted(late["ts"].tolist()) == sorted(rows["ts"][~kept].tolist())
-    expected = sessions_oracle(rows[kept], GAP)
+    expected = sessions_oracle(rows.loc[kept], GAP)
     got = by_rows(final_sessions(disk))
     want = by_rows(expected)
     assert got[KEYS + ["n"]].astype(np.int64).equals(want[KEYS + ["n"]].astype(np.int64))
