@@ -18,13 +18,17 @@ import pytest
 import ray
 
 import raystream as rs
+from raystream.actors.operator import CollectingOutput, RuntimeContext
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.checkpoint.envelope import is_keyed_state
 from raystream.checkpoint.sections import decode_parts
 from raystream.checkpoint.state_backend import StateBackend
+from raystream.engine.keys import KeySelector
+from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.disk_sessions import KIND, STATE_NAME
+from raystream.engine.windows.functions import BuiltinAggregates
 from raystream.engine.windows.operator import WindowOperator
-from tests.test_disk_windows import (disk_env, drive, restore_and_finish, snapshot_midway,
+from tests.test_disk_windows import (MAXP, disk_env, drive, restore_and_finish, snapshot_midway,
                                      sorted_rows, window_operator)
 from tests.test_exactly_once import wait_for_checkpoint
 from tests.test_windows import AGGS, make_input, throttle
@@ -119,6 +123,24 @@ def test_disk_sessions_equal_heap_sessions_and_pandas(lateness):
         assert len(disk) > len(got)  # some sessions fired again
     else:
         assert len(disk) == len(got)
+
+
+def test_picking_aggregates_of_sessions_on_disk_equal_the_heap():
+    """max_by and top_k: their partials are fixed-width columns of the record too."""
+    aggs = {"top": ("top_k", ("x", 2)), "best": ("max_by", ("x", "ts")), "n": ("count", None)}
+    key, ts, x = make_input(seed=9, n=400, keys=8, disorder=60)
+    outputs = []
+    for backend in (StateBackend.HEAP, StateBackend.DISK):
+        op = WindowOperator("w", KeySelector.of("k"), SESSIONS,
+                            function=BuiltinAggregates(AggregateSpec.of(aggs)), timestamp="ts",
+                            allowed_lateness_ms=10, late_output="late")
+        op.setup(RuntimeContext("job", "w", 0, 1, MAXP, 0, state_backend=backend),
+                 CollectingOutput())
+        rows, _, late = drive(op, key, ts, x)
+        outputs.append((rows.astype(str), late))
+    assert len(outputs[0][0])
+    pd.testing.assert_frame_equal(outputs[0][0], outputs[1][0])
+    pd.testing.assert_frame_equal(outputs[0][1], outputs[1][1])
 
 
 def test_sessions_merge_across_batches_in_one_entry_per_key():

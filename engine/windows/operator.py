@@ -718,8 +718,10 @@ class WindowOperator(_KeyedOperator):
                 distinct = np.unique(kids)
                 keys = disk.entry_keys(distinct)
                 store = disk.read(distinct, keys)
+                held = len(store)
                 self._on_session_timers(store, timestamps, kids, starts)
-                disk.write(distinct, keys, store)
+                if len(store) < held:  # sessions past their lateness went (firing changes none)
+                    disk.write(distinct, keys, store)
                 continue
             if self.dense:
                 ends = self._ends(starts)
