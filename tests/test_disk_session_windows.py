@@ -11,6 +11,8 @@ backend with incremental checkpoints through a subtask kill.
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -162,6 +164,29 @@ def test_sessions_merge_across_batches_in_one_entry_per_key():
     assert sorted((r["k"], r["window_start"], r["window_end"], r["n"], r["total"])
                   for r in got) == [(1, 100, 145, 4, 14.0), (1, 170, 185, 1, 4.0),
                                     (2, 100, 115, 1, 3.0)]
+
+
+def test_sessions_of_a_version_2_heap_checkpoint_move_into_rocksdb():
+    """Version 2 kept a session of built-in aggregates as one accumulator dict: a disk job
+    moves them into the key's entry."""
+    spec = AggregateSpec.of({"n": ("count", None), "total": ("sum", "x")})
+    op = WindowOperator("s", KeySelector.of("k"), rs.EventTimeSessionWindows(gap_ms=10),
+                        function=BuiltinAggregates(spec), timestamp="ts")
+    out = CollectingOutput()
+    op.setup(RuntimeContext("job", "s", 0, 1, MAXP, 0, state_backend=StateBackend.DISK), out)
+    op.initialize_state(None)
+    group = rs.key_group_of(7, MAXP)
+    blob = pickle.dumps((2, {"dense": None, "generic": [
+        (7, 100, 115, {"__n.n": 3, "__total.sum": 6.0}),
+        (7, 200, 210, {"__n.n": 1, "__total.sum": 1.0})]}))
+    op.restore_keyed_parts({"windows": [(group, blob)]})
+    assert stored_sessions(op) == {7: 2}
+    # a row at 112 extends the first session to 122 (and registers its timer)
+    op.process_batch(pa.record_batch({"k": [7], "ts": [112], "x": [4.0]}))
+    op.process_watermark(150)
+    assert pa.Table.from_batches(out.batches).to_pylist() == [
+        {"k": 7, "window_start": 100, "window_end": 122, "n": 4, "total": 10.0}]
+    assert stored_sessions(op) == {7: 1}
 
 
 def test_disk_session_snapshot_restores_at_other_parallelism():
