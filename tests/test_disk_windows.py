@@ -183,9 +183,10 @@ def test_a_key_group_cleared_alone_leaves_the_others_of_its_window():
 
 
 @pytest.mark.parametrize("layout", ["sessions", "generic"])
-def test_sessions_and_user_functions_run_in_a_disk_job_with_heap_state(layout):
-    """Not the dense layout: in a job on the disk backend their state stays on the heap
-    (checkpointed in part "windows"), with the heap job's results."""
+def test_sessions_and_user_functions_give_the_heap_results_in_a_disk_job(layout):
+    """Not the dense layout: sessions keep their open sessions in RocksDB
+    (tests/test_disk_session_windows.py), user-function windows their state on the heap
+    (checkpointed in part "windows"); either way the heap job's results."""
     key, ts, x = make_input(seed=9, n=400, keys=20, disorder=60)
     outputs = []
     for backend in (StateBackend.HEAP, StateBackend.DISK):
@@ -200,6 +201,8 @@ def test_sessions_and_user_functions_run_in_a_disk_job_with_heap_state(layout):
                  CollectingOutput())
         rows, _, late = drive(op, key, ts, x)
         assert op.disk_panes is None
+        assert (op.disk_sessions is not None) == (layout == "sessions"
+                                                   and backend is StateBackend.DISK)
         outputs.append((rows.astype(str).sort_values(list(rows.columns)).reset_index(drop=True),
                         sorted(late["ts"].tolist())))
     assert len(outputs[0][0])
