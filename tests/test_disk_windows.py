@@ -185,8 +185,8 @@ def test_a_key_group_cleared_alone_leaves_the_others_of_its_window():
 @pytest.mark.parametrize("layout", ["sessions", "generic"])
 def test_sessions_and_user_functions_give_the_heap_results_in_a_disk_job(layout):
     """Not the dense layout: sessions keep their open sessions in RocksDB
-    (tests/test_disk_session_windows.py), user-function windows their state on the heap
-    (checkpointed in part "windows"); either way the heap job's results."""
+    (tests/test_disk_session_windows.py), user-function windows their accumulators
+    (tests/test_disk_user_windows.py); either way the heap job's results."""
     key, ts, x = make_input(seed=9, n=400, keys=20, disorder=60)
     outputs = []
     for backend in (StateBackend.HEAP, StateBackend.DISK):
@@ -194,7 +194,8 @@ def test_sessions_and_user_functions_give_the_heap_results_in_a_disk_job(layout)
             assigner, function = (rs.EventTimeSessionWindows(gap_ms=15),
                                   BuiltinAggregates(AggregateSpec.of(AGGS)))
         else:
-            assigner, function = ASSIGNERS[2], UserAggregate(Average(), "result")
+            assigner, function = (ASSIGNERS[2],
+                                  UserAggregate(Average(), "result"))  # pyright: ignore[reportArgumentType]
         op = WindowOperator("w", KeySelector.of("k"), assigner, function=function,
                             timestamp="ts", allowed_lateness_ms=10, late_output="late")
         op.setup(RuntimeContext("job", "w", 0, 1, MAXP, 0, state_backend=backend),
@@ -203,6 +204,9 @@ def test_sessions_and_user_functions_give_the_heap_results_in_a_disk_job(layout)
         assert op.disk_panes is None
         assert (op.disk_sessions is not None) == (layout == "sessions"
                                                    and backend is StateBackend.DISK)
+        assert (op.disk_entries is not None) == (layout == "generic"
+                                                  and backend is StateBackend.DISK)
+        assert not op.entries  # nothing left on the heap (nor, on disk, ever put there)
         outputs.append((rows.astype(str).sort_values(list(rows.columns)).reset_index(drop=True),
                         sorted(late["ts"].tolist())))
     assert len(outputs[0][0])

@@ -33,7 +33,10 @@ layout keeps its partials in the operator instance's RocksDB instead
 one write batch, a key group's window fires with one range scan), and so do the
 sessions (:mod:`raystream.engine.windows.disk_sessions`: one entry per key holding
 its open sessions; a batch and a firing read their keys with one multi-get and write
-them back with one write batch); the generic layout stays on the heap in such a job.
+them back with one write batch), and the generic layout's tumbling and sliding windows
+(:mod:`raystream.engine.windows.disk_entries`: one entry per (key, window) holding its
+accumulator; a batch merges with one multi-get and one write batch); generic session
+windows stay on the heap in such a job.
 
 The operator also reads *partials* from an upstream pre-aggregator
 (:mod:`raystream.engine.windows.pre_aggregate`) instead of raw rows.
@@ -62,7 +65,8 @@ from raystream.engine.operators.keyed import _KeyedOperator
 from raystream.engine.watermarks import timestamps_ms
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.assigners import EventTimeSessionWindows, WindowAssigner
-from raystream.engine.windows import disk_panes, disk_sessions
+from raystream.engine.windows import disk_entries, disk_panes, disk_sessions
+from raystream.engine.windows.disk_entries import DiskEntries
 from raystream.engine.windows.disk_panes import DiskPanes
 from raystream.engine.windows.disk_sessions import DiskSessions
 from raystream.engine.windows.functions import (BuiltinAggregates, UserAggregate,
@@ -178,10 +182,11 @@ class _DenseWindow:
 class WindowOperator(_KeyedOperator):
     """Keyed windows over ``assigner``, computing ``function`` per (key, window)."""
 
-    # on the disk backend the dense layout and the columnar sessions keep their state in
-    # RocksDB; the generic layout keeps its on the heap (snapshotted in part "windows")
+    # on the disk backend the dense layout, the columnar sessions and the generic tumbling
+    # and sliding windows keep their state in RocksDB; generic sessions keep theirs on the
+    # heap (snapshotted in part "windows")
     supports_disk_state = True
-    disk_only_kinds = (disk_panes.KIND, disk_sessions.KIND)
+    disk_only_kinds = (disk_panes.KIND, disk_sessions.KIND, disk_entries.KIND)
     label = "window"
 
     def __init__(self, name: str, keys: KeySelector, assigner: WindowAssigner, *,
@@ -225,6 +230,7 @@ class WindowOperator(_KeyedOperator):
         self.sessions: dict[int, list[int]] = {}  # key id -> starts of its open sessions
         self.session_store = SessionStore(self._spec) if self.columnar_sessions else None
         self.disk_sessions: DiskSessions | None = None  # in place of the store on disk
+        self.disk_entries: DiskEntries | None = None  # in place of ``entries`` on disk
         super().initialize_state(restored)  # timers first, then our part "windows"
         self._open_disk_panes()
         self.key_columns = KeyColumns(self.key_names)
@@ -239,6 +245,8 @@ class WindowOperator(_KeyedOperator):
             self.disk_sessions = DiskSessions(self.backend, self._spec, self.timers,
                                               where=f"window '{self.name}'")
             self.session_store = None
+        if self.disk_entries is None and not self.dense and not self.assigner.merging:
+            self.disk_entries = DiskEntries(self.backend, self.timers)
         if self.disk_panes is None and self.dense:
             panes = self.disk_panes = DiskPanes(self.backend, self._spec, self.timers,
                                                 where=f"window '{self.name}'")
@@ -569,6 +577,10 @@ class WindowOperator(_KeyedOperator):
         group_ends = np.maximum.reduceat(ends, firsts) if len(order) else ends
         sorted_rows = _rows_of(table, self._input_columns(table), rows[order])
         accumulators = self.function.accumulate(sorted_rows, offsets)
+        if self.disk_entries is not None:
+            self._merge_disk_entries(self.disk_entries, kids[firsts], group_starts, group_ends,
+                                     accumulators)
+            return
         touched: dict[tuple[int, int], int] = {}  # (key id, start) -> its watermark
         # the watermark judging each (key, window): computed once for the batch
         watermarks = np.broadcast_to(self.watermarks_of_key_ids(kids[firsts]), firsts.shape)
@@ -594,6 +606,43 @@ class WindowOperator(_KeyedOperator):
                     and window in self.entries and self.entries[window][0] - 1 <= watermark]
         if fire_now:
             self._emit_generic(fire_now)
+
+    def _merge_disk_entries(self, disk: DiskEntries, kids: np.ndarray, starts: np.ndarray,
+                            ends: np.ndarray, accumulators: list[Any]) -> None:
+        """Merge a batch's (key, window) accumulators into RocksDB (one multi-get, one
+        write batch), as the heap path merges them into ``entries``."""
+        keys = disk.entry_keys(kids, ends)
+        stored = disk.get(keys)
+        merge = self.function.merge
+        merged = [acc if old is None else merge(old[1], acc)
+                  for old, acc in zip(stored, accumulators)]
+        disk.put(keys, starts, merged)
+        new = np.fromiter((old is None for old in stored), dtype=bool, count=len(stored))
+        if new.any():
+            self._register_timers(kids[new], starts[new], ends[new])
+        if not self.assigner.event_time:
+            return
+        # late but within the allowed lateness: fire again, once per batch
+        watermarks = np.broadcast_to(self.watermarks_of_key_ids(kids), kids.shape)
+        due = np.flatnonzero(ends - 1 <= watermarks).tolist()
+        if due:
+            self._emit_generic_windows([(int(kids[i]), int(starts[i]), int(ends[i]), merged[i])
+                                        for i in due])
+
+    def _on_disk_entry_timers(self, disk: DiskEntries, timestamps: np.ndarray,
+                              kids: np.ndarray, starts: np.ndarray) -> None:
+        """Due timers of windows in RocksDB: the firing ones' windows read with one
+        multi-get and emitted, the cleanup ones' deleted with one write batch."""
+        ends = self._ends(starts)
+        fire = timestamps == ends - 1
+        keys = disk.entry_keys(kids[fire], ends[fire])
+        fired = [(kid, start, end, entry[1]) for kid, start, end, entry in zip(
+            kids[fire].tolist(), starts[fire].tolist(), ends[fire].tolist(), disk.get(keys))
+            if entry is not None]
+        if fired:
+            self._emit_generic_windows(fired)
+        cleanup = timestamps == ends - 1 + self.lateness
+        disk.delete(disk.entry_keys(kids[cleanup], ends[cleanup]))
 
     def _input_columns(self, table: pa.Table) -> list[str]:
         if isinstance(self.function, BuiltinAggregates):
@@ -629,7 +678,7 @@ class WindowOperator(_KeyedOperator):
                                   np.fromiter(ends, np.int64, len(kids)))
 
     def _emit_generic(self, fired: list[tuple[int, int]]) -> None:
-        fn, timers = self.function, self.timers
+        fn = self.function
         if isinstance(fn, BuiltinAggregates):
             kids = np.array([k for k, _ in fired])
             starts = np.array([s for _, s in fired])
@@ -637,10 +686,15 @@ class WindowOperator(_KeyedOperator):
             results = fn.results([self.entries[f][1] for f in fired])
             self._emit_columns(kids, starts, ends, results)
             return
+        self._emit_generic_windows([(kid, start, *self.entries[(kid, start)])
+                                    for kid, start in fired])
+
+    def _emit_generic_windows(self, fired: list[tuple[int, int, int, Any]]) -> None:
+        """The result rows of user-function windows (key id, start, end, accumulator)."""
+        fn, timers = self.function, self.timers
         out: list[dict] = []
         self.fired += len(fired)
-        for kid, start in fired:
-            end, acc = self.entries[(kid, start)]
+        for kid, start, end, acc in fired:
             window, key = Window(start, end), timers.key(kid)
             if isinstance(fn, UserAggregate):
                 out.extend(fn.rows(self._key_fields(key), window, acc))
@@ -722,6 +776,9 @@ class WindowOperator(_KeyedOperator):
                 self._on_session_timers(store, timestamps, kids, starts)
                 if len(store) < held:  # sessions past their lateness went (firing changes none)
                     disk.write(distinct, keys, store)
+                continue
+            if self.disk_entries is not None:
+                self._on_disk_entry_timers(self.disk_entries, timestamps, kids, starts)
                 continue
             if self.dense:
                 ends = self._ends(starts)
@@ -861,6 +918,9 @@ class WindowOperator(_KeyedOperator):
             if self.disk_sessions is not None:  # a heap checkpoint into a disk job
                 self._restore_heap_sessions(self.disk_sessions, group, content)
                 continue
+            if self.disk_entries is not None:  # a heap checkpoint into a disk job
+                self._restore_heap_entries(self.disk_entries, group, content["generic"])
+                continue
             store = self.session_store
             if content.get("sessions") is not None:
                 if store is None:
@@ -901,6 +961,16 @@ class WindowOperator(_KeyedOperator):
             return
         disk.restore_heap(self.timers.key_ids(keys, np.full(len(keys), group)), starts, ends,
                           partials)
+
+    def _restore_heap_entries(self, disk: DiskEntries, group: int, entries: list) -> None:
+        """A heap checkpoint's (key, window) accumulators of key group ``group`` into
+        RocksDB (their timers are restored already)."""
+        if not entries:
+            return
+        kids = self.timers.key_ids([e[0] for e in entries], np.full(len(entries), group))
+        disk.put(disk.entry_keys(kids, np.array([e[2] for e in entries], dtype=np.int64)),
+                 np.array([e[1] for e in entries], dtype=np.int64),
+                 [self.function.thawed(e[3]) for e in entries])
 
     def _restore_dense(self, group: int, starts: np.ndarray, keys: list,
                        columns: dict[str, np.ndarray]) -> None:

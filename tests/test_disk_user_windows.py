@@ -1,0 +1,214 @@
+"""Tumbling and sliding windows of user functions on the disk state backend, against pandas.
+
+A user ``AggregateFunction`` and a ``ProcessWindowFunction`` keep their (key, window)
+accumulators in RocksDB (:mod:`raystream.engine.windows.disk_entries`). Operator-level
+tests drive a heap and a disk :class:`WindowOperator` with the same batches and
+watermarks (disorder, allowed lateness, a late side output) and check both against a
+pandas oracle; snapshot tests restore disk sections at parallelisms 1, 2 and 3, a heap
+snapshot into a disk job and refuse disk sections in a heap job; a real Ray job runs
+through a subtask kill with incremental checkpoints.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+import ray
+
+import raystream as rs
+from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
+from raystream.checkpoint.state_backend import StateBackend
+from raystream.checkpoint.watermark_floors import WatermarkFloors
+from raystream.engine.keys import KeySelector
+from raystream.engine.windows.functions import ProcessWindow, UserAggregate, WindowFunction
+from raystream.engine.windows.operator import WindowOperator
+from tests.test_disk_windows import MAXP, disk_env, drive, last_per_window, stored_entries
+from tests.test_exactly_once import wait_for_checkpoint
+from tests.test_windows import Average, Spread, events, make_input, throttle, windows_of
+
+ASSIGNERS = [rs.TumblingEventTimeWindows(size_ms=50),
+             rs.SlidingEventTimeWindows(size_ms=60, slide_ms=20)]
+KINDS = ["aggregate", "process"]
+COLUMNS = ["k", "window_start", "window_end", "rows", "value"]
+
+
+def function_of(kind: str) -> WindowFunction:
+    if kind == "aggregate":  # Average names its parameters its own way
+        return UserAggregate(Average(), "result")  # pyright: ignore[reportArgumentType]
+    return ProcessWindow(Spread())
+
+
+def user_operator(backend: StateBackend, assigner, kind: str, *, lateness: int = 0,
+                  index: int = 0, parallelism: int = 1) -> WindowOperator:
+    op = WindowOperator("w", KeySelector.of("k"), assigner, function=function_of(kind),
+                        timestamp="ts", allowed_lateness_ms=lateness, late_output="late")
+    op.setup(RuntimeContext("job", "w", index, parallelism, MAXP, 0, state_backend=backend),
+             CollectingOutput())
+    return op
+
+
+def normalized(frame: pd.DataFrame) -> pd.DataFrame:
+    """Result rows as (k, window_start, window_end, rows, value), sorted."""
+    value = next(c for c in ("avg", "spread", "value") if c in frame.columns)
+    out = pd.DataFrame({name: frame[value if name == "value" else name].to_numpy(
+        np.float64 if name == "value" else np.int64) for name in COLUMNS})
+    return out.sort_values(by=COLUMNS).reset_index(drop=True)
+
+
+def oracle(assigner, kind: str, lateness: int, key, ts, x, arrival):
+    """pandas: each row in every window it belongs to unless that window was past its
+    lateness when the row arrived; rows kept by no window are the late ones."""
+    rows = pd.DataFrame({"k": key, "ts": ts, "x": x, "wm": arrival})
+    rows["window"] = [windows_of(assigner, t) for t in ts.tolist()]
+    exploded = rows.explode("window")
+    exploded["window_start"] = [w[0] for w in exploded["window"]]
+    exploded["window_end"] = [w[1] for w in exploded["window"]]
+    kept = exploded[exploded["window_end"] - 1 + lateness > exploded["wm"]]
+    grouped = kept.groupby(["k", "window_start", "window_end"])["x"]
+    value = (grouped.mean() if kind == "aggregate"
+             else grouped.max().to_numpy() - grouped.min().to_numpy())
+    results = pd.DataFrame({"rows": grouped.size(), "value": value}).reset_index()
+    late = rows.loc[~rows.index.isin(kept.index), "ts"]
+    return normalized(results), sorted(late.tolist())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("assigner", ASSIGNERS, ids=repr)
+@pytest.mark.parametrize("lateness", [0, 25])
+def test_disk_user_windows_equal_heap_and_pandas(kind, assigner, lateness):
+    key, ts, x = make_input(seed=lateness + assigner.size_ms, n=500, keys=30, disorder=100)
+    heap, heap_arrival, heap_late = drive(
+        user_operator(StateBackend.HEAP, assigner, kind, lateness=lateness), key, ts, x)
+    op = user_operator(StateBackend.DISK, assigner, kind, lateness=lateness)
+    disk, arrival, late = drive(op, key, ts, x)
+    assert op.disk_entries is not None and not op.entries  # nothing on the heap
+    assert stored_entries(op) == 0  # every window deleted past its lateness
+    # the same rows (re-firings included, in the same order) as the heap backend
+    pd.testing.assert_frame_equal(disk, heap)
+    assert arrival == heap_arrival
+    pd.testing.assert_frame_equal(late, heap_late)
+
+    expected, expected_late = oracle(assigner, kind, lateness, key, ts, x, arrival)
+    assert len(expected_late), "the input must hold rows beyond the bound to mean something"
+    if lateness:
+        assert len(disk) > len(expected)  # some windows fired again
+    pd.testing.assert_frame_equal(normalized(last_per_window(disk)), expected)
+    assert sorted(late["ts"].tolist()) == expected_late
+
+
+def test_processing_time_user_windows_on_disk_fire_at_the_end():
+    op = WindowOperator("w", KeySelector.of("k"),
+                        rs.TumblingProcessingTimeWindows(size_ms=3_600_000),
+                        function=function_of("aggregate"), timestamp=None)
+    op.setup(RuntimeContext("job", "w", 0, 1, MAXP, 0, state_backend=StateBackend.DISK),
+             CollectingOutput())
+    op.initialize_state(None)
+    key, _, x = make_input(seed=1, n=300, keys=30)
+    for i in range(0, 300, 50):
+        op.process_batch(pa.record_batch({"k": key[i:i + 50], "x": x[i:i + 50]}))
+    assert stored_entries(op) > 0 and not op.entries
+    op.finish()
+    got = pa.Table.from_batches(op.output.batches).to_pandas()  # pyright: ignore
+    assert len(got["window_start"].unique()) <= 2  # an hour's window (or two, at its edge)
+    got = got.assign(total=got["avg"] * got["rows"]).groupby("k").agg(
+        rows=("rows", "sum"), total=("total", "sum"))
+    expected = pd.DataFrame({"k": key, "x": x}).groupby("k")["x"].agg(["size", "sum"])
+    assert got["rows"].tolist() == expected["size"].tolist()
+    np.testing.assert_allclose(got["total"], expected["sum"], atol=1e-9)
+    assert stored_entries(op) == 0
+
+
+# -- snapshots --------------------------------------------------------------------------------
+
+def snapshot_midway(backend: StateBackend, assigner, kind: str, key, ts, x, half: int):
+    """Run the first ``half`` rows, snapshot (the synchronous part), process the rest
+    before the asynchronous part runs, then finish: (sections, whole run's results)."""
+    whole = user_operator(backend, assigner, kind)
+    whole.initialize_state(None)
+    whole.open()
+    whole.process_batch(pa.record_batch({"k": key[:half], "ts": ts[:half], "x": x[:half]}))
+    whole.process_watermark(int(ts[:half].max()) - 100)
+    snapshot = whole.snapshot_state(1).keyed_state
+    assert snapshot is not None
+    whole.process_batch(pa.record_batch({"k": key[half:], "ts": ts[half:], "x": x[half:]}))
+    sections = snapshot()
+    whole.process_watermark(rs.MAX_WATERMARK)
+    return sections, pa.Table.from_batches(whole.output.batches).to_pandas()  # pyright: ignore
+
+
+def restore_and_finish(backend: StateBackend, assigner, kind: str, sections, key, ts, x,
+                       half: int, parallelism: int) -> pd.DataFrame:
+    """Restore ``sections`` into ``parallelism`` subtasks by key group, feed each the rest
+    of its keys' rows, finish: the union of their results."""
+    floors = WatermarkFloors.from_json(int(ts[:half].max()) - 100, max_parallelism=MAXP)
+    out = []
+    for index in range(parallelism):
+        op = user_operator(backend, assigner, kind, index=index, parallelism=parallelism)
+        groups = rs.key_group_range(index, parallelism, MAXP)
+        op.initialize_state(RestoredState(1, [], [(g, s) for g, s in sections.items()
+                                                   if g in groups], floors))
+        op.open()
+        assert not op.entries
+        mine = np.array([rs.key_group_of(k, MAXP) in groups for k in key[half:].tolist()])
+        op.process_batch(pa.record_batch({"k": key[half:][mine], "ts": ts[half:][mine],
+                                          "x": x[half:][mine]}))
+        op.process_watermark(rs.MAX_WATERMARK)
+        out.extend(op.output.batches)  # pyright: ignore
+    return pa.Table.from_batches(out).to_pandas()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("assigner", ASSIGNERS, ids=repr)
+def test_disk_user_windows_restore_at_other_parallelism(kind, assigner):
+    """The accumulators travel in the backend's sections: restored into 1, 2 and 3
+    subtasks (and from a heap snapshot into disk ones) the windows open at the snapshot
+    fire once, as in the uninterrupted run; a heap job refuses the disk sections."""
+    key, ts, x = make_input(seed=11, n=400, keys=60, disorder=0)
+    half = 200
+    sections, whole = snapshot_midway(StateBackend.DISK, assigner, kind, key, ts, x, half)
+    open_at_snapshot = normalized(whole[whole["window_end"] - 1 > int(ts[:half].max()) - 100])
+    assert len(open_at_snapshot)
+    for parallelism in (1, 2, 3):
+        got = restore_and_finish(StateBackend.DISK, assigner, kind, sections, key, ts, x, half,
+                                 parallelism)
+        pd.testing.assert_frame_equal(normalized(got), open_at_snapshot)
+
+    heap_sections, heap_whole = snapshot_midway(StateBackend.HEAP, assigner, kind, key, ts, x,
+                                                half)
+    pd.testing.assert_frame_equal(normalized(heap_whole), normalized(whole))
+    got = restore_and_finish(StateBackend.DISK, assigner, kind, heap_sections, key, ts, x, half,
+                             2)
+    pd.testing.assert_frame_equal(normalized(got), open_at_snapshot)
+
+    with pytest.raises(ValueError, match="window 'w': .*state_backend='disk'"):
+        restore_and_finish(StateBackend.HEAP, assigner, kind, sections, key, ts, x, half, 1)
+
+
+# -- a job on Ray -----------------------------------------------------------------------------
+
+def test_disk_user_windows_exactly_once_through_a_subtask_kill(ray_session, tmp_path):
+    """A user AggregateFunction over tumbling windows, incremental checkpoints, one
+    subtask killed: every window's result exactly once."""
+    n, size = 30_000, 1000
+    env = disk_env(str(tmp_path / "chk"), incremental=True)
+    src = env.from_sequence(n, events, batch_size=250,
+                            watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=500))
+    sink = src.map_batches(throttle, name="throttle").key_by("user").window(
+        rs.TumblingEventTimeWindows(size_ms=size), timestamp="ts").aggregate(
+        Average()).collect()  # pyright: ignore[reportArgumentType]
+    client = env.execute_async("disk-user-windows-kill")
+    completed = wait_for_checkpoint(client, after=1)
+    ray.kill(client.subtask_actor("window", 1))
+    job = client.wait(timeout_s=240)
+    assert job.restarts == 1, job.failures
+    assert job.restores[0]["checkpoint_id"] >= completed
+    got = (job.table(sink).to_pandas()[["user", "window_start", "rows", "avg"]]
+           .sort_values(["user", "window_start"]).reset_index(drop=True))
+    assert not got.duplicated(["user", "window_start"]).any()  # no window emitted twice
+    e = pd.DataFrame(events(np.arange(n)))
+    e["window_start"] = e["ts"] // size * size
+    expected = (e.groupby(["user", "window_start"]).agg(rows=("x", "size"), avg=("x", "mean"))
+                .reset_index().sort_values(["user", "window_start"]).reset_index(drop=True))
+    pd.testing.assert_frame_equal(got, expected, check_dtype=False)
