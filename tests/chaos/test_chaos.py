@@ -34,9 +34,11 @@ from tests.chaos.scenarios import generate
 # interval join's rows on disk, its subtask and then the master killed while the job
 # restarts; 10228 count windows on disk stopped with a subtask kill 184 ms in, restored
 # at p=1, then a failpoint in the asynchronous write; 9161 session windows with a late
-# output keeping their open sessions on disk through three kills of their subtasks.
+# output keeping their open sessions on disk through three kills of their subtasks; 9168
+# sliding windows of a user function on disk, stopped with a subtask kill 399 ms in,
+# restored at p=3, then a kill of the window.
 CI_SEEDS = [1, 3, 6, 43, 64, 71, 1004, 1005, 2049, 4002, 5000, 6055, 7164, 8007, 8022, 9025,
-            9161, 10001, 10008, 10228]
+            9161, 9168, 10001, 10008, 10228]
 
 
 @pytest.mark.parametrize("seed", CI_SEEDS)
