@@ -128,6 +128,7 @@ restoring a savepoint with the other ``state_backend``.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -137,7 +138,7 @@ import threading
 import uuid
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping, cast
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, cast
 
 import msgpack
 import numpy as np
@@ -481,14 +482,7 @@ class DiskValueState(_DiskState):
         """The stored keys of many ``(key, key group)`` pairs, for :meth:`values_at` and
         :meth:`update_at`; a key group outside this backend's fails naming the key."""
         pairs = list(keys_and_groups)
-        groups = self._b.key_groups
-        for k, g in pairs:
-            if g not in groups:
-                raise ValueError(f"key {k!r} is in key group {g}, outside this backend's key "
-                                 f"groups {groups.start}..{groups.stop - 1}")
-        sid, pack = _U16.unpack(self._sid)[0], _PREFIX_LEN.pack
-        encoded = [encode_key(k) for k, _ in pairs]
-        return [pack(g, sid, len(kb)) + kb for kb, (_, g) in zip(encoded, pairs)]
+        return self._b.entry_keys(self._sid, [k for k, _ in pairs], [g for _, g in pairs])
 
     def values_at(self, keys: list[bytes]) -> list[Any]:
         """The values stored at ``keys`` (None where unset), with one multi-get."""
@@ -1047,6 +1041,22 @@ def _parse_body(kg: int, body: memoryview
     return directory, entries
 
 
+def record_kind(prefix: str, fields: Iterable[tuple[str, np.dtype]]) -> str:
+    """A state kind that carries the fields of its values' fixed-width numpy records, so
+    a restored job decodes them before any record arrives (:func:`record_fields`).
+
+    >>> kind = record_kind("panes", [("n", np.dtype("<i8"))])
+    >>> kind, record_fields("panes", kind)
+    ('panes [["n", "<i8"]]', [('n', dtype('int64'))])
+    """
+    return f"{prefix} {json.dumps([[name, np.dtype(dtype).str] for name, dtype in fields])}"
+
+
+def record_fields(prefix: str, kind: str) -> list[tuple[str, np.dtype]]:
+    """The record fields a :func:`record_kind` carries."""
+    return [(name, np.dtype(dtype)) for name, dtype in json.loads(kind[len(prefix) + 1:])]
+
+
 def section_state_kinds(group: int, section: bytes, max_parallelism: int) -> list[str]:
     """The kinds of the states in keyed-state ``section`` of key group ``group``: those
     its directory lists when it is the disk backend's, none when it is the heap's."""
@@ -1160,6 +1170,23 @@ class DiskKeyedStateBackend:
         for k in keys:
             batch.delete(k)
         self._db.write(batch)
+
+    def entry_keys(self, sid: bytes, keys: list[Any], groups: Sequence[int] | np.ndarray
+                   ) -> list[bytes]:
+        """The stored keys (``kg | sid | len(key) | key``, namespace-less) of state id
+        ``sid`` for ``keys`` in key groups ``groups``: a batch's keys encoded once, for a
+        multi-get and a write batch; a key group outside this backend's fails naming its
+        key."""
+        span = self.key_groups
+        groups = np.asarray(groups, dtype=np.int64)
+        outside = np.flatnonzero((groups < span.start) | (groups >= span.stop))
+        if len(outside):
+            i = int(outside[0])
+            raise ValueError(f"key {keys[i]!r} is in key group {int(groups[i])}, outside this "
+                             f"backend's key groups {span.start}..{span.stop - 1}")
+        pack, state = _PREFIX_LEN.pack, _U16.unpack(sid)[0]
+        codes = [encode_key(k) for k in keys]
+        return [pack(g, state, len(c)) + c for c, g in zip(codes, groups.tolist())]
 
     def _entry_key(self, sid: bytes, key: Any, key_group: int, namespace: Any = None) -> bytes:
         kb = encode_key(key)

@@ -41,7 +41,6 @@ them like any keyed state.
 
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -50,22 +49,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from raystream.checkpoint.disk_state import DiskKeyedStateBackend, encode_key
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend, record_fields, record_kind
 
 STATE_NAME = "__count_windows"
 KIND = "count-windows"
-_ENTRY = struct.Struct(">HHI")  # key group, state id, key length (the backend's layout)
 _COUNT = struct.Struct("<q")
 _VALID = "__valid"  # the record's last field: one validity byte per column
 _ROW = "__row"  # the record of windows without input columns: one byte, a row
-
-
-def _kind_of(columns: list[tuple[str, np.dtype]]) -> str:
-    return f"{KIND} {json.dumps([[name, dtype.str] for name, dtype in columns])}"
-
-
-def _columns_of(kind: str) -> list[tuple[str, np.dtype]]:
-    return [(name, np.dtype(dtype)) for name, dtype in json.loads(kind[len(KIND) + 1:])]
 
 
 @dataclass(frozen=True)
@@ -85,18 +75,17 @@ class DiskCountState:
         self._where = where
         self.schema: pa.Schema | None = None  # the stored columns, once known
         self._record = np.dtype([(_ROW, "u1")])
-        self._sid = 0
+        self._sid = b""
         kind = backend.state_kind(STATE_NAME)
         if kind is not None:  # restored: the record comes with the state
-            self._use(_columns_of(kind))
+            self._use(record_fields(KIND, kind))
 
     def _use(self, columns: list[tuple[str, np.dtype]]) -> None:
         fields: list[Any] = ([*columns, (_VALID, "u1", (len(columns),))] if columns
                              else [(_ROW, "u1")])
         self._record = np.dtype(fields)
         self.schema = pa.schema([(name, pa.from_numpy_dtype(dtype)) for name, dtype in columns])
-        sid = self._backend.raw_state_id(STATE_NAME, _kind_of(columns))
-        self._sid = struct.unpack(">H", sid)[0]
+        self._sid = self._backend.raw_state_id(STATE_NAME, record_kind(KIND, columns))
 
     def conform(self, rows: pa.Table) -> pa.Table:
         """``rows`` (the aggregate input columns) in the stored column types; the first
@@ -131,12 +120,7 @@ class DiskCountState:
         once the state is declared (:meth:`conform`)."""
         if self.schema is None:
             raise RuntimeError(f"{self._where}: count-window state keys before its columns")
-        pack, sid = _ENTRY.pack, self._sid
-        out = []
-        for key, group in zip(keys, groups.tolist()):
-            code = encode_key(key)
-            out.append(pack(group, sid, len(code)) + code)
-        return out
+        return self._backend.entry_keys(self._sid, keys, groups)
 
     def read(self, keys: list[bytes]) -> Stored:
         """The stored counts and pending rows of ``keys``: one multi-get."""

@@ -57,7 +57,6 @@ on the heap timer service (at most one per key group and window).
 
 from __future__ import annotations
 
-import json
 import operator
 import os
 import struct
@@ -66,7 +65,8 @@ from typing import Iterable
 
 import numpy as np
 
-from raystream.checkpoint.disk_state import DiskKeyedStateBackend, encode_key
+from raystream.checkpoint.disk_state import (DiskKeyedStateBackend, encode_key, record_fields,
+                                             record_kind)
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.timers.service import TimerService
 
@@ -76,14 +76,6 @@ _ENTRY = struct.Struct(">HHQ")  # key group, state id, window end + 2**63
 _PREFIX = _ENTRY.size
 _SIGN = 1 << 63
 _KID, _TAG = "__kid", "__tag"  # the record's last fields: who wrote the entry
-
-
-def _kind_of(record: np.dtype) -> str:
-    return f"{KIND} {json.dumps([[n, record[n].str] for n in record.names or ()])}"
-
-
-def _record_of(kind: str) -> np.dtype:
-    return np.dtype([(n, d) for n, d in json.loads(kind[len(KIND) + 1:])])
 
 
 @dataclass(frozen=True)
@@ -116,7 +108,7 @@ class DiskPanes:
         self._sid = b""
         kind = backend.state_kind(STATE_NAME)
         if kind is not None:  # restored
-            self._use(_record_of(kind))
+            self._use(np.dtype(record_fields(KIND, kind)))
             self._find_windows()
 
     @property
@@ -137,7 +129,8 @@ class DiskPanes:
     def _use(self, record: np.dtype) -> None:
         self.record = record
         self._columns = [n for n in record.names or () if n not in (_KID, _TAG)]
-        self._sid = self._backend.raw_state_id(STATE_NAME, _kind_of(record))
+        self._sid = self._backend.raw_state_id(
+            STATE_NAME, record_kind(KIND, [(n, record[n]) for n in record.names or ()]))
 
     def _timed(self, end: int) -> np.ndarray:
         timed = self.timed.get(end)

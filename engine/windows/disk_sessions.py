@@ -45,28 +45,18 @@ rescaling carry them like any keyed state.
 
 from __future__ import annotations
 
-import json
-import struct
 
 import numpy as np
 
-from raystream.checkpoint.disk_state import DiskKeyedStateBackend, encode_key
+from raystream.checkpoint.disk_state import (DiskKeyedStateBackend, record_fields,
+                                             record_kind)
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.sessions import Merged, SessionStore
 from raystream.timers.service import TimerService
 
 STATE_NAME = "__session_windows"
 KIND = "session-windows"
-_ENTRY = struct.Struct(">HHI")  # key group, state id, key length (the backend's layout)
 _START, _END = "__start", "__end"  # the record's first fields
-
-
-def _kind_of(record: np.dtype) -> str:
-    return f"{KIND} {json.dumps([[n, record[n].str] for n in record.names or ()])}"
-
-
-def _record_of(kind: str) -> np.dtype:
-    return np.dtype([(n, d) for n, d in json.loads(kind[len(KIND) + 1:])])
 
 
 class DiskSessions:
@@ -80,10 +70,10 @@ class DiskSessions:
         self._where = where
         self.record: np.dtype | None = None
         self._columns: list[str] = []  # the record's partial columns
-        self._sid = 0
+        self._sid = b""
         kind = backend.state_kind(STATE_NAME)
         if kind is not None:  # restored: the record comes with the state
-            self._use(_record_of(kind))
+            self._use(np.dtype(record_fields(KIND, kind)))
 
     def _declare(self, partials: dict[str, np.ndarray]) -> None:
         """The first partials of a state that has no record yet fix it."""
@@ -101,18 +91,13 @@ class DiskSessions:
     def _use(self, record: np.dtype) -> None:
         self.record = record
         self._columns = [n for n in record.names or () if n not in (_START, _END)]
-        sid = self._backend.raw_state_id(STATE_NAME, _kind_of(record))
-        self._sid = struct.unpack(">H", sid)[0]
+        self._sid = self._backend.raw_state_id(
+            STATE_NAME, record_kind(KIND, [(n, record[n]) for n in record.names or ()]))
 
     def entry_keys(self, kids: np.ndarray) -> list[bytes]:
         """The stored keys of key ids ``kids`` (one encoding per distinct key)."""
-        pack, sid = _ENTRY.pack, self._sid
-        out = []
-        for key, group in zip(self._timers.keys(kids),
-                              self._timers.key_groups_of(kids).tolist()):
-            code = encode_key(key)
-            out.append(pack(group, sid, len(code)) + code)
-        return out
+        timers = self._timers
+        return self._backend.entry_keys(self._sid, timers.keys(kids), timers.key_groups_of(kids))
 
     def read(self, kids: np.ndarray, keys: list[bytes]) -> SessionStore:
         """A store of the open sessions of the distinct key ids ``kids`` (stored at
