@@ -150,7 +150,8 @@ from raystream.checkpoint.ttl import (TTL_KIND_SUFFIX, StateTtlConfig, TtlTimePr
                                       TtlMapReads, check_state_kind, read_entries, ttl_kind,
                                       wall_clock_ms)
 
-__all__ = ["DiskKeyedStateBackend", "DiskStateOptions", "DiskStateSnapshot", "section_entries"]
+__all__ = ["TIMERS_KIND", "DiskKeyedStateBackend", "DiskStateOptions", "DiskStateSnapshot",
+           "section_entries", "section_timer_entries"]
 
 _U16 = struct.Struct(">H")
 _PREFIX = struct.Struct(">HH")  # key group, state id
@@ -163,6 +164,9 @@ _NO_TS = _TS.pack(_NEVER)  # the header values_at reads for an unset key: never 
 _MISSING: Any = object()
 
 _VALUE, _LIST, _MAP, _REDUCING, _AGGREGATING = "value", "list", "map", "reducing", "aggregating"
+# The kind of the timer service's entries (raystream.timers.disk_service): not keyed state
+# of the heap backend's kinds, so section_entries leaves them to the timer service.
+TIMERS_KIND = "timers"
 
 _MEMTABLE_BLOOM_RATIO = 0.1
 
@@ -1076,11 +1080,28 @@ def section_entries(kg: int, body: memoryview) -> Iterator[tuple[str, str, Any, 
     directory, entries = _parse_body(kg, body)
     for sid, suffix, value in entries:
         name, kind = directory[sid]
+        if kind == TIMERS_KIND:  # timers: section_timer_entries
+            continue
         (n,) = _U32.unpack_from(suffix, 0)
         ns = suffix[4 + n:]
         base = _ttl_base(kind)
         yield (name, kind, _unpack(suffix[4:4 + n]), (_unpack(ns) if ns else None),
                _unpack(value) if base is None else _to_heap(base, value))
+
+
+def section_timer_entries(kg: int, section: bytes, max_parallelism: int
+                          ) -> Iterator[tuple[str, bytes]]:
+    """``(state name, key suffix)`` of the timer entries (kind :data:`TIMERS_KIND`) of
+    the keyed-state ``section`` of key group ``kg``: none in a heap backend's section."""
+    envelope, body = read(section, key_group=kg, max_parallelism=max_parallelism,
+                          kinds=KEYED_STATE)
+    if envelope.kind is not SectionKind.DISK_STATE:
+        return
+    directory, entries = _parse_body(kg, body)
+    for sid, suffix, _ in entries:
+        name, kind = directory[sid]
+        if kind == TIMERS_KIND:
+            yield name, suffix
 
 
 # ---------------------------------------------------------------------------

@@ -62,6 +62,7 @@ import operator
 import pickle
 import struct
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Iterable, cast
 
 import numpy as np
@@ -71,13 +72,57 @@ from raystream.checkpoint.keygroups import check_key_group_range
 from raystream.checkpoint.state import CHUNK_ENTRIES
 from raystream.timers.heap import TimerHeap
 
-__all__ = ["TimerService", "TimerSnapshot"]
+__all__ = ["TimerSection", "TimerService", "TimerSnapshot", "read_timer_section"]
 
 # after the envelope: event-time timers, processing-time timers, keys
 _COUNTS = struct.Struct(">QQQ")
 # a heap's timers: (timestamps, key ids, namespaces)
 _Timers = tuple[np.ndarray, np.ndarray, np.ndarray]
 _I64 = np.dtype("<i8")
+
+
+@dataclass(frozen=True)
+class TimerSection:
+    """A timer section read back: per domain (timestamps, key indexes, namespaces),
+    the key indexes pointing into ``keys``."""
+
+    event: _Timers
+    processing: _Timers
+    keys: list
+
+
+def read_timer_section(kg: int, data: bytes, max_parallelism: int) -> TimerSection:
+    """Parse the timer section of key group ``kg`` (format in the module docstring)."""
+    _, view = read(data, key_group=kg, max_parallelism=max_parallelism,
+                   kinds=(SectionKind.TIMERS,))  # the body, after the envelope
+    if len(view) < _COUNTS.size:
+        raise ValueError(f"key group {kg}: timer section truncated in its counts")
+    n_ev, n_pt, n_keys = _COUNTS.unpack_from(view)
+    offset = _COUNTS.size
+    arrays = []
+    for count in (n_ev, n_ev, n_ev, n_pt, n_pt, n_pt):
+        end = offset + 8 * count
+        if end > len(view):
+            raise ValueError(f"key group {kg}: timer section truncated")
+        arrays.append(np.frombuffer(view, _I64, count, offset).astype(np.int64))
+        offset = end
+    keys: list = []
+    stream = io.BytesIO(view[offset:])
+    while len(keys) < n_keys:
+        try:
+            chunk = pickle.load(stream)  # a fresh memo per chunk, as each was written
+        except (EOFError, pickle.UnpicklingError) as e:
+            raise ValueError(f"key group {kg}: timer section truncated in its keys") from e
+        if not isinstance(chunk, list):
+            break
+        keys += chunk
+    if len(keys) != n_keys:
+        raise ValueError(f"key group {kg}: timer section holds a bad key list")
+    for local in (arrays[1], arrays[4]):
+        if local.size and (local.min() < 0 or local.max() >= n_keys):
+            raise ValueError(f"key group {kg}: timer section refers to a missing key")
+    return TimerSection((arrays[0], arrays[1], arrays[2]), (arrays[3], arrays[4], arrays[5]),
+                        keys)
 
 
 class TimerSnapshot:
@@ -401,36 +446,23 @@ class TimerService:
                 heap.add_many(ts, kid, ns)
 
     def _read_section(self, kg: int, data: bytes) -> tuple[_Timers, _Timers]:
-        _, view = read(data, key_group=kg, max_parallelism=self.max_parallelism,
-                       kinds=(SectionKind.TIMERS,))  # the body, after the envelope
-        if len(view) < _COUNTS.size:
-            raise ValueError(f"key group {kg}: timer section truncated in its counts")
-        n_ev, n_pt, n_keys = _COUNTS.unpack_from(view)
-        offset = _COUNTS.size
-        arrays = []
-        for count in (n_ev, n_ev, n_ev, n_pt, n_pt, n_pt):
-            end = offset + 8 * count
-            if end > len(view):
-                raise ValueError(f"key group {kg}: timer section truncated")
-            arrays.append(np.frombuffer(view, _I64, count, offset).astype(np.int64))
-            offset = end
-        keys: list = []
-        stream = io.BytesIO(view[offset:])
-        while len(keys) < n_keys:
-            try:
-                chunk = pickle.load(stream)  # a fresh memo per chunk, as each was written
-            except (EOFError, pickle.UnpicklingError) as e:
-                raise ValueError(f"key group {kg}: timer section truncated in its keys") from e
-            if not isinstance(chunk, list):
-                break
-            keys += chunk
-        if len(keys) != n_keys:
-            raise ValueError(f"key group {kg}: timer section holds a bad key list")
-        ids = self.key_ids(keys, np.full(n_keys, kg, np.int64))
-        for local in (arrays[1], arrays[4]):
-            if local.size and (local.min() < 0 or local.max() >= n_keys):
-                raise ValueError(f"key group {kg}: timer section refers to a missing key")
-        return ((arrays[0], ids[arrays[1]], arrays[2]), (arrays[3], ids[arrays[4]], arrays[5]))
+        section = read_timer_section(kg, data, self.max_parallelism)
+        ids = self.key_ids(section.keys, np.full(len(section.keys), kg, np.int64))
+        (ev_ts, ev_local, ev_ns), (pt_ts, pt_local, pt_ns) = section.event, section.processing
+        return ((ev_ts, ids[ev_local], ev_ns), (pt_ts, ids[pt_local], pt_ns))
+
+    def restore_keyed_timers(self, key_group: int, event: tuple[np.ndarray, list, np.ndarray],
+                             processing: tuple[np.ndarray, list, np.ndarray]) -> None:
+        """Add timers of key group ``key_group`` given with their keys, each domain as
+        (timestamps, keys, namespaces): the timers of a disk job's savepoint."""
+        if key_group not in self.key_groups:
+            raise ValueError(
+                f"timers of key group {key_group} handed to a subtask owning key groups "
+                f"{self.key_groups.start}..{self.key_groups.stop - 1}")
+        for heap, (ts, keys, ns) in ((self._event, event), (self._processing, processing)):
+            if len(keys):
+                heap.add_many(ts, self.key_ids(keys, np.full(len(keys), key_group, np.int64)),
+                              ns)
 
     def __repr__(self) -> str:
         return (f"TimerService(key_groups={self.key_groups!r}, keys={len(self._keys)}, "

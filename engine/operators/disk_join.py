@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import operator
 import os
 import struct
 from typing import Any, Callable
@@ -60,9 +59,9 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 
-from raystream.checkpoint.disk_state import DiskKeyedStateBackend, encode_key
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.engine.operators.keyed_rows import JoinSide, KeyedRows, concat_tables
-from raystream.timers.service import TimerService
+from raystream.timers.disk_service import DiskTimerService
 
 STATE_NAMES = ("__interval_join_left", "__interval_join_right")
 KIND = "interval-join-rows"
@@ -175,12 +174,10 @@ class _DiskRows:
     """Both sides' rows of one join instance in its disk backend, under state ids
     ``names`` (left, right) of ``kind``: writes one entry per (key, bucket) of a batch."""
 
-    def __init__(self, backend: DiskKeyedStateBackend, timers: TimerService,
+    def __init__(self, backend: DiskKeyedStateBackend, timers: DiskTimerService,
                  names: tuple[str, str], kind: str) -> None:
         self._backend = backend
         self._timers = timers
-        self._codes: list[bytes] = []  # the encoded key of each key id
-        self._kids: dict[bytes, int] = {}  # key ids of encoded keys read back
         self._tag = int.from_bytes(os.urandom(4), "big") << 32  # this instance's seqs
         self._seq = 0
         self._sids = tuple(struct.unpack(">H", backend.raw_state_id(name, kind))[0]
@@ -194,26 +191,6 @@ class _DiskRows:
         backend = self._backend
         read_options = backend.read_options(struct.pack(">H", backend.key_groups.stop))
         return backend.raw_db.iter(read_options), read_options
-
-    # -- key ids <-> encoded keys ---------------------------------------------------------
-    def _codes_of(self, kids: np.ndarray) -> list[bytes]:
-        codes, n = self._codes, self._timers.num_keys
-        if len(codes) < n:  # each key is encoded once, when it first appears
-            codes.extend(encode_key(k) for k in self._timers.keys(np.arange(len(codes), n)))
-        ids = kids.tolist()
-        if len(ids) < 2:
-            return [codes[i] for i in ids]
-        return list(operator.itemgetter(*ids)(codes))
-
-    def _kids_of(self, codes: list[bytes], groups: list[int]) -> np.ndarray:
-        """Key ids of encoded keys (one timer service call for the ones new here)."""
-        known = self._kids
-        new = {c: g for c, g in zip(codes, groups) if c not in known}
-        if new:
-            kids = self._timers.key_ids([DiskKeyedStateBackend.decode_key(c) for c in new],
-                                        np.fromiter(new.values(), np.int64, len(new)))
-            known.update(zip(new, kids.tolist()))
-        return np.fromiter((known[c] for c in codes), np.int64, len(codes))
 
     # -- write and read -------------------------------------------------------------------
     def _write(self, side: JoinSide, rows: KeyedRows, buckets: np.ndarray
@@ -239,7 +216,7 @@ class _DiskRows:
         fp, fmt = self._formats.of(table, at, writes)
         put = writes.put
         for g, b, code, payload in zip(group[starts].tolist(), bucket[starts].tolist(),
-                                       self._codes_of(kid[starts]),
+                                       self._timers.codes(kid[starts]),
                                        fmt.payloads(table, starts.tolist(), ends.tolist())):
             put(pack(g, sid, b + _SIGN) + code + seq, fp + payload)
         self._backend.raw_db.write(writes)
@@ -271,7 +248,7 @@ class DiskJoinRows(_DiskRows):
 
     ``timestamps(side, table)``: the int64 ms times of rows of ``side`` read back."""
 
-    def __init__(self, backend: DiskKeyedStateBackend, timers: TimerService,
+    def __init__(self, backend: DiskKeyedStateBackend, timers: DiskTimerService,
                  timestamps: Callable[[JoinSide, pa.Table], np.ndarray], *,
                  bucket_ms: int) -> None:
         kinds = {k for k in (backend.state_kind(name) for name in STATE_NAMES) if k is not None}
@@ -330,7 +307,7 @@ class DiskJoinRows(_DiskRows):
         asked = np.flatnonzero(low <= high)
         if not len(asked):
             return empty
-        codes = self._codes_of(kids[asked])
+        codes = self._timers.codes(kids[asked])
         # per (key group, bucket), the asked keys in byte order (RocksDB's): one scan each
         asked_kg = at[asked] + self._first
         spans = (high - low)[asked] + 1
@@ -415,7 +392,7 @@ class DiskWindowRows(_DiskRows):
     """Both sides' buffered rows of one window join instance (tumbling or sliding
     windows), in its disk backend: the bucket of an entry is its window's start."""
 
-    def __init__(self, backend: DiskKeyedStateBackend, timers: TimerService) -> None:
+    def __init__(self, backend: DiskKeyedStateBackend, timers: DiskTimerService) -> None:
         restored = any(backend.state_kind(name) is not None for name in WINDOW_STATE_NAMES)
         super().__init__(backend, timers, WINDOW_STATE_NAMES, WINDOW_KIND)
         # window start -> the key groups (from the first one) holding rows of it
@@ -491,7 +468,7 @@ class DiskWindowRows(_DiskRows):
                 taken.append(None)
                 continue
             table, entry = self._tables(found)
-            kids = self._kids_of(codes, groups)
+            kids = self._timers.key_ids_of_codes(codes, np.asarray(groups, np.int64))
             taken.append(KeyedRows(table, np.array(entry_starts, np.int64)[entry], kids[entry]))
         db = self._backend.raw_db
         for start in starts:

@@ -358,7 +358,7 @@ class IntervalJoinOperator(BufferedJoinOperator):
         if not isinstance(self.backend, DiskKeyedStateBackend):
             return None
         bounds = self.spec.bounds
-        return DiskJoinRows(self.backend, self.timers, self._stored_timestamps,
+        return DiskJoinRows(self.backend, self.disk_timers, self._stored_timestamps,
                             bucket_ms=max(MIN_BUCKET_MS, bounds.upper - bounds.lower + 1))
 
     def _stored_timestamps(self, side: JoinSide, table: pa.Table) -> np.ndarray:

@@ -43,6 +43,7 @@ from raystream.actors.operator import (Operator, OperatorSnapshot, RestoredState
                                        RuntimeContext)
 from raystream.engine.batches import rows_to_batch
 from raystream.engine.operators.functions import _call, _close_function, emit_rows
+from raystream.timers.disk_service import DiskTimerService, restore_heap_timers
 from raystream.timers.service import TimerService
 
 
@@ -175,6 +176,10 @@ class _KeyedOperator(Operator):
     # state kind (window panes, count windows, join rows): a heap job cannot read them.
     disk_only_kinds: tuple[str, ...] = ()
     label = "operator"  # what error messages call the operator
+    # Does the operator keep no timer-service key id across batches and firings? Then on
+    # the disk backend the key table is emptied between them once it grows past its
+    # limit (DiskTimerService.release_keys), so it stays bounded however many keys.
+    key_ids_are_transient = False
 
     def __init__(self, name: str, keys: KeySelector) -> None:
         super().__init__(name)
@@ -198,7 +203,11 @@ class _KeyedOperator(Operator):
         self.backend = create_keyed_state_backend(ctx.state_backend,
                                                   max_parallelism=ctx.max_parallelism,
                                                   key_groups=groups)
-        self.timers = TimerService(max_parallelism=ctx.max_parallelism, key_groups=groups)
+        # on the disk backend timers are in its database, so they go with its restore
+        self.timers: TimerService | DiskTimerService = (
+            TimerService(max_parallelism=ctx.max_parallelism, key_groups=groups)
+            if not isinstance(self.backend, DiskKeyedStateBackend)
+            else DiskTimerService(self.backend))
         self._first_group = groups.start
         if restored is not None and restored.watermark_floors is not None:
             # event time never goes back: what was late before the checkpoint stays late
@@ -215,15 +224,24 @@ class _KeyedOperator(Operator):
                     continue
                 for name, data in decode_parts(section).items():
                     parts.setdefault(name, []).append((group, data))
-            self.timers.restore(parts.pop("timers", []))  # first: it builds the key table
-            if restored.keyed_dbs:  # first: it may replace the (empty) database
-                if not isinstance(self.backend, DiskKeyedStateBackend):
+            timer_sections = parts.pop("timers", [])  # a heap job's
+            state = parts.pop("state", [])
+            if isinstance(self.backend, DiskKeyedStateBackend):
+                if restored.keyed_dbs:  # first: it may replace the (empty) database
+                    self.backend.restore_db(restored.keyed_dbs)
+                self.backend.restore(state)  # a disk job's timers come with its entries
+                self.timers = DiskTimerService(self.backend)  # reads the restored database
+                self.timers.restore(timer_sections)
+            else:
+                if restored.keyed_dbs:
                     raise ValueError(
                         f"operator '{self.name}': the checkpoint holds incremental checkpoints "
                         f"of the disk state backend, which only that backend restores; restore "
                         f"with state_backend='disk', or from a savepoint (always full)")
-                self.backend.restore_db(restored.keyed_dbs)
-            self.backend.restore(parts.pop("state", []))
+                timers = cast(TimerService, self.timers)
+                timers.restore(timer_sections)  # first: it builds the key table
+                restore_heap_timers(timers, state)  # a disk job's savepoint: in its entries
+                self.backend.restore(state)
             self.restore_keyed_parts(parts)
 
     def _refuse_disk_only_state(self, restored: RestoredState) -> None:
@@ -262,7 +280,22 @@ class _KeyedOperator(Operator):
 
     def keyed_snapshot_parts(self) -> dict[str, Callable[[], dict[int, bytes]]]:
         """Synchronous part: per named part, a callable giving its sections by key group."""
+        if isinstance(self.timers, DiskTimerService):  # its timers are in the state's
+            return {"state": self.backend.snapshot()}
         return {"state": self.backend.snapshot(), "timers": self.timers.snapshot()}
+
+    @property
+    def disk_timers(self) -> DiskTimerService:
+        """The timer service of an operator on the disk backend."""
+        if not isinstance(self.timers, DiskTimerService):
+            raise RuntimeError(f"operator '{self.name}' runs on the heap state backend")
+        return self.timers
+
+    def release_key_ids(self) -> None:
+        """A safe point between batches and firings: on the disk backend, an operator
+        whose key ids are transient lets the timer service empty a full key table."""
+        if self.key_ids_are_transient and isinstance(self.timers, DiskTimerService):
+            self.timers.release_keys()
 
     def restore_keyed_parts(self, parts: dict[str, list[tuple[int, bytes]]]) -> None:
         """Restore the parts a subclass added to :meth:`keyed_snapshot_parts`."""
@@ -298,6 +331,7 @@ class _KeyedOperator(Operator):
 
 class KeyedProcessOperator(_KeyedOperator):
     supports_disk_state = True
+    key_ids_are_transient = True  # ids live within one batch or firing only
 
     def __init__(self, name: str, fn: KeyedProcessFunction, keys: KeySelector, *,
                  schema: pa.Schema | None = None) -> None:
@@ -321,6 +355,7 @@ class KeyedProcessOperator(_KeyedOperator):
             if produced is not None:
                 out.extend(produced)
         self._emit(out)
+        self.release_key_ids()
 
     def _emit(self, rows: list[Any]) -> None:
         emit_rows(self, rows, self.schema)
@@ -356,6 +391,7 @@ class KeyedProcessOperator(_KeyedOperator):
                     out.extend(produced)
         ctx.time_domain = None
         self._emit(out)
+        self.release_key_ids()
 
 
 class _BatchValueState(Protocol):

@@ -23,9 +23,9 @@ backend's key-group prefix, so its full and incremental snapshots, restores
 and rescaling carry them like any keyed state.
 
     >>> from raystream.checkpoint.disk_state import DiskKeyedStateBackend
-    >>> from raystream.timers.service import TimerService
+    >>> from raystream.timers.disk_service import DiskTimerService
     >>> backend = DiskKeyedStateBackend(max_parallelism=8, key_groups=range(8))
-    >>> timers = TimerService(max_parallelism=8, key_groups=range(8))
+    >>> timers = DiskTimerService(backend)
     >>> disk = DiskEntries(backend, timers)
     >>> kids = timers.key_ids(["a", "b"], np.array([1, 2]))
     >>> keys = disk.entry_keys(kids, np.array([10, 10]))
@@ -46,8 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from raystream.checkpoint.disk_state import DiskKeyedStateBackend, _pack, _unpack, encode_key
-from raystream.timers.service import TimerService
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend, _pack, _unpack
+from raystream.timers.disk_service import DiskTimerService
 
 STATE_NAME = "__window_entries"
 KIND = "window-entries"
@@ -60,7 +60,7 @@ class DiskEntries:
     """The (key, window) accumulators of one window operator instance's generic layout,
     in its disk backend."""
 
-    def __init__(self, backend: DiskKeyedStateBackend, timers: TimerService) -> None:
+    def __init__(self, backend: DiskKeyedStateBackend, timers: DiskTimerService) -> None:
         self._backend = backend
         self._timers = timers
         self._sid = struct.unpack(">H", backend.raw_state_id(STATE_NAME, KIND))[0]
@@ -70,9 +70,9 @@ class DiskEntries:
         pack, sid = _ENTRY.pack, self._sid
         offsets = (np.ascontiguousarray(ends, dtype=np.int64).view(np.uint64)
                    ^ np.uint64(_SIGN)).tolist()  # end + 2**63: byte order is numeric order
-        return [pack(group, sid, end) + encode_key(key)
-                for key, group, end in zip(self._timers.keys(kids),
-                                           self._timers.key_groups_of(kids).tolist(), offsets)]
+        return [pack(group, sid, end) + code
+                for code, group, end in zip(self._timers.codes(kids),
+                                            self._timers.key_groups_of(kids).tolist(), offsets)]
 
     def get(self, keys: list[bytes]) -> list[tuple[int, Any] | None]:
         """(window start, accumulator) stored at each of ``keys`` (None if none): one

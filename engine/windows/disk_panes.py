@@ -35,9 +35,9 @@ on the heap timer service (at most one per key group and window).
     >>> import numpy as np
     >>> from raystream.checkpoint.disk_state import DiskKeyedStateBackend
     >>> from raystream.engine.windows.aggregates import AggregateSpec
-    >>> from raystream.timers.service import TimerService
+    >>> from raystream.timers.disk_service import DiskTimerService
     >>> backend = DiskKeyedStateBackend(max_parallelism=8, key_groups=range(8))
-    >>> timers = TimerService(max_parallelism=8, key_groups=range(8))
+    >>> timers = DiskTimerService(backend)
     >>> spec = AggregateSpec.of({"n": ("count", None)})
     >>> panes = DiskPanes(backend, spec, timers, where="window 'w'")
     >>> panes.set_dtypes({"__n.n": np.dtype(np.int64)})
@@ -57,7 +57,6 @@ on the heap timer service (at most one per key group and window).
 
 from __future__ import annotations
 
-import operator
 import os
 import struct
 from dataclasses import dataclass
@@ -65,10 +64,10 @@ from typing import Iterable
 
 import numpy as np
 
-from raystream.checkpoint.disk_state import (DiskKeyedStateBackend, encode_key, record_fields,
+from raystream.checkpoint.disk_state import (DiskKeyedStateBackend, record_fields,
                                              record_kind)
 from raystream.engine.windows.aggregates import AggregateSpec
-from raystream.timers.service import TimerService
+from raystream.timers.disk_service import DiskTimerService
 
 STATE_NAME = "__window_panes"
 KIND = "window-panes"
@@ -91,12 +90,11 @@ class DiskPanes:
     """The dense windows' partials of one operator instance, in its disk backend."""
 
     def __init__(self, backend: DiskKeyedStateBackend, spec: AggregateSpec,
-                 timers: TimerService, *, where: str) -> None:
+                 timers: DiskTimerService, *, where: str) -> None:
         self._backend = backend
         self._spec = spec
         self._timers = timers
         self._where = where
-        self._codes: list[bytes] = []  # the encoded key of each key id
         self._tag = np.frombuffer(os.urandom(8), dtype="<u8")[0]  # this instance's entries
         # window end -> the key groups holding entries of it (each has its timers)
         self.timed: dict[int, np.ndarray] = {}
@@ -164,26 +162,6 @@ class DiskPanes:
                 it.seek(_ENTRY.pack(group, sid, end + 1))
         del it
 
-    # -- key ids <-> encoded keys ---------------------------------------------------------
-    def _sync_codes(self) -> None:
-        codes, n = self._codes, self._timers.num_keys
-        if len(codes) < n:  # each key is encoded once, when it first appears
-            codes.extend(encode_key(k) for k in self._timers.keys(np.arange(len(codes), n)))
-
-    def _codes_of(self, kids: np.ndarray) -> list[bytes]:
-        self._sync_codes()
-        ids = kids.tolist()
-        if len(ids) < 2:
-            return [self._codes[i] for i in ids]
-        return list(operator.itemgetter(*ids)(self._codes))
-
-    def _ids_of(self, codes: list[bytes], groups: np.ndarray) -> np.ndarray:
-        """Key ids of encoded keys (restored ones: written by another instance)."""
-        kids = self._timers.key_ids([DiskKeyedStateBackend.decode_key(c) for c in codes],
-                                    groups)
-        self._sync_codes()
-        return kids
-
     # -- merge, read, clear ------------------------------------------------------------------
     def merge(self, ends: np.ndarray, kids: np.ndarray, values: dict[str, np.ndarray]
               ) -> Merged:
@@ -203,7 +181,7 @@ class DiskPanes:
         offsets = (np.ascontiguousarray(ends, dtype=np.int64).view(np.uint64)
                    ^ np.uint64(_SIGN)).tolist()  # end + 2**63: byte order is numeric order
         keys = [pack(g, sid, e) + c for g, e, c in zip(groups.tolist(), offsets,
-                                                       self._codes_of(kids))]
+                                                       self._timers.codes(kids))]
         db = self._backend.raw_db
         n = len(keys)
         asked = np.flatnonzero(self._maybe_stored(ends, kids))
@@ -305,7 +283,7 @@ class DiskPanes:
                 raise RuntimeError(f"{self._where}: window {end} holds entries of another "
                                    f"instance it did not restore")
             at = restored.tolist()
-            kids[restored] = self._ids_of(
+            kids[restored] = self._timers.key_ids_of_codes(
                 [keys[i][_PREFIX:] for i in at],
                 np.array([_ENTRY.unpack_from(keys[i])[0] for i in at], dtype=np.int64))
         return kids, {n: rows[n] for n in self._columns}

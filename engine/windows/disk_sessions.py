@@ -26,9 +26,9 @@ rescaling carry them like any keyed state.
 
     >>> from raystream.checkpoint.disk_state import DiskKeyedStateBackend
     >>> from raystream.engine.windows.aggregates import AggregateSpec
-    >>> from raystream.timers.service import TimerService
+    >>> from raystream.timers.disk_service import DiskTimerService
     >>> backend = DiskKeyedStateBackend(max_parallelism=8, key_groups=range(8))
-    >>> timers = TimerService(max_parallelism=8, key_groups=range(8))
+    >>> timers = DiskTimerService(backend)
     >>> spec = AggregateSpec.of({"n": ("count", None)})
     >>> disk = DiskSessions(backend, spec, timers, where="window 'w'")
     >>> kids = timers.key_ids(["a", "b"], np.array([1, 2]))
@@ -52,7 +52,7 @@ from raystream.checkpoint.disk_state import (DiskKeyedStateBackend, record_field
                                              record_kind)
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.sessions import Merged, SessionStore
-from raystream.timers.service import TimerService
+from raystream.timers.disk_service import DiskTimerService
 
 STATE_NAME = "__session_windows"
 KIND = "session-windows"
@@ -63,7 +63,7 @@ class DiskSessions:
     """The open sessions of one window operator instance, in its disk backend."""
 
     def __init__(self, backend: DiskKeyedStateBackend, spec: AggregateSpec,
-                 timers: TimerService, *, where: str) -> None:
+                 timers: DiskTimerService, *, where: str) -> None:
         self._backend = backend
         self.spec = spec
         self._timers = timers

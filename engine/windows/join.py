@@ -203,7 +203,7 @@ class WindowJoinOperator(BufferedJoinOperator):
     def open_disk_rows(self) -> DiskWindowRows | None:
         if self.spec.assigner.merging or not isinstance(self.backend, DiskKeyedStateBackend):
             return None
-        return DiskWindowRows(self.backend, self.timers)
+        return DiskWindowRows(self.backend, self.disk_timers)
 
     def open(self) -> None:
         if self.fn is not None:

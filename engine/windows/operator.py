@@ -242,13 +242,13 @@ class WindowOperator(_KeyedOperator):
         if not isinstance(self.backend, DiskKeyedStateBackend):
             return
         if self.disk_sessions is None and self.columnar_sessions:
-            self.disk_sessions = DiskSessions(self.backend, self._spec, self.timers,
+            self.disk_sessions = DiskSessions(self.backend, self._spec, self.disk_timers,
                                               where=f"window '{self.name}'")
             self.session_store = None
         if self.disk_entries is None and not self.dense and not self.assigner.merging:
-            self.disk_entries = DiskEntries(self.backend, self.timers)
+            self.disk_entries = DiskEntries(self.backend, self.disk_timers)
         if self.disk_panes is None and self.dense:
-            panes = self.disk_panes = DiskPanes(self.backend, self._spec, self.timers,
+            panes = self.disk_panes = DiskPanes(self.backend, self._spec, self.disk_timers,
                                                 where=f"window '{self.name}'")
             if panes.dtypes is not None:
                 self.dtypes = panes.dtypes

@@ -1,0 +1,503 @@
+"""Timer service of a keyed operator on the disk state backend: timers in the
+operator instance's RocksDB (Flink's ``RocksDBPriorityQueueSetFactory``,
+``KeyGroupPartitionedPriorityQueue``, ``RocksDBCachingPriorityQueueSet``).
+
+A job with ``state_backend="disk"`` keeps its keyed state out of memory; its
+timers go with it, so memory stays bounded however many keys hold timers. A
+heap job keeps :class:`~raystream.timers.service.TimerService`.
+
+Layout
+------
+Each timer is one entry, with an empty value, in the disk backend's database::
+
+    key group (uint16) | state id (uint16) | timestamp (uint64) | namespace (uint64) | key
+
+big-endian throughout, timestamp and namespace offset by 2**63 so byte order is
+numeric order, the key encoded as the backend encodes keys. The two domains
+are two raw states of the backend, ``__timers_event_time`` and
+``__timers_processing_time``, both of kind ``"timers"``
+(:data:`~raystream.checkpoint.disk_state.TIMERS_KIND`). A timer is unique on
+(timestamp, key, namespace) for free: registering it again writes the same
+entry. Registration of a batch is one write batch.
+
+Every key group's timers of a domain are one key range in timestamp order, so
+firing is one bounded range read per key group holding a due timer and one
+``delete_range``. Which key groups those are comes from a small array, the
+earliest timer per local key group and domain: a lower bound, lowered by every
+registration, made exact again by a seek when it is read, recomputed by a
+firing's scan, and rebuilt after a restore by one seek per key group. Due
+timers of several key groups come back sorted by timestamp (a stable sort, so
+ties stay in key-group, then namespace and key byte order), as the heap
+service fires in timestamp order.
+
+Checkpoints
+-----------
+The entries are in the backend's database, so its full and incremental
+snapshots, restores and rescaling carry them with their key groups: the
+service writes no sections of its own (:meth:`DiskTimerService.snapshot`
+gives none). A savepoint's disk sections hold them under kind ``"timers"``,
+which a heap job's restore hands to its heap timer service
+(:func:`restore_heap_timers`), and :meth:`DiskTimerService.restore` writes a
+heap job's timer sections into RocksDB: a job switches backends through a
+savepoint with its timers.
+
+Key ids
+-------
+Callers name keys by dense int64 key ids, as with the heap service, but here
+the key table is a cache: it holds the keys (and their encoded bytes, see
+:meth:`DiskTimerService.codes`) of recent batches and firings only. The rule:
+**a key id is valid until the next** :meth:`DiskTimerService.release_keys`,
+which the operator calls between batches and firings, and which empties the
+table once it holds more than ``key_table_limit`` keys. So an operator calls
+it only if nothing it keeps across batches holds a key id (see
+``_KeyedOperator.key_ids_are_transient``); the timers themselves name their
+keys by bytes, never by id.
+
+    >>> import numpy as np
+    >>> from raystream.checkpoint.disk_state import DiskKeyedStateBackend
+    >>> from raystream.checkpoint.keygroups import key_group_of
+    >>> backend = DiskKeyedStateBackend(max_parallelism=128, key_groups=range(128))
+    >>> timers = DiskTimerService(backend)
+    >>> keys = ["a", "b", "f"]
+    >>> ids = timers.key_ids(keys, np.array([key_group_of(k, 128) for k in keys]))
+    >>> timers.register_event_time_timers(ids, np.zeros(3, np.int64), np.array([30, 10, 20]))
+    >>> timers.register_event_time_timer(ids[0], 0, 30)  # already set
+    >>> timers.next_event_time(), timers.num_event_time_timers
+    (10, 3)
+    >>> ts, key_ids, _ = timers.advance_watermark(20)
+    >>> ts.tolist(), timers.keys(key_ids)
+    ([10, 20], ['b', 'f'])
+    >>> timers.release_keys(force=True)   # ids are gone, the timers are not
+    >>> ts, key_ids, _ = timers.advance_watermark(100)
+    >>> ts.tolist(), timers.keys(key_ids), timers.next_event_time()
+    ([30], ['a'], None)
+    >>> backend.close()
+"""
+
+from __future__ import annotations
+
+import operator
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Callable, Iterable, Iterator, cast
+
+import numpy as np
+
+from raystream.checkpoint.disk_state import (TIMERS_KIND, DiskKeyedStateBackend, encode_key,
+                                             section_timer_entries)
+from raystream.checkpoint.keygroups import check_key_group_range
+from raystream.timers.service import TimerService, read_timer_section
+
+__all__ = ["DiskTimerService", "KEY_TABLE_LIMIT", "TimerDomain", "restore_heap_timers"]
+
+KEY_TABLE_LIMIT = 1 << 16  # keys the key-id table holds before release_keys empties it
+_SIGN = 1 << 63
+_NONE = np.iinfo(np.int64).max  # no timer in the key group
+_HEAD = struct.Struct(">HHQQ")  # key group, state id, timestamp + 2**63, namespace + 2**63
+_HEAD_DTYPE = np.dtype([("kg", ">u2"), ("sid", ">u2"), ("ts", ">u8"), ("ns", ">u8")])
+_Timers = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+class TimerDomain(Enum):
+    """Which clock a timer follows; the value names its raw state in the backend."""
+
+    EVENT_TIME = "__timers_event_time"
+    PROCESSING_TIME = "__timers_processing_time"
+
+
+def _flip(values: np.ndarray) -> np.ndarray:
+    """int64 -> uint64 offset by 2**63 (byte order of the big-endian form = numeric order)."""
+    return np.ascontiguousarray(values, dtype=np.int64).view(np.uint64) ^ np.uint64(_SIGN)
+
+
+def _unflip(values: np.ndarray) -> np.ndarray:
+    return (values.astype(np.uint64) ^ np.uint64(_SIGN)).view(np.int64)
+
+
+@dataclass
+class _Domain:
+    """One domain's state id and earliest timer per local key group."""
+
+    sid: int
+    earliest: np.ndarray  # int64 per local key group; _NONE: no timer
+    exact: np.ndarray  # bool: earliest is the key group's earliest timer, not a lower bound
+
+
+class DiskTimerService:
+    """Timers of one keyed operator subtask in its disk backend's RocksDB, with the
+    public interface of :class:`~raystream.timers.service.TimerService` (see the
+    module docstring for the layout and the key-id rule). All methods run on the
+    operator's processing thread."""
+
+    def __init__(self, backend: DiskKeyedStateBackend, *,
+                 key_table_limit: int = KEY_TABLE_LIMIT) -> None:
+        check_key_group_range(backend.key_groups, backend.max_parallelism)
+        self.max_parallelism = backend.max_parallelism
+        self.key_groups = backend.key_groups
+        self._backend = backend
+        self._limit = key_table_limit
+        n = len(self.key_groups)
+        self._domains = {
+            d: _Domain(struct.unpack(">H", backend.raw_state_id(d.value, TIMERS_KIND))[0],
+                       np.full(n, _NONE, np.int64), np.ones(n, bool))
+            for d in TimerDomain}
+        self._keys: list[Any] = []
+        self._codes: list[bytes] = []
+        self._ids: dict[Any, int] = {}
+        self._by_code: dict[bytes, int] = {}
+        self._kg_dtype = np.int16 if self.max_parallelism <= 2**15 else np.int32
+        self._kg = np.empty(1024, self._kg_dtype)
+        self.rebuild()
+
+    # -- key table (a cache: ids valid until release_keys) ---------------------------
+    def _append(self, key: Any, key_group: int, code: bytes) -> int:
+        kid = len(self._keys)
+        if kid == len(self._kg):
+            grown = np.empty(2 * kid, self._kg_dtype)
+            grown[:kid] = self._kg
+            self._kg = grown
+        self._kg[kid] = key_group
+        self._keys.append(key)
+        self._codes.append(code)
+        self._ids[key] = kid
+        self._by_code[code] = kid
+        return kid
+
+    def _check_groups(self, keys: list, key_groups: np.ndarray) -> None:
+        outside = np.flatnonzero((key_groups < self.key_groups.start)
+                                 | (key_groups >= self.key_groups.stop))
+        if outside.size:
+            i = int(outside[0])
+            raise ValueError(
+                f"key {keys[i]!r} is in key group {int(key_groups[i])}, outside this subtask's "
+                f"key groups {self.key_groups.start}..{self.key_groups.stop - 1}")
+
+    def key_id(self, key: Any, key_group: int) -> int:
+        """The id of ``key`` (whose key group is ``key_group``), adding it if new."""
+        return int(self.key_ids([key], np.array([key_group], np.int64))[0])
+
+    def key_ids(self, keys: list, key_groups: np.ndarray) -> np.ndarray:
+        """Ids of a batch's ``keys`` (with their key groups), adding new ones."""
+        key_groups = np.asarray(key_groups)
+        if len(key_groups) != len(keys):
+            raise ValueError(f"{len(keys)} keys but {len(key_groups)} key groups")
+        if len(keys) == 0:
+            return np.empty(0, np.int64)
+        self._check_groups(keys, key_groups)
+        get = self._ids.get
+        found = list(map(get, keys))
+        if None in found:
+            groups = key_groups.tolist()
+            for i, kid in enumerate(found):
+                if kid is None:
+                    kid = get(keys[i])  # the batch may repeat a new key
+                    found[i] = kid if kid is not None else self._append(
+                        keys[i], groups[i], encode_key(keys[i]))
+        ids = np.array(found, np.int64)
+        wrong = np.flatnonzero(self._kg[ids] != key_groups)
+        if wrong.size:
+            i = int(wrong[0])
+            raise ValueError(
+                f"key {keys[i]!r} was registered in key group {int(self._kg[ids[i]])}, now "
+                f"given key group {int(key_groups[i])} (keys that compare equal must hash to "
+                f"the same key group)")
+        return ids
+
+    def key_ids_of_codes(self, codes: list[bytes], key_groups: np.ndarray) -> np.ndarray:
+        """Ids of encoded keys read from the database (decoded only when not known)."""
+        get = self._by_code.get
+        found = list(map(get, codes))
+        if None in found:
+            decode, groups = DiskKeyedStateBackend.decode_key, key_groups.tolist()
+            for i, kid in enumerate(found):
+                if kid is None:
+                    kid = get(codes[i])
+                    found[i] = kid if kid is not None else self._append(
+                        decode(codes[i]), groups[i], codes[i])
+        return np.array(found, np.int64)
+
+    def key(self, key_id: int) -> Any:
+        return self._keys[key_id]
+
+    def keys(self, key_ids: np.ndarray) -> list:
+        ids = np.asarray(key_ids).tolist()
+        if len(ids) < 2:
+            return [self._keys[i] for i in ids]
+        return list(operator.itemgetter(*ids)(self._keys))
+
+    def codes(self, key_ids: np.ndarray) -> list[bytes]:
+        """The encoded keys (the backend's ``encode_key``) of ``key_ids``, in order: each
+        key is encoded once per table, so disk layouts need no cache of their own."""
+        ids = np.asarray(key_ids).tolist()
+        if len(ids) < 2:
+            return [self._codes[i] for i in ids]
+        return list(operator.itemgetter(*ids)(self._codes))
+
+    def key_group(self, key_id: int) -> int:
+        if not 0 <= key_id < len(self._keys):
+            raise IndexError(f"no key id {key_id}")
+        return int(self._kg[key_id])
+
+    def key_groups_of(self, key_ids: np.ndarray) -> np.ndarray:
+        key_ids = np.asarray(key_ids)
+        n = len(self._keys)
+        if key_ids.size and (key_ids.min() < 0 or key_ids.max() >= n):
+            raise IndexError(f"key ids out of range: {n} keys known")
+        return self._kg[key_ids].astype(np.int64)
+
+    @property
+    def num_keys(self) -> int:
+        """How many keys the table holds now (ids are 0..num_keys-1)."""
+        return len(self._keys)
+
+    def release_keys(self, *, force: bool = False) -> None:
+        """A safe point, between batches and firings: empty the key table if it holds
+        more than ``key_table_limit`` keys (or ``force``); every key id given before is
+        then invalid."""
+        if force or len(self._keys) > self._limit:
+            self._keys, self._codes, self._ids, self._by_code = [], [], {}, {}
+            self._kg = np.empty(1024, self._kg_dtype)
+
+    def _check_key_ids(self, key_ids: np.ndarray) -> np.ndarray:
+        key_ids = np.asarray(key_ids, dtype=np.int64)
+        n = len(self._keys)
+        if key_ids.size and (key_ids.min() < 0 or key_ids.max() >= n):
+            bad = key_ids[(key_ids < 0) | (key_ids >= n)][0]
+            raise ValueError(f"timer for unknown key id {bad} ({n} keys known)")
+        return key_ids
+
+    # -- entries -------------------------------------------------------------------
+    def _entries(self, domain: TimerDomain, key_ids: np.ndarray, namespaces: np.ndarray,
+                 timestamps: np.ndarray) -> tuple[list[bytes], np.ndarray, np.ndarray]:
+        """The stored keys of timers (vectorized heads), their key groups and timestamps."""
+        kids = self._check_key_ids(key_ids)
+        n = len(kids)
+        ts = np.broadcast_to(np.asarray(timestamps, np.int64), (n,))
+        groups = self._kg[kids].astype(np.int64)
+        head = np.empty(n, _HEAD_DTYPE)
+        head["kg"] = groups
+        head["sid"] = self._domains[domain].sid
+        head["ts"] = _flip(ts)
+        head["ns"] = _flip(np.broadcast_to(np.asarray(namespaces, np.int64), (n,)))
+        data, width = head.tobytes(), _HEAD_DTYPE.itemsize
+        keys = [data[at:at + width] + code
+                for at, code in zip(range(0, n * width, width), self.codes(kids))]
+        return keys, groups, ts
+
+    def _register(self, domain: TimerDomain, key_ids: np.ndarray, namespaces: np.ndarray,
+                  timestamps: np.ndarray) -> None:
+        import rocksdict
+
+        keys, groups, ts = self._entries(domain, key_ids, namespaces, timestamps)
+        if not keys:
+            return
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        put = batch.put
+        for k in keys:
+            put(k, b"")
+        self._backend.raw_db.write(batch)
+        d = self._domains[domain]
+        local = groups - self.key_groups.start
+        before = d.earliest[local]
+        np.minimum.at(d.earliest, local, ts)
+        # a key group's earliest lowered by one of these timers is that timer: exact
+        d.exact[local[ts < before]] = True
+
+    def _delete(self, domain: TimerDomain, key_id: int, namespace: int, timestamp: int) -> None:
+        keys, groups, _ = self._entries(domain, np.array([key_id], np.int64),
+                                        np.array([namespace], np.int64),
+                                        np.array([timestamp], np.int64))
+        self._backend.raw_db.delete(keys[0])
+        self._domains[domain].exact[int(groups[0]) - self.key_groups.start] = False
+
+    def _bounds(self, domain: TimerDomain, group: int, timestamp: int | None = None) -> bytes:
+        """The first possible entry of ``group`` in ``domain`` at ``timestamp`` (or at all)."""
+        ts = 0 if timestamp is None else (timestamp + _SIGN) & (2 * _SIGN - 1)
+        return struct.pack(">HHQ", group, self._domains[domain].sid, ts)
+
+    @staticmethod
+    def _first_at(start: bytes, it: Any) -> int:
+        """The timestamp of the first timer at or after ``start`` within its key group
+        and domain (one seek), or _NONE."""
+        it.seek(start)
+        if not it.valid():
+            return _NONE
+        key = it.key()
+        if key[:4] != start[:4]:
+            return _NONE
+        return struct.unpack_from(">Q", key, 4)[0] - _SIGN
+
+    def _iterator(self) -> tuple[Any, Any]:
+        read = self._backend.read_options(struct.pack(">H", self.key_groups.stop))
+        return self._backend.raw_db.iter(read), read  # keep read referenced with it
+
+    def rebuild(self) -> None:
+        """The earliest timer of every key group, one seek each (after a restore)."""
+        it, _read = self._iterator()
+        for domain, d in self._domains.items():
+            for i, group in enumerate(self.key_groups):
+                d.earliest[i] = self._first_at(self._bounds(domain, group), it)
+            d.exact[:] = True
+        del it
+
+    def _next(self, domain: TimerDomain) -> int | None:
+        d = self._domains[domain]
+        it = None
+        while True:
+            i = int(np.argmin(d.earliest))
+            if d.earliest[i] == _NONE:
+                return None
+            if d.exact[i]:
+                return int(d.earliest[i])
+            if it is None:
+                it, _read = self._iterator()
+            d.earliest[i] = self._first_at(self._bounds(domain, self.key_groups.start + i), it)
+            d.exact[i] = True
+
+    def _pop_until(self, domain: TimerDomain, until: int) -> _Timers:
+        """Delete and return the timers of ``domain`` with ``timestamp <= until``: one
+        bounded read and one range deletion per key group holding a due timer."""
+        d = self._domains[domain]
+        due = np.flatnonzero(d.earliest <= until)
+        if not len(due):
+            return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
+        db, backend = self._backend.raw_db, self._backend
+        stop = None if until >= _SIGN - 1 else until + 1
+        found: list[bytes] = []
+        it, _read = self._iterator()
+        for i in due.tolist():
+            group = self.key_groups.start + i
+            lo = self._bounds(domain, group)
+            hi = (self._bounds(domain, group, stop) if stop is not None
+                  else struct.pack(">HH", group, d.sid + 1))
+            read = backend.read_options(hi)
+            keys = cast(Iterator[bytes], db.keys(from_key=lo, read_opt=read))
+            found.extend(keys)
+            del keys
+            db.delete_range(lo, hi)
+            # the iterator predates the deletion, which is below hi
+            d.earliest[i] = _NONE if stop is None else self._first_at(hi, it)
+            d.exact[i] = True
+        del it
+        if not found:
+            return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
+        width = _HEAD_DTYPE.itemsize
+        head = np.frombuffer(b"".join([k[:width] for k in found]), _HEAD_DTYPE)
+        ts, ns = _unflip(head["ts"]), _unflip(head["ns"])
+        order = np.argsort(ts, kind="stable")
+        codes = [found[i][width:] for i in order.tolist()]
+        kids = self.key_ids_of_codes(codes, head["kg"][order].astype(np.int64))
+        return ts[order], kids, ns[order]
+
+    def _count(self, domain: TimerDomain) -> int:
+        """How many timers ``domain`` holds: a scan (for tests and metrics, not hot paths)."""
+        db, backend, sid, n = self._backend.raw_db, self._backend, self._domains[domain].sid, 0
+        for group in self.key_groups:
+            read = backend.read_options(struct.pack(">HH", group, sid + 1))
+            n += sum(1 for _ in db.keys(from_key=struct.pack(">HH", group, sid), read_opt=read))
+        return n
+
+    # -- event time ----------------------------------------------------------------
+    def register_event_time_timer(self, key_id: int, namespace: int, timestamp: int) -> None:
+        """Fire at ``timestamp`` once the watermark reaches it (no-op if already set)."""
+        self._register(TimerDomain.EVENT_TIME, np.array([key_id], np.int64),
+                       np.array([namespace], np.int64), np.array([timestamp], np.int64))
+
+    def register_event_time_timers(self, key_ids: np.ndarray, namespaces: np.ndarray,
+                                   timestamps: np.ndarray) -> None:
+        """Bulk :meth:`register_event_time_timer` (one write batch)."""
+        self._register(TimerDomain.EVENT_TIME, key_ids, namespaces, timestamps)
+
+    def delete_event_time_timer(self, key_id: int, namespace: int, timestamp: int) -> None:
+        """Delete an event-time timer (no-op if absent)."""
+        self._delete(TimerDomain.EVENT_TIME, key_id, namespace, timestamp)
+
+    def advance_watermark(self, watermark: int) -> _Timers:
+        """Delete and return the event-time timers with ``timestamp <= watermark``:
+        (timestamps, key_ids, namespaces) in timestamp order."""
+        return self._pop_until(TimerDomain.EVENT_TIME, watermark)
+
+    def next_event_time(self) -> int | None:
+        """The earliest event-time timer's timestamp, or None."""
+        return self._next(TimerDomain.EVENT_TIME)
+
+    @property
+    def num_event_time_timers(self) -> int:
+        return self._count(TimerDomain.EVENT_TIME)
+
+    # -- processing time -------------------------------------------------------------
+    def register_processing_time_timer(self, key_id: int, namespace: int, timestamp: int) -> None:
+        """Fire at wall-clock ``timestamp`` (ms; no-op if already set)."""
+        self._register(TimerDomain.PROCESSING_TIME, np.array([key_id], np.int64),
+                       np.array([namespace], np.int64), np.array([timestamp], np.int64))
+
+    def register_processing_time_timers(self, key_ids: np.ndarray, namespaces: np.ndarray,
+                                        timestamps: np.ndarray) -> None:
+        """Bulk :meth:`register_processing_time_timer` (one write batch)."""
+        self._register(TimerDomain.PROCESSING_TIME, key_ids, namespaces, timestamps)
+
+    def delete_processing_time_timer(self, key_id: int, namespace: int, timestamp: int) -> None:
+        """Delete a processing-time timer (no-op if absent)."""
+        self._delete(TimerDomain.PROCESSING_TIME, key_id, namespace, timestamp)
+
+    def next_processing_time(self) -> int | None:
+        """The earliest processing-time timer's timestamp (when to wake up), or None."""
+        return self._next(TimerDomain.PROCESSING_TIME)
+
+    def fire_processing_time(self, now_ms: int) -> _Timers:
+        """Delete and return the processing-time timers with ``timestamp <= now_ms``."""
+        return self._pop_until(TimerDomain.PROCESSING_TIME, now_ms)
+
+    @property
+    def num_processing_time_timers(self) -> int:
+        return self._count(TimerDomain.PROCESSING_TIME)
+
+    # -- checkpoints -----------------------------------------------------------------
+    def snapshot(self) -> Callable[[], dict[int, bytes]]:
+        """No sections: the timers are in the backend's snapshot."""
+        return dict
+
+    def restore(self, sections: Iterable[tuple[int, bytes]] | Mapping[int, bytes]) -> None:
+        """Write the timers of a heap job's timer ``sections`` (a savepoint) into RocksDB,
+        keeping this subtask's key groups."""
+        if isinstance(sections, Mapping):
+            sections = cast(Mapping[int, bytes], sections).items()
+        for kg, data in sections:
+            if kg not in self.key_groups:
+                continue
+            section = read_timer_section(kg, data, self.max_parallelism)
+            ids = self.key_ids(section.keys, np.full(len(section.keys), kg, np.int64))
+            for domain, (ts, local, ns) in ((TimerDomain.EVENT_TIME, section.event),
+                                            (TimerDomain.PROCESSING_TIME, section.processing)):
+                self._register(domain, ids[local], ns, ts)
+            self.release_keys()
+
+    def __repr__(self) -> str:
+        return (f"DiskTimerService(key_groups={self.key_groups!r}, keys={len(self._keys)})")
+
+
+def restore_heap_timers(timers: TimerService, sections: Iterable[tuple[int, bytes]]) -> None:
+    """Hand the timer entries of a disk job's keyed-state ``sections`` (a savepoint) to a
+    heap job's ``timers``."""
+    width = _HEAD_DTYPE.itemsize
+    for kg, section in sections:
+        if kg not in timers.key_groups:
+            continue
+        by_domain: dict[str, list[bytes]] = {d.value: [] for d in TimerDomain}
+        for name, suffix in section_timer_entries(kg, section, timers.max_parallelism):
+            by_domain[name].append(suffix)
+        parts = []
+        for domain in TimerDomain:
+            # the suffix is the entry's key after its key group and state id
+            entries = by_domain[domain.value]
+            if not entries:
+                parts.append((np.empty(0, np.int64), [], np.empty(0, np.int64)))
+                continue
+            head = np.frombuffer(b"".join([b"\0\0\0\0" + e[:width - 4] for e in entries]),
+                                 _HEAD_DTYPE)
+            keys = [DiskKeyedStateBackend.decode_key(e[width - 4:]) for e in entries]
+            parts.append((_unflip(head["ts"]), keys, _unflip(head["ns"])))
+        if any(len(p[1]) for p in parts):
+            timers.restore_keyed_timers(kg, parts[0], parts[1])
