@@ -105,7 +105,10 @@ def stored_values(op: CountWindowOperator) -> dict:
     backend = op.backend
     assert isinstance(backend, DiskKeyedStateBackend)
     out = {}
+    timers = op.disk_timers.state_ids  # the timers share the database
     for k, v in backend.raw_db.items():
+        if k[2:4] in timers:
+            continue
         (n,) = np.frombuffer(k[4:8], dtype=">u4")
         out[DiskKeyedStateBackend.decode_key(k[8:8 + int(n)])] = v
     return out

@@ -81,7 +81,10 @@ def stored_sessions(op: WindowOperator) -> dict:
     assert isinstance(backend, DiskKeyedStateBackend)
     record = op.disk_sessions.record if op.disk_sessions is not None else None
     out = {}
+    timers = op.disk_timers.state_ids  # the timers share the database
     for k, v in backend.raw_db.items():
+        if k[2:4] in timers:
+            continue
         assert record is not None
         (n,) = np.frombuffer(k[4:8], dtype=">u4")
         out[DiskKeyedStateBackend.decode_key(k[8:8 + int(n)])] = len(v) // record.itemsize

@@ -25,7 +25,7 @@ from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.disk_panes import STATE_NAME, DiskPanes
 from raystream.engine.windows.functions import BuiltinAggregates, UserAggregate
 from raystream.engine.windows.operator import WindowOperator
-from raystream.timers.service import TimerService
+from raystream.timers.disk_service import DiskTimerService
 from tests.test_exactly_once import wait_for_checkpoint
 from tests.test_windows import (AGGS, Average, events, make_input, throttle, windows_of,
                                 with_stragglers)
@@ -92,7 +92,8 @@ def last_per_window(results: pd.DataFrame) -> pd.DataFrame:
 
 def stored_entries(op: WindowOperator) -> int:
     assert isinstance(op.backend, DiskKeyedStateBackend)
-    return sum(1 for _ in op.backend.raw_db.keys())
+    timers = op.disk_timers.state_ids  # the timers share the database
+    return sum(1 for k in op.backend.raw_db.keys() if k[2:4] not in timers)
 
 
 @pytest.mark.parametrize("assigner", ASSIGNERS, ids=repr)
@@ -163,7 +164,7 @@ def test_a_key_group_cleared_alone_leaves_the_others_of_its_window():
     """A window cleared in one key group (timers of groups fire apart after a restore):
     the other groups keep their partials, and a key of the cleared group starts anew."""
     backend = DiskKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
-    timers = TimerService(max_parallelism=MAXP, key_groups=range(MAXP))
+    timers = DiskTimerService(backend)
     panes = DiskPanes(backend, AggregateSpec.of({"total": ("sum", "x")}), timers, where="w")
     panes.set_dtypes({"__total.sum": np.dtype(np.float64)})
     keys = list(range(200))

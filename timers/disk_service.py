@@ -26,9 +26,9 @@ firing is one bounded range read per key group holding a due timer and one
 earliest timer per local key group and domain: a lower bound, lowered by every
 registration, made exact again by a seek when it is read, recomputed by a
 firing's scan, and rebuilt after a restore by one seek per key group. Due
-timers of several key groups come back sorted by timestamp (a stable sort, so
-ties stay in key-group, then namespace and key byte order), as the heap
-service fires in timestamp order.
+timers come back in (timestamp, key id, namespace) order, the heap service's
+order: with the same key table (the keys in the order they first came) a disk
+job fires exactly as a heap job.
 
 Checkpoints
 -----------
@@ -137,7 +137,7 @@ class DiskTimerService:
         self.max_parallelism = backend.max_parallelism
         self.key_groups = backend.key_groups
         self._backend = backend
-        self._limit = key_table_limit
+        self.key_table_limit = key_table_limit  # the key table's bound (see the rule above)
         n = len(self.key_groups)
         self._domains = {
             d: _Domain(struct.unpack(">H", backend.raw_state_id(d.value, TIMERS_KIND))[0],
@@ -150,6 +150,11 @@ class DiskTimerService:
         self._kg_dtype = np.int16 if self.max_parallelism <= 2**15 else np.int32
         self._kg = np.empty(1024, self._kg_dtype)
         self.rebuild()
+
+    @property
+    def state_ids(self) -> frozenset[bytes]:
+        """The backend state ids (two bytes after the key group) of the timer entries."""
+        return frozenset(struct.pack(">H", d.sid) for d in self._domains.values())
 
     # -- key table (a cache: ids valid until release_keys) ---------------------------
     def _append(self, key: Any, key_group: int, code: bytes) -> int:
@@ -256,7 +261,7 @@ class DiskTimerService:
         """A safe point, between batches and firings: empty the key table if it holds
         more than ``key_table_limit`` keys (or ``force``); every key id given before is
         then invalid."""
-        if force or len(self._keys) > self._limit:
+        if force or len(self._keys) > self.key_table_limit:
             self._keys, self._codes, self._ids, self._by_code = [], [], {}, {}
             self._kg = np.empty(1024, self._kg_dtype)
 
@@ -386,10 +391,9 @@ class DiskTimerService:
         width = _HEAD_DTYPE.itemsize
         head = np.frombuffer(b"".join([k[:width] for k in found]), _HEAD_DTYPE)
         ts, ns = _unflip(head["ts"]), _unflip(head["ns"])
-        order = np.argsort(ts, kind="stable")
-        codes = [found[i][width:] for i in order.tolist()]
-        kids = self.key_ids_of_codes(codes, head["kg"][order].astype(np.int64))
-        return ts[order], kids, ns[order]
+        kids = self.key_ids_of_codes([k[width:] for k in found], head["kg"].astype(np.int64))
+        order = np.lexsort((ns, kids, ts))  # the heap service's order
+        return ts[order], kids[order], ns[order]
 
     def _count(self, domain: TimerDomain) -> int:
         """How many timers ``domain`` holds: a scan (for tests and metrics, not hot paths)."""
