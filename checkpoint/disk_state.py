@@ -107,7 +107,11 @@ TTL); then entries ``state id (uint16) | len (uint32) | key suffix | len
 re-serialization; only a TTL list or map with expired parts is rewritten
 without them).
 Either backend restores the other's sections, so a job switches backends by
-restoring a savepoint with the other ``state_backend``.
+restoring a savepoint with the other ``state_backend``. The timers of a disk
+job are entries of kind :data:`TIMERS_KIND` in the same database
+(:mod:`raystream.timers.disk_service`), so sections carry them too:
+:func:`section_entries` leaves them out and :func:`section_timer_entries`
+gives them to a heap job's timer service.
 
     >>> backend = DiskKeyedStateBackend(max_parallelism=128, key_groups=range(128))
     >>> count = backend.value_state("count", default=0)

@@ -17,8 +17,9 @@ row batches).
 A batch reads its (key, window) groups' accumulators with one multi-get and
 writes the merged ones with one write batch; firing timers read their due
 (key, window) pairs with one multi-get, and the cleanup timers delete theirs
-with one write batch. Timers stay on the heap timer service, one per key and
-window as on the heap (the generic path's timers). The entries share the
+with one write batch. Timers, one per key and window as on the heap (the
+generic path's timers), are in the same database
+(:mod:`raystream.timers.disk_service`). The entries share the
 backend's key-group prefix, so its full and incremental snapshots, restores
 and rescaling carry them like any keyed state.
 

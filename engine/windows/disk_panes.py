@@ -29,8 +29,9 @@ only), so a key's first rows in a window cost no lookup; a window holding
 restored entries asks for every pair.
 
 The entries share the backend's key-group prefix, so its full and incremental
-snapshots, restores and rescaling carry them like any keyed state. Timers stay
-on the heap timer service (at most one per key group and window).
+snapshots, restores and rescaling carry them like any keyed state. Their timers
+(at most one per key group and window) are in the same database
+(:mod:`raystream.timers.disk_service`), which also gives the keys' encoded bytes.
 
     >>> import numpy as np
     >>> from raystream.checkpoint.disk_state import DiskKeyedStateBackend

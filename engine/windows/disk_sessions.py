@@ -19,8 +19,9 @@ A batch reads its distinct keys' sessions with one multi-get into a
 :class:`SessionStore` of those keys only, merges with the store's own sorts,
 and writes them back with one write batch; firing timers read their keys the
 same way, and a key left without sessions is deleted. Python runs per distinct
-key (its entry key and value slice), never per session or record. Timers stay
-on the heap timer service, as for heap sessions. The entries share the
+key (its entry key and value slice), never per session or record. Timers, as
+for heap sessions, are in the same database
+(:mod:`raystream.timers.disk_service`). The entries share the
 backend's key-group prefix, so its full and incremental snapshots, restores and
 rescaling carry them like any keyed state.
 
