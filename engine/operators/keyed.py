@@ -203,11 +203,6 @@ class _KeyedOperator(Operator):
         self.backend = create_keyed_state_backend(ctx.state_backend,
                                                   max_parallelism=ctx.max_parallelism,
                                                   key_groups=groups)
-        # on the disk backend timers are in its database, so they go with its restore
-        self.timers: TimerService | DiskTimerService = (
-            TimerService(max_parallelism=ctx.max_parallelism, key_groups=groups)
-            if not isinstance(self.backend, DiskKeyedStateBackend)
-            else DiskTimerService(self.backend))
         self._first_group = groups.start
         if restored is not None and restored.watermark_floors is not None:
             # event time never goes back: what was late before the checkpoint stays late
@@ -216,32 +211,35 @@ class _KeyedOperator(Operator):
             mine = floors.of_groups(groups)
             if len(mine) and mine.max() > self.current_watermark:
                 self._floors = mine
+        parts: dict[str, list[tuple[int, bytes]]] = {}
+        for group, section in restored.keyed_sections if restored is not None else ():
+            if self.backend.owns_section(section):  # a section of keyed state only
+                parts.setdefault("state", []).append((group, section))
+                continue
+            for name, data in decode_parts(section).items():
+                parts.setdefault(name, []).append((group, data))
+        timer_sections = parts.pop("timers", [])  # a heap job's
+        state = parts.pop("state", [])
+        dbs = restored.keyed_dbs if restored is not None else []
+        if isinstance(self.backend, DiskKeyedStateBackend):
+            if dbs:  # first: it replaces the database of an empty backend
+                self.backend.restore_db(dbs)
+            self.backend.restore(state)  # a disk job's timers come with its entries
+            # After the restore: the timers' state ids are declared in the restored backend.
+            self.timers: TimerService | DiskTimerService = DiskTimerService(self.backend)
+            self.timers.restore(timer_sections)
+        else:
+            if dbs:
+                raise ValueError(
+                    f"operator '{self.name}': the checkpoint holds incremental checkpoints "
+                    f"of the disk state backend, which only that backend restores; restore "
+                    f"with state_backend='disk', or from a savepoint (always full)")
+            self.timers = timers = TimerService(max_parallelism=ctx.max_parallelism,
+                                                key_groups=groups)
+            timers.restore(timer_sections)  # first: it builds the key table
+            restore_heap_timers(timers, state)  # a disk job's savepoint: in its entries
+            self.backend.restore(state)
         if restored is not None:
-            parts: dict[str, list[tuple[int, bytes]]] = {}
-            for group, section in restored.keyed_sections:
-                if self.backend.owns_section(section):  # a section of keyed state only
-                    parts.setdefault("state", []).append((group, section))
-                    continue
-                for name, data in decode_parts(section).items():
-                    parts.setdefault(name, []).append((group, data))
-            timer_sections = parts.pop("timers", [])  # a heap job's
-            state = parts.pop("state", [])
-            if isinstance(self.backend, DiskKeyedStateBackend):
-                if restored.keyed_dbs:  # first: it may replace the (empty) database
-                    self.backend.restore_db(restored.keyed_dbs)
-                self.backend.restore(state)  # a disk job's timers come with its entries
-                self.timers = DiskTimerService(self.backend)  # reads the restored database
-                self.timers.restore(timer_sections)
-            else:
-                if restored.keyed_dbs:
-                    raise ValueError(
-                        f"operator '{self.name}': the checkpoint holds incremental checkpoints "
-                        f"of the disk state backend, which only that backend restores; restore "
-                        f"with state_backend='disk', or from a savepoint (always full)")
-                timers = cast(TimerService, self.timers)
-                timers.restore(timer_sections)  # first: it builds the key table
-                restore_heap_timers(timers, state)  # a disk job's savepoint: in its entries
-                self.backend.restore(state)
             self.restore_keyed_parts(parts)
 
     def _refuse_disk_only_state(self, restored: RestoredState) -> None:
