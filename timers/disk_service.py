@@ -21,14 +21,16 @@ are two raw states of the backend, ``__timers_event_time`` and
 entry. Registration of a batch is one write batch.
 
 Every key group's timers of a domain are one key range in timestamp order, so
-firing is one bounded range read per key group holding a due timer and one
-``delete_range``. Which key groups those are comes from a small array, the
-earliest timer per local key group and domain: a lower bound, lowered by every
-registration, made exact again by a seek when it is read, recomputed by a
-firing's scan, and rebuilt after a restore by one seek per key group. Due
-timers come back in (timestamp, key id, namespace) order, the heap service's
-order: with the same key table (the keys in the order they first came) a disk
-job fires exactly as a heap job.
+firing is one bounded range read per key group holding a due timer, from that
+key group's earliest timer on (past the tombstones of the timers fired before),
+and one write batch of point deletions (range deletions would pile up in the
+memtable, where every new iterator fragments them again). Which key groups
+those are comes from a small array, the earliest timer per local key group and
+domain: a lower bound, lowered by every registration, made exact again by a
+seek when it is read, recomputed by a firing's scan, and rebuilt after a
+restore by one seek per key group. Due timers come back in (timestamp, key id,
+namespace) order, the heap service's order: with the same key table (the keys
+in the order they first came) a disk job fires exactly as a heap job.
 
 Checkpoints
 -----------
@@ -358,36 +360,46 @@ class DiskTimerService:
                 return int(d.earliest[i])
             if it is None:
                 it, _read = self._iterator()
-            d.earliest[i] = self._first_at(self._bounds(domain, self.key_groups.start + i), it)
+            # from the lower bound: past the tombstones of the timers fired before
+            d.earliest[i] = self._first_at(
+                self._bounds(domain, self.key_groups.start + i, int(d.earliest[i])), it)
             d.exact[i] = True
 
     def _pop_until(self, domain: TimerDomain, until: int) -> _Timers:
         """Delete and return the timers of ``domain`` with ``timestamp <= until``: one
-        bounded read and one range deletion per key group holding a due timer."""
+        bounded read per key group holding a due timer, one write batch of deletions."""
         d = self._domains[domain]
         due = np.flatnonzero(d.earliest <= until)
         if not len(due):
             return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
+        import rocksdict
+
         db, backend = self._backend.raw_db, self._backend
         stop = None if until >= _SIGN - 1 else until + 1
         found: list[bytes] = []
         it, _read = self._iterator()
         for i in due.tolist():
             group = self.key_groups.start + i
-            lo = self._bounds(domain, group)
+            # from the lower bound: past the tombstones of the timers fired before
+            lo = self._bounds(domain, group, int(d.earliest[i]))
             hi = (self._bounds(domain, group, stop) if stop is not None
                   else struct.pack(">HH", group, d.sid + 1))
             read = backend.read_options(hi)
             keys = cast(Iterator[bytes], db.keys(from_key=lo, read_opt=read))
             found.extend(keys)
             del keys
-            db.delete_range(lo, hi)
-            # the iterator predates the deletion, which is below hi
             d.earliest[i] = _NONE if stop is None else self._first_at(hi, it)
             d.exact[i] = True
         del it
         if not found:
             return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
+        # Point deletions, not one range deletion per key group: every iterator created
+        # later would fragment all range tombstones still in the memtable again.
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        delete = batch.delete
+        for k in found:
+            delete(k)
+        db.write(batch)
         width = _HEAD_DTYPE.itemsize
         head = np.frombuffer(b"".join([k[:width] for k in found]), _HEAD_DTYPE)
         ts, ns = _unflip(head["ts"]), _unflip(head["ns"])
