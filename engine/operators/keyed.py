@@ -353,14 +353,15 @@ class KeyedProcessOperator(_KeyedOperator):
             if produced is not None:
                 out.extend(produced)
         self._emit(out)
-        self.release_key_ids()
 
     def _emit(self, rows: list[Any]) -> None:
+        """Emit what a batch or a firing produced: the end of both, a safe point."""
         emit_rows(self, rows, self.schema)
         side, self.keyed_ctx.side_rows = self.keyed_ctx.side_rows, {}
         for tag, tagged in side.items():
             self.emit_side(tag, rows_to_batch(
                 tagged, schema=None, where=f"side output {tag!r} of operator '{self.name}'"))
+        self.release_key_ids()
 
     def process_watermark(self, watermark: int) -> None:
         self.advance_watermark(watermark)
@@ -389,7 +390,6 @@ class KeyedProcessOperator(_KeyedOperator):
                     out.extend(produced)
         ctx.time_domain = None
         self._emit(out)
-        self.release_key_ids()
 
 
 class _BatchValueState(Protocol):
