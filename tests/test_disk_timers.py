@@ -250,6 +250,42 @@ def test_key_table_of_a_disk_process_function_stays_bounded():
     assert timers.num_keys <= 100
 
 
+@pytest.mark.parametrize("layout", ["dense", "sessions", "generic"])
+def test_window_timers_of_a_disk_job_are_in_rocksdb(layout):
+    """Windows on disk register their timers in RocksDB (dense windows one per key group
+    and window, sessions and user functions one per key and window) as many as on the
+    heap, and fire them all: the results equal the heap backend's, no timer is left."""
+    from tests.test_disk_user_windows import user_operator
+    from tests.test_disk_windows import window_operator
+
+    assigner = (rs.EventTimeSessionWindows(gap_ms=15) if layout == "sessions"
+                else rs.TumblingEventTimeWindows(size_ms=50))
+    key, ts, x = make_input(seed=4, n=400, keys=30, disorder=40)
+    results, pending = {}, {}
+    for backend in (StateBackend.HEAP, StateBackend.DISK):
+        op = (user_operator(backend, assigner, "aggregate") if layout == "generic"
+              else window_operator(backend, assigner))
+        op.initialize_state(None)
+        op.open()
+        op.process_batch(pa.record_batch({"k": key[:200], "ts": ts[:200], "x": x[:200]}))
+        op.process_watermark(int(ts[:200].max()) - 100)
+        pending[backend] = (op.timers.num_event_time_timers, op.timers.next_event_time())
+        op.process_batch(pa.record_batch({"k": key[200:], "ts": ts[200:], "x": x[200:]}))
+        op.process_watermark(rs.MAX_WATERMARK)
+        assert op.timers.num_event_time_timers == 0
+        if backend is StateBackend.DISK:
+            assert isinstance(op.timers, DiskTimerService)
+        output = op.output
+        assert isinstance(output, CollectingOutput)
+        results[backend] = pa.Table.from_batches(output.batches).to_pandas()
+    assert pending[StateBackend.DISK] == pending[StateBackend.HEAP]
+    assert pending[StateBackend.DISK][0] > 0
+    # (dense windows on disk emit a window's keys by key group, not in key-id order)
+    disk, heap = (results[b].sort_values(list(results[b].columns)).reset_index(drop=True)
+                  for b in (StateBackend.DISK, StateBackend.HEAP))
+    pd.testing.assert_frame_equal(disk, heap)
+
+
 # -- snapshots, rescaling, switching backends -----------------------------------------------
 
 def snapshot_midway(backend: StateBackend, key, ts, pt, half: int):
