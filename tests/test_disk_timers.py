@@ -286,6 +286,66 @@ def test_window_timers_of_a_disk_job_are_in_rocksdb(layout):
     pd.testing.assert_frame_equal(disk, heap)
 
 
+def feed_windows(op, key, ts, x, *, watermark: int = rs.MIN_WATERMARK) -> int:
+    """Batches of 25 rows, each followed by the watermark max(ts seen) - 30."""
+    for i in range(0, len(ts), 25):
+        op.process_batch(pa.record_batch({"k": key[i:i + 25], "ts": ts[i:i + 25],
+                                          "x": x[i:i + 25]}))
+        watermark = max(watermark, int(ts[:i + 25].max()) - 30)
+        op.process_watermark(watermark)
+    return watermark
+
+
+@pytest.mark.parametrize("layout", ["dense", "sessions", "generic"])
+def test_disk_windows_with_a_small_key_table_through_a_restore_equal_the_heap(layout):
+    """The key table of a window on disk emptied every few batches (panes then tell their
+    entries by the table's generation), and a restore after which half of the keys never
+    come again (their timers bring their keys back): the heap backend's results."""
+    from tests.test_disk_user_windows import user_operator
+    from tests.test_disk_windows import window_operator
+
+    assigner = (rs.EventTimeSessionWindows(gap_ms=15) if layout == "sessions"
+                else rs.SlidingEventTimeWindows(size_ms=60, slide_ms=20))
+    key, ts, x = make_input(seed=8, n=800, keys=120, disorder=20)
+    half = 400
+    rest = slice(half, None)
+    again = key[rest] % 2 == 0  # after the restore, only the even keys come again
+
+    def operator(backend: StateBackend):
+        return (user_operator(backend, assigner, "aggregate") if layout == "generic"
+                else window_operator(backend, assigner))
+
+    results = {}
+    for backend in (StateBackend.HEAP, StateBackend.DISK):
+        first = operator(backend)
+        first.initialize_state(None)
+        first.open()
+        if backend is StateBackend.DISK:
+            first.disk_timers.key_table_limit = 20
+        watermark = feed_windows(first, key[:half], ts[:half], x[:half])
+        snapshot = first.snapshot_state(1).keyed_state
+        assert snapshot is not None
+        restored = RestoredState(1, [], list(snapshot().items()), None)
+        second = operator(backend)
+        second.initialize_state(restored)
+        second.open()
+        if backend is StateBackend.DISK:
+            timers = second.disk_timers
+            timers.key_table_limit = 20
+            generation = timers.generation
+        feed_windows(second, key[rest][again], ts[rest][again], x[rest][again],
+                     watermark=watermark)
+        second.process_watermark(rs.MAX_WATERMARK)
+        if backend is StateBackend.DISK:
+            assert second.disk_timers.generation > generation + 2  # emptied again and again
+        frames = [pa.Table.from_batches(op.output.batches).to_pandas()  # pyright: ignore
+                  for op in (first, second) if op.output.batches]  # pyright: ignore
+        frame = pd.concat(frames)
+        results[backend] = frame.sort_values(list(frame.columns)).reset_index(drop=True)
+    assert len(results[StateBackend.DISK])
+    pd.testing.assert_frame_equal(results[StateBackend.DISK], results[StateBackend.HEAP])
+
+
 # -- snapshots, rescaling, switching backends -----------------------------------------------
 
 def snapshot_midway(backend: StateBackend, key, ts, pt, half: int):

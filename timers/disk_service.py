@@ -52,8 +52,11 @@ the key table is a cache: it holds the keys (and their encoded bytes, see
 which the operator calls between batches and firings, and which empties the
 table once it holds more than ``key_table_limit`` keys. So an operator calls
 it only if nothing it keeps across batches holds a key id (see
-``_KeyedOperator.key_ids_are_transient``); the timers themselves name their
-keys by bytes, never by id.
+``_KeyedOperator.release_key_ids``: keyed process functions; windows whose
+state is in RocksDB, which reset their output key columns with the table and
+whose panes tell their entries by :attr:`DiskTimerService.generation`). The
+timers themselves name their keys by bytes, never by id. Joins and sessions
+of user functions keep their key table for the life of the subtask.
 
     >>> import numpy as np
     >>> from raystream.checkpoint.disk_state import DiskKeyedStateBackend
@@ -70,6 +73,7 @@ keys by bytes, never by id.
     >>> ts.tolist(), timers.keys(key_ids)
     ([10, 20], ['b', 'f'])
     >>> timers.release_keys(force=True)   # ids are gone, the timers are not
+    True
     >>> ts, key_ids, _ = timers.advance_watermark(100)
     >>> ts.tolist(), timers.keys(key_ids), timers.next_event_time()
     ([30], ['a'], None)
@@ -151,6 +155,7 @@ class DiskTimerService:
         self._by_code: dict[bytes, int] = {}
         self._kg_dtype = np.int16 if self.max_parallelism <= 2**15 else np.int32
         self._kg = np.empty(1024, self._kg_dtype)
+        self._generation = 0
         self.rebuild()
 
     @property
@@ -259,13 +264,22 @@ class DiskTimerService:
         """How many keys the table holds now (ids are 0..num_keys-1)."""
         return len(self._keys)
 
-    def release_keys(self, *, force: bool = False) -> None:
+    @property
+    def generation(self) -> int:
+        """How many times the key table was emptied: key ids of another generation are
+        invalid (a layout that stores key ids tells its own by it)."""
+        return self._generation
+
+    def release_keys(self, *, force: bool = False) -> bool:
         """A safe point, between batches and firings: empty the key table if it holds
         more than ``key_table_limit`` keys (or ``force``); every key id given before is
-        then invalid."""
-        if force or len(self._keys) > self.key_table_limit:
-            self._keys, self._codes, self._ids, self._by_code = [], [], {}, {}
-            self._kg = np.empty(1024, self._kg_dtype)
+        then invalid. True if it did."""
+        if not force and len(self._keys) <= self.key_table_limit:
+            return False
+        self._keys, self._codes, self._ids, self._by_code = [], [], {}, {}
+        self._kg = np.empty(1024, self._kg_dtype)
+        self._generation += 1
+        return True
 
     def _check_key_ids(self, key_ids: np.ndarray) -> np.ndarray:
         key_ids = np.asarray(key_ids, dtype=np.int64)

@@ -178,7 +178,8 @@ class _KeyedOperator(Operator):
     label = "operator"  # what error messages call the operator
     # Does the operator keep no timer-service key id across batches and firings? Then on
     # the disk backend the key table is emptied between them once it grows past its
-    # limit (DiskTimerService.release_keys), so it stays bounded however many keys.
+    # limit (release_key_ids, which an operator with more to reset overrides), so it
+    # stays bounded however many keys.
     key_ids_are_transient = False
 
     def __init__(self, name: str, keys: KeySelector) -> None:
@@ -289,11 +290,12 @@ class _KeyedOperator(Operator):
             raise RuntimeError(f"operator '{self.name}' runs on the heap state backend")
         return self.timers
 
-    def release_key_ids(self) -> None:
+    def release_key_ids(self) -> bool:
         """A safe point between batches and firings: on the disk backend, an operator
-        whose key ids are transient lets the timer service empty a full key table."""
-        if self.key_ids_are_transient and isinstance(self.timers, DiskTimerService):
-            self.timers.release_keys()
+        whose key ids are transient lets the timer service empty a full key table. True
+        if it did (every key id given before is invalid)."""
+        return (self.key_ids_are_transient and isinstance(self.timers, DiskTimerService)
+                and self.timers.release_keys())
 
     def restore_keyed_parts(self, parts: dict[str, list[tuple[int, bytes]]]) -> None:
         """Restore the parts a subclass added to :meth:`keyed_snapshot_parts`."""

@@ -15,9 +15,11 @@ their joined bytes. The record's dtype is in the state's kind
 (``"window-panes [[column, dtype], ...]"``), which the backend's section
 directory and incremental-checkpoint manifest carry, so a restored job knows
 it before any record arrives. The record ends with the key's id in the timer
-service of the instance that wrote it and a random tag of that instance: a
-firing window finds its keys' ids with numpy for the entries this instance
-wrote, and decodes keys only for entries it restored and has not rewritten.
+service of the instance that wrote it and a random tag of that instance and
+key table (a new tag when the timer service empties its key table, see
+:mod:`raystream.timers.disk_service`): a firing window finds its keys' ids
+with numpy for the entries written under the current tag, and decodes keys
+only for the others (restored, or of an emptied key table) not rewritten since.
 
 Window before key: a window fires per key group (one timer per key group and
 window), so firing is one bounded range scan per (key group, window) and
@@ -26,7 +28,7 @@ window) pairs' stored partials, a numpy merge, and one write batch. The
 multi-get asks only for pairs that may be stored: a window this instance
 created remembers which key ids it wrote (one byte per key id, for open windows
 only), so a key's first rows in a window cost no lookup; a window holding
-restored entries asks for every pair.
+restored entries, or open when the key table was emptied, asks for every pair.
 
 The entries share the backend's key-group prefix, so its full and incremental
 snapshots, restores and rescaling carry them like any keyed state. Their timers
@@ -97,6 +99,7 @@ class DiskPanes:
         self._timers = timers
         self._where = where
         self._tag = np.frombuffer(os.urandom(8), dtype="<u8")[0]  # this instance's entries
+        self._generation = timers.generation  # of the key table the tag's key ids are in
         # window end -> the key groups holding entries of it (each has its timers)
         self.timed: dict[int, np.ndarray] = {}
         # window end -> which key ids have entries, for windows this instance created
@@ -164,10 +167,22 @@ class DiskPanes:
         del it
 
     # -- merge, read, clear ------------------------------------------------------------------
+    def _check_generation(self) -> None:
+        """The timer service emptied its key table: the key ids of the entries written so
+        far are gone, so they count as another instance's (a new tag; their windows read
+        as restored ones)."""
+        if self._generation == self._timers.generation:
+            return
+        self._generation = self._timers.generation
+        self._tag = np.frombuffer(os.urandom(8), dtype="<u8")[0]
+        self._restored.update(self.timed)
+        self._written.clear()
+
     def merge(self, ends: np.ndarray, kids: np.ndarray, values: dict[str, np.ndarray]
               ) -> Merged:
         """Merge partials of distinct (window end, key id) pairs into the stored ones (one
         multi-get, one write batch)."""
+        self._check_generation()
         record = self.record
         if record is None:
             raise RuntimeError(f"{self._where}: disk panes before the dtypes of their partials")
@@ -260,6 +275,7 @@ class DiskPanes:
     def read(self, end: int, groups: Iterable[int]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Key ids and partials of window ``end`` in key groups ``groups``: one bounded
         range scan per key group."""
+        self._check_generation()
         timed, record = self.timed.get(end), self.record
         if timed is None or record is None:
             return np.empty(0, dtype=np.int64), {}
@@ -291,6 +307,7 @@ class DiskPanes:
 
     def clear(self, end: int, groups: Iterable[int]) -> None:
         """Delete window ``end`` in key groups ``groups`` (one range deletion each)."""
+        self._check_generation()
         timed = self.timed.get(end)
         if timed is None:
             return

@@ -272,6 +272,7 @@ class WindowOperator(_KeyedOperator):
     def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
         if not batch.num_rows:
             return
+        self.release_key_ids()  # a safe point: between batches and firings
         distinct = self.keys.distinct_keys(batch, self.ctx.max_parallelism)
         ids = self.timers.key_ids(distinct.keys, distinct.groups)
         self._sync_key_columns(ids, distinct)
@@ -760,10 +761,12 @@ class WindowOperator(_KeyedOperator):
             self._on_timers(lambda: self.timers.fire_processing_time(np.iinfo(np.int64).max))
 
     def _on_timers(self, pop) -> None:
+        self.release_key_ids()  # a safe point: between batches and firings
         while True:
             timestamps, kids, starts = pop()
             if not len(timestamps):
                 return
+            self._sync_key_columns(None, None)  # on disk: keys of timers read back
             if self.session_store is not None:
                 self._on_session_timers(self.session_store, timestamps, kids, starts)
                 continue
@@ -809,6 +812,18 @@ class WindowOperator(_KeyedOperator):
                     self._clear_generic(k, s)
 
     # -- output ---------------------------------------------------------------------------
+    def release_key_ids(self) -> bool:
+        """On disk, the RocksDB layouts (panes, sessions of built-in aggregates, windows of
+        user functions) keep no key id across batches and firings, so the timer service
+        empties a full key table here, and the output key columns start anew with it;
+        sessions of user functions, held by key id, keep theirs."""
+        if self.disk_panes is None and self.disk_sessions is None and self.disk_entries is None:
+            return False
+        if not self.disk_timers.release_keys():
+            return False
+        self.key_columns = KeyColumns(self.key_names)
+        return True
+
     def _sync_key_columns(self, ids: np.ndarray | None, distinct: DistinctKeys | None) -> None:
         """Keep :class:`KeyColumns` covering every key id the timer service knows."""
         known = self.timers.num_keys
