@@ -203,19 +203,20 @@ class DiskSessionRows:
                 rest = rest[np.argsort(owner[rest], kind="stable")]
                 kept.append((side, fp, fmt, _one_batch(table.take(pa.array(rest))), owner[rest]))
         # the due keys' entries: the sessions that stay, and their rows, rewritten
-        remaining = s_end - 1 > watermark
-        writes = rocksdict.WriteBatch(raw_mode=True)
-        heads = []
-        for at in range(len(due_keys)):
-            mine = (s_index == at) & remaining
-            heads.append([_head(s_start[mine], s_end[mine])])
+        stay = s_end - 1 > watermark
+        positions = np.arange(len(due_keys))
+        k_index, k_start, k_end = s_index[stay], s_start[stay], s_end[stay]
+        heads = [[_head(k_start[a:b], k_end[a:b])] for a, b in zip(
+            np.searchsorted(k_index, positions, side="left").tolist(),
+            np.searchsorted(k_index, positions, side="right").tolist())]
         for side, fp, fmt, batch, owner in kept:  # rows that stay, by key
-            lo = np.searchsorted(owner, np.arange(len(due_keys)), side="left")
-            hi = np.searchsorted(owner, np.arange(len(due_keys)), side="right")
+            lo = np.searchsorted(owner, positions, side="left")
+            hi = np.searchsorted(owner, positions, side="right")
             held = np.flatnonzero(hi > lo)
             for at, payload in zip(held.tolist(), fmt.payloads(batch, lo[held].tolist(),
                                                                hi[held].tolist())):
                 heads[at].append(_CHUNK.pack(side, fp, len(payload)) + payload)
+        writes = rocksdict.WriteBatch(raw_mode=True)
         for at, i in enumerate(due_keys):
             if len(heads[at]) == 1 and heads[at][0] == _COUNT.pack(0):
                 writes.delete(keys[i])
