@@ -27,7 +27,7 @@ from raystream.checkpoint.state_backend import StateBackend
 from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
 from raystream.engine.windows.disk_generic_sessions import KIND, STATE_NAME
-from raystream.engine.windows.functions import ProcessWindow, UserAggregate
+from raystream.engine.windows.functions import UserAggregate
 from raystream.engine.windows.operator import WindowOperator
 from tests.test_disk_session_windows import KEYS, final_sessions, session_input
 from tests.test_disk_user_windows import user_operator

@@ -280,3 +280,61 @@ def test_disk_session_co_group_through_savepoints_at_1_2_3(ray_session, tmp_path
                               SESSION)
     assert got == sorted((k, s, e, len(lids), len(rids)) for k, s, e, lids, rids in groups)
 
+
+
+def test_heap_savepoint_of_sessions_restores_into_a_disk_job(ray_session, tmp_path):
+    """A heap job (session windows of a user AggregateFunction and a session co-group)
+    stopped with a savepoint at parallelism 2, restored as a disk job at 3: their state
+    moves into RocksDB, and each session's result comes once over both runs."""
+    from tests.test_disk_generic_sessions import JOB_GAP, oracle, session_events
+    from tests.test_windows import Average
+
+    n = 10_000
+
+    def count(key, lrows, rrows, window):
+        return [{"k": key, "left": lrows.num_rows, "right": rrows.num_rows}]
+
+    def job(parallelism: int):
+        disk = parallelism == 3
+        env = rs.StreamEnvironment(parallelism=parallelism, checkpoints=rs.CheckpointConfig(
+            interval_s=0.2, storage=str(tmp_path / f"chk{parallelism}"),
+            state_backend=rs.DiskStateOptions() if disk else "heap"))
+        pace = None if disk else crawl
+        left, right = wj.sides(env, n, pace=pace)
+        groups = left.co_group(right).where("k").equal_to("k").window(
+            SESSION, timestamp="ts").apply(count, name="co_group").collect()
+        src = env.from_sequence(n, session_events, batch_size=200,
+                                watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=50))
+        if pace is not None:
+            src = src.map_batches(pace, name="pace")
+        averages = src.key_by("user").window(rs.EventTimeSessionWindows(gap_ms=JOB_GAP),
+                                             timestamp="ts").aggregate(
+            Average(), name="sessions").collect()  # pyright: ignore[reportArgumentType]
+        return env, (groups, averages)
+
+    env, sinks = job(2)
+    client = env.execute_async("heap-sessions-before")
+    wait_for_checkpoint(client, after=1)
+    savepoint = str(tmp_path / "savepoint")
+    first = client.stop_with_savepoint(savepoint)
+    env, sinks_after = job(3)
+    second = env.execute("disk-sessions-after", restore_from=savepoint)
+    assert all(second.table(b).num_rows for b in sinks_after)  # stopped midway
+    tables = [pa.concat_tables([t for t in (first.table(a), second.table(b)) if t.num_rows])
+              for a, b in zip(sinks, sinks_after)]
+    got = sorted((r["k"], r["window_start"], r["window_end"], r["left"], r["right"])
+                 for r in tables[0].to_pylist())
+    frame = pd.DataFrame(wj.events(np.arange(n)))
+    i = frame["id"].to_numpy()
+    on_time = frame[~((i % 400 == 399) & (i > wj.STRAGGLER_START))]
+    groups = wj.oracle_groups(on_time[on_time["side"] == 0], on_time[on_time["side"] == 1],
+                              SESSION)
+    assert got == sorted((k, s, e, len(lids), len(rids)) for k, s, e, lids, rids in groups)
+    averages = (tables[1].to_pandas().rename(columns={"user": "k"})
+                .sort_values(["k", "window_start"]).reset_index(drop=True))
+    want = oracle(pd.DataFrame(session_events(np.arange(n))).rename(columns={"user": "k"}),
+                  "aggregate", JOB_GAP)
+    assert averages["k"].tolist() == want["k"].tolist()
+    assert averages["window_start"].tolist() == want["window_start"].tolist()
+    assert averages["rows"].tolist() == want["rows"].tolist()
+    np.testing.assert_allclose(averages["avg"], want["value"])
