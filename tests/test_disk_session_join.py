@@ -8,7 +8,8 @@ both sides' rows with ``groupby``/``diff``/``cumsum``); others merge sessions ac
 batches, use string keys and null values (both row formats), restore snapshots at
 parallelism 1, then 2, then 3, move heap snapshots into disk subtasks and refuse disk
 sections in a heap job; Ray jobs run through a subtask kill (full and incremental
-checkpoints) and through savepoints at parallelism 1, 2 and 3.
+checkpoints), through savepoints at parallelism 1, 2 and 3, and from a heap job's
+savepoint into a disk job.
 """
 
 from __future__ import annotations
