@@ -32,6 +32,21 @@ session is at its end. Python runs per distinct key, never per row. Key ids come
 from the timer service within one call and are not kept. Entries share the
 backend's key-group prefix, so its full and incremental snapshots, restores and
 rescaling carry them like any keyed state.
+
+    >>> from raystream.timers.service import TimerService
+    >>> backend = DiskKeyedStateBackend(max_parallelism=8, key_groups=range(8))
+    >>> timers = TimerService(max_parallelism=8, key_groups=range(8))
+    >>> disk = DiskSessionRows(backend, timers, gap_ms=10)
+    >>> kid = timers.key_ids(["a"], np.array([1]))
+    >>> disk.append(JoinSide.LEFT, KeyedRows(pa.table({"id": [1, 2]}), np.array([0, 25]),
+    ...                                      kid[[0, 0]]))
+    >>> disk.append(JoinSide.RIGHT, KeyedRows(pa.table({"id": [3]}), np.array([5]), kid))
+    >>> (left, left_ends), (right, _) = disk.take_due(20)  # the session [0, 15) fires
+    >>> left.table["id"].to_pylist(), left.ts.tolist(), left_ends.tolist()
+    ([1], [0], [15])
+    >>> right.table["id"].to_pylist(), disk.stored_entries()  # [25, 35) stays
+    ([3], 1)
+    >>> backend.close()
 """
 
 from __future__ import annotations
