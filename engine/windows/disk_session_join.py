@@ -33,6 +33,8 @@ from the timer service within one call and are not kept. Entries share the
 backend's key-group prefix, so its full and incremental snapshots, restores and
 rescaling carry them like any keyed state.
 
+    >>> import numpy as np
+    >>> import pyarrow as pa
     >>> from raystream.timers.service import TimerService
     >>> backend = DiskKeyedStateBackend(max_parallelism=8, key_groups=range(8))
     >>> timers = TimerService(max_parallelism=8, key_groups=range(8))
