@@ -13,9 +13,13 @@ The job, at parallelism 2, checkpointed every 5 s::
   ``key_by("key").reduce(...)`` (``--op reduce``, the default: on the disk backend
   one multi-get and one write batch per batch) or a
   :class:`raystream.KeyedProcessFunction` with ``ctx.value_state`` (``--op process``:
-  one read and one write per row).
+  one read and one write per row), or (``--op window``) a tumbling event-time
+  window's ``sum("value")`` on ``i`` as event time, without pre-aggregation, its
+  window longer than the input: every key holds an open window and its timer
+  until the input ends, when each key emits one row.
 * ``count``: a sink that counts rows, its count in operator state (so it is exactly
-  once across the failover); each run checks it equals the rows.
+  once across the failover); each run checks it equals the rows (the keys, for
+  ``--op window``).
 
 Two runs in one Ray session:
 
@@ -115,6 +119,7 @@ INTERVAL_S = 5.0
 MULTIPLIER = 2654435761  # coprime to the key count: a bijection mod keys
 POLL_S = 0.25
 TAIL = 2  # the newest checkpoints straddle the end of the input: not compared
+WINDOW_MS = 1 << 40  # --op window: longer than any input, so windows fire at its end
 
 
 class Rows:
@@ -379,8 +384,13 @@ def run(backend: str, op: str, keys: int, rows: int, batch_size: int, memory_mb:
                      else rs.RestartStrategy.none()))
         keyed = env.from_sequence(rows, columns=Rows(keys), batch_size=batch_size,
                                   num_splits=NUM_SPLITS, name="sequence").key_by("key")
-        summed = keyed.reduce(add, name="sum") if op == "reduce" else keyed.process(
-            RunningSum(), name="sum")
+        if op == "reduce":
+            summed = keyed.reduce(add, name="sum")
+        elif op == "process":
+            summed = keyed.process(RunningSum(), name="sum")
+        else:
+            summed = keyed.window(rs.TumblingEventTimeWindows(size_ms=WINDOW_MS), timestamp="i",
+                                  pre_aggregate=False).sum("value", name="sum")
         sink = summed.sink_to(Count, name="count")
         client = env.execute_async(f"large-state-{backend}")
         monitor = Monitor(client, rows, kill)
@@ -397,9 +407,9 @@ def run(backend: str, op: str, keys: int, rows: int, batch_size: int, memory_mb:
                                          done[-1].checkpoint_id) if compare else ((), 0))
     finally:
         shutil.rmtree(storage, ignore_errors=True)
-    seen = result.count(sink)
-    if seen != rows:
-        raise SystemExit(f"{backend} run: the sink counted {seen:,} rows, expected {rows:,}")
+    seen, expected = result.count(sink), keys if op == "window" else rows
+    if seen != expected:
+        raise SystemExit(f"{backend} run: the sink counted {seen:,} rows, expected {expected:,}")
     if not done:
         raise SystemExit(f"{backend} run: no checkpoint completed")
     if kill is not None and (monitor.kill is None or monitor.restore_s is None):
@@ -444,7 +454,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=6_000_000, help="disk run's rows")
     parser.add_argument("--heap-keys", type=int, default=1_000_000)
     parser.add_argument("--heap-rows", type=int, default=4_000_000)
-    parser.add_argument("--op", choices=("reduce", "process"), default="reduce")
+    parser.add_argument("--op", choices=("reduce", "process", "window"), default="reduce")
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--memory-mb", type=int, default=2048,
                         help="disk backend memory budget per subtask")

@@ -55,8 +55,11 @@ How it runs (Flink's semantics; no Python per row on the built-in path):
 * On the disk state backend, tumbling and sliding windows keep the buffered rows
   in the subtask's RocksDB (:class:`~raystream.engine.operators.disk_join.DiskWindowRows`:
   one range scan and one range deletion per key group and window when it fires),
-  carried by that backend's snapshots; session windows keep theirs on the heap
-  (snapshotted in part ``"join"`` as on the heap backend).
+  and session windows keep each key's open sessions with both sides' rows in one
+  entry (:class:`~raystream.engine.windows.disk_session_join.DiskSessionRows`: a
+  batch and a firing read their keys with one multi-get and write them back with
+  one write batch; a session's timer at its end names the key to fire), carried by
+  that backend's snapshots.
 """
 
 from __future__ import annotations
@@ -80,7 +83,9 @@ from raystream.engine.operators.disk_join import DiskWindowRows
 from raystream.engine.operators.functions import _close_function, _open_function
 from raystream.engine.operators.keyed_rows import (BufferedJoinOperator, JoinSide, KeyedRows,
                                                    joined_names)
+from raystream.engine.windows import disk_session_join
 from raystream.engine.windows.assigners import EventTimeSessionWindows, WindowAssigner
+from raystream.engine.windows.disk_session_join import DiskSessionRows
 from raystream.engine.windows.functions import Window
 from raystream.engine.windows.operator import LATE_LOG_INTERVAL_S, WINDOW_TIME, event_times
 
@@ -176,12 +181,12 @@ class WindowJoinOperator(BufferedJoinOperator):
     :data:`JoinFunction` per pair or a :data:`CoGroupFunction` per key and window.
     """
 
-    # on the disk backend tumbling and sliding windows keep their rows in RocksDB
-    # (DiskWindowRows); sessions (merging) keep theirs on the heap
+    # on the disk backend the rows are in RocksDB: by window (DiskWindowRows), or for
+    # sessions (merging) by key (DiskSessionRows)
     supports_disk_state = True
-    disk_only_kinds = (disk_join.WINDOW_KIND,)
+    disk_only_kinds = (disk_join.WINDOW_KIND, disk_session_join.KIND)
     label = "window join"
-    disk_rows: DiskWindowRows | None
+    disk_rows: DiskWindowRows | DiskSessionRows | None
 
     def __init__(self, name: str, spec: WindowJoinSpec, fn: Callable | None = None, *,
                  schema: pa.Schema | None = None) -> None:
@@ -200,9 +205,12 @@ class WindowJoinOperator(BufferedJoinOperator):
         self.schemas: list[pa.Schema | None] = [None, None]
 
     # -- lifecycle -----------------------------------------------------------------------
-    def open_disk_rows(self) -> DiskWindowRows | None:
-        if self.spec.assigner.merging or not isinstance(self.backend, DiskKeyedStateBackend):
+    def open_disk_rows(self) -> DiskWindowRows | DiskSessionRows | None:
+        if not isinstance(self.backend, DiskKeyedStateBackend):
             return None
+        assigner = self.spec.assigner
+        if isinstance(assigner, EventTimeSessionWindows):
+            return DiskSessionRows(self.backend, self.disk_timers, assigner.gap_ms)
         return DiskWindowRows(self.backend, self.disk_timers)
 
     def open(self) -> None:
@@ -259,7 +267,9 @@ class WindowJoinOperator(BufferedJoinOperator):
 
     def _fire(self, watermark: int) -> None:
         size = self.spec.assigner.max_size_ms
-        if self.disk_rows is not None:
+        if isinstance(self.disk_rows, DiskSessionRows):
+            fired = self._fired_of(self.disk_rows.take_due(watermark))
+        elif self.disk_rows is not None:
             fired = self._take_fired_disk(self.disk_rows, watermark)
         elif not any(b.min_ts is not None and b.min_ts + size - 1 <= watermark
                      for b in self.buffers):
@@ -308,14 +318,27 @@ class WindowJoinOperator(BufferedJoinOperator):
         due = sorted(s for s in disk.windows if s + assigner.max_size_ms - 1 <= watermark)
         if not due:
             return None
+        left, right = disk.take(due)
+        size = assigner.max_size_ms  # not sessions
+        return self._fired_of((None if left is None else (left, left.ts + size),
+                               None if right is None else (right, right.ts + size)))
+
+    def _fired_of(self, taken: tuple[tuple[KeyedRows, np.ndarray] | None, ...]
+                  ) -> tuple[_Fired, _Fired] | None:
+        """Each side's rows read from disk (with their windows' ends) as fired rows;
+        None when neither side has any."""
+        if all(t is None for t in taken):
+            return None
         empty = KeyedRows(pa.table({}), np.empty(0, np.int64), np.empty(0, np.int64))
         fired = []
-        for side, rows in zip(JoinSide, disk.take(due)):
-            if rows is None:
-                rows = empty
-            elif self.schemas[side] is None:  # restored: the schema of a co-group's empty side
+        for side, found in zip(JoinSide, taken):
+            if found is None:
+                fired.append(_Fired(empty, np.empty(0, np.int64)))
+                continue
+            rows, ends = found
+            if self.schemas[side] is None:  # restored: the schema of a co-group's empty side
                 self.schemas[side] = rows.table.schema
-            fired.append(_Fired(rows, rows.ts + assigner.max_size_ms))  # not sessions
+            fired.append(_Fired(rows, ends))
         return fired[0], fired[1]
 
     # -- output --------------------------------------------------------------------------

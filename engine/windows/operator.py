@@ -35,8 +35,11 @@ sessions (:mod:`raystream.engine.windows.disk_sessions`: one entry per key holdi
 its open sessions; a batch and a firing read their keys with one multi-get and write
 them back with one write batch), and the generic layout's tumbling and sliding windows
 (:mod:`raystream.engine.windows.disk_entries`: one entry per (key, window) holding its
-accumulator; a batch merges with one multi-get and one write batch); generic session
-windows stay on the heap in such a job.
+accumulator; a batch merges with one multi-get and one write batch), and its session
+windows (:mod:`raystream.engine.windows.disk_generic_sessions`: one entry per key
+holding its open sessions and their accumulators, loaded for a batch or a firing with
+one multi-get, merged or fired by the heap path's own code, written back with one
+write batch).
 
 The operator also reads *partials* from an upstream pre-aggregator
 (:mod:`raystream.engine.windows.pre_aggregate`) instead of raw rows.
@@ -48,6 +51,7 @@ windows survive failover and rescaling.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import pickle
 import time
@@ -65,8 +69,10 @@ from raystream.engine.operators.keyed import _KeyedOperator
 from raystream.engine.watermarks import timestamps_ms
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.assigners import EventTimeSessionWindows, WindowAssigner
-from raystream.engine.windows import disk_entries, disk_panes, disk_sessions
+from raystream.engine.windows import (disk_entries, disk_generic_sessions, disk_panes,
+                                      disk_sessions)
 from raystream.engine.windows.disk_entries import DiskEntries
+from raystream.engine.windows.disk_generic_sessions import DiskGenericSessions
 from raystream.engine.windows.disk_panes import DiskPanes
 from raystream.engine.windows.disk_sessions import DiskSessions
 from raystream.engine.windows.functions import (BuiltinAggregates, UserAggregate,
@@ -182,11 +188,10 @@ class _DenseWindow:
 class WindowOperator(_KeyedOperator):
     """Keyed windows over ``assigner``, computing ``function`` per (key, window)."""
 
-    # on the disk backend the dense layout, the columnar sessions and the generic tumbling
-    # and sliding windows keep their state in RocksDB; generic sessions keep theirs on the
-    # heap (snapshotted in part "windows")
+    # on the disk backend every layout keeps its state in RocksDB (part "windows" is empty)
     supports_disk_state = True
-    disk_only_kinds = (disk_panes.KIND, disk_sessions.KIND, disk_entries.KIND)
+    disk_only_kinds = (disk_panes.KIND, disk_sessions.KIND, disk_entries.KIND,
+                       disk_generic_sessions.KIND)
     label = "window"
 
     def __init__(self, name: str, keys: KeySelector, assigner: WindowAssigner, *,
@@ -231,6 +236,8 @@ class WindowOperator(_KeyedOperator):
         self.session_store = SessionStore(self._spec) if self.columnar_sessions else None
         self.disk_sessions: DiskSessions | None = None  # in place of the store on disk
         self.disk_entries: DiskEntries | None = None  # in place of ``entries`` on disk
+        # generic sessions on disk: loaded into ``entries`` / ``sessions`` for one call
+        self.disk_generic_sessions: DiskGenericSessions | None = None
         super().initialize_state(restored)  # timers first, then our part "windows"
         self._open_disk_panes()
         self.key_columns = KeyColumns(self.key_names)
@@ -247,6 +254,9 @@ class WindowOperator(_KeyedOperator):
             self.session_store = None
         if self.disk_entries is None and not self.dense and not self.assigner.merging:
             self.disk_entries = DiskEntries(self.backend, self.disk_timers)
+        if (self.disk_generic_sessions is None and self.assigner.merging
+                and not self.columnar_sessions):
+            self.disk_generic_sessions = DiskGenericSessions(self.backend, self.disk_timers)
         if self.disk_panes is None and self.dense:
             panes = self.disk_panes = DiskPanes(self.backend, self._spec, self.disk_timers,
                                                 where=f"window '{self.name}'")
@@ -302,7 +312,16 @@ class WindowOperator(_KeyedOperator):
         elif self.columnar_sessions:
             self._merge_sessions(table, rows, starts, ends, key_ids)
         else:
-            self._merge_generic(table, rows, starts, ends, key_ids)
+            with self._generic_loaded(key_ids[rows]):
+                self._merge_generic(table, rows, starts, ends, key_ids)
+
+    def _generic_loaded(self, kids: np.ndarray) -> contextlib.AbstractContextManager[None]:
+        """On disk, generic sessions of key ids ``kids`` in ``entries`` / ``sessions`` for
+        a batch or a firing (written back after it); nothing on the heap."""
+        disk = self.disk_generic_sessions
+        if disk is None:
+            return contextlib.nullcontext()
+        return disk.loaded(np.unique(kids), self.entries, self.sessions)
 
     def _ends(self, starts: np.ndarray) -> np.ndarray:
         if isinstance(self.assigner, EventTimeSessionWindows):  # the merging one
@@ -783,33 +802,41 @@ class WindowOperator(_KeyedOperator):
             if self.disk_entries is not None:
                 self._on_disk_entry_timers(self.disk_entries, timestamps, kids, starts)
                 continue
-            if self.dense:
-                ends = self._ends(starts)
-            else:
-                ends = np.array([self.entries.get((k, s), [0])[0]
-                                 for k, s in zip(kids.tolist(), starts.tolist())], dtype=np.int64)
+            if not self.dense:
+                with self._generic_loaded(kids):  # on disk: the due keys' sessions
+                    self._on_generic_timers(timestamps, kids, starts)
+                continue
+            ends = self._ends(starts)
             fire = timestamps == ends - 1
             cleanup = timestamps == ends - 1 + self.lateness
-            if self.dense:  # a timer stands for its key group in its window
-                groups = self.timers.key_groups_of(kids)
-                if self.disk_panes is not None:
-                    due = fire | cleanup  # without lateness a firing timer cleans up too
-                    self._on_disk_timers(self.disk_panes, starts[due], groups[due], fire[due],
-                                         cleanup[due])
-                    continue
-                fired = self._dense_due(starts[fire], groups[fire])
-                self._emit_dense(fired)
-                cleared = (self._dense_due(starts[cleanup], groups[cleanup]) if self.lateness
-                           else fired)  # without lateness the firing timer is the cleanup one
-                for start, keys in cleared:
-                    self._clear_dense(start, keys)
-            else:
-                fired = [(k, s) for k, s in zip(kids[fire].tolist(), starts[fire].tolist())
-                         if (k, s) in self.entries]
-                if fired:
-                    self._emit_generic(fired)
-                for k, s in zip(kids[cleanup].tolist(), starts[cleanup].tolist()):
-                    self._clear_generic(k, s)
+            # a timer stands for its key group in its window
+            groups = self.timers.key_groups_of(kids)
+            if self.disk_panes is not None:
+                due = fire | cleanup  # without lateness a firing timer cleans up too
+                self._on_disk_timers(self.disk_panes, starts[due], groups[due], fire[due],
+                                     cleanup[due])
+                continue
+            fired = self._dense_due(starts[fire], groups[fire])
+            self._emit_dense(fired)
+            cleared = (self._dense_due(starts[cleanup], groups[cleanup]) if self.lateness
+                       else fired)  # without lateness the firing timer is the cleanup one
+            for start, keys in cleared:
+                self._clear_dense(start, keys)
+
+    def _on_generic_timers(self, timestamps: np.ndarray, kids: np.ndarray,
+                           starts: np.ndarray) -> None:
+        """Due timers of the generic layout: firing ones emit their windows, cleanup ones
+        (the firing ones, without lateness) drop them."""
+        ends = np.array([self.entries.get((k, s), [0])[0]
+                         for k, s in zip(kids.tolist(), starts.tolist())], dtype=np.int64)
+        fire = timestamps == ends - 1
+        cleanup = timestamps == ends - 1 + self.lateness
+        fired = [(k, s) for k, s in zip(kids[fire].tolist(), starts[fire].tolist())
+                 if (k, s) in self.entries]
+        if fired:
+            self._emit_generic(fired)
+        for k, s in zip(kids[cleanup].tolist(), starts[cleanup].tolist()):
+            self._clear_generic(k, s)
 
     # -- output ---------------------------------------------------------------------------
     def release_key_ids(self) -> bool:
@@ -958,6 +985,8 @@ class WindowOperator(_KeyedOperator):
                 self.entries[(kid, start)] = [end, self.function.thawed(acc)]
                 if self.assigner.merging:
                     self.sessions.setdefault(kid, []).append(start)
+        if self.disk_generic_sessions is not None:  # a heap checkpoint into a disk job
+            self.disk_generic_sessions.move_in(self.entries, self.sessions)
 
     def _restore_heap_sessions(self, disk: DiskSessions, group: int,
                                content: dict[str, Any]) -> None:

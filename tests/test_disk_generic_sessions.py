@@ -1,0 +1,347 @@
+"""Session windows of user functions on the disk state backend: a key's open sessions
+and their accumulators in one RocksDB entry, against the heap backend and pandas.
+
+Operator-level tests drive a heap and a disk :class:`WindowOperator` (a user
+``AggregateFunction`` or a ``ProcessWindowFunction`` over session windows) with the
+same batches and watermarks (disorder, rows beyond the bound to the late side output,
+allowed lateness) and check both against a pandas oracle; others merge sessions across
+batches, use string keys with nulls, restore snapshots at parallelism 1, then 2, then
+3, move a heap snapshot into a disk job and refuse disk sections in a heap job; Ray
+jobs run through a subtask kill with full and incremental checkpoints.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+import ray
+
+import raystream as rs
+from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend, _unpack
+from raystream.checkpoint.envelope import is_keyed_state
+from raystream.checkpoint.sections import decode_parts
+from raystream.checkpoint.state_backend import StateBackend
+from raystream.checkpoint.watermark_floors import WatermarkFloors
+from raystream.engine.keys import KeySelector
+from raystream.engine.windows.disk_generic_sessions import KIND, STATE_NAME
+from raystream.engine.windows.functions import UserAggregate
+from raystream.engine.windows.operator import WindowOperator
+from tests.test_disk_session_windows import KEYS, final_sessions, session_input
+from tests.test_disk_user_windows import user_operator
+from tests.test_disk_windows import MAXP, disk_env, drive
+from tests.test_exactly_once import wait_for_checkpoint
+from tests.test_windows import Average, Spread, throttle
+
+GAP = 15
+SESSIONS = rs.EventTimeSessionWindows(gap_ms=GAP)
+KINDS = ["aggregate", "process"]
+
+
+def stored_sessions(op: WindowOperator) -> dict:
+    """Key -> (start, end) of its open sessions in RocksDB."""
+    backend = op.backend
+    assert isinstance(backend, DiskKeyedStateBackend)
+    out = {}
+    timers = op.disk_timers.state_ids  # the timers share the database
+    for k, v in backend.raw_db.items():
+        if k[2:4] in timers:
+            continue
+        (n,) = np.frombuffer(k[4:8], dtype=">u4")
+        out[DiskKeyedStateBackend.decode_key(k[8:8 + int(n)])] = [(s, e) for s, e, _ in _unpack(v)]
+    return out
+
+
+def value_of(frame: pd.DataFrame) -> pd.Series:
+    return frame["avg"] if "avg" in frame.columns else frame["spread"]
+
+
+def oracle(rows: pd.DataFrame, kind: str, gap: int) -> pd.DataFrame:
+    """pandas: per key, the rows by time, a new session where the time is more than
+    ``gap`` after the one before; the function's value and row count per session."""
+    rows = rows.sort_values(["k", "ts"], kind="stable")
+    new = (rows["k"] != rows["k"].shift()) | (rows["ts"].diff() > gap)
+    grouped = rows.assign(session=new.cumsum()).groupby("session")
+    out = pd.DataFrame({"k": grouped["k"].first(), "window_start": grouped["ts"].min(),
+                        "window_end": grouped["ts"].max() + gap, "rows": grouped.size(),
+                        "value": (grouped["x"].mean() if kind == "aggregate"
+                                  else grouped["x"].max() - grouped["x"].min())})
+    return out.sort_values(KEYS).reset_index(drop=True)
+
+
+def results(frame: pd.DataFrame) -> pd.DataFrame:
+    out = frame.assign(value=value_of(frame)).loc[:, [*KEYS, "rows", "value"]]
+    return out.astype({"rows": np.int64}).sort_values(KEYS).reset_index(drop=True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("lateness", [0, 30])
+def test_disk_user_sessions_equal_heap_and_pandas(kind, lateness):
+    key, ts, x = session_input(seed=lateness + 7, n=1200, keys=8, jitter=19 + lateness)
+    heap, heap_arrival, heap_late = drive(user_operator(StateBackend.HEAP, SESSIONS, kind,
+                                                        lateness=lateness), key, ts, x)
+    op = user_operator(StateBackend.DISK, SESSIONS, kind, lateness=lateness)
+    disk, arrival, late = drive(op, key, ts, x)
+    assert op.disk_generic_sessions is not None and not op.entries and not op.sessions
+    assert op.backend.state_kind(STATE_NAME) == KIND
+    assert stored_sessions(op) == {}  # every session fired and deleted
+    # the same rows (re-firings included, in the same order) as the heap backend
+    pd.testing.assert_frame_equal(disk, heap)
+    assert arrival == heap_arrival
+    pd.testing.assert_frame_equal(late, heap_late)
+
+    rows = pd.DataFrame({"k": key, "ts": ts, "x": x, "wm": np.maximum(arrival, -2 ** 62)})
+    kept = rows["ts"] + GAP - 1 + lateness > rows["wm"]
+    # each kept row comes after every session it could touch was cleared: pandas may merge
+    # the kept rows without knowing what fired when
+    assert (rows["ts"][kept] > rows["wm"][kept] + 1 - lateness).all()
+    assert (~kept).sum() > 10, "the input must hold rows beyond the bound"
+    assert sorted(late["ts"].tolist()) == sorted(rows["ts"][~kept].tolist())
+    got = results(final_sessions(disk))
+    want = oracle(rows.loc[kept], kind, GAP)
+    pd.testing.assert_frame_equal(got[[*KEYS, "rows"]], want[[*KEYS, "rows"]],
+                                  check_dtype=False)
+    np.testing.assert_allclose(got["value"], want["value"])
+    if lateness:
+        assert len(disk) > len(got)  # some sessions fired again
+    else:
+        assert len(disk) == len(got)
+
+
+def test_sessions_merge_across_batches_in_one_entry_per_key():
+    op = user_operator(StateBackend.DISK, SESSIONS, "aggregate")
+    op.initialize_state(None)
+    op.open()
+    for k, t, v in [("a", 100, 1.0), ("a", 120, 2.0), ("b", 100, 5.0)]:
+        op.process_batch(pa.record_batch({"k": [k], "ts": [t], "x": [v]}))
+    assert stored_sessions(op) == {"a": [(100, 115), (120, 135)], "b": [(100, 115)]}
+    op.process_batch(pa.record_batch({"k": ["a"], "ts": [110], "x": [3.0]}))  # bridges both
+    assert stored_sessions(op) == {"a": [(100, 135)], "b": [(100, 115)]}
+    op.process_watermark(120)  # b's session ends at 115: fired and deleted
+    assert stored_sessions(op) == {"a": [(100, 135)]}
+    op.process_watermark(200)
+    assert stored_sessions(op) == {} and not op.entries
+    out = op.output
+    assert isinstance(out, CollectingOutput)
+    assert pa.Table.from_batches(out.batches).to_pylist() == [
+        {"k": "b", "window_start": 100, "window_end": 115, "avg": 5.0, "rows": 1},
+        {"k": "a", "window_start": 100, "window_end": 135, "avg": 2.0, "rows": 3}]
+
+
+class NullAware:
+    """Counts rows and sums the non-null ``x`` (an AggregateFunction)."""
+
+    def create_accumulator(self):
+        return {"rows": 0, "nulls": 0, "total": 0.0}
+
+    def add(self, row, acc):
+        acc["rows"] += 1
+        if row["x"] is None:
+            acc["nulls"] += 1
+        else:
+            acc["total"] += row["x"]
+        return acc
+
+    def merge(self, a, b):
+        return {name: a[name] + b[name] for name in a}
+
+    def get_result(self, acc):
+        return dict(acc)
+
+
+def test_string_keys_and_null_values_on_disk_equal_heap_and_pandas():
+    rng = np.random.default_rng(4)
+    n = 600
+    names = np.array(["ann", "bo", "chris", "dé", "e" * 40], dtype=object)
+    key = names[rng.integers(0, len(names), n)]  # a null key is a bad record: none here
+    ts = np.cumsum(rng.integers(0, 5, n)) - rng.integers(0, 10, n)
+    x = rng.integers(-9, 9, n).astype(object)
+    x[rng.random(n) < 0.2] = None
+    outputs = []
+    for backend in (StateBackend.HEAP, StateBackend.DISK):
+        op = WindowOperator("w", KeySelector.of("k"), SESSIONS,
+                            function=UserAggregate(NullAware(), "result"),  # pyright: ignore[reportArgumentType]
+                            timestamp="ts", late_output="late")
+        op.setup(RuntimeContext("job", "w", 0, 1, MAXP, 0, state_backend=backend),
+                 CollectingOutput())
+        op.initialize_state(None)
+        op.open()
+        for i in range(0, n, 40):
+            op.process_batch(pa.record_batch({"k": pa.array(key[i:i + 40].tolist(), pa.string()),
+                                              "ts": ts[i:i + 40],
+                                              "x": pa.array(x[i:i + 40].tolist(), pa.float64())}))
+            op.process_watermark(int(ts[:i + 40].max()) - 30)
+        op.process_watermark(rs.MAX_WATERMARK)
+        assert isinstance(op.output, CollectingOutput)
+        assert "late" not in op.output.side_batches  # the bound holds the disorder
+        outputs.append(pa.Table.from_batches(op.output.batches).to_pandas())
+    pd.testing.assert_frame_equal(outputs[1], outputs[0])
+    got = outputs[1].sort_values(KEYS).reset_index(drop=True)
+    frame = pd.DataFrame({"k": key, "ts": ts,
+                          "x": pd.Series(x, dtype="float64")})
+    frame = frame.sort_values(["k", "ts"], kind="stable")
+    new = (frame["k"] != frame["k"].shift()) | (frame["ts"].diff() > GAP)
+    grouped = frame.assign(session=new.cumsum()).groupby("session")
+    want = pd.DataFrame({"k": grouped["k"].first(), "window_start": grouped["ts"].min(),
+                         "window_end": grouped["ts"].max() + GAP, "rows": grouped.size(),
+                         "nulls": grouped["x"].apply(lambda s: int(s.isna().sum())),
+                         "total": grouped["x"].sum()}).sort_values(KEYS).reset_index(drop=True)
+    assert got[[*KEYS, "rows", "nulls"]].astype(str).equals(
+        want[[*KEYS, "rows", "nulls"]].astype(str))
+    np.testing.assert_allclose(got["total"], want["total"])
+
+
+# -- snapshots --------------------------------------------------------------------------------
+
+def start(backend: StateBackend, kind: str, sections: dict, index: int, parallelism: int,
+          floor: int) -> WindowOperator:
+    op = user_operator(backend, SESSIONS, kind, index=index, parallelism=parallelism)
+    groups = rs.key_group_range(index, parallelism, MAXP)
+    op.initialize_state(RestoredState(1, [], [(g, s) for g, s in sections.items() if g in groups],
+                                      WatermarkFloors.from_json(floor, max_parallelism=MAXP)))
+    op.open()
+    return op
+
+
+def feed(op: WindowOperator, frame: pd.DataFrame) -> None:
+    groups = rs.key_group_range(op.ctx.subtask_index, op.ctx.parallelism, MAXP)
+    mine = frame[[rs.key_group_of(k, MAXP) in groups for k in frame["k"].tolist()]]
+    if len(mine):
+        op.process_batch(pa.RecordBatch.from_pandas(mine[["k", "ts", "x"]], preserve_index=False))
+
+
+def outputs_of(ops: list[WindowOperator]) -> pd.DataFrame:
+    batches = [b for op in ops for b in op.output.batches]  # pyright: ignore[reportAttributeAccessIssue]
+    return (pa.Table.from_batches(batches).to_pandas() if batches
+            else pd.DataFrame(columns=[*KEYS, "rows"]))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_snapshots_restore_at_1_then_2_then_3_and_heap_snapshots_move_in(kind):
+    """A snapshot at parallelism 1 (sessions open on disk) restored at 2, a snapshot of
+    those restored at 3: every session fires once, as pandas says; a heap snapshot
+    restores into disk subtasks; a heap job refuses the disk sections."""
+    rng = np.random.default_rng(2)
+    n = 900
+    frame = pd.DataFrame({"k": rng.integers(0, 40, n), "ts": np.sort(rng.integers(0, 6 * n, n)),
+                          "x": rng.integers(-50, 50, n).astype(np.float64)})
+    thirds = [frame.iloc[:300], frame.iloc[300:600], frame.iloc[600:]]
+    floors = [int(third["ts"].max()) - 40 for third in thirds[:2]]
+
+    def run(first: StateBackend) -> tuple[pd.DataFrame, dict]:
+        op = user_operator(first, SESSIONS, kind)
+        op.initialize_state(None)
+        op.open()
+        feed(op, thirds[0])
+        op.process_watermark(floors[0])
+        sections = op.snapshot_state(1).keyed_state
+        assert sections is not None
+        parts = [outputs_of([op])]
+        snapshot = sections()
+        if first is StateBackend.DISK:
+            assert stored_sessions(op)  # sessions open at the snapshot
+            assert not any("windows" in decode_parts(s) for s in snapshot.values()
+                           if not is_keyed_state(s))  # the sessions are keyed state
+        ops = [start(StateBackend.DISK, kind, snapshot, i, 2, floors[0]) for i in range(2)]
+        snapshots = {}
+        for op in ops:
+            assert not op.entries and stored_sessions(op)  # restored into RocksDB
+            feed(op, thirds[1])
+            op.process_watermark(floors[1])
+            taken = op.snapshot_state(2).keyed_state
+            assert taken is not None
+            snapshots.update(taken())
+        parts.append(outputs_of(ops))
+        ops = [start(StateBackend.DISK, kind, snapshots, i, 3, floors[1]) for i in range(3)]
+        for op in ops:
+            feed(op, thirds[2])
+            op.process_watermark(rs.MAX_WATERMARK)
+            assert stored_sessions(op) == {}
+        parts.append(outputs_of(ops))
+        return pd.concat(parts, ignore_index=True), snapshot
+
+    want = oracle(frame, kind, GAP)
+    got, disk_sections = run(StateBackend.DISK)
+    pd.testing.assert_frame_equal(results(got), want, check_dtype=False)
+    got, _ = run(StateBackend.HEAP)  # a heap snapshot at p=1 into disk subtasks
+    pd.testing.assert_frame_equal(results(got), want, check_dtype=False)
+    with pytest.raises(ValueError, match="window 'w': the checkpoint keeps this window's "
+                                         "state in the disk state backend.*"
+                                         "state_backend='disk'"):
+        start(StateBackend.HEAP, kind, disk_sections, 0, 1, floors[1])
+
+
+# -- jobs on Ray ------------------------------------------------------------------------------
+
+BASE, BLOCK, JOB_GAP = 1_000_000, 700, 100
+
+
+def session_events(i: np.ndarray) -> dict:
+    """Seven users; every ``BLOCK`` records time jumps 300 ms: one session per user and
+    block."""
+    return {"user": i % 7, "ts": BASE + i * 2 + (i // BLOCK) * 300,
+            "x": (i % 11).astype(np.float64)}
+
+
+@pytest.mark.parametrize("incremental", [False, True], ids=["full", "incremental"])
+def test_disk_user_sessions_exactly_once_through_a_subtask_kill(ray_session, tmp_path,
+                                                                 incremental):
+    n = 16_000
+    env = disk_env(str(tmp_path / "chk"), incremental=incremental)
+    src = env.from_sequence(n, session_events, batch_size=250,
+                            watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=50))
+    sink = src.map_batches(throttle, name="throttle").key_by("user").window(
+        rs.EventTimeSessionWindows(gap_ms=JOB_GAP), timestamp="ts").aggregate(
+        Average()).collect()  # pyright: ignore[reportArgumentType]
+    client = env.execute_async(f"disk-user-sessions-kill-{incremental}")
+    completed = wait_for_checkpoint(client, after=1)
+    ray.kill(client.subtask_actor("window", 1))
+    job = client.wait(timeout_s=240)
+    assert job.restarts == 1, job.failures
+    assert job.restores[0]["checkpoint_id"] >= completed
+    got = (job.table(sink).to_pandas().rename(columns={"user": "k"})
+           .loc[:, [*KEYS, "rows", "avg"]].sort_values(KEYS).reset_index(drop=True))
+    assert not got.duplicated(KEYS).any()  # no session emitted twice
+    e = pd.DataFrame(session_events(np.arange(n))).rename(columns={"user": "k"})
+    want = oracle(e, "aggregate", JOB_GAP)
+    assert len(want) == 7 * -(-n // BLOCK)
+    pd.testing.assert_frame_equal(got[[*KEYS, "rows"]], want[[*KEYS, "rows"]],
+                                  check_dtype=False)
+    np.testing.assert_allclose(got["avg"], want["value"])
+
+
+def test_process_function_sessions_through_savepoints_at_1_2_3(ray_session, tmp_path):
+    """A ProcessWindowFunction over sessions on disk, stopped with a savepoint at
+    parallelism 1, restored at 2, stopped again, restored at 3: every session once over
+    the three runs, as pandas says."""
+    n = 12_000
+
+    def job(parallelism: int):
+        env = disk_env(str(tmp_path / f"chk{parallelism}"), parallelism)
+        src = env.from_sequence(n, session_events, batch_size=200,
+                                watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=50))
+        if parallelism < 3:
+            src = src.map_batches(throttle, name="throttle")
+        return env, src.key_by("user").window(
+            rs.EventTimeSessionWindows(gap_ms=JOB_GAP), timestamp="ts").process(
+            Spread()).collect()
+
+    tables, restore_from = [], None
+    for parallelism in (1, 2, 3):
+        env, sink = job(parallelism)
+        if parallelism < 3:
+            client = env.execute_async(f"disk-user-sessions-p{parallelism}",
+                                       restore_from=restore_from)
+            wait_for_checkpoint(client, after=0)
+            restore_from = str(tmp_path / f"savepoint{parallelism}")
+            result = client.stop_with_savepoint(restore_from)
+        else:
+            result = env.execute("disk-user-sessions-p3", restore_from=restore_from)
+        tables.append(result.table(sink))
+    got = results(pa.concat_tables([t for t in tables if t.num_rows]).to_pandas())
+    assert not got.duplicated(KEYS).any()
+    e = pd.DataFrame(session_events(np.arange(n))).rename(columns={"user": "k"})
+    want = oracle(e, "process", JOB_GAP)
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)

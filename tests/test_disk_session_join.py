@@ -1,0 +1,341 @@
+"""Session window joins and co-groups on the disk state backend: each key's open
+sessions and both sides' rows in one RocksDB entry, against the heap backend and pandas.
+
+Operator-level tests drive a heap and a disk :class:`WindowJoinOperator` over session
+windows with the same batches and watermarks (disorder, stragglers dropped as late)
+and compare both with the pandas oracle of tests/test_window_join.py (sessions over
+both sides' rows with ``groupby``/``diff``/``cumsum``); others merge sessions across
+batches, use string keys and null values (both row formats), restore snapshots at
+parallelism 1, then 2, then 3, move heap snapshots into disk subtasks and refuse disk
+sections in a heap job; Ray jobs run through a subtask kill (full and incremental
+checkpoints), through savepoints at parallelism 1, 2 and 3, and from a heap job's
+savepoint into a disk job.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+import ray
+
+import raystream as rs
+from raystream.actors.operator import RestoredState
+from raystream.checkpoint.envelope import is_keyed_state
+from raystream.checkpoint.sections import decode_parts
+from raystream.checkpoint.state_backend import StateBackend
+from raystream.checkpoint.watermark_floors import WatermarkFloors
+from raystream.engine.windows.disk_session_join import DiskSessionRows
+from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator
+from tests import test_window_join as wj
+from tests.test_disk_joins import MAXP, co_groups, disk_env, window_join_operator, window_rows
+from tests.test_exactly_once import wait_for_checkpoint
+from tests.test_joins import crawl
+
+SESSION = wj.SESSION  # gap 30 ms
+
+
+def odd(left, right):
+    """A JoinFunction: the pairs of an odd id sum."""
+    return ({"id": left["id"], "id_right": right["id"]} if (left["id"] + right["id"]) % 2
+            else None)
+
+
+def finish(kind: WindowJoinKind, fn):
+    return fn if fn is not None else (co_groups if kind is WindowJoinKind.CO_GROUP else None)
+
+
+def disk_rows(op: WindowJoinOperator) -> DiskSessionRows:
+    assert isinstance(op.disk_rows, DiskSessionRows)
+    return op.disk_rows
+
+
+@pytest.mark.parametrize("kind,fn", [(WindowJoinKind.JOIN, None), (WindowJoinKind.JOIN, odd),
+                                     (WindowJoinKind.CO_GROUP, None)],
+                         ids=["join", "apply", "co_group"])
+def test_disk_session_join_equals_heap_and_pandas(kind, fn):
+    """Disorder within the watermark's lag, stragglers a second late: the disk job's
+    pairs (co-groups) are the heap's and pandas', and nothing is left stored."""
+    frame = wj.make_events(np.random.default_rng(5), 2000, keys=9, disorder=30)
+    stragglers = frame.index[(frame.index % 89 == 88) & (frame.index > 300)]
+    frame.loc[stragglers, "ts"] -= 1000
+    outputs = []
+    for backend in (StateBackend.HEAP, StateBackend.DISK):
+        op = window_join_operator(backend, SESSION, kind, finish(kind, fn))
+        op.initialize_state(None)
+        op.open()
+        on_time, late = wj.drive(op, frame, SESSION)
+        assert len(late) and op.metrics()["late_records_dropped"] == len(late)
+        if backend is StateBackend.DISK:
+            assert disk_rows(op).stored_entries() == 0 and not op.buffers[0].chunks
+            assert op.timers.num_event_time_timers == 0
+        outputs.append(window_rows(op, kind) if fn is None
+                       else sorted(wj.pairs_of(wj.output_of(op))))
+    left, right = (on_time.loc[on_time["side"] == side] for side in (0, 1))
+    if kind is WindowJoinKind.CO_GROUP:
+        expected = sorted(wj.oracle_groups(left, right, SESSION))
+    else:
+        expected = sorted(p for p in wj.oracle_pairs(left, right, SESSION)
+                          if fn is None or fn({"id": p[0]}, {"id": p[1]}))
+    assert outputs[1] == outputs[0] == expected and expected
+
+
+def test_sessions_merge_across_batches_and_sides_in_one_entry_per_key():
+    op = window_join_operator(StateBackend.DISK, SESSION)
+    op.initialize_state(None)
+    op.open()
+    disk = disk_rows(op)
+
+    def send(side: int, k: int, ts: int, id_: int) -> None:
+        op.process_batch(pa.record_batch({"id": [id_], "k": [k], "ts": [ts]}), side)
+
+    send(0, 1, 100, 0)
+    send(1, 1, 200, 1)  # a session of its own: 200 > 100 + 30
+    send(0, 2, 100, 2)
+    assert disk.stored_entries() == 2
+    op.process_watermark(129)  # key 1's first session and key 2's fire: no pair in either
+    assert not op.output.batches and disk.stored_entries() == 1  # pyright: ignore[reportAttributeAccessIssue]
+    send(1, 1, 170, 3)  # [170, 200) touches the right row's [200, 230): one session
+    send(0, 1, 215, 4)
+    op.process_watermark(300)
+    assert sorted(wj.pairs_of(wj.output_of(op))) == [(4, 1, 170, 245), (4, 3, 170, 245)]
+    assert disk.stored_entries() == 0
+
+
+def test_string_keys_and_null_values_in_both_row_formats():
+    """Numbers without nulls are stored as fixed-width records, the rest as Arrow IPC:
+    string keys, a nullable string column on the left, a float column on the right."""
+    rng = np.random.default_rng(8)
+    n = 900
+    names = np.array(["ann", "bo", "chris", "dé"], dtype=object)
+    frame = pd.DataFrame({"id": np.arange(n), "k": names[rng.integers(0, 4, n)],
+                          "ts": np.sort(rng.integers(0, 12 * n, n)) + rng.integers(0, 20, n),
+                          "side": rng.integers(0, 2, n)})
+    note = pd.Series(rng.choice(["x", "y", None], n), dtype=object)
+    outputs = []
+    for backend in (StateBackend.HEAP, StateBackend.DISK):
+        op = window_join_operator(backend, SESSION)
+        op.initialize_state(None)
+        op.open()
+        for start in range(0, n, 31):
+            chunk = frame.iloc[start:start + 31]
+            for side in (0, 1):
+                part = chunk[chunk["side"] == side]
+                if not len(part):
+                    continue
+                columns = {"id": part["id"].to_numpy(), "k": part["k"].tolist(),
+                           "ts": part["ts"].to_numpy()}
+                if side == 0:
+                    columns["note"] = pa.array(note[part.index].tolist(), pa.string())
+                else:
+                    columns["score"] = part["id"].to_numpy() / 2
+                op.process_batch(pa.record_batch(columns), side)
+            op.process_watermark(int(chunk["ts"].max()) - 41)
+        op.process_watermark(rs.MAX_WATERMARK)
+        table = wj.output_of(op)
+        outputs.append(sorted(zip(table["id"].to_pylist(), table["id_right"].to_pylist(),
+                                  table["window_start"].to_pylist(),
+                                  table["window_end"].to_pylist(), table["note"].to_pylist(),
+                                  table["score"].to_pylist())))
+    left, right = (frame.loc[frame["side"] == side] for side in (0, 1))
+    expected = sorted((a, b, s, e, note[a], b / 2)
+                      for a, b, s, e in wj.oracle_pairs(left, right, SESSION))
+    assert outputs[1] == outputs[0] == expected and expected
+    assert any(row[4] is None for row in expected)
+
+
+# -- snapshots --------------------------------------------------------------------------------
+
+def restored(backend: StateBackend, kind: WindowJoinKind, sections: dict, index: int,
+             parallelism: int, floor: int) -> WindowJoinOperator:
+    op = window_join_operator(backend, SESSION, kind, finish(kind, None), index=index,
+                              parallelism=parallelism)
+    groups = rs.key_group_range(index, parallelism, MAXP)
+    op.initialize_state(RestoredState(1, [], [(g, s) for g, s in sections.items() if g in groups],
+                                      WatermarkFloors.from_json(floor, max_parallelism=MAXP)))
+    op.open()
+    return op
+
+
+def feed(op: WindowJoinOperator, frame: pd.DataFrame) -> None:
+    groups = rs.key_group_range(op.ctx.subtask_index, op.ctx.parallelism, MAXP)
+    mine = frame[[rs.key_group_of(k, MAXP) in groups for k in frame["k"].tolist()]]
+    for side in (0, 1):
+        part = mine[mine["side"] == side]
+        if len(part):
+            op.process_batch(pa.RecordBatch.from_pandas(part[["id", "k", "ts"]],
+                                                        preserve_index=False), side)
+
+
+def results(ops: list[WindowJoinOperator], kind: WindowJoinKind) -> list:
+    return [row for op in ops for row in window_rows(op, kind)]
+
+
+@pytest.mark.parametrize("kind", list(WindowJoinKind), ids=lambda k: k.value)
+def test_snapshots_restore_at_1_then_2_then_3_and_heap_snapshots_move_in(kind):
+    """A snapshot at parallelism 1 (sessions open on disk) restored at 2, a snapshot of
+    those restored at 3: every pair (co-group) once, as pandas says; the same from a
+    heap snapshot at 1; a heap job refuses the disk sections, naming the operator."""
+    frame = wj.make_events(np.random.default_rng(6), 1500, keys=40, disorder=0)
+    thirds = [frame.iloc[:500], frame.iloc[500:1000], frame.iloc[1000:]]
+    floors = [int(third["ts"].max()) - 40 for third in thirds[:2]]
+
+    def run(first: StateBackend) -> tuple[list, dict]:
+        op = window_join_operator(first, SESSION, kind, finish(kind, None))
+        op.initialize_state(None)
+        op.open()
+        feed(op, thirds[0])
+        op.process_watermark(floors[0])
+        taken = op.snapshot_state(1).keyed_state
+        assert taken is not None
+        snapshot = taken()
+        if first is StateBackend.DISK:
+            assert disk_rows(op).stored_entries()  # sessions open at the snapshot
+            assert not any("join" in decode_parts(s) for s in snapshot.values()
+                           if not is_keyed_state(s))  # the rows are keyed state
+        got = results([op], kind)
+        ops = [restored(StateBackend.DISK, kind, snapshot, i, 2, floors[0]) for i in range(2)]
+        snapshots = {}
+        for op in ops:
+            assert disk_rows(op).stored_entries()  # restored into RocksDB
+            feed(op, thirds[1])
+            op.process_watermark(floors[1])
+            later = op.snapshot_state(2).keyed_state
+            assert later is not None
+            snapshots.update(later())
+        got += results(ops, kind)
+        ops = [restored(StateBackend.DISK, kind, snapshots, i, 3, floors[1]) for i in range(3)]
+        for op in ops:
+            feed(op, thirds[2])
+            op.process_watermark(rs.MAX_WATERMARK)
+            assert disk_rows(op).stored_entries() == 0
+        return sorted(got + results(ops, kind)), snapshot
+
+    left, right = (frame.loc[frame["side"] == side] for side in (0, 1))
+    expected = sorted(wj.oracle_pairs(left, right, SESSION) if kind is WindowJoinKind.JOIN
+                      else wj.oracle_groups(left, right, SESSION))
+    got, disk_sections = run(StateBackend.DISK)
+    assert got == expected and expected
+    got, _ = run(StateBackend.HEAP)
+    assert got == expected
+    with pytest.raises(ValueError, match="window join 'wjoin': .*state_backend='disk'"):
+        restored(StateBackend.HEAP, kind, disk_sections, 0, 1, floors[1])
+
+
+# -- jobs on Ray ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("incremental", [False, True], ids=["full", "incremental"])
+def test_disk_session_join_exactly_once_through_a_subtask_kill(ray_session, tmp_path,
+                                                              incremental):
+    n = 10_000
+    env = disk_env(str(tmp_path / "chk"), 2, incremental=incremental, restart=True)
+    left, right = wj.sides(env, n)
+    sink = left.join(right).where("k").equal_to("k").window(SESSION, timestamp="ts") \
+        .join(name="join").collect()
+    client = env.execute_async(f"disk-session-join-kill-{incremental}")
+    completed = wait_for_checkpoint(client, after=1)
+    ray.kill(client.subtask_actor("join", 1))
+    job = client.wait(timeout_s=240)
+    assert job.restarts == 1, job.failures
+    assert job.restores[0]["checkpoint_id"] >= completed
+    got = wj.pairs_of(job.table(sink))
+    assert len(got) == len(set(got))  # no pair twice, though one subtask died midway
+    expected = wj.expected_job_output(n, SESSION)
+    assert set(got) == expected and len(expected) > 1000
+
+
+def test_disk_session_co_group_through_savepoints_at_1_2_3(ray_session, tmp_path):
+    """Stopped with a savepoint at parallelism 1 with sessions on disk, restored at 2,
+    stopped again, restored at 3: each (key, session)'s co-group once over the three
+    runs, as pandas says."""
+    n = 10_000
+
+    def count(key, lrows, rrows, window):
+        return [{"k": key, "left": lrows.num_rows, "right": rrows.num_rows}]
+
+    def job(parallelism: int):
+        env = disk_env(str(tmp_path / f"chk{parallelism}"), parallelism)
+        left, right = wj.sides(env, n, pace=crawl if parallelism < 3 else None)
+        return env, left.co_group(right).where("k").equal_to("k").window(
+            SESSION, timestamp="ts").apply(count, name="co_group").collect()
+
+    tables, restore_from = [], None
+    for parallelism in (1, 2, 3):
+        env, sink = job(parallelism)
+        if parallelism < 3:
+            client = env.execute_async(f"disk-session-co-group-p{parallelism}",
+                                       restore_from=restore_from)
+            wait_for_checkpoint(client, after=0)
+            restore_from = str(tmp_path / f"savepoint{parallelism}")
+            result = client.stop_with_savepoint(restore_from)
+        else:
+            result = env.execute("disk-session-co-group-p3", restore_from=restore_from)
+        tables.append(result.table(sink))
+    got = sorted((r["k"], r["window_start"], r["window_end"], r["left"], r["right"])
+                 for r in pa.concat_tables([t for t in tables if t.num_rows]).to_pylist())
+    frame = pd.DataFrame(wj.events(np.arange(n)))
+    i = frame["id"].to_numpy()
+    on_time = frame[~((i % 400 == 399) & (i > wj.STRAGGLER_START))]
+    groups = wj.oracle_groups(on_time[on_time["side"] == 0], on_time[on_time["side"] == 1],
+                              SESSION)
+    assert got == sorted((k, s, e, len(lids), len(rids)) for k, s, e, lids, rids in groups)
+
+
+
+def test_heap_savepoint_of_sessions_restores_into_a_disk_job(ray_session, tmp_path):
+    """A heap job (session windows of a user AggregateFunction and a session co-group)
+    stopped with a savepoint at parallelism 2, restored as a disk job at 3: their state
+    moves into RocksDB, and each session's result comes once over both runs."""
+    from tests.test_disk_generic_sessions import JOB_GAP, oracle, session_events
+    from tests.test_windows import Average
+
+    n = 10_000
+
+    def count(key, lrows, rrows, window):
+        return [{"k": key, "left": lrows.num_rows, "right": rrows.num_rows}]
+
+    def job(parallelism: int):
+        disk = parallelism == 3
+        env = rs.StreamEnvironment(parallelism=parallelism, checkpoints=rs.CheckpointConfig(
+            interval_s=0.2, storage=str(tmp_path / f"chk{parallelism}"),
+            state_backend=rs.DiskStateOptions() if disk else "heap"))
+        pace = None if disk else crawl
+        left, right = wj.sides(env, n, pace=pace)
+        groups = left.co_group(right).where("k").equal_to("k").window(
+            SESSION, timestamp="ts").apply(count, name="co_group").collect()
+        src = env.from_sequence(n, session_events, batch_size=200,
+                                watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=50))
+        if pace is not None:
+            src = src.map_batches(pace, name="pace")
+        averages = src.key_by("user").window(rs.EventTimeSessionWindows(gap_ms=JOB_GAP),
+                                             timestamp="ts").aggregate(
+            Average(), name="sessions").collect()  # pyright: ignore[reportArgumentType]
+        return env, (groups, averages)
+
+    env, sinks = job(2)
+    client = env.execute_async("heap-sessions-before")
+    wait_for_checkpoint(client, after=1)
+    savepoint = str(tmp_path / "savepoint")
+    first = client.stop_with_savepoint(savepoint)
+    env, sinks_after = job(3)
+    second = env.execute("disk-sessions-after", restore_from=savepoint)
+    assert all(second.table(b).num_rows for b in sinks_after)  # stopped midway
+    tables = [pa.concat_tables([t for t in (first.table(a), second.table(b)) if t.num_rows])
+              for a, b in zip(sinks, sinks_after)]
+    got = sorted((r["k"], r["window_start"], r["window_end"], r["left"], r["right"])
+                 for r in tables[0].to_pylist())
+    frame = pd.DataFrame(wj.events(np.arange(n)))
+    i = frame["id"].to_numpy()
+    on_time = frame[~((i % 400 == 399) & (i > wj.STRAGGLER_START))]
+    groups = wj.oracle_groups(on_time[on_time["side"] == 0], on_time[on_time["side"] == 1],
+                              SESSION)
+    assert got == sorted((k, s, e, len(lids), len(rids)) for k, s, e, lids, rids in groups)
+    averages = (tables[1].to_pandas().rename(columns={"user": "k"})
+                .sort_values(["k", "window_start"]).reset_index(drop=True))
+    want = oracle(pd.DataFrame(session_events(np.arange(n))).rename(columns={"user": "k"}),
+                  "aggregate", JOB_GAP)
+    assert averages["k"].tolist() == want["k"].tolist()
+    assert averages["window_start"].tolist() == want["window_start"].tolist()
+    assert averages["rows"].tolist() == want["rows"].tolist()
+    np.testing.assert_allclose(averages["avg"], want["value"])
