@@ -101,7 +101,7 @@ __all__ = ["DiskTimerService", "KEY_TABLE_LIMIT", "TimerDomain", "restore_heap_t
 KEY_TABLE_LIMIT = 1 << 16  # keys the key-id table holds before release_keys empties it
 _SIGN = 1 << 63
 _NONE = np.iinfo(np.int64).max  # no timer in the key group
-_HEAD = struct.Struct(">HHQQ")  # key group, state id, timestamp + 2**63, namespace + 2**63
+# an entry's head: key group, state id, timestamp + 2**63, namespace + 2**63 (the key follows)
 _HEAD_DTYPE = np.dtype([("kg", ">u2"), ("sid", ">u2"), ("ts", ">u8"), ("ns", ">u8")])
 _Timers = tuple[np.ndarray, np.ndarray, np.ndarray]
 
