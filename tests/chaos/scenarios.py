@@ -56,10 +56,10 @@ class Path(enum.Enum):
 
 
 class Backend(enum.Enum):
-    """Where keyed state lives: the heap (the default) or RocksDB on local disk (it serves
-    the running sums, the process functions and, from seed 9000 on, time windows: dense
-    ones keep their partials there, sessions and generic ones stay on the heap in such
-    a job; joins and count windows are heap only)."""
+    """Where keyed state lives: the heap (the default) or RocksDB on local disk, with the
+    operators' timers. It serves the running sums and the process functions, from seed
+    9000 on time windows too (every path: partials, sessions and user functions keep
+    their state in RocksDB), and from seed 10000 on count windows and joins."""
 
     HEAP = "heap"
     DISK = "disk"
