@@ -43,7 +43,7 @@ BATCH = 12  # rows per step (both sides together)
 LAG = 40  # the watermark: max(ts seen) - LAG - 1 after every step
 PARALLELISM_AFTER = 2  # the subtasks restored from the snapshot taken half-way
 # a batch's keys, or a firing's (the keys of what one step of the watermark closes)
-BOUND = LIMIT + 3 * BATCH
+BOUND = LIMIT + 2 * BATCH
 
 Make = Callable[[StateBackend, int, int], _KeyedOperator]
 
