@@ -1,5 +1,5 @@
 """Key tables of disk jobs stay bounded: session windows of user functions, count
-windows, window joins and co-groups, interval joins.
+windows, window joins and co-groups, interval joins, keyed reduce.
 
 Each operator kind runs on the disk backend with a key table of ``LIMIT`` keys and
 many times more keys than that (keys drift with time, so a key's rows are close in
@@ -26,7 +26,7 @@ from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
 from raystream.engine.operators.interval_join import (IntervalBounds, IntervalJoinOperator,
                                                       IntervalJoinSpec)
-from raystream.engine.operators.keyed import _KeyedOperator
+from raystream.engine.operators.keyed import ReduceOperator, _KeyedOperator
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.count import CountWindowOperator
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator, WindowJoinSpec
@@ -293,3 +293,24 @@ def test_interval_join():
         return sorted(zip(table["id"].to_pylist(), table["id_right"].to_pylist()))
 
     assert pairs(disk) == pairs(heap) == expected and expected
+
+
+# -- keyed reduce ----------------------------------------------------------------------------------
+
+def test_reduce():
+    """A keyed reduce on disk names keys by their encoded bytes only: the key table stays
+    empty."""
+    def make(backend: StateBackend, index: int, parallelism: int) -> _KeyedOperator:
+        return setup(ReduceOperator("r", lambda acc, row: {**row, "x": acc["x"] + row["x"]},
+                                    KeySelector.of("k")), index, parallelism, backend)
+
+    frame = make_events(5, 1600, sides=1)
+    heap, disk = both(make, frame, ["id", "k", "x"])
+    assert max(disk.sizes) == 0
+
+    def rows(run: Run) -> list[tuple]:
+        return sorted((r["id"], r["k"], r["x"]) for r in table_of(run).to_pylist())
+
+    expected = sorted(zip(frame["id"].tolist(), frame["k"].tolist(),
+                          frame.groupby("k")["x"].cumsum().tolist()))
+    assert rows(disk) == rows(heap) == expected
