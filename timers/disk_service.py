@@ -52,11 +52,11 @@ the key table is a cache: it holds the keys (and their encoded bytes, see
 which the operator calls between batches and firings, and which empties the
 table once it holds more than ``key_table_limit`` keys. So an operator calls
 it only if nothing it keeps across batches holds a key id (see
-``_KeyedOperator.release_key_ids``: keyed process functions; windows whose
-state is in RocksDB, which reset their output key columns with the table and
-whose panes tell their entries by :attr:`DiskTimerService.generation`). The
-timers themselves name their keys by bytes, never by id. Joins and sessions
-of user functions keep their key table for the life of the subtask.
+``_KeyedOperator.release_key_ids``: keyed process functions; windows, which
+reset their output key columns with the table and whose panes tell their
+entries by :attr:`DiskTimerService.generation`; window joins and interval
+joins, whose rows are stored under encoded keys). The timers themselves name
+their keys by bytes, never by id.
 
     >>> import numpy as np
     >>> from raystream.checkpoint.disk_state import DiskKeyedStateBackend

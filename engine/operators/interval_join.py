@@ -387,6 +387,7 @@ class IntervalJoinOperator(BufferedJoinOperator):
     def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
         if batch.num_rows == 0:
             return
+        self.release_key_ids()  # a safe point: between batches (a watermark makes no ids)
         side = JoinSide(input_index)
         rows = self._index(batch, side)
         late = rows.ts < self.watermarks_of_key_ids(rows.kid)

@@ -143,6 +143,11 @@ class BufferedJoinOperator(_KeyedOperator):
             self.disk_rows = self.open_disk_rows()
         return self.disk_rows
 
+    def release_key_ids(self) -> bool:
+        """On disk the rows are in RocksDB under their encoded keys and no key id outlives
+        a batch or a firing, so the timer service empties a full key table here."""
+        return self.disk_rows is not None and self.disk_timers.release_keys()
+
     def metrics(self) -> dict[str, float]:
         left, right = self.late_dropped
         return {"late_records_dropped": left + right, "late_left_dropped": left,

@@ -232,6 +232,7 @@ class WindowJoinOperator(BufferedJoinOperator):
     def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
         if batch.num_rows == 0:
             return
+        self.release_key_ids()  # a safe point: between batches and firings
         side = JoinSide(input_index)
         self.schemas[side] = batch.schema
         ts = event_times(batch, self.spec.timestamps[side], where=self._where(side))
@@ -266,6 +267,7 @@ class WindowJoinOperator(BufferedJoinOperator):
         self.output.emit_watermark(watermark)
 
     def _fire(self, watermark: int) -> None:
+        self.release_key_ids()  # a safe point: between batches and firings
         size = self.spec.assigner.max_size_ms
         if isinstance(self.disk_rows, DiskSessionRows):
             fired = self._fired_of(self.disk_rows.take_due(watermark))

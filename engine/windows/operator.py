@@ -841,10 +841,10 @@ class WindowOperator(_KeyedOperator):
     # -- output ---------------------------------------------------------------------------
     def release_key_ids(self) -> bool:
         """On disk, the RocksDB layouts (panes, sessions of built-in aggregates, windows of
-        user functions) keep no key id across batches and firings, so the timer service
-        empties a full key table here, and the output key columns start anew with it;
-        sessions of user functions, held by key id, keep theirs."""
-        if self.disk_panes is None and self.disk_sessions is None and self.disk_entries is None:
+        user functions, whose sessions are in ``entries`` / ``sessions`` for one call only)
+        keep no key id across batches and firings, so the timer service empties a full key
+        table here, and the output key columns start anew with it."""
+        if not isinstance(self.backend, DiskKeyedStateBackend):
             return False
         if not self.disk_timers.release_keys():
             return False
