@@ -24,6 +24,7 @@ from raystream.engine.keys import KeySelector
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.count import CountWindowOperator
 from raystream.engine.windows.disk_count import KIND, STATE_NAME, DiskCountState
+from tests.test_disk_windows import values_by_key
 from tests.test_exactly_once import wait_for_checkpoint
 from tests.test_windows import throttle
 
@@ -102,16 +103,7 @@ def run(op: CountWindowOperator, batches: list[pa.RecordBatch],
 
 def stored_values(op: CountWindowOperator) -> dict:
     """Key -> stored value bytes of the disk count-window state."""
-    backend = op.backend
-    assert isinstance(backend, DiskKeyedStateBackend)
-    out = {}
-    timers = op.disk_timers.state_ids  # the timers share the database
-    for k, v in backend.raw_db.items():
-        if k[2:4] in timers:
-            continue
-        (n,) = np.frombuffer(k[4:8], dtype=">u4")
-        out[DiskKeyedStateBackend.decode_key(k[8:8 + int(n)])] = v
-    return out
+    return values_by_key(op)
 
 
 @pytest.mark.parametrize("size,slide", WINDOWS)

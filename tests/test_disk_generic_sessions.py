@@ -20,7 +20,7 @@ import ray
 
 import raystream as rs
 from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
-from raystream.checkpoint.disk_state import DiskKeyedStateBackend, _unpack
+from raystream.checkpoint.disk_state import _unpack
 from raystream.checkpoint.envelope import is_keyed_state
 from raystream.checkpoint.sections import decode_parts
 from raystream.checkpoint.state_backend import StateBackend
@@ -31,7 +31,7 @@ from raystream.engine.windows.functions import UserAggregate
 from raystream.engine.windows.operator import WindowOperator
 from tests.test_disk_session_windows import KEYS, final_sessions, session_input
 from tests.test_disk_user_windows import user_operator
-from tests.test_disk_windows import MAXP, disk_env, drive
+from tests.test_disk_windows import MAXP, disk_env, drive, values_by_key
 from tests.test_exactly_once import wait_for_checkpoint
 from tests.test_windows import Average, Spread, throttle
 
@@ -42,16 +42,7 @@ KINDS = ["aggregate", "process"]
 
 def stored_sessions(op: WindowOperator) -> dict:
     """Key -> (start, end) of its open sessions in RocksDB."""
-    backend = op.backend
-    assert isinstance(backend, DiskKeyedStateBackend)
-    out = {}
-    timers = op.disk_timers.state_ids  # the timers share the database
-    for k, v in backend.raw_db.items():
-        if k[2:4] in timers:
-            continue
-        (n,) = np.frombuffer(k[4:8], dtype=">u4")
-        out[DiskKeyedStateBackend.decode_key(k[8:8 + int(n)])] = [(s, e) for s, e, _ in _unpack(v)]
-    return out
+    return {k: [(s, e) for s, e, _ in _unpack(v)] for k, v in values_by_key(op).items()}
 
 
 def value_of(frame: pd.DataFrame) -> pd.Series:

@@ -21,7 +21,6 @@ import ray
 
 import raystream as rs
 from raystream.actors.operator import CollectingOutput, RuntimeContext
-from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.checkpoint.envelope import is_keyed_state
 from raystream.checkpoint.sections import decode_parts
 from raystream.checkpoint.state_backend import StateBackend
@@ -30,8 +29,9 @@ from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.disk_sessions import KIND, STATE_NAME
 from raystream.engine.windows.functions import BuiltinAggregates
 from raystream.engine.windows.operator import WindowOperator
-from tests.test_disk_windows import (MAXP, disk_env, drive, restore_and_finish, snapshot_midway,
-                                     sorted_rows, window_operator)
+from tests.test_disk_windows import (MAXP, disk_env, drive, restore_and_finish,
+                                     snapshot_midway, sorted_rows, window_operator,
+                                     values_by_key)
 from tests.test_exactly_once import wait_for_checkpoint
 from tests.test_windows import AGGS, make_input, throttle
 
@@ -77,18 +77,11 @@ def final_sessions(rows: pd.DataFrame) -> pd.DataFrame:
 
 def stored_sessions(op: WindowOperator) -> dict:
     """Key -> number of open sessions of the disk session state."""
-    backend = op.backend
-    assert isinstance(backend, DiskKeyedStateBackend)
-    record = op.disk_sessions.record if op.disk_sessions is not None else None
-    out = {}
-    timers = op.disk_timers.state_ids  # the timers share the database
-    for k, v in backend.raw_db.items():
-        if k[2:4] in timers:
-            continue
-        assert record is not None
-        (n,) = np.frombuffer(k[4:8], dtype=">u4")
-        out[DiskKeyedStateBackend.decode_key(k[8:8 + int(n)])] = len(v) // record.itemsize
-    return out
+    values = values_by_key(op)
+    if not values:
+        return {}
+    assert op.disk_sessions is not None
+    return {k: len(v) // op.disk_sessions.record.itemsize for k, v in values.items()}
 
 
 def by_rows(frame: pd.DataFrame) -> pd.DataFrame:

@@ -9,6 +9,8 @@ subtask kill and a savepoint restored at another parallelism.
 
 from __future__ import annotations
 
+from typing import Any, Iterator
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -21,6 +23,7 @@ from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.checkpoint.state_backend import StateBackend
 from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
+from raystream.engine.operators.keyed import _KeyedOperator
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.disk_panes import STATE_NAME, DiskPanes
 from raystream.engine.windows.functions import BuiltinAggregates, UserAggregate
@@ -90,10 +93,26 @@ def last_per_window(results: pd.DataFrame) -> pd.DataFrame:
             .sort_values(["k", "window_start"]).reset_index(drop=True))
 
 
-def stored_entries(op: WindowOperator) -> int:
-    assert isinstance(op.backend, DiskKeyedStateBackend)
+def own_entries(op: _KeyedOperator) -> Iterator[tuple[bytes, bytes]]:
+    """The operator's own (key, value) entries in its RocksDB, the timers' apart."""
+    backend = op.backend
+    assert isinstance(backend, DiskKeyedStateBackend)
     timers = op.disk_timers.state_ids  # the timers share the database
-    return sum(1 for k in op.backend.raw_db.keys() if k[2:4] not in timers)
+    return ((k, v) for k, v in backend.raw_db.items() if k[2:4] not in timers)
+
+
+def values_by_key(op: _KeyedOperator) -> dict[Any, bytes]:
+    """Key -> value of the operator's entries in the backend's ``kg | sid | len | key``
+    layout (one entry per key: count windows, sessions)."""
+    out = {}
+    for k, v in own_entries(op):
+        (n,) = np.frombuffer(k[4:8], dtype=">u4")
+        out[DiskKeyedStateBackend.decode_key(k[8:8 + int(n)])] = v
+    return out
+
+
+def stored_entries(op: WindowOperator) -> int:
+    return sum(1 for _ in own_entries(op))
 
 
 @pytest.mark.parametrize("assigner", ASSIGNERS, ids=repr)
