@@ -24,7 +24,7 @@ from raystream.engine.keys import KeySelector
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.count import CountWindowOperator
 from raystream.engine.windows.disk_count import KIND, STATE_NAME, DiskCountState
-from tests.test_disk_windows import values_by_key
+from tests.test_disk_windows import disk_env, values_by_key
 from tests.test_exactly_once import wait_for_checkpoint
 from tests.test_windows import throttle
 
@@ -285,19 +285,10 @@ def count_job(env: rs.StreamEnvironment, n: int):
             keyed.count_window(*SLIDING).agg(name="sliding", **aggs).collect())
 
 
-def disk_env(storage: str, parallelism: int, *, incremental: bool = False
-             ) -> rs.StreamEnvironment:
-    return rs.StreamEnvironment(
-        parallelism=parallelism,
-        checkpoints=rs.CheckpointConfig(interval_s=0.2, storage=storage, retained=2,
-                                        state_backend=rs.DiskStateOptions(incremental=incremental)),
-        restart=rs.RestartStrategy.fixed_delay(3, 0.1))
-
-
 def test_disk_count_windows_savepoints_at_1_then_2_restored_at_3(ray_session, tmp_path):
     """Stopped with a savepoint at parallelism 1, restored at 2 and stopped again, restored
     at 3 and run to the end: every window fires exactly once over the three runs."""
-    n = 12_000
+    n = 24_000  # 96 throttled batches: the first run is stopped well before its end
     results: list[tuple[pa.Table, pa.Table]] = []
     restore_from = None
     for parallelism in (1, 2, 3):
