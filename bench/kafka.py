@@ -225,11 +225,44 @@ class Latency:
     rate: float  # records/s the producer achieved
 
 
+def produce_and_read(bootstrap: str, topic: str, total: int, rate: int, niceness: int
+                     ) -> tuple[np.ndarray, np.ndarray, float]:
+    """Write ``total`` stamped records to ``topic`` at ``rate``/s from one process while a
+    plain consumer process reads them: (receive times, send stamps) by sequence number,
+    and the seconds producing took."""
+    import multiprocessing
+
+    spawn = multiprocessing.get_context("spawn")
+    floor_out = spawn.Queue()
+    floor = spawn.Process(target=_floor_consumer, args=(bootstrap, topic, total, niceness,
+                                                        floor_out))
+    floor.start()
+    time.sleep(1.0)  # the readers are fetching before the first record is sent
+    producer = spawn.Process(target=_paced_producer, args=(bootstrap, topic, total, rate,
+                                                           niceness))
+    started = time.perf_counter()
+    producer.start()
+    producer.join()
+    produced_s = time.perf_counter() - started
+    received, sent = floor_out.get(timeout=600)
+    floor.join()
+    return received, sent, produced_s
+
+
+def floor_only(bootstrap: str, seconds: float, rate: int, niceness: int) -> None:
+    """The broker and client floor with no job running: what any engine starts from."""
+    total = int(seconds * rate)
+    received, sent, produced_s = produce_and_read(
+        bootstrap, create_topic(bootstrap, "floor", 2), total, rate, niceness)
+    assert (received >= 0).all(), f"the plain consumer missed {(received < 0).sum()} records"
+    floor = received - sent
+    print(f"no job: a plain consumer at {total / produced_s:,.0f} rows/s: p50 "
+          f"{np.percentile(floor, 50):.0f} ms, p99 {np.percentile(floor, 99):.0f} ms")
+
+
 def latency(bootstrap: str, seconds: float, rate: int, storage: str, buffer_timeout_ms: float,
             niceness: int) -> Latency:
     """End-to-end latency at ``rate``/s, beside a plain consumer of the same input."""
-    import multiprocessing
-
     source, out = create_topic(bootstrap, "lat-in", 2), create_topic(bootstrap, "lat-out", 2)
     total = int(seconds * rate)
     env = rs.StreamEnvironment(parallelism=2, buffer_timeout_ms=buffer_timeout_ms,
@@ -244,20 +277,7 @@ def latency(bootstrap: str, seconds: float, rate: int, storage: str, buffer_time
     client = env.execute_async("bench-kafka-latency")
     while client.status() != "RUNNING":
         time.sleep(0.05)
-    spawn = multiprocessing.get_context("spawn")
-    floor_out = spawn.Queue()
-    floor = spawn.Process(target=_floor_consumer, args=(bootstrap, source, total, niceness,
-                                                        floor_out))
-    floor.start()
-    time.sleep(1.0)  # both readers are fetching before the first record is sent
-    producer = spawn.Process(target=_paced_producer, args=(bootstrap, source, total, rate,
-                                                           niceness))
-    started = time.perf_counter()
-    producer.start()
-    producer.join()
-    produced_s = time.perf_counter() - started
-    received, sent = floor_out.get(timeout=600)
-    floor.join()
+    received, sent, produced_s = produce_and_read(bootstrap, source, total, rate, niceness)
     client.wait(timeout_s=600)
     assert (received >= 0).all(), f"the plain consumer missed {(received < 0).sum()} records"
     output = np.full(total, -1, np.int64)  # first output time by sequence number
@@ -296,6 +316,9 @@ def main() -> None:
                              "the job's subtasks)")
     parser.add_argument("--latency-only", action="store_true",
                         help="only the latency job (no RESULT line)")
+    parser.add_argument("--floor-only", action="store_true",
+                        help="only the producer and the plain consumer, no job: the broker "
+                             "and client floor at --rate")
     parser.add_argument("--rate", type=int, default=50_000,
                         help="records/s the latency job's producer aims at (the target is "
                              "stated at 50,000; lower rates show the engine's share where "
@@ -312,6 +335,9 @@ def main() -> None:
 
     with (contextlib.nullcontext(args.bootstrap) if args.bootstrap
           else embedded_broker(niceness=args.niceness)) as bootstrap:
+        if args.floor_only:
+            floor_only(bootstrap, args.latency_seconds, args.rate, args.niceness)
+            return
         if args.latency_only:
             report(latency(bootstrap, args.latency_seconds, args.rate, tempfile.mkdtemp(),
                            args.buffer_timeout_ms, args.niceness), args.buffer_timeout_ms)
