@@ -27,6 +27,7 @@ from raystream.engine.operators.keyed import _KeyedOperator
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.disk_panes import STATE_NAME, DiskPanes
 from raystream.engine.windows.functions import BuiltinAggregates, UserAggregate
+from raystream.engine.windows import operator as window_operator_module
 from raystream.engine.windows.operator import WindowOperator
 from raystream.timers.disk_service import DiskTimerService
 from tests.test_exactly_once import wait_for_checkpoint
@@ -232,6 +233,41 @@ def test_sessions_and_user_functions_give_the_heap_results_in_a_disk_job(layout)
     assert len(outputs[0][0])
     pd.testing.assert_frame_equal(outputs[0][0], outputs[1][0])
     assert outputs[0][1] == outputs[1][1]
+
+
+@pytest.mark.parametrize("assigner", [rs.TumblingEventTimeWindows(size_ms=4000),
+                                      rs.SlidingEventTimeWindows(size_ms=4000, slide_ms=2000)],
+                         ids=repr)
+def test_disk_windows_of_many_keys_fire_in_bounded_chunks(assigner, monkeypatch):
+    """A window whose keys all end at once is read key group by key group and emitted in
+    chunks of about FIRING_CHUNK_ROWS rows (here 40): no output batch holds more than the
+    chunk plus one key group's keys, and the results are the heap backend's and pandas'."""
+    monkeypatch.setattr(window_operator_module, "FIRING_CHUNK_ROWS", 40)
+    key, ts, x = make_input(seed=11, n=3000, keys=900, disorder=100)
+    ts[1500::97] -= 5000  # stragglers far beyond the bound: late for every window
+    heap, heap_arrival, heap_late = drive(window_operator(StateBackend.HEAP, assigner),
+                                          key, ts, x)
+    op = window_operator(StateBackend.DISK, assigner)
+    disk, arrival, late = drive(op, key, ts, x)
+    assert op.disk_panes is not None and stored_entries(op) == 0
+    batches = [b.num_rows for b in op.output.batches]  # pyright: ignore[reportAttributeAccessIssue]
+    groups = pd.Series([rs.key_group_of(k, MAXP) for k in key.tolist()])
+    per_group = groups.groupby(groups).size().max()  # at most this many keys in a key group
+    assert max(batches) <= 40 + per_group and len(batches) > len(disk) // (40 + per_group)
+    columns = ["k", "window_start", "window_end", *AGGS]
+    pd.testing.assert_frame_equal(
+        disk[columns].sort_values(columns).reset_index(drop=True),
+        heap[columns].sort_values(columns).reset_index(drop=True))
+    assert arrival == heap_arrival
+    expected, expected_late = oracle(assigner, 0, key, ts, x, arrival)
+    assert len(expected_late), "the input must hold rows beyond the bound to mean something"
+    got = disk.sort_values(["k", "window_start"]).reset_index(drop=True)
+    assert got[["k", "window_start", "window_end", "n"]].astype(np.int64).equals(
+        expected[["k", "window_start", "window_end", "n"]].astype(np.int64))
+    for column in ("total", "low", "high", "avg"):
+        np.testing.assert_allclose(got[column], expected[column])
+    assert sorted(late["ts"].tolist()) == sorted(expected_late["ts"].tolist())
+    assert sorted(heap_late["ts"].tolist()) == sorted(expected_late["ts"].tolist())
 
 
 def test_processing_time_windows_on_disk_fire_at_the_end():

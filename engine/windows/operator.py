@@ -87,6 +87,10 @@ timestamp of a window's result stream, so a second windowed stage chains without
 a column: a result is emitted before the watermark that fired it, so the next stage never
 finds it late (unless it is a late re-firing within the allowed lateness)."""
 LATE_LOG_INTERVAL_S = 60.0  # at most one "dropped late records" log per operator per interval
+# rows a disk window emits at once when it fires: its keys are read key group by key group
+# and emitted in chunks of about this many, so a window over millions of keys never sits
+# in memory whole
+FIRING_CHUNK_ROWS = 65_536
 
 log = logging.getLogger(__name__)
 
@@ -440,28 +444,43 @@ class WindowOperator(_KeyedOperator):
                         fire: np.ndarray, cleanup: np.ndarray) -> None:
         """Due timers of the disk panes, a timer standing for its key group in its window:
         firing ones emit the window's keys of their groups (one range scan per group),
-        then cleanup ones (the firing ones, without lateness) delete them by range."""
-        fired, cleared = [], []
+        then cleanup ones (the firing ones, without lateness) delete them by range.
+
+        A window of millions of keys must not sit in memory at once (every key's window
+        ends at the same time): the keys read are emitted whenever they reach
+        ``FIRING_CHUNK_ROWS``, with a safe point for the key table after each emit."""
+        fired: list[tuple[int, int, np.ndarray, dict[str, np.ndarray]]] = []
+        cleared, held = [], 0
         for start in np.unique(starts).tolist():
             end = int(self._ends(np.array([start]))[0])
             at = starts == start
-            firing = np.unique(groups[at & fire]).tolist()
-            if firing:
-                kids, values = panes.read(end, firing)
+            for group in np.unique(groups[at & fire]).tolist():
+                kids, values = panes.read(end, [group])
                 if len(kids):
                     fired.append((start, end, kids, values))
+                    held += len(kids)
+                if held >= FIRING_CHUNK_ROWS:
+                    self._emit_panes(fired)
+                    fired, held = [], 0
+                    self.release_key_ids()  # nothing holds a key id of the emitted rows
             cleared.append((end, np.unique(groups[at & cleanup]).tolist()))
-        if fired:
-            self._sync_key_columns(None, None)  # restored keys read for the first time
-            spec = self._spec
-            self._emit_columns(
-                np.concatenate([k for _, _, k, _ in fired]),
-                np.concatenate([np.full(len(k), s, np.int64) for s, _, k, _ in fired]),
-                np.concatenate([np.full(len(k), e, np.int64) for _, e, k, _ in fired]),
-                spec.results({name: np.concatenate([v[name] for _, _, _, v in fired])
-                              for name in spec.partial_columns}))
+        self._emit_panes(fired)
         for end, groups_ in cleared:
             panes.clear(end, groups_)
+
+    def _emit_panes(self, fired: list[tuple[int, int, np.ndarray, dict[str, np.ndarray]]]
+                    ) -> None:
+        """Emit (window start, end, key ids, partials) read from the disk panes."""
+        if not fired:
+            return
+        self._sync_key_columns(None, None)  # restored keys read for the first time
+        spec = self._spec
+        self._emit_columns(
+            np.concatenate([k for _, _, k, _ in fired]),
+            np.concatenate([np.full(len(k), s, np.int64) for s, _, k, _ in fired]),
+            np.concatenate([np.full(len(k), e, np.int64) for _, e, k, _ in fired]),
+            spec.results({name: np.concatenate([v[name] for _, _, _, v in fired])
+                          for name in spec.partial_columns}))
 
     def _dense_window(self, start: int, capacity: int) -> _DenseWindow:
         window = self.dense_windows.get(start)
