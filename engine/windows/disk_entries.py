@@ -1,9 +1,11 @@
-"""Accumulators of user window functions in the disk state backend's RocksDB.
+"""Window state of user window functions in the disk state backend's RocksDB.
 
 With ``CheckpointConfig(state_backend="disk")`` the window operator's generic
-layout for tumbling and sliding windows (a user ``AggregateFunction`` or a
-``ProcessWindowFunction``) keeps each (key, window)'s accumulator in the
-operator instance's RocksDB instead of a dict on the heap. Each entry is::
+layout for tumbling and sliding windows keeps its (key, window) state in the
+operator instance's RocksDB instead of a dict on the heap.
+
+A user ``AggregateFunction``'s accumulator (:class:`DiskEntries`) is one entry per
+(key, window)::
 
     key group (uint16) | state id (uint16) | window end (uint64, big-endian) | key
 
@@ -11,17 +13,37 @@ with the window end offset by 2**63 so byte order is numeric order (as
 :mod:`raystream.engine.windows.disk_panes`), and the key encoded as the disk
 backend encodes keys. The value is the window's start (int64, little-endian)
 and then the accumulator serialized as the backend serializes state values
-(MessagePack, pickle for opaque objects such as a ``ProcessWindowFunction``'s
-row batches).
+(MessagePack, pickle for opaque objects). A batch reads its (key, window)
+groups' accumulators with one multi-get and writes the merged ones with one
+write batch.
 
-A batch reads its (key, window) groups' accumulators with one multi-get and
-writes the merged ones with one write batch; firing timers read their due
-(key, window) pairs with one multi-get, and the cleanup timers delete theirs
-with one write batch. Timers, one per key and window as on the heap (the
-generic path's timers), are in the same database
-(:mod:`raystream.timers.disk_service`). The entries share the
-backend's key-group prefix, so its full and incremental snapshots, restores
-and rescaling carry them like any keyed state.
+A ``ProcessWindowFunction``'s rows (:class:`DiskChunks`, a state of its own) are
+appended, never rewritten: each batch writes its rows of a (key, window) as a new
+*chunk* beside a small *marker*::
+
+    marker: key group | state id | window end | key            -> start (int64 LE) | chunks (uint64 LE)
+    chunk:  key group | state id | window end | key | seq (uint64 BE) -> Arrow IPC stream
+
+``seq`` numbers a (key, window)'s chunks 0, 1, 2, ... in the order their rows
+arrived: a batch reads the markers of its (key, window) pairs (16 bytes each, one
+multi-get; a missing one is a new window, whose timers it registers), writes each
+pair's chunk at ``seq`` = the marker's count and the count + 1, in one write batch.
+The counter lives with the window's entries, in the same key group, so snapshots,
+restores and rescaling carry it with them: a seq is never reused, whatever instance
+appends next. (Encoded keys are self-delimiting MessagePack, so no key's marker is a
+prefix of another key's entries either.) Arrow IPC reads back without copying or
+unpickling (a pickled slice of a batch may carry its parent's whole buffers). A
+firing reads its due windows' markers and then all their chunks with a second
+multi-get, concatenates them in seq order (the heap path's order) and calls the
+function once; the cleanup deletes the markers and the chunks it counted with point
+deletes in one write batch (no range tombstones). An older checkpoint's
+``ProcessWindowFunction`` windows (one entry of :class:`DiskEntries` holding all the
+rows) become one chunk each when the state is opened.
+
+Timers, one per key and window as on the heap (the generic path's timers), are in
+the same database (:mod:`raystream.timers.disk_service`). The entries share the
+backend's key-group prefix, so its full and incremental snapshots, restores and
+rescaling carry them like any keyed state.
 
     >>> from raystream.checkpoint.disk_state import DiskKeyedStateBackend
     >>> from raystream.timers.disk_service import DiskTimerService
@@ -38,6 +60,20 @@ and rescaling carry them like any keyed state.
     >>> disk.delete(keys[:1]); disk.get(keys)[0] is None
     True
     >>> backend.close()
+    >>> backend = DiskKeyedStateBackend(max_parallelism=8, key_groups=range(8))
+    >>> timers = DiskTimerService(backend)
+    >>> kids = timers.key_ids(["a"], np.array([1]))
+    >>> chunks = DiskChunks(backend, timers)
+    >>> keys = chunks.entry_keys(kids[:1], np.array([10]))
+    >>> for x in ([1, 2], [3]):
+    ...     chunks.append(keys, np.array([0]), [tuple(pa.table({"x": x}).to_batches())]).tolist()
+    [True]
+    [False]
+    >>> [(start, pa.Table.from_batches(rows)["x"].to_pylist()) for start, rows in chunks.get(keys)]
+    [(0, [1, 2, 3])]
+    >>> chunks.delete(keys); chunks.get(keys), chunks.chunks_of(keys)
+    ([None], [0])
+    >>> backend.close()
 """
 
 from __future__ import annotations
@@ -46,14 +82,19 @@ import struct
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend, _pack, _unpack
 from raystream.timers.disk_service import DiskTimerService
 
 STATE_NAME = "__window_entries"
 KIND = "window-entries"
+CHUNKS_NAME = "__window_chunks"
+CHUNKS_KIND = "window-chunks"
 _ENTRY = struct.Struct(">HHQ")  # key group, state id, window end + 2**63
 _START = struct.Struct("<q")
+_MARKER = struct.Struct("<qQ")  # window start, number of chunks
+_SEQ = struct.Struct(">Q")  # big-endian: a window's chunks in seq order
 _SIGN = 1 << 63
 
 
@@ -61,10 +102,11 @@ class DiskEntries:
     """The (key, window) accumulators of one window operator instance's generic layout,
     in its disk backend."""
 
-    def __init__(self, backend: DiskKeyedStateBackend, timers: DiskTimerService) -> None:
+    def __init__(self, backend: DiskKeyedStateBackend, timers: DiskTimerService, *,
+                 name: str = STATE_NAME, kind: str = KIND) -> None:
         self._backend = backend
         self._timers = timers
-        self._sid = struct.unpack(">H", backend.raw_state_id(STATE_NAME, KIND))[0]
+        self._sid = struct.unpack(">H", backend.raw_state_id(name, kind))[0]
 
     def entry_keys(self, kids: np.ndarray, ends: np.ndarray) -> list[bytes]:
         """The stored keys of the (key id, window end) pairs ``kids``, ``ends``."""
@@ -103,3 +145,104 @@ class DiskEntries:
         for key in keys:
             batch.delete(key)
         self._backend.raw_db.write(batch)
+
+
+class DiskChunks(DiskEntries):
+    """The rows of a ``ProcessWindowFunction``'s (key, window)s, appended chunk by chunk
+    (accumulators are tuples of record batches); ``entry_keys`` are the markers'."""
+
+    def __init__(self, backend: DiskKeyedStateBackend, timers: DiskTimerService) -> None:
+        super().__init__(backend, timers, name=CHUNKS_NAME, kind=CHUNKS_KIND)
+        if backend.state_kind(STATE_NAME) == KIND:  # an older checkpoint: one entry a window
+            self._move_in_entries()
+
+    def _markers(self, keys: list[bytes]) -> list[tuple[int, int] | None]:
+        raws = list(self._backend.raw_db[keys]) if keys else []  # one multi-get
+        return [None if raw is None else _MARKER.unpack(raw) for raw in raws]
+
+    def chunks_of(self, keys: list[bytes]) -> list[int]:
+        """How many chunks each window at ``keys`` holds (0: none)."""
+        return [0 if marker is None else marker[1] for marker in self._markers(keys)]
+
+    def append(self, keys: list[bytes], starts: np.ndarray, accumulators: list[Any]
+               ) -> np.ndarray:
+        """Append each window's rows ``accumulators`` as its next chunk without reading
+        the stored ones (one multi-get of the markers, one write batch): which windows
+        are new."""
+        import rocksdict
+
+        markers = self._markers(keys)
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        for key, start, rows, marker in zip(keys, starts.tolist(), accumulators, markers):
+            seq = 0 if marker is None else marker[1]
+            batch.put(key + _SEQ.pack(seq), _ipc(rows))
+            batch.put(key, _MARKER.pack(start, seq + 1))
+        self._backend.raw_db.write(batch)
+        return np.fromiter((m is None for m in markers), dtype=bool, count=len(markers))
+
+    def put(self, keys: list[bytes], starts: np.ndarray, accumulators: list[Any]) -> None:
+        """:meth:`append` (a restored heap window is one chunk)."""
+        self.append(keys, starts, accumulators)
+
+    def get(self, keys: list[bytes]) -> list[tuple[int, Any] | None]:
+        """(window start, all its rows in arrival order) of each window at ``keys`` (None
+        if none): the markers, then every chunk, each with one multi-get."""
+        markers = self._markers(keys)
+        wanted = [key + _SEQ.pack(seq) for key, marker in zip(keys, markers)
+                  if marker is not None for seq in range(marker[1])]
+        raws = iter(list(self._backend.raw_db[wanted]) if wanted else [])
+        out: list[tuple[int, Any] | None] = []
+        for marker in markers:
+            if marker is None:
+                out.append(None)
+                continue
+            rows: tuple = ()
+            for _ in range(marker[1]):
+                raw = next(raws)
+                if raw is not None:  # every counted chunk is there (one write batch each)
+                    rows += _batches(raw)
+            out.append((marker[0], rows))
+        return out
+
+    def delete(self, keys: list[bytes]) -> None:
+        """Delete the windows at ``keys``: their markers and the chunks they count, with
+        point deletes in one write batch."""
+        super().delete([*keys, *(key + _SEQ.pack(seq) for key, n in zip(
+            keys, self.chunks_of(keys)) for seq in range(n))])
+
+    def _move_in_entries(self) -> None:
+        """An older checkpoint's windows, one entry each holding all their rows: one chunk
+        each now."""
+        import rocksdict
+
+        backend, db = self._backend, self._backend.raw_db
+        sid = struct.unpack(">H", backend.raw_state_id(STATE_NAME, KIND))[0]
+        for group in backend.key_groups:
+            lo, hi = struct.pack(">HH", group, sid), struct.pack(">HH", group, sid + 1)
+            read_options = backend.read_options(hi)
+            entries = list(db.items(from_key=lo, read_opt=read_options))
+            if not entries:
+                continue
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            for key, raw in entries:
+                mine = struct.pack(">HH", group, self._sid) + key[4:]
+                batch.put(mine + _SEQ.pack(0), _ipc(tuple(_unpack(raw[8:]))))
+                batch.put(mine, _MARKER.pack(_START.unpack_from(raw)[0], 1))
+                batch.delete(key)
+            db.write(batch)
+
+
+def _ipc(rows: tuple) -> bytes:
+    """A window's record batches as one Arrow IPC stream (empty: no batches)."""
+    if not rows:
+        return b""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, rows[0].schema) as writer:
+        for batch in rows:
+            writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def _batches(raw: bytes) -> tuple:
+    """The record batches of :func:`_ipc`'s bytes (zero-copy over ``raw``)."""
+    return tuple(pa.ipc.open_stream(pa.py_buffer(raw))) if raw else ()

@@ -35,7 +35,8 @@ sessions (:mod:`raystream.engine.windows.disk_sessions`: one entry per key holdi
 its open sessions; a batch and a firing read their keys with one multi-get and write
 them back with one write batch), and the generic layout's tumbling and sliding windows
 (:mod:`raystream.engine.windows.disk_entries`: one entry per (key, window) holding its
-accumulator; a batch merges with one multi-get and one write batch), and its session
+accumulator, a batch merges with one multi-get and one write batch; a
+``ProcessWindowFunction``'s rows appended as one chunk per batch, never rewritten), and its session
 windows (:mod:`raystream.engine.windows.disk_generic_sessions`: one entry per key
 holding its open sessions and their accumulators, loaded for a batch or a firing with
 one multi-get, merged or fired by the heap path's own code, written back with one
@@ -71,12 +72,12 @@ from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.assigners import EventTimeSessionWindows, WindowAssigner
 from raystream.engine.windows import (disk_entries, disk_generic_sessions, disk_panes,
                                       disk_sessions)
-from raystream.engine.windows.disk_entries import DiskEntries
+from raystream.engine.windows.disk_entries import DiskChunks, DiskEntries
 from raystream.engine.windows.disk_generic_sessions import DiskGenericSessions
 from raystream.engine.windows.disk_panes import DiskPanes
 from raystream.engine.windows.disk_sessions import DiskSessions
-from raystream.engine.windows.functions import (BuiltinAggregates, UserAggregate,
-                                                Window, WindowFunction)
+from raystream.engine.windows.functions import (BuiltinAggregates, ProcessWindow,
+                                                UserAggregate, Window, WindowFunction)
 from raystream.engine.windows.sessions import SessionStore, session_breaks
 
 WINDOW_START = "__window_start"  # pre-aggregated partial rows: their window's (or pane's) start
@@ -195,6 +196,7 @@ class WindowOperator(_KeyedOperator):
     # on the disk backend every layout keeps its state in RocksDB (part "windows" is empty)
     supports_disk_state = True
     disk_only_kinds = (disk_panes.KIND, disk_sessions.KIND, disk_entries.KIND,
+                       disk_entries.CHUNKS_KIND,
                        disk_generic_sessions.KIND)
     label = "window"
 
@@ -257,7 +259,9 @@ class WindowOperator(_KeyedOperator):
                                               where=f"window '{self.name}'")
             self.session_store = None
         if self.disk_entries is None and not self.dense and not self.assigner.merging:
-            self.disk_entries = DiskEntries(self.backend, self.disk_timers)
+            # a ProcessWindowFunction's rows: appended chunks, not one growing entry
+            layout = DiskChunks if isinstance(self.function, ProcessWindow) else DiskEntries
+            self.disk_entries = layout(self.backend, self.disk_timers)
         if (self.disk_generic_sessions is None and self.assigner.merging
                 and not self.columnar_sessions):
             self.disk_generic_sessions = DiskGenericSessions(self.backend, self.disk_timers)
@@ -649,14 +653,19 @@ class WindowOperator(_KeyedOperator):
     def _merge_disk_entries(self, disk: DiskEntries, kids: np.ndarray, starts: np.ndarray,
                             ends: np.ndarray, accumulators: list[Any]) -> None:
         """Merge a batch's (key, window) accumulators into RocksDB (one multi-get, one
-        write batch), as the heap path merges them into ``entries``."""
+        write batch), as the heap path merges them into ``entries``; a
+        ``ProcessWindowFunction``'s rows are appended, the stored ones not read."""
         keys = disk.entry_keys(kids, ends)
-        stored = disk.get(keys)
-        merge = self.function.merge
-        merged = [acc if old is None else merge(old[1], acc)
-                  for old, acc in zip(stored, accumulators)]
-        disk.put(keys, starts, merged)
-        new = np.fromiter((old is None for old in stored), dtype=bool, count=len(stored))
+        merged: list[Any] | None = None
+        if isinstance(disk, DiskChunks):
+            new = disk.append(keys, starts, accumulators)
+        else:
+            stored = disk.get(keys)
+            merge = self.function.merge
+            merged = [acc if old is None else merge(old[1], acc)
+                      for old, acc in zip(stored, accumulators)]
+            disk.put(keys, starts, merged)
+            new = np.fromiter((old is None for old in stored), dtype=bool, count=len(stored))
         if new.any():
             self._register_timers(kids[new], starts[new], ends[new])
         if not self.assigner.event_time:
@@ -664,9 +673,13 @@ class WindowOperator(_KeyedOperator):
         # late but within the allowed lateness: fire again, once per batch
         watermarks = np.broadcast_to(self.watermarks_of_key_ids(kids), kids.shape)
         due = np.flatnonzero(ends - 1 <= watermarks).tolist()
-        if due:
-            self._emit_generic_windows([(int(kids[i]), int(starts[i]), int(ends[i]), merged[i])
-                                        for i in due])
+        if not due:
+            return
+        # appended rows: the due windows' chunks read back whole (late windows are few)
+        stored = ([(0, merged[i]) for i in due] if merged is not None
+                  else disk.get([keys[i] for i in due]))
+        self._emit_generic_windows([(int(kids[i]), int(starts[i]), int(ends[i]), entry[1])
+                                    for i, entry in zip(due, stored) if entry is not None])
 
     def _on_disk_entry_timers(self, disk: DiskEntries, timestamps: np.ndarray,
                               kids: np.ndarray, starts: np.ndarray) -> None:
