@@ -65,17 +65,18 @@ def oracle(assigner, lateness: int, key, ts, arrival) -> tuple[pd.DataFrame, lis
     exploded = rows.explode("window")
     exploded["window_start"] = [w[0] for w in exploded["window"]]
     exploded["window_end"] = [w[1] for w in exploded["window"]]
-    kept = exploded[exploded["window_end"] - 1 + lateness > exploded["wm"]].sort_values(
-        "id", kind="stable")
-    ids = kept.groupby(WINDOW)["id"].agg(lambda s: ",".join(map(str, s))).rename("ids")
+    kept = exploded.loc[exploded["window_end"] - 1 + lateness > exploded["wm"]]
+    kept = kept.sort_values(by="id", kind="stable")
+    ids = kept.groupby(WINDOW).agg(ids=("id", lambda s: ",".join(map(str, s))))
     late = rows.loc[~rows["id"].isin(kept["id"]), "id"]
     return ids.reset_index().astype({c: np.int64 for c in WINDOW}), sorted(late.tolist())
 
 
 def final(results: pd.DataFrame) -> pd.DataFrame:
     """The last firing of each window (a re-firing holds all its rows so far), sorted."""
-    out = results.drop_duplicates(WINDOW, keep="last")[[*WINDOW, "ids"]]
-    return out.astype({c: np.int64 for c in WINDOW}).sort_values(WINDOW).reset_index(drop=True)
+    out = results.drop_duplicates(WINDOW, keep="last").loc[:, [*WINDOW, "ids"]]
+    out = out.astype({c: np.int64 for c in WINDOW})
+    return out.sort_values(by=WINDOW).reset_index(drop=True)
 
 
 @pytest.mark.parametrize("assigner", ASSIGNERS, ids=repr)
@@ -177,7 +178,7 @@ def staged(assigner, key, ts, ids, stages: list[tuple[StateBackend, int]]) -> pd
 
 def sorted_firings(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.astype({c: np.int64 for c in WINDOW}).sort_values(
-        [*WINDOW, "ids"]).reset_index(drop=True)
+        by=[*WINDOW, "ids"]).reset_index(drop=True)
 
 
 @pytest.mark.parametrize("assigner", ASSIGNERS, ids=repr)
