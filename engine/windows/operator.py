@@ -684,7 +684,8 @@ class WindowOperator(_KeyedOperator):
     def _on_disk_entry_timers(self, disk: DiskEntries, timestamps: np.ndarray,
                               kids: np.ndarray, starts: np.ndarray) -> None:
         """Due timers of windows in RocksDB: the firing ones' windows read with one
-        multi-get and emitted, the cleanup ones' deleted with one write batch."""
+        multi-get (a ``ProcessWindowFunction``'s: its markers, then its chunks) and
+        emitted, the cleanup ones' deleted with one write batch."""
         ends = self._ends(starts)
         fire = timestamps == ends - 1
         keys = disk.entry_keys(kids[fire], ends[fire])
@@ -1040,7 +1041,8 @@ class WindowOperator(_KeyedOperator):
 
     def _restore_heap_entries(self, disk: DiskEntries, group: int, entries: list) -> None:
         """A heap checkpoint's (key, window) accumulators of key group ``group`` into
-        RocksDB (their timers are restored already)."""
+        RocksDB (a ``ProcessWindowFunction``'s rows as one chunk per window; their timers
+        are restored already)."""
         if not entries:
             return
         kids = self.timers.key_ids([e[0] for e in entries], np.full(len(entries), group))
