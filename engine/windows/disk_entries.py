@@ -21,8 +21,10 @@ A ``ProcessWindowFunction``'s rows (:class:`DiskChunks`, a state of its own) are
 appended, never rewritten: each batch writes its rows of a (key, window) as a new
 *chunk* beside a small *marker*::
 
-    marker: key group | state id | window end | key            -> start (int64 LE) | chunks (uint64 LE)
-    chunk:  key group | state id | window end | key | seq (uint64 BE) -> Arrow IPC stream
+    marker: key group | state id | window end | key
+            -> window start (int64 LE) | number of chunks (uint64 LE)
+    chunk:  key group | state id | window end | key | seq (uint64, big-endian)
+            -> the batch's rows of the window as an Arrow IPC stream
 
 ``seq`` numbers a (key, window)'s chunks 0, 1, 2, ... in the order their rows
 arrived: a batch reads the markers of its (key, window) pairs (16 bytes each, one
