@@ -32,6 +32,16 @@ restore by one seek per key group. Due timers come back in (timestamp, key id,
 namespace) order, the heap service's order: with the same key table (the keys
 in the order they first came) a disk job fires exactly as a heap job.
 
+A pop returns at most ``firing_limit`` timers (Flink fires one at a time from
+its RocksDB queue): a window that ends for millions of keys at once fires in
+chunks, with a safe point (:meth:`DiskTimerService.release_keys`, the chunk's
+output emitted) between them, so a firing's memory is bounded too. Each due key
+group is read up to a cap (its share of the limit); if some group reached its
+cap, only the timers read at or before the earliest last-read timestamp ``T``
+of those groups fire (the earliest ``firing_limit`` of them), the rest stay, and
+every later chunk starts at ``T`` or after: timestamps never go back from one
+chunk to the next. Callers pop until a pop returns nothing.
+
 Checkpoints
 -----------
 The entries are in the backend's database, so its full and incremental
@@ -82,6 +92,7 @@ their keys by bytes, never by id.
 
 from __future__ import annotations
 
+import itertools
 import operator
 import struct
 from collections.abc import Mapping
@@ -96,9 +107,12 @@ from raystream.checkpoint.disk_state import (TIMERS_KIND, DiskKeyedStateBackend,
 from raystream.checkpoint.keygroups import check_key_group_range
 from raystream.timers.service import TimerService, read_timer_section
 
-__all__ = ["DiskTimerService", "KEY_TABLE_LIMIT", "TimerDomain", "restore_heap_timers"]
+__all__ = ["DiskTimerService", "FIRING_LIMIT", "KEY_TABLE_LIMIT", "TimerDomain",
+           "restore_heap_timers"]
 
 KEY_TABLE_LIMIT = 1 << 16  # keys the key-id table holds before release_keys empties it
+FIRING_LIMIT = KEY_TABLE_LIMIT  # timers one pop returns at most
+_CAP_FLOOR = 64  # entries a pop may read from each due key group, at least
 _SIGN = 1 << 63
 _NONE = np.iinfo(np.int64).max  # no timer in the key group
 # an entry's head: key group, state id, timestamp + 2**63, namespace + 2**63 (the key follows)
@@ -138,12 +152,14 @@ class DiskTimerService:
     operator's processing thread."""
 
     def __init__(self, backend: DiskKeyedStateBackend, *,
-                 key_table_limit: int = KEY_TABLE_LIMIT) -> None:
+                 key_table_limit: int = KEY_TABLE_LIMIT,
+                 firing_limit: int = FIRING_LIMIT) -> None:
         check_key_group_range(backend.key_groups, backend.max_parallelism)
         self.max_parallelism = backend.max_parallelism
         self.key_groups = backend.key_groups
         self._backend = backend
         self.key_table_limit = key_table_limit  # the key table's bound (see the rule above)
+        self.firing_limit = firing_limit  # timers one pop returns at most
         n = len(self.key_groups)
         self._domains = {
             d: _Domain(struct.unpack(">H", backend.raw_state_id(d.value, TIMERS_KIND))[0],
@@ -380,19 +396,24 @@ class DiskTimerService:
             d.exact[i] = True
 
     def _pop_until(self, domain: TimerDomain, until: int) -> _Timers:
-        """Delete and return the timers of ``domain`` with ``timestamp <= until``: one
-        bounded read per key group holding a due timer, one write batch of deletions."""
+        """Delete and return the timers of ``domain`` with ``timestamp <= until``, at most
+        ``firing_limit`` of them, the earliest: one bounded read per key group holding a
+        due timer (at most ``cap`` entries each), one write batch of deletions. Call it
+        again until it returns none; no later call returns an earlier timestamp."""
         d = self._domains[domain]
         due = np.flatnonzero(d.earliest <= until)
         if not len(due):
             return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
         import rocksdict
 
-        db, backend = self._backend.raw_db, self._backend
+        db, backend, limit = self._backend.raw_db, self._backend, self.firing_limit
         stop = None if until >= _SIGN - 1 else until + 1
+        # per key group: a share of the limit (a floor so that a chunk fills when the due
+        # timers are in few of the due groups); a group read up to its cap may hold more
+        cap = max(min(_CAP_FLOOR, limit), limit // len(due) + 1)
         found: list[bytes] = []
-        it, _read = self._iterator()
-        for i in due.tolist():
+        counts = np.zeros(len(due), np.int64)
+        for at, i in enumerate(due.tolist()):
             group = self.key_groups.start + i
             # from the lower bound: past the tombstones of the timers fired before
             lo = self._bounds(domain, group, int(d.earliest[i]))
@@ -400,26 +421,64 @@ class DiskTimerService:
                   else struct.pack(">HH", group, d.sid + 1))
             read = backend.read_options(hi)
             keys = cast(Iterator[bytes], db.keys(from_key=lo, read_opt=read))
-            found.extend(keys)
+            before = len(found)
+            found.extend(itertools.islice(keys, cap))
             del keys
-            d.earliest[i] = _NONE if stop is None else self._first_at(hi, it)
-            d.exact[i] = True
-        del it
+            counts[at] = len(found) - before
         if not found:
+            self._rescan(domain, due, stop)
             return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
-        # Point deletions, not one range deletion per key group: every iterator created
-        # later would fragment all range tombstones still in the memtable again.
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        delete = batch.delete
-        for k in found:
-            delete(k)
-        db.write(batch)
         width = _HEAD_DTYPE.itemsize
         head = np.frombuffer(b"".join([k[:width] for k in found]), _HEAD_DTYPE)
-        ts, ns = _unflip(head["ts"]), _unflip(head["ns"])
-        kids = self.key_ids_of_codes([k[width:] for k in found], head["kg"].astype(np.int64))
+        ts = _unflip(head["ts"])
+        local = head["kg"].astype(np.int64) - self.key_groups.start
+        ends = np.cumsum(counts)
+        cut = counts == cap  # read up to the cap: more may be due in these groups
+        take = np.ones(len(found), bool)
+        if cut.any():
+            # every timer not read is at or after the earliest last read one of a cut group
+            take = ts <= ts[ends[cut] - 1].min()
+        if int(take.sum()) > limit:  # the earliest `limit` of them (ties: any)
+            take[np.flatnonzero(take)[np.argsort(ts[take], kind="stable")[limit:]]] = False
+        chosen = np.flatnonzero(take)
+        # Point deletions, not one range deletion per key group: every iterator created
+        # later would fragment all range tombstones still in the memtable again.
+        chosen_keys = [found[i] for i in chosen.tolist()]
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        delete = batch.delete
+        for k in chosen_keys:
+            delete(k)
+        db.write(batch)
+        # the groups' earliest timers: a kept one read (exact: nothing earlier is left),
+        # else the last read of a cut group (a lower bound), else after `until` (a seek)
+        d.earliest[due] = _NONE
+        kept = ~take
+        np.minimum.at(d.earliest, local[kept], ts[kept])
+        d.exact[due] = True
+        emptied = d.earliest[due] == _NONE
+        bounded = emptied & cut
+        d.earliest[due[bounded]] = ts[ends[bounded] - 1]
+        d.exact[due[bounded]] = False
+        self._rescan(domain, due[emptied & ~cut], stop)
+        ts, ns = ts[chosen], _unflip(head["ns"][chosen])
+        kids = self.key_ids_of_codes([k[width:] for k in chosen_keys],
+                                     head["kg"][chosen].astype(np.int64))
         order = np.lexsort((ns, kids, ts))  # the heap service's order
         return ts[order], kids[order], ns[order]
+
+    def _rescan(self, domain: TimerDomain, local: np.ndarray, stop: int | None) -> None:
+        """The earliest timers of local key groups ``local`` with none due: the first one
+        at or after ``stop`` (one seek each; None: none left)."""
+        d = self._domains[domain]
+        if stop is None:
+            d.earliest[local] = _NONE
+        elif len(local):
+            it, _read = self._iterator()
+            for i in local.tolist():
+                d.earliest[i] = self._first_at(
+                    self._bounds(domain, self.key_groups.start + i, stop), it)
+            del it
+        d.exact[local] = True
 
     def _count(self, domain: TimerDomain) -> int:
         """How many timers ``domain`` holds: a scan (for tests and metrics, not hot paths)."""
@@ -446,7 +505,8 @@ class DiskTimerService:
 
     def advance_watermark(self, watermark: int) -> _Timers:
         """Delete and return the event-time timers with ``timestamp <= watermark``:
-        (timestamps, key_ids, namespaces) in timestamp order."""
+        (timestamps, key_ids, namespaces) in timestamp order, at most ``firing_limit``
+        of them (the earliest): call it again, after a safe point, until none comes."""
         return self._pop_until(TimerDomain.EVENT_TIME, watermark)
 
     def next_event_time(self) -> int | None:
@@ -477,7 +537,8 @@ class DiskTimerService:
         return self._next(TimerDomain.PROCESSING_TIME)
 
     def fire_processing_time(self, now_ms: int) -> _Timers:
-        """Delete and return the processing-time timers with ``timestamp <= now_ms``."""
+        """Delete and return the processing-time timers with ``timestamp <= now_ms``, at
+        most ``firing_limit`` of them, as :meth:`advance_watermark` does."""
         return self._pop_until(TimerDomain.PROCESSING_TIME, now_ms)
 
     @property

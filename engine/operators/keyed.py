@@ -378,20 +378,22 @@ class KeyedProcessOperator(_KeyedOperator):
 
     def _fire(self, domain: str, pop: Callable[[], tuple]) -> None:
         """Call ``on_timer`` for every due timer, in timestamp order, until none is due
-        (``on_timer`` may register timers that are due already)."""
-        ctx, timers, backend, out = self.keyed_ctx, self.timers, self.backend, []
+        (``on_timer`` may register timers that are due already). Each pop's output is
+        emitted before the next pop (on disk a pop is a bounded chunk): a safe point."""
+        ctx, timers, backend = self.keyed_ctx, self.timers, self.backend
         ctx.time_domain = domain
         while True:
             timestamps, key_ids, _namespaces = pop()
             if not len(timestamps):
                 break
+            out: list[Any] = []
             for timestamp, key_id in zip(timestamps.tolist(), key_ids.tolist()):
                 backend.set_current_key(timers.key(key_id), timers.key_group(key_id))
                 produced = _call(self.fn.on_timer, timestamp, ctx)
                 if produced is not None:
                     out.extend(produced)
+            self._emit(out)
         ctx.time_domain = None
-        self._emit(out)
 
 
 class _BatchValueState(Protocol):

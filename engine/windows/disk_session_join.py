@@ -23,7 +23,9 @@ sessions ``[ts, ts + gap)`` into the stored ones (numpy, over all its keys at
 once), appends one chunk per key and side without decoding the stored rows, and
 writes the entries back with one write batch; a session that took in rows gets a
 timer at ``end - 1`` on the timer service (the namespace is its start). A
-watermark pops the due timers and reads their keys with one multi-get: the rows
+watermark pops the due timers (a bounded chunk at a time, see
+:class:`~raystream.timers.disk_service.DiskTimerService`) and reads their keys
+with one multi-get: the rows
 of each key's sessions with ``end - 1 <= watermark`` are decoded (one Arrow call
 per format), fire, and the key's entry is rewritten with the rest (deleted when
 nothing is left) in one write batch. A timer left by a session that merged into
@@ -48,6 +50,8 @@ rescaling carry them like any keyed state.
     ([1], [0], [15])
     >>> right.table["id"].to_pylist(), disk.stored_entries()  # [25, 35) stays
     ([3], 1)
+    >>> disk.take_due(20) is None  # no timer is due any more
+    True
     >>> backend.close()
 """
 
@@ -172,15 +176,16 @@ class DiskSessionRows:
                        + _CHUNK.pack(side, fp, len(payload)) + payload)
         self._backend.raw_db.write(writes)
 
-    def take_due(self, watermark: int) -> tuple[tuple[KeyedRows, np.ndarray] | None, ...]:
-        """Pop the timers due at ``watermark``; read and remove the rows of their keys'
-        sessions with ``end - 1 <= watermark``: per side, the rows (``ts``: their
-        session's start) and their session's ends (None: no row of that side)."""
+    def take_due(self, watermark: int) -> tuple[tuple[KeyedRows, np.ndarray] | None, ...] | None:
+        """Pop a chunk of the timers due at ``watermark`` (None: none was due); read and
+        remove the rows of their keys' sessions with ``end - 1 <= watermark``: per side,
+        the rows (``ts``: their session's start) and their session's ends (None: no row
+        of that side). Call it again, after a safe point, until it returns None."""
         import rocksdict
 
         _, kids, _ = self._timers.advance_watermark(watermark)
         if not len(kids):
-            return None, None
+            return None
         distinct = np.unique(kids)
         keys = self._keys(distinct)
         entries = self._read(keys)

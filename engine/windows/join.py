@@ -270,17 +270,25 @@ class WindowJoinOperator(BufferedJoinOperator):
         self.release_key_ids()  # a safe point: between batches and firings
         size = self.spec.assigner.max_size_ms
         if isinstance(self.disk_rows, DiskSessionRows):
-            fired = self._fired_of(self.disk_rows.take_due(watermark))
-        elif self.disk_rows is not None:
+            # chunk by chunk of due timers, each emitted before the next: a safe point
+            while (taken := self.disk_rows.take_due(watermark)) is not None:
+                fired = self._fired_of(taken)
+                if fired is not None:
+                    self._emit_fired(*fired)
+                self.release_key_ids()
+            return
+        if self.disk_rows is not None:
             fired = self._take_fired_disk(self.disk_rows, watermark)
         elif not any(b.min_ts is not None and b.min_ts + size - 1 <= watermark
                      for b in self.buffers):
             return  # no window of a buffered row can have ended
         else:
             fired = self._take_fired(watermark)
-        if fired is None:
-            return
-        left, right = fired
+        if fired is not None:
+            self._emit_fired(*fired)
+
+    def _emit_fired(self, left: _Fired, right: _Fired) -> None:
+        """Join, co-group or apply the rows of the windows that fired."""
         if self.spec.kind is WindowJoinKind.CO_GROUP:
             self._co_group(left, right)
         elif self.fn is None:

@@ -813,8 +813,11 @@ class WindowOperator(_KeyedOperator):
             self._on_timers(lambda: self.timers.fire_processing_time(np.iinfo(np.int64).max))
 
     def _on_timers(self, pop) -> None:
-        self.release_key_ids()  # a safe point: between batches and firings
+        """Fire the due timers ``pop`` returns, pop after pop until none is due; each
+        pop's windows are emitted within its iteration, so before the next pop (on disk
+        a bounded chunk) is a safe point."""
         while True:
+            self.release_key_ids()  # a safe point: between batches and firings (chunks)
             timestamps, kids, starts = pop()
             if not len(timestamps):
                 return
