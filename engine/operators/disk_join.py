@@ -86,7 +86,7 @@ def _clip(value: int) -> int:
     return min(max(value, int(_I64.min)), int(_I64.max))
 
 
-class _Format:
+class RowFormat:
     """How the rows of one schema are stored: Arrow IPC record batch messages, or (all
     columns fixed-width numbers or booleans, no nulls) fixed-width numpy records, which
     cost no Arrow call per entry."""
@@ -126,7 +126,7 @@ class _Format:
                                     schema=schema), sizes
 
 
-class _Formats:
+class RowFormats:
     """The formats of the stored rows by fingerprint (8 bytes, each value's first), kept
     as entries ``key group | state id | fingerprint`` -> kind byte and Arrow IPC schema,
     once per key group (so they move with it)."""
@@ -134,21 +134,21 @@ class _Formats:
     def __init__(self, backend: DiskKeyedStateBackend) -> None:
         self._backend = backend
         self._sid = backend.raw_state_id(SCHEMAS, SCHEMA_KIND)
-        self._formats: dict[bytes, _Format] = {}
+        self._formats: dict[bytes, RowFormat] = {}
         self._fps: dict[bytes, bytes] = {}  # stored description -> fingerprint
         self._written: dict[bytes, np.ndarray] = {}  # fingerprint -> key groups holding it
 
-    def of(self, batch: pa.RecordBatch, groups: np.ndarray, writes) -> tuple[bytes, _Format]:
+    def of(self, batch: pa.RecordBatch, groups: np.ndarray, writes) -> tuple[bytes, RowFormat]:
         """``batch``'s format and its fingerprint; puts it into ``writes`` for the key
         groups (from the backend's first) that do not hold it yet."""
-        fixed = _Format.fits(batch)
+        fixed = RowFormat.fits(batch)
         # without metadata (pandas' may differ batch by batch): joins emit none of it
         schema = batch.schema.remove_metadata()
         data = (b"N" if fixed else b"A") + schema.serialize().to_pybytes()
         fp = self._fps.get(data)
         if fp is None:
             fp = self._fps[data] = hashlib.blake2b(data, digest_size=_FP).digest()
-            self._formats[fp] = _Format(schema, fixed)
+            self._formats[fp] = RowFormat(schema, fixed)
             self._written[fp] = np.zeros(len(self._backend.key_groups), dtype=bool)
         written = self._written[fp]
         new = np.unique(groups[~written[groups]])
@@ -158,14 +158,14 @@ class _Formats:
         written[new] = True
         return fp, self._formats[fp]
 
-    def get(self, fp: bytes, group: int) -> _Format:
+    def get(self, fp: bytes, group: int) -> RowFormat:
         found = self._formats.get(fp)
         if found is None:  # restored: written by another instance
             raw = self._backend.raw_db.get(struct.pack(">H", group) + self._sid + fp)
             if raw is None:
                 raise RuntimeError(f"join rows of key group {group} without their format "
                                    f"{fp.hex()}")
-            found = self._formats[fp] = _Format(pa.ipc.read_schema(pa.py_buffer(raw[1:])),
+            found = self._formats[fp] = RowFormat(pa.ipc.read_schema(pa.py_buffer(raw[1:])),
                                                 raw[:1] == b"N")
         return found
 
@@ -182,7 +182,7 @@ class _DiskRows:
         self._seq = 0
         self._sids = tuple(struct.unpack(">H", backend.raw_state_id(name, kind))[0]
                            for name in names)
-        self._formats = _Formats(backend)
+        self._formats = RowFormats(backend)
         self._first = backend.key_groups.start
 
     def _iter(self) -> tuple[Any, Any]:

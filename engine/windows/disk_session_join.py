@@ -64,7 +64,7 @@ import numpy as np
 import pyarrow as pa
 
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
-from raystream.engine.operators.disk_join import _Format, _Formats
+from raystream.engine.operators.disk_join import RowFormat, RowFormats
 from raystream.engine.operators.keyed_rows import JoinSide, KeyedRows, concat_tables
 from raystream.engine.windows.sessions import session_breaks
 from raystream.timers.disk_service import DiskTimerService
@@ -124,7 +124,7 @@ class DiskSessionRows:
         self._timers = timers
         self._gap = int(gap_ms)
         self._sid = backend.raw_state_id(STATE_NAME, KIND)
-        self._formats = _Formats(backend)
+        self._formats = RowFormats(backend)
         self._first = backend.key_groups.start
 
     def _keys(self, kids: np.ndarray) -> list[bytes]:
@@ -208,7 +208,7 @@ class DiskSessionRows:
         key_pos = np.full(len(entries), -1, np.int64)
         key_pos[due_keys] = np.arange(len(due_keys))
         fired: list[list[tuple[pa.Table, np.ndarray, np.ndarray]]] = [[], []]
-        kept: list[tuple[int, bytes, _Format, pa.RecordBatch, np.ndarray]] = []
+        kept: list[tuple[int, bytes, RowFormat, pa.RecordBatch, np.ndarray]] = []
         for (side, fp), (payloads, owners, group) in found.items():
             fmt = self._formats.get(fp, group)
             table, sizes = fmt.table(payloads)
