@@ -104,7 +104,7 @@ import numpy as np
 
 from raystream.checkpoint.disk_state import (TIMERS_KIND, DiskKeyedStateBackend, encode_key,
                                              section_timer_entries)
-from raystream.checkpoint.keygroups import check_key_group_range
+from raystream.timers.key_table import KeyTable
 from raystream.timers.service import TimerService, read_timer_section
 
 __all__ = ["DiskTimerService", "FIRING_LIMIT", "KEY_TABLE_LIMIT", "TimerDomain",
@@ -145,7 +145,7 @@ class _Domain:
     exact: np.ndarray  # bool: earliest is the key group's earliest timer, not a lower bound
 
 
-class DiskTimerService:
+class DiskTimerService(KeyTable):
     """Timers of one keyed operator subtask in its disk backend's RocksDB, with the
     public interface of :class:`~raystream.timers.service.TimerService` (see the
     module docstring for the layout and the key-id rule). All methods run on the
@@ -154,9 +154,8 @@ class DiskTimerService:
     def __init__(self, backend: DiskKeyedStateBackend, *,
                  key_table_limit: int = KEY_TABLE_LIMIT,
                  firing_limit: int = FIRING_LIMIT) -> None:
-        check_key_group_range(backend.key_groups, backend.max_parallelism)
-        self.max_parallelism = backend.max_parallelism
-        self.key_groups = backend.key_groups
+        super().__init__(max_parallelism=backend.max_parallelism,
+                         key_groups=backend.key_groups)
         self._backend = backend
         self.key_table_limit = key_table_limit  # the key table's bound (see the rule above)
         self.firing_limit = firing_limit  # timers one pop returns at most
@@ -165,12 +164,6 @@ class DiskTimerService:
             d: _Domain(struct.unpack(">H", backend.raw_state_id(d.value, TIMERS_KIND))[0],
                        np.full(n, _NONE, np.int64), np.ones(n, bool))
             for d in TimerDomain}
-        self._keys: list[Any] = []
-        self._codes: list[bytes] = []
-        self._ids: dict[Any, int] = {}
-        self._by_code: dict[bytes, int] = {}
-        self._kg_dtype = np.int16 if self.max_parallelism <= 2**15 else np.int32
-        self._kg = np.empty(1024, self._kg_dtype)
         self._generation = 0
         self.rebuild()
 
@@ -180,58 +173,17 @@ class DiskTimerService:
         return frozenset(struct.pack(">H", d.sid) for d in self._domains.values())
 
     # -- key table (a cache: ids valid until release_keys) ---------------------------
-    def _append(self, key: Any, key_group: int, code: bytes) -> int:
-        kid = len(self._keys)
-        if kid == len(self._kg):
-            grown = np.empty(2 * kid, self._kg_dtype)
-            grown[:kid] = self._kg
-            self._kg = grown
-        self._kg[kid] = key_group
-        self._keys.append(key)
+    def _clear_keys(self) -> None:
+        super()._clear_keys()
+        self._codes: list[bytes] = []
+        self._by_code: dict[bytes, int] = {}
+
+    def _append_key(self, key: Any, key_group: int, code: bytes | None = None) -> int:
+        kid = super()._append_key(key, key_group)
+        code = encode_key(key) if code is None else code
         self._codes.append(code)
-        self._ids[key] = kid
         self._by_code[code] = kid
         return kid
-
-    def _check_groups(self, keys: list, key_groups: np.ndarray) -> None:
-        outside = np.flatnonzero((key_groups < self.key_groups.start)
-                                 | (key_groups >= self.key_groups.stop))
-        if outside.size:
-            i = int(outside[0])
-            raise ValueError(
-                f"key {keys[i]!r} is in key group {int(key_groups[i])}, outside this subtask's "
-                f"key groups {self.key_groups.start}..{self.key_groups.stop - 1}")
-
-    def key_id(self, key: Any, key_group: int) -> int:
-        """The id of ``key`` (whose key group is ``key_group``), adding it if new."""
-        return int(self.key_ids([key], np.array([key_group], np.int64))[0])
-
-    def key_ids(self, keys: list, key_groups: np.ndarray) -> np.ndarray:
-        """Ids of a batch's ``keys`` (with their key groups), adding new ones."""
-        key_groups = np.asarray(key_groups)
-        if len(key_groups) != len(keys):
-            raise ValueError(f"{len(keys)} keys but {len(key_groups)} key groups")
-        if len(keys) == 0:
-            return np.empty(0, np.int64)
-        self._check_groups(keys, key_groups)
-        get = self._ids.get
-        found = list(map(get, keys))
-        if None in found:
-            groups = key_groups.tolist()
-            for i, kid in enumerate(found):
-                if kid is None:
-                    kid = get(keys[i])  # the batch may repeat a new key
-                    found[i] = kid if kid is not None else self._append(
-                        keys[i], groups[i], encode_key(keys[i]))
-        ids = np.array(found, np.int64)
-        wrong = np.flatnonzero(self._kg[ids] != key_groups)
-        if wrong.size:
-            i = int(wrong[0])
-            raise ValueError(
-                f"key {keys[i]!r} was registered in key group {int(self._kg[ids[i]])}, now "
-                f"given key group {int(key_groups[i])} (keys that compare equal must hash to "
-                f"the same key group)")
-        return ids
 
     def key_ids_of_codes(self, codes: list[bytes], key_groups: np.ndarray) -> np.ndarray:
         """Ids of encoded keys read from the database (decoded only when not known)."""
@@ -242,18 +194,9 @@ class DiskTimerService:
             for i, kid in enumerate(found):
                 if kid is None:
                     kid = get(codes[i])
-                    found[i] = kid if kid is not None else self._append(
+                    found[i] = kid if kid is not None else self._append_key(
                         decode(codes[i]), groups[i], codes[i])
         return np.array(found, np.int64)
-
-    def key(self, key_id: int) -> Any:
-        return self._keys[key_id]
-
-    def keys(self, key_ids: np.ndarray) -> list:
-        ids = np.asarray(key_ids).tolist()
-        if len(ids) < 2:
-            return [self._keys[i] for i in ids]
-        return list(operator.itemgetter(*ids)(self._keys))
 
     def codes(self, key_ids: np.ndarray) -> list[bytes]:
         """The encoded keys (the backend's ``encode_key``) of ``key_ids``, in order: each
@@ -262,23 +205,6 @@ class DiskTimerService:
         if len(ids) < 2:
             return [self._codes[i] for i in ids]
         return list(operator.itemgetter(*ids)(self._codes))
-
-    def key_group(self, key_id: int) -> int:
-        if not 0 <= key_id < len(self._keys):
-            raise IndexError(f"no key id {key_id}")
-        return int(self._kg[key_id])
-
-    def key_groups_of(self, key_ids: np.ndarray) -> np.ndarray:
-        key_ids = np.asarray(key_ids)
-        n = len(self._keys)
-        if key_ids.size and (key_ids.min() < 0 or key_ids.max() >= n):
-            raise IndexError(f"key ids out of range: {n} keys known")
-        return self._kg[key_ids].astype(np.int64)
-
-    @property
-    def num_keys(self) -> int:
-        """How many keys the table holds now (ids are 0..num_keys-1)."""
-        return len(self._keys)
 
     @property
     def generation(self) -> int:
@@ -292,18 +218,9 @@ class DiskTimerService:
         then invalid. True if it did."""
         if not force and len(self._keys) <= self.key_table_limit:
             return False
-        self._keys, self._codes, self._ids, self._by_code = [], [], {}, {}
-        self._kg = np.empty(1024, self._kg_dtype)
+        self._clear_keys()
         self._generation += 1
         return True
-
-    def _check_key_ids(self, key_ids: np.ndarray) -> np.ndarray:
-        key_ids = np.asarray(key_ids, dtype=np.int64)
-        n = len(self._keys)
-        if key_ids.size and (key_ids.min() < 0 or key_ids.max() >= n):
-            bad = key_ids[(key_ids < 0) | (key_ids >= n)][0]
-            raise ValueError(f"timer for unknown key id {bad} ({n} keys known)")
-        return key_ids
 
     # -- entries -------------------------------------------------------------------
     def _entries(self, domain: TimerDomain, key_ids: np.ndarray, namespaces: np.ndarray,
