@@ -25,7 +25,7 @@ from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.count import CountWindowOperator
 from raystream.engine.windows.disk_count import KIND, STATE_NAME, DiskCountState
 from tests.test_disk_windows import disk_env, values_by_key
-from tests.test_exactly_once import wait_for_checkpoint
+from tests.test_exactly_once import savepoint_chain, wait_for_checkpoint
 from tests.test_windows import throttle
 
 MAXP = 128
@@ -289,19 +289,13 @@ def test_disk_count_windows_savepoints_at_1_then_2_restored_at_3(ray_session, tm
     """Stopped with a savepoint at parallelism 1, restored at 2 and stopped again, restored
     at 3 and run to the end: every window fires exactly once over the three runs."""
     n = 24_000  # 96 throttled batches: the first run is stopped well before its end
-    results: list[tuple[pa.Table, pa.Table]] = []
-    restore_from = None
-    for parallelism in (1, 2, 3):
+
+    def job(parallelism: int):
         env = disk_env(str(tmp_path / f"chk{parallelism}"), parallelism)
-        sinks = count_job(env, n)
-        client = env.execute_async(f"disk-count-p{parallelism}", restore_from=restore_from)
-        if parallelism < 3:
-            wait_for_checkpoint(client, after=0)
-            restore_from = str(tmp_path / f"savepoint{parallelism}")
-            job = client.stop_with_savepoint(restore_from)
-        else:
-            job = client.wait(timeout_s=240)
-        results.append((job.table(sinks[0]), job.table(sinks[1])))
+        return env, count_job(env, n)
+
+    results = [(result.table(sinks[0]), result.table(sinks[1]))
+               for result, sinks in savepoint_chain(tmp_path, "disk-count", job)]
     assert 0 < sum(t.num_rows for t in results[0]) < len(job_oracle(n, TUMBLING, None))
     assert job_rows([t for t, _ in results]) == job_oracle(n, TUMBLING, None)
     assert job_rows([s for _, s in results]) == job_oracle(n, *SLIDING)

@@ -32,7 +32,7 @@ from raystream.engine.windows.operator import WindowOperator
 from tests.test_disk_session_windows import KEYS, final_sessions, session_input
 from tests.test_disk_user_windows import user_operator
 from tests.test_disk_windows import MAXP, disk_env, drive, values_by_key
-from tests.test_exactly_once import wait_for_checkpoint
+from tests.test_exactly_once import savepoint_chain, wait_for_checkpoint
 from tests.test_windows import Average, Spread, throttle
 
 GAP = 15
@@ -319,18 +319,8 @@ def test_process_function_sessions_through_savepoints_at_1_2_3(ray_session, tmp_
             rs.EventTimeSessionWindows(gap_ms=JOB_GAP), timestamp="ts").process(
             Spread()).collect()
 
-    tables, restore_from = [], None
-    for parallelism in (1, 2, 3):
-        env, sink = job(parallelism)
-        if parallelism < 3:
-            client = env.execute_async(f"disk-user-sessions-p{parallelism}",
-                                       restore_from=restore_from)
-            wait_for_checkpoint(client, after=0)
-            restore_from = str(tmp_path / f"savepoint{parallelism}")
-            result = client.stop_with_savepoint(restore_from)
-        else:
-            result = env.execute("disk-user-sessions-p3", restore_from=restore_from)
-        tables.append(result.table(sink))
+    tables = [result.table(sink)
+              for result, sink in savepoint_chain(tmp_path, "disk-user-sessions", job)]
     got = results(pa.concat_tables([t for t in tables if t.num_rows]).to_pandas())
     assert not got.duplicated(KEYS).any()
     e = pd.DataFrame(session_events(np.arange(n))).rename(columns={"user": "k"})

@@ -28,7 +28,7 @@ from raystream.engine.operators.interval_join import (IntervalBounds, IntervalJo
                                                       IntervalJoinSpec, JoinSide)
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator, WindowJoinSpec
 from tests import test_window_join as wj
-from tests.test_exactly_once import wait_for_checkpoint
+from tests.test_exactly_once import savepoint_chain, wait_for_checkpoint
 from tests.test_joins import (BASE, Ids, crawl, expected_pairs, join_job, oracle,
                               pairs_of, throttle)
 
@@ -437,17 +437,7 @@ def test_disk_interval_join_savepoints_at_1_2_3(ray_session, tmp_path):
         return env, join_job(env, n, lower, upper, fn=Ids(),
                             pace=crawl if parallelism < 3 else None)
 
-    tables, restore_from = [], None
-    for parallelism in (1, 2, 3):
-        env, sink = job(parallelism)
-        if parallelism < 3:
-            client = env.execute_async(f"disk-join-p{parallelism}", restore_from=restore_from)
-            wait_for_checkpoint(client, after=0)
-            restore_from = str(tmp_path / f"savepoint{parallelism}")
-            result = client.stop_with_savepoint(restore_from)
-        else:
-            result = env.execute("disk-join-p3", restore_from=restore_from)
-        tables.append(result.table(sink))
+    tables = [result.table(sink) for result, sink in savepoint_chain(tmp_path, "disk-join", job)]
     assert all(t.num_rows for t in tables), [t.num_rows for t in tables]  # each run midway
     got = pairs_of(pa.concat_tables(tables))
     assert len(got) == len(set(got))

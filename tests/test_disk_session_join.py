@@ -30,7 +30,7 @@ from raystream.engine.windows.disk_session_join import DiskSessionRows
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator
 from tests import test_window_join as wj
 from tests.test_disk_joins import MAXP, co_groups, disk_env, window_join_operator, window_rows
-from tests.test_exactly_once import wait_for_checkpoint
+from tests.test_exactly_once import savepoint_chain, wait_for_checkpoint
 from tests.test_joins import crawl
 
 SESSION = wj.SESSION  # gap 30 ms
@@ -260,18 +260,8 @@ def test_disk_session_co_group_through_savepoints_at_1_2_3(ray_session, tmp_path
         return env, left.co_group(right).where("k").equal_to("k").window(
             SESSION, timestamp="ts").apply(count, name="co_group").collect()
 
-    tables, restore_from = [], None
-    for parallelism in (1, 2, 3):
-        env, sink = job(parallelism)
-        if parallelism < 3:
-            client = env.execute_async(f"disk-session-co-group-p{parallelism}",
-                                       restore_from=restore_from)
-            wait_for_checkpoint(client, after=0)
-            restore_from = str(tmp_path / f"savepoint{parallelism}")
-            result = client.stop_with_savepoint(restore_from)
-        else:
-            result = env.execute("disk-session-co-group-p3", restore_from=restore_from)
-        tables.append(result.table(sink))
+    tables = [result.table(sink)
+              for result, sink in savepoint_chain(tmp_path, "disk-session-co-group", job)]
     got = sorted((r["k"], r["window_start"], r["window_end"], r["left"], r["right"])
                  for r in pa.concat_tables([t for t in tables if t.num_rows]).to_pylist())
     frame = pd.DataFrame(wj.events(np.arange(n)))

@@ -14,6 +14,7 @@ import collections
 import os
 import shutil
 import time
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -94,6 +95,24 @@ def wait_for_checkpoint(client: rs.JobClient, after: int = 0, timeout_s: float =
             return completed[-1]
         time.sleep(0.02)
     raise AssertionError("no checkpoint completed in time")
+
+
+def savepoint_chain(tmp_path, name: str,
+                    job: Callable[[int], tuple[rs.StreamEnvironment, Any]]) -> list[tuple[Any, Any]]:
+    """Run ``job(1)``, stop it with a savepoint once a checkpoint completed, restore it as
+    ``job(2)`` and stop it again, restore it as ``job(3)`` and run it to the end: the three
+    (job result, what ``job`` returned beside its environment, e.g. its sinks)."""
+    runs, restore_from = [], None
+    for parallelism in (1, 2, 3):
+        env, sinks = job(parallelism)
+        if parallelism < 3:
+            client = env.execute_async(f"{name}-p{parallelism}", restore_from=restore_from)
+            wait_for_checkpoint(client, after=0)
+            restore_from = str(tmp_path / f"savepoint{parallelism}")
+            runs.append((client.stop_with_savepoint(restore_from), sinks))
+        else:
+            runs.append((env.execute(f"{name}-p3", restore_from=restore_from), sinks))
+    return runs
 
 
 def test_kill_of_a_subtask_after_a_checkpoint_is_exactly_once(ray_session, storage):
