@@ -198,12 +198,12 @@ class DiskChunks(DiskEntries):
             if marker is None:
                 out.append(None)
                 continue
-            rows: tuple = ()
+            rows: list = []
             for _ in range(marker[1]):
                 raw = next(raws)
                 if raw is not None:  # every counted chunk is there (one write batch each)
-                    rows += _batches(raw)
-            out.append((marker[0], rows))
+                    rows.extend(_batches(raw))
+            out.append((marker[0], tuple(rows)))
         return out
 
     def delete(self, keys: list[bytes]) -> None:
