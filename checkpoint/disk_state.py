@@ -1065,6 +1065,29 @@ def record_fields(prefix: str, kind: str) -> list[tuple[str, np.dtype]]:
     return [(name, np.dtype(dtype)) for name, dtype in json.loads(kind[len(prefix) + 1:])]
 
 
+def partials_record(prefix: str, partials: Mapping[str, Any], *, where: str,
+                    first: Sequence[tuple[str, str]] = (), last: Sequence[tuple[str, str]] = ()
+                    ) -> tuple[np.dtype, str]:
+    """A window layout's value record, its fields ``first``, the partial columns of dtypes
+    ``partials`` and its fields ``last``, all little-endian, and the :func:`record_kind`
+    of ``prefix`` that carries it; ``where`` (the operator) names partials that are not
+    fixed-width (objects).
+
+    >>> record, kind = partials_record("panes", {"n": np.dtype(">i4")}, where="w",
+    ...                                last=[("__kid", "<i8")])
+    >>> record.descr, kind
+    ([('n', '<i4'), ('__kid', '<i8')], 'panes [["n", "<i4"], ["__kid", "<i8"]]')
+    """
+    record = np.dtype([*first, *((n, np.dtype(d).newbyteorder("<")) for n, d in partials.items()),
+                       *last])
+    if record.hasobject:
+        raise ValueError(f"{where}: partials of type "
+                         f"{', '.join(str(np.dtype(d)) for d in partials.values())} cannot be "
+                         f"kept in the disk state backend (fixed-width numeric partials only); "
+                         f"run this job with CheckpointConfig(state_backend='heap')")
+    return record, record_kind(prefix, [(n, record[n]) for n in record.names or ()])
+
+
 def section_state_kinds(group: int, section: bytes, max_parallelism: int) -> list[str]:
     """The kinds of the states in keyed-state ``section`` of key group ``group``: those
     its directory lists when it is the disk backend's, none when it is the heap's."""

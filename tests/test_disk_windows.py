@@ -26,6 +26,7 @@ from raystream.engine.keys import KeySelector
 from raystream.engine.operators.keyed import _KeyedOperator
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.disk_panes import STATE_NAME, DiskPanes
+from raystream.engine.windows.disk_sessions import DiskSessions
 from raystream.engine.windows.functions import BuiltinAggregates, UserAggregate
 from raystream.engine.windows import operator as window_operator_module
 from raystream.engine.windows.operator import WindowOperator
@@ -178,6 +179,30 @@ def test_picking_aggregates_on_disk_equal_the_heap_and_pandas():
         expected.append((*window, tied["x"].min(), sorted(group["x"], reverse=True)[:3]))  # pyright: ignore[reportGeneralTypeIssues]
     got = [(r.k, r.window_start, r.best, list(r.top)) for r in disk.itertuples()]
     assert got == expected
+
+
+def test_partials_that_are_not_fixed_width_are_refused_naming_the_window():
+    """Dense panes and sessions keep fixed-width records: object partials are refused
+    with the operator's name, their types and the way out (the heap backend)."""
+    backend = DiskKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    try:
+        timers = DiskTimerService(backend)
+        spec = AggregateSpec.of({"n": ("count", None)})
+        refused = (r"window 'w': partials of type object, int64 cannot be kept in the disk "
+                   r"state backend \(fixed-width numeric partials only\); run this job with "
+                   r"CheckpointConfig\(state_backend='heap'\)")
+        panes = DiskPanes(backend, spec, timers, where="window 'w'")
+        with pytest.raises(ValueError, match=refused):
+            panes.set_dtypes({"__o": np.dtype(object), "__n.n": np.dtype(np.int64)})
+        assert panes.record is None and backend.state_kind(STATE_NAME) is None
+        sessions = DiskSessions(backend, spec, timers, where="window 'w'")
+        kids = timers.key_ids(["a"], np.array([1]))
+        with pytest.raises(ValueError, match=refused):
+            sessions.merge(kids, np.array([0]), np.array([10]),
+                           {"__o": np.array([None], dtype=object), "__n.n": np.array([1])})
+        assert sessions.record is None
+    finally:
+        backend.close()
 
 
 def test_a_key_group_cleared_alone_leaves_the_others_of_its_window():

@@ -67,8 +67,8 @@ from typing import Iterable
 
 import numpy as np
 
-from raystream.checkpoint.disk_state import (DiskKeyedStateBackend, record_fields,
-                                             record_kind)
+from raystream.checkpoint.disk_state import (DiskKeyedStateBackend, partials_record,
+                                             record_fields)
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.timers.disk_service import DiskTimerService
 
@@ -110,7 +110,7 @@ class DiskPanes:
         self._sid = b""
         kind = backend.state_kind(STATE_NAME)
         if kind is not None:  # restored
-            self._use(np.dtype(record_fields(KIND, kind)))
+            self._use(np.dtype(record_fields(KIND, kind)), kind)
             self._find_windows()
 
     @property
@@ -119,20 +119,13 @@ class DiskPanes:
         return None if record is None else {n: record[n] for n in self._columns}
 
     def set_dtypes(self, dtypes: dict[str, np.dtype]) -> None:
-        record = np.dtype([*((n, np.dtype(d).newbyteorder("<")) for n, d in dtypes.items()),
-                           (_KID, "<i8"), (_TAG, "<u8")])
-        if record.hasobject:
-            raise ValueError(f"{self._where}: partials of type "
-                             f"{', '.join(str(d) for d in dtypes.values())} cannot be kept in "
-                             f"the disk state backend (fixed-width numeric partials only); run "
-                             f"this job with CheckpointConfig(state_backend='heap')")
-        self._use(record)
+        self._use(*partials_record(KIND, dtypes, where=self._where,
+                                   last=[(_KID, "<i8"), (_TAG, "<u8")]))
 
-    def _use(self, record: np.dtype) -> None:
+    def _use(self, record: np.dtype, kind: str) -> None:
         self.record = record
         self._columns = [n for n in record.names or () if n not in (_KID, _TAG)]
-        self._sid = self._backend.raw_state_id(
-            STATE_NAME, record_kind(KIND, [(n, record[n]) for n in record.names or ()]))
+        self._sid = self._backend.raw_state_id(STATE_NAME, kind)
 
     def _timed(self, end: int) -> np.ndarray:
         timed = self.timed.get(end)

@@ -49,8 +49,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from raystream.checkpoint.disk_state import (DiskKeyedStateBackend, record_fields,
-                                             record_kind)
+from raystream.checkpoint.disk_state import (DiskKeyedStateBackend, partials_record,
+                                             record_fields)
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.sessions import Merged, SessionStore
 from raystream.timers.disk_service import DiskTimerService
@@ -74,26 +74,19 @@ class DiskSessions:
         self._sid = b""
         kind = backend.state_kind(STATE_NAME)
         if kind is not None:  # restored: the record comes with the state
-            self._use(np.dtype(record_fields(KIND, kind)))
+            self._use(np.dtype(record_fields(KIND, kind)), kind)
 
     def _declare(self, partials: dict[str, np.ndarray]) -> None:
         """The first partials of a state that has no record yet fix it."""
-        if self.record is not None:
-            return
-        record = np.dtype([(_START, "<i8"), (_END, "<i8"),
-                           *((n, v.dtype.newbyteorder("<")) for n, v in partials.items())])
-        if record.hasobject:
-            raise ValueError(f"{self._where}: partials of type "
-                             f"{', '.join(str(v.dtype) for v in partials.values())} cannot be "
-                             f"kept in the disk state backend (fixed-width numeric partials "
-                             f"only); run this job with CheckpointConfig(state_backend='heap')")
-        self._use(record)
+        if self.record is None:
+            self._use(*partials_record(KIND, {n: v.dtype for n, v in partials.items()},
+                                       where=self._where,
+                                       first=[(_START, "<i8"), (_END, "<i8")]))
 
-    def _use(self, record: np.dtype) -> None:
+    def _use(self, record: np.dtype, kind: str) -> None:
         self.record = record
         self._columns = [n for n in record.names or () if n not in (_START, _END)]
-        self._sid = self._backend.raw_state_id(
-            STATE_NAME, record_kind(KIND, [(n, record[n]) for n in record.names or ()]))
+        self._sid = self._backend.raw_state_id(STATE_NAME, kind)
 
     def entry_keys(self, kids: np.ndarray) -> list[bytes]:
         """The stored keys of key ids ``kids`` (one encoding per distinct key)."""
