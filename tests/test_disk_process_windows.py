@@ -30,6 +30,7 @@ from raystream.engine.windows import operator as window_operator_module
 from raystream.engine.windows.disk_entries import DiskChunks, DiskEntries
 from raystream.engine.windows.functions import ProcessWindow
 from raystream.engine.windows.operator import WindowOperator
+from raystream.timers.disk_service import DiskTimerService
 from tests.test_disk_windows import MAXP, disk_env, drive, own_entries, stored_entries
 from tests.test_exactly_once import wait_for_checkpoint
 from tests.test_windows import events, make_input, throttle, windows_of
@@ -241,6 +242,44 @@ def test_an_older_checkpoint_of_single_entry_windows_restores_as_chunks(monkeypa
     old_sid = backend.raw_state_id(disk_entries.STATE_NAME, disk_entries.KIND)
     entries = dict(own_entries(op))
     assert entries and not any(k[2:4] == old_sid for k in entries)
+
+    # a checkpoint written since names the chunks' state: its restores move nothing
+    keyed = op.snapshot_state(2).keyed_state
+    assert keyed is not None
+    with monkeypatch.context() as patch:
+        def moved(self) -> None:
+            raise AssertionError("a checkpoint of chunks was searched for older entries")
+
+        patch.setattr(DiskChunks, "_move_in_entries", moved)
+        again = pwf_operator(StateBackend.DISK, assigner, lateness=30)
+        again.initialize_state(RestoredState(2, [], list(keyed().items()), WatermarkFloors
+                                             .from_json(watermark, max_parallelism=MAXP)))
+    assert isinstance(again.disk_entries, DiskChunks) and dict(own_entries(again)) == entries
+
+
+def test_a_delete_after_appends_removes_the_chunks_appended_since_the_read():
+    """``delete`` counts a window's chunks from the markers ``get`` just read, unless
+    rows were appended since: then it reads them again and leaves nothing behind."""
+    backend = DiskKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    try:
+        timers = DiskTimerService(backend)
+        chunks = DiskChunks(backend, timers)
+        keys = chunks.entry_keys(timers.key_ids(["a", "b"], np.array([1, 2])),
+                                 np.array([10, 10]))
+        sid = backend.raw_state_id(disk_entries.CHUNKS_NAME, disk_entries.CHUNKS_KIND)
+
+        def stored() -> int:  # markers and chunks
+            return sum(1 for k in backend.raw_db.keys() if k[2:4] == sid)
+
+        rows = [tuple(pa.table({"x": [i]}).to_batches()) for i in range(2)]
+        chunks.append(keys, np.array([0, 0]), rows)
+        assert chunks.get(keys) == [(0, rows[0]), (0, rows[1])]
+        chunks.append(keys, np.array([0, 0]), rows)
+        assert chunks.chunks_of(keys) == [2, 2] and stored() == 6
+        chunks.delete(keys)
+        assert chunks.chunks_of(keys) == [0, 0] and stored() == 0
+    finally:
+        backend.close()
 
 
 # -- a job on Ray -----------------------------------------------------------------------------

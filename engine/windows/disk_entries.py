@@ -38,9 +38,11 @@ unpickling (a pickled slice of a batch may carry its parent's whole buffers). A
 firing reads its due windows' markers and then all their chunks with a second
 multi-get, concatenates them in seq order (the heap path's order) and calls the
 function once; the cleanup deletes the markers and the chunks it counted with point
-deletes in one write batch (no range tombstones). An older checkpoint's
-``ProcessWindowFunction`` windows (one entry of :class:`DiskEntries` holding all the
-rows) become one chunk each when the state is opened.
+deletes in one write batch (no range tombstones), and without allowed lateness, where
+the cleanup is the firing, counts them from the markers the firing read. An older
+checkpoint's ``ProcessWindowFunction`` windows (one entry of :class:`DiskEntries`
+holding all the rows) become one chunk each when the state is restored; a checkpoint
+written since names the chunks' state, so restoring it looks for no such entries.
 
 Timers, one per key and window as on the heap (the generic path's timers), are in
 the same database (:mod:`raystream.timers.disk_service`). The entries share the
@@ -154,8 +156,16 @@ class DiskChunks(DiskEntries):
     (accumulators are tuples of record batches); ``entry_keys`` are the markers'."""
 
     def __init__(self, backend: DiskKeyedStateBackend, timers: DiskTimerService) -> None:
+        # Only a checkpoint written before chunks holds windows as single entries: one
+        # written since names the chunks' state too (declared below, before any move),
+        # so its restores skip the scan for entries the first restore moved.
+        older = (backend.state_kind(STATE_NAME) == KIND
+                 and backend.state_kind(CHUNKS_NAME) is None)
         super().__init__(backend, timers, name=CHUNKS_NAME, kind=CHUNKS_KIND)
-        if backend.state_kind(STATE_NAME) == KIND:  # an older checkpoint: one entry a window
+        # the markers :meth:`get` read last, for a :meth:`delete` of the same windows
+        # right after (a firing without allowed lateness also cleans its windows up)
+        self._read: tuple[list[bytes], list[tuple[int, int] | None]] | None = None
+        if older:
             self._move_in_entries()
 
     def _markers(self, keys: list[bytes]) -> list[tuple[int, int] | None]:
@@ -173,6 +183,7 @@ class DiskChunks(DiskEntries):
         are new."""
         import rocksdict
 
+        self._read = None  # the counts it holds change
         markers = self._markers(keys)
         batch = rocksdict.WriteBatch(raw_mode=True)
         for key, start, rows, marker in zip(keys, starts.tolist(), accumulators, markers):
@@ -190,6 +201,7 @@ class DiskChunks(DiskEntries):
         """(window start, all its rows in arrival order) of each window at ``keys`` (None
         if none): the markers, then every chunk, each with one multi-get."""
         markers = self._markers(keys)
+        self._read = (keys, markers)
         wanted = [key + _SEQ.pack(seq) for key, marker in zip(keys, markers)
                   if marker is not None for seq in range(marker[1])]
         raws = iter(list(self._backend.raw_db[wanted]) if wanted else [])
@@ -208,9 +220,13 @@ class DiskChunks(DiskEntries):
 
     def delete(self, keys: list[bytes]) -> None:
         """Delete the windows at ``keys``: their markers and the chunks they count, with
-        point deletes in one write batch."""
-        super().delete([*keys, *(key + _SEQ.pack(seq) for key, n in zip(
-            keys, self.chunks_of(keys)) for seq in range(n))])
+        point deletes in one write batch (the markers not read again if :meth:`get` just
+        read them)."""
+        read, self._read = self._read, None
+        counts = ([0 if m is None else m[1] for m in read[1]]
+                  if read is not None and read[0] == keys else self.chunks_of(keys))
+        super().delete([*keys, *(key + _SEQ.pack(seq) for key, n in zip(keys, counts)
+                                 for seq in range(n))])
 
     def _move_in_entries(self) -> None:
         """An older checkpoint's windows, one entry each holding all their rows: one chunk
