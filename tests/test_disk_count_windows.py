@@ -14,7 +14,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-import ray
 
 import raystream as rs
 from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
@@ -24,8 +23,8 @@ from raystream.engine.keys import KeySelector
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.count import CountWindowOperator
 from raystream.engine.windows.disk_count import KIND, STATE_NAME, DiskCountState
-from tests.test_disk_windows import disk_env, values_by_key
-from tests.test_exactly_once import savepoint_chain, wait_for_checkpoint
+from tests.test_disk_windows import disk_env, run_through_a_kill, values_by_key
+from tests.test_exactly_once import savepoint_chain
 from tests.test_windows import throttle
 
 MAXP = 128
@@ -307,11 +306,6 @@ def test_disk_count_windows_exactly_once_through_a_subtask_kill(ray_session, tmp
     n = 12_000
     env = disk_env(str(tmp_path / "chk"), 2, incremental=incremental)
     tumbling, sliding = count_job(env, n)
-    client = env.execute_async("disk-count-kill")
-    completed = wait_for_checkpoint(client, after=1)
-    ray.kill(client.subtask_actor("sliding", 1))
-    job = client.wait(timeout_s=240)
-    assert job.restarts == 1, job.failures
-    assert job.restores[0]["checkpoint_id"] >= completed
+    job = run_through_a_kill(env, "disk-count-kill", "sliding")
     assert job_rows([job.table(tumbling)]) == job_oracle(n, TUMBLING, None)
     assert job_rows([job.table(sliding)]) == job_oracle(n, *SLIDING)

@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-import ray
 
 import raystream as rs
 from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
@@ -31,8 +30,8 @@ from raystream.engine.windows.functions import UserAggregate
 from raystream.engine.windows.operator import WindowOperator
 from tests.test_disk_session_windows import KEYS, final_sessions, session_input
 from tests.test_disk_user_windows import user_operator
-from tests.test_disk_windows import MAXP, disk_env, drive, values_by_key
-from tests.test_exactly_once import savepoint_chain, wait_for_checkpoint
+from tests.test_disk_windows import MAXP, disk_env, drive, run_through_a_kill, values_by_key
+from tests.test_exactly_once import savepoint_chain
 from tests.test_windows import Average, Spread, throttle
 
 GAP = 15
@@ -286,12 +285,7 @@ def test_disk_user_sessions_exactly_once_through_a_subtask_kill(ray_session, tmp
     sink = src.map_batches(throttle, name="throttle").key_by("user").window(
         rs.EventTimeSessionWindows(gap_ms=JOB_GAP), timestamp="ts").aggregate(
         Average()).collect()  # pyright: ignore[reportArgumentType]
-    client = env.execute_async(f"disk-user-sessions-kill-{incremental}")
-    completed = wait_for_checkpoint(client, after=1)
-    ray.kill(client.subtask_actor("window", 1))
-    job = client.wait(timeout_s=240)
-    assert job.restarts == 1, job.failures
-    assert job.restores[0]["checkpoint_id"] >= completed
+    job = run_through_a_kill(env, f"disk-user-sessions-kill-{incremental}", "window")
     got = (job.table(sink).to_pandas().rename(columns={"user": "k"})
            .loc[:, [*KEYS, "rows", "avg"]].sort_values(KEYS).reset_index(drop=True))
     assert not got.duplicated(KEYS).any()  # no session emitted twice

@@ -15,7 +15,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-import ray
 
 import raystream as rs
 from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
@@ -28,7 +27,8 @@ from raystream.engine.operators.interval_join import (IntervalBounds, IntervalJo
                                                       IntervalJoinSpec, JoinSide)
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator, WindowJoinSpec
 from tests import test_window_join as wj
-from tests.test_exactly_once import savepoint_chain, wait_for_checkpoint
+from tests.test_disk_windows import run_through_a_kill
+from tests.test_exactly_once import savepoint_chain
 from tests.test_joins import (BASE, Ids, crawl, expected_pairs, join_job, oracle,
                               pairs_of, throttle)
 
@@ -414,12 +414,7 @@ def test_disk_interval_join_exactly_once_through_a_subtask_kill(ray_session, tmp
     n, lower, upper = 10_000, -30, 20
     env = disk_env(str(tmp_path / "chk"), 2, incremental=incremental, restart=True)
     sink = join_job(env, n, lower, upper, pace=throttle)
-    client = env.execute_async("disk-join-kill")
-    completed = wait_for_checkpoint(client, after=1)
-    ray.kill(client.subtask_actor("join", 1))
-    job = client.wait(timeout_s=240)
-    assert job.restarts == 1, job.failures
-    assert job.restores[0]["checkpoint_id"] >= completed
+    job = run_through_a_kill(env, "disk-join-kill", "join")
     got = pairs_of(job.table(sink))
     assert len(got) == len(set(got))  # no pair twice, though one subtask died midway
     expected = expected_pairs(n, lower, upper)
@@ -453,12 +448,7 @@ def test_disk_window_join_exactly_once_through_a_subtask_kill(ray_session, tmp_p
     left, right = wj.sides(env, n)
     sink = left.join(right).where("k").equal_to("k").window(assigner, timestamp="ts") \
         .join(name="join").collect()
-    client = env.execute_async("disk-window-join-kill")
-    completed = wait_for_checkpoint(client, after=1)
-    ray.kill(client.subtask_actor("join", 1))
-    job = client.wait(timeout_s=240)
-    assert job.restarts == 1, job.failures
-    assert job.restores[0]["checkpoint_id"] >= completed
+    job = run_through_a_kill(env, "disk-window-join-kill", "join")
     got = wj.pairs_of(job.table(sink))
     assert len(got) == len(set(got))
     expected = wj.expected_job_output(n, assigner)

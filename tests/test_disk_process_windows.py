@@ -17,7 +17,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-import ray
 
 import raystream as rs
 from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
@@ -31,8 +30,8 @@ from raystream.engine.windows.disk_entries import DiskChunks, DiskEntries
 from raystream.engine.windows.functions import ProcessWindow
 from raystream.engine.windows.operator import WindowOperator
 from raystream.timers.disk_service import DiskTimerService
-from tests.test_disk_windows import MAXP, disk_env, drive, own_entries, stored_entries
-from tests.test_exactly_once import wait_for_checkpoint
+from tests.test_disk_windows import (MAXP, disk_env, drive, own_entries, run_through_a_kill,
+                                     stored_entries)
 from tests.test_windows import events, make_input, throttle, windows_of
 
 ASSIGNERS = [rs.TumblingEventTimeWindows(size_ms=50),
@@ -300,12 +299,7 @@ def test_disk_process_windows_exactly_once_through_a_subtask_kill(ray_session, t
                             watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=500))
     sink = src.map_batches(throttle, name="throttle").key_by("user").window(
         rs.TumblingEventTimeWindows(size_ms=size), timestamp="ts").process(Summary()).collect()
-    client = env.execute_async("disk-process-windows-kill")
-    completed = wait_for_checkpoint(client, after=1)
-    ray.kill(client.subtask_actor("window", 1))
-    job = client.wait(timeout_s=240)
-    assert job.restarts == 1, job.failures
-    assert job.restores[0]["checkpoint_id"] >= completed
+    job = run_through_a_kill(env, "disk-process-windows-kill", "window")
     got = (job.table(sink).to_pandas()[["user", "window_start", "rows", "total", "spread"]]
            .sort_values(["user", "window_start"]).reset_index(drop=True))
     assert not got.duplicated(["user", "window_start"]).any()  # no window emitted twice

@@ -18,7 +18,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-import ray
 
 import raystream as rs
 from raystream.actors.operator import RestoredState
@@ -30,6 +29,7 @@ from raystream.engine.windows.disk_session_join import DiskSessionRows
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator
 from tests import test_window_join as wj
 from tests.test_disk_joins import MAXP, co_groups, disk_env, window_join_operator, window_rows
+from tests.test_disk_windows import run_through_a_kill
 from tests.test_exactly_once import savepoint_chain, wait_for_checkpoint
 from tests.test_joins import crawl
 
@@ -233,12 +233,7 @@ def test_disk_session_join_exactly_once_through_a_subtask_kill(ray_session, tmp_
     left, right = wj.sides(env, n)
     sink = left.join(right).where("k").equal_to("k").window(SESSION, timestamp="ts") \
         .join(name="join").collect()
-    client = env.execute_async(f"disk-session-join-kill-{incremental}")
-    completed = wait_for_checkpoint(client, after=1)
-    ray.kill(client.subtask_actor("join", 1))
-    job = client.wait(timeout_s=240)
-    assert job.restarts == 1, job.failures
-    assert job.restores[0]["checkpoint_id"] >= completed
+    job = run_through_a_kill(env, f"disk-session-join-kill-{incremental}", "join")
     got = wj.pairs_of(job.table(sink))
     assert len(got) == len(set(got))  # no pair twice, though one subtask died midway
     expected = wj.expected_job_output(n, SESSION)

@@ -17,7 +17,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-import ray
 
 import raystream as rs
 from raystream.actors.operator import CollectingOutput, RuntimeContext
@@ -30,9 +29,8 @@ from raystream.engine.windows.disk_sessions import KIND, STATE_NAME
 from raystream.engine.windows.functions import BuiltinAggregates
 from raystream.engine.windows.operator import WindowOperator
 from tests.test_disk_windows import (MAXP, disk_env, drive, restore_and_finish,
-                                     snapshot_midway, sorted_rows, window_operator,
-                                     values_by_key)
-from tests.test_exactly_once import wait_for_checkpoint
+                                     run_through_a_kill, snapshot_midway, sorted_rows,
+                                     window_operator, values_by_key)
 from tests.test_windows import AGGS, make_input, throttle
 
 GAP = 15
@@ -232,12 +230,7 @@ def test_disk_sessions_exactly_once_through_a_subtask_kill(ray_session, tmp_path
                             watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=50))
     sink = src.map_batches(throttle, name="throttle").key_by("user").window(
         rs.EventTimeSessionWindows(gap_ms=JOB_GAP), timestamp="ts").agg(**AGGS).collect()
-    client = env.execute_async("disk-sessions-kill")
-    completed = wait_for_checkpoint(client, after=1)
-    ray.kill(client.subtask_actor("window", 1))
-    job = client.wait(timeout_s=240)
-    assert job.restarts == 1, job.failures
-    assert job.restores[0]["checkpoint_id"] >= completed
+    job = run_through_a_kill(env, "disk-sessions-kill", "window")
     got = job.table(sink).to_pandas().rename(columns={"user": "k"})
     expected = sessions_oracle(pd.DataFrame(session_events(np.arange(n))).rename(
         columns={"user": "k"}), JOB_GAP)

@@ -15,7 +15,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-import ray
 
 import raystream as rs
 from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
@@ -24,8 +23,8 @@ from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
 from raystream.engine.windows.functions import ProcessWindow, UserAggregate, WindowFunction
 from raystream.engine.windows.operator import WindowOperator
-from tests.test_disk_windows import MAXP, disk_env, drive, last_per_window, stored_entries
-from tests.test_exactly_once import wait_for_checkpoint
+from tests.test_disk_windows import (MAXP, disk_env, drive, last_per_window, run_through_a_kill,
+                                     stored_entries)
 from tests.test_windows import Average, Spread, events, make_input, throttle, windows_of
 
 ASSIGNERS = [rs.TumblingEventTimeWindows(size_ms=50),
@@ -198,12 +197,7 @@ def test_disk_user_windows_exactly_once_through_a_subtask_kill(ray_session, tmp_
     sink = src.map_batches(throttle, name="throttle").key_by("user").window(
         rs.TumblingEventTimeWindows(size_ms=size), timestamp="ts").aggregate(
         Average()).collect()  # pyright: ignore[reportArgumentType]
-    client = env.execute_async("disk-user-windows-kill")
-    completed = wait_for_checkpoint(client, after=1)
-    ray.kill(client.subtask_actor("window", 1))
-    job = client.wait(timeout_s=240)
-    assert job.restarts == 1, job.failures
-    assert job.restores[0]["checkpoint_id"] >= completed
+    job = run_through_a_kill(env, "disk-user-windows-kill", "window")
     got = (job.table(sink).to_pandas()[["user", "window_start", "rows", "avg"]]
            .sort_values(["user", "window_start"]).reset_index(drop=True))
     assert not got.duplicated(["user", "window_start"]).any()  # no window emitted twice

@@ -424,6 +424,19 @@ def disk_env(storage: str, parallelism: int = 2, *, incremental: bool = False
         restart=rs.RestartStrategy.fixed_delay(3, 0.1))
 
 
+def run_through_a_kill(env: rs.StreamEnvironment, name: str, operator: str) -> Any:
+    """Run job ``name``, kill subtask 1 of ``operator`` once a checkpoint has completed
+    and wait for the end: the job's result, checked to have restarted once, from that
+    checkpoint or a later one."""
+    client = env.execute_async(name)
+    completed = wait_for_checkpoint(client, after=1)
+    ray.kill(client.subtask_actor(operator, 1))
+    job = client.wait(timeout_s=240)
+    assert job.restarts == 1, job.failures
+    assert job.restores[0]["checkpoint_id"] >= completed
+    return job
+
+
 @pytest.mark.parametrize("incremental", [False, True], ids=["full", "incremental"])
 def test_disk_windows_exactly_once_through_a_subtask_kill(ray_session, tmp_path, incremental):
     """Full checkpoints with raw rows in; incremental ones with pre-aggregated partials in."""
@@ -435,12 +448,7 @@ def test_disk_windows_exactly_once_through_a_subtask_kill(ray_session, tmp_path,
         rs.TumblingEventTimeWindows(size_ms=size), timestamp="ts",
         pre_aggregate=incremental).agg(
         n=("count", None), total=("sum", "x")).collect()
-    client = env.execute_async("disk-windows-kill")
-    completed = wait_for_checkpoint(client, after=1)
-    ray.kill(client.subtask_actor("window", 1))
-    job = client.wait(timeout_s=240)
-    assert job.restarts == 1, job.failures
-    assert job.restores[0]["checkpoint_id"] >= completed
+    job = run_through_a_kill(env, "disk-windows-kill", "window")
     got = job_rows(job.table(sink))
     assert not got.duplicated(["user", "window_start"]).any()  # no window emitted twice
     pd.testing.assert_frame_equal(got, tumbling_oracle(events, n, size), check_dtype=False)
