@@ -28,9 +28,9 @@ from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.disk_sessions import KIND, STATE_NAME
 from raystream.engine.windows.functions import BuiltinAggregates
 from raystream.engine.windows.operator import WindowOperator
-from tests.test_disk_windows import (MAXP, disk_env, drive, restore_and_finish,
-                                     run_through_a_kill, snapshot_midway, sorted_rows,
-                                     window_operator, values_by_key)
+from tests.test_disk_windows import (MAXP, check_restores_at_other_parallelism, disk_env,
+                                     drive, run_through_a_kill, sorted_rows, window_operator,
+                                     values_by_key)
 from tests.test_windows import AGGS, make_input, throttle
 
 GAP = 15
@@ -190,25 +190,13 @@ def test_disk_session_snapshot_restores_at_other_parallelism():
     assigner = rs.EventTimeSessionWindows(gap_ms=40)
     key, ts, x = make_input(seed=5, n=400, keys=10, disorder=0)
     half = 200
-    sections, whole = snapshot_midway(StateBackend.DISK, assigner, key, ts, x, half)
-    open_at_snapshot = sorted_rows(whole[whole["window_end"] - 1 > int(ts[:half].max()) - 100])
-    assert len(open_at_snapshot) and (open_at_snapshot["window_start"] < ts[half]).any()
+    sections, open_at_snapshot = check_restores_at_other_parallelism(
+        assigner, key, ts, x, half, normal=sorted_rows,
+        refusal="window 'w': the checkpoint keeps this window's state in the disk state "
+                "backend.*state_backend='disk'")
+    assert (open_at_snapshot["window_start"] < ts[half]).any()  # a session across the cut
     assert not any("windows" in decode_parts(s) for s in sections.values()
                    if not is_keyed_state(s))  # no heap part: the sessions are keyed state
-    for parallelism in (1, 2, 3):
-        got = restore_and_finish(StateBackend.DISK, assigner, sections, key, ts, x, half,
-                                 parallelism)
-        pd.testing.assert_frame_equal(sorted_rows(got), open_at_snapshot)
-
-    heap_sections, heap_whole = snapshot_midway(StateBackend.HEAP, assigner, key, ts, x, half)
-    pd.testing.assert_frame_equal(sorted_rows(heap_whole), sorted_rows(whole))
-    got = restore_and_finish(StateBackend.DISK, assigner, heap_sections, key, ts, x, half, 2)
-    pd.testing.assert_frame_equal(sorted_rows(got), open_at_snapshot)
-
-    with pytest.raises(ValueError, match="window 'w': the checkpoint keeps this window's "
-                                         "state in the disk state backend.*"
-                                         "state_backend='disk'"):
-        restore_and_finish(StateBackend.HEAP, assigner, sections, key, ts, x, half, 1)
 
 
 # -- a job on Ray ---------------------------------------------------------------------------

@@ -17,14 +17,13 @@ import pyarrow as pa
 import pytest
 
 import raystream as rs
-from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
+from raystream.actors.operator import CollectingOutput, RuntimeContext
 from raystream.checkpoint.state_backend import StateBackend
-from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
 from raystream.engine.windows.functions import ProcessWindow, UserAggregate, WindowFunction
 from raystream.engine.windows.operator import WindowOperator
-from tests.test_disk_windows import (MAXP, disk_env, drive, last_per_window, run_through_a_kill,
-                                     stored_entries)
+from tests.test_disk_windows import (MAXP, check_restores_at_other_parallelism, disk_env, drive,
+                                     last_per_window, run_through_a_kill, stored_entries)
 from tests.test_windows import Average, Spread, events, make_input, throttle, windows_of
 
 ASSIGNERS = [rs.TumblingEventTimeWindows(size_ms=50),
@@ -121,43 +120,6 @@ def test_processing_time_user_windows_on_disk_fire_at_the_end():
 
 # -- snapshots --------------------------------------------------------------------------------
 
-def snapshot_midway(backend: StateBackend, assigner, kind: str, key, ts, x, half: int):
-    """Run the first ``half`` rows, snapshot (the synchronous part), process the rest
-    before the asynchronous part runs, then finish: (sections, whole run's results)."""
-    whole = user_operator(backend, assigner, kind)
-    whole.initialize_state(None)
-    whole.open()
-    whole.process_batch(pa.record_batch({"k": key[:half], "ts": ts[:half], "x": x[:half]}))
-    whole.process_watermark(int(ts[:half].max()) - 100)
-    snapshot = whole.snapshot_state(1).keyed_state
-    assert snapshot is not None
-    whole.process_batch(pa.record_batch({"k": key[half:], "ts": ts[half:], "x": x[half:]}))
-    sections = snapshot()
-    whole.process_watermark(rs.MAX_WATERMARK)
-    return sections, pa.Table.from_batches(whole.output.batches).to_pandas()  # pyright: ignore
-
-
-def restore_and_finish(backend: StateBackend, assigner, kind: str, sections, key, ts, x,
-                       half: int, parallelism: int) -> pd.DataFrame:
-    """Restore ``sections`` into ``parallelism`` subtasks by key group, feed each the rest
-    of its keys' rows, finish: the union of their results."""
-    floors = WatermarkFloors.from_json(int(ts[:half].max()) - 100, max_parallelism=MAXP)
-    out = []
-    for index in range(parallelism):
-        op = user_operator(backend, assigner, kind, index=index, parallelism=parallelism)
-        groups = rs.key_group_range(index, parallelism, MAXP)
-        op.initialize_state(RestoredState(1, [], [(g, s) for g, s in sections.items()
-                                                   if g in groups], floors))
-        op.open()
-        assert not op.entries
-        mine = np.array([rs.key_group_of(k, MAXP) in groups for k in key[half:].tolist()])
-        op.process_batch(pa.record_batch({"k": key[half:][mine], "ts": ts[half:][mine],
-                                          "x": x[half:][mine]}))
-        op.process_watermark(rs.MAX_WATERMARK)
-        out.extend(op.output.batches)  # pyright: ignore
-    return pa.Table.from_batches(out).to_pandas()
-
-
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("assigner", ASSIGNERS, ids=repr)
 def test_disk_user_windows_restore_at_other_parallelism(kind, assigner):
@@ -165,24 +127,9 @@ def test_disk_user_windows_restore_at_other_parallelism(kind, assigner):
     subtasks (and from a heap snapshot into disk ones) the windows open at the snapshot
     fire once, as in the uninterrupted run; a heap job refuses the disk sections."""
     key, ts, x = make_input(seed=11, n=400, keys=60, disorder=0)
-    half = 200
-    sections, whole = snapshot_midway(StateBackend.DISK, assigner, kind, key, ts, x, half)
-    open_at_snapshot = normalized(whole[whole["window_end"] - 1 > int(ts[:half].max()) - 100])
-    assert len(open_at_snapshot)
-    for parallelism in (1, 2, 3):
-        got = restore_and_finish(StateBackend.DISK, assigner, kind, sections, key, ts, x, half,
-                                 parallelism)
-        pd.testing.assert_frame_equal(normalized(got), open_at_snapshot)
-
-    heap_sections, heap_whole = snapshot_midway(StateBackend.HEAP, assigner, kind, key, ts, x,
-                                                half)
-    pd.testing.assert_frame_equal(normalized(heap_whole), normalized(whole))
-    got = restore_and_finish(StateBackend.DISK, assigner, kind, heap_sections, key, ts, x, half,
-                             2)
-    pd.testing.assert_frame_equal(normalized(got), open_at_snapshot)
-
-    with pytest.raises(ValueError, match="window 'w': .*state_backend='disk'"):
-        restore_and_finish(StateBackend.HEAP, assigner, kind, sections, key, ts, x, half, 1)
+    check_restores_at_other_parallelism(
+        assigner, key, ts, x, 200, normal=normalized,
+        make=lambda backend, assigner, **at: user_operator(backend, assigner, kind, **at))
 
 
 # -- a job on Ray -----------------------------------------------------------------------------

@@ -9,7 +9,7 @@ subtask kill and a savepoint restored at another parallelism.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -317,10 +317,12 @@ def test_processing_time_windows_on_disk_fire_at_the_end():
     assert stored_entries(op) == 0
 
 
-def snapshot_midway(backend: StateBackend, assigner, key, ts, x, half: int):
+def snapshot_midway(backend: StateBackend, assigner, key, ts, x, half: int, *,
+                    make: Callable[..., WindowOperator] = window_operator):
     """Run the first ``half`` rows, snapshot (the synchronous part), process the rest
-    before the asynchronous part runs, then finish: (sections, whole run's results)."""
-    whole = window_operator(backend, assigner)
+    before the asynchronous part runs, then finish: (sections, whole run's results).
+    ``make(backend, assigner, index=, parallelism=)`` gives the operator."""
+    whole = make(backend, assigner)
     whole.initialize_state(None)
     whole.open()
     whole.process_batch(pa.record_batch({"k": key[:half], "ts": ts[:half], "x": x[:half]}))
@@ -334,23 +336,56 @@ def snapshot_midway(backend: StateBackend, assigner, key, ts, x, half: int):
 
 
 def restore_and_finish(backend: StateBackend, assigner, sections, key, ts, x, half: int,
-                       parallelism: int) -> pd.DataFrame:
+                       parallelism: int, *,
+                       make: Callable[..., WindowOperator] = window_operator) -> pd.DataFrame:
     """Restore ``sections`` into ``parallelism`` subtasks by key group, feed each the rest
     of its keys' rows, finish: the union of their results."""
     floors = WatermarkFloors.from_json(int(ts[:half].max()) - 100, max_parallelism=MAXP)
     out = []
     for index in range(parallelism):
-        op = window_operator(backend, assigner, index=index, parallelism=parallelism)
+        op = make(backend, assigner, index=index, parallelism=parallelism)
         groups = rs.key_group_range(index, parallelism, MAXP)
         op.initialize_state(RestoredState(1, [], [(g, s) for g, s in sections.items()
                                                    if g in groups], floors))
         op.open()
+        assert backend is StateBackend.HEAP or not op.entries  # on disk: none on the heap
         mine = np.array([rs.key_group_of(k, MAXP) in groups for k in key[half:].tolist()])
         op.process_batch(pa.record_batch({"k": key[half:][mine], "ts": ts[half:][mine],
                                           "x": x[half:][mine]}))
         op.process_watermark(rs.MAX_WATERMARK)
         out.extend(op.output.batches)  # pyright: ignore
     return pa.Table.from_batches(out).to_pandas()
+
+
+def check_restores_at_other_parallelism(assigner, key, ts, x, half: int, *,
+                                        normal: Callable[[pd.DataFrame], pd.DataFrame],
+                                        make: Callable[..., WindowOperator] = window_operator,
+                                        refusal: str = "window 'w': .*state_backend='disk'"
+                                        ) -> tuple[dict[int, bytes], pd.DataFrame]:
+    """Snapshot a disk run midway and restore it into 1, 2 and 3 disk subtasks, and a heap
+    run's snapshot into 2: the windows open at the snapshot fire once, as in the
+    uninterrupted run (rows compared after ``normal``); a heap job refuses the disk
+    sections (``refusal``). Returns the disk sections and the uninterrupted run's
+    results (normalized) that were open at the snapshot."""
+    sections, whole = snapshot_midway(StateBackend.DISK, assigner, key, ts, x, half, make=make)
+    open_at_snapshot = normal(whole[whole["window_end"] - 1 > int(ts[:half].max()) - 100])
+    assert len(open_at_snapshot)
+    for parallelism in (1, 2, 3):
+        got = restore_and_finish(StateBackend.DISK, assigner, sections, key, ts, x, half,
+                                 parallelism, make=make)
+        pd.testing.assert_frame_equal(normal(got), open_at_snapshot)
+
+    heap_sections, heap_whole = snapshot_midway(StateBackend.HEAP, assigner, key, ts, x, half,
+                                                make=make)
+    pd.testing.assert_frame_equal(normal(heap_whole), normal(whole))
+    got = restore_and_finish(StateBackend.DISK, assigner, heap_sections, key, ts, x, half, 2,
+                             make=make)
+    pd.testing.assert_frame_equal(normal(got), open_at_snapshot)
+
+    with pytest.raises(ValueError, match=refusal):
+        restore_and_finish(StateBackend.HEAP, assigner, sections, key, ts, x, half, 1,
+                           make=make)
+    return sections, open_at_snapshot
 
 
 def sorted_rows(frame: pd.DataFrame) -> pd.DataFrame:
@@ -364,22 +399,7 @@ def test_disk_snapshot_restores_at_other_parallelism(assigner):
     (and from a heap snapshot into disk ones) the windows open at the snapshot fire
     once, as in the uninterrupted run; a heap job refuses the disk sections."""
     key, ts, x = make_input(seed=11, n=400, keys=60, disorder=0)
-    half = 200
-    sections, whole = snapshot_midway(StateBackend.DISK, assigner, key, ts, x, half)
-    open_at_snapshot = sorted_rows(whole[whole["window_end"] - 1 > int(ts[:half].max()) - 100])
-    assert len(open_at_snapshot)
-    for parallelism in (1, 2, 3):
-        got = restore_and_finish(StateBackend.DISK, assigner, sections, key, ts, x, half,
-                                 parallelism)
-        pd.testing.assert_frame_equal(sorted_rows(got), open_at_snapshot)
-
-    heap_sections, heap_whole = snapshot_midway(StateBackend.HEAP, assigner, key, ts, x, half)
-    pd.testing.assert_frame_equal(sorted_rows(heap_whole), sorted_rows(whole))
-    got = restore_and_finish(StateBackend.DISK, assigner, heap_sections, key, ts, x, half, 2)
-    pd.testing.assert_frame_equal(sorted_rows(got), open_at_snapshot)
-
-    with pytest.raises(ValueError, match="window 'w': .*state_backend='disk'"):
-        restore_and_finish(StateBackend.HEAP, assigner, sections, key, ts, x, half, 1)
+    check_restores_at_other_parallelism(assigner, key, ts, x, 200, normal=sorted_rows)
 
 
 def test_restored_panes_know_their_record_before_any_row():
