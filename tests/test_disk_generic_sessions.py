@@ -28,14 +28,13 @@ from raystream.engine.keys import KeySelector
 from raystream.engine.windows.disk_generic_sessions import KIND, STATE_NAME
 from raystream.engine.windows.functions import UserAggregate
 from raystream.engine.windows.operator import WindowOperator
-from tests.test_disk_session_windows import KEYS, final_sessions, session_input
+from tests.test_disk_session_windows import (GAP, KEYS, SESSIONS, final_sessions,
+                                             heap_and_disk_sessions, session_input)
 from tests.test_disk_user_windows import user_operator
-from tests.test_disk_windows import MAXP, disk_env, drive, run_through_a_kill, values_by_key
+from tests.test_disk_windows import MAXP, disk_env, run_through_a_kill, values_by_key
 from tests.test_exactly_once import savepoint_chain
 from tests.test_windows import Average, Spread, throttle
 
-GAP = 15
-SESSIONS = rs.EventTimeSessionWindows(gap_ms=GAP)
 KINDS = ["aggregate", "process"]
 
 
@@ -70,27 +69,13 @@ def results(frame: pd.DataFrame) -> pd.DataFrame:
 @pytest.mark.parametrize("lateness", [0, 30])
 def test_disk_user_sessions_equal_heap_and_pandas(kind, lateness):
     key, ts, x = session_input(seed=lateness + 7, n=1200, keys=8, jitter=19 + lateness)
-    heap, heap_arrival, heap_late = drive(user_operator(StateBackend.HEAP, SESSIONS, kind,
-                                                        lateness=lateness), key, ts, x)
-    op = user_operator(StateBackend.DISK, SESSIONS, kind, lateness=lateness)
-    disk, arrival, late = drive(op, key, ts, x)
+    op, disk, kept = heap_and_disk_sessions(
+        lambda backend: user_operator(backend, SESSIONS, kind, lateness=lateness), key, ts, x,
+        lateness)
     assert op.disk_generic_sessions is not None and not op.entries and not op.sessions
     assert op.backend.state_kind(STATE_NAME) == KIND
-    assert stored_sessions(op) == {}  # every session fired and deleted
-    # the same rows (re-firings included, in the same order) as the heap backend
-    pd.testing.assert_frame_equal(disk, heap)
-    assert arrival == heap_arrival
-    pd.testing.assert_frame_equal(late, heap_late)
-
-    rows = pd.DataFrame({"k": key, "ts": ts, "x": x, "wm": np.maximum(arrival, -2 ** 62)})
-    kept = rows["ts"] + GAP - 1 + lateness > rows["wm"]
-    # each kept row comes after every session it could touch was cleared: pandas may merge
-    # the kept rows without knowing what fired when
-    assert (rows["ts"][kept] > rows["wm"][kept] + 1 - lateness).all()
-    assert (~kept).sum() > 10, "the input must hold rows beyond the bound"
-    assert sorted(late["ts"].tolist()) == sorted(rows["ts"][~kept].tolist())
     got = results(final_sessions(disk))
-    want = oracle(rows.loc[kept], kind, GAP)
+    want = oracle(kept, kind, GAP)
     pd.testing.assert_frame_equal(got[[*KEYS, "rows"]], want[[*KEYS, "rows"]],
                                   check_dtype=False)
     np.testing.assert_allclose(got["value"], want["value"])

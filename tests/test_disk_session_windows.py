@@ -12,6 +12,7 @@ backend with incremental checkpoints through a subtask kill.
 from __future__ import annotations
 
 import pickle
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -78,7 +79,7 @@ def stored_sessions(op: WindowOperator) -> dict:
     values = values_by_key(op)
     if not values:
         return {}
-    assert op.disk_sessions is not None
+    assert op.disk_sessions is not None and op.disk_sessions.record is not None
     return {k: len(v) // op.disk_sessions.record.itemsize for k, v in values.items()}
 
 
@@ -87,17 +88,16 @@ def by_rows(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.loc[:, columns].sort_values(by=columns).reset_index(drop=True)
 
 
-@pytest.mark.parametrize("lateness", [0, 30])
-def test_disk_sessions_equal_heap_sessions_and_pandas(lateness):
-    key, ts, x = session_input(seed=lateness + 1, n=1500, keys=8, jitter=19 + lateness)
-    heap, heap_arrival, heap_late = drive(window_operator(StateBackend.HEAP, SESSIONS,
-                                                          lateness=lateness), key, ts, x)
-    op = window_operator(StateBackend.DISK, SESSIONS, lateness=lateness)
+def heap_and_disk_sessions(make: Callable[[StateBackend], WindowOperator], key, ts, x,
+                           lateness: int) -> tuple[WindowOperator, pd.DataFrame, pd.DataFrame]:
+    """Drive a heap and a disk session operator (``make(backend)``) with the same rows:
+    the same output (re-firings included, in the same order), arrivals and late rows,
+    and no session left on disk; the late rows are those pandas finds beyond the gap and
+    the lateness. Returns the disk operator, its output and the rows pandas keeps."""
+    heap, heap_arrival, heap_late = drive(make(StateBackend.HEAP), key, ts, x)
+    op = make(StateBackend.DISK)
     disk, arrival, late = drive(op, key, ts, x)
-    assert op.disk_sessions is not None and op.session_store is None  # nothing on the heap
-    assert str(op.backend.state_kind(STATE_NAME)).startswith(KIND + " ")  # pyright: ignore
-    assert stored_sessions(op) == {}  # every session fired and deleted
-    # the same rows (re-firings included, in the same order) as the heap backend
+    assert values_by_key(op) == {}  # every session fired and deleted
     pd.testing.assert_frame_equal(disk, heap)
     assert arrival == heap_arrival
     pd.testing.assert_frame_equal(late, heap_late)
@@ -109,7 +109,18 @@ def test_disk_sessions_equal_heap_sessions_and_pandas(lateness):
     assert (rows["ts"][kept] > rows["wm"][kept] + 1 - lateness).all()
     assert (~kept).sum() > 10, "the input must hold rows beyond the bound"
     assert sorted(late["ts"].tolist()) == sorted(rows["ts"][~kept].tolist())
-    expected = sessions_oracle(rows.loc[kept], GAP)
+    return op, disk, rows.loc[kept]
+
+
+@pytest.mark.parametrize("lateness", [0, 30])
+def test_disk_sessions_equal_heap_sessions_and_pandas(lateness):
+    key, ts, x = session_input(seed=lateness + 1, n=1500, keys=8, jitter=19 + lateness)
+    op, disk, kept = heap_and_disk_sessions(
+        lambda backend: window_operator(backend, SESSIONS, lateness=lateness), key, ts, x,
+        lateness)
+    assert op.disk_sessions is not None and op.session_store is None  # nothing on the heap
+    assert str(op.backend.state_kind(STATE_NAME)).startswith(KIND + " ")  # pyright: ignore
+    expected = sessions_oracle(kept, GAP)
     got = by_rows(final_sessions(disk))
     want = by_rows(expected)
     assert got[KEYS + ["n"]].astype(np.int64).equals(want[KEYS + ["n"]].astype(np.int64))
