@@ -30,9 +30,9 @@ from raystream.engine.windows.disk_entries import DiskChunks, DiskEntries
 from raystream.engine.windows.functions import ProcessWindow
 from raystream.engine.windows.operator import WindowOperator
 from raystream.timers.disk_service import DiskTimerService
-from tests.test_disk_windows import (MAXP, disk_env, drive, own_entries, run_through_a_kill,
-                                     stored_entries)
-from tests.test_windows import events, make_input, throttle, windows_of
+from tests.test_disk_windows import (MAXP, disk_env, drive, kept_in_windows, own_entries,
+                                     run_through_a_kill, stored_entries)
+from tests.test_windows import events, make_input, throttle
 
 ASSIGNERS = [rs.TumblingEventTimeWindows(size_ms=50),
              rs.SlidingEventTimeWindows(size_ms=60, slide_ms=20)]
@@ -61,12 +61,7 @@ def oracle(assigner, lateness: int, key, ts, arrival) -> tuple[pd.DataFrame, lis
     window was past its lateness when the row arrived, ids in arrival order; the ids of
     rows no window kept are the late ones."""
     rows = pd.DataFrame({"k": key, "ts": ts, "wm": arrival, "id": np.arange(len(ts))})
-    rows["window"] = [windows_of(assigner, t) for t in ts.tolist()]
-    exploded = rows.explode("window")
-    exploded["window_start"] = [w[0] for w in exploded["window"]]
-    exploded["window_end"] = [w[1] for w in exploded["window"]]
-    kept = exploded.loc[exploded["window_end"] - 1 + lateness > exploded["wm"]]
-    kept = kept.sort_values(by="id", kind="stable")
+    kept = kept_in_windows(assigner, lateness, rows).sort_values(by="id", kind="stable")
     ids = kept.groupby(WINDOW).agg(ids=("id", lambda s: ",".join(map(str, s))))
     late = rows.loc[~rows["id"].isin(kept["id"]), "id"]
     return ids.reset_index().astype({c: np.int64 for c in WINDOW}), sorted(late.tolist())

@@ -23,8 +23,9 @@ from raystream.engine.keys import KeySelector
 from raystream.engine.windows.functions import ProcessWindow, UserAggregate, WindowFunction
 from raystream.engine.windows.operator import WindowOperator
 from tests.test_disk_windows import (MAXP, check_restores_at_other_parallelism, disk_env, drive,
-                                     last_per_window, run_through_a_kill, stored_entries)
-from tests.test_windows import Average, Spread, events, make_input, throttle, windows_of
+                                     kept_in_windows, last_per_window, run_through_a_kill,
+                                     stored_entries)
+from tests.test_windows import Average, Spread, events, make_input, throttle
 
 ASSIGNERS = [rs.TumblingEventTimeWindows(size_ms=50),
              rs.SlidingEventTimeWindows(size_ms=60, slide_ms=20)]
@@ -59,11 +60,7 @@ def oracle(assigner, kind: str, lateness: int, key, ts, x, arrival):
     """pandas: each row in every window it belongs to unless that window was past its
     lateness when the row arrived; rows kept by no window are the late ones."""
     rows = pd.DataFrame({"k": key, "ts": ts, "x": x, "wm": arrival})
-    rows["window"] = [windows_of(assigner, t) for t in ts.tolist()]
-    exploded = rows.explode("window")
-    exploded["window_start"] = [w[0] for w in exploded["window"]]
-    exploded["window_end"] = [w[1] for w in exploded["window"]]
-    kept = exploded[exploded["window_end"] - 1 + lateness > exploded["wm"]]
+    kept = kept_in_windows(assigner, lateness, rows)
     grouped = kept.groupby(["k", "window_start", "window_end"])["x"]
     value = (grouped.mean() if kind == "aggregate"
              else grouped.max().to_numpy() - grouped.min().to_numpy())

@@ -73,15 +73,22 @@ def drive(op: WindowOperator, key, ts, x, *, batch: int = 25, lag: int = 20):
     return pa.Table.from_batches(out.batches).to_pandas(), arrival, late
 
 
+def kept_in_windows(assigner, lateness: int, rows: pd.DataFrame) -> pd.DataFrame:
+    """pandas: each of ``rows`` (``ts``, and ``wm`` the watermark it arrived at) once per
+    window it belongs to (``window_start``, ``window_end``; its index kept) unless that
+    window was past its lateness when the row arrived."""
+    exploded = rows.assign(window=[windows_of(assigner, t) for t in rows["ts"].tolist()]
+                           ).explode("window")
+    exploded["window_start"] = [w[0] for w in exploded["window"]]
+    exploded["window_end"] = [w[1] for w in exploded["window"]]
+    return exploded.loc[exploded["window_end"] - 1 + lateness > exploded["wm"]]
+
+
 def oracle(assigner, lateness: int, key, ts, x, arrival) -> tuple[pd.DataFrame, pd.DataFrame]:
     """pandas: each row in every window it belongs to unless that window was past its
     lateness when the row arrived; rows kept by no window are the late ones."""
     rows = pd.DataFrame({"k": key, "ts": ts, "x": x, "wm": arrival})
-    rows["window"] = [windows_of(assigner, t) for t in ts.tolist()]
-    exploded = rows.explode("window")
-    exploded["window_start"] = [w[0] for w in exploded["window"]]
-    exploded["window_end"] = [w[1] for w in exploded["window"]]
-    kept = exploded[exploded["window_end"] - 1 + lateness > exploded["wm"]]
+    kept = kept_in_windows(assigner, lateness, rows)
     results = kept.groupby(["k", "window_start", "window_end"]).agg(
         n=("x", "size"), total=("x", "sum"), low=("x", "min"), high=("x", "max"),
         avg=("x", "mean")).reset_index()
