@@ -44,6 +44,17 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.fixture
+def disk_backend():
+    """A disk keyed-state backend of all 128 key groups (the disk tests' max parallelism),
+    closed after the test."""
+    from raystream.checkpoint.disk_state import DiskKeyedStateBackend
+
+    backend = DiskKeyedStateBackend(max_parallelism=128, key_groups=range(128))
+    yield backend
+    backend.close()
+
+
 @pytest.fixture(scope="session")
 def spark(ray_session):
     import raystream as rs

@@ -158,10 +158,10 @@ def test_windows_of_count_alone_keep_a_byte_per_pending_row():
         k: 8 + 6 - 4 + c % 4 for k, c in seen.items()}
 
 
-def test_entries_are_keyed_state_under_their_own_state_id():
+def test_entries_are_keyed_state_under_their_own_state_id(disk_backend):
     """Beside other state of the backend: the backend lists the entries' keys under the
     state's name, and rows of another numeric type are cast to the stored one."""
-    backend = DiskKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    backend = disk_backend
     other = backend.value_state("other")
     backend.set_current_key("z")
     other.update(1)
@@ -177,7 +177,6 @@ def test_entries_are_keyed_state_under_their_own_state_id():
     assert (found.counts.tolist(), found.lengths.tolist()) == ([1, 5, 2], [1, 0, 2])
     assert found.rows["x"].to_pylist() == [1.5, None, 3.0]
     assert state.conform(pa.table({"x": pa.array([2], pa.int32())}))["x"].type == pa.float64()
-    backend.close()
 
 
 def snapshot_midway(backend: StateBackend, size: int, slide: int | None,

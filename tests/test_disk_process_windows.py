@@ -251,29 +251,24 @@ def test_an_older_checkpoint_of_single_entry_windows_restores_as_chunks(monkeypa
     assert isinstance(again.disk_entries, DiskChunks) and dict(own_entries(again)) == entries
 
 
-def test_a_delete_after_appends_removes_the_chunks_appended_since_the_read():
+def test_a_delete_after_appends_removes_the_chunks_appended_since_the_read(disk_backend):
     """``delete`` counts a window's chunks from the markers ``get`` just read, unless
     rows were appended since: then it reads them again and leaves nothing behind."""
-    backend = DiskKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
-    try:
-        timers = DiskTimerService(backend)
-        chunks = DiskChunks(backend, timers)
-        keys = chunks.entry_keys(timers.key_ids(["a", "b"], np.array([1, 2])),
-                                 np.array([10, 10]))
-        sid = backend.raw_state_id(disk_entries.CHUNKS_NAME, disk_entries.CHUNKS_KIND)
+    timers = DiskTimerService(disk_backend)
+    chunks = DiskChunks(disk_backend, timers)
+    keys = chunks.entry_keys(timers.key_ids(["a", "b"], np.array([1, 2])), np.array([10, 10]))
+    sid = disk_backend.raw_state_id(disk_entries.CHUNKS_NAME, disk_entries.CHUNKS_KIND)
 
-        def stored() -> int:  # markers and chunks
-            return sum(1 for k in backend.raw_db.keys() if k[2:4] == sid)
+    def stored() -> int:  # markers and chunks
+        return sum(1 for k in disk_backend.raw_db.keys() if k[2:4] == sid)
 
-        rows = [tuple(pa.table({"x": [i]}).to_batches()) for i in range(2)]
-        chunks.append(keys, np.array([0, 0]), rows)
-        assert chunks.get(keys) == [(0, rows[0]), (0, rows[1])]
-        chunks.append(keys, np.array([0, 0]), rows)
-        assert chunks.chunks_of(keys) == [2, 2] and stored() == 6
-        chunks.delete(keys)
-        assert chunks.chunks_of(keys) == [0, 0] and stored() == 0
-    finally:
-        backend.close()
+    rows = [tuple(pa.table({"x": [i]}).to_batches()) for i in range(2)]
+    chunks.append(keys, np.array([0, 0]), rows)
+    assert chunks.get(keys) == [(0, rows[0]), (0, rows[1])]
+    chunks.append(keys, np.array([0, 0]), rows)
+    assert chunks.chunks_of(keys) == [2, 2] and stored() == 6
+    chunks.delete(keys)
+    assert chunks.chunks_of(keys) == [0, 0] and stored() == 0
 
 
 # -- a job on Ray -----------------------------------------------------------------------------

@@ -188,36 +188,31 @@ def test_picking_aggregates_on_disk_equal_the_heap_and_pandas():
     assert got == expected
 
 
-def test_partials_that_are_not_fixed_width_are_refused_naming_the_window():
+def test_partials_that_are_not_fixed_width_are_refused_naming_the_window(disk_backend):
     """Dense panes and sessions keep fixed-width records: object partials are refused
     with the operator's name, their types and the way out (the heap backend)."""
-    backend = DiskKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
-    try:
-        timers = DiskTimerService(backend)
-        spec = AggregateSpec.of({"n": ("count", None)})
-        refused = (r"window 'w': partials of type object, int64 cannot be kept in the disk "
-                   r"state backend \(fixed-width numeric partials only\); run this job with "
-                   r"CheckpointConfig\(state_backend='heap'\)")
-        panes = DiskPanes(backend, spec, timers, where="window 'w'")
-        with pytest.raises(ValueError, match=refused):
-            panes.set_dtypes({"__o": np.dtype(object), "__n.n": np.dtype(np.int64)})
-        assert panes.record is None and backend.state_kind(STATE_NAME) is None
-        sessions = DiskSessions(backend, spec, timers, where="window 'w'")
-        kids = timers.key_ids(["a"], np.array([1]))
-        with pytest.raises(ValueError, match=refused):
-            sessions.merge(kids, np.array([0]), np.array([10]),
-                           {"__o": np.array([None], dtype=object), "__n.n": np.array([1])})
-        assert sessions.record is None
-    finally:
-        backend.close()
+    timers = DiskTimerService(disk_backend)
+    spec = AggregateSpec.of({"n": ("count", None)})
+    refused = (r"window 'w': partials of type object, int64 cannot be kept in the disk "
+               r"state backend \(fixed-width numeric partials only\); run this job with "
+               r"CheckpointConfig\(state_backend='heap'\)")
+    panes = DiskPanes(disk_backend, spec, timers, where="window 'w'")
+    with pytest.raises(ValueError, match=refused):
+        panes.set_dtypes({"__o": np.dtype(object), "__n.n": np.dtype(np.int64)})
+    assert panes.record is None and disk_backend.state_kind(STATE_NAME) is None
+    sessions = DiskSessions(disk_backend, spec, timers, where="window 'w'")
+    kids = timers.key_ids(["a"], np.array([1]))
+    with pytest.raises(ValueError, match=refused):
+        sessions.merge(kids, np.array([0]), np.array([10]),
+                       {"__o": np.array([None], dtype=object), "__n.n": np.array([1])})
+    assert sessions.record is None
 
 
-def test_a_key_group_cleared_alone_leaves_the_others_of_its_window():
+def test_a_key_group_cleared_alone_leaves_the_others_of_its_window(disk_backend):
     """A window cleared in one key group (timers of groups fire apart after a restore):
     the other groups keep their partials, and a key of the cleared group starts anew."""
-    backend = DiskKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
-    timers = DiskTimerService(backend)
-    panes = DiskPanes(backend, AggregateSpec.of({"total": ("sum", "x")}), timers, where="w")
+    timers = DiskTimerService(disk_backend)
+    panes = DiskPanes(disk_backend, AggregateSpec.of({"total": ("sum", "x")}), timers, where="w")
     panes.set_dtypes({"__total.sum": np.dtype(np.float64)})
     keys = list(range(200))
     groups = np.array([rs.key_group_of(k, MAXP) for k in keys])
@@ -232,7 +227,6 @@ def test_a_key_group_cleared_alone_leaves_the_others_of_its_window():
     expected = pd.Series(np.where(np.isin(groups, cleared), 1.0, 3.0), index=kids)
     got = pd.Series(partials["__total.sum"], index=found).sort_index()
     pd.testing.assert_series_equal(got, expected.sort_index())
-    backend.close()
 
 
 @pytest.mark.parametrize("layout", ["sessions", "generic"])
