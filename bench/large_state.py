@@ -60,22 +60,25 @@ status and completed checkpoints). The figures:
   The job master's own record (``JobResult.restores``' ``restore_s``, also
   printed) only covers verifying and redeploying: subtasks restore their state
   on their own threads after that.
-* **incremental_bytes_over_changed**: bytes a checkpoint wrote over the bytes
-  of the entries that changed in its interval, for the whole run: the mean
-  bytes written by every checkpoint but the first (which writes the whole
-  state) and the newest two (those straddle the end of the input, when few
-  entries change), over the mean bytes changed per interval. The changed bytes
-  are counted exactly for ``--compare`` (3) pairs of consecutive completed
-  checkpoints, the last ones but for the newest two (the disk run retains
-  ``--compare + 3``): both checkpoints' databases are downloaded and scanned
-  side by side in key order, and every entry that is new or holds another
-  value counts its key and value bytes (as RocksDB stores them,
+* **incremental_bytes_over_changed**: bytes the checkpoints wrote over the bytes
+  of the entries that changed in their intervals, for every checkpoint but the
+  first (which writes the whole state) and the newest two (those straddle the end
+  of the input). The changed bytes are counted exactly for ``--compare`` (3) pairs
+  of consecutive completed checkpoints, the last ones but for the newest two (the
+  disk run retains ``--compare + 3``): both checkpoints' databases are downloaded
+  and scanned side by side in key order, and every entry that is new or holds
+  another value counts its key and value bytes (as RocksDB stores them,
   uncompressed). This scan is a Python loop per entry: at 50,000,000 keys it
-  takes minutes per pair. Rows arrive at a steady rate, so their mean stands
-  for every interval's. The mean over all checkpoints counts the compactions,
-  which upload in bursts (a compaction rewrites files that later checkpoints
-  upload again); the compared pairs alone may miss them, so their own ratio is
-  printed too.
+  takes minutes per pair. Every row of an interval changes another key (the key
+  sequence is a bijection on any ``keys`` consecutive rows), so the pairs give the
+  changed bytes per row, and each interval's changed bytes are its rows (those the
+  ``sum`` subtasks took in between the two checkpoints' triggers, replayed ones
+  included, from the polls) times that. The rate varies over a run (new keys
+  early, updates of keys on disk later, the replay after the kill), so the
+  compared intervals alone do not stand for the others; and the mean over all
+  checkpoints counts the compactions, which upload in bursts (a compaction
+  rewrites files that later checkpoints upload again). The compared pairs' own
+  ratio, and their rate, are printed too.
 
 Run from the repo root (the default size takes a few minutes; the issue's figure,
 50,000,000 keys and 100,000,000 rows, is a much longer run)::
@@ -201,6 +204,10 @@ class Monitor:
         self.last: tuple[float, int, float] | None = None
         self.kill: Kill | None = None
         self.killed_at = 0.0
+        # (wall time in ms, rows the sum subtasks processed so far, a replay's too): the
+        # rows between two checkpoints' triggers
+        self.processed: list[tuple[float, int]] = []
+        self._counted: dict[tuple[int, int], int] = {}  # records_in by (subtask, attempt)
         self.restore_s: float | None = None
         self.error: BaseException | None = None
         self._processes: dict[int, psutil.Process] = {}
@@ -241,6 +248,9 @@ class Monitor:
         if len(subtasks) < PARALLELISM:
             return
         rows_in = int(sum(m["records_in"] for m in subtasks.values()))
+        for index, m in subtasks.items():
+            self._counted[(index, int(m["attempt"]))] = int(m["records_in"])
+        self.processed.append((time.time() * 1000, sum(self._counted.values())))
         attempts = {int(m["attempt"]) for m in subtasks.values()}
         if self.kill is None and attempts == {0}:
             if self.first is None and rows_in:
@@ -271,6 +281,14 @@ class Monitor:
             return math.nan
         return (self.last[1] - self.first[1]) / (self.last[0] - self.first[0])
 
+    def rows_between(self, start_ms: float, end_ms: float) -> float:
+        """Rows the sum subtasks processed between two wall-clock times (ms),
+        interpolated between polls."""
+        if not self.processed:
+            return math.nan
+        at, rows = zip(*self.processed)
+        return float(np.interp(end_ms, at, rows) - np.interp(start_ms, at, rows))
+
     @property
     def rows_per_cpu_s(self) -> float:
         """The same rows over the CPU seconds the sum processes used meanwhile (all their
@@ -300,6 +318,9 @@ class Run:
     rows_per_cpu_s: float
     peak_rss: dict[int, int]  # by sum subtask
     checkpoints: tuple  # the completed CheckpointStats
+    # rows the sum subtasks processed between each completed checkpoint's trigger and the
+    # previous one's (NaN for the first)
+    interval_rows: tuple[float, ...]
     increments: tuple[Increment, ...] = ()
     state_bytes: int = 0  # SST bytes of the newest checkpoint
     kill: Kill | None = None
@@ -403,6 +424,8 @@ def run(backend: str, op: str, keys: int, rows: int, batch_size: int, memory_mb:
         print(f"{backend} run ended: {monitor.rows_per_s:,.0f} rows/s, restore_s "
               f"{monitor.restore_s}, {len(done)} checkpoints; comparing {compare} pairs",
               file=sys.stderr, flush=True)
+        interval_rows = (math.nan, *(monitor.rows_between(a.trigger_ts_ms, b.trigger_ts_ms)
+                                     for a, b in zip(done, done[1:])))
         steps, state_bytes = (increments(storage, done[-compare - 1 - TAIL:-TAIL],
                                          done[-1].checkpoint_id) if compare else ((), 0))
     finally:
@@ -417,7 +440,7 @@ def run(backend: str, op: str, keys: int, rows: int, batch_size: int, memory_mb:
                          f"restored (fewer than {kill.after_checkpoints} checkpoints by "
                          f"{kill.at_fraction:.0%} of the rows?): give it more --rows")
     return Run(backend, keys, rows, monitor.rows_per_s, monitor.rows_per_cpu_s,
-               dict(monitor.peak_rss), tuple(done), steps, state_bytes, monitor.kill,
+               dict(monitor.peak_rss), tuple(done), interval_rows, steps, state_bytes, monitor.kill,
                monitor.restore_s, tuple(result.restores))
 
 
@@ -431,8 +454,10 @@ def report(r: Run) -> None:
           f"({r.rows_per_cpu_s:,.0f} per CPU second of the sum processes); "
           f"peak RSS {rss}; {len(r.checkpoints)} checkpoints completed")
     changed = {inc.checkpoint_id: inc.changed_bytes for inc in r.increments}
-    for c in r.checkpoints:
+    for c, n in zip(r.checkpoints, r.interval_rows):
         line = f"  checkpoint {c.checkpoint_id:>4}: {mb(c.size):>12} written in {c.duration_s:6.2f} s"
+        if not math.isnan(n):
+            line += f"; {n:>12,.0f} rows since the previous one"
         if c.checkpoint_id in changed:
             line += f"; {mb(changed[c.checkpoint_id])} of entries changed since the previous one"
         print(line)
@@ -446,6 +471,41 @@ def report(r: Run) -> None:
         for rec in r.restores:
             print(f"  job master's restore record: checkpoint {rec['checkpoint_id']}, "
                   f"restore_s {rec['restore_s']:.2f} (verify the checkpoint, redeploy)")
+
+
+def incremental_ratio(disk: Run) -> float:
+    """Bytes the checkpoints wrote over the bytes of the entries that changed in their
+    intervals, for every checkpoint but the first and the newest :data:`TAIL`.
+
+    The compared pairs give the changed bytes per processed row exactly; the rows of
+    every interval scale it to that interval. That holds because every row of an
+    interval changes another key (``i * MULTIPLIER mod keys`` is a bijection on any
+    ``keys`` consecutive rows, and an interval has fewer), so an interval's changed
+    bytes are its rows times the bytes of one entry. The rate varies a lot over a run
+    (new keys early, updates of keys on disk later, the replay after the kill), so
+    the compared intervals' changed bytes alone do not stand for the others'."""
+    if not disk.increments:
+        return math.nan
+    rows_of = {c.checkpoint_id: n for c, n in zip(disk.checkpoints, disk.interval_rows)}
+    written = sum(inc.size for inc in disk.increments)
+    changed = sum(inc.changed_bytes for inc in disk.increments)
+    compared_rows = sum(rows_of[inc.checkpoint_id] for inc in disk.increments)
+    per_row = changed / compared_rows
+    later = list(zip(disk.checkpoints, disk.interval_rows))[1:-TAIL]
+    later_written = sum(c.size for c, _ in later)
+    later_rows = sum(n for _, n in later)
+    ratio = later_written / (later_rows * per_row)
+    index = {c.checkpoint_id: i for i, c in enumerate(disk.checkpoints)}
+    seconds = sum(disk.checkpoints[index[inc.checkpoint_id]].trigger_ts_ms
+                  - disk.checkpoints[index[inc.checkpoint_id] - 1].trigger_ts_ms
+                  for inc in disk.increments) / 1000
+    print(f"the compared pairs: {mb(changed)} of entries changed over {compared_rows:,.0f} "
+          f"rows ({per_row:.1f} bytes a row, {compared_rows / seconds:,.0f} rows/s), "
+          f"{mb(written)} written: {written / changed:.3f}")
+    print(f"checkpoints {later[0][0].checkpoint_id}..{later[-1][0].checkpoint_id}: "
+          f"{mb(later_written)} written over {later_rows:,.0f} rows, about "
+          f"{mb(later_rows * per_row)} of entries changed: {ratio:.3f}")
+    return ratio
 
 
 def main() -> None:
@@ -483,20 +543,7 @@ def main() -> None:
     ray.shutdown()
     budget = (args.memory_mb << 20) + (1 << 30)
     peak = max(disk.peak_rss.values())
-    written = sum(inc.size for inc in disk.increments)
-    changed = sum(inc.changed_bytes for inc in disk.increments)
-    pairs = written / changed if changed else math.nan
-    # the whole run: the first checkpoint writes the whole state, the newest straddle
-    # the end of the input
-    later = disk.checkpoints[1:-TAIL]
-    ratio = math.nan
-    if changed and later:
-        mean_written = sum(c.size for c in later) / len(later)
-        ratio = mean_written / (changed / len(disk.increments))
-        print(f"checkpoints {later[0].checkpoint_id}..{later[-1].checkpoint_id} wrote "
-              f"{mb(mean_written)} on average; the compared intervals changed "
-              f"{mb(changed / len(disk.increments))} of entries on average: {ratio:.3f} "
-              f"(the compared pairs alone: {pairs:.3f})")
+    ratio = incremental_ratio(disk)
     print(f"op={args.op} p={PARALLELISM} checkpoint every {INTERVAL_S:g} s; disk budget "
           f"{args.memory_mb} MB/subtask; bench wall time {time.monotonic() - started:,.0f} s")
     print(f"disk over heap per CPU second: {disk.rows_per_cpu_s / heap.rows_per_cpu_s:.4f}")
