@@ -26,6 +26,18 @@ wheel, loopback) or ``--bootstrap``. Then, in the same run:
   preempt the job's subtasks whenever it is busy, which no deployment with a
   broker of its own sees.
 
+Tansu (0.6, memory storage) is not a neutral floor. Its CPU per fetch that
+returns records grows with the number of batches the partition already holds:
+measured beside a paced producer at 5,000 rows/s (``linger.ms`` 1, so about
+2,000 stored batches a second over the 2 partitions), producing alone costs the
+broker 5-13% of a core, flat; one plain consumer of the same partitions takes
+it 12, 37, 74, 94 ... 104% over 20 s (``linger.ms`` 5: 12 ... 60%); an idle
+consumer at the end of 8,000 stored batches costs 3%, and reading them all as a
+backlog 0.03 s of CPU. Every reader of the input topic (the job's source
+subtasks, the plain consumer beside them) pays that again, so the latency
+phase saturates a 2-core machine within seconds whatever the engine does, and
+the broker's floor, not the engine's share, sets e2e_p99_ms there.
+
     ./dev bench bench/kafka.py               # full run (takes minutes)
     ./dev bench bench/kafka.py --quick       # smoke check: 200,000 records, 5 s of latency
 
@@ -164,12 +176,13 @@ def raystream_rate(bootstrap: str, topic: str, n: int, storage: str) -> tuple[fl
 WORKER_NICENESS = int(os.environ.get("RAY_worker_niceness", 15))  # Ray's default for workers
 
 
-def _paced_producer(bootstrap: str, topic: str, total: int, rate: int, niceness: int) -> None:
+def _paced_producer(bootstrap: str, topic: str, total: int, rate: int, niceness: int,
+                    linger_ms: float) -> None:
     """Write ``total`` records stamped with their send time, ``rate``/s, 1 ms apart."""
     from confluent_kafka import Producer
 
     os.nice(niceness)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1, "log_level": 0,
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": linger_ms, "log_level": 0,
                          "queue.buffering.max.messages": 1_000_000})
     started, batch = time.perf_counter(), max(1, rate // 1000)
     for i in range(0, total, batch):  # paced to the wall clock
@@ -225,8 +238,8 @@ class Latency:
     rate: float  # records/s the producer achieved
 
 
-def produce_and_read(bootstrap: str, topic: str, total: int, rate: int, niceness: int
-                     ) -> tuple[np.ndarray, np.ndarray, float]:
+def produce_and_read(bootstrap: str, topic: str, total: int, rate: int, niceness: int,
+                     linger_ms: float) -> tuple[np.ndarray, np.ndarray, float]:
     """Write ``total`` stamped records to ``topic`` at ``rate``/s from one process while a
     plain consumer process reads them: (receive times, send stamps) by sequence number,
     and the seconds producing took."""
@@ -239,7 +252,7 @@ def produce_and_read(bootstrap: str, topic: str, total: int, rate: int, niceness
     floor.start()
     time.sleep(1.0)  # the readers are fetching before the first record is sent
     producer = spawn.Process(target=_paced_producer, args=(bootstrap, topic, total, rate,
-                                                           niceness))
+                                                           niceness, linger_ms))
     started = time.perf_counter()
     producer.start()
     producer.join()
@@ -249,11 +262,12 @@ def produce_and_read(bootstrap: str, topic: str, total: int, rate: int, niceness
     return received, sent, produced_s
 
 
-def floor_only(bootstrap: str, seconds: float, rate: int, niceness: int) -> None:
+def floor_only(bootstrap: str, seconds: float, rate: int, niceness: int, linger_ms: float
+               ) -> None:
     """The broker and client floor with no job running: what any engine starts from."""
     total = int(seconds * rate)
     received, sent, produced_s = produce_and_read(
-        bootstrap, create_topic(bootstrap, "floor", 2), total, rate, niceness)
+        bootstrap, create_topic(bootstrap, "floor", 2), total, rate, niceness, linger_ms)
     assert (received >= 0).all(), f"the plain consumer missed {(received < 0).sum()} records"
     floor = received - sent
     print(f"no job: a plain consumer at {total / produced_s:,.0f} rows/s: p50 "
@@ -261,7 +275,7 @@ def floor_only(bootstrap: str, seconds: float, rate: int, niceness: int) -> None
 
 
 def latency(bootstrap: str, seconds: float, rate: int, storage: str, buffer_timeout_ms: float,
-            niceness: int) -> Latency:
+            niceness: int, linger_ms: float) -> Latency:
     """End-to-end latency at ``rate``/s, beside a plain consumer of the same input."""
     source, out = create_topic(bootstrap, "lat-in", 2), create_topic(bootstrap, "lat-out", 2)
     total = int(seconds * rate)
@@ -277,7 +291,8 @@ def latency(bootstrap: str, seconds: float, rate: int, storage: str, buffer_time
     client = env.execute_async("bench-kafka-latency")
     while client.status() != "RUNNING":
         time.sleep(0.05)
-    received, sent, produced_s = produce_and_read(bootstrap, source, total, rate, niceness)
+    received, sent, produced_s = produce_and_read(bootstrap, source, total, rate, niceness,
+                                                  linger_ms)
     client.wait(timeout_s=600)
     assert (received >= 0).all(), f"the plain consumer missed {(received < 0).sum()} records"
     output = np.full(total, -1, np.int64)  # first output time by sequence number
@@ -323,6 +338,11 @@ def main() -> None:
                         help="records/s the latency job's producer aims at (the target is "
                              "stated at 50,000; lower rates show the engine's share where "
                              "the machine is not saturated)")
+    parser.add_argument("--producer-linger-ms", type=float, default=1.0,
+                        help="linger.ms of the latency phase's producer: every batch it "
+                             "sends is one more batch the broker stores, and Tansu's cost "
+                             "per fetch grows with the batches a partition holds (see the "
+                             "module's docstring)")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -336,11 +356,13 @@ def main() -> None:
     with (contextlib.nullcontext(args.bootstrap) if args.bootstrap
           else embedded_broker(niceness=args.niceness)) as bootstrap:
         if args.floor_only:
-            floor_only(bootstrap, args.latency_seconds, args.rate, args.niceness)
+            floor_only(bootstrap, args.latency_seconds, args.rate, args.niceness,
+                       args.producer_linger_ms)
             return
         if args.latency_only:
             report(latency(bootstrap, args.latency_seconds, args.rate, tempfile.mkdtemp(),
-                           args.buffer_timeout_ms, args.niceness), args.buffer_timeout_ms)
+                           args.buffer_timeout_ms, args.niceness, args.producer_linger_ms),
+                   args.buffer_timeout_ms)
             return
         topic = create_topic(bootstrap, "bench", PARTITIONS)
         t = time.perf_counter()
@@ -359,7 +381,7 @@ def main() -> None:
               f"({rate / limit:.2f} of the client limit; start-up {deploy_s:.1f} s apart); "
               f"counts equal the client loop's")
         lat = latency(bootstrap, args.latency_seconds, args.rate, tempfile.mkdtemp(),
-                      args.buffer_timeout_ms, args.niceness)
+                      args.buffer_timeout_ms, args.niceness, args.producer_linger_ms)
         report(lat, args.buffer_timeout_ms)
         print(f"RESULT kafka_events_per_s={rate:.0f} of_client_limit={rate / limit:.2f} "
               f"e2e_p99_ms={lat.p99:.0f} consumer_floor_p99_ms={lat.floor_p99:.0f} "
