@@ -418,3 +418,27 @@ def test_the_coordinator_registers_releases_sweeps_and_refuses_deleted_files(tmp
     with pytest.raises(CorruptCheckpointError) as err:
         coord.verified_restore_spec()  # 4 committed output: no going back past it
     assert err.value.path == c["path"]
+
+
+def effective_options(b: DiskKeyedStateBackend) -> dict[str, str]:
+    """The table options RocksDB wrote to the newest OPTIONS file of ``b``'s database when
+    it opened it (what it runs with, not what it was asked)."""
+    newest = max((f for f in os.listdir(b.path) if f.startswith("OPTIONS-")),
+                 key=lambda f: int(f.split("-")[1]))
+    with open(os.path.join(b.path, newest)) as f:
+        pairs = (line.strip().split("=", 1) for line in f if "=" in line)
+        return {k: v for k, v in pairs if k in ("filter_policy", "no_block_cache")}
+
+
+def test_a_restored_database_keeps_the_block_cache_and_bloom_filters(backends, tmp_path):
+    storage = CheckpointStorage(str(tmp_path))
+    first = backends(memory_mb=96)
+    add_rows(first, rows(2000, 300, seed=5))
+    handle = checkpoint(first, storage, 1)
+    restored = backends(memory_mb=96)
+    restored.restore_db([RestoredDb.read(storage, handle)])
+    for b in (first, restored):
+        assert effective_options(b) == {"filter_policy": "bloomfilter", "no_block_cache": "false"}
+        assert int(b._db.property_value("rocksdb.block-cache-capacity")) == \
+            DiskStateOptions(memory_mb=96).block_cache_bytes
+    assert contents(restored) == oracle(rows(2000, 300, seed=5))
