@@ -20,6 +20,7 @@ from pathlib import Path as FsPath
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import ray
 
 import raystream as rs
@@ -130,6 +131,23 @@ class Weigh(rs.KeyedBroadcastProcessFunction):
                "weight": sum(w for t, w in rules.items() if t <= timestamp)}
 
 
+class CountAndSumRows(rs.ProcessWindowFunction):
+    """What ``agg(n=("count", None), total=("sum", "x"))`` computes, from all of a
+    window's rows at once (the process window path)."""
+
+    def process(self, key, window, rows):
+        yield {"user": key, "window_start": window.start, "window_end": window.end,
+               "n": rows.num_rows, "total": pc.sum(rows["x"]).as_py()}
+
+
+def window_schema(events) -> pa.Schema:
+    """The columns ``agg`` gives the window (a ProcessWindowFunction's would be inferred
+    per batch)."""
+    return pa.schema([("user", pa.string() if events.string_keys else pa.int64()),
+                      ("window_start", pa.int64()), ("window_end", pa.int64()),
+                      ("n", pa.int64()), ("total", pa.float64())])
+
+
 def rule_columns(events, i: np.ndarray) -> dict:
     columns = events.columns(i * RULE_EVERY)
     return {"ts": columns["ts"], "x": columns["x"]}
@@ -208,6 +226,9 @@ def build(scenario: Scenario, env: rs.StreamEnvironment, out: str):
             pre_aggregate=scenario.path is Path.PRE_AGGREGATED)
         if scenario.path is Path.GENERIC:
             result = windows.aggregate(CountAndSum(), name="window")
+        elif scenario.path is Path.PROCESS_WINDOW:
+            result = windows.process(CountAndSumRows(), name="window",
+                                     schema=window_schema(events))
         else:
             result = windows.agg(n=("count", None), total=("sum", "x"), name="window")
         if scenario.path is Path.LATE_OUTPUT:

@@ -46,20 +46,27 @@ FIRST_JOBS = [JobKind.TUMBLING, JobKind.SLIDING, JobKind.SESSION, JobKind.REDUCE
 
 class Path(enum.Enum):
     """How a window aggregates: pre-aggregated partials (the default), dense per-key
-    arrays without pre-aggregation, dense with a late side output, or a user
-    AggregateFunction (the generic path)."""
+    arrays without pre-aggregation, dense with a late side output, a user
+    AggregateFunction (the generic path), or a ProcessWindowFunction given all the
+    window's rows (drawn apart, from ``PROCESS_WINDOWS_FROM_SEED`` on)."""
 
     PRE_AGGREGATED = "pre_aggregated"
     DENSE = "dense"
     LATE_OUTPUT = "late_output"
     GENERIC = "generic"
+    PROCESS_WINDOW = "process_window"
+
+
+FIRST_PATHS = [Path.PRE_AGGREGATED, Path.DENSE, Path.LATE_OUTPUT,
+               Path.GENERIC]  # what generate() draws first (the other, later)
 
 
 class Backend(enum.Enum):
     """Where keyed state lives: the heap (the default) or RocksDB on local disk, with the
     operators' timers. It serves the running sums and the process functions, from seed
     9000 on time windows too (every path: partials, sessions and user functions keep
-    their state in RocksDB), and from seed 10000 on count windows and joins."""
+    their state in RocksDB; from seed 11000 on, process window functions' rows too),
+    and from seed 10000 on count windows and joins."""
 
     HEAP = "heap"
     DISK = "disk"
@@ -106,6 +113,9 @@ DISK_WINDOW_JOBS = (JobKind.TUMBLING, JobKind.SLIDING, JobKind.SESSION)
 # Seeds from here on may run count windows and joins on the disk backend too (drawn apart).
 DISK_JOINS_FROM_SEED = 10000
 DISK_JOIN_JOBS = (JobKind.COUNT_WINDOW, JobKind.WINDOW_JOIN, JobKind.INTERVAL_JOIN)
+# Seeds from here on may compute their time windows with a ProcessWindowFunction (drawn
+# apart; on either backend, as DISK_WINDOW_JOBS holds every time window's path).
+PROCESS_WINDOWS_FROM_SEED = 11000
 # Seeds from here on may run the two-input process function instead (drawn apart, likewise),
 # and from 6000 on the broadcast one.
 CO_PROCESS_FROM_SEED = 5000
@@ -177,7 +187,7 @@ def generate(seed: int) -> Scenario:
     """A random job and one to three failures, all from ``seed``."""
     rng = random.Random(seed)
     job = rng.choice(FIRST_JOBS)
-    path = rng.choice(list(Path)) if job in (JobKind.TUMBLING, JobKind.SLIDING) else (
+    path = rng.choice(FIRST_PATHS) if job in (JobKind.TUMBLING, JobKind.SLIDING) else (
         rng.choice([Path.DENSE, Path.LATE_OUTPUT, Path.GENERIC]) if job is JobKind.SESSION
         else Path.DENSE)
     lateness = rng.choice([0, 0, 2500]) if job is not JobKind.REDUCE else 0
@@ -215,6 +225,7 @@ def generate(seed: int) -> Scenario:
     scenario = _with_later_choices(scenario, random.Random(f"{seed}/later"))
     scenario = _with_co_process(scenario, random.Random(f"{seed}/co"))
     scenario = _with_broadcast(scenario, random.Random(f"{seed}/broadcast"))
+    scenario = _with_process_window(scenario, random.Random(f"{seed}/process_window"))
     scenario = _with_backend(scenario, random.Random(f"{seed}/backend"))
     scenario = _with_incremental(scenario, random.Random(f"{seed}/incremental"))
     return _with_master_kill(scenario, random.Random(f"{seed}/master"))
@@ -269,6 +280,15 @@ def _with_broadcast(scenario: Scenario, rng: random.Random) -> Scenario:
     if scenario.seed < BROADCAST_FROM_SEED or rng.random() >= 0.35:
         return scenario
     return _running(scenario, JobKind.BROADCAST, on_time=True)
+
+
+def _with_process_window(scenario: Scenario, rng: random.Random) -> Scenario:
+    """Later seeds compute a time window (as the job finally is) with a
+    ProcessWindowFunction about a third of the time, keeping its allowed lateness."""
+    if (scenario.seed < PROCESS_WINDOWS_FROM_SEED or not scenario.windowed
+            or rng.random() >= 0.35):
+        return scenario
+    return dataclasses.replace(scenario, path=Path.PROCESS_WINDOW)
 
 
 def _with_incremental(scenario: Scenario, rng: random.Random) -> Scenario:
