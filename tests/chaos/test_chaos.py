@@ -10,10 +10,15 @@ without failures.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import hashlib
+
 import pytest
 
 from tests.chaos.runner import run_scenario
-from tests.chaos.scenarios import generate
+from tests.chaos.scenarios import (DISK_WINDOW_JOBS, PROCESS_WINDOWS_FROM_SEED, Backend, Path,
+                                   generate)
 
 # Chosen to cover every job kind and window path, aligned, unaligned and timed-out
 # alignment, one and two concurrent checkpoints, and every failure kind, in about
@@ -46,3 +51,36 @@ def test_seed_is_exactly_once(ray_session, tmp_path, seed):
     outcome = run_scenario(generate(seed), str(tmp_path))
     assert outcome.ok, (f"{outcome.scenario.describe()}\nplaced: {outcome.placed}\n"
                         f"reproduce: {outcome.scenario!r}\n" + "\n".join(outcome.differences))
+
+
+# The scenarios of every seed below PROCESS_WINDOWS_FROM_SEED, as drawn before the process
+# window path came: later additions are drawn apart, so these seeds keep their scenario.
+OLDER_SEEDS_DIGEST = "98fbbfef60f559850f0ffc245e127f403452c0972319bdfa0930639321a68e59"
+
+
+def fields_set(value):
+    """``value`` with its dataclasses' fields left at their defaults omitted (a field added
+    later with a default leaves older scenarios' form alone) and enums as their values."""
+    if dataclasses.is_dataclass(value):
+        return tuple((f.name, fields_set(getattr(value, f.name)))
+                     for f in dataclasses.fields(value)
+                     if getattr(value, f.name) != (f.default if f.default_factory is
+                                                   dataclasses.MISSING else f.default_factory()))
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (tuple, list)):
+        return tuple(fields_set(v) for v in value)
+    return value
+
+
+def test_older_seeds_keep_their_scenarios():
+    forms = "\n".join(repr(fields_set(generate(seed)))
+                      for seed in range(PROCESS_WINDOWS_FROM_SEED))
+    assert hashlib.sha256(forms.encode()).hexdigest() == OLDER_SEEDS_DIGEST
+
+
+def test_process_windows_are_drawn_for_time_windows_on_every_backend():
+    drawn = {(s.job, s.backend) for s in map(generate, range(PROCESS_WINDOWS_FROM_SEED,
+                                                             PROCESS_WINDOWS_FROM_SEED + 1000))
+             if s.path is Path.PROCESS_WINDOW}
+    assert drawn == {(job, backend) for job in DISK_WINDOW_JOBS for backend in Backend}
