@@ -41,9 +41,12 @@ from tests.chaos.scenarios import (DISK_WINDOW_JOBS, PROCESS_WINDOWS_FROM_SEED, 
 # at p=1, then a failpoint in the asynchronous write; 9161 session windows with a late
 # output keeping their open sessions on disk through three kills of their subtasks; 9168
 # sliding windows of a user function on disk, stopped with a subtask kill 399 ms in,
-# restored at p=3, then a kill of the window.
+# restored at p=3, then a kill of the window; 11380 session windows of a
+# ProcessWindowFunction on disk through kills of the window while deploying and after
+# checkpoints and a failpoint in its snapshot; 11403 sliding windows of one on incremental
+# disk state, stopped with a subtask kill 239 ms in, restored at p=3, then kills.
 CI_SEEDS = [1, 3, 6, 43, 64, 71, 1004, 1005, 2049, 4002, 5000, 6055, 7164, 8007, 8022, 9025,
-            9161, 9168, 10001, 10008, 10228]
+            9161, 9168, 10001, 10008, 10228, 11380, 11403]
 
 
 @pytest.mark.parametrize("seed", CI_SEEDS)
