@@ -6,9 +6,10 @@ The job, at parallelism 2, checkpointed every 5 s::
 
     sequence -> key_by("key") -> sum -> count
 
-* ``sequence``: ``from_sequence`` rows ``{"key", "value", "i"}`` in 4 splits; the key
-  of row ``i`` is ``i * MULTIPLIER mod keys`` (a bijection on the first ``keys``
-  rows), so every key gets state and every later row updates an existing key.
+* ``sequence``: ``from_sequence`` rows ``{"key", "value", "i"}`` in 4 splits, read side
+  by side; the keys run through a bijection over the rows in the order they arrive
+  (:class:`Rows`), so the first ``keys`` rows give every key state, every later row
+  updates a key set long before, and no two rows of an interval share a key.
 * ``sum``: the running sum of ``value`` per key, either
   ``key_by("key").reduce(...)`` (``--op reduce``, the default: on the disk backend
   one multi-get and one write batch per batch) or a
@@ -69,9 +70,8 @@ status and completed checkpoints). The figures:
   and scanned side by side in key order, and every entry that is new or holds
   another value counts its key and value bytes (as RocksDB stores them,
   uncompressed). This scan is a Python loop per entry: at 50,000,000 keys it
-  takes minutes per pair. Every row of an interval changes another key (the key
-  sequence is a bijection on any ``keys`` consecutive rows), so the pairs give the
-  changed bytes per row, and each interval's changed bytes are its rows (those the
+  takes minutes per pair. Every row of an interval changes another key
+  (:class:`Rows`), so the pairs give the changed bytes per row, and each interval's changed bytes are its rows (those the
   ``sum`` subtasks took in between the two checkpoints' triggers, replayed ones
   included, from the polls) times that. The rate varies over a run (new keys
   early, updates of keys on disk later, the replay after the kill), so the
@@ -126,13 +126,27 @@ WINDOW_MS = 1 << 40  # --op window: longer than any input, so windows fire at it
 
 
 class Rows:
-    def __init__(self, keys: int) -> None:
+    """Row ``i``'s columns. The sequence source reads its ``NUM_SPLITS`` contiguous
+    splits side by side, so the rows taken in at one time are the splits' rows at about
+    the same offset: row ``i`` is the ``j``-th of the run, ``j = offset * NUM_SPLITS +
+    split``, and its key is ``j * MULTIPLIER mod keys``, a bijection on any ``keys``
+    consecutive ``j``. So the first ``keys`` rows by ``j`` (the first half of every split
+    when rows are twice the keys) give every key its state, each later row updates a
+    key set long before, and the rows of one checkpoint interval change as many keys.
+    (By ``i`` alone, rows ``i`` and ``i + keys``, one split length apart when rows are
+    twice the keys, would arrive together with the same key.)"""
+
+    def __init__(self, keys: int, rows: int) -> None:
         if math.gcd(MULTIPLIER, keys) != 1:
             raise ValueError(f"{keys} keys: must be coprime to {MULTIPLIER}")
-        self.keys = keys
+        if rows % NUM_SPLITS:
+            raise ValueError(f"{rows} rows: must be a multiple of {NUM_SPLITS} (the splits)")
+        self.keys, self.split_rows = keys, rows // NUM_SPLITS
 
     def __call__(self, index: np.ndarray) -> dict[str, np.ndarray]:
-        return {"key": index * MULTIPLIER % self.keys, "value": index % 7 + 1, "i": index}
+        split, offset = np.divmod(index, self.split_rows)
+        j = offset * NUM_SPLITS + split
+        return {"key": j * MULTIPLIER % self.keys, "value": index % 7 + 1, "i": index}
 
 
 def add(acc: dict, row: dict) -> dict:
@@ -403,7 +417,7 @@ def run(backend: str, op: str, keys: int, rows: int, batch_size: int, memory_mb:
                                             retained=compare + 1 + TAIL if compare else 1),
             restart=(rs.RestartStrategy.fixed_delay(1, 0.0) if kill is not None
                      else rs.RestartStrategy.none()))
-        keyed = env.from_sequence(rows, columns=Rows(keys), batch_size=batch_size,
+        keyed = env.from_sequence(rows, columns=Rows(keys, rows), batch_size=batch_size,
                                   num_splits=NUM_SPLITS, name="sequence").key_by("key")
         if op == "reduce":
             summed = keyed.reduce(add, name="sum")
@@ -479,9 +493,8 @@ def incremental_ratio(disk: Run) -> float:
 
     The compared pairs give the changed bytes per processed row exactly; the rows of
     every interval scale it to that interval. That holds because every row of an
-    interval changes another key (``i * MULTIPLIER mod keys`` is a bijection on any
-    ``keys`` consecutive rows, and an interval has fewer), so an interval's changed
-    bytes are its rows times the bytes of one entry. The rate varies a lot over a run
+    interval changes another key (:class:`Rows`), so an interval's changed bytes are
+    its rows times the bytes of one entry. The rate varies a lot over a run
     (new keys early, updates of keys on disk later, the replay after the kill), so
     the compared intervals' changed bytes alone do not stand for the others'."""
     if not disk.increments:
@@ -530,6 +543,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.rows < args.keys or args.heap_rows < args.heap_keys:
         parser.error("rows must be at least keys (every key gets state)")
+    if args.rows % NUM_SPLITS or args.heap_rows % NUM_SPLITS:
+        parser.error(f"rows must be a multiple of {NUM_SPLITS} (the source's splits)")
     ensure_ray(**RAY_INIT_KWARGS)
     started = time.monotonic()
     heap = run("heap", args.op, args.heap_keys, args.heap_rows, args.batch_size,
