@@ -170,6 +170,11 @@ class Operator:
     def close(self) -> None:
         """Release resources; called on success and on failure."""
 
+    def end_attempt(self) -> None:
+        """The subtask's attempt is over (after :meth:`close`, whatever the outcome):
+        give back memory that an asynchronous checkpoint part still running can do
+        without. A new attempt may start in the same process right away."""
+
     def metrics(self) -> dict[str, float] | None:
         """Figures this operator reports in its subtask's metrics (read while running)."""
         return None

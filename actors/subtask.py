@@ -347,6 +347,11 @@ class Subtask:
                     pass
             if self.checkpointer is not None:
                 self.checkpointer.close()
+            for operator in self.operators:
+                try:
+                    operator.end_attempt()
+                except Exception:
+                    pass
             self.done.set()
 
     def _loop(self) -> None:

@@ -378,13 +378,15 @@ def _remove_stale(parent: str) -> None:
                 shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
-def _open_db(path: str, options: DiskStateOptions):
+def _open_db(path: str, options: DiskStateOptions, cache: Any = None):
+    """Open (or create) the database at ``path``; ``cache``, a ``rocksdict.Cache``, is
+    its block cache (a new one of the options' size if None)."""
     import rocksdict
 
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(True)
     table = rocksdict.BlockBasedOptions()
-    table.set_block_cache(rocksdict.Cache(options.block_cache_bytes))
+    table.set_block_cache(cache if cache is not None else rocksdict.Cache(options.block_cache_bytes))
     table.set_cache_index_and_filter_blocks(True)  # counted in the budget
     table.set_bloom_filter(10, False)  # point gets dominate
     opts.set_block_based_table_factory(table)
@@ -1182,7 +1184,11 @@ class DiskKeyedStateBackend:
         os.makedirs(parent, exist_ok=True)
         _remove_stale(parent)
         self.path = os.path.join(parent, f"raystream-state-{os.getpid()}-{uuid.uuid4().hex}")
-        self._db = _open_db(self.path, self.options)
+        import rocksdict
+
+        # one block cache for this backend's database, the adopted one of a restore too
+        self._cache = rocksdict.Cache(self.options.block_cache_bytes)
+        self._db = _open_db(self.path, self.options, self._cache)
         self._finalizer = weakref.finalize(self, _dispose, self._db, self.path)
         self._states: dict[str, tuple[bytes, str]] = {}  # name -> (state id bytes, kind)
         self._ttl_now = ttl_time_provider  # the processing-time clock of state TTLs
@@ -1205,6 +1211,14 @@ class DiskKeyedStateBackend:
     def close(self) -> None:
         """Close the database and remove its directory (idempotent)."""
         self._finalizer()
+
+    def release_memory(self) -> None:
+        """Empty the block cache and keep it empty: the subtask's attempt ended. The
+        database stays open for an asynchronous checkpoint part still reading it (it
+        closes once nothing references this backend), but a new attempt in the same
+        process opens its own next to it, and two full caches would hold twice the
+        budget."""
+        self._cache.set_capacity(0)
 
     # -- raw access ----------------------------------------------------------
     def _get_or_none(self, key: bytes) -> bytes | None:
@@ -1493,7 +1507,7 @@ class DiskKeyedStateBackend:
         except BaseException:
             shutil.rmtree(self.path, ignore_errors=True)
             raise
-        self._db = _open_db(self.path, self.options)
+        self._db = _open_db(self.path, self.options, self._cache)
         self._finalizer = weakref.finalize(self, _dispose, self._db, self.path)
         get = getattr(self._db, "get", None)
         self._get = get if get is not None else self._get_or_none

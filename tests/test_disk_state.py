@@ -229,6 +229,29 @@ def test_options_and_config_select_the_backend(backends):
     assert not os.path.exists(path)
 
 
+def test_released_memory_leaves_the_state_readable_and_snapshottable(backends):
+    """An attempt's end empties the block cache (a new attempt may open its own in the same
+    process) while an asynchronous checkpoint part may still read the database."""
+    rows = random_rows(4000, keys=400)
+    b = backends(memory_mb=32)
+    fill(b, rows)
+    b._db.flush(True)  # reads now go through SST blocks and the cache
+    before = read_all(b)
+    assert int(b._db.property_value("rocksdb.block-cache-usage")) > 0
+    snapshot = b.snapshot()
+    used = int(b._db.property_value("rocksdb.block-cache-usage"))
+    b.release_memory()
+    # what stays is what the snapshot's open iterator pins
+    assert int(b._db.property_value("rocksdb.block-cache-usage")) == b._cache.get_pinned_usage()
+    assert b._cache.get_pinned_usage() < used
+    assert read_all(b) == before
+    assert int(b._db.property_value("rocksdb.block-cache-usage")) == b._cache.get_pinned_usage()
+    restored = backends()
+    restored.restore(snapshot())
+    assert read_all(restored) == before
+    assert before[("sum", 7)] == rows.loc[rows.k == 7, "v"].sum()
+
+
 def test_directories_of_dead_processes_are_removed(tmp_path, backends):
     stale = tmp_path / "raystream-state-999999999-0123"
     stale.mkdir()

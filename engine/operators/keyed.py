@@ -306,6 +306,10 @@ class _KeyedOperator(Operator):
         if isinstance(self.backend, DiskKeyedStateBackend):  # its next increment starts here
             self.backend.notify_checkpoint_complete(checkpoint_id)
 
+    def end_attempt(self) -> None:
+        if isinstance(getattr(self, "backend", None), DiskKeyedStateBackend):
+            self.backend.release_memory()  # closed once collected: a snapshot may still read
+
     def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
         parts = self.keyed_snapshot_parts()
         state = parts.get("state")
