@@ -423,6 +423,19 @@ def _open_db(path: str, options: DiskStateOptions, cache: Any = None):
     return db
 
 
+def _return_freed_memory() -> None:
+    """Hand memory the C heap freed back to the operating system (glibc's
+    ``malloc_trim``; nothing elsewhere). glibc keeps freed blocks for reuse: an emptied
+    block cache of 500 MB left the resident size where it was until trimmed (795 MB,
+    then 245 MB)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):  # not glibc
+        pass
+
+
 def _read_options():
     """Read options for a raw-mode database (0.3.29 takes no ``raw_mode`` argument:
     its iterator bounds are raw bytes; newer releases may ask for it)."""
@@ -1219,6 +1232,7 @@ class DiskKeyedStateBackend:
         process opens its own next to it, and two full caches would hold twice the
         budget."""
         self._cache.set_capacity(0)
+        _return_freed_memory()
 
     # -- raw access ----------------------------------------------------------
     def _get_or_none(self, key: bytes) -> bytes | None:
