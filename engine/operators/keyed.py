@@ -307,8 +307,9 @@ class _KeyedOperator(Operator):
             self.backend.notify_checkpoint_complete(checkpoint_id)
 
     def end_attempt(self) -> None:
-        if isinstance(getattr(self, "backend", None), DiskKeyedStateBackend):
-            self.backend.release_memory()  # closed once collected: a snapshot may still read
+        backend = getattr(self, "backend", None)  # none if the attempt failed before it
+        if isinstance(backend, DiskKeyedStateBackend):
+            backend.release_memory()  # closed once collected: a snapshot may still read
 
     def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
         parts = self.keyed_snapshot_parts()
