@@ -1104,6 +1104,7 @@ def partials_record(prefix: str, partials: Mapping[str, Any], *, where: str,
     of ``prefix`` that carries it; ``where`` (the operator) names partials that are not
     fixed-width (objects).
 
+    >>> import numpy as np
     >>> record, kind = partials_record("panes", {"n": np.dtype(">i4")}, where="w",
     ...                                last=[("__kid", "<i8")])
     >>> record.descr, kind
