@@ -150,6 +150,13 @@ class DiskEntries:
             batch.delete(key)
         self._backend.raw_db.write(batch)
 
+    def take(self, keys: list[bytes]) -> list[tuple[int, Any] | None]:
+        """:meth:`get` then :meth:`delete` of the same ``keys``: a firing that is also its
+        windows' cleanup (no allowed lateness)."""
+        entries = self.get(keys)
+        self.delete(keys)
+        return entries
+
 
 class DiskChunks(DiskEntries):
     """The rows of a ``ProcessWindowFunction``'s (key, window)s, appended chunk by chunk
@@ -162,9 +169,6 @@ class DiskChunks(DiskEntries):
         older = (backend.state_kind(STATE_NAME) == KIND
                  and backend.state_kind(CHUNKS_NAME) is None)
         super().__init__(backend, timers, name=CHUNKS_NAME, kind=CHUNKS_KIND)
-        # the markers :meth:`get` read last, for a :meth:`delete` of the same windows
-        # right after (a firing without allowed lateness also cleans its windows up)
-        self._read: tuple[list[bytes], list[tuple[int, int] | None]] | None = None
         if older:
             self._move_in_entries()
 
@@ -183,7 +187,6 @@ class DiskChunks(DiskEntries):
         are new."""
         import rocksdict
 
-        self._read = None  # the counts it holds change
         markers = self._markers(keys)
         batch = rocksdict.WriteBatch(raw_mode=True)
         for key, start, rows, marker in zip(keys, starts.tolist(), accumulators, markers):
@@ -200,8 +203,22 @@ class DiskChunks(DiskEntries):
     def get(self, keys: list[bytes]) -> list[tuple[int, Any] | None]:
         """(window start, all its rows in arrival order) of each window at ``keys`` (None
         if none): the markers, then every chunk, each with one multi-get."""
+        return self._windows(keys, self._markers(keys))
+
+    def delete(self, keys: list[bytes]) -> None:
+        """Delete the windows at ``keys``: their markers and the chunks they count, with
+        point deletes in one write batch."""
+        self._delete(keys, self._markers(keys))
+
+    def take(self, keys: list[bytes]) -> list[tuple[int, Any] | None]:
+        """:meth:`get` then :meth:`delete`, reading the markers once."""
         markers = self._markers(keys)
-        self._read = (keys, markers)
+        windows = self._windows(keys, markers)
+        self._delete(keys, markers)
+        return windows
+
+    def _windows(self, keys: list[bytes], markers: list[tuple[int, int] | None]
+                 ) -> list[tuple[int, Any] | None]:
         wanted = [key + _SEQ.pack(seq) for key, marker in zip(keys, markers)
                   if marker is not None for seq in range(marker[1])]
         raws = iter(list(self._backend.raw_db[wanted]) if wanted else [])
@@ -218,15 +235,9 @@ class DiskChunks(DiskEntries):
             out.append((marker[0], tuple(rows)))
         return out
 
-    def delete(self, keys: list[bytes]) -> None:
-        """Delete the windows at ``keys``: their markers and the chunks they count, with
-        point deletes in one write batch (the markers not read again if :meth:`get` just
-        read them)."""
-        read, self._read = self._read, None
-        counts = ([0 if m is None else m[1] for m in read[1]]
-                  if read is not None and read[0] == keys else self.chunks_of(keys))
-        super().delete([*keys, *(key + _SEQ.pack(seq) for key, n in zip(keys, counts)
-                                 for seq in range(n))])
+    def _delete(self, keys: list[bytes], markers: list[tuple[int, int] | None]) -> None:
+        super().delete([*keys, *(key + _SEQ.pack(seq) for key, marker in zip(keys, markers)
+                                 if marker is not None for seq in range(marker[1]))])
 
     def _move_in_entries(self) -> None:
         """An older checkpoint's windows, one entry each holding all their rows: one chunk

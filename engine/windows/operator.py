@@ -685,17 +685,20 @@ class WindowOperator(_KeyedOperator):
                               kids: np.ndarray, starts: np.ndarray) -> None:
         """Due timers of windows in RocksDB: the firing ones' windows read with one
         multi-get (a ``ProcessWindowFunction``'s: its markers, then its chunks) and
-        emitted, the cleanup ones' deleted with one write batch."""
+        emitted, the cleanup ones' deleted with one write batch (without allowed
+        lateness every firing is its window's cleanup: read and deleted at once)."""
         ends = self._ends(starts)
         fire = timestamps == ends - 1
         keys = disk.entry_keys(kids[fire], ends[fire])
+        entries = disk.take(keys) if self.lateness == 0 else disk.get(keys)
         fired = [(kid, start, end, entry[1]) for kid, start, end, entry in zip(
-            kids[fire].tolist(), starts[fire].tolist(), ends[fire].tolist(), disk.get(keys))
+            kids[fire].tolist(), starts[fire].tolist(), ends[fire].tolist(), entries)
             if entry is not None]
         if fired:
             self._emit_generic_windows(fired)
-        cleanup = timestamps == ends - 1 + self.lateness
-        disk.delete(disk.entry_keys(kids[cleanup], ends[cleanup]))
+        if self.lateness:
+            cleanup = timestamps == ends - 1 + self.lateness
+            disk.delete(disk.entry_keys(kids[cleanup], ends[cleanup]))
 
     def _input_columns(self, table: pa.Table) -> list[str]:
         if isinstance(self.function, BuiltinAggregates):
