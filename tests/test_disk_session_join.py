@@ -1,18 +1,23 @@
 """Session window joins and co-groups on the disk state backend: each key's open
-sessions and both sides' rows in one RocksDB entry, against the heap backend and pandas.
+sessions in a small header entry and both sides' rows in a chunk entry per batch,
+against the heap backend and pandas.
 
 Operator-level tests drive a heap and a disk :class:`WindowJoinOperator` over session
 windows with the same batches and watermarks (disorder, stragglers dropped as late)
 and compare both with the pandas oracle of tests/test_window_join.py (sessions over
 both sides' rows with ``groupby``/``diff``/``cumsum``); others merge sessions across
-batches, use string keys and null values (both row formats), restore snapshots at
-parallelism 1, then 2, then 3, move heap snapshots into disk subtasks and refuse disk
-sections in a heap job; Ray jobs run through a subtask kill (full and incremental
-checkpoints), through savepoints at parallelism 1, 2 and 3, and from a heap job's
-savepoint into a disk job.
+batches, feed one open session by many batches (one chunk each, the header one
+session's bytes, no chunk rewritten), use string keys and null values (both row
+formats), restore snapshots at parallelism 1, then 2, then 3, move heap snapshots
+into disk subtasks, restore an older checkpoint's single-entry keys as chunks and
+refuse disk sections in a heap job; Ray jobs run through a subtask kill (full and
+incremental checkpoints), through savepoints at parallelism 1, 2 and 3, and from a
+heap job's savepoint into a disk job.
 """
 
 from __future__ import annotations
+
+import struct
 
 import numpy as np
 import pandas as pd
@@ -25,11 +30,14 @@ from raystream.checkpoint.envelope import is_keyed_state
 from raystream.checkpoint.sections import decode_parts
 from raystream.checkpoint.state_backend import StateBackend
 from raystream.checkpoint.watermark_floors import WatermarkFloors
-from raystream.engine.windows.disk_session_join import DiskSessionRows
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
+from raystream.engine.operators.disk_join import RowFormats
+from raystream.engine.windows import disk_session_join
+from raystream.engine.windows.disk_session_join import DiskSessionRows, is_header
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator
 from tests import test_window_join as wj
 from tests.test_disk_joins import MAXP, co_groups, disk_env, window_join_operator, window_rows
-from tests.test_disk_windows import run_through_a_kill
+from tests.test_disk_windows import own_entries, run_through_a_kill
 from tests.test_exactly_once import savepoint_chain, wait_for_checkpoint
 from tests.test_joins import crawl
 
@@ -49,6 +57,16 @@ def finish(kind: WindowJoinKind, fn):
 def disk_rows(op: WindowJoinOperator) -> DiskSessionRows:
     assert isinstance(op.disk_rows, DiskSessionRows)
     return op.disk_rows
+
+
+def stored(op: WindowJoinOperator) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
+    """The headers and the chunks in the operator's RocksDB, by stored key."""
+    backend = op.backend
+    assert isinstance(backend, DiskKeyedStateBackend)
+    sid = backend.raw_state_id(disk_session_join.CHUNKS_NAME, disk_session_join.CHUNKS_KIND)
+    entries = [(k, v) for k, v in own_entries(op) if k[2:4] == sid]
+    return ({k: v for k, v in entries if is_header(k)},
+            {k: v for k, v in entries if not is_header(k)})
 
 
 @pytest.mark.parametrize("kind,fn", [(WindowJoinKind.JOIN, None), (WindowJoinKind.JOIN, odd),
@@ -81,7 +99,7 @@ def test_disk_session_join_equals_heap_and_pandas(kind, fn):
     assert outputs[1] == outputs[0] == expected and expected
 
 
-def test_sessions_merge_across_batches_and_sides_in_one_entry_per_key():
+def test_sessions_merge_across_batches_and_sides_in_one_header_per_key():
     op = window_join_operator(StateBackend.DISK, SESSION)
     op.initialize_state(None)
     op.open()
@@ -103,6 +121,44 @@ def test_sessions_merge_across_batches_and_sides_in_one_entry_per_key():
     assert disk.stored_entries() == 0
 
 
+def test_a_session_fed_by_n_batches_holds_n_chunks_none_rewritten():
+    """One key's session fed by 40 batches of alternating sides, each followed by a
+    watermark that fires the timers of the session's earlier ends (nothing is due):
+    each batch adds one chunk and rewrites only the header, which stays one session's
+    28 bytes; no earlier chunk changes. The last watermark pairs every row as pandas
+    says and leaves nothing behind."""
+    op = window_join_operator(StateBackend.DISK, SESSION)
+    op.initialize_state(None)
+    op.open()
+    before: dict[bytes, bytes] = {}
+    parts, heads, chunks = [], {}, {}
+    for n in range(1, 41):
+        ids = np.arange((n - 1) * 10, n * 10)
+        part = pd.DataFrame({"id": ids, "k": 7, "ts": 1000 + 20 * ids, "side": n % 2})
+        parts.append(part)
+        op.process_batch(pa.RecordBatch.from_pandas(part[["id", "k", "ts"]],
+                                                    preserve_index=False), n % 2)
+        op.process_watermark(int(part["ts"].max()) - 40)
+        assert not op.output.batches  # pyright: ignore[reportAttributeAccessIssue]
+        heads, chunks = stored(op)
+        (head,) = heads
+        assert len(heads[head]) == 12 + 16  # one session
+        assert len(chunks) == n and all(k[:-8] == head for k in chunks)
+        now = {**heads, **chunks}
+        changed = {k for k in before if now[k] != before[k]}
+        assert changed == ({head} if before else set())  # earlier chunks' bytes untouched
+        assert len(set(chunks) - set(before)) == 1
+        before = now
+    sizes = [len(v) for v in chunks.values()]
+    assert max(sizes) == min(sizes)  # a chunk is one batch's 10 rows
+    op.process_watermark(rs.MAX_WATERMARK)
+    frame = pd.concat(parts)
+    left, right = (frame.loc[frame["side"] == side] for side in (0, 1))
+    expected = sorted(wj.oracle_pairs(left, right, SESSION))
+    assert sorted(wj.pairs_of(wj.output_of(op))) == expected and len(expected) == 200 * 200
+    assert disk_rows(op).stored_entries() == 0 and stored(op) == ({}, {})
+
+
 def test_string_keys_and_null_values_in_both_row_formats():
     """Numbers without nulls are stored as fixed-width records, the rest as Arrow IPC:
     string keys, a nullable string column on the left, a float column on the right."""
@@ -112,7 +168,7 @@ def test_string_keys_and_null_values_in_both_row_formats():
     frame = pd.DataFrame({"id": np.arange(n), "k": names[rng.integers(0, 4, n)],
                           "ts": np.sort(rng.integers(0, 12 * n, n)) + rng.integers(0, 20, n),
                           "side": rng.integers(0, 2, n)})
-    note = pd.Series(rng.choice(["x", "y", None], n), dtype=object)
+    note = pd.Series(rng.choice(np.array(["x", "y", None], dtype=object), n), dtype=object)
     outputs = []
     for backend in (StateBackend.HEAP, StateBackend.DISK):
         op = window_join_operator(backend, SESSION)
@@ -223,6 +279,92 @@ def test_snapshots_restore_at_1_then_2_then_3_and_heap_snapshots_move_in(kind):
         restored(StateBackend.HEAP, kind, disk_sections, 0, 1, floors[1])
 
 
+def write_older_entries(op: WindowJoinOperator, frame: pd.DataFrame) -> None:
+    """Store ``frame``'s rows (column ``side``) as raystream stored a session join's keys
+    before chunks: one entry per key, ``n | n x (start, end) | chunks``, each chunk
+    ``side | format fingerprint | len | rows`` (one per side here), with a timer at each
+    session's end - 1. No checkpoint of that layout is at hand, so the entries are
+    written through the backend's raw API, the formats through :class:`RowFormats`."""
+    import rocksdict
+
+    backend, timers = op.backend, op.disk_timers
+    assert isinstance(backend, DiskKeyedStateBackend)
+    sid = backend.raw_state_id(disk_session_join.STATE_NAME, disk_session_join.KIND)
+    formats, writes = RowFormats(backend), rocksdict.WriteBatch(raw_mode=True)
+    windows = wj.windows_of(frame, SESSION)
+    for k, rows in windows.groupby("k"):
+        group = rs.key_group_of(k, MAXP)
+        kid = timers.key_ids([k], np.array([group]))
+        sessions = np.unique(rows[["window_start", "window_end"]].to_numpy(np.int64), axis=0)
+        timers.register_event_time_timers(np.repeat(kid, len(sessions)), sessions[:, 0],
+                                          sessions[:, 1] - 1)
+        value = struct.pack("<I", len(sessions)) + sessions.tobytes()
+        for side in (0, 1):
+            part = rows.loc[rows["side"] == side, ["id", "k", "ts"]]
+            if not len(part):
+                continue
+            batch = pa.RecordBatch.from_pandas(part, preserve_index=False)
+            batch = batch.append_column("__ts", batch.column("ts"))
+            fp, fmt = formats.of(batch, np.array([group - backend.key_groups.start]), writes)
+            (payload,) = fmt.payloads(batch, [0], [batch.num_rows])
+            value += struct.pack("<B8sI", side, fp, len(payload)) + payload
+        writes.put(backend.entry_keys(sid, [k], [group])[0], value)
+    backend.raw_db.write(writes)
+
+
+def test_an_older_checkpoint_of_single_entry_keys_restores_as_chunks(monkeypatch):
+    """A checkpoint of one entry per key (the layout before chunks, written by
+    :func:`write_older_entries`) restored into 2 subtasks: the keys become headers and
+    chunks, nothing stays in the older state, and with the rest of the rows every pair
+    comes once, as pandas says; a checkpoint written since restores as it is, without
+    a search for older entries."""
+    frame = wj.make_events(np.random.default_rng(11), 1200, keys=6, disorder=0)
+    first, rest = frame.iloc[:600], frame.iloc[600:]
+    floor = int(first["ts"].min()) - 1  # no session had fired yet
+    old = window_join_operator(StateBackend.DISK, SESSION)
+    with monkeypatch.context() as patch:  # a backend without the chunks' state
+        patch.setattr(WindowJoinOperator, "open_disk_rows", lambda self: None)
+        old.initialize_state(None)
+        write_older_entries(old, first)
+        taken = old.snapshot_state(1).keyed_state
+        assert taken is not None
+        sections = taken()
+    ops = [restored(StateBackend.DISK, WindowJoinKind.JOIN, sections, i, 2, floor)
+           for i in range(2)]
+    n_heads = n_chunks = 0
+    for op in ops:
+        backend = op.backend
+        assert isinstance(backend, DiskKeyedStateBackend)
+        old_sid = backend.raw_state_id(disk_session_join.STATE_NAME, disk_session_join.KIND)
+        assert not any(k[2:4] == old_sid for k, _ in own_entries(op))
+        heads, chunks = stored(op)
+        assert disk_rows(op).stored_entries() == len(heads) > 0
+        counts = {h: struct.unpack_from("<Q", v)[0] for h, v in heads.items()}
+        assert sorted(chunks) == sorted(h + struct.pack(">Q", seq) for h, n in counts.items()
+                                        for seq in range(n))  # the chunks each header counts
+        n_heads, n_chunks = n_heads + len(heads), n_chunks + len(chunks)
+    # a header per key, a chunk per side a key had rows of
+    assert (n_heads, n_chunks) == (first["k"].nunique(),
+                                   int(first.groupby("k")["side"].nunique().sum()))
+    later = ops[0].snapshot_state(2).keyed_state
+    assert later is not None
+    entries = dict(own_entries(ops[0]))
+    with monkeypatch.context() as patch:
+        def moved(self) -> None:
+            raise AssertionError("a checkpoint of chunks was searched for older entries")
+
+        patch.setattr(DiskSessionRows, "_move_in_entries", moved)
+        again = restored(StateBackend.DISK, WindowJoinKind.JOIN, later(), 0, 2, floor)
+    assert dict(own_entries(again)) == entries
+    for op in (again, ops[1]):
+        feed(op, rest)
+        op.process_watermark(rs.MAX_WATERMARK)
+        assert disk_rows(op).stored_entries() == 0
+    left, right = (frame.loc[frame["side"] == side] for side in (0, 1))
+    expected = sorted(wj.oracle_pairs(left, right, SESSION))
+    assert sorted(results([again, ops[1]], WindowJoinKind.JOIN)) == expected and expected
+
+
 # -- jobs on Ray ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("incremental", [False, True], ids=["full", "incremental"])
@@ -262,8 +404,8 @@ def test_disk_session_co_group_through_savepoints_at_1_2_3(ray_session, tmp_path
     frame = pd.DataFrame(wj.events(np.arange(n)))
     i = frame["id"].to_numpy()
     on_time = frame[~((i % 400 == 399) & (i > wj.STRAGGLER_START))]
-    groups = wj.oracle_groups(on_time[on_time["side"] == 0], on_time[on_time["side"] == 1],
-                              SESSION)
+    groups = wj.oracle_groups(on_time.loc[on_time["side"] == 0],
+                              on_time.loc[on_time["side"] == 1], SESSION)
     assert got == sorted((k, s, e, len(lids), len(rids)) for k, s, e, lids, rids in groups)
 
 
@@ -313,8 +455,8 @@ def test_heap_savepoint_of_sessions_restores_into_a_disk_job(ray_session, tmp_pa
     frame = pd.DataFrame(wj.events(np.arange(n)))
     i = frame["id"].to_numpy()
     on_time = frame[~((i % 400 == 399) & (i > wj.STRAGGLER_START))]
-    groups = wj.oracle_groups(on_time[on_time["side"] == 0], on_time[on_time["side"] == 1],
-                              SESSION)
+    groups = wj.oracle_groups(on_time.loc[on_time["side"] == 0],
+                              on_time.loc[on_time["side"] == 1], SESSION)
     assert got == sorted((k, s, e, len(lids), len(rids)) for k, s, e, lids, rids in groups)
     averages = (tables[1].to_pandas().rename(columns={"user": "k"})
                 .sort_values(["k", "window_start"]).reset_index(drop=True))
