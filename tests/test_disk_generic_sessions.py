@@ -12,6 +12,8 @@ jobs run through a subtask kill with full and incremental checkpoints.
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -19,28 +21,40 @@ import pytest
 
 import raystream as rs
 from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
-from raystream.checkpoint.disk_state import _unpack
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend, _unpack
 from raystream.checkpoint.envelope import is_keyed_state
 from raystream.checkpoint.sections import decode_parts
 from raystream.checkpoint.state_backend import StateBackend
 from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
-from raystream.engine.windows.disk_generic_sessions import KIND, STATE_NAME
+from raystream.engine.windows.disk_generic_sessions import CHUNKS_KIND, CHUNKS_NAME
 from raystream.engine.windows.functions import UserAggregate
 from raystream.engine.windows.operator import WindowOperator
 from tests.test_disk_session_windows import (GAP, KEYS, SESSIONS, final_sessions,
                                              heap_and_disk_sessions, session_input)
 from tests.test_disk_user_windows import user_operator
-from tests.test_disk_windows import MAXP, disk_env, run_through_a_kill, values_by_key
+from tests.test_disk_windows import MAXP, disk_env, own_entries, run_through_a_kill
 from tests.test_exactly_once import savepoint_chain
 from tests.test_windows import Average, Spread, throttle
 
 KINDS = ["aggregate", "process"]
 
 
+def stored(op: WindowOperator) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
+    """The headers (``kg | sid | len(key) | key``) and the chunks (a header's key and a
+    seq) in the operator's RocksDB, by stored key."""
+    backend = op.backend
+    assert isinstance(backend, DiskKeyedStateBackend)
+    sid = backend.raw_state_id(CHUNKS_NAME, CHUNKS_KIND)
+    entries = [(k, v) for k, v in own_entries(op) if k[2:4] == sid]
+    heads = {k: v for k, v in entries if len(k) == 8 + struct.unpack_from(">I", k, 4)[0]}
+    return heads, {k: v for k, v in entries if k not in heads}
+
+
 def stored_sessions(op: WindowOperator) -> dict:
     """Key -> (start, end) of its open sessions in RocksDB."""
-    return {k: [(s, e) for s, e, _ in _unpack(v)] for k, v in values_by_key(op).items()}
+    return {DiskKeyedStateBackend.decode_key(k[8:]): [(s, e) for s, e, _, _ in _unpack(v)[1]]
+            for k, v in stored(op)[0].items()}
 
 
 def value_of(frame: pd.DataFrame) -> pd.Series:
@@ -73,7 +87,7 @@ def test_disk_user_sessions_equal_heap_and_pandas(kind, lateness):
         lambda backend: user_operator(backend, SESSIONS, kind, lateness=lateness), key, ts, x,
         lateness)
     assert op.disk_generic_sessions is not None and not op.entries and not op.sessions
-    assert op.backend.state_kind(STATE_NAME) == KIND
+    assert op.backend.state_kind(CHUNKS_NAME) == CHUNKS_KIND
     got = results(final_sessions(disk))
     want = oracle(kept, kind, GAP)
     pd.testing.assert_frame_equal(got[[*KEYS, "rows"]], want[[*KEYS, "rows"]],

@@ -4,27 +4,44 @@ With ``CheckpointConfig(state_backend="disk")`` the window operator's generic
 layout for session windows (a user ``AggregateFunction``, ``reduce`` or a
 ``ProcessWindowFunction`` over ``EventTimeSessionWindows``) keeps each key's open
 sessions in the operator instance's RocksDB instead of the heap's ``entries`` and
-``sessions`` dicts. Each key is one entry, in the backend's own layout for keyed
-state::
+``sessions`` dicts. Each key has a *header*, in the backend's own layout for keyed
+state, and, for a ``ProcessWindowFunction``, its sessions' rows in *chunks* beside
+it::
 
-    key group (uint16) | state id (uint16) | len(key) (uint32) | key
+    header: key group (uint16) | state id (uint16) | len(key) (uint32) | key
+            -> [next seq, [[start, end, 0, accumulator] or [start, end, 1, runs], ...]]
+    chunk:  key group | state id | len(key) | key | seq (uint64, big-endian)
+            -> record batches of a session's rows as an Arrow IPC stream
 
-with the key encoded as the disk backend encodes keys. The value is the key's
-open sessions, ``[[start, end, accumulator], ...]``, serialized as the backend
-serializes state values (MessagePack, pickle only for opaque objects such as a
-``ProcessWindowFunction``'s row batches: what :mod:`~raystream.engine.windows.disk_entries`
-stores too).
+with the key encoded as the disk backend encodes keys and the header serialized as
+the backend serializes state values (MessagePack, pickle only for opaque objects).
+An ``AggregateFunction``'s or ``reduce``'s accumulator is small and stays in the
+header (``0``); a ``ProcessWindowFunction``'s (its session's record batches) is a
+list of chunks, named by ``runs``: ``[first seq, count, ...]``, runs of consecutive
+seqs in the order of the session's rows (``1``). A key's seqs count up from 0 while
+it has a header, never reused: one open session fed by many batches has one run.
 
-A batch (or a firing of timers) loads its distinct keys' sessions with one
+A batch (or a firing of timers) loads its distinct keys' headers with one
 multi-get into the operator's ``entries`` and ``sessions`` dicts, which are empty
 otherwise, runs the heap path's own session merging (or firing) over just those
 keys, then writes them back with one write batch (a key left without sessions is
-deleted) and empties the dicts: no key id outlives the call. Python runs per
-distinct key and per session, as the heap path does. Timers stay on the timer
-service, one per session as on the heap. The entries share the backend's
-key-group prefix, so its full and incremental snapshots, restores and rescaling
-carry them like any keyed state.
+deleted) and empties the dicts: no key id outlives the call. A session's stored
+rows are loaded as a :class:`StoredRows`, which the heap path's merge (``a + b``
+of row tuples) extends without reading them; writing back puts the rows a batch
+added as one new chunk per session (one per schema, should it change within one),
+so a batch never reads or rewrites rows stored before and a key with many rows in
+one open session pays per batch for that batch's rows and a header of a few dozen
+bytes. Firing a session iterates its rows: one multi-get of its chunks; the chunks
+of the sessions a firing or cleanup dropped are deleted in the write batch. Python
+runs per distinct key, session and chunk, as the heap path runs per session. Timers
+stay on the timer service, one per session as on the heap. The entries share the
+backend's key-group prefix, so its full and incremental snapshots, restores and
+rescaling carry them like any keyed state. An older checkpoint's keys (one entry of
+a state of its own, ``[[start, end, accumulator], ...]`` with the rows inline)
+become headers and chunks when the state is restored; a checkpoint written since
+names the chunks' state, so restoring it looks for no such entries.
 
+    >>> import pyarrow as pa
     >>> from raystream.checkpoint.disk_state import DiskKeyedStateBackend
     >>> from raystream.timers.disk_service import DiskTimerService
     >>> backend = DiskKeyedStateBackend(max_parallelism=8, key_groups=range(8))
@@ -40,25 +57,89 @@ carry them like any keyed state.
     >>> with disk.loaded(kids, entries, sessions):
     ...     entries == {(int(kids[0]), 0): [10, (1, 2)]}
     True
+
+A ``ProcessWindowFunction``'s rows: each batch appends a chunk, the stored ones
+unread until the session fires::
+
+    >>> rows = [tuple(pa.table({"x": x}).to_batches()) for x in ([1, 2], [3])]
+    >>> kid = int(kids[1])
+    >>> with disk.loaded(kids[1:], entries, sessions):
+    ...     entries[(kid, 0)] = [10, rows[0]]
+    ...     sessions[kid] = [0]
+    >>> with disk.loaded(kids[1:], entries, sessions):
+    ...     entries[(kid, 0)][1] = entries[(kid, 0)][1] + rows[1]  # the heap path's merge
+    >>> disk.chunks_of(kids[1:])
+    [2]
+    >>> with disk.loaded(kids[1:], entries, sessions):
+    ...     pa.Table.from_batches(list(entries[(kid, 0)][1]))["x"].to_pylist()
+    ...     del entries[(kid, 0)], sessions[kid]  # fired and cleared
+    [1, 2, 3]
+    >>> disk.chunks_of(kids)
+    [0, 0]
     >>> backend.close()
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import bisect
+import struct
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend, _pack, _unpack
 from raystream.timers.disk_service import DiskTimerService
 
+# A checkpoint written before chunks holds each key as one entry of this state; its kind
+# begins the chunks' too, so a heap job refuses both (the operator's disk-only kinds).
 STATE_NAME = "__generic_sessions"
 KIND = "generic-session-windows"
+CHUNKS_NAME = "__generic_session_chunks"
+CHUNKS_KIND = "generic-session-windows-chunks"
+_SEQ = struct.Struct(">Q")  # big-endian: a key's chunks in seq order
+_INLINE, _CHUNKED = 0, 1  # how a session's accumulator is stored in the header
 
 Entries = dict[tuple[int, int], list[Any]]  # (key id, start) -> [end, accumulator]
 Sessions = dict[int, list[int]]  # key id -> starts of its open sessions
+
+
+class StoredRows:
+    """A ``ProcessWindowFunction`` session's rows while its key is loaded: runs of its
+    stored chunks (``range`` of seqs, not read) and the record batches added since, in
+    order. ``+`` with a tuple of record batches (or another one) is the heap path's
+    merge; iterating reads the chunks (one multi-get) and yields every batch."""
+
+    __slots__ = ("_db", "_key", "parts")
+
+    def __init__(self, db: Any, key: bytes, parts: tuple[range | pa.RecordBatch, ...]) -> None:
+        self._db, self._key, self.parts = db, key, parts
+
+    def __add__(self, other: Any) -> StoredRows:
+        parts = other.parts if isinstance(other, StoredRows) else tuple(other)
+        return StoredRows(self._db, self._key, self.parts + parts)
+
+    def __radd__(self, other: Any) -> StoredRows:
+        return StoredRows(self._db, self._key, tuple(other) + self.parts)
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        wanted = [self._key + _SEQ.pack(seq) for part in self.parts if isinstance(part, range)
+                  for seq in part]
+        raws = iter(list(self._db[wanted]) if wanted else [])
+        for part in self.parts:
+            if not isinstance(part, range):
+                yield part
+                continue
+            for _ in part:
+                yield from _batches(next(raws))
+
+
+def _is_rows(acc: Any) -> bool:
+    """Whether ``acc`` is a ``ProcessWindowFunction``'s (record batches), kept in chunks."""
+    return isinstance(acc, StoredRows) or (isinstance(acc, tuple) and len(acc) > 0 and all(
+        isinstance(b, pa.RecordBatch) for b in acc))
 
 
 class DiskGenericSessions:
@@ -68,12 +149,27 @@ class DiskGenericSessions:
     def __init__(self, backend: DiskKeyedStateBackend, timers: DiskTimerService) -> None:
         self._backend = backend
         self._timers = timers
-        self._sid = backend.raw_state_id(STATE_NAME, KIND)
+        # Only a checkpoint written before chunks holds keys as single entries: one
+        # written since names the chunks' state too (declared below, before any move),
+        # so its restores skip the scan for entries the first restore moved.
+        older = (backend.state_kind(STATE_NAME) == KIND
+                 and backend.state_kind(CHUNKS_NAME) is None)
+        self._sid = backend.raw_state_id(CHUNKS_NAME, CHUNKS_KIND)
+        if older:
+            self._move_in_entries()
 
     def entry_keys(self, kids: np.ndarray) -> list[bytes]:
-        """The stored keys of key ids ``kids`` (one encoding per key)."""
+        """The stored keys (headers) of key ids ``kids`` (one encoding per key)."""
         timers = self._timers
         return self._backend.entry_keys(self._sid, timers.keys(kids), timers.key_groups_of(kids))
+
+    def chunks_of(self, kids: np.ndarray) -> list[int]:
+        """How many chunks the sessions of each of the key ids ``kids`` name (0: none)."""
+        out = []
+        for raw in self._backend.raw_db[self.entry_keys(kids)]:  # a list: a multi-get
+            stored = [] if raw is None else _unpack(raw)[1]
+            out.append(sum(sum(runs[1::2]) for _, _, how, runs in stored if how == _CHUNKED))
+        return out
 
     @contextmanager
     def loaded(self, kids: np.ndarray, entries: Entries, sessions: Sessions) -> Iterator[None]:
@@ -83,37 +179,56 @@ class DiskGenericSessions:
         written: the job restores from its last checkpoint)."""
         keys = self.entry_keys(kids)
         try:
-            self._load(kids, keys, entries, sessions)
+            heads = self._load(kids, keys, entries, sessions)
             yield
-            self._store(kids, keys, entries, sessions)
+            self._store(kids, keys, heads, entries, sessions)
         finally:
             entries.clear()
             sessions.clear()
 
     def _load(self, kids: np.ndarray, keys: list[bytes], entries: Entries,
-              sessions: Sessions) -> None:
+              sessions: Sessions) -> list[tuple[int, list[range]]]:
+        """Per key: the next seq of its chunks and the runs its sessions name."""
         if not keys:
-            return
-        raws = list(self._backend.raw_db[keys])  # a list of keys: a multi-get
-        for kid, raw in zip(kids.tolist(), raws):
+            return []
+        db = self._backend.raw_db
+        heads = []
+        for kid, key, raw in zip(kids.tolist(), keys, db[keys]):  # a list of keys: a multi-get
             if raw is None:
+                heads.append((0, []))
                 continue
-            stored = _unpack(raw)
-            sessions[kid] = [start for start, _, _ in stored]
-            for start, end, acc in stored:
+            next_seq, stored = _unpack(raw)
+            sessions[kid] = [start for start, _, _, _ in stored]
+            named: list[range] = []
+            for start, end, how, acc in stored:
+                if how == _CHUNKED:
+                    runs = tuple(range(first, first + n) for first, n in zip(acc[::2], acc[1::2]))
+                    named.extend(runs)
+                    acc = StoredRows(db, key, runs)
                 entries[(kid, start)] = [end, acc]
+            heads.append((next_seq, named))
+        return heads
 
-    def _store(self, kids: np.ndarray, keys: list[bytes], entries: Entries,
-               sessions: Sessions) -> None:
+    def _store(self, kids: np.ndarray, keys: list[bytes], heads: list[tuple[int, list[range]]],
+               entries: Entries, sessions: Sessions) -> None:
         import rocksdict
 
         batch = rocksdict.WriteBatch(raw_mode=True)
-        for kid, key in zip(kids.tolist(), keys):
-            starts = sessions.get(kid)
-            if not starts:
+        for kid, key, (next_seq, named) in zip(kids.tolist(), keys, heads):
+            stored = []
+            for start in sorted(sessions.get(kid, ())):
+                end, acc = entries[(kid, start)]
+                if not _is_rows(acc):
+                    stored.append([start, end, _INLINE, acc])
+                    continue
+                parts = acc.parts if isinstance(acc, StoredRows) else acc
+                runs, next_seq = _put_chunks(batch, key, parts, next_seq)
+                stored.append([start, end, _CHUNKED, runs])
+            _delete_dropped(batch, key, named, stored)
+            if stored:
+                batch.put(key, _pack([next_seq, stored]))
+            else:
                 batch.delete(key)
-                continue
-            batch.put(key, _pack([[start, *entries[(kid, start)]] for start in sorted(starts)]))
         self._backend.raw_db.write(batch)
 
     def move_in(self, entries: Entries, sessions: Sessions) -> None:
@@ -122,7 +237,91 @@ class DiskGenericSessions:
         kids = np.fromiter(sessions, dtype=np.int64, count=len(sessions))
         keys = self.entry_keys(kids)
         try:
-            self._store(kids, keys, entries, sessions)
+            self._store(kids, keys, [(0, [])] * len(keys), entries, sessions)
         finally:
             entries.clear()
             sessions.clear()
+
+    def _move_in_entries(self) -> None:
+        """An older checkpoint's keys, one entry each holding ``[[start, end,
+        accumulator], ...]`` with the rows inline: headers and chunks now."""
+        import rocksdict
+
+        backend, db = self._backend, self._backend.raw_db
+        sid = struct.unpack(">H", backend.raw_state_id(STATE_NAME, KIND))[0]
+        mine = struct.pack(">H", struct.unpack(">H", self._sid)[0])
+        for group in backend.key_groups:
+            lo, hi = struct.pack(">HH", group, sid), struct.pack(">HH", group, sid + 1)
+            read_options = backend.read_options(hi)
+            found = list(db.items(from_key=lo, read_opt=read_options))
+            if not found:
+                continue
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            for old_key, raw in found:
+                key = old_key[:2] + mine + old_key[4:]
+                stored, next_seq = [], 0
+                for start, end, acc in _unpack(raw):
+                    if _is_rows(acc):
+                        runs, next_seq = _put_chunks(batch, key, acc, next_seq)
+                        stored.append([start, end, _CHUNKED, runs])
+                    else:
+                        stored.append([start, end, _INLINE, acc])
+                batch.put(key, _pack([next_seq, stored]))
+                batch.delete(old_key)
+            db.write(batch)
+
+
+def _put_chunks(batch: Any, key: bytes, parts: Sequence[range | pa.RecordBatch],
+                next_seq: int) -> tuple[list[int], int]:
+    """Put the record batches among a session's ``parts`` as new chunks (one per run of
+    batches of one schema) into write batch ``batch``: the session's runs of seqs
+    (``[first, count, ...]``, adjacent ones joined) and the next seq."""
+    runs: list[int] = []
+
+    def named(seqs: range) -> None:
+        if runs and runs[-2] + runs[-1] == seqs.start:
+            runs[-1] += len(seqs)
+        else:
+            runs.extend((seqs.start, len(seqs)))
+
+    pending: list[pa.RecordBatch] = []
+    for part in (*parts, None):  # None: the end, which writes what is pending
+        if pending and (not isinstance(part, pa.RecordBatch)
+                        or not part.schema.equals(pending[0].schema)):
+            batch.put(key + _SEQ.pack(next_seq), _ipc(pending))
+            named(range(next_seq, next_seq + 1))
+            next_seq, pending = next_seq + 1, []
+        if isinstance(part, range):
+            named(part)
+        elif part is not None:
+            pending.append(part)
+    return runs, next_seq
+
+
+def _delete_dropped(batch: Any, key: bytes, named: list[range], stored: list[list]) -> None:
+    """Delete the chunks the loaded sessions named (``named``) that the ones ``stored``
+    no longer do: those of sessions fired and cleared. A loaded run is never split (a
+    session keeps or drops its rows whole), so it is found within one stored run or in
+    none."""
+    runs = sorted((first, first + n) for _, _, how, acc in stored if how == _CHUNKED
+                  for first, n in zip(acc[::2], acc[1::2]))
+    firsts = [first for first, _ in runs]
+    for seqs in named:
+        at = bisect.bisect_right(firsts, seqs.start) - 1
+        if at < 0 or runs[at][1] < seqs.stop:
+            for seq in seqs:
+                batch.delete(key + _SEQ.pack(seq))
+
+
+def _ipc(rows: Sequence[pa.RecordBatch]) -> bytes:
+    """Record batches of one schema as one Arrow IPC stream."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, rows[0].schema) as writer:
+        for batch in rows:
+            writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def _batches(raw: bytes) -> tuple[pa.RecordBatch, ...]:
+    """The record batches of :func:`_ipc`'s bytes (zero-copy over ``raw``)."""
+    return tuple(pa.ipc.open_stream(pa.py_buffer(raw)))
