@@ -1,12 +1,16 @@
 """Session windows of user functions on the disk state backend: a key's open sessions
-and their accumulators in one RocksDB entry, against the heap backend and pandas.
+and their small accumulators in a header entry, a ``ProcessWindowFunction``'s rows in
+a chunk entry per batch, against the heap backend and pandas.
 
 Operator-level tests drive a heap and a disk :class:`WindowOperator` (a user
 ``AggregateFunction`` or a ``ProcessWindowFunction`` over session windows) with the
 same batches and watermarks (disorder, rows beyond the bound to the late side output,
 allowed lateness) and check both against a pandas oracle; others merge sessions across
-batches, use string keys with nulls, restore snapshots at parallelism 1, then 2, then
-3, move a heap snapshot into a disk job and refuse disk sections in a heap job; Ray
+batches, feed one open session of a ``ProcessWindowFunction`` by many batches (one
+chunk each, the header of constant size, no chunk rewritten, the rows fired in
+arrival order), use string keys with nulls, restore snapshots at parallelism 1, then
+2, then 3, move a heap snapshot into a disk job, restore an older checkpoint's
+single-entry keys as headers and chunks and refuse disk sections in a heap job; Ray
 jobs run through a subtask kill with full and incremental checkpoints.
 """
 
@@ -21,17 +25,19 @@ import pytest
 
 import raystream as rs
 from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
-from raystream.checkpoint.disk_state import DiskKeyedStateBackend, _unpack
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend, _pack, _unpack
 from raystream.checkpoint.envelope import is_keyed_state
 from raystream.checkpoint.sections import decode_parts
 from raystream.checkpoint.state_backend import StateBackend
 from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
-from raystream.engine.windows.disk_generic_sessions import CHUNKS_KIND, CHUNKS_NAME
-from raystream.engine.windows.functions import UserAggregate
+from raystream.engine.windows.disk_generic_sessions import (CHUNKS_KIND, CHUNKS_NAME, KIND,
+                                                            STATE_NAME, DiskGenericSessions)
+from raystream.engine.windows.functions import ProcessWindow, UserAggregate
 from raystream.engine.windows.operator import WindowOperator
 from tests.test_disk_session_windows import (GAP, KEYS, SESSIONS, final_sessions,
                                              heap_and_disk_sessions, session_input)
+from tests.test_disk_process_windows import RowIds
 from tests.test_disk_user_windows import user_operator
 from tests.test_disk_windows import MAXP, disk_env, own_entries, run_through_a_kill
 from tests.test_exactly_once import savepoint_chain
@@ -58,7 +64,7 @@ def stored_sessions(op: WindowOperator) -> dict:
 
 
 def value_of(frame: pd.DataFrame) -> pd.Series:
-    return frame["avg"] if "avg" in frame.columns else frame["spread"]
+    return pd.Series(frame["avg"] if "avg" in frame.columns else frame["spread"])
 
 
 def oracle(rows: pd.DataFrame, kind: str, gap: int) -> pd.DataFrame:
@@ -68,9 +74,11 @@ def oracle(rows: pd.DataFrame, kind: str, gap: int) -> pd.DataFrame:
     new = (rows["k"] != rows["k"].shift()) | (rows["ts"].diff() > gap)
     grouped = rows.assign(session=new.cumsum()).groupby("session")
     out = pd.DataFrame({"k": grouped["k"].first(), "window_start": grouped["ts"].min(),
-                        "window_end": grouped["ts"].max() + gap, "rows": grouped.size(),
+                        "window_end": np.asarray(grouped["ts"].max()) + gap,
+                        "rows": grouped.size(),
                         "value": (grouped["x"].mean() if kind == "aggregate"
-                                  else grouped["x"].max() - grouped["x"].min())})
+                                  else np.asarray(grouped["x"].max())
+                                  - np.asarray(grouped["x"].min()))})
     return out.sort_values(KEYS).reset_index(drop=True)
 
 
@@ -87,6 +95,7 @@ def test_disk_user_sessions_equal_heap_and_pandas(kind, lateness):
         lambda backend: user_operator(backend, SESSIONS, kind, lateness=lateness), key, ts, x,
         lateness)
     assert op.disk_generic_sessions is not None and not op.entries and not op.sessions
+    assert isinstance(op.backend, DiskKeyedStateBackend)
     assert op.backend.state_kind(CHUNKS_NAME) == CHUNKS_KIND
     got = results(final_sessions(disk))
     want = oracle(kept, kind, GAP)
@@ -117,6 +126,54 @@ def test_sessions_merge_across_batches_in_one_entry_per_key():
     assert pa.Table.from_batches(out.batches).to_pylist() == [
         {"k": "b", "window_start": 100, "window_end": 115, "avg": 5.0, "rows": 1},
         {"k": "a", "window_start": 100, "window_end": 135, "avg": 2.0, "rows": 3}]
+
+
+def test_a_process_function_session_fed_by_n_batches_holds_n_chunks_none_rewritten():
+    """One key's session of a ProcessWindowFunction fed by 40 batches, each followed by
+    a watermark that fires the timers of the session's earlier ends (nothing is due):
+    each batch adds one chunk and rewrites only the header, whose size stays the same
+    (one session, one run of seqs); no earlier chunk changes. The firing hands the
+    function every row in arrival order, as the heap operator does, and leaves
+    nothing behind."""
+    outputs = []
+    for backend in (StateBackend.HEAP, StateBackend.DISK):
+        op = WindowOperator("w", KeySelector.of("k"), SESSIONS, function=ProcessWindow(RowIds()),
+                            timestamp="ts")
+        op.setup(RuntimeContext("job", "w", 0, 1, MAXP, 0, state_backend=backend),
+                 CollectingOutput())
+        op.initialize_state(None)
+        op.open()
+        before: dict[bytes, bytes] = {}
+        sizes: set[int] = set()
+        for n in range(1, 41):
+            ids = np.arange((n - 1) * 10, n * 10)
+            op.process_batch(pa.record_batch({"k": np.full(10, 7), "ts": 1000 + 5 * ids,
+                                              "x": ids.astype(np.float64)}))
+            op.process_watermark(1000 + 5 * int(ids[-1]) - 20)
+            assert not op.output.batches  # pyright: ignore[reportAttributeAccessIssue]
+            if backend is StateBackend.HEAP:
+                continue
+            heads, chunks = stored(op)
+            (head,) = heads
+            sizes.add(len(heads[head]))
+            assert len(chunks) == n and all(k[:-8] == head for k in chunks)
+            now = {**heads, **chunks}
+            changed = {k for k in before if now[k] != before[k]}
+            assert changed == ({head} if before else set())  # earlier chunks' bytes untouched
+            assert len(set(chunks) - set(before)) == 1
+            before = now
+        if backend is StateBackend.DISK:
+            assert len(sizes) == 1 and max(sizes) < 40  # [next seq, [[start, end, 1, [0, n]]]]
+            chunk_sizes = {len(v) for k, v in before.items() if k not in stored(op)[0]}
+            assert len(chunk_sizes) == 1  # a chunk is one batch's 10 rows
+        op.process_watermark(rs.MAX_WATERMARK)
+        outputs.append(pa.Table.from_batches(op.output.batches).to_pylist())  # pyright: ignore[reportAttributeAccessIssue]
+        if backend is StateBackend.DISK:
+            assert stored(op) == ({}, {})
+    ts = 1000 + 5 * np.arange(400)
+    assert outputs[1] == outputs[0] == [
+        {"k": 7, "window_start": int(ts[0]), "window_end": int(ts[-1]) + GAP,
+         "ids": ",".join(map(str, range(400)))}]
 
 
 class NullAware:
@@ -174,7 +231,8 @@ def test_string_keys_and_null_values_on_disk_equal_heap_and_pandas():
     new = (frame["k"] != frame["k"].shift()) | (frame["ts"].diff() > GAP)
     grouped = frame.assign(session=new.cumsum()).groupby("session")
     want = pd.DataFrame({"k": grouped["k"].first(), "window_start": grouped["ts"].min(),
-                         "window_end": grouped["ts"].max() + GAP, "rows": grouped.size(),
+                         "window_end": np.asarray(grouped["ts"].max()) + GAP,
+                         "rows": grouped.size(),
                          "nulls": grouped["x"].apply(lambda s: int(s.isna().sum())),
                          "total": grouped["x"].sum()}).sort_values(KEYS).reset_index(drop=True)
     assert got[[*KEYS, "rows", "nulls"]].astype(str).equals(
@@ -204,7 +262,7 @@ def feed(op: WindowOperator, frame: pd.DataFrame) -> None:
 def outputs_of(ops: list[WindowOperator]) -> pd.DataFrame:
     batches = [b for op in ops for b in op.output.batches]  # pyright: ignore[reportAttributeAccessIssue]
     return (pa.Table.from_batches(batches).to_pandas() if batches
-            else pd.DataFrame(columns=[*KEYS, "rows"]))
+            else pd.DataFrame({name: [] for name in [*KEYS, "rows"]}))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -260,6 +318,72 @@ def test_snapshots_restore_at_1_then_2_then_3_and_heap_snapshots_move_in(kind):
                                          "state in the disk state backend.*"
                                          "state_backend='disk'"):
         start(StateBackend.HEAP, kind, disk_sections, 0, 1, floors[1])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_older_checkpoint_of_single_entry_keys_restores_as_headers_and_chunks(kind,
+                                                                                 monkeypatch):
+    """A checkpoint whose keys are one entry each, ``[[start, end, accumulator], ...]``
+    with a ProcessWindowFunction's rows inline (the layout before chunks), restored
+    into 2 subtasks: the keys become headers (and a chunk per session of rows), nothing
+    stays in the older state, every session fires once, as pandas says; a checkpoint
+    written since restores as it is, without a search for older entries. No checkpoint
+    of that layout is at hand: the heap path's sessions (what the older code loaded
+    and stored) are written as its entries through the backend's raw API."""
+    rng = np.random.default_rng(12)
+    n = 900
+    frame = pd.DataFrame({"k": rng.integers(0, 30, n), "ts": np.sort(rng.integers(0, 6 * n, n)),
+                          "x": rng.integers(-50, 50, n).astype(np.float64)})
+    first, rest = frame.iloc[:450], frame.iloc[450:]
+    floor = int(first["ts"].max()) - 40
+    old = user_operator(StateBackend.DISK, SESSIONS, kind)
+    with monkeypatch.context() as patch:  # the heap path's sessions beside a disk backend
+        patch.setattr(WindowOperator, "_open_disk_panes", lambda self: None)
+        old.initialize_state(None)
+        old.open()
+        feed(old, first)
+        old.process_watermark(floor)
+        backend, timers = old.backend, old.disk_timers
+        assert isinstance(backend, DiskKeyedStateBackend) and old.sessions
+        sid = backend.raw_state_id(STATE_NAME, KIND)
+        kids = list(old.sessions)
+        keys = backend.entry_keys(sid, [timers.key(k) for k in kids],
+                                  timers.key_groups_of(np.array(kids)))
+        for kid, key in zip(kids, keys):  # the older code's _store
+            backend.raw_db[key] = _pack([[start, *old.entries[(kid, start)]]
+                                         for start in sorted(old.sessions[kid])])
+        n_sessions = len(old.entries)
+        old.entries.clear()
+        old.sessions.clear()
+        taken = old.snapshot_state(1).keyed_state
+        assert taken is not None
+        sections = taken()
+    ops = [start(StateBackend.DISK, kind, sections, i, 2, floor) for i in range(2)]
+    n_heads = n_chunks = 0
+    for op in ops:
+        backend = op.backend
+        assert isinstance(backend, DiskKeyedStateBackend)
+        old_sid = backend.raw_state_id(STATE_NAME, KIND)
+        assert not any(k[2:4] == old_sid for k, _ in own_entries(op))
+        heads, chunks = stored(op)
+        n_heads, n_chunks = n_heads + len(heads), n_chunks + len(chunks)
+    assert n_heads == len(kids) and n_chunks == (n_sessions if kind == "process" else 0)
+    later = ops[0].snapshot_state(2).keyed_state
+    assert later is not None
+    entries = dict(own_entries(ops[0]))
+    with monkeypatch.context() as patch:
+        def moved(self) -> None:
+            raise AssertionError("a checkpoint of chunks was searched for older entries")
+
+        patch.setattr(DiskGenericSessions, "_move_in_entries", moved)
+        again = start(StateBackend.DISK, kind, later(), 0, 2, floor)
+    assert dict(own_entries(again)) == entries
+    for op in (again, ops[1]):
+        feed(op, rest)
+        op.process_watermark(rs.MAX_WATERMARK)
+        assert stored(op) == ({}, {})
+    got = pd.concat([outputs_of([old]), outputs_of([again, ops[1]])], ignore_index=True)
+    pd.testing.assert_frame_equal(results(got), oracle(frame, kind, GAP), check_dtype=False)
 
 
 # -- jobs on Ray ------------------------------------------------------------------------------

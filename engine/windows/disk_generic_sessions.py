@@ -277,6 +277,7 @@ def _put_chunks(batch: Any, key: bytes, parts: Sequence[range | pa.RecordBatch],
     batches of one schema) into write batch ``batch``: the session's runs of seqs
     (``[first, count, ...]``, adjacent ones joined) and the next seq."""
     runs: list[int] = []
+    pending: list[pa.RecordBatch] = []
 
     def named(seqs: range) -> None:
         if runs and runs[-2] + runs[-1] == seqs.start:
@@ -284,17 +285,23 @@ def _put_chunks(batch: Any, key: bytes, parts: Sequence[range | pa.RecordBatch],
         else:
             runs.extend((seqs.start, len(seqs)))
 
-    pending: list[pa.RecordBatch] = []
-    for part in (*parts, None):  # None: the end, which writes what is pending
-        if pending and (not isinstance(part, pa.RecordBatch)
-                        or not part.schema.equals(pending[0].schema)):
+    def flush() -> None:
+        nonlocal next_seq
+        if pending:
             batch.put(key + _SEQ.pack(next_seq), _ipc(pending))
             named(range(next_seq, next_seq + 1))
-            next_seq, pending = next_seq + 1, []
+            next_seq += 1
+            pending.clear()
+
+    for part in parts:
         if isinstance(part, range):
+            flush()
             named(part)
-        elif part is not None:
-            pending.append(part)
+            continue
+        if pending and not part.schema.equals(pending[0].schema):
+            flush()
+        pending.append(part)
+    flush()
     return runs, next_seq
 
 
