@@ -61,20 +61,21 @@ names the chunks' state, so restoring it looks for no such entries.
 A ``ProcessWindowFunction``'s rows: each batch appends a chunk, the stored ones
 unread until the session fires::
 
+    >>> pwf = DiskGenericSessions(backend, timers, rows=True)
     >>> rows = [tuple(pa.table({"x": x}).to_batches()) for x in ([1, 2], [3])]
     >>> kid = int(kids[1])
-    >>> with disk.loaded(kids[1:], entries, sessions):
+    >>> with pwf.loaded(kids[1:], entries, sessions):
     ...     entries[(kid, 0)] = [10, rows[0]]
     ...     sessions[kid] = [0]
-    >>> with disk.loaded(kids[1:], entries, sessions):
+    >>> with pwf.loaded(kids[1:], entries, sessions):
     ...     entries[(kid, 0)][1] = entries[(kid, 0)][1] + rows[1]  # the heap path's merge
-    >>> disk.chunks_of(kids[1:])
+    >>> pwf.chunks_of(kids[1:])
     [2]
-    >>> with disk.loaded(kids[1:], entries, sessions):
+    >>> with pwf.loaded(kids[1:], entries, sessions):
     ...     pa.Table.from_batches(list(entries[(kid, 0)][1]))["x"].to_pylist()
     ...     del entries[(kid, 0)], sessions[kid]  # fired and cleared
     [1, 2, 3]
-    >>> disk.chunks_of(kids)
+    >>> pwf.chunks_of(kids)
     [0, 0]
     >>> backend.close()
 """
@@ -136,19 +137,17 @@ class StoredRows:
                 yield from _batches(next(raws))
 
 
-def _is_rows(acc: Any) -> bool:
-    """Whether ``acc`` is a ``ProcessWindowFunction``'s (record batches), kept in chunks."""
-    return isinstance(acc, StoredRows) or (isinstance(acc, tuple) and len(acc) > 0 and all(
-        isinstance(b, pa.RecordBatch) for b in acc))
-
-
 class DiskGenericSessions:
     """The open sessions of user window functions of one window operator instance, in
     its disk backend."""
 
-    def __init__(self, backend: DiskKeyedStateBackend, timers: DiskTimerService) -> None:
+    def __init__(self, backend: DiskKeyedStateBackend, timers: DiskTimerService, *,
+                 rows: bool = False) -> None:
         self._backend = backend
         self._timers = timers
+        # a ProcessWindowFunction's accumulators are its sessions' rows (chunks); any other
+        # function's are its own values, whatever their type (the header holds them)
+        self._rows = rows
         # Only a checkpoint written before chunks holds keys as single entries: one
         # written since names the chunks' state too (declared below, before any move),
         # so its restores skip the scan for entries the first restore moved.
@@ -218,7 +217,7 @@ class DiskGenericSessions:
             stored = []
             for start in sorted(sessions.get(kid, ())):
                 end, acc = entries[(kid, start)]
-                if not _is_rows(acc):
+                if not self._rows:
                     stored.append([start, end, _INLINE, acc])
                     continue
                 parts = acc.parts if isinstance(acc, StoredRows) else acc
@@ -261,7 +260,7 @@ class DiskGenericSessions:
                 key = old_key[:2] + mine + old_key[4:]
                 stored, next_seq = [], 0
                 for start, end, acc in _unpack(raw):
-                    if _is_rows(acc):
+                    if self._rows:
                         runs, next_seq = _put_chunks(batch, key, acc, next_seq)
                         stored.append([start, end, _CHUNKED, runs])
                     else:

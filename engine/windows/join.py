@@ -55,11 +55,13 @@ How it runs (Flink's semantics; no Python per row on the built-in path):
 * On the disk state backend, tumbling and sliding windows keep the buffered rows
   in the subtask's RocksDB (:class:`~raystream.engine.operators.disk_join.DiskWindowRows`:
   one range scan and one range deletion per key group and window when it fires),
-  and session windows keep each key's open sessions with both sides' rows in one
-  entry (:class:`~raystream.engine.windows.disk_session_join.DiskSessionRows`: a
-  batch and a firing read their keys with one multi-get and write them back with
-  one write batch; a session's timer at its end names the key to fire), carried by
-  that backend's snapshots.
+  and session windows keep each key's open sessions in a small header entry and
+  both sides' rows in chunk entries beside it
+  (:class:`~raystream.engine.windows.disk_session_join.DiskSessionRows`: a batch
+  reads its keys' headers with one multi-get and writes its rows as new chunks,
+  never reading or rewriting the stored ones; a firing reads the due keys' chunks;
+  a session's timer at its end names the key to fire), carried by that backend's
+  snapshots.
 """
 
 from __future__ import annotations

@@ -37,10 +37,11 @@ them back with one write batch), and the generic layout's tumbling and sliding w
 (:mod:`raystream.engine.windows.disk_entries`: one entry per (key, window) holding its
 accumulator, a batch merges with one multi-get and one write batch; a
 ``ProcessWindowFunction``'s rows appended as one chunk per batch, never rewritten), and its session
-windows (:mod:`raystream.engine.windows.disk_generic_sessions`: one entry per key
-holding its open sessions and their accumulators, loaded for a batch or a firing with
-one multi-get, merged or fired by the heap path's own code, written back with one
-write batch).
+windows (:mod:`raystream.engine.windows.disk_generic_sessions`: a header per key
+holding its open sessions and their accumulators, a ``ProcessWindowFunction``'s rows
+in chunks beside it that a batch appends to without reading; loaded for a batch or a
+firing with one multi-get, merged or fired by the heap path's own code, written back
+with one write batch).
 
 The operator also reads *partials* from an upstream pre-aggregator
 (:mod:`raystream.engine.windows.pre_aggregate`) instead of raw rows.
@@ -264,7 +265,8 @@ class WindowOperator(_KeyedOperator):
             self.disk_entries = layout(self.backend, self.disk_timers)
         if (self.disk_generic_sessions is None and self.assigner.merging
                 and not self.columnar_sessions):
-            self.disk_generic_sessions = DiskGenericSessions(self.backend, self.disk_timers)
+            self.disk_generic_sessions = DiskGenericSessions(
+                self.backend, self.disk_timers, rows=isinstance(self.function, ProcessWindow))
         if self.disk_panes is None and self.dense:
             panes = self.disk_panes = DiskPanes(self.backend, self._spec, self.disk_timers,
                                                 where=f"window '{self.name}'")
