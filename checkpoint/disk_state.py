@@ -1626,6 +1626,19 @@ class DiskKeyedStateBackend:
         """The state id (two bytes) of raw state ``name`` of ``kind``, allocated if new."""
         return self._sid(name, kind)
 
+    def raw_state_entries(self, name: str, kind: str
+                          ) -> Iterator[tuple[int, list[tuple[bytes, bytes]]]]:
+        """Each key group's entries of raw state ``name`` of ``kind``, ``(group, [(key,
+        value), ...])`` for the groups that hold any: a layout moving an older layout's
+        entries into its own (read a group whole before writing into it)."""
+        sid = _U16.unpack(self.raw_state_id(name, kind))[0]
+        for group in self.key_groups:
+            read_options = self.read_options(_PREFIX.pack(group, sid + 1))
+            entries = cast(list[tuple[bytes, bytes]], list(  # raw mode: bytes
+                self._db.items(from_key=_PREFIX.pack(group, sid), read_opt=read_options)))
+            if entries:
+                yield group, entries
+
     def state_kind(self, name: str) -> str | None:
         """The kind of state ``name`` (None if this backend has none by that name)."""
         entry = self._states.get(name)

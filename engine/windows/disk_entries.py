@@ -83,6 +83,7 @@ rescaling carry them like any keyed state.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -191,7 +192,7 @@ class DiskChunks(DiskEntries):
         batch = rocksdict.WriteBatch(raw_mode=True)
         for key, start, rows, marker in zip(keys, starts.tolist(), accumulators, markers):
             seq = 0 if marker is None else marker[1]
-            batch.put(key + _SEQ.pack(seq), _ipc(rows))
+            batch.put(key + _SEQ.pack(seq), ipc_bytes(rows))
             batch.put(key, _MARKER.pack(start, seq + 1))
         self._backend.raw_db.write(batch)
         return np.fromiter((m is None for m in markers), dtype=bool, count=len(markers))
@@ -231,7 +232,7 @@ class DiskChunks(DiskEntries):
             for _ in range(marker[1]):
                 raw = next(raws)
                 if raw is not None:  # every counted chunk is there (one write batch each)
-                    rows.extend(_batches(raw))
+                    rows.extend(ipc_batches(raw))
             out.append((marker[0], tuple(rows)))
         return out
 
@@ -244,25 +245,19 @@ class DiskChunks(DiskEntries):
         each now."""
         import rocksdict
 
-        backend, db = self._backend, self._backend.raw_db
-        sid = struct.unpack(">H", backend.raw_state_id(STATE_NAME, KIND))[0]
-        for group in backend.key_groups:
-            lo, hi = struct.pack(">HH", group, sid), struct.pack(">HH", group, sid + 1)
-            read_options = backend.read_options(hi)
-            entries = list(db.items(from_key=lo, read_opt=read_options))
-            if not entries:
-                continue
+        backend = self._backend
+        for group, entries in backend.raw_state_entries(STATE_NAME, KIND):
             batch = rocksdict.WriteBatch(raw_mode=True)
             for key, raw in entries:
                 mine = struct.pack(">HH", group, self._sid) + key[4:]
-                batch.put(mine + _SEQ.pack(0), _ipc(tuple(_unpack(raw[8:]))))
+                batch.put(mine + _SEQ.pack(0), ipc_bytes(tuple(_unpack(raw[8:]))))
                 batch.put(mine, _MARKER.pack(_START.unpack_from(raw)[0], 1))
                 batch.delete(key)
-            db.write(batch)
+            backend.raw_db.write(batch)
 
 
-def _ipc(rows: tuple) -> bytes:
-    """A window's record batches as one Arrow IPC stream (empty: no batches)."""
+def ipc_bytes(rows: Sequence[pa.RecordBatch]) -> bytes:
+    """Record batches of one schema as one Arrow IPC stream (empty: no batches)."""
     if not rows:
         return b""
     sink = pa.BufferOutputStream()
@@ -272,6 +267,6 @@ def _ipc(rows: tuple) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def _batches(raw: bytes) -> tuple:
-    """The record batches of :func:`_ipc`'s bytes (zero-copy over ``raw``)."""
+def ipc_batches(raw: bytes) -> tuple:
+    """The record batches of :func:`ipc_bytes`'s bytes (zero-copy over ``raw``)."""
     return tuple(pa.ipc.open_stream(pa.py_buffer(raw))) if raw else ()

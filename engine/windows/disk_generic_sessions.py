@@ -92,6 +92,7 @@ import numpy as np
 import pyarrow as pa
 
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend, _pack, _unpack
+from raystream.engine.windows.disk_entries import ipc_batches, ipc_bytes
 from raystream.timers.disk_service import DiskTimerService
 
 # A checkpoint written before chunks holds each key as one entry of this state; its kind
@@ -134,7 +135,7 @@ class StoredRows:
                 yield part
                 continue
             for _ in part:
-                yield from _batches(next(raws))
+                yield from ipc_batches(next(raws))
 
 
 class DiskGenericSessions:
@@ -246,18 +247,11 @@ class DiskGenericSessions:
         accumulator], ...]`` with the rows inline: headers and chunks now."""
         import rocksdict
 
-        backend, db = self._backend, self._backend.raw_db
-        sid = struct.unpack(">H", backend.raw_state_id(STATE_NAME, KIND))[0]
-        mine = struct.pack(">H", struct.unpack(">H", self._sid)[0])
-        for group in backend.key_groups:
-            lo, hi = struct.pack(">HH", group, sid), struct.pack(">HH", group, sid + 1)
-            read_options = backend.read_options(hi)
-            found = list(db.items(from_key=lo, read_opt=read_options))
-            if not found:
-                continue
+        backend = self._backend
+        for _, found in backend.raw_state_entries(STATE_NAME, KIND):
             batch = rocksdict.WriteBatch(raw_mode=True)
             for old_key, raw in found:
-                key = old_key[:2] + mine + old_key[4:]
+                key = old_key[:2] + self._sid + old_key[4:]
                 stored, next_seq = [], 0
                 for start, end, acc in _unpack(raw):
                     if self._rows:
@@ -267,7 +261,7 @@ class DiskGenericSessions:
                         stored.append([start, end, _INLINE, acc])
                 batch.put(key, _pack([next_seq, stored]))
                 batch.delete(old_key)
-            db.write(batch)
+            backend.raw_db.write(batch)
 
 
 def _put_chunks(batch: Any, key: bytes, parts: Sequence[range | pa.RecordBatch],
@@ -287,7 +281,7 @@ def _put_chunks(batch: Any, key: bytes, parts: Sequence[range | pa.RecordBatch],
     def flush() -> None:
         nonlocal next_seq
         if pending:
-            batch.put(key + _SEQ.pack(next_seq), _ipc(pending))
+            batch.put(key + _SEQ.pack(next_seq), ipc_bytes(pending))
             named(range(next_seq, next_seq + 1))
             next_seq += 1
             pending.clear()
@@ -317,17 +311,3 @@ def _delete_dropped(batch: Any, key: bytes, named: list[range], stored: list[lis
         if at < 0 or runs[at][1] < seqs.stop:
             for seq in seqs:
                 batch.delete(key + _SEQ.pack(seq))
-
-
-def _ipc(rows: Sequence[pa.RecordBatch]) -> bytes:
-    """Record batches of one schema as one Arrow IPC stream."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, rows[0].schema) as writer:
-        for batch in rows:
-            writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
-
-
-def _batches(raw: bytes) -> tuple[pa.RecordBatch, ...]:
-    """The record batches of :func:`_ipc`'s bytes (zero-copy over ``raw``)."""
-    return tuple(pa.ipc.open_stream(pa.py_buffer(raw)))

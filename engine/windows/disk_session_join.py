@@ -292,18 +292,11 @@ class DiskSessionRows:
         chunk with its length: a header and an entry per chunk now."""
         import rocksdict
 
-        backend, db = self._backend, self._backend.raw_db
-        sid = struct.unpack(">H", backend.raw_state_id(STATE_NAME, KIND))[0]
-        mine = struct.unpack(">H", self._sid)[0]
-        for group in backend.key_groups:
-            lo, hi = struct.pack(">HH", group, sid), struct.pack(">HH", group, sid + 1)
-            read_options = backend.read_options(hi)
-            entries = list(db.items(from_key=lo, read_opt=read_options))
-            if not entries:
-                continue
+        backend = self._backend
+        for _, entries in backend.raw_state_entries(STATE_NAME, KIND):
             writes = rocksdict.WriteBatch(raw_mode=True)
             for key, raw in entries:
-                new = struct.pack(">HH", group, mine) + key[4:]
+                new = key[:2] + self._sid + key[4:]
                 (n,) = _OLD_COUNT.unpack_from(raw)
                 at = _OLD_COUNT.size + n * _SESSION.itemsize
                 seq = 0
@@ -316,7 +309,7 @@ class DiskSessionRows:
                 writes.put(new, _HEAD.pack(seq, n) + raw[_OLD_COUNT.size:
                                                          _OLD_COUNT.size + n * _SESSION.itemsize])
                 writes.delete(key)
-            db.write(writes)
+            backend.raw_db.write(writes)
 
 
 def is_header(key: bytes) -> bool:
