@@ -14,7 +14,7 @@ its transaction committed would leave ``n``'s records in a transaction no one
 can finish. raystream closes that window with a *write-ahead* instead:
 
 * :class:`KafkaWriter` (at the stream's parallelism) serializes records
-  (vectorized: JSON through pandas' C writer, keys through an Arrow cast)
+  (vectorized: JSON lines and keys through Arrow kernels, :mod:`raystream.engine.json_lines`)
   and, before barrier ``n``, hands them over as committables: Arrow IPC
   (zstd), base64, with the writer's checkpoint label. They travel before
   barrier ``n`` and the committer's snapshot of ``n`` holds them, so they are
@@ -53,7 +53,6 @@ The writer's serialization, runnable without a broker:
 from __future__ import annotations
 
 import base64
-import functools
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -64,25 +63,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from raystream.engine.errors import RaystreamError, choice
+from raystream.engine.json_lines import JsonLinesError, json_lines
 from raystream.engine.operators.two_phase import Committer, SinkContext, SinkWriter
 
 log = logging.getLogger(__name__)
 
 _RECORDS = pa.schema([("key", pa.string()), ("value", pa.binary())])
 _IPC = pa.ipc.IpcWriteOptions(compression="zstd")
-
-
-@functools.cache
-def _nullable() -> dict:
-    """pandas writes Arrow ints and bools with nulls as floats and objects unless told
-    (pandas is imported here, not with the module: drivers and job masters never need it)."""
-    import pandas as pd
-
-    return {pa.int8(): pd.Int8Dtype(), pa.int16(): pd.Int16Dtype(), pa.int32(): pd.Int32Dtype(),
-            pa.int64(): pd.Int64Dtype(), pa.uint8(): pd.UInt8Dtype(),
-            pa.uint16(): pd.UInt16Dtype(), pa.uint32(): pd.UInt32Dtype(),
-            pa.uint64(): pd.UInt64Dtype(), pa.bool_(): pd.BooleanDtype(),
-            pa.string(): pd.StringDtype()}
 
 
 class Delivery(Enum):
@@ -142,22 +129,10 @@ def serialize(batch: pa.RecordBatch, *, key: str | None,
         if "value" not in batch.schema.names:
             raise KafkaSinkError("sink_to_kafka: value_format='raw' needs a column 'value'")
         return keys, batch.column("value")
-    columns = []
-    for f, column in zip(batch.schema, batch.columns):
-        if pa.types.is_timestamp(f.type):  # as int64 ms (pandas' JSON writer mangles ms units)
-            column = column.cast(pa.timestamp("ms")).view(pa.int64())
-        elif pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type):
-            try:  # JSON has no bytes: UTF-8 text goes as a string
-                column = column.cast(pa.string())
-            except pa.ArrowInvalid:
-                raise KafkaSinkError(f"sink_to_kafka: column '{f.name}' holds bytes that are "
-                                     f"not UTF-8, which JSON cannot carry; drop or encode "
-                                     f"it first") from None
-        columns.append(column)
-    frame = pa.RecordBatch.from_arrays(columns, names=batch.schema.names).to_pandas(
-        types_mapper=_nullable().get)
-    text = frame.to_json(orient="records", lines=True, force_ascii=False)
-    values = pa.array(text.rstrip("\n").split("\n") if batch.num_rows else [], pa.string())
+    try:
+        values = json_lines(batch, where="sink_to_kafka")
+    except JsonLinesError as e:
+        raise KafkaSinkError(str(e)) from None
     return keys, values
 
 
