@@ -341,8 +341,10 @@ class DataStream:
                       value_format: str = "json", delivery: str = "exactly_once",
                       transactional_id_prefix: str | None = None, timeout_s: float = 30.0,
                       name: str = "kafka", **client_config: Any) -> "SinkHandle":
-        """Write every row to Kafka ``topic``: as a JSON object (``value_format="json"``)
-        or column ``value`` (``"raw"``), keyed by column ``key`` (as a string).
+        """Write every row to Kafka ``topic``: as a JSON object (``value_format="json"``:
+        floats in their shortest exact form, NaN and infinities as null, timestamps as
+        epoch milliseconds, see :mod:`raystream.engine.json_lines`) or column ``value``
+        (``"raw"``), keyed by column ``key`` (as a string).
 
         ``delivery="exactly_once"``: each checkpoint's rows are in one Kafka
         transaction that commits when the checkpoint completes (read them with
