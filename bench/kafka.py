@@ -63,13 +63,12 @@ import pandas as pd
 import pyarrow as pa
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-from kafka_to_spark import embedded_broker  # noqa: E402
+from kafka_to_spark import EmbeddedBroker, embedded_broker  # noqa: E402
 
 import raystream as rs  # noqa: E402
 from raystream.engine.sources.kafka import ValueFormat, parse_values  # noqa: E402
 
 PARTITIONS, KEYS, BASE_TS = 8, 1000, 1_700_000_000_000
-FETCH_WAIT_MAX_MS = 10  # how long the broker may hold a fetch of the latency readers
 SCHEMA = pa.schema([("key", pa.int64()), ("ts", pa.int64()), ("v", pa.int64())])
 
 
@@ -176,13 +175,23 @@ def raystream_rate(bootstrap: str, topic: str, n: int, storage: str) -> tuple[fl
 WORKER_NICENESS = int(os.environ.get("RAY_worker_niceness", 15))  # Ray's default for workers
 
 
-def _paced_producer(bootstrap: str, topic: str, total: int, rate: int, niceness: int,
-                    linger_ms: float) -> None:
+@dataclass(frozen=True)
+class Feed:
+    """How the latency phase's input is written and read beside the job."""
+
+    rate: int  # records/s the producer aims at
+    niceness: int  # of the producer and the plain consumer (and the embedded broker)
+    linger_ms: float  # the producer's: every batch it sends is one more the broker stores
+    fetch_wait_max_ms: int  # how long the broker may hold a fetch of the latency readers
+
+
+def _paced_producer(bootstrap: str, topic: str, total: int, feed: Feed) -> None:
     """Write ``total`` records stamped with their send time, ``rate``/s, 1 ms apart."""
     from confluent_kafka import Producer
 
-    os.nice(niceness)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": linger_ms, "log_level": 0,
+    os.nice(feed.niceness)
+    rate = feed.rate
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": feed.linger_ms, "log_level": 0,
                          "queue.buffering.max.messages": 1_000_000})
     started, batch = time.perf_counter(), max(1, rate // 1000)
     for i in range(0, total, batch):  # paced to the wall clock
@@ -201,15 +210,15 @@ def _paced_producer(bootstrap: str, topic: str, total: int, rate: int, niceness:
     producer.flush(60)
 
 
-def _floor_consumer(bootstrap: str, topic: str, total: int, niceness: int, out: Any) -> None:
+def _floor_consumer(bootstrap: str, topic: str, total: int, feed: Feed, out: Any) -> None:
     """The broker's and client's own floor: receive time minus send stamp of every record
     of ``topic``, read by a plain consumer configured like the job's source."""
     from confluent_kafka import Consumer, TopicPartition
 
-    os.nice(niceness)
+    os.nice(feed.niceness)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"floor-{uuid.uuid4()}",
                          "enable.auto.commit": False, "log_level": 0,
-                         "fetch.wait.max.ms": FETCH_WAIT_MAX_MS})
+                         "fetch.wait.max.ms": feed.fetch_wait_max_ms})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(2)])
     received = np.full(total, -1, np.int64)  # receive time by sequence number
     sent = np.zeros(total, np.int64)
@@ -238,21 +247,19 @@ class Latency:
     rate: float  # records/s the producer achieved
 
 
-def produce_and_read(bootstrap: str, topic: str, total: int, rate: int, niceness: int,
-                     linger_ms: float) -> tuple[np.ndarray, np.ndarray, float]:
-    """Write ``total`` stamped records to ``topic`` at ``rate``/s from one process while a
+def produce_and_read(bootstrap: str, topic: str, total: int, feed: Feed
+                     ) -> tuple[np.ndarray, np.ndarray, float]:
+    """Write ``total`` stamped records to ``topic`` at ``feed.rate``/s from one process while a
     plain consumer process reads them: (receive times, send stamps) by sequence number,
     and the seconds producing took."""
     import multiprocessing
 
     spawn = multiprocessing.get_context("spawn")
     floor_out = spawn.Queue()
-    floor = spawn.Process(target=_floor_consumer, args=(bootstrap, topic, total, niceness,
-                                                        floor_out))
+    floor = spawn.Process(target=_floor_consumer, args=(bootstrap, topic, total, feed, floor_out))
     floor.start()
     time.sleep(1.0)  # the readers are fetching before the first record is sent
-    producer = spawn.Process(target=_paced_producer, args=(bootstrap, topic, total, rate,
-                                                           niceness, linger_ms))
+    producer = spawn.Process(target=_paced_producer, args=(bootstrap, topic, total, feed))
     started = time.perf_counter()
     producer.start()
     producer.join()
@@ -262,37 +269,35 @@ def produce_and_read(bootstrap: str, topic: str, total: int, rate: int, niceness
     return received, sent, produced_s
 
 
-def floor_only(bootstrap: str, seconds: float, rate: int, niceness: int, linger_ms: float
-               ) -> None:
+def floor_only(bootstrap: str, seconds: float, feed: Feed) -> None:
     """The broker and client floor with no job running: what any engine starts from."""
-    total = int(seconds * rate)
+    total = int(seconds * feed.rate)
     received, sent, produced_s = produce_and_read(
-        bootstrap, create_topic(bootstrap, "floor", 2), total, rate, niceness, linger_ms)
+        bootstrap, create_topic(bootstrap, "floor", 2), total, feed)
     assert (received >= 0).all(), f"the plain consumer missed {(received < 0).sum()} records"
     floor = received - sent
     print(f"no job: a plain consumer at {total / produced_s:,.0f} rows/s: p50 "
           f"{np.percentile(floor, 50):.0f} ms, p99 {np.percentile(floor, 99):.0f} ms")
 
 
-def latency(bootstrap: str, seconds: float, rate: int, storage: str, buffer_timeout_ms: float,
-            niceness: int, linger_ms: float) -> Latency:
-    """End-to-end latency at ``rate``/s, beside a plain consumer of the same input."""
+def latency(bootstrap: str, seconds: float, storage: str, buffer_timeout_ms: float,
+            feed: Feed) -> Latency:
+    """End-to-end latency at ``feed.rate``/s, beside a plain consumer of the same input."""
     source, out = create_topic(bootstrap, "lat-in", 2), create_topic(bootstrap, "lat-out", 2)
-    total = int(seconds * rate)
+    total = int(seconds * feed.rate)
     env = rs.StreamEnvironment(parallelism=2, buffer_timeout_ms=buffer_timeout_ms,
                                checkpoints=rs.CheckpointConfig(interval_s=1.0, storage=storage))
     (env.read_kafka(bootstrap, topics=[source],
                     schema=pa.schema([("key", pa.int64()), ("seq", pa.int64()),
                                       ("sent", pa.int64())]),
                     bounded_until={(source, p): total // 2 for p in range(2)},
-                    fetch_wait_max_ms=FETCH_WAIT_MAX_MS)
+                    fetch_wait_max_ms=feed.fetch_wait_max_ms)
      .key_by("key").map(lambda row: {"key": row["key"], "seq": row["seq"], "sent": row["sent"]})
      .sink_to_kafka(bootstrap, out, key="key", delivery="at_least_once"))
     client = env.execute_async("bench-kafka-latency")
     while client.status() != "RUNNING":
         time.sleep(0.05)
-    received, sent, produced_s = produce_and_read(bootstrap, source, total, rate, niceness,
-                                                  linger_ms)
+    received, sent, produced_s = produce_and_read(bootstrap, source, total, feed)
     client.wait(timeout_s=600)
     assert (received >= 0).all(), f"the plain consumer missed {(received < 0).sum()} records"
     output = np.full(total, -1, np.int64)  # first output time by sequence number
@@ -343,6 +348,13 @@ def main() -> None:
                              "sends is one more batch the broker stores, and Tansu's cost "
                              "per fetch grows with the batches a partition holds (see the "
                              "module's docstring)")
+    parser.add_argument("--fetch-wait-max-ms", type=int, default=10,
+                        help="fetch.wait.max.ms of the latency readers (the job's source and "
+                             "the plain consumer): Tansu holds every fetch this long even "
+                             "when it has records")
+    parser.add_argument("--broker", type=EmbeddedBroker, default=EmbeddedBroker.NOIDA,
+                        choices=list(EmbeddedBroker), metavar="{noida,tansu}",
+                        help="the embedded broker (without --bootstrap)")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -353,16 +365,15 @@ def main() -> None:
     ensure_ray()
     import tempfile
 
+    feed = Feed(args.rate, args.niceness, args.producer_linger_ms, args.fetch_wait_max_ms)
     with (contextlib.nullcontext(args.bootstrap) if args.bootstrap
-          else embedded_broker(niceness=args.niceness)) as bootstrap:
+          else embedded_broker(args.broker, niceness=args.niceness)) as bootstrap:
         if args.floor_only:
-            floor_only(bootstrap, args.latency_seconds, args.rate, args.niceness,
-                       args.producer_linger_ms)
+            floor_only(bootstrap, args.latency_seconds, feed)
             return
         if args.latency_only:
-            report(latency(bootstrap, args.latency_seconds, args.rate, tempfile.mkdtemp(),
-                           args.buffer_timeout_ms, args.niceness, args.producer_linger_ms),
-                   args.buffer_timeout_ms)
+            report(latency(bootstrap, args.latency_seconds, tempfile.mkdtemp(),
+                           args.buffer_timeout_ms, feed), args.buffer_timeout_ms)
             return
         topic = create_topic(bootstrap, "bench", PARTITIONS)
         t = time.perf_counter()
@@ -380,8 +391,8 @@ def main() -> None:
         print(f"raystream p=2, exactly once, checkpoint every 1 s: {rate:,.0f} records/s "
               f"({rate / limit:.2f} of the client limit; start-up {deploy_s:.1f} s apart); "
               f"counts equal the client loop's")
-        lat = latency(bootstrap, args.latency_seconds, args.rate, tempfile.mkdtemp(),
-                      args.buffer_timeout_ms, args.niceness, args.producer_linger_ms)
+        lat = latency(bootstrap, args.latency_seconds, tempfile.mkdtemp(),
+                      args.buffer_timeout_ms, feed)
         report(lat, args.buffer_timeout_ms)
         print(f"RESULT kafka_events_per_s={rate:.0f} of_client_limit={rate / limit:.2f} "
               f"e2e_p99_ms={lat.p99:.0f} consumer_floor_p99_ms={lat.floor_p99:.0f} "
