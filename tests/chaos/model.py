@@ -14,6 +14,7 @@ import collections
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 import raystream as rs
 
@@ -50,10 +51,7 @@ class Events:
 
     def watermark_seen(self) -> np.ndarray:
         """The watermark each row meets: the one the reader emitted after the batch before."""
-        ts = self.all()["ts"]
-        batch_max = np.maximum.accumulate(ts.reshape(-1, self.batch).max(axis=1))
-        before = np.concatenate([[rs.MIN_WATERMARK], batch_max[:-1] - self.bound_ms - 1])
-        return np.repeat(before, self.batch)
+        return watermarks_before(self.all()["ts"], self.batch, self.bound_ms)
 
 
 def window_starts(assigner, ts: np.ndarray) -> list[np.ndarray]:
@@ -64,7 +62,7 @@ def window_starts(assigner, ts: np.ndarray) -> list[np.ndarray]:
     return [last - k * assigner.slide_ms for k in range(assigner.size_ms // assigner.slide_ms)]
 
 
-Emissions = dict[tuple, list[tuple[int, float]]]  # (key, window start) -> sorted (count, sum)
+Emissions = dict[tuple, list[tuple]]  # (key, window start) -> sorted (count, sum, ...)
 
 
 def window_emissions(events: Events, assigner, lateness: int) -> tuple[Emissions, list]:
@@ -128,13 +126,75 @@ class CountAndSum:
     def create_accumulator(self):
         return [0, 0.0]
 
-    def add(self, row, acc):
-        acc[0] += 1
-        acc[1] += row["x"]
-        return acc
+    def add(self, value, accumulator):
+        accumulator[0] += 1
+        accumulator[1] += value["x"]
+        return accumulator
 
     def merge(self, a, b):
         return [a[0] + b[0], a[1] + b[1]]
 
-    def get_result(self, acc):
-        return {"n": acc[0], "total": acc[1]}
+    def get_result(self, accumulator):
+        return {"n": accumulator[0], "total": accumulator[1]}
+
+
+def watermarks_before(ts: np.ndarray, batch: int, bound_ms: int) -> np.ndarray:
+    """The watermark each row of one reader meets (as :meth:`Events.watermark_seen`)."""
+    batch_max = np.maximum.accumulate(ts.reshape(-1, batch).max(axis=1))
+    before = np.concatenate([[rs.MIN_WATERMARK], batch_max[:-1] - bound_ms - 1])
+    return np.repeat(before, batch)
+
+
+def window_join_emissions(events: Events, left: dict, right: dict, gap_ms: int | None,
+                          size_ms: int = 1000) -> Emissions:
+    """The window join of ``left`` and ``right`` (columns user, ts and x or y, each the
+    rows of one reader in order) per key and window, its pairs counted per (key, window
+    of ``size_ms`` by their event time ``window_end - 1``) downstream: per such window,
+    [(pairs, sum of the right rows' y over the pairs, earliest join window start)].
+
+    Join windows: tumbling ones of ``size_ms`` when ``gap_ms`` is None; else sessions,
+    made by the rows of *both* sides of a key: sorted by time, a row more than
+    ``gap_ms`` after the one before starts a new one, ``[first ts, last ts + gap)``
+    (docs/joins.md). A window pairs every left row of the key in it with every right one.
+
+    Late rows (docs/joins.md: a row whose own window ``[ts, ts + gap)``, or tumbling
+    window, ends at or before the join's watermark is dropped) would depend on timing:
+    the join's watermark is the minimum of its two inputs', not replayable. So the
+    model takes only inputs where no row can be late, nor touch a session that fired
+    before it came (which would then start a new one): every row more than one ms past
+    the watermark its own reader sent before it, which bounds the join's. It raises
+    ValueError otherwise."""
+    sides = []
+    for side, columns in enumerate((left, right)):
+        ts = np.asarray(columns["ts"])
+        seen = watermarks_before(ts, events.batch, events.bound_ms)
+        if not (ts > seen + 1).all():
+            raise ValueError(f"input {side}: {(ts <= seen + 1).sum()} rows may be late or meet "
+                             f"a fired session: not replayable in a two-input job")
+        sides.append(pd.DataFrame({"user": columns["user"], "ts": ts, "left": 1 - side,
+                                   "right": side, "y": columns["y"] if side else 0.0}))
+    rows = pd.concat(sides, ignore_index=True).sort_values(["user", "ts"], kind="stable")
+    if gap_ms is None:
+        rows["window"] = rows["ts"] // size_ms
+    else:  # a row more than the gap after the key's row before starts a session
+        rows["window"] = ((rows["user"] != rows["user"].shift())
+                          | (rows["ts"].diff() > gap_ms)).cumsum()
+    windows = rows.groupby(["user", "window"]).agg(
+        first_ts=("ts", "min"), last_ts=("ts", "max"), n_left=("left", "sum"),
+        n_right=("right", "sum"), y_right=("y", "sum")).reset_index()
+    if gap_ms is None:
+        windows["start"] = windows["window"] * size_ms
+        windows["end"] = windows["start"] + size_ms
+    else:
+        windows["start"] = windows["first_ts"]
+        windows["end"] = windows["last_ts"] + gap_ms
+    windows["pairs"] = windows["n_left"] * windows["n_right"]
+    windows["total"] = windows["n_left"] * windows["y_right"]
+    windows = windows[windows["pairs"] > 0]
+    # downstream: the pairs' event time is their window's end - 1
+    windows["downstream"] = (windows["end"] - 1) // size_ms * size_ms
+    per = windows.groupby(["user", "downstream"]).agg(
+        n=("pairs", "sum"), total=("total", "sum"), first=("start", "min")).reset_index()
+    return {(u, w): [(n, t, f)] for u, w, n, t, f in zip(
+        per["user"].tolist(), per["downstream"].tolist(), per["n"].tolist(),
+        per["total"].astype(float).tolist(), per["first"].tolist())}

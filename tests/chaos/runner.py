@@ -1,9 +1,9 @@
 """Runs a :class:`~tests.chaos.scenarios.Scenario` with its failures and compares its
 committed output with the oracles.
 
-Oracles: for windows over tumbling and sliding assigners and for running sums,
-the numpy model of :mod:`tests.chaos.model`; for session windows and the
-process function, the same job run once without failures (its own output is
+Oracles: for windows over tumbling and sliding assigners, for running sums and
+for window joins (over 1 s windows or sessions), the numpy and pandas models of
+:mod:`tests.chaos.model`; for session windows and the process function, the same job run once without failures (its own output is
 checked against invariants of the model: every input row counted once). Every
 difference is returned as a line of text; none means the run was exactly once.
 """
@@ -20,13 +20,12 @@ from pathlib import Path as FsPath
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import ray
 
 import raystream as rs
 from raystream.spark.commit_log import read_committed
-from tests.chaos.model import (CountAndSum, emission_differences, emissions_of,
-                               window_emissions)
+from tests.chaos.model import (CountAndSum, Emissions, emission_differences, emissions_of,
+                               window_emissions, window_join_emissions)
 from tests.chaos.scenarios import (Alignment, Backend, Failure, FailureKind, JobKind, Path,
                                    Scenario, Sink)
 
@@ -40,6 +39,7 @@ KEYED = {JobKind.TUMBLING: "window", JobKind.SLIDING: "window", JobKind.SESSION:
 CO_PROCESS_DELAY_MS = 500  # SideCounts' and Weigh's timer after a row's time
 RULES = rs.MapStateDescriptor("rules")  # Weigh's broadcast state: rule time -> weight
 RULE_EVERY = 50  # the broadcast rules: every 50th row's time (2 ms apart: one per 100 ms)
+SESSION_RIGHT_SHIFT_MS = 13  # a session join's right rows after their left twins
 TIMEOUT_S = 240
 
 
@@ -137,7 +137,7 @@ class CountAndSumRows(rs.ProcessWindowFunction):
 
     def process(self, key, window, rows):
         yield {"user": key, "window_start": window.start, "window_end": window.end,
-               "n": rows.num_rows, "total": pc.sum(rows["x"]).as_py()}
+               "n": rows.num_rows, "total": float(np.sum(rows["x"].to_numpy()))}
 
 
 def window_schema(events) -> pa.Schema:
@@ -157,9 +157,23 @@ def reduce_columns(events, i: np.ndarray) -> dict:
     return {**events.columns(i), "i": i, "n": np.ones(len(i), np.int64)}
 
 
-def join_right_columns(events, i: np.ndarray) -> dict:
+def join_right_columns(events, i: np.ndarray, shift_ms: int = 0) -> dict:
     columns = events.columns(i)
-    return {"user": columns["user"], "ts": columns["ts"], "y": (i % 7).astype(np.float64)}
+    return {"user": columns["user"], "ts": columns["ts"] + shift_ms,
+            "y": (i % 7).astype(np.float64)}
+
+
+def right_shift_ms(scenario: Scenario) -> int:
+    """How long after its left twin a window join's right row comes: at once in 1 s
+    windows, ``SESSION_RIGHT_SHIFT_MS`` in sessions (so that some have one side only)."""
+    return 0 if scenario.session_gap_ms is None else SESSION_RIGHT_SHIFT_MS
+
+
+def join_windows(scenario: Scenario
+                 ) -> rs.TumblingEventTimeWindows | rs.EventTimeSessionWindows:
+    if scenario.session_gap_ms is None:
+        return rs.TumblingEventTimeWindows(size_ms=1000)
+    return rs.EventTimeSessionWindows(gap_ms=scenario.session_gap_ms)
 
 
 def add(acc: dict, row: dict) -> dict:
@@ -192,16 +206,17 @@ def build(scenario: Scenario, env: rs.StreamEnvironment, out: str):
         result = source("source", events.columns).key_by("user").process(Activity(),
                                                                          name="process")
     elif scenario.job is JobKind.WINDOW_JOIN:
-        # the same keys and times on both sides, other values: many pairs per key and window
-        half = events.n // 2
+        # the same keys and times on both sides (the right ones maybe shifted), other
+        # values: many pairs per key and window
+        half, shift = events.n // 2, right_shift_ms(scenario)
         clicks = source("source", events.columns, half)
-        views = source("source-2", lambda i: join_right_columns(events, i), half)
+        views = source("source-2", lambda i: join_right_columns(events, i, shift), half)
         pairs = (clicks.join(views).where("user").equal_to("user")
-                 .window(rs.TumblingEventTimeWindows(size_ms=1000), timestamp="ts")
-                 .join(name="join"))
+                 .window(join_windows(scenario), timestamp="ts").join(name="join"))
         # chained on the join's results by their event time (window_end - 1)
         result = pairs.key_by("user").window(rs.TumblingEventTimeWindows(size_ms=1000)).agg(
-            n=("count", None), total=("sum", "y"), name="pairs")
+            n=("count", None), total=("sum", "y"), first=("min", "window_start"),
+            name="pairs")
     elif scenario.job is JobKind.INTERVAL_JOIN:
         half = events.n // 2
         clicks = source("source", events.columns, half).key_by("user")
@@ -215,7 +230,9 @@ def build(scenario: Scenario, env: rs.StreamEnvironment, out: str):
     elif scenario.job is JobKind.BROADCAST:
         rows = source("source", events.columns).key_by("user")
         rules = source("source-2", lambda i: rule_columns(events, i), events.n // RULE_EVERY)
-        result = rows.connect(rules.broadcast(RULES)).process(Weigh(), name="weigh")
+        broadcast = rules.broadcast(RULES)
+        assert isinstance(broadcast, rs.BroadcastStream)  # given a descriptor
+        result = rows.connect(broadcast).process(Weigh(), name="weigh")
     elif scenario.job is JobKind.COUNT_WINDOW:
         result = source("source", events.columns).key_by("user").count_window(40, 20).agg(
             n=("count", None), total=("sum", "x"), name="count-window")
@@ -521,7 +538,8 @@ def wait_for_pid(client: rs.JobClient, operator: str, subtask: int, *,
             return None
         try:
             actor = client.subtask_actor(operator, subtask)
-            return ray.get(actor.metrics.remote(), timeout=5)["pid"]
+            metrics: dict = ray.get(actor.metrics.remote(), timeout=5)
+            return metrics["pid"]
         except Exception:
             time.sleep(0.005)
     return None
@@ -542,6 +560,13 @@ def compare(scenario: Scenario, rows: list[dict], late_rows: list, reference_dir
             differences.append(f"late output: {len(late_rows)} rows, expected "
                                f"{len(expected_late)}")
         return differences
+    if job is JobKind.WINDOW_JOIN:
+        events, half = scenario.events, np.arange(scenario.events.n // 2)
+        expected = window_join_emissions(
+            events, events.columns(half), join_right_columns(events, half,
+                                                             right_shift_ms(scenario)),
+            scenario.session_gap_ms)
+        return emission_differences(join_emissions_of(rows), expected)
     if job is JobKind.REDUCE:
         return running_sum_differences(scenario, rows)
     if job is JobKind.CO_PROCESS:
@@ -556,6 +581,13 @@ def compare(scenario: Scenario, rows: list[dict], late_rows: list, reference_dir
         outcome_rows = reference_rows(calm, reference_dir)
         _references[key] = outcome_rows
     return row_differences(canonical(rows), _references[key], "the run without failures")
+
+
+def join_emissions_of(rows: list[dict]) -> Emissions:
+    got = collections.defaultdict(list)
+    for r in rows:
+        got[(r["user"], r["window_start"])].append((r["n"], r["total"], r["first"]))
+    return {w: sorted(v) for w, v in got.items()}
 
 
 def row_differences(got: list[tuple], expected: list[tuple], oracle: str) -> list[str]:

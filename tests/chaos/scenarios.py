@@ -27,10 +27,11 @@ class JobKind(enum.Enum):
     REDUCE = "reduce"            # running sums per key over the union of two sources
     PROCESS = "process"          # a KeyedProcessFunction with state and both timer kinds
     # drawn by the later choices (every older seed keeps its job):
-    WINDOW_JOIN = "window_join"  # two sources joined per (key, 1 s window), pairs counted
-                                 # per (key, 1 s window) downstream; no row beyond the bound
-                                 # (with two inputs, the join's watermark at a row depends on
-                                 # timing, so which late rows drop would not be replayable)
+    WINDOW_JOIN = "window_join"  # two sources joined per (key, 1 s window), from seed 12000
+                                 # on per (key, session) too, pairs counted per (key, 1 s
+                                 # window) downstream; no row beyond the bound (with two
+                                 # inputs, the join's watermark at a row depends on timing,
+                                 # so which late rows drop would not be replayable)
     COUNT_WINDOW = "count_window"  # count and sum per key every 40 rows of it, sliding by 20
     INTERVAL_JOIN = "interval_join"  # two sources joined on rows of a key within 60 ms; no
                                      # row beyond the bound (as for the window join)
@@ -116,6 +117,13 @@ DISK_JOIN_JOBS = (JobKind.COUNT_WINDOW, JobKind.WINDOW_JOIN, JobKind.INTERVAL_JO
 # Seeds from here on may compute their time windows with a ProcessWindowFunction (drawn
 # apart; on either backend, as DISK_WINDOW_JOBS holds every time window's path).
 PROCESS_WINDOWS_FROM_SEED = 11000
+# Seeds from here on may join over session windows (drawn apart; on either backend, as
+# DISK_JOIN_JOBS holds the window join).
+SESSION_JOINS_FROM_SEED = 12000
+# With the right rows 13 ms after their left twins (runner.SESSION_RIGHT_SHIFT_MS): at
+# 10 ms half the sessions have one side only, at 30 ms a few rows of both, at 86 ms up to
+# 39 a side over 1.7 s (several batches); from 98 ms on a key's rows make one 20 s session.
+SESSION_JOIN_GAPS_MS = (10, 30, 86)
 # Seeds from here on may run the two-input process function instead (drawn apart, likewise),
 # and from 6000 on the broadcast one.
 CO_PROCESS_FROM_SEED = 5000
@@ -162,6 +170,7 @@ class Scenario:
     failures: tuple[Failure, ...] = ()
     max_concurrent: int = 1
     backend: Backend = Backend.HEAP
+    session_gap_ms: int | None = None  # WINDOW_JOIN: sessions with this gap, not 1 s windows
 
     @property
     def windowed(self) -> bool:
@@ -177,6 +186,8 @@ class Scenario:
                              for f in self.failures) or "none"
         return (f"seed {self.seed}: {self.job.value}"
                 + (f"/{self.path.value}, lateness {self.lateness_ms}" if self.windowed else "")
+                + (f" over sessions (gap {self.session_gap_ms} ms)"
+                   if self.session_gap_ms is not None else "")
                 + f", {'string' if self.events.string_keys else 'int'} keys, "
                 f"{self.sink.value}, {self.alignment.value}, p={self.parallelism}, "
                 f"{self.backend.value} state, "
@@ -226,6 +237,7 @@ def generate(seed: int) -> Scenario:
     scenario = _with_co_process(scenario, random.Random(f"{seed}/co"))
     scenario = _with_broadcast(scenario, random.Random(f"{seed}/broadcast"))
     scenario = _with_process_window(scenario, random.Random(f"{seed}/process_window"))
+    scenario = _with_session_join(scenario, random.Random(f"{seed}/session_join"))
     scenario = _with_backend(scenario, random.Random(f"{seed}/backend"))
     scenario = _with_incremental(scenario, random.Random(f"{seed}/incremental"))
     return _with_master_kill(scenario, random.Random(f"{seed}/master"))
@@ -289,6 +301,15 @@ def _with_process_window(scenario: Scenario, rng: random.Random) -> Scenario:
             or rng.random() >= 0.35):
         return scenario
     return dataclasses.replace(scenario, path=Path.PROCESS_WINDOW)
+
+
+def _with_session_join(scenario: Scenario, rng: random.Random) -> Scenario:
+    """Later seeds join over session windows (as the job finally is a window join) two
+    times in three, with a gap of ``SESSION_JOIN_GAPS_MS``."""
+    if (scenario.seed < SESSION_JOINS_FROM_SEED or scenario.job is not JobKind.WINDOW_JOIN
+            or rng.random() >= 2 / 3):
+        return scenario
+    return dataclasses.replace(scenario, session_gap_ms=rng.choice(SESSION_JOIN_GAPS_MS))
 
 
 def _with_incremental(scenario: Scenario, rng: random.Random) -> Scenario:

@@ -17,8 +17,9 @@ import hashlib
 import pytest
 
 from tests.chaos.runner import run_scenario
-from tests.chaos.scenarios import (DISK_WINDOW_JOBS, PROCESS_WINDOWS_FROM_SEED, Backend, Path,
-                                   generate)
+from tests.chaos.scenarios import (DISK_WINDOW_JOBS, PROCESS_WINDOWS_FROM_SEED,
+                                   SESSION_JOIN_GAPS_MS, SESSION_JOINS_FROM_SEED, Backend,
+                                   JobKind, Path, generate)
 
 # Chosen to cover every job kind and window path, aligned, unaligned and timed-out
 # alignment, one and two concurrent checkpoints, and every failure kind, in about
@@ -87,3 +88,12 @@ def test_process_windows_are_drawn_for_time_windows_on_every_backend():
                                                              PROCESS_WINDOWS_FROM_SEED + 1000))
              if s.path is Path.PROCESS_WINDOW}
     assert drawn == {(job, backend) for job in DISK_WINDOW_JOBS for backend in Backend}
+
+
+def test_session_joins_are_drawn_for_window_joins_on_every_backend():
+    drawn = [s for s in map(generate, range(SESSION_JOINS_FROM_SEED, SESSION_JOINS_FROM_SEED + 2000))
+             if s.session_gap_ms is not None]
+    assert {s.job for s in drawn} == {JobKind.WINDOW_JOIN}
+    assert {(s.session_gap_ms, s.backend) for s in drawn} == {
+        (gap, backend) for gap in SESSION_JOIN_GAPS_MS for backend in Backend}
+    assert all(s.session_gap_ms is None for s in map(generate, range(SESSION_JOINS_FROM_SEED)))
