@@ -45,9 +45,13 @@ from tests.chaos.scenarios import (DISK_WINDOW_JOBS, PROCESS_WINDOWS_FROM_SEED,
 # restored at p=3, then a kill of the window; 11380 session windows of a
 # ProcessWindowFunction on disk through kills of the window while deploying and after
 # checkpoints and a failpoint in its snapshot; 11403 sliding windows of one on incremental
-# disk state, stopped with a subtask kill 239 ms in, restored at p=3, then kills.
+# disk state, stopped with a subtask kill 239 ms in, restored at p=3, then kills; 12158 a
+# window join over sessions of up to 1.7 s (gap 86 ms) on incremental disk state at p=3,
+# the join killed, then failing right after its restore; 12989 one over sessions of a
+# row or two a side (gap 10 ms, half of them one-sided) on disk, the join killed while
+# deploying, failing in its processing, then killed after checkpoints.
 CI_SEEDS = [1, 3, 6, 43, 64, 71, 1004, 1005, 2049, 4002, 5000, 6055, 7164, 8007, 8022, 9025,
-            9161, 9168, 10001, 10008, 10228, 11380, 11403]
+            9161, 9168, 10001, 10008, 10228, 11380, 11403, 12158, 12989]
 
 
 @pytest.mark.parametrize("seed", CI_SEEDS)
