@@ -3,8 +3,9 @@ committed output with the oracles.
 
 Oracles: for windows over tumbling and sliding assigners, for running sums and
 for window joins (over 1 s windows or sessions), the numpy and pandas models of
-:mod:`tests.chaos.model`; for session windows and the process function, the same job run once without failures (its own output is
-checked against invariants of the model: every input row counted once). Every
+:mod:`tests.chaos.model`; for session windows and the process function, the same
+job run once without failures (its own output is checked against invariants of
+the model: every input row counted once). Every
 difference is returned as a line of text; none means the run was exactly once.
 """
 

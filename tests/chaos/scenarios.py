@@ -121,8 +121,9 @@ PROCESS_WINDOWS_FROM_SEED = 11000
 # DISK_JOIN_JOBS holds the window join).
 SESSION_JOINS_FROM_SEED = 12000
 # With the right rows 13 ms after their left twins (runner.SESSION_RIGHT_SHIFT_MS): at
-# 10 ms half the sessions have one side only, at 30 ms a few rows of both, at 86 ms up to
-# 39 a side over 1.7 s (several batches); from 98 ms on a key's rows make one 20 s session.
+# 10 ms half the sessions have one side only, at 30 ms up to 3 rows a side, at 86 ms up to
+# 19 a side over up to 861 ms (the same sessions from 78 to 95 ms; from 96 ms on, a key's
+# rows make one 20 s session). Hundreds of sessions take rows of two batches at each gap.
 SESSION_JOIN_GAPS_MS = (10, 30, 86)
 # Seeds from here on may run the two-input process function instead (drawn apart, likewise),
 # and from 6000 on the broadcast one.

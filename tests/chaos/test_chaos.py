@@ -46,7 +46,7 @@ from tests.chaos.scenarios import (DISK_WINDOW_JOBS, PROCESS_WINDOWS_FROM_SEED,
 # ProcessWindowFunction on disk through kills of the window while deploying and after
 # checkpoints and a failpoint in its snapshot; 11403 sliding windows of one on incremental
 # disk state, stopped with a subtask kill 239 ms in, restored at p=3, then kills; 12158 a
-# window join over sessions of up to 1.7 s (gap 86 ms) on incremental disk state at p=3,
+# window join over sessions of up to 861 ms (gap 86 ms) on incremental disk state at p=3,
 # the join killed, then failing right after its restore; 12989 one over sessions of a
 # row or two a side (gap 10 ms, half of them one-sided) on disk, the join killed while
 # deploying, failing in its processing, then killed after checkpoints.
