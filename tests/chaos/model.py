@@ -150,7 +150,8 @@ def window_join_emissions(events: Events, left: dict, right: dict, gap_ms: int |
     """The window join of ``left`` and ``right`` (columns user, ts and x or y, each the
     rows of one reader in order) per key and window, its pairs counted per (key, window
     of ``size_ms`` by their event time ``window_end - 1``) downstream: per such window,
-    [(pairs, sum of the right rows' y over the pairs, earliest join window start)].
+    [(pairs, sum of the right rows' y over the pairs, earliest join window start, latest
+    join window end)].
 
     Join windows: tumbling ones of ``size_ms`` when ``gap_ms`` is None; else sessions,
     made by the rows of *both* sides of a key: sorted by time, a row more than
@@ -194,7 +195,8 @@ def window_join_emissions(events: Events, left: dict, right: dict, gap_ms: int |
     # downstream: the pairs' event time is their window's end - 1
     windows["downstream"] = (windows["end"] - 1) // size_ms * size_ms
     per = windows.groupby(["user", "downstream"]).agg(
-        n=("pairs", "sum"), total=("total", "sum"), first=("start", "min")).reset_index()
-    return {(u, w): [(n, t, f)] for u, w, n, t, f in zip(
+        n=("pairs", "sum"), total=("total", "sum"), first=("start", "min"),
+        last=("end", "max")).reset_index()
+    return {(u, w): [(n, t, f, last)] for u, w, n, t, f, last in zip(
         per["user"].tolist(), per["downstream"].tolist(), per["n"].tolist(),
-        per["total"].astype(float).tolist(), per["first"].tolist())}
+        per["total"].astype(float).tolist(), per["first"].tolist(), per["last"].tolist())}

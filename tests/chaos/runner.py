@@ -217,7 +217,7 @@ def build(scenario: Scenario, env: rs.StreamEnvironment, out: str):
         # chained on the join's results by their event time (window_end - 1)
         result = pairs.key_by("user").window(rs.TumblingEventTimeWindows(size_ms=1000)).agg(
             n=("count", None), total=("sum", "y"), first=("min", "window_start"),
-            name="pairs")
+            last=("max", "window_end"), name="pairs")
     elif scenario.job is JobKind.INTERVAL_JOIN:
         half = events.n // 2
         clicks = source("source", events.columns, half).key_by("user")
@@ -587,7 +587,7 @@ def compare(scenario: Scenario, rows: list[dict], late_rows: list, reference_dir
 def join_emissions_of(rows: list[dict]) -> Emissions:
     got = collections.defaultdict(list)
     for r in rows:
-        got[(r["user"], r["window_start"])].append((r["n"], r["total"], r["first"]))
+        got[(r["user"], r["window_start"])].append((r["n"], r["total"], r["first"], r["last"]))
     return {w: sorted(v) for w, v in got.items()}
 
 
