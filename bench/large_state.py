@@ -48,6 +48,9 @@ status and completed checkpoints). The figures:
   of the process of each ``sum`` subtask (the disk backend's block cache,
   write buffers and index blocks count; its files do not), over both attempts.
   The target is ``memory_mb`` + 1 GiB of process overhead.
+* **RocksDB peaks** (disk): the most the ``sum`` subtasks' RocksDB figures reached
+  over the polls (their ``rocksdb.*`` metrics): level-0 files, pending compaction
+  bytes, running compactions, memtable bytes; how far compaction fell behind.
 * **per checkpoint**: bytes written (``CheckpointStats.size``: for the disk
   backend the SST files it uploaded plus its small private files) and
   duration (trigger to completion).
@@ -212,6 +215,8 @@ class Monitor:
         self.client, self.rows, self.plan = client, rows, kill
         self.chain = client.plan.vertex_of("sum").name
         self.peak_rss: dict[int, int] = {}
+        # the most each RocksDB figure of a sum subtask reached (disk runs; see NATIVE_PEAKS)
+        self.rocksdb_peaks: dict[str, float] = {}
         # (time, rows in, CPU seconds of the sum processes) at the first input seen, and at
         # the last increase before a kill
         self.first: tuple[float, int, float] | None = None
@@ -264,6 +269,10 @@ class Monitor:
         rows_in = int(sum(m["records_in"] for m in subtasks.values()))
         for index, m in subtasks.items():
             self._counted[(index, int(m["attempt"]))] = int(m["records_in"])
+            for name in NATIVE_PEAKS:
+                value = m.get(f"sum.rocksdb.{name}")
+                if value is not None:
+                    self.rocksdb_peaks[name] = max(self.rocksdb_peaks.get(name, 0.0), value)
         self.processed.append((time.time() * 1000, sum(self._counted.values())))
         attempts = {int(m["attempt"]) for m in subtasks.values()}
         if self.kill is None and attempts == {0}:
@@ -323,6 +332,12 @@ class Increment:
     changed_bytes: int
 
 
+# RocksDB figures (the sum operator's metrics) whose peaks a disk run prints: how far
+# compaction fell behind the writes
+NATIVE_PEAKS = ("num-files-at-level0", "estimate-pending-compaction-bytes",
+                "num-running-compactions", "cur-size-all-mem-tables")
+
+
 @dataclass(frozen=True)
 class Run:
     backend: str
@@ -340,6 +355,7 @@ class Run:
     kill: Kill | None = None
     restore_s: float | None = None
     restores: tuple = ()  # the job master's restore records
+    rocksdb_peaks: tuple[tuple[str, float], ...] = ()  # (figure, its peak) of NATIVE_PEAKS
 
 
 class CheckpointEntries:
@@ -455,7 +471,7 @@ def run(backend: str, op: str, keys: int, rows: int, batch_size: int, memory_mb:
                          f"{kill.at_fraction:.0%} of the rows?): give it more --rows")
     return Run(backend, keys, rows, monitor.rows_per_s, monitor.rows_per_cpu_s,
                dict(monitor.peak_rss), tuple(done), interval_rows, steps, state_bytes, monitor.kill,
-               monitor.restore_s, tuple(result.restores))
+               monitor.restore_s, tuple(result.restores), tuple(monitor.rocksdb_peaks.items()))
 
 
 def mb(n: float) -> str:
@@ -467,6 +483,9 @@ def report(r: Run) -> None:
     print(f"{r.backend}: {r.keys:,} keys, {r.rows:,} rows: {r.rows_per_s:,.0f} rows/s "
           f"({r.rows_per_cpu_s:,.0f} per CPU second of the sum processes); "
           f"peak RSS {rss}; {len(r.checkpoints)} checkpoints completed")
+    if r.rocksdb_peaks:
+        print("  RocksDB peaks over the sum subtasks (polled): " + ", ".join(
+            f"{name} {value:,.0f}" for name, value in r.rocksdb_peaks))
     changed = {inc.checkpoint_id: inc.changed_bytes for inc in r.increments}
     for c, n in zip(r.checkpoints, r.interval_rows):
         line = f"  checkpoint {c.checkpoint_id:>4}: {mb(c.size):>12} written in {c.duration_s:6.2f} s"

@@ -21,7 +21,7 @@ import pytest
 
 import raystream as rs
 from raystream.checkpoint.disk_state import (DiskKeyedStateBackend, DiskStateOptions,
-                                             DiskValueState, encode_key)
+                                             DiskValueState, NATIVE_METRICS, encode_key)
 from raystream.checkpoint.keygroups import key_group_of, key_group_range
 from raystream.checkpoint.state_backend import (StateBackend, create_keyed_state_backend,
                                                 is_disk)
@@ -252,6 +252,25 @@ def test_released_memory_leaves_the_state_readable_and_snapshottable(backends):
     assert before[("sum", 7)] == rows.loc[rows.k == 7, "v"].sum()
 
 
+def test_native_metrics_report_what_rocksdb_holds(backends):
+    """RocksDB's own figures (Flink's native metrics): entries, level-0 files, SST bytes,
+    the cache within its budget; nothing once the database is closed."""
+    rows = random_rows(3000, keys=300)
+    b = backends(memory_mb=32)
+    fill(b, rows)  # three states a key: a value, a list and a map entry
+    b._db.flush(True)
+    after_flush = b.native_metrics()
+    assert after_flush["rocksdb.num-files-at-level0"] == 1
+    assert after_flush["rocksdb.live-sst-files-size"] > 0
+    assert 0 < after_flush["rocksdb.block-cache-usage"] <= b.options.block_cache_bytes
+    assert after_flush["rocksdb.background-errors"] == 0
+    b._db.compact_range(None, None)  # one version of each entry left: the estimate is exact
+    assert b.native_metrics()["rocksdb.estimate-num-keys"] == 3 * rows["k"].nunique()
+    assert set(after_flush) == {f"rocksdb.{name}" for name in NATIVE_METRICS}
+    b.close()
+    assert b.native_metrics() == {}
+
+
 def test_directories_of_dead_processes_are_removed(tmp_path, backends):
     stale = tmp_path / "raystream-state-999999999-0123"
     stale.mkdir()
@@ -335,6 +354,9 @@ def test_disk_reduce_is_exactly_once_through_a_subtask_kill(ray_session, tmp_pat
     sink = build_job(env)
     client = env.execute_async("disk-kill")
     completed = wait_for_checkpoint(client)
+    # each sum subtask reports its RocksDB's figures (keys it holds, SST bytes)
+    sums = [m for name, m in client.metrics().items() if name.startswith("sum")]
+    assert len(sums) == 2 and all(m["sum.rocksdb.estimate-num-keys"] > 0 for m in sums)
     ray.kill(client.subtask_actor("sum", 1))
     result = client.wait(timeout_s=240)
     assert result.restarts == 1

@@ -306,6 +306,12 @@ class _KeyedOperator(Operator):
         if isinstance(self.backend, DiskKeyedStateBackend):  # its next increment starts here
             self.backend.notify_checkpoint_complete(checkpoint_id)
 
+    def metrics(self) -> dict[str, float]:
+        """On the disk backend, RocksDB's own figures (``rocksdb.<property>``, see
+        :data:`~raystream.checkpoint.disk_state.NATIVE_METRICS`)."""
+        backend = getattr(self, "backend", None)  # read from the monitor thread, any time
+        return backend.native_metrics() if isinstance(backend, DiskKeyedStateBackend) else {}
+
     def end_attempt(self) -> None:
         backend = getattr(self, "backend", None)  # none if the attempt failed before it
         if isinstance(backend, DiskKeyedStateBackend):

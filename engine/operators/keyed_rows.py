@@ -150,7 +150,7 @@ class BufferedJoinOperator(_KeyedOperator):
 
     def metrics(self) -> dict[str, float]:
         left, right = self.late_dropped
-        return {"late_records_dropped": left + right, "late_left_dropped": left,
+        return {**super().metrics(), "late_records_dropped": left + right, "late_left_dropped": left,
                 "late_right_dropped": right,
                 "buffered_left": sum(len(c.ts) for c in list(self.buffers[0].chunks)),
                 "buffered_right": sum(len(c.ts) for c in list(self.buffers[1].chunks))}

@@ -91,7 +91,7 @@ class CountWindowOperator(_KeyedOperator):
             self.disk_state = DiskCountState(self.backend, where=f"count window '{self.name}'")
 
     def metrics(self) -> dict[str, float]:
-        return {"windows_fired": self.fired}
+        return {**super().metrics(), "windows_fired": self.fired}
 
     def _first_needed(self, counts: np.ndarray) -> np.ndarray:
         """The first position a future window still needs, per key that has ``counts``

@@ -284,7 +284,7 @@ class WindowOperator(_KeyedOperator):
             _close_function(fn)
 
     def metrics(self) -> dict[str, float]:
-        return {"late_records_dropped": self.late_dropped,
+        return {**super().metrics(), "late_records_dropped": self.late_dropped,
                 "late_records_side_output": self.late_side_output,
                 "windows_fired": self.fired}
 
