@@ -39,7 +39,8 @@ from tests.test_disk_session_windows import (GAP, KEYS, SESSIONS, final_sessions
                                              heap_and_disk_sessions, session_input)
 from tests.test_disk_process_windows import RowIds
 from tests.test_disk_user_windows import user_operator
-from tests.test_disk_windows import MAXP, disk_env, own_entries, run_through_a_kill
+from tests.test_disk_windows import (MAXP, appended_one_chunk, disk_env, own_entries,
+                                     restore_moving_nothing, run_through_a_kill)
 from tests.test_exactly_once import savepoint_chain
 from tests.test_windows import Average, Spread, throttle
 
@@ -154,14 +155,8 @@ def test_a_process_function_session_fed_by_n_batches_holds_n_chunks_none_rewritt
             if backend is StateBackend.HEAP:
                 continue
             heads, chunks = stored(op)
-            (head,) = heads
+            head, before = appended_one_chunk(heads, chunks, before, n)
             sizes.add(len(heads[head]))
-            assert len(chunks) == n and all(k[:-8] == head for k in chunks)
-            now = {**heads, **chunks}
-            changed = {k for k in before if now[k] != before[k]}
-            assert changed == ({head} if before else set())  # earlier chunks' bytes untouched
-            assert len(set(chunks) - set(before)) == 1
-            before = now
         if backend is StateBackend.DISK:
             assert len(sizes) == 1 and max(sizes) < 40  # [next seq, [[start, end, 1, [0, n]]]]
             chunk_sizes = {len(v) for k, v in before.items() if k not in stored(op)[0]}
@@ -371,12 +366,8 @@ def test_an_older_checkpoint_of_single_entry_keys_restores_as_headers_and_chunks
     later = ops[0].snapshot_state(2).keyed_state
     assert later is not None
     entries = dict(own_entries(ops[0]))
-    with monkeypatch.context() as patch:
-        def moved(self) -> None:
-            raise AssertionError("a checkpoint of chunks was searched for older entries")
-
-        patch.setattr(DiskGenericSessions, "_move_in_entries", moved)
-        again = start(StateBackend.DISK, kind, later(), 0, 2, floor)
+    again = restore_moving_nothing(monkeypatch, DiskGenericSessions,
+                                   lambda: start(StateBackend.DISK, kind, later(), 0, 2, floor))
     assert dict(own_entries(again)) == entries
     for op in (again, ops[1]):
         feed(op, rest)

@@ -31,7 +31,7 @@ from raystream.engine.windows.functions import ProcessWindow
 from raystream.engine.windows.operator import WindowOperator
 from raystream.timers.disk_service import DiskTimerService
 from tests.test_disk_windows import (MAXP, disk_env, drive, kept_in_windows, own_entries,
-                                     run_through_a_kill, stored_entries)
+                                     restore_moving_nothing, run_through_a_kill, stored_entries)
 from tests.test_windows import events, make_input, throttle
 
 ASSIGNERS = [rs.TumblingEventTimeWindows(size_ms=50),
@@ -240,15 +240,14 @@ def test_an_older_checkpoint_of_single_entry_windows_restores_as_chunks(monkeypa
     # a checkpoint written since names the chunks' state: its restores move nothing
     keyed = op.snapshot_state(2).keyed_state
     assert keyed is not None
-    with monkeypatch.context() as patch:
-        def moved(self) -> None:
-            raise AssertionError("a checkpoint of chunks was searched for older entries")
-
-        patch.setattr(DiskChunks, "_move_in_entries", moved)
-        again = pwf_operator(StateBackend.DISK, assigner, lateness=30)
-        again.initialize_state(RestoredState(2, [], list(keyed().items()), WatermarkFloors
-                                             .from_json(watermark, max_parallelism=MAXP)))
-    assert isinstance(again.disk_entries, DiskChunks) and dict(own_entries(again)) == entries
+    def restore() -> WindowOperator:
+        op = pwf_operator(StateBackend.DISK, assigner, lateness=30)
+        op.initialize_state(RestoredState(2, [], list(keyed().items()), WatermarkFloors
+                                          .from_json(watermark, max_parallelism=MAXP)))
+        return op
+    again = restore_moving_nothing(monkeypatch, DiskChunks, restore)
+    assert isinstance(again, WindowOperator) and isinstance(again.disk_entries, DiskChunks)
+    assert dict(own_entries(again)) == entries
 
 
 def test_a_delete_after_appends_removes_the_chunks_appended_since_the_read(disk_backend):

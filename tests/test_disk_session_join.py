@@ -37,7 +37,8 @@ from raystream.engine.windows.disk_session_join import DiskSessionRows, is_heade
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator
 from tests import test_window_join as wj
 from tests.test_disk_joins import MAXP, co_groups, disk_env, window_join_operator, window_rows
-from tests.test_disk_windows import own_entries, run_through_a_kill
+from tests.test_disk_windows import (appended_one_chunk, own_entries, restore_moving_nothing,
+                                     run_through_a_kill)
 from tests.test_exactly_once import savepoint_chain, wait_for_checkpoint
 from tests.test_joins import crawl
 
@@ -141,14 +142,8 @@ def test_a_session_fed_by_n_batches_holds_n_chunks_none_rewritten():
         op.process_watermark(int(part["ts"].max()) - 40)
         assert not op.output.batches  # pyright: ignore[reportAttributeAccessIssue]
         heads, chunks = stored(op)
-        (head,) = heads
+        head, before = appended_one_chunk(heads, chunks, before, n)
         assert len(heads[head]) == 12 + 16  # one session
-        assert len(chunks) == n and all(k[:-8] == head for k in chunks)
-        now = {**heads, **chunks}
-        changed = {k for k in before if now[k] != before[k]}
-        assert changed == ({head} if before else set())  # earlier chunks' bytes untouched
-        assert len(set(chunks) - set(before)) == 1
-        before = now
     sizes = [len(v) for v in chunks.values()]
     assert max(sizes) == min(sizes)  # a chunk is one batch's 10 rows
     op.process_watermark(rs.MAX_WATERMARK)
@@ -349,12 +344,9 @@ def test_an_older_checkpoint_of_single_entry_keys_restores_as_chunks(monkeypatch
     later = ops[0].snapshot_state(2).keyed_state
     assert later is not None
     entries = dict(own_entries(ops[0]))
-    with monkeypatch.context() as patch:
-        def moved(self) -> None:
-            raise AssertionError("a checkpoint of chunks was searched for older entries")
-
-        patch.setattr(DiskSessionRows, "_move_in_entries", moved)
-        again = restored(StateBackend.DISK, WindowJoinKind.JOIN, later(), 0, 2, floor)
+    again = restore_moving_nothing(
+        monkeypatch, DiskSessionRows,
+        lambda: restored(StateBackend.DISK, WindowJoinKind.JOIN, later(), 0, 2, floor))
     assert dict(own_entries(again)) == entries
     for op in (again, ops[1]):
         feed(op, rest)
