@@ -99,7 +99,7 @@ CHUNKS_KIND = "window-chunks"
 _ENTRY = struct.Struct(">HHQ")  # key group, state id, window end + 2**63
 _START = struct.Struct("<q")
 _MARKER = struct.Struct("<qQ")  # window start, number of chunks
-_SEQ = struct.Struct(">Q")  # big-endian: a window's chunks in seq order
+_SEQ = struct.Struct(">Q")  # big-endian: an entry's chunks in seq order
 _SIGN = 1 << 63
 
 
@@ -192,7 +192,7 @@ class DiskChunks(DiskEntries):
         batch = rocksdict.WriteBatch(raw_mode=True)
         for key, start, rows, marker in zip(keys, starts.tolist(), accumulators, markers):
             seq = 0 if marker is None else marker[1]
-            batch.put(key + _SEQ.pack(seq), ipc_bytes(rows))
+            batch.put(chunk_key(key, seq), ipc_bytes(rows))
             batch.put(key, _MARKER.pack(start, seq + 1))
         self._backend.raw_db.write(batch)
         return np.fromiter((m is None for m in markers), dtype=bool, count=len(markers))
@@ -220,7 +220,7 @@ class DiskChunks(DiskEntries):
 
     def _windows(self, keys: list[bytes], markers: list[tuple[int, int] | None]
                  ) -> list[tuple[int, Any] | None]:
-        wanted = [key + _SEQ.pack(seq) for key, marker in zip(keys, markers)
+        wanted = [chunk_key(key, seq) for key, marker in zip(keys, markers)
                   if marker is not None for seq in range(marker[1])]
         raws = iter(list(self._backend.raw_db[wanted]) if wanted else [])
         out: list[tuple[int, Any] | None] = []
@@ -237,7 +237,7 @@ class DiskChunks(DiskEntries):
         return out
 
     def _delete(self, keys: list[bytes], markers: list[tuple[int, int] | None]) -> None:
-        super().delete([*keys, *(key + _SEQ.pack(seq) for key, marker in zip(keys, markers)
+        super().delete([*keys, *(chunk_key(key, seq) for key, marker in zip(keys, markers)
                                  if marker is not None for seq in range(marker[1]))])
 
     def _move_in_entries(self) -> None:
@@ -250,10 +250,18 @@ class DiskChunks(DiskEntries):
             batch = rocksdict.WriteBatch(raw_mode=True)
             for key, raw in entries:
                 mine = struct.pack(">HH", group, self._sid) + key[4:]
-                batch.put(mine + _SEQ.pack(0), ipc_bytes(tuple(_unpack(raw[8:]))))
+                batch.put(chunk_key(mine, 0), ipc_bytes(tuple(_unpack(raw[8:]))))
                 batch.put(mine, _MARKER.pack(_START.unpack_from(raw)[0], 1))
                 batch.delete(key)
             backend.raw_db.write(batch)
+
+
+def chunk_key(key: bytes, seq: int) -> bytes:
+    """The key of chunk ``seq`` of the entry at ``key`` (windows' rows here, sessions' in
+    :mod:`~raystream.engine.windows.disk_session_join` and
+    :mod:`~raystream.engine.windows.disk_generic_sessions`): its chunks follow it in seq
+    order."""
+    return key + _SEQ.pack(seq)
 
 
 def ipc_bytes(rows: Sequence[pa.RecordBatch]) -> bytes:

@@ -83,7 +83,6 @@ unread until the session fires::
 from __future__ import annotations
 
 import bisect
-import struct
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -92,7 +91,7 @@ import numpy as np
 import pyarrow as pa
 
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend, _pack, _unpack
-from raystream.engine.windows.disk_entries import ipc_batches, ipc_bytes
+from raystream.engine.windows.disk_entries import chunk_key, ipc_batches, ipc_bytes
 from raystream.timers.disk_service import DiskTimerService
 
 # A checkpoint written before chunks holds each key as one entry of this state; its kind
@@ -101,7 +100,6 @@ STATE_NAME = "__generic_sessions"
 KIND = "generic-session-windows"
 CHUNKS_NAME = "__generic_session_chunks"
 CHUNKS_KIND = "generic-session-windows-chunks"
-_SEQ = struct.Struct(">Q")  # big-endian: a key's chunks in seq order
 _INLINE, _CHUNKED = 0, 1  # how a session's accumulator is stored in the header
 
 Entries = dict[tuple[int, int], list[Any]]  # (key id, start) -> [end, accumulator]
@@ -127,7 +125,7 @@ class StoredRows:
         return StoredRows(self._db, self._key, tuple(other) + self.parts)
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
-        wanted = [self._key + _SEQ.pack(seq) for part in self.parts if isinstance(part, range)
+        wanted = [chunk_key(self._key, seq) for part in self.parts if isinstance(part, range)
                   for seq in part]
         raws = iter(list(self._db[wanted]) if wanted else [])
         for part in self.parts:
@@ -281,7 +279,7 @@ def _put_chunks(batch: Any, key: bytes, parts: Sequence[range | pa.RecordBatch],
     def flush() -> None:
         nonlocal next_seq
         if pending:
-            batch.put(key + _SEQ.pack(next_seq), ipc_bytes(pending))
+            batch.put(chunk_key(key, next_seq), ipc_bytes(pending))
             named(range(next_seq, next_seq + 1))
             next_seq += 1
             pending.clear()
@@ -310,4 +308,4 @@ def _delete_dropped(batch: Any, key: bytes, named: list[range], stored: list[lis
         at = bisect.bisect_right(firsts, seqs.start) - 1
         if at < 0 or runs[at][1] < seqs.stop:
             for seq in seqs:
-                batch.delete(key + _SEQ.pack(seq))
+                batch.delete(chunk_key(key, seq))

@@ -80,6 +80,7 @@ import pyarrow as pa
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.engine.operators.disk_join import RowFormat, RowFormats
 from raystream.engine.operators.keyed_rows import JoinSide, KeyedRows, concat_tables
+from raystream.engine.windows.disk_entries import chunk_key
 from raystream.engine.windows.sessions import session_breaks
 from raystream.timers.disk_service import DiskTimerService
 
@@ -92,7 +93,6 @@ CHUNKS_KIND = "session-join-rows-chunks"
 TS = "__ts"  # a stored row's event time
 _HEAD = struct.Struct("<QI")  # number of chunks, number of sessions
 _CHUNK = struct.Struct("<B8s")  # side, format fingerprint
-_SEQ = struct.Struct(">Q")  # big-endian: a key's chunks in seq order
 _SESSION = np.dtype([("start", "<i8"), ("end", "<i8")])
 _OLD_COUNT = struct.Struct("<I")  # the older layout: sessions, then chunks with lengths
 _OLD_CHUNK = struct.Struct("<B8sI")
@@ -189,7 +189,7 @@ class DiskSessionRows:
         s_his = np.searchsorted(s_kid, distinct, side="right").tolist()
         tag = _CHUNK.pack(side, fp)
         for key, head, payload, a, b in zip(keys, heads, payloads, s_los, s_his):
-            writes.put(key + _SEQ.pack(head.chunks), tag + payload)
+            writes.put(chunk_key(key, head.chunks), tag + payload)
             writes.put(key, _head(head.chunks + 1, s_start[a:b], s_end[a:b]))
         self._backend.raw_db.write(writes)
 
@@ -212,7 +212,7 @@ class DiskSessionRows:
             return None, None
         # every stored row of the due keys (a second multi-get), per (side, format): one
         # decode each
-        wanted = [keys[i] + _SEQ.pack(seq) for i in due_keys for seq in range(heads[i].chunks)]
+        wanted = [chunk_key(keys[i], seq) for i in due_keys for seq in range(heads[i].chunks)]
         raws = iter(self._backend.raw_db[wanted] if wanted else [])
         found: dict[tuple[int, bytes], tuple[list[bytes], list[int], int]] = {}
         groups = self._timers.key_groups_of(distinct).tolist()
@@ -263,9 +263,9 @@ class DiskSessionRows:
                             np.searchsorted(k_index, positions, side="right").tolist()):
             key, chunks = keys[due_keys[at]], stays[at]
             for seq, chunk in enumerate(chunks):
-                writes.put(key + _SEQ.pack(seq), chunk)
+                writes.put(chunk_key(key, seq), chunk)
             for seq in range(len(chunks), heads[due_keys[at]].chunks):
-                writes.delete(key + _SEQ.pack(seq))
+                writes.delete(chunk_key(key, seq))
             if a == b:  # no session left, hence no row
                 writes.delete(key)
             else:
@@ -303,7 +303,7 @@ class DiskSessionRows:
                 while at < len(raw):
                     side, fp, size = _OLD_CHUNK.unpack_from(raw, at)
                     at += _OLD_CHUNK.size
-                    writes.put(new + _SEQ.pack(seq), _CHUNK.pack(side, fp) + raw[at:at + size])
+                    writes.put(chunk_key(new, seq), _CHUNK.pack(side, fp) + raw[at:at + size])
                     at += size
                     seq += 1
                 writes.put(new, _HEAD.pack(seq, n) + raw[_OLD_COUNT.size:
