@@ -7,11 +7,45 @@ the column, the cause and the row itself — never silently dropped or coerced.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Iterable, Mapping
 
+import numpy as np
 import pyarrow as pa
 
 from raystream.engine.errors import BadRecordError, describe_record
+
+
+# Values a row may share with state or with the user's own objects and that can change
+# in place; a row holding any of them is copied deeply when it is captured.
+_MUTABLE_VALUES = frozenset((list, dict, set, bytearray, np.ndarray))
+
+
+def capture_row(row: Any) -> Any:
+    """``row`` as it is now, for an output that becomes a batch only later.
+
+    Operators collect a batch's output rows and convert them once, at the end of the
+    batch. A user function may emit an object it goes on changing within that batch:
+    the value it keeps in heap state, or a dict it fills again for every output. Flink
+    serializes (or copies) each record as it is emitted, so every output keeps the
+    value it had then; capturing does the same, whatever the state backend. A dict of
+    immutable values is copied shallowly, one holding lists, dicts, sets or arrays
+    deeply; what is not a mapping is returned as it is, for ``rows_to_batch`` to
+    report.
+
+    >>> row = {"k": "a", "v": 1}
+    >>> captured = capture_row(row)
+    >>> row["v"] += 1
+    >>> captured, row
+    ({'k': 'a', 'v': 1}, {'k': 'a', 'v': 2})
+    """
+    if type(row) is dict:
+        if _MUTABLE_VALUES.isdisjoint(map(type, row.values())):
+            return row.copy()
+        return copy.deepcopy(row)
+    if isinstance(row, Mapping):
+        return copy.deepcopy(dict(row))
+    return row
 
 
 def rows_to_batch(rows: list[Any], *, schema: pa.Schema | None = None,

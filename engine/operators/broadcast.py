@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable
 import pyarrow as pa
 
 from raystream.actors.messages import MIN_WATERMARK
-from raystream.engine.batches import rows_to_batch
+from raystream.engine.batches import capture_row, rows_to_batch
 from raystream.engine.keys import KeySelector
 from raystream.actors.operator import Operator, OperatorSnapshot, RestoredState
 from raystream.engine.operators.functions import _call, _close_function, emit_rows
@@ -161,7 +161,7 @@ class ReadOnlyContext:
         """Emit ``row`` on side output ``tag`` (``stream.side_output(tag)``)."""
         if not isinstance(tag, str) or not tag:
             raise ValueError(f"a side output tag is a non-empty string, got {tag!r}")
-        self._operator.side_rows.setdefault(tag, []).append(row)
+        self._operator.side_rows.setdefault(tag, []).append(capture_row(row))
 
     @property
     def current_watermark(self) -> int:
@@ -281,7 +281,7 @@ def _rows(process: Callable, rows: list[dict], ctx: Any) -> list[Any]:
     for row in rows:
         produced = _call(process, row, ctx)
         if produced is not None:
-            out.extend(produced)
+            out.extend(map(capture_row, produced))
     return out
 
 

@@ -29,6 +29,7 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
+from raystream.engine.batches import capture_row
 from raystream.engine.keys import KeySelector
 from raystream.engine.operators.functions import _call
 from raystream.engine.operators.keyed import KeyedContext, KeyedProcessOperator
@@ -96,5 +97,5 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
         for _key, row in self.keyed_rows(batch, self.input_keys[input_index]):
             produced = _call(process, row, ctx)
             if produced is not None:
-                out.extend(produced)
+                out.extend(map(capture_row, produced))
         self._emit(out)

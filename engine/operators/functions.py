@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from raystream.engine.batches import rows_to_batch
+from raystream.engine.batches import capture_row, rows_to_batch
 from raystream.engine.errors import BadRecordError, describe_record
 from raystream.actors.operator import Operator
 
@@ -101,7 +101,7 @@ class MapOperator(_FunctionOperator):
                     f"map '{self.name}' must return a dict per record, got "
                     f"{type(produced).__name__} {describe_record(produced)} for record "
                     f"{describe_record(row)}", record=row)
-            out.append(produced)
+            out.append(capture_row(produced))
         self._emit_rows(out)
 
 
@@ -114,7 +114,7 @@ class FlatMapOperator(_FunctionOperator):
         for row in batch.to_pylist():
             produced = _call(fn, row)
             if produced is not None:
-                out.extend(produced)
+                out.extend(map(capture_row, produced))
         self._emit_rows(out)
 
 

@@ -50,7 +50,7 @@ import numpy as np
 import pyarrow as pa
 
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
-from raystream.engine.batches import rows_to_batch
+from raystream.engine.batches import capture_row, rows_to_batch
 from raystream.engine.keys import KeySelector
 from raystream.engine.operators import disk_join
 from raystream.engine.operators.disk_join import MIN_BUCKET_MS, DiskJoinRows
@@ -164,7 +164,7 @@ class JoinContext:
         """Emit ``row`` on side output ``tag`` (read it with ``stream.side_output(tag)``)."""
         if not isinstance(tag, str) or not tag:
             raise ValueError(f"a side output tag is a non-empty string, got {tag!r}")
-        self.side_rows.setdefault(tag, []).append(row)
+        self.side_rows.setdefault(tag, []).append(capture_row(row))
 
 
 # A buffer is kept as segments of at most this many rows, each sorted by (key, ts) once:
@@ -425,7 +425,7 @@ class IntervalJoinOperator(BufferedJoinOperator):
                 exc.add_note(f"pair: left {l_row!r}, right {r_row!r}")
                 raise
             if produced is not None:
-                out.extend(produced)
+                out.extend(map(capture_row, produced))
         emit_rows(self, out, self.schema)
         side, ctx.side_rows = ctx.side_rows, {}
         for tag, tagged in side.items():

@@ -41,7 +41,7 @@ from raystream.engine.errors import BadRecordError, describe_record
 from raystream.engine.keys import KeySelector
 from raystream.actors.operator import (Operator, OperatorSnapshot, RestoredState,
                                        RuntimeContext)
-from raystream.engine.batches import rows_to_batch
+from raystream.engine.batches import capture_row, rows_to_batch
 from raystream.engine.operators.functions import _call, _close_function, emit_rows
 from raystream.timers.disk_service import DiskTimerService, restore_heap_timers
 from raystream.timers.service import TimerService
@@ -62,7 +62,7 @@ class KeyedContext:
         beside what the function yields on its main output."""
         if not isinstance(tag, str) or not tag:
             raise ValueError(f"a side output tag is a non-empty string, got {tag!r}")
-        self.side_rows.setdefault(tag, []).append(row)
+        self.side_rows.setdefault(tag, []).append(capture_row(row))
 
     @property
     def current_key(self) -> Any:
@@ -364,7 +364,7 @@ class KeyedProcessOperator(_KeyedOperator):
         for _key, row in self.keyed_rows(batch):
             produced = _call(process, row, ctx)
             if produced is not None:
-                out.extend(produced)
+                out.extend(map(capture_row, produced))
         self._emit(out)
 
     def _emit(self, rows: list[Any]) -> None:
@@ -402,7 +402,7 @@ class KeyedProcessOperator(_KeyedOperator):
                 backend.set_current_key(timers.key(key_id), timers.key_group(key_id))
                 produced = _call(self.fn.on_timer, timestamp, ctx)
                 if produced is not None:
-                    out.extend(produced)
+                    out.extend(map(capture_row, produced))
             self._emit(out)
         ctx.time_domain = None
 
@@ -445,7 +445,7 @@ class ReduceOperator(_KeyedOperator):
             if previous is not None:
                 row = self._reduce(fn, previous, row, key)
             state.update(row)
-            out.append(row)
+            out.append(capture_row(row))
         emit_rows(self, out, self.schema)
 
     def _reduce(self, fn: Callable[[dict, dict], dict], previous: dict, row: dict,
@@ -472,6 +472,6 @@ class ReduceOperator(_KeyedOperator):
             if previous is not None:
                 row = self._reduce(fn, previous, row, keys[i])
             current[i] = row
-            out.append(row)
+            out.append(capture_row(row))
         state.update_at(stored, current)
         emit_rows(self, out, self.schema)
