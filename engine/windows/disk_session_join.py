@@ -19,7 +19,8 @@ chunk's rows (with their event time in column ``__ts``) are stored as
 (fixed-width numpy records, or an Arrow IPC message; the format's schema an entry
 of its own per key group): nothing is pickled.
 
-A batch reads its distinct keys' headers with one multi-get, merges its rows'
+A batch reads its distinct keys' headers with one multi-get, drops its late rows
+(a row whose own window is late and that no open session takes in), merges its rows'
 sessions ``[ts, ts + gap)`` into the stored ones (numpy, over all its keys at
 once), and in one write batch puts one chunk per key at ``seq`` = the header's count
 and the header with the merged sessions and the count + 1: it never reads or
@@ -54,9 +55,9 @@ state, so restoring it looks for no such entries.
     >>> timers = DiskTimerService(backend)
     >>> disk = DiskSessionRows(backend, timers, gap_ms=10)
     >>> kid = timers.key_ids(["a"], np.array([1]))
-    >>> disk.append(JoinSide.LEFT, KeyedRows(pa.table({"id": [1, 2]}), np.array([0, 25]),
-    ...                                      kid[[0, 0]]))
-    >>> disk.append(JoinSide.RIGHT, KeyedRows(pa.table({"id": [3]}), np.array([5]), kid))
+    >>> _ = disk.append(JoinSide.LEFT, KeyedRows(pa.table({"id": [1, 2]}), np.array([0, 25]),
+    ...                                          kid[[0, 0]]))
+    >>> _ = disk.append(JoinSide.RIGHT, KeyedRows(pa.table({"id": [3]}), np.array([5]), kid))
     >>> disk.chunks_of(kid)  # one per batch, neither rewritten by the other
     [2]
     >>> (left, left_ends), (right, _) = disk.take_due(20)  # [0, 15) fires, [25, 35) stays
@@ -72,7 +73,7 @@ state, so restoring it looks for no such entries.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -81,7 +82,8 @@ from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.engine.operators.disk_join import RowFormat, RowFormats
 from raystream.engine.operators.keyed_rows import JoinSide, KeyedRows, concat_tables
 from raystream.engine.windows.disk_entries import chunk_key
-from raystream.engine.windows.sessions import session_breaks
+from raystream.engine.windows.sessions import (Windows, late_for_sessions,
+                                              session_at_or_before, session_breaks)
 from raystream.timers.disk_service import DiskTimerService
 
 # A checkpoint written before chunks holds each key as one entry of this state; its kind
@@ -150,19 +152,42 @@ class DiskSessionRows:
     def _heads(self, keys: list[bytes]) -> list[_Head]:
         return [_Head(raw) for raw in self._backend.raw_db[keys]]  # a list: a multi-get
 
-    def append(self, side: JoinSide, rows: KeyedRows) -> None:
+    def append(self, side: JoinSide, rows: KeyedRows, *, late: np.ndarray | None = None,
+               watermarks: Callable[[np.ndarray], np.ndarray | int] | None = None
+               ) -> np.ndarray:
         """Add ``rows`` of ``side`` to their keys' sessions: one multi-get of the headers,
-        one chunk per key, one write batch; timers for the sessions that took rows in."""
+        one chunk per key, one write batch; timers for the sessions that took rows in.
+        ``late``: the rows whose own window is late (``watermarks(kids)``: the watermark
+        judging each key); those that no open session takes in
+        (:func:`~raystream.engine.windows.sessions.late_for_sessions`, judged by the
+        headers read) are dropped: returns them."""
         import rocksdict
 
+        dropped = np.zeros(len(rows.kid), dtype=bool)
         if not len(rows.kid):
-            return
+            return dropped
+        every = np.unique(rows.kid)
+        every_keys = self._keys(every)
+        every_heads = self._heads(every_keys)
+        if late is not None and late.any():
+            if watermarks is None:
+                raise TypeError("late rows need the watermarks that judge them")
+            held = Windows(np.repeat(every, [len(h.starts) for h in every_heads]),
+                           np.concatenate([_NO_SESSIONS, *(h.starts for h in every_heads)]),
+                           np.concatenate([_NO_SESSIONS, *(h.ends for h in every_heads)]))
+            dropped = late_for_sessions(rows.kid, rows.ts, rows.ts + self._gap, late,
+                                        lambda _: held, watermarks, 0)
+            if dropped.all():
+                return dropped
+            if dropped.any():
+                rows = rows.take(np.flatnonzero(~dropped))
         order = np.lexsort((rows.ts, rows.kid))
         kid, ts = rows.kid[order], rows.ts[order]
         distinct, firsts = np.unique(kid, return_index=True)
         lasts = np.append(firsts[1:], len(kid))
-        keys = self._keys(distinct)
-        heads = self._heads(keys)
+        at = np.searchsorted(every, distinct).tolist()  # keys left with rows
+        keys = [every_keys[i] for i in at]
+        heads = [every_heads[i] for i in at]
         # the stored sessions and the rows' own [ts, ts + gap), merged per key
         n_old = np.fromiter((len(h.starts) for h in heads), np.int64, len(heads))
         all_kid = np.concatenate([np.repeat(distinct, n_old), kid])
@@ -192,6 +217,7 @@ class DiskSessionRows:
             writes.put(chunk_key(key, head.chunks), tag + payload)
             writes.put(key, _head(head.chunks + 1, s_start[a:b], s_end[a:b]))
         self._backend.raw_db.write(writes)
+        return dropped
 
     def take_due(self, watermark: int) -> tuple[tuple[KeyedRows, np.ndarray] | None, ...] | None:
         """Pop a chunk of the timers due at ``watermark`` (None: none was due); read and
@@ -234,7 +260,7 @@ class DiskSessionRows:
             table, sizes = fmt.table(payloads)
             owner = np.repeat(np.array(owners, np.int64), sizes)
             ts = table.column(TS).to_numpy()
-            session = _session_of(s_index, s_start, owner, ts)
+            session = session_at_or_before(s_index, s_start, owner, ts)
             due = s_end[session] - 1 <= watermark
             rows = table.drop_columns([TS])
             if due.any():
@@ -315,27 +341,6 @@ class DiskSessionRows:
 def is_header(key: bytes) -> bool:
     """Whether stored ``key`` is a header (``kg | sid | len(key) | key``), not a chunk."""
     return len(key) == 8 + struct.unpack_from(">I", key, 4)[0]
-
-
-def _session_of(s_index: np.ndarray, s_start: np.ndarray, owner: np.ndarray,
-                ts: np.ndarray) -> np.ndarray:
-    """Per row (its key's position ``owner`` among the due keys, its time ``ts``), the
-    index of its session among the sessions (``s_index``: their key's position, by start
-    within each key): the last session of its key starting at or before it.
-
-        >>> _session_of(np.array([0, 0, 1]), np.array([0, 50, 7]), np.array([1, 0, 0]),
-        ...             np.array([9, 60, 3])).tolist()
-        [2, 1, 0]
-    """
-    n = len(s_index)
-    kind = np.concatenate([np.zeros(n, np.int8), np.ones(len(ts), np.int8)])
-    order = np.lexsort((kind, np.concatenate([s_start, ts]), np.concatenate([s_index, owner])))
-    marks = np.where(order < n, order, -1)
-    carried = np.maximum.accumulate(marks)  # sessions are in (key, start) order: indices grow
-    out = np.empty(len(ts), np.int64)
-    rows = order >= n
-    out[order[rows] - n] = carried[rows]
-    return out
 
 
 def _one_batch(table: pa.Table) -> pa.RecordBatch:

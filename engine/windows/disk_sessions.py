@@ -16,9 +16,10 @@ section directory and incremental-checkpoint manifest carry, so a restored job
 decodes its sessions before any record arrives.
 
 A batch reads its distinct keys' sessions with one multi-get into a
-:class:`SessionStore` of those keys only, merges with the store's own sorts,
-and writes them back with one write batch; firing timers read their keys the
-same way, and a key left without sessions is deleted. Python runs per distinct
+:class:`SessionStore` of those keys only (which also judges its late rows:
+a row is late only when the session it would merge into is), merges with the
+store's own sorts, and writes them back with one write batch; firing timers
+read their keys the same way, and a key left without sessions is deleted. Python runs per distinct
 key (its entry key and value slice), never per session or record. Timers, as
 for heap sessions, are in the same database
 (:mod:`raystream.timers.disk_service`). The entries share the
@@ -33,9 +34,14 @@ rescaling carry them like any keyed state.
     >>> spec = AggregateSpec.of({"n": ("count", None)})
     >>> disk = DiskSessions(backend, spec, timers, where="window 'w'")
     >>> kids = timers.key_ids(["a", "b"], np.array([1, 2]))
-    >>> store, _ = disk.merge(kids[[0, 0, 1]], np.array([0, 30, 5]), np.array([10, 40, 9]),
-    ...                       {"__n.n": np.array([2, 1, 4])})
-    >>> store, _ = disk.merge(kids[:1], np.array([10]), np.array([30]), {"__n.n": np.array([5])})
+    >>> _ = disk.merge(disk.load(kids), kids[[0, 0, 1]], np.array([0, 30, 5]),
+    ...                np.array([10, 40, 9]), {"__n.n": np.array([2, 1, 4])})
+    >>> loaded = disk.load(kids[:1])
+    >>> loaded.store.starts.tolist()
+    [0, 30]
+    >>> _ = disk.merge(loaded, kids[:1], np.array([10]), np.array([30]),
+    ...                {"__n.n": np.array([5])})
+    >>> store = loaded.store
     >>> store.starts.tolist(), store.ends.tolist(), store.partials["__n.n"].tolist()
     ([0], [40], [8])
     >>> keys = disk.entry_keys(kids)
@@ -46,6 +52,7 @@ rescaling carry them like any keyed state.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -58,6 +65,16 @@ from raystream.timers.disk_service import DiskTimerService
 STATE_NAME = "__session_windows"
 KIND = "session-windows"
 _START, _END = "__start", "__end"  # the record's first fields
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The open sessions of a batch's distinct key ids, read from RocksDB: ``store`` holds
+    them, ``keys`` are their stored keys (none before the state's first write)."""
+
+    distinct: np.ndarray
+    keys: list[bytes]
+    store: SessionStore
 
 
 class DiskSessions:
@@ -137,18 +154,25 @@ class DiskSessions:
                 batch.put(key, data[a * width:b * width])
         self._backend.raw_db.write(batch)
 
-    def merge(self, kids: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-              partials: dict[str, np.ndarray]) -> tuple[SessionStore, Merged]:
-        """Merge a batch's sessions into their keys' stored ones (as
-        :meth:`SessionStore.add` does); returns the store of those keys' sessions after the
-        merge and where the merged sessions are in it."""
-        self._declare(partials)
+    def load(self, kids: np.ndarray) -> Loaded:
+        """The stored sessions of the key ids ``kids`` (one multi-get), to judge a batch's
+        late rows by and merge it into."""
         distinct = np.unique(kids)
+        if self.record is None:  # no state yet (nor a state id to key it by)
+            return Loaded(distinct, [], SessionStore(self.spec))
         keys = self.entry_keys(distinct)
-        store = self.read(distinct, keys)
-        merged = store.add(kids, starts, ends, partials)
-        self.write(distinct, keys, store)
-        return store, merged
+        return Loaded(distinct, keys, self.read(distinct, keys))
+
+    def merge(self, loaded: Loaded, kids: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+              partials: dict[str, np.ndarray]) -> Merged:
+        """Merge a batch's sessions (of keys ``loaded`` holds) into their keys' stored ones
+        (as :meth:`SessionStore.add` does) and write them back (one write batch); returns
+        where the merged sessions are in ``loaded.store``."""
+        self._declare(partials)
+        merged = loaded.store.add(kids, starts, ends, partials)
+        self.write(loaded.distinct, loaded.keys or self.entry_keys(loaded.distinct),
+                   loaded.store)
+        return merged
 
     def restore_heap(self, kids: np.ndarray, starts: np.ndarray, ends: np.ndarray,
                      partials: dict[str, np.ndarray]) -> None:

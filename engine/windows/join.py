@@ -89,6 +89,7 @@ from raystream.engine.windows import disk_session_join
 from raystream.engine.windows.assigners import EventTimeSessionWindows, WindowAssigner
 from raystream.engine.windows.disk_session_join import DiskSessionRows
 from raystream.engine.windows.functions import Window
+from raystream.engine.windows.sessions import Windows, late_for_sessions
 from raystream.engine.windows.operator import LATE_LOG_INTERVAL_S, WINDOW_TIME, event_times
 
 if TYPE_CHECKING:
@@ -96,6 +97,7 @@ if TYPE_CHECKING:
 
 _START = "__window_start"  # a buffered row's window start (session: its timestamp) in snapshots
 WINDOW_COLUMNS = ("window_start", "window_end")
+_NONE = np.empty(0, np.int64)
 
 log = logging.getLogger(__name__)
 
@@ -243,22 +245,48 @@ class WindowJoinOperator(BufferedJoinOperator):
         rows, starts = assigner.assign(ts)
         ends = (starts + assigner.gap_ms if isinstance(assigner, EventTimeSessionWindows)
                 else assigner.end_of(starts))  # sessions (merging) end a gap after the last
-        on_time = ends - 1 > self.watermarks_of_key_ids(kid[rows])
-        if not on_time.all():
-            late = batch.num_rows - len(np.unique(rows[on_time]))
-            if late:
-                self.late_dropped[side] += late
-                self._late_log.dropped(sum(self.late_dropped))
+        late = ends - 1 <= self.watermarks_of_key_ids(kid[rows])
+        disk = self.disk_rows
+        if isinstance(disk, DiskSessionRows):  # late rows judged by the headers it reads
+            # (a session assigner gives each row one window: rows is every row, in order)
+            dropped = disk.append(side, KeyedRows(pa.Table.from_batches([batch]), starts, kid),
+                                  late=late, watermarks=self.watermarks_of_key_ids)
+            self._count_late(side, int(np.count_nonzero(dropped)))
+            return
+        if late.any() and isinstance(assigner, EventTimeSessionWindows):
+            late = late_for_sessions(kid[rows], starts, ends, late, self._buffered_windows,
+                                     self.watermarks_of_key_ids, 0)
+        if late.any():
+            on_time = ~late
+            self._count_late(side, batch.num_rows - len(np.unique(rows[on_time])))
             rows, starts = rows[on_time], starts[on_time]
             if not len(rows):
                 return
         table = pa.Table.from_batches([batch])
         if not (len(rows) == batch.num_rows and bool(np.all(rows == np.arange(len(rows))))):
             table = table.take(pa.array(rows))
-        if self.disk_rows is None:
+        if disk is None:
             self.buffers[side].append(KeyedRows(table, starts, kid[rows]))
         else:
-            self.disk_rows.append(side, KeyedRows(table, starts, kid[rows]))
+            disk.append(side, KeyedRows(table, starts, kid[rows]))
+
+    def _count_late(self, side: JoinSide, late: int) -> None:
+        if late:
+            self.late_dropped[side] += late
+            self._late_log.dropped(sum(self.late_dropped))
+
+    def _buffered_windows(self, keys: np.ndarray) -> Windows:
+        """The own windows ``[ts, ts + gap)`` of both sides' buffered rows of the key ids
+        ``keys`` (session joins on the heap: the rows are the sessions)."""
+        assigner = self.spec.assigner
+        if not isinstance(assigner, EventTimeSessionWindows):
+            raise TypeError(f"window join '{self.name}': rows are sessions for session "
+                            f"windows only")
+        held = [rows for rows in (b.combined() for b in self.buffers) if rows is not None]
+        mine = [np.isin(rows.kid, keys) for rows in held]
+        kids = np.concatenate([r.kid[m] for r, m in zip(held, mine)] or [_NONE])
+        ts = np.concatenate([r.ts[m] for r, m in zip(held, mine)] or [_NONE])
+        return Windows(kids, ts, ts + assigner.gap_ms)
 
     # -- time ----------------------------------------------------------------------------
     def process_watermark(self, watermark: int) -> None:

@@ -57,7 +57,7 @@ import contextlib
 import logging
 import pickle
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -79,7 +79,8 @@ from raystream.engine.windows.disk_panes import DiskPanes
 from raystream.engine.windows.disk_sessions import DiskSessions
 from raystream.engine.windows.functions import (BuiltinAggregates, ProcessWindow,
                                                 UserAggregate, Window, WindowFunction)
-from raystream.engine.windows.sessions import SessionStore, session_breaks
+from raystream.engine.windows.sessions import (SessionStore, Windows, late_for_sessions,
+                                              session_breaks)
 
 WINDOW_START = "__window_start"  # pre-aggregated partial rows: their window's (or pane's) start
 WINDOW_TIME = "window_end - 1"
@@ -312,18 +313,21 @@ class WindowOperator(_KeyedOperator):
                 times = np.full(batch.num_rows, int(time.time() * 1000), dtype=np.int64)
             rows, starts = self.assigner.assign(times)
         ends = self._ends(starts)
-        if self.assigner.event_time:
-            rows, starts, ends = self._drop_late(batch, rows, starts, ends, key_ids[rows])
-            if not len(rows):
-                return
-        table = pa.Table.from_batches([batch])
+        if self.columnar_sessions:
+            self._merge_sessions(batch, rows, starts, ends, key_ids)
+            return
         if self.dense:
-            self._merge_dense(table, rows, starts, key_ids)
-        elif self.columnar_sessions:
-            self._merge_sessions(table, rows, starts, ends, key_ids)
-        else:
-            with self._generic_loaded(key_ids[rows]):
-                self._merge_generic(table, rows, starts, ends, key_ids)
+            rows, starts, ends = self._drop_late(batch, rows, starts, ends, key_ids[rows])
+            if len(rows):
+                self._merge_dense(pa.Table.from_batches([batch]), rows, starts, key_ids)
+            return
+        # on disk, sessions' keys are loaded first: their open sessions judge late rows
+        with self._generic_loaded(key_ids[rows]):
+            rows, starts, ends = self._drop_late(batch, rows, starts, ends, key_ids[rows],
+                                                 held=self._generic_windows)
+            if len(rows):
+                self._merge_generic(pa.Table.from_batches([batch]), rows, starts, ends,
+                                    key_ids)
 
     def _generic_loaded(self, kids: np.ndarray) -> contextlib.AbstractContextManager[None]:
         """On disk, generic sessions of key ids ``kids`` in ``entries`` / ``sessions`` for
@@ -338,12 +342,23 @@ class WindowOperator(_KeyedOperator):
             return starts + self.assigner.gap_ms
         return self.assigner.end_of(starts)
 
-    def _drop_late(self, batch, rows, starts, ends, kids):
+    def _drop_late(self, batch, rows, starts, ends, kids,
+                   held: Callable[[np.ndarray], Windows] | None = None):
         """Keep assignments to windows that are not late; rows late for all of their
         windows go to the late side output (or are dropped and counted). A partial
         (pre-aggregated input) is one assignment: late or not as a whole, by the same rule,
-        since all its rows belong to its window."""
+        since all its rows belong to its window. For session windows a row is late only
+        when the session it would merge into is (:func:`late_for_sessions`; ``held(keys)``:
+        the keys' open sessions)."""
+        if not self.assigner.event_time:
+            return rows, starts, ends
         late = ends - 1 + self.lateness <= self.watermarks_of_key_ids(kids)
+        if late.any() and isinstance(self.assigner, EventTimeSessionWindows):
+            if held is None:
+                raise TypeError(f"window '{self.name}': session windows judge late rows by "
+                                f"their keys' open sessions")
+            late = late_for_sessions(kids, starts, ends, late, held,
+                                     self.watermarks_of_key_ids, self.lateness)
         if not late.any():
             return rows, starts, ends
         on_time_rows = np.zeros(batch.num_rows, dtype=bool)
@@ -558,11 +573,25 @@ class WindowOperator(_KeyedOperator):
             del self.dense_windows[start]
 
     # -- columnar sessions ----------------------------------------------------------------
-    def _merge_sessions(self, table: pa.Table, rows, starts, ends, key_ids) -> None:
-        """The batch's rows as sessions ``[ts, ts + gap)``, grouped where they intersect,
-        then merged into the store (on disk: a store of the batch's keys' sessions, read
-        and written back); timers for the sessions that changed, and a late session
-        (within the allowed lateness) that took in rows fires again at once."""
+    def _merge_sessions(self, batch: pa.RecordBatch, rows, starts, ends, key_ids) -> None:
+        """The batch's rows that are not late (judged by the store's open sessions) as
+        sessions ``[ts, ts + gap)``, grouped where they intersect, then merged into the
+        store (on disk: a store of the batch's keys' sessions, read once and written
+        back); timers for the sessions that changed, and a late session (within the
+        allowed lateness) that took in rows fires again at once."""
+        disk = self.disk_sessions
+        if disk is not None:
+            loaded = disk.load(key_ids[rows])
+            store = loaded.store
+        elif self.session_store is not None:
+            store = self.session_store
+        else:
+            raise RuntimeError(f"window '{self.name}': sessions without a session store")
+        rows, starts, ends = self._drop_late(batch, rows, starts, ends, key_ids[rows],
+                                             held=store.windows_of)
+        if not len(rows):
+            return
+        table = pa.Table.from_batches([batch])
         spec = self._spec
         kids = key_ids[rows]
         order = np.lexsort((starts, kids))
@@ -576,13 +605,7 @@ class WindowOperator(_KeyedOperator):
         by_group = np.argsort(partials["__group"].to_numpy())
         sessions = (kids[firsts], starts[firsts], np.maximum.reduceat(ends, firsts),
                     {name: partials[name].to_numpy()[by_group] for name in spec.partial_columns})
-        if self.disk_sessions is not None:
-            store, merged = self.disk_sessions.merge(*sessions)
-        elif self.session_store is not None:
-            store = self.session_store
-            merged = store.add(*sessions)
-        else:
-            raise RuntimeError(f"window '{self.name}': sessions without a session store")
+        merged = store.add(*sessions) if disk is None else disk.merge(loaded, *sessions)
         changed = merged.changed
         self._register_timers(store.kids[changed], store.starts[changed], store.ends[changed])
         received = merged.received
@@ -651,6 +674,12 @@ class WindowOperator(_KeyedOperator):
                     and window in self.entries and self.entries[window][0] - 1 <= watermark]
         if fire_now:
             self._emit_generic(fire_now)
+
+    def _generic_windows(self, keys: np.ndarray) -> Windows:
+        """The open sessions of the key ids ``keys`` in ``entries`` (on disk: loaded)."""
+        found = np.array([(kid, start, self.entries[(kid, start)][0]) for kid in keys.tolist()
+                          for start in self.sessions.get(kid, ())], dtype=np.int64).reshape(-1, 3)
+        return Windows(found[:, 0], found[:, 1], found[:, 2])
 
     def _merge_disk_entries(self, disk: DiskEntries, kids: np.ndarray, starts: np.ndarray,
                             ends: np.ndarray, accumulators: list[Any]) -> None:

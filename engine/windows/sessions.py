@@ -16,6 +16,10 @@ few sorts:
 Two sessions intersect when ``start <= other.end and end >= other.start``
 (Flink's ``TimeWindow.intersects``): sessions that touch merge.
 
+A row whose own window ``[ts, ts + gap)`` is late is not late yet: it is late
+only when the session it would merge into is (:func:`late_for_sessions`, shared
+by every session layout and the session joins).
+
 A session that grows or merges keeps its old timers: when one fires, the
 operator finds the session's end moved (or the session gone) and ignores it.
 The timers of the sessions of the last ``gap`` of event time are all the
@@ -33,6 +37,7 @@ stale ones the heap can hold, and no timer is deleted one at a time.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -66,6 +71,91 @@ def session_breaks(kids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np
     reach = np.maximum.accumulate(offset + np.searchsorted(times, ends))
     breaks[1:] = offset[1:] + np.searchsorted(times, starts[1:]) > reach[:-1]
     return breaks
+
+
+def session_at_or_before(s_keys: np.ndarray, s_starts: np.ndarray, keys: np.ndarray,
+                         times: np.ndarray) -> np.ndarray:
+    """For sessions sorted by (key, start) and queries (key, time): the index of the last
+    session that sorts at or before each query, -1 where none does. When the query's key
+    has a session starting at or before its time, that is its key's last such session;
+    otherwise it is an earlier key's (or -1): callers check the key where it may differ.
+
+        >>> session_at_or_before(np.array([0, 0, 1]), np.array([0, 50, 7]),
+        ...                      np.array([1, 0, 0, 1]), np.array([9, 60, 3, 5])).tolist()
+        [2, 1, 0, 1]
+    """
+    n = len(s_keys)
+    kind = np.concatenate([np.zeros(n, np.int8), np.ones(len(times), np.int8)])
+    order = np.lexsort((kind, np.concatenate([s_starts, times]),
+                        np.concatenate([s_keys, keys])))
+    marks = np.where(order < n, order, -1)
+    carried = np.maximum.accumulate(marks) if len(marks) else marks  # sorted: indices grow
+    out = np.empty(len(times), np.int64)
+    asked = order >= n
+    out[order[asked] - n] = carried[asked]
+    return out
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Windows ``[starts, ends)`` of key ids ``kids``, aligned (a key's open sessions, or
+    the buffered rows' own windows of a session join)."""
+
+    kids: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+
+
+def late_for_sessions(kids: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                      late: np.ndarray, held: Callable[[np.ndarray], Windows],
+                      watermarks: Callable[[np.ndarray], np.ndarray | int],
+                      lateness: int) -> np.ndarray:
+    """Which of a batch's session rows (windows ``[starts, ends)`` of ``kids``, those whose
+    own window is late flagged in ``late``) are late: those whose own window is late and
+    intersects none of its key's sessions that are not late (``end - 1 + lateness >
+    watermark``) once the batch's other rows merged. ``held(keys)``: the windows the keys
+    hold already; ``watermarks(kids)``: the watermark judging each key.
+
+    The batch's rows whose own window is not late merge with the held ones first; the
+    late rows are judged against the result, all at once. The order of the rows within
+    the batch does not matter: a late row's window ends at or before ``watermark + 1 -
+    lateness`` and every session that is not late ends after it, so of a key's disjoint
+    sessions only its earliest one that is not late can reach back to a late row; a late
+    row joins at most that one, never bridges two, never moves its end (it may move its
+    start earlier), and two late rows meet only through it.
+
+        >>> held = lambda keys: Windows(np.array([7]), np.array([0]), np.array([34]))
+        >>> late_for_sessions(np.array([7, 7, 7]), np.array([5, -20, 40]),
+        ...                   np.array([15, -10, 50]), np.array([True, True, False]), held,
+        ...                   lambda kids: 20, 0).tolist()
+        [False, True, False]
+    """
+    at = np.flatnonzero(late)
+    if not len(at):
+        return late
+    late_kids = kids[at]
+    keys = np.unique(late_kids)
+    stored = held(keys)
+    mine = np.isin(stored.kids, keys)
+    joined = ~late & np.isin(kids, keys)
+    k = np.concatenate([stored.kids[mine], kids[joined]])
+    s = np.concatenate([stored.starts[mine], starts[joined]])
+    e = np.concatenate([stored.ends[mine], ends[joined]])
+    order = np.lexsort((s, k))
+    k, s, e = k[order], s[order], e[order]
+    firsts = np.flatnonzero(session_breaks(k, s, e))
+    if len(firsts):
+        k, s, e = k[firsts], s[firsts], np.maximum.reduceat(e, firsts)
+    is_open = e - 1 + lateness > watermarks(k)
+    k, s, e = k[is_open], s[is_open], e[is_open]
+    # the key's last open session starting at or before the row's end: the only one that
+    # can intersect it (touching counts)
+    found = session_at_or_before(k, s, late_kids, ends[at])
+    hit = found >= 0
+    hit[hit] = (k[found[hit]] == late_kids[hit]) & (e[found[hit]] >= starts[at][hit])
+    still = late.copy()
+    still[at[hit]] = False
+    return still
 
 
 @dataclass(frozen=True)
@@ -137,6 +227,11 @@ class SessionStore:
         out = spec.merge_partials(table, ["__session"])
         order = np.argsort(out["__session"].to_numpy())
         return {name: out[name].to_numpy()[order] for name in partials}
+
+    def windows_of(self, keys: np.ndarray) -> Windows:
+        """The open sessions of the key ids ``keys``."""
+        mine = np.isin(self.kids, keys)
+        return Windows(self.kids[mine], self.starts[mine], self.ends[mine])
 
     def find(self, kids: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """The store index of each (key id, start) session, -1 where there is none."""
