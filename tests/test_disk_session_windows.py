@@ -32,6 +32,7 @@ from raystream.engine.windows.operator import WindowOperator
 from tests.test_disk_windows import (MAXP, check_restores_at_other_parallelism, disk_env,
                                      drive, run_through_a_kill, sorted_rows, window_operator,
                                      values_by_key)
+from tests.chaos.model import SessionRun, session_run
 from tests.test_windows import AGGS, make_input, throttle
 
 GAP = 15
@@ -39,12 +40,13 @@ SESSIONS = rs.EventTimeSessionWindows(gap_ms=GAP)
 KEYS = ["k", "window_start", "window_end"]
 
 
-def session_input(seed: int, n: int, keys: int, jitter: int):
-    """Times mostly in order (out of order by up to ``jitter``), with a few stragglers far
-    beyond any bound."""
+def session_input(seed: int, n: int, keys: int, jitter: int, straggle: int = 300):
+    """Times mostly in order (out of order by up to ``jitter``), with a few stragglers
+    ``straggle`` ms back: far beyond any bound at 300, inside their key's open session
+    often at 80."""
     rng = np.random.default_rng(seed)
     ts = np.cumsum(rng.integers(0, 4, n)) + 1000 - rng.integers(0, jitter + 1, n)
-    ts[rng.random(n) < 0.03] -= 300
+    ts[rng.random(n) < 0.03] -= straggle
     return rng.integers(0, keys, n), ts, rng.integers(-50, 50, n).astype(np.float64)
 
 
@@ -88,12 +90,29 @@ def by_rows(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.loc[:, columns].sort_values(by=columns).reset_index(drop=True)
 
 
+def model_rows(run: SessionRun) -> pd.DataFrame:
+    """The model's emissions with the aggregates of their rows' values."""
+    return pd.DataFrame([
+        {"k": k, "window_start": s, "window_end": e, "n": len(v), "total": sum(v),
+         "low": min(v), "high": max(v), "avg": sum(v) / len(v)} for k, s, e, v in run.emissions])
+
+
+def assert_model_rows(got: pd.DataFrame, run: SessionRun) -> None:
+    """Every emission (re-firings included) as the model makes it."""
+    got, want = by_rows(got), by_rows(model_rows(run))
+    assert got[KEYS + ["n"]].astype(np.int64).equals(want[KEYS + ["n"]].astype(np.int64))
+    for column in ("total", "low", "high", "avg"):
+        np.testing.assert_allclose(got[column], want[column])
+
+
 def heap_and_disk_sessions(make: Callable[[StateBackend], WindowOperator], key, ts, x,
-                           lateness: int) -> tuple[WindowOperator, pd.DataFrame, pd.DataFrame]:
+                           lateness: int
+                           ) -> tuple[WindowOperator, pd.DataFrame, SessionRun, list[int]]:
     """Drive a heap and a disk session operator (``make(backend)``) with the same rows:
     the same output (re-firings included, in the same order), arrivals and late rows,
-    and no session left on disk; the late rows are those pandas finds beyond the gap and
-    the lateness. Returns the disk operator, its output and the rows pandas keeps."""
+    and no session left on disk; every emission and late row as the model makes them.
+    Returns the disk operator, its output, the model's run and the watermark each row
+    met."""
     heap, heap_arrival, heap_late = drive(make(StateBackend.HEAP), key, ts, x)
     op = make(StateBackend.DISK)
     disk, arrival, late = drive(op, key, ts, x)
@@ -101,35 +120,32 @@ def heap_and_disk_sessions(make: Callable[[StateBackend], WindowOperator], key, 
     pd.testing.assert_frame_equal(disk, heap)
     assert arrival == heap_arrival
     pd.testing.assert_frame_equal(late, heap_late)
-
-    rows = pd.DataFrame({"k": key, "ts": ts, "x": x, "wm": np.maximum(arrival, -2 ** 62)})
-    kept = rows["ts"] + GAP - 1 + lateness > rows["wm"]
-    # each kept row comes after every session it could touch was cleared: pandas may merge
-    # the kept rows without knowing what fired when
-    assert (rows["ts"][kept] > rows["wm"][kept] + 1 - lateness).all()
-    assert (~kept).sum() > 10, "the input must hold rows beyond the bound"
-    assert sorted(late["ts"].tolist()) == sorted(rows["ts"][~kept].tolist())
-    return op, disk, rows.loc[kept]
+    run = session_run(key, ts, x, arrival, 25, GAP, lateness)
+    assert run.late, "the input must hold late rows"
+    assert sorted(zip(late["k"].tolist(), late["ts"].tolist(), late["x"].tolist())) == sorted(
+        run.late)
+    return op, disk, run, arrival
 
 
-@pytest.mark.parametrize("lateness", [0, 30])
-def test_disk_sessions_equal_heap_sessions_and_pandas(lateness):
-    key, ts, x = session_input(seed=lateness + 1, n=1500, keys=8, jitter=19 + lateness)
-    op, disk, kept = heap_and_disk_sessions(
+@pytest.mark.parametrize("lateness, straggle", [(0, 300), (30, 300), (0, 80), (30, 80)])
+def test_disk_sessions_equal_heap_sessions_and_the_model(lateness, straggle):
+    key, ts, x = session_input(seed=lateness + 1, n=1500, keys=8, jitter=19 + lateness,
+                               straggle=straggle)
+    op, disk, run, arrival = heap_and_disk_sessions(
         lambda backend: window_operator(backend, SESSIONS, lateness=lateness), key, ts, x,
         lateness)
     assert op.disk_sessions is not None and op.session_store is None  # nothing on the heap
     assert str(op.backend.state_kind(STATE_NAME)).startswith(KIND + " ")  # pyright: ignore
-    expected = sessions_oracle(kept, GAP)
-    got = by_rows(final_sessions(disk))
-    want = by_rows(expected)
-    assert got[KEYS + ["n"]].astype(np.int64).equals(want[KEYS + ["n"]].astype(np.int64))
-    for column in ("total", "low", "high", "avg"):
-        np.testing.assert_allclose(got[column], want[column])
+    assert_model_rows(disk, run)
+    final = by_rows(final_sessions(disk))
     if lateness:
-        assert len(disk) > len(got)  # some sessions fired again
+        assert len(disk) > len(final)  # some sessions fired again
     else:
-        assert len(disk) == len(got)
+        assert len(disk) == len(final)
+    # the rows late by their own window: at 80 ms back some join an open session
+    own_late = int(np.count_nonzero(ts + GAP - 1 + lateness <= np.array(arrival)))
+    assert own_late > 5, "the input must hold rows beyond the bound"
+    assert (own_late > len(run.late)) == (straggle == 80)  # at 80 ms some rows are kept
 
 
 def test_picking_aggregates_of_sessions_on_disk_equal_the_heap():

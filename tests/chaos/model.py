@@ -200,3 +200,72 @@ def window_join_emissions(events: Events, left: dict, right: dict, gap_ms: int |
     return {(u, w): [(n, t, f, last)] for u, w, n, t, f, last in zip(
         per["user"].tolist(), per["downstream"].tolist(), per["n"].tolist(),
         per["total"].astype(float).tolist(), per["first"].tolist(), per["last"].tolist())}
+
+
+@dataclass(frozen=True)
+class SessionRun:
+    """What a session window makes of batches of rows (:func:`session_run`): every
+    emission, in order, as (key, start, end, values of its rows), and the late rows as
+    (key, ts, value)."""
+
+    emissions: list[tuple]
+    late: list[tuple]
+
+
+def session_run(keys, ts, values, arrival, batch: int, gap: int, lateness: int) -> SessionRun:
+    """Plain Python, row by row, from the rule (docs/concepts.md): batches of ``batch`` rows
+    in order, ``arrival`` the watermark each row meets (the same within a batch; the one
+    after the last batch is ``MAX_WATERMARK``).
+
+    Per batch: the rows whose own window ``[ts, ts + gap)`` is not late (``ts + gap - 1 +
+    lateness > watermark``) merge with their key's open sessions (windows that intersect
+    or touch merge); then each other row is kept if its window intersects (or touches) one
+    of its key's sessions that is not late (``end - 1 + lateness > watermark``) as they are
+    now, and merges like the others; the rest are late. A session that took in rows and
+    has ``end - 1 <= watermark`` (it fired) emits again. Then the watermark advances:
+    sessions with ``end - 1`` up to it fire, those with ``end - 1 + lateness`` up to it
+    are gone."""
+    sessions: dict = collections.defaultdict(list)  # key -> [[start, end, values], ...]
+    emissions, late = [], []
+
+    def merge(key, start: int, end: int, taken: list) -> list:
+        mine = sessions[key]
+        touching = [s for s in mine if s[0] <= end and s[1] >= start]
+        for s in touching:
+            mine.remove(s)
+            start, end, taken = min(start, s[0]), max(end, s[1]), s[2] + taken
+        session = [start, end, taken]
+        mine.append(session)
+        return session
+
+    rows = list(zip(np.asarray(keys).tolist(), np.asarray(ts).tolist(),
+                    np.asarray(values).tolist(), np.asarray(arrival).tolist()))
+    for at in range(0, len(rows), batch):
+        part = rows[at:at + batch]
+        wm = part[0][3]
+        after = rows[at + batch][3] if at + batch < len(rows) else rs.MAX_WATERMARK
+        received = []
+        for key, t, v, _ in part:
+            if t + gap - 1 + lateness > wm:
+                received.append((key, merge(key, t, t + gap, [v])))
+        judged = [(key, t, v, any(s[1] - 1 + lateness > wm and s[0] <= t + gap and s[1] >= t
+                                  for s in sessions[key]))
+                  for key, t, v, _ in part if t + gap - 1 + lateness <= wm]
+        for key, t, v, kept in judged:
+            if kept:
+                received.append((key, merge(key, t, t + gap, [v])))
+            else:
+                late.append((key, t, v))
+        refired = []
+        for key, session in received:  # the sessions as they are after the batch
+            if (any(s is session for s in sessions[key]) and session[1] - 1 <= wm
+                    and not any(s is session for _, s in refired)):
+                refired.append((key, session))
+        emissions += [(key, s[0], s[1], list(s[2])) for key, s in refired]
+        if after > wm:
+            for key, mine in sessions.items():
+                for s in sorted(mine):
+                    if wm < s[1] - 1 <= after:
+                        emissions.append((key, s[0], s[1], list(s[2])))
+                mine[:] = [s for s in mine if s[1] - 1 + lateness > after]
+    return SessionRun(emissions, late)
