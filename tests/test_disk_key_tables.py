@@ -32,6 +32,7 @@ from raystream.engine.windows.count import CountWindowOperator
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator, WindowJoinSpec
 from raystream.engine.windows.operator import WindowOperator
 from tests import test_window_join as wj
+from tests.chaos.model import session_run
 from tests.test_disk_joins import co_groups
 from tests.test_disk_user_windows import function_of, normalized
 from tests.test_joins import BASE
@@ -171,20 +172,14 @@ GAP = 40
 
 
 def sessions_oracle(frame: pd.DataFrame, arrival: list[int], kind: str) -> pd.DataFrame:
-    """pandas: the sessions of each key's on-time rows (a row is late when its own
-    window ``[ts, ts + GAP)`` ended by the watermark on its arrival; with disorder below
-    the lag an on-time row never touches a session that fired)."""
-    rows = frame.assign(wm=arrival)
-    rows = rows[rows["ts"] + GAP - 1 > rows["wm"]].sort_values(["k", "ts"])
-    new = (rows["k"].diff() != 0) | (rows["ts"].diff() > GAP)
-    rows = rows.assign(session=new.cumsum())
-    grouped = rows.groupby("session")
-    x = grouped["x"]
-    value = x.mean() if kind == "aggregate" else x.max() - x.min()
-    return normalized(pd.DataFrame({"k": grouped["k"].first(),
-                                    "window_start": grouped["ts"].min(),
-                                    "window_end": grouped["ts"].max() + GAP,
-                                    "rows": grouped.size(), "value": value}))
+    """The model's sessions of each key (tests/chaos/model.py: a row whose own window
+    ``[ts, ts + GAP)`` ended by the watermark on its arrival counts only in an open
+    session its window meets), fed in the batches of :class:`Run`."""
+    run = session_run(frame["k"], frame["ts"], frame["x"], arrival, BATCH, GAP, 0)
+    return normalized(pd.DataFrame(
+        [{"k": k, "window_start": start, "window_end": end, "rows": len(x),
+          "value": sum(x) / len(x) if kind == "aggregate" else max(x) - min(x)}
+         for k, start, end, x in run.emissions]))
 
 
 @pytest.mark.parametrize("kind", ["aggregate", "process"])
@@ -262,7 +257,12 @@ def test_window_joins(assigner, kind):
     frame = make_events(3, 1600, sides=2)
     heap, disk = both(make, frame, ["id", "k", "ts"])
     assert disk.emptied > 10
-    on_time = frame[~wj.is_late(frame["ts"], assigner, np.array(disk.arrival)).to_numpy()]
+    # each row's call: its batch's and side's (a key's rows of one side in a batch: one call)
+    fed = frame.assign(wm=disk.arrival, call=np.arange(len(frame)) // BATCH * 2 + frame["side"])
+    dropped = (wj.fed_sessions(fed, assigner.gap_ms)["window_start"].isna()
+               if isinstance(assigner, rs.EventTimeSessionWindows)
+               else wj.is_late(fed["ts"], assigner, fed["wm"]))
+    on_time = fed[~dropped]
     assert len(on_time) < len(frame)
     left, right = (on_time[on_time["side"] == side] for side in (0, 1))
     expected = sorted(wj.oracle_pairs(left, right, assigner) if kind is WindowJoinKind.JOIN

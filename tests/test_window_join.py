@@ -23,6 +23,7 @@ from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
 from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator, WindowJoinSpec
+from tests.chaos.model import session_run
 from tests.test_joins import BASE, crawl, events, late_dropped, rescaled_run, throttle
 
 TUMBLING = rs.TumblingEventTimeWindows(size_ms=100)
@@ -34,6 +35,8 @@ SESSION = rs.EventTimeSessionWindows(gap_ms=30)
 
 def windows_of(frame: pd.DataFrame, assigner) -> pd.DataFrame:
     """``frame`` with columns window_start, window_end: one row per (row, window)."""
+    if isinstance(assigner, rs.EventTimeSessionWindows) and "call" in frame:
+        return frame.join(fed_sessions(frame, assigner.gap_ms))
     if isinstance(assigner, rs.EventTimeSessionWindows):
         frame = frame.sort_values(["k", "ts"], kind="stable")
         new = (frame["k"] != frame["k"].shift()) | (frame["ts"].diff() > assigner.gap_ms)
@@ -81,10 +84,21 @@ def oracle_groups(left: pd.DataFrame, right: pd.DataFrame, assigner) -> set:
              r.right if isinstance(r.right, tuple) else ()) for r in outer.itertuples()}
 
 
+def fed_sessions(fed: pd.DataFrame, gap: int) -> pd.DataFrame:
+    """The session of each row :func:`drive` fed (``call``: its ``process_batch`` call in
+    order, ``wm``: the watermark then) as the model makes them from both sides' rows
+    (lateness 0): columns window_start, window_end (NaN for a late row) by the rows'
+    index."""
+    ordered = fed.sort_values("call", kind="stable")
+    run = session_run(ordered["k"], ordered["ts"], ordered.index, ordered["wm"],
+                      ordered["call"], gap, 0)
+    found = {row: (start, end) for _, start, end, rows in run.emissions for row in rows}
+    return pd.DataFrame([found.get(i, (np.nan, np.nan)) for i in fed.index], index=fed.index,
+                        columns=["window_start", "window_end"])
+
+
 def is_late(ts: pd.Series, assigner, watermark: int) -> pd.Series:
-    """The window operator's rule: late for every window (for sessions its own)."""
-    if isinstance(assigner, rs.EventTimeSessionWindows):
-        return ts + assigner.gap_ms - 1 <= watermark
+    """The window operator's rule for windows that do not merge: late for every window."""
     slide = getattr(assigner, "slide_ms", assigner.size_ms)
     return ts - ts % slide + assigner.size_ms - 1 <= watermark
 
@@ -111,16 +125,16 @@ def drive(op, frame: pd.DataFrame, assigner, *, batch: int = 23, lag: int = 40,
     """Feed rows in order, each batch to its side (column ``side``); after each batch
     the watermark is max(ts seen) - lag - 1, then MAX_WATERMARK at the end. Returns the
     rows that were on time on arrival, with the watermark then (column ``wm``), and the
-    rows late for all their windows, as the operator must judge them."""
-    late, on_time, watermark, max_ts = [], [], rs.MIN_WATERMARK, rs.MIN_WATERMARK
+    rows late for all their windows, as the operator must judge them (sessions: by the
+    model, a row whose own window is late is kept when it meets an open session; the
+    rows on time have column ``call``, their ``process_batch`` call, too)."""
+    fed, watermark, max_ts = [], rs.MIN_WATERMARK, rs.MIN_WATERMARK
     for start in range(0, len(frame), batch):
         chunk = frame.iloc[start:start + batch]
         for side in (0, 1):
             part = chunk[chunk["side"] == side]
             if len(part):
-                dropped = is_late(part["ts"], assigner, watermark)
-                late.append(part[dropped])
-                on_time.append(part[~dropped].assign(wm=watermark))
+                fed.append(part.assign(wm=watermark, call=len(fed)))
                 names = list(columns if side == 0 else right_columns or columns)
                 op.process_batch(pa.RecordBatch.from_pandas(part[names], preserve_index=False),
                                  side)
@@ -128,7 +142,12 @@ def drive(op, frame: pd.DataFrame, assigner, *, batch: int = 23, lag: int = 40,
         watermark = max(watermark, max_ts - lag - 1)
         op.process_watermark(watermark)
     op.process_watermark(rs.MAX_WATERMARK)
-    return pd.concat(on_time), pd.concat(late)
+    rows = pd.concat(fed)
+    if isinstance(assigner, rs.EventTimeSessionWindows):
+        dropped = fed_sessions(rows, assigner.gap_ms)["window_start"].isna()
+    else:
+        dropped = is_late(rows["ts"], assigner, rows["wm"])
+    return rows[~dropped], rows[dropped].drop(columns=["wm", "call"])
 
 
 def output_of(op) -> pa.Table:

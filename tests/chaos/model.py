@@ -212,10 +212,12 @@ class SessionRun:
     late: list[tuple]
 
 
-def session_run(keys, ts, values, arrival, batch: int, gap: int, lateness: int) -> SessionRun:
-    """Plain Python, row by row, from the rule (docs/concepts.md): batches of ``batch`` rows
-    in order, ``arrival`` the watermark each row meets (the same within a batch; the one
-    after the last batch is ``MAX_WATERMARK``).
+def session_run(keys, ts, values, arrival, batch, gap: int, lateness: int) -> SessionRun:
+    """Plain Python, row by row, from the rule (docs/concepts.md): the rows in order, in
+    batches of ``batch`` rows (or, a sequence, each row's batch number: a batch is a run of
+    equal ones), ``arrival`` the watermark each row meets (the same within a batch; the one
+    after the last batch is ``MAX_WATERMARK``). A session window join is one with lateness
+    0 over both sides' rows.
 
     Per batch: the rows whose own window ``[ts, ts + gap)`` is not late (``ts + gap - 1 +
     lateness > watermark``) merge with their key's open sessions (windows that intersect
@@ -240,10 +242,13 @@ def session_run(keys, ts, values, arrival, batch: int, gap: int, lateness: int) 
 
     rows = list(zip(np.asarray(keys).tolist(), np.asarray(ts).tolist(),
                     np.asarray(values).tolist(), np.asarray(arrival).tolist()))
-    for at in range(0, len(rows), batch):
-        part = rows[at:at + batch]
+    numbers = (np.arange(len(rows)) // batch if isinstance(batch, int)
+               else np.asarray(batch)).tolist()
+    edges = [at for at in range(len(rows)) if at == 0 or numbers[at] != numbers[at - 1]]
+    for at, stop in zip(edges, edges[1:] + [len(rows)]):
+        part = rows[at:stop]
         wm = part[0][3]
-        after = rows[at + batch][3] if at + batch < len(rows) else rs.MAX_WATERMARK
+        after = rows[stop][3] if stop < len(rows) else rs.MAX_WATERMARK
         received = []
         for key, t, v, _ in part:
             if t + gap - 1 + lateness > wm:
