@@ -43,7 +43,9 @@ How it runs (Flink's semantics; no Python per row on the built-in path):
   windows its side's timestamp assigns it to; for sessions, the rows of *both*
   sides of a key make the sessions (gaps of more than ``gap_ms`` split them).
 * A row late for every window it belongs to (``end - 1 <= watermark``, the window
-  operator's rule; for sessions the row's own window ``[ts, ts + gap)``) is dropped
+  operator's rule; for sessions, a row whose own window ``[ts, ts + gap)`` ended is
+  late only when no open session of its key, made by both sides' rows, takes it in:
+  :func:`~raystream.engine.windows.sessions.late_for_sessions`) is dropped
   and counted: ``late_records_dropped`` (and per side) in the operator's metrics,
   and a warning logged at most once a minute.
 * Each side's rows are buffered as Arrow tables (one copy per window a row is

@@ -1,7 +1,8 @@
 """The window operator: keyed windows on the timer service (Flink's ``WindowOperator``).
 
 Per record batch: assign windows (vectorized), drop or side-output the rows
-that are late for every window they belong to, fold the rest into one
+that are late for every window they belong to (a session row: when the session it
+would merge into is late, judged by its key's open sessions), fold the rest into one
 accumulator per (key, window), and register the window's timers at ``end - 1``
 (plus a cleanup timer at ``end - 1 + allowed_lateness`` when there is
 lateness). A timer firing emits the window's result; the cleanup timer drops

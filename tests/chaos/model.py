@@ -158,8 +158,9 @@ def window_join_emissions(events: Events, left: dict, right: dict, gap_ms: int |
     ``gap_ms`` after the one before starts a new one, ``[first ts, last ts + gap)``
     (docs/joins.md). A window pairs every left row of the key in it with every right one.
 
-    Late rows (docs/joins.md: a row whose own window ``[ts, ts + gap)``, or tumbling
-    window, ends at or before the join's watermark is dropped) would depend on timing:
+    Late rows (docs/joins.md: a row whose tumbling window ends at or before the join's
+    watermark is dropped; a row whose own session window ``[ts, ts + gap)`` does is
+    dropped unless it meets a session that has not fired) would depend on timing:
     the join's watermark is the minimum of its two inputs', not replayable. So the
     model takes only inputs where no row can be late, nor touch a session that fired
     before it came (which would then start a new one): every row more than one ms past
