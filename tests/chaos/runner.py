@@ -1,11 +1,11 @@
 """Runs a :class:`~tests.chaos.scenarios.Scenario` with its failures and compares its
 committed output with the oracles.
 
-Oracles: for windows over tumbling and sliding assigners, for running sums and
-for window joins (over 1 s windows or sessions), the numpy and pandas models of
-:mod:`tests.chaos.model`; for session windows and the process function, the same
-job run once without failures (its own output is checked against invariants of
-the model: every input row counted once). Every
+Oracles: for windows over tumbling, sliding and session assigners, for running
+sums and for window joins (over 1 s windows or sessions), the numpy, pandas and
+plain-Python models of :mod:`tests.chaos.model`; for the process function, the
+same job run once without failures (its own output is checked against invariants
+of the model: every input row counted once). Every
 difference is returned as a line of text; none means the run was exactly once.
 """
 
@@ -26,7 +26,7 @@ import ray
 import raystream as rs
 from raystream.spark.commit_log import read_committed
 from tests.chaos.model import (CountAndSum, Emissions, emission_differences, emissions_of,
-                               window_emissions, window_join_emissions)
+                               session_run, window_emissions, window_join_emissions)
 from tests.chaos.scenarios import (Alignment, Backend, Failure, FailureKind, JobKind, Path,
                                    Scenario, Sink)
 
@@ -561,6 +561,8 @@ def compare(scenario: Scenario, rows: list[dict], late_rows: list, reference_dir
             differences.append(f"late output: {len(late_rows)} rows, expected "
                                f"{len(expected_late)}")
         return differences
+    if job is JobKind.SESSION:
+        return session_differences(scenario, rows, late_rows)
     if job is JobKind.WINDOW_JOIN:
         events, half = scenario.events, np.arange(scenario.events.n // 2)
         expected = window_join_emissions(
@@ -574,7 +576,7 @@ def compare(scenario: Scenario, rows: list[dict], late_rows: list, reference_dir
         return row_differences(canonical(rows), side_counts(scenario.events), "the numpy model")
     if job is JobKind.BROADCAST:
         return row_differences(canonical(rows), weighed(scenario.events), "the numpy model")
-    # sessions and the process function: the same job once, without failures
+    # the process function: the same job once, without failures
     key = (job, scenario.path, scenario.lateness_ms, scenario.events)
     if key not in _references:
         calm = Scenario(seed=scenario.seed, job=job, path=scenario.path,
@@ -582,6 +584,27 @@ def compare(scenario: Scenario, rows: list[dict], late_rows: list, reference_dir
         outcome_rows = reference_rows(calm, reference_dir)
         _references[key] = outcome_rows
     return row_differences(canonical(rows), _references[key], "the run without failures")
+
+
+def session_differences(scenario: Scenario, rows: list[dict], late_rows: list) -> list[str]:
+    """Count and sum per (key, session) against the model (tests/chaos/model.py), which
+    replays the reader's batches and watermarks: rows late by their own window count
+    in the key's open session when they meet it."""
+    events, assigner = scenario.events, ASSIGNERS[JobKind.SESSION]
+    assert isinstance(assigner, rs.EventTimeSessionWindows)
+    e = events.all()
+    run = session_run(e["user"], e["ts"], e["x"], events.watermark_seen(), events.batch,
+                      assigner.gap_ms, scenario.lateness_ms)
+    expected: Emissions = collections.defaultdict(list)
+    for key, start, _, values in run.emissions:
+        expected[(key, start)].append((len(values), sum(values)))
+    differences = emission_differences(emissions_of(rows),
+                                       {w: sorted(v) for w, v in expected.items()})
+    expected_late = sorted((key, ts) for key, ts, _ in run.late)
+    if scenario.path is Path.LATE_OUTPUT and late_rows != expected_late:
+        differences.append(f"late output: {len(late_rows)} rows, expected "
+                           f"{len(expected_late)}")
+    return differences
 
 
 def join_emissions_of(rows: list[dict]) -> Emissions:
