@@ -229,7 +229,7 @@ def test_partials_that_are_not_fixed_width_are_refused_naming_the_window(disk_ba
     sessions = DiskSessions(disk_backend, spec, timers, where="window 'w'")
     kids = timers.key_ids(["a"], np.array([1]))
     with pytest.raises(ValueError, match=refused):
-        sessions.merge(kids, np.array([0]), np.array([10]),
+        sessions.merge(sessions.load(kids), kids, np.array([0]), np.array([10]),
                        {"__o": np.array([None], dtype=object), "__n.n": np.array([1])})
     assert sessions.record is None
 
