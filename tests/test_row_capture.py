@@ -163,3 +163,38 @@ def test_flat_map_and_map_that_reuse_one_dict(ray_session):
     assert sorted(r["total"] for r in result.table(flat).to_pylist()) == list(range(2 * N))
     assert sorted(r["total"] for r in result.table(counted).to_pylist()) == \
         list(range(1, N + 1))
+
+
+class Numbered(rs.ProcessWindowFunction):
+    """Emits one row per input row of the window, refilling a single dict."""
+
+    def process(self, key, window, rows):
+        out = {"k": key}
+        for i in rows.column("i").to_pylist():
+            out["total"] = i
+            yield out
+
+
+def test_window_functions_that_reuse_one_dict(ray_session):
+    env = rs.StreamEnvironment(parallelism=2)
+    timed = source(env).map_batches(lambda b: b.append_column("ts", b.column("i")))
+    windowed = timed.key_by("k").window(rs.TumblingEventTimeWindows(size_ms=100), timestamp="ts")
+    numbered = windowed.process(Numbered(), name="numbered").collect()
+    reused = {"k": 0, "total": 0}
+
+    def pair(left, right):
+        reused["k"], reused["total"] = left["k"], left["i"]
+        return reused
+
+    joined = timed.join(timed).where("k").equal_to("k").window(
+        rs.TumblingEventTimeWindows(size_ms=100), timestamp="ts").apply(pair, name="pairs")
+    pairs = joined.collect()
+    result = env.execute("window-functions-reuse")
+    assert sorted(r["total"] for r in result.table(numbered).to_pylist()) == list(range(N))
+    # every left row meets each right row of its key and window: per left row i, as many
+    # pairs as rows of its (key, window)
+    df = frame()
+    df["window"] = df["i"] // 100
+    size = df.groupby(["k", "window"])["i"].transform("size")
+    expected = sorted(np.repeat(df["i"].to_numpy(), size.to_numpy()).tolist())
+    assert sorted(r["total"] for r in result.table(pairs).to_pylist()) == expected

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from raystream.checkpoint.state import AggregateFunction
+from raystream.engine.batches import capture_row
 from raystream.engine.errors import describe_record
 from raystream.engine.windows.aggregates import AggregateSpec
 
@@ -165,4 +166,4 @@ class ProcessWindow(WindowFunction):
     def rows(self, key: Any, window: Window, accumulator: tuple) -> list[dict]:
         batches = [b for b in accumulator if b.num_rows]
         table = pa.Table.from_batches(batches) if batches else pa.table({})
-        return list(self.fn.process(key, window, table) or ())
+        return list(map(capture_row, self.fn.process(key, window, table) or ()))

@@ -77,7 +77,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 import numpy as np
 import pyarrow as pa
 
-from raystream.engine.batches import rows_to_batch
+from raystream.engine.batches import capture_row, rows_to_batch
 from raystream.engine.errors import BadRecordError, describe_record
 from raystream.engine.graph import InputEdge
 from raystream.engine.keys import KeySelector, KeySpec
@@ -428,7 +428,7 @@ class WindowJoinOperator(BufferedJoinOperator):
                              f"{describe_record(r_row)}")
                 raise
             if row is not None:
-                out.append(row)
+                out.append(capture_row(row))
                 windows.append(w)
         index = np.array(windows, dtype=np.int64)
         self._emit(out, left.rows.ts[index], left.ends[index])
@@ -454,7 +454,7 @@ class WindowJoinOperator(BufferedJoinOperator):
             key = timers.key(kid)
             try:
                 produced = fn(key, tables[0], tables[1], Window(start, end))  # type: ignore[misc]
-                produced = list(produced) if produced is not None else []
+                produced = list(map(capture_row, produced)) if produced is not None else []
             except Exception as exc:
                 exc.add_note(f"co_group of key {key!r} in window [{start}, {end})")
                 raise
