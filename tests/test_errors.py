@@ -135,6 +135,44 @@ def test_map_returning_non_dict_is_a_clear_error(ray_session):
     del sink
 
 
+WINDOW_ROWS = [{"user": "a", "ts": 1, "amount": 1, "note": "x"},
+               {"user": "b", "ts": 2, "amount": 2, "note": "y"}]
+
+
+@pytest.mark.parametrize("shape", ["pre-aggregated", "window", "session", "count-window"])
+@pytest.mark.parametrize("column, cause", [("note", "numeric column, 'note' is string"),
+                                           ("nope", "needs column 'nope'")])
+def test_built_in_aggregate_of_a_text_or_missing_column_names_operator_and_column(
+        ray_session, shape, column, cause):
+    env = rs.StreamEnvironment(parallelism=1)
+    keyed = env.from_collection(WINDOW_ROWS).key_by("user")
+    if shape == "count-window":
+        windowed = keyed.count_window(2)
+    else:
+        assigner = (rs.EventTimeSessionWindows(gap_ms=10) if shape == "session"
+                    else rs.TumblingEventTimeWindows(size_ms=10))
+        windowed = keyed.window(assigner, timestamp="ts",
+                                pre_aggregate=shape == "pre-aggregated")
+    sink = windowed.sum(column, name="totals").collect()
+    with pytest.raises(rs.JobFailedError) as info:
+        env.execute(f"aggregate-{column}-{shape}")
+    message = str(info.value)
+    assert "totals" in message and cause in message
+    del sink
+
+
+@pytest.mark.parametrize("build", [
+    lambda keyed: keyed.window(rs.TumblingEventTimeWindows(size_ms=10), timestamp="ts").max("user"),
+    lambda keyed: keyed.window(rs.TumblingEventTimeWindows(size_ms=10), timestamp="ts").agg(
+        window_end=("max", "ts")),
+    lambda keyed: keyed.count_window(2).min("user"),
+], ids=["key", "window-column", "count-window-key"])
+def test_aggregate_output_named_like_a_key_or_window_column_fails_when_built(build):
+    env = rs.StreamEnvironment(parallelism=1)
+    with pytest.raises(ValueError, match="also the name of a key or window column"):
+        build(env.from_collection(WINDOW_ROWS).key_by("user"))
+
+
 # ---------------------------------------------------------------------------
 # Resources checked before deployment
 # ---------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -135,7 +135,21 @@ class AggregateSpec:
     def picking(self) -> list[Aggregate]:
         return [a for a in self.aggregates if a.kind in PICKING]
 
-    def check_input(self, schema: pa.Schema, where: str) -> None:
+    def check_outputs(self, taken: Iterable[str], where: str) -> None:
+        """Fail when an aggregate's output column would have the name of a column the
+        operator emits anyway (a key column, ``window_start``, ``window_end``)."""
+        clash = sorted({a.output for a in self.aggregates} & set(taken))
+        if clash:
+            raise ValueError(f"{where}: aggregate output '{clash[0]}' is also the name of a "
+                             f"key or window column; name it, e.g. "
+                             f"output='{clash[0]}_value' or agg({clash[0]}_value=(...))")
+
+    def check_input(self, schema: pa.Schema, where: str, *, any_min_max: bool = False) -> None:
+        """Fail naming the operator when a column an aggregate reads is missing or cannot
+        be aggregated: numbers (integers, floating point, booleans, decimals) only, except
+        for ``min``/``max`` where the operator keeps raw rows (``any_min_max``: count
+        windows order any Arrow type). Raw rows only: pre-aggregated partials have other
+        columns."""
         for a in self.aggregates:
             for column in a.columns:
                 index = schema.get_field_index(column)
@@ -143,10 +157,11 @@ class AggregateSpec:
                     raise ValueError(f"{where}: aggregate '{a.output}' needs column '{column}' "
                                      f"(columns: {', '.join(schema.names)})")
                 kind = schema.field(index).type
-                if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
-                    raise TypeError(f"{where}: built-in aggregate {a.kind}('{column}') needs a "
-                                    f"numeric column, '{column}' is {kind}; use "
-                                    f"aggregate(AggregateFunction)")
+                if any_min_max and a.kind in ("min", "max") or _numeric(kind):
+                    continue
+                raise TypeError(f"{where}: built-in aggregate {a.kind}('{column}') needs a "
+                                f"numeric column, '{column}' is {kind}; use "
+                                f"aggregate(AggregateFunction)")
 
     def partials_of_rows(self, table: pa.Table, by: list[str]) -> pa.Table:
         """Group raw rows by the ``by`` columns: one row of partials per group."""
@@ -323,6 +338,11 @@ def _group_with_ids(table: pa.Table, by: list[str], calls: list) -> tuple[pa.Tab
     gid[_numpy(pc.list_flatten(lists))] = _numpy(  # pyright: ignore[reportAttributeAccessIssue]
         pc.list_parent_indices(lists))  # pyright: ignore[reportAttributeAccessIssue]
     return grouped.drop_columns(["__row_list"]), gid
+
+
+def _numeric(kind: pa.DataType) -> bool:
+    return (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+            or pa.types.is_decimal(kind))
 
 
 def _numpy(column) -> np.ndarray:

@@ -103,6 +103,7 @@ class CountWindowOperator(_KeyedOperator):
         n = batch.num_rows
         if not n:
             return
+        self.spec.check_input(batch.schema, where=f"count window '{self.name}'", any_min_max=True)
         distinct = self.keys.distinct_keys(batch, self.ctx.max_parallelism)
         inputs = pa.table({c: batch.column(c) for c in self.spec.input_columns})
         disk = self.disk_state

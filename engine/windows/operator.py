@@ -305,6 +305,8 @@ class WindowOperator(_KeyedOperator):
             if getattr(self.assigner, "panes", None) is not None:  # a pane's windows
                 rows, starts = self.assigner.assign(starts)
         else:
+            if isinstance(self.function, BuiltinAggregates):
+                self.function.spec.check_input(batch.schema, where=f"window '{self.name}'")
             if self.assigner.event_time:
                 if self.timestamp is None:  # __init__ requires it for event time
                     raise ValueError(f"window '{self.name}': event-time windows need the "

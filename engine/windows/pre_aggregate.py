@@ -62,6 +62,7 @@ class WindowPreAggregator(Operator):
         if not batch.num_rows:
             return
         self.rows_in += batch.num_rows
+        self.spec.check_input(batch.schema, where=f"window pre-aggregation '{self.name}'")
         times = event_times(batch, self.timestamp, where=f"window pre-aggregation '{self.name}'")
         rows, starts = self.slices.assign(times)
         table = pa.Table.from_batches([batch]).select([*self.key_columns, *self.spec.input_columns])

@@ -151,6 +151,10 @@ class WindowedStream:
         name = name or ("window_all" if self.all_windows else "window")
         parallelism = 1 if self.all_windows else None
         timestamp, columns = self.timestamp, keys.columns
+        if spec is not None:
+            emitted_keys = [] if self.all_windows else list(columns or ["key"])
+            spec.check_outputs([*emitted_keys, "window_start", "window_end"],
+                               where=f"{name} aggregates")
         if (spec is not None and self.pre_aggregate and assigner.event_time
                 and not assigner.merging and self.late_output is None and columns
                 and timestamp is not None):  # (without one the window operator raises)
@@ -246,6 +250,7 @@ class CountWindowedStream:
         and ``top_k``)."""
         spec = AggregateSpec.of(named)
         keys, size, slide = self.keyed.keys, self.size, self.slide
+        spec.check_outputs(keys.columns or ["key"], where=f"{name or 'count_window'} aggregates")
         return self.keyed._add("operator", name or "count_window",
                                lambda n: CountWindowOperator(n, keys, size=size, slide=slide,
                                                              spec=spec))
