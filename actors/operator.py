@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 import pyarrow as pa
 
 from raystream.actors.messages import MAX_WATERMARK
+from raystream.actors.record_writer import DEFAULT_BUFFER_TIMEOUT_MS
 from raystream.checkpoint.disk_incremental import IncrementalSnapshot, RestoredDb
 from raystream.checkpoint.state_backend import StateBackend, StateBackendChoice
 
@@ -56,6 +57,10 @@ class RuntimeContext:
     coordinator_events: Callable[[Any], None] | None = field(default=None, compare=False)
     # where a keyed operator keeps its state (CheckpointConfig.state_backend)
     state_backend: StateBackendChoice = StateBackend.HEAP
+    # how long its output may wait to be sent (the job's or its own buffer_timeout_ms; -1:
+    # until a buffer is full): an operator that waits for input (a source's poll) or
+    # buffers output of its own (a producer's linger) waits no longer than this
+    buffer_timeout_ms: float = DEFAULT_BUFFER_TIMEOUT_MS
 
     def send_event_to_coordinator(self, event: Any) -> None:
         """Send ``event`` (any picklable value) to the operator's coordinator, which gets it

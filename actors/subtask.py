@@ -263,7 +263,8 @@ class Subtask:
                                  checkpointing=spec.checkpointing is not None,
                                  job_id=spec.job_id, coordinator_events=events,
                                  state_backend=(spec.checkpointing.state_backend
-                                                if spec.checkpointing else StateBackend.HEAP))
+                                                if spec.checkpointing else StateBackend.HEAP),
+                                 buffer_timeout_ms=node.buffer_timeout_ms)
             operator.setup(ctx, output, self.failpoints)
         # operators with processing-time timers, polled by the mailbox loop
         self.timed_operators = [op for op in self.operators

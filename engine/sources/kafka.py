@@ -89,7 +89,9 @@ EMPTY_POLL_WAIT_S = 0.01
 # when max_poll_records have come): every batch costs a parse, a route and a message
 # whatever its size, and at a few thousand rows/s polls that return at once make batches
 # of a handful of records whose fixed costs saturate the CPU (bench/kafka.py's latency
-# job at 10,000 rows/s: p50 98 -> 40-44 ms, p99 438 -> 136-272 ms with it).
+# job at 10,000 rows/s: p50 98 -> 40-44 ms, p99 438 -> 136-272 ms with it). Never longer
+# than the output's buffer timeout: records wait in the consumer meanwhile, and the rows of
+# the poll before wait in the output buffer.
 POLL_LINGER_S = 0.005
 # pyarrow's "in row N" counts rows of its read, not of the batch
 JSON_BLOCK_ROW = re.compile(r"\.? in row \d+$")
@@ -512,6 +514,7 @@ class KafkaReaderOperator(SourceReaderOperator):
         self.config = source.config
         self.consumer: Consumer | None = None
         self._empty_polls = 0
+        self._linger_s = POLL_LINGER_S
         self._snapshots: dict[int, dict[str, tuple[str, int, int]]] = {}
         self.bad_records = 0
         self._seen_watermark = MIN_WATERMARK  # the largest any partition of this reader reached
@@ -523,6 +526,9 @@ class KafkaReaderOperator(SourceReaderOperator):
             "group.id": self.config.group_id or f"raystream-{self.ctx.job_name}",
             "enable.auto.commit": False, "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest"}))
+        timeout_ms = self.ctx.buffer_timeout_ms
+        self._linger_s = POLL_LINGER_S if timeout_ms < 0 else min(POLL_LINGER_S,
+                                                                  timeout_ms / 1000)
         super().open()
 
     def _opened(self) -> Consumer:
@@ -568,7 +574,7 @@ class KafkaReaderOperator(SourceReaderOperator):
             if messages:
                 messages += consumer.consume(self.config.max_poll_records - 1, 0)
         else:
-            messages = consumer.consume(self.config.max_poll_records, POLL_LINGER_S)
+            messages = consumer.consume(self.config.max_poll_records, self._linger_s)
         if not messages:
             self._empty_polls += 1
             self._catch_up_bounded()
