@@ -197,6 +197,8 @@ class Subtask:
         self.out_channels: dict[ChannelId, OutputChannel] = {}
         self.upstreams: dict[ChannelId, Any] = {}
         self.pending_credits: collections.Counter[ChannelId] = collections.Counter()
+        # credits the sender of each channel still holds, as far as we know
+        self.sender_credits = {channel: spec.credits for channel in self.gate.channels}
         self.credit_batch = max(1, spec.credits // 2)
         self.watermark = MIN_WATERMARK
         self.inputs_ended = False
@@ -599,6 +601,8 @@ class Subtask:
             self.metrics["records_in"] += batch.num_rows
             self.metrics["batches_in"] += 1
             self.metrics["bytes_in"] += batch.nbytes
+            if envelope.seq != REPLAYED_SEQ:  # a replayed one cost no credit
+                self.sender_credits[channel.channel] -= 1
             step = batch.num_rows
             if self.slice_bytes is not None and batch.nbytes > self.slice_bytes:
                 step = max(1, batch.num_rows * self.slice_bytes // batch.nbytes)
@@ -671,16 +675,18 @@ class Subtask:
         self.inputs_ended = True
 
     def _send_credits(self, idle: bool) -> None:
-        """Return credits in groups of ``credit_batch`` while busy, and every one
-        pending when idle: a sender runs dry when its credit takes longer to come back
-        than its credit lasts (at ``buffer_timeout_ms=1`` it may send a message a
-        millisecond per channel, and a credit's round trip is two Ray calls), and an
-        idle subtask has the time for the calls."""
+        """Return credits in groups of ``credit_batch``; when idle, also to any
+        sender left with fewer than that (it may be blocked, waiting for them).
+
+        Not one by one, even when idle: every return is a Ray call, and submitting
+        one cost a map subtask as much of its loop as the rows did at
+        ``buffer_timeout_ms=1`` on a busy machine (bench/latency.py under py-spy)."""
         if not self.pending_credits:
             return
         for channel, n in list(self.pending_credits.items()):
-            if idle or n >= self.credit_batch:
+            if n >= self.credit_batch or (idle and self.sender_credits[channel] < self.credit_batch):
                 self.upstreams[channel].add_credit.remote(channel, n, self.spec.attempt)
+                self.sender_credits[channel] += n
                 del self.pending_credits[channel]
 
     def _report_finished(self) -> None:

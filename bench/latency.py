@@ -148,12 +148,13 @@ class LatencySink(SinkOperator):
             {"seq": pa.array([], pa.int64()), "latency_us": pa.array([], pa.int64())})
 
 
-def run_engine(pace: Pace, buffer_timeout_ms: float, checkpoint_s: float) -> np.ndarray:
+def run_engine(pace: Pace, buffer_timeout_ms: float, checkpoint_s: float,
+               credits: int) -> np.ndarray:
     """Latency (us) by sequence number through the engine."""
     checkpoints = (rs.CheckpointConfig(interval_s=checkpoint_s, storage=tempfile.mkdtemp())
                    if checkpoint_s > 0 else None)
     env = rs.StreamEnvironment(parallelism=PARALLELISM, buffer_timeout_ms=buffer_timeout_ms,
-                               checkpoints=checkpoints)
+                               checkpoints=checkpoints, credits=credits)
     sink = (env.add_source(lambda name: PacedSource(name, pace), name="paced")
             .key_by("key").map(copy_row, name="map")
             .sink_to(LatencySink, name="latency"))
@@ -247,6 +248,7 @@ def main() -> None:
     parser.add_argument("--buffer-timeout-ms", type=float, default=1.0)
     parser.add_argument("--checkpoint-interval-s", type=float, default=1.0,
                         help="the engine job's (0: no checkpoints)")
+    parser.add_argument("--credits", type=int, default=8, help="the engine job's per channel")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--only", choices=("engine", "floor"),
                         help="run one side only (no RESULT line)")
@@ -265,7 +267,7 @@ def main() -> None:
         before = load()
         if args.only != "floor":
             engine.append(Figures.of(run_engine(pace, args.buffer_timeout_ms,
-                                                args.checkpoint_interval_s)[skip:]))
+                                                args.checkpoint_interval_s, args.credits)[skip:]))
             print(f"round {round_}  engine     {engine[-1]}", flush=True)
         if args.only != "engine":
             floor.append(Figures.of(run_floor(pace)[skip:]))
