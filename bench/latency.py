@@ -26,7 +26,9 @@ seconds are left out of both.
 
 Per run it prints p50, p99 and p99.9 of both, the ratio of the p99s, and the
 load average before and after (the machine is shared: compare the two within
-one run, not across runs). ``--rounds`` repeats engine and floor in turn.
+one run, not across runs). ``--rounds`` repeats engine and floor in turn;
+``--only engine`` (or ``floor``) runs one side; ``--credits`` sets the job's
+credits per channel (default 8, the engine's).
 
     ./dev bench bench/latency.py               # 20 s each at 50,000 rows/s
     ./dev bench bench/latency.py --quick       # smoke check: 5 s each
