@@ -70,6 +70,8 @@ log = logging.getLogger(__name__)
 
 _RECORDS = pa.schema([("key", pa.string()), ("value", pa.binary())])
 _IPC = pa.ipc.IpcWriteOptions(compression="zstd")
+# librdkafka's wait for more records to batch with (linger.ms), unless the job sets one
+LINGER_MS = 5
 
 
 class Delivery(Enum):
@@ -111,8 +113,21 @@ class KafkaSinkConfig:
 
     def client(self, **extra: Any) -> dict[str, Any]:
         return {"bootstrap.servers": self.bootstrap_servers, "log_level": 3,
-                "linger.ms": 5, "queue.buffering.max.messages": 1_000_000,
+                "linger.ms": LINGER_MS, "queue.buffering.max.messages": 1_000_000,
                 **dict(self.client_config), **extra}
+
+
+def linger_ms(client_config: Mapping[str, Any], buffer_timeout_ms: float) -> float:
+    """How long the at-least-once producer lets a record wait for others: ``linger.ms``
+    when the job sets it, else :data:`LINGER_MS` but never longer than the sink's buffer
+    timeout (-1: none), which bounds every other wait of a row on its way out.
+
+    >>> linger_ms({}, 1.0), linger_ms({}, 50.0), linger_ms({}, -1), linger_ms({"linger.ms": 20}, 1.0)
+    (1.0, 5, 5, 20)
+    """
+    if "linger.ms" in client_config:
+        return client_config["linger.ms"]
+    return LINGER_MS if buffer_timeout_ms < 0 else min(LINGER_MS, buffer_timeout_ms)
 
 
 def serialize(batch: pa.RecordBatch, *, key: str | None,
@@ -195,7 +210,9 @@ class KafkaWriter(SinkWriter):
             self.delivery = _Delivery(self.config.topic)
             self.producer = Producer(self.config.client(**{
                 "enable.idempotence": True, "delivery.report.only.error": True,
-                "on_delivery": self.delivery}))
+                "on_delivery": self.delivery,
+                "linger.ms": linger_ms(self.config.client_config,
+                                       ctx.runtime.buffer_timeout_ms)}))
 
     def write(self, batch: pa.RecordBatch) -> None:
         keys, values = serialize(batch, key=self.config.key, value_format=self.config.value_format)
