@@ -85,6 +85,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -104,6 +105,16 @@ _INLINE, _CHUNKED = 0, 1  # how a session's accumulator is stored in the header
 
 Entries = dict[tuple[int, int], list[Any]]  # (key id, start) -> [end, accumulator]
 Sessions = dict[int, list[int]]  # key id -> starts of its open sessions
+
+
+@dataclass(frozen=True)
+class Head:
+    """What a key's header says beyond its sessions, kept from its load to its store: the
+    seq its next chunk gets and the runs of chunks its sessions named when loaded (those
+    no session names at the store are deleted then)."""
+
+    next_seq: int = 0
+    named: tuple[range, ...] = ()
 
 
 class StoredRows:
@@ -185,15 +196,15 @@ class DiskGenericSessions:
             sessions.clear()
 
     def _load(self, kids: np.ndarray, keys: list[bytes], entries: Entries,
-              sessions: Sessions) -> list[tuple[int, list[range]]]:
-        """Per key: the next seq of its chunks and the runs its sessions name."""
+              sessions: Sessions) -> list[Head]:
+        """Per key: its :class:`Head`; its sessions into ``entries`` and ``sessions``."""
         if not keys:
             return []
         db = self._backend.raw_db
         heads = []
         for kid, key, raw in zip(kids.tolist(), keys, db[keys]):  # a list of keys: a multi-get
             if raw is None:
-                heads.append((0, []))
+                heads.append(Head())
                 continue
             next_seq, stored = _unpack(raw)
             sessions[kid] = [start for start, _, _, _ in stored]
@@ -204,16 +215,16 @@ class DiskGenericSessions:
                     named.extend(runs)
                     acc = StoredRows(db, key, runs)
                 entries[(kid, start)] = [end, acc]
-            heads.append((next_seq, named))
+            heads.append(Head(next_seq, tuple(named)))
         return heads
 
-    def _store(self, kids: np.ndarray, keys: list[bytes], heads: list[tuple[int, list[range]]],
+    def _store(self, kids: np.ndarray, keys: list[bytes], heads: list[Head],
                entries: Entries, sessions: Sessions) -> None:
         import rocksdict
 
         batch = rocksdict.WriteBatch(raw_mode=True)
-        for kid, key, (next_seq, named) in zip(kids.tolist(), keys, heads):
-            stored = []
+        for kid, key, head in zip(kids.tolist(), keys, heads):
+            next_seq, stored = head.next_seq, []
             for start in sorted(sessions.get(kid, ())):
                 end, acc = entries[(kid, start)]
                 if not self._rows:
@@ -222,7 +233,7 @@ class DiskGenericSessions:
                 parts = acc.parts if isinstance(acc, StoredRows) else acc
                 runs, next_seq = _put_chunks(batch, key, parts, next_seq)
                 stored.append([start, end, _CHUNKED, runs])
-            _delete_dropped(batch, key, named, stored)
+            _delete_dropped(batch, key, head.named, stored)
             if stored:
                 batch.put(key, _pack([next_seq, stored]))
             else:
@@ -235,7 +246,7 @@ class DiskGenericSessions:
         kids = np.fromiter(sessions, dtype=np.int64, count=len(sessions))
         keys = self.entry_keys(kids)
         try:
-            self._store(kids, keys, [(0, [])] * len(keys), entries, sessions)
+            self._store(kids, keys, [Head()] * len(keys), entries, sessions)
         finally:
             entries.clear()
             sessions.clear()
@@ -296,7 +307,7 @@ def _put_chunks(batch: Any, key: bytes, parts: Sequence[range | pa.RecordBatch],
     return runs, next_seq
 
 
-def _delete_dropped(batch: Any, key: bytes, named: list[range], stored: list[list]) -> None:
+def _delete_dropped(batch: Any, key: bytes, named: tuple[range, ...], stored: list[list]) -> None:
     """Delete the chunks the loaded sessions named (``named``) that the ones ``stored``
     no longer do: those of sessions fired and cleared. A loaded run is never split (a
     session keeps or drops its rows whole), so it is found within one stored run or in
