@@ -20,6 +20,7 @@ import pytest
 
 import raystream as rs
 from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.checkpoint.state_backend import StateBackend
 from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
@@ -137,6 +138,35 @@ def test_dropped_without_a_late_output_are_counted(backend, kind):
     op.process_watermark(rs.MAX_WATERMARK)
     assert sorted(emitted(op)) == sorted(FIRED_BEFORE + FIRED_AFTER)
     assert op.metrics()["late_records_dropped"] == 2
+
+
+def memtable_entries(op: WindowOperator) -> int:
+    """RocksDB's own count of the puts and deletes in the operator's active memtable."""
+    backend = op.backend
+    assert isinstance(backend, DiskKeyedStateBackend)
+    return int(backend.raw_db.property_int_value("rocksdb.num-entries-active-mem-table"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_keys_whose_rows_are_all_late_are_loaded_but_not_written_back(kind):
+    """50 keys' sessions are open at watermark 150; a batch brings each key a late row
+    that meets none of them (dropped) and key 0 a row inside its session: the batch
+    loads all 50 keys to judge their rows, but writes back (RocksDB's own count of
+    the entries it put) only key 0's and its timers, not 49 unchanged ones."""
+    keys = list(range(50))
+    op = started(operator(StateBackend.DISK, kind))
+    batches = [(batch(keys, [200] * 50, [1.0] * 50), rs.MIN_WATERMARK),
+               (batch([*keys, 0], [100] * 50 + [205], [2.0] * 50 + [3.0]), 150)]
+    op.process_batch(batches[0][0])
+    op.process_watermark(150)
+    written = memtable_entries(op)
+    op.process_batch(batches[1][0])
+    written = memtable_entries(op) - written
+    assert 1 <= written <= 4  # key 0: its header, a chunk (process), its timers (was 51-53)
+    op.process_watermark(rs.MAX_WATERMARK)
+    assert (sorted(emitted(op)), late_of(op)) == modelled(batches)
+    assert sorted(emitted(op))[:2] == [(0, 200, 215, 2, 4.0), (1, 200, 210, 1, 1.0)]
+    assert len(late_of(op)) == 50
 
 
 @pytest.mark.parametrize("kind", KINDS)

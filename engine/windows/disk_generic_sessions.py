@@ -24,15 +24,18 @@ it has a header, never reused: one open session fed by many batches has one run.
 A batch (or a firing of timers) loads its distinct keys' headers with one
 multi-get into the operator's ``entries`` and ``sessions`` dicts, which are empty
 otherwise, runs the heap path's own session merging (or firing) over just those
-keys, then writes them back with one write batch (a key left without sessions is
-deleted) and empties the dicts: no key id outlives the call. A session's stored
+keys, then writes back those whose header changed with one write batch (a key left
+without sessions is deleted; one whose rows in the batch were all late is loaded to
+judge them by, and left as stored) and empties the dicts: no key id outlives the call. A session's stored
 rows are loaded as a :class:`StoredRows`, which the heap path's merge (``a + b``
 of row tuples) extends without reading them; writing back puts the rows a batch
 added as one new chunk per session (one per schema, should it change within one),
 so a batch never reads or rewrites rows stored before and a key with many rows in
 one open session pays per batch for that batch's rows and a header of a few dozen
-bytes. Firing a session iterates its rows: one multi-get of its chunks; the chunks
-of the sessions a firing or cleanup dropped are deleted in the write batch. Python
+bytes. A firing reads the chunks of all the sessions it fires with one multi-get
+(:meth:`DiskGenericSessions.read_ahead`; the timers' pop bounds them) and hands each
+session its own as it iterates its rows; the chunks of the sessions a firing or
+cleanup dropped are deleted in the write batch. Python
 runs per distinct key, session and chunk, as the heap path runs per session. Timers
 stay on the timer service, one per session as on the heap. The entries share the
 backend's key-group prefix, so its full and incremental snapshots, restores and
@@ -110,35 +113,66 @@ Sessions = dict[int, list[int]]  # key id -> starts of its open sessions
 @dataclass(frozen=True)
 class Head:
     """What a key's header says beyond its sessions, kept from its load to its store: the
-    seq its next chunk gets and the runs of chunks its sessions named when loaded (those
-    no session names at the store are deleted then)."""
+    seq its next chunk gets, the runs of chunks its sessions named when loaded (those
+    no session names at the store are deleted then) and the header as read (None: none),
+    which a key whose sessions the call left as they were is not written over with."""
 
     next_seq: int = 0
     named: tuple[range, ...] = ()
+    raw: bytes | None = None
+
+
+class Chunks:
+    """The chunks of one load's sessions read so far and not yet handed out (stored key ->
+    value): a firing's sessions are read together (:meth:`DiskGenericSessions.read_ahead`),
+    then each takes its own."""
+
+    __slots__ = ("_db", "_read")
+
+    def __init__(self, db: Any) -> None:
+        self._db = db
+        self._read: dict[bytes, bytes] = {}
+
+    def read(self, wanted: list[bytes]) -> None:
+        """Read the chunks ``wanted`` not read yet: one multi-get."""
+        missing = [key for key in wanted if key not in self._read]
+        if missing:
+            self._read.update(zip(missing, self._db[missing]))  # a list of keys: a multi-get
+
+    def take(self, wanted: list[bytes]) -> list[bytes]:
+        """The chunks ``wanted`` (read now unless read ahead), no longer held here."""
+        self.read(wanted)
+        return [self._read.pop(key) for key in wanted]
 
 
 class StoredRows:
     """A ``ProcessWindowFunction`` session's rows while its key is loaded: runs of its
     stored chunks (``range`` of seqs, not read) and the record batches added since, in
     order. ``+`` with a tuple of record batches (or another one) is the heap path's
-    merge; iterating reads the chunks (one multi-get) and yields every batch."""
+    merge; iterating takes the chunks from its load's :class:`Chunks` (read there with
+    one multi-get, unless read ahead with other sessions') and yields every batch."""
 
-    __slots__ = ("_db", "_key", "parts")
+    __slots__ = ("chunks", "_key", "parts")
 
-    def __init__(self, db: Any, key: bytes, parts: tuple[range | pa.RecordBatch, ...]) -> None:
-        self._db, self._key, self.parts = db, key, parts
+    def __init__(self, chunks: Chunks, key: bytes,
+                 parts: tuple[range | pa.RecordBatch, ...]) -> None:
+        self.chunks, self._key, self.parts = chunks, key, parts
 
     def __add__(self, other: Any) -> StoredRows:
         parts = other.parts if isinstance(other, StoredRows) else tuple(other)
-        return StoredRows(self._db, self._key, self.parts + parts)
+        return StoredRows(self.chunks, self._key, self.parts + parts)
 
     def __radd__(self, other: Any) -> StoredRows:
-        return StoredRows(self._db, self._key, tuple(other) + self.parts)
+        return StoredRows(self.chunks, self._key, tuple(other) + self.parts)
+
+    def wanted(self) -> list[bytes]:
+        """The stored keys of its chunks, in order."""
+        return [chunk_key(self._key, seq) for part in self.parts if isinstance(part, range)
+                for seq in part]
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
-        wanted = [chunk_key(self._key, seq) for part in self.parts if isinstance(part, range)
-                  for seq in part]
-        raws = iter(list(self._db[wanted]) if wanted else [])
+        wanted = self.wanted()
+        raws = iter(self.chunks.take(wanted) if wanted else [])
         for part in self.parts:
             if not isinstance(part, range):
                 yield part
@@ -201,6 +235,7 @@ class DiskGenericSessions:
         if not keys:
             return []
         db = self._backend.raw_db
+        chunks = Chunks(db)  # the sessions' chunks, read when they fire
         heads = []
         for kid, key, raw in zip(kids.tolist(), keys, db[keys]):  # a list of keys: a multi-get
             if raw is None:
@@ -213,9 +248,9 @@ class DiskGenericSessions:
                 if how == _CHUNKED:
                     runs = tuple(range(first, first + n) for first, n in zip(acc[::2], acc[1::2]))
                     named.extend(runs)
-                    acc = StoredRows(db, key, runs)
+                    acc = StoredRows(chunks, key, runs)
                 entries[(kid, start)] = [end, acc]
-            heads.append(Head(next_seq, tuple(named)))
+            heads.append(Head(next_seq, tuple(named), raw))
         return heads
 
     def _store(self, kids: np.ndarray, keys: list[bytes], heads: list[Head],
@@ -234,11 +269,28 @@ class DiskGenericSessions:
                 runs, next_seq = _put_chunks(batch, key, parts, next_seq)
                 stored.append([start, end, _CHUNKED, runs])
             _delete_dropped(batch, key, head.named, stored)
-            if stored:
-                batch.put(key, _pack([next_seq, stored]))
-            else:
-                batch.delete(key)
+            # a key the call left as it was (its rows in the batch all late, or a timer
+            # of a session that grew since) keeps its header: packed as read, it is not
+            # written (compared as bytes: a function may change an accumulator in place)
+            if not stored:
+                if head.raw is not None:
+                    batch.delete(key)
+                continue
+            packed = _pack([next_seq, stored])
+            if packed != head.raw:
+                batch.put(key, packed)
         self._backend.raw_db.write(batch)
+
+    def read_ahead(self, accumulators: Sequence[Any]) -> None:
+        """Read the stored chunks of the sessions among ``accumulators`` (those about to
+        fire, a firing's: bounded by its pop of timers) with one multi-get, so that each
+        then takes its own rows instead of reading them itself."""
+        by_load: dict[int, tuple[Chunks, list[bytes]]] = {}
+        for acc in accumulators:
+            if isinstance(acc, StoredRows):
+                by_load.setdefault(id(acc.chunks), (acc.chunks, []))[1].extend(acc.wanted())
+        for chunks, wanted in by_load.values():
+            chunks.read(wanted)
 
     def move_in(self, entries: Entries, sessions: Sessions) -> None:
         """A heap checkpoint's sessions (restored into ``entries`` and ``sessions``) into

@@ -18,9 +18,11 @@ decodes its sessions before any record arrives.
 A batch reads its distinct keys' sessions with one multi-get into a
 :class:`SessionStore` of those keys only (which also judges its late rows:
 a row is late only when the session it would merge into is), merges with the
-store's own sorts, and writes them back with one write batch; firing timers
-read their keys the same way, and a key left without sessions is deleted. Python runs per distinct
-key (its entry key and value slice), never per session or record. Timers, as
+store's own sorts, and writes back the keys its rows that are not late merged
+into with one write batch (a key whose rows were all late is left as stored);
+firing timers read their keys the same way, and a key left without sessions is
+deleted. Python runs per distinct key (its entry key and value slice), never
+per session or record. Timers, as
 for heap sessions, are in the same database
 (:mod:`raystream.timers.disk_service`). The entries share the
 backend's key-group prefix, so its full and incremental snapshots, restores and
@@ -170,8 +172,13 @@ class DiskSessions:
         where the merged sessions are in ``loaded.store``."""
         self._declare(partials)
         merged = loaded.store.add(kids, starts, ends, partials)
-        self.write(loaded.distinct, loaded.keys or self.entry_keys(loaded.distinct),
-                   loaded.store)
+        # only the keys the merge touched: the others were loaded to judge late rows by
+        # and are as stored (a batch's keys whose rows were all late)
+        touched = np.flatnonzero(np.isin(loaded.distinct, kids))
+        distinct = loaded.distinct[touched]
+        keys = ([loaded.keys[i] for i in touched.tolist()] if loaded.keys
+                else self.entry_keys(distinct))
+        self.write(distinct, keys, loaded.store)
         return merged
 
     def restore_heap(self, kids: np.ndarray, starts: np.ndarray, ends: np.ndarray,

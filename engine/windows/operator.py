@@ -782,6 +782,8 @@ class WindowOperator(_KeyedOperator):
     def _emit_generic_windows(self, fired: list[tuple[int, int, int, Any]]) -> None:
         """The result rows of user-function windows (key id, start, end, accumulator)."""
         fn, timers = self.function, self.timers
+        if self.disk_generic_sessions is not None:  # their stored rows: one multi-get
+            self.disk_generic_sessions.read_ahead([acc for *_, acc in fired])
         out: list[dict] = []
         self.fired += len(fired)
         for kid, start, end, acc in fired:
