@@ -185,6 +185,68 @@ def test_a_process_function_session_fed_by_n_batches_holds_n_chunks_none_rewritt
          "ids": ",".join(map(str, range(400)))}]
 
 
+class ChunkReads:
+    """The disk backend's RocksDB, wrapped: it records the size of each multi-get (a list
+    of keys) of chunks of the sessions' state and passes every call on."""
+
+    def __init__(self, db, sid: bytes) -> None:
+        self.db, self.sid, self.sizes = db, sid, []
+
+    def __getitem__(self, key):
+        if isinstance(key, list) and key and all(
+                k[2:4] == self.sid and len(k) > 8 + struct.unpack_from(">I", k, 4)[0]
+                for k in key):
+            self.sizes.append(len(key))
+        return self.db[key]
+
+    def __getattr__(self, name: str):
+        return getattr(self.db, name)
+
+
+@pytest.mark.parametrize("limit", [None, 10])
+def test_a_firing_reads_the_chunks_of_all_its_sessions_with_one_multi_get(limit):
+    """30 keys' ProcessWindowFunction sessions, each fed by 3 batches (3 chunks): the
+    watermark that fires them all reads their 90 chunks with one multi-get (before, one
+    per session), or one per pop of at most ``limit`` timers, and the results equal
+    pandas' and the heap operator's."""
+    rng = np.random.default_rng(5)
+    frames = [pd.DataFrame({"k": np.arange(30), "ts": 1000 + 4 * n + rng.integers(0, 3, 30),
+                            "x": rng.normal(size=30)}) for n in range(3)]
+    outputs = []
+    for backend in (StateBackend.HEAP, StateBackend.DISK):
+        op = user_operator(backend, SESSIONS, "process")
+        op.initialize_state(None)
+        op.open()
+        for frame in frames:
+            op.process_batch(pa.RecordBatch.from_pandas(frame, preserve_index=False))
+        if backend is StateBackend.DISK:
+            disk = op.backend
+            assert isinstance(disk, DiskKeyedStateBackend)
+            if limit is not None:
+                op.disk_timers.firing_limit = limit
+            reads = ChunkReads(disk.raw_db, disk.raw_state_id(CHUNKS_NAME, CHUNKS_KIND))
+            setattr(disk, "_db", reads)  # its database, observed through the wrapper
+            op.process_watermark(rs.MAX_WATERMARK)
+            setattr(disk, "_db", reads.db)
+            if limit is None:
+                assert reads.sizes == [90]
+            else:  # a pop's sessions' chunks at a time
+                assert sum(reads.sizes) == 90 and max(reads.sizes) <= 3 * limit
+                assert len(reads.sizes) >= 90 // (3 * limit)
+            assert stored(op) == ({}, {})
+        else:
+            op.process_watermark(rs.MAX_WATERMARK)
+        out = op.output
+        assert isinstance(out, CollectingOutput)
+        outputs.append(results(pa.Table.from_batches(out.batches).to_pandas()))
+    want = oracle(pd.concat(frames), "process", GAP)
+    assert len(want) == 30
+    for got in outputs:
+        pd.testing.assert_frame_equal(got[[*KEYS, "rows"]], want[[*KEYS, "rows"]],
+                                      check_dtype=False)
+        np.testing.assert_allclose(got["value"], want["value"])
+
+
 class NullAware:
     """Counts rows and sums the non-null ``x`` (an AggregateFunction)."""
 
