@@ -140,7 +140,7 @@ def test_dropped_without_a_late_output_are_counted(backend, kind):
     assert op.metrics()["late_records_dropped"] == 2
 
 
-def memtable_entries(op: WindowOperator) -> int:
+def memtable_entries(op) -> int:
     """RocksDB's own count of the puts and deletes in the operator's active memtable."""
     backend = op.backend
     assert isinstance(backend, DiskKeyedStateBackend)
@@ -299,6 +299,27 @@ def test_late_rows_of_either_side_join_an_open_session(backend, kind):
          (0, JOIN_LATE[0], 20), (1, JOIN_LATE[1], 20)])], ignore_index=True)
     sessions = wj.fed_sessions(frame, JOIN_GAP)
     assert frame["id"][sessions["window_start"].isna()].tolist() == [10]
+
+
+def test_a_session_join_writes_no_key_whose_rows_are_all_late():
+    """As for session windows: 50 keys' sessions open at watermark 150, a left batch of
+    a late row each that meets none (dropped) and one of key 0's inside its session:
+    the batch writes (RocksDB's own count) key 0's chunk, header and timer only."""
+    keys = list(range(50))
+    op = window_join_operator(StateBackend.DISK, rs.EventTimeSessionWindows(gap_ms=JOIN_GAP))
+    op.initialize_state(None)
+    op.open()
+    op.process_batch(join_batch(keys, [200] * 50, keys), 0)
+    op.process_batch(join_batch(keys, [205] * 50, [100 + k for k in keys]), 1)
+    op.process_watermark(150)
+    written = memtable_entries(op)
+    op.process_batch(join_batch([*keys, 0], [100] * 50 + [205],
+                                [1000 + k for k in keys] + [999]), 0)
+    assert memtable_entries(op) - written <= 3
+    op.process_watermark(rs.MAX_WATERMARK)
+    assert window_rows(op, WindowJoinKind.JOIN) == sorted(
+        [(k, 100 + k, 200, 215) for k in keys] + [(999, 100, 200, 215)])
+    assert op.metrics()["late_records_dropped"] == 50
 
 
 # -- jobs on Ray ----------------------------------------------------------------------------
