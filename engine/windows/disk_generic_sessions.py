@@ -26,17 +26,17 @@ multi-get into the operator's ``entries`` and ``sessions`` dicts, which are empt
 otherwise, runs the heap path's own session merging (or firing) over just those
 keys, then writes back those whose header changed with one write batch (a key left
 without sessions is deleted; one whose rows in the batch were all late is loaded to
-judge them by, and left as stored) and empties the dicts: no key id outlives the call. A session's stored
-rows are loaded as a :class:`StoredRows`, which the heap path's merge (``a + b``
-of row tuples) extends without reading them; writing back puts the rows a batch
-added as one new chunk per session (one per schema, should it change within one),
-so a batch never reads or rewrites rows stored before and a key with many rows in
-one open session pays per batch for that batch's rows and a header of a few dozen
-bytes. A firing reads the chunks of all the sessions it fires with one multi-get
-(:meth:`DiskGenericSessions.read_ahead`; the timers' pop bounds them) and hands each
-session its own as it iterates its rows; the chunks of the sessions a firing or
-cleanup dropped are deleted in the write batch. Python
-runs per distinct key, session and chunk, as the heap path runs per session. Timers
+judge them by, and left as stored) and empties the dicts: no key id outlives the
+call. A session's stored rows are loaded as a :class:`StoredRows`, which the heap
+path's merge (``a + b`` of row tuples) extends without reading them; writing back
+puts the rows a batch added as one new chunk per session (one per schema, should it
+change within one), so a batch never reads or rewrites rows stored before and a key
+with many rows in one open session pays per batch for that batch's rows and a header
+of a few dozen bytes. A firing reads the chunks of all the sessions it fires with
+one multi-get (:meth:`DiskGenericSessions.read_ahead`; the timers' pop bounds them)
+and hands each session its own as it iterates its rows; the chunks of the sessions a
+firing or cleanup dropped are deleted in the write batch. Python runs per distinct
+key, session and chunk, as the heap path runs per session. Timers
 stay on the timer service, one per session as on the heap. The entries share the
 backend's key-group prefix, so its full and incremental snapshots, restores and
 rescaling carry them like any keyed state. An older checkpoint's keys (one entry of
