@@ -151,9 +151,11 @@ import numpy as np
 from raystream.checkpoint.disk_incremental import IncrementalSnapshot, RestoredDb, UploadTracker
 from raystream.checkpoint.envelope import KEYED_STATE, Envelope, SectionKind, is_keyed_state, read
 from raystream.checkpoint.keygroups import check_key_group_range, key_group_of
-from raystream.checkpoint.ttl import (TTL_KIND_SUFFIX, StateTtlConfig, TtlTimeProvider,
-                                      TtlMapReads, check_state_kind, read_entries, ttl_kind,
-                                      wall_clock_ms)
+from raystream.checkpoint.ttl import (TTL_KIND_SUFFIX, StateTtlConfig, TtlAggregatingOps,
+                                      TtlHandle, TtlMapReads, TtlReducingOps, TtlSingle,
+                                      TtlTimeProvider, TtlValueOps, check_state_kind, is_expired,
+                                      live_elements, live_entries, read_elements, read_entries,
+                                      read_entry, ttl_kind, wall_clock_ms)
 
 __all__ = ["TIMERS_KIND", "DiskKeyedStateBackend", "DiskStateOptions", "DiskStateSnapshot",
            "section_entries", "section_timer_entries"]
@@ -279,14 +281,13 @@ def _encode_map(entries: dict) -> bytes:
 def _unexpired(base: str, raw: bytes, ttl_ms: int, now: int) -> bytes | None:
     """``raw`` (a stored value of a TTL state of kind ``base``) without what has expired
     at ``now``: ``raw`` itself when nothing has, None when everything has."""
-    cut = now - ttl_ms  # expired: ts <= cut (ts + ttl_ms <= now)
-    if _TS.unpack_from(raw)[0] > cut:
+    if not is_expired(_TS.unpack_from(raw)[0], ttl_ms, now):  # the oldest is live
         return raw
     if base == _LIST:
-        live = [e for e in _unpack(raw[8:]) if e[1] > cut]
+        live = live_elements(_unpack(raw[8:]), ttl_ms, now)
         return _encode_list(live) if live else None
     if base == _MAP:
-        kept = {k: e for k, e in _unpack(raw[8:]).items() if e[1] > cut}
+        kept = live_entries(_unpack(raw[8:]), ttl_ms, now)
         return _encode_map(kept) if kept else None
     return None
 
@@ -713,8 +714,8 @@ class _TtlCleanup:
         self.accesses = 0
 
 
-class _DiskTtlState:
-    """Mixin of the TTL handles: the clock, the cleanup step, no namespace merging."""
+class _DiskTtlState(TtlHandle):
+    """Mixin of the TTL handles: the disk's side of :class:`TtlHandle`."""
 
     __slots__ = ()
     _b: "DiskKeyedStateBackend"
@@ -722,51 +723,43 @@ class _DiskTtlState:
     _name: str
     _key: Callable[[], bytes]  # the state class's
 
-    def _tick(self) -> int:
-        """The current processing time, after one incremental cleanup step over this state."""
-        b = self._b
-        if b._kg_bytes is None:
+    def _check_key(self) -> None:
+        if self._b._kg_bytes is None:
             raise _no_current_key()
-        now = b._ttl_now()
-        b._cleanup_step(self._t, now)
-        return now
 
-    def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:
-        raise NotImplementedError(f"state {self._name!r}: namespaces of a state with a TTL "
-                                  f"cannot be merged (window state has no TTL)")
+    def _ttl_name(self) -> str:
+        return self._name
+
+    def _ttl_cfg(self) -> StateTtlConfig:
+        return self._t.cfg
 
 
-class _DiskTtlSingle(_DiskTtlState):
-    """Value, reducing and aggregating state: ``ts | value`` per key and namespace."""
+class _DiskTtlSingle(_DiskTtlState, TtlSingle):
+    """Value, reducing and aggregating state: ``ts | value`` per key and namespace
+    (the stored bytes are the entry; a value is unpacked only when read)."""
 
     __slots__ = ()
 
-    def _live(self, now: int) -> Any:
-        """The current value (``_MISSING`` if unset or expired and hidden); deletes an
-        expired one, renews a live one when reads renew."""
-        b, key, cfg = self._b, self._key(), self._t.cfg
-        raw = b._get(key)
-        if raw is None:
-            return _MISSING
-        if _TS.unpack_from(raw)[0] <= now - cfg.ttl_ms:
-            del b._db[key]
-            return _unpack(raw[8:]) if cfg.return_expired else _MISSING
-        if cfg.renew_on_read:
-            b._db[key] = _TS.pack(now) + raw[8:]
-        return _unpack(raw[8:])
+    def _ttl_load(self) -> bytes | None:
+        return self._b._get(self._key())
 
-    def _live_for_write(self, now: int) -> Any:
-        """The unexpired value to combine a write with (an expired one counts as unset)."""
-        raw = self._b._get(self._key())
-        if raw is None or _TS.unpack_from(raw)[0] <= now - self._t.cfg.ttl_ms:
-            return _MISSING
-        return _unpack(raw[8:])
+    def _ttl_stamp(self, entry: bytes) -> int:
+        return _TS.unpack_from(entry)[0]
 
-    def _write(self, value: Any, now: int) -> None:
+    def _ttl_value(self, entry: bytes) -> Any:
+        return _unpack(entry[8:])
+
+    def _ttl_drop(self) -> None:
+        del self._b._db[self._key()]
+
+    def _ttl_renew(self, entry: bytes, now: int) -> None:
+        self._b._db[self._key()] = _TS.pack(now) + entry[8:]  # the header only
+
+    def _ttl_write(self, value: Any, now: int) -> None:
         self._b._db[self._key()] = _TS.pack(now) + _pack(value)
 
 
-class DiskTtlValueState(_DiskTtlSingle, DiskValueState):
+class DiskTtlValueState(TtlValueOps, _DiskTtlSingle, DiskValueState):
     """A :class:`DiskValueState` with a TTL."""
 
     __slots__ = ("_t",)
@@ -776,15 +769,9 @@ class DiskTtlValueState(_DiskTtlSingle, DiskValueState):
         super().__init__(backend, sid, name, default)
         self._t = ttl
 
-    def value(self) -> Any:
-        v = self._live(self._tick())
-        if v is _MISSING:
-            d = self._default
-            return _unpack(_pack(d)) if type(d) in (list, dict, set, bytearray) else d
-        return v
-
-    def update(self, value: Any) -> None:
-        self._write(value, self._tick())
+    def _default_value(self) -> Any:
+        d = self._default
+        return _unpack(_pack(d)) if type(d) in (list, dict, set, bytearray) else d
 
     # -- vectorized access: one cleanup step per call, the batch checked with numpy ----
     def values_at(self, keys: list[bytes]) -> list[Any]:
@@ -796,7 +783,7 @@ class DiskTtlValueState(_DiskTtlSingle, DiskValueState):
         raws = b._multi_get(keys)
         ts = np.frombuffer(b"".join([_NO_TS if r is None else r[:8] for r in raws]),
                            dtype=">i8")
-        expired = ts <= now - cfg.ttl_ms  # never an unset key (_NO_TS)
+        expired = is_expired(ts, cfg.ttl_ms, now)  # never an unset key (_NO_TS)
         if expired.any():
             b._delete_all([keys[i] for i in np.flatnonzero(expired).tolist()])
         shown = ts != _NEVER
@@ -818,7 +805,7 @@ class DiskTtlValueState(_DiskTtlSingle, DiskValueState):
         b._write([(k, head + _pack(v)) for k, v in zip(keys, values)])
 
 
-class DiskTtlReducingState(_DiskTtlSingle, DiskReducingState):
+class DiskTtlReducingState(TtlReducingOps, _DiskTtlSingle, DiskReducingState):
     """A :class:`DiskReducingState` with a TTL: an expired value counts as unset."""
 
     __slots__ = ("_t",)
@@ -828,17 +815,8 @@ class DiskTtlReducingState(_DiskTtlSingle, DiskReducingState):
         super().__init__(backend, sid, name, reduce)
         self._t = ttl
 
-    def get(self) -> Any:
-        v = self._live(self._tick())
-        return None if v is _MISSING else v
 
-    def add(self, value: Any) -> None:
-        now = self._tick()
-        cur = self._live_for_write(now)
-        self._write(value if cur is _MISSING else self._reduce(cur, value), now)
-
-
-class DiskTtlAggregatingState(_DiskTtlSingle, DiskAggregatingState):
+class DiskTtlAggregatingState(TtlAggregatingOps, _DiskTtlSingle, DiskAggregatingState):
     """A :class:`DiskAggregatingState` with a TTL: an expired accumulator counts as unset."""
 
     __slots__ = ("_t",)
@@ -847,17 +825,6 @@ class DiskTtlAggregatingState(_DiskTtlSingle, DiskAggregatingState):
                  aggregate: Any, ttl: _TtlCleanup) -> None:
         super().__init__(backend, sid, name, aggregate)
         self._t = ttl
-
-    def get(self) -> Any:
-        acc = self._live(self._tick())
-        return None if acc is _MISSING else self._agg.get_result(acc)
-
-    def add(self, value: Any) -> None:
-        now = self._tick()
-        acc = self._live_for_write(now)
-        if acc is _MISSING:
-            acc = self._agg.create_accumulator()
-        self._write(self._agg.add(value, acc), now)
 
 
 class DiskTtlListState(_DiskTtlState, DiskListState):
@@ -879,18 +846,12 @@ class DiskTtlListState(_DiskTtlState, DiskListState):
 
     def get(self) -> list:
         now = self._tick()
-        cfg = self._t.cfg
         raw = self._b._get(self._key())
         if raw is None:
             return []
-        stored = _unpack(raw[8:])
-        cut = now - cfg.ttl_ms
-        live = stored if _TS.unpack_from(raw)[0] > cut else [e for e in stored if e[1] > cut]
-        out = [e[0] for e in (stored if cfg.return_expired else live)]
-        if cfg.renew_on_read:
-            self._store([[e[0], now] for e in live])
-        elif len(live) != len(stored):
-            self._store(live)
+        out, stored = read_elements(_unpack(raw[8:]), self._t.cfg, now)
+        if stored is not None:
+            self._store(stored)
         return out
 
     def add_all(self, values: Iterable[Any]) -> None:
@@ -931,19 +892,11 @@ class DiskTtlMapState(TtlMapReads, _DiskTtlState, DiskMapState):
 
     def get(self, key: Any, default: Any = None) -> Any:
         now = self._tick()
-        cfg = self._t.cfg
         d = self._stored()
-        e = d.get(key, _MISSING)
-        if e is _MISSING:
-            return default
-        if e[1] <= now - cfg.ttl_ms:
-            del d[key]
+        v, changed = read_entry(d, key, self._t.cfg, now, default)
+        if changed:
             self._store(d)
-            return e[0] if cfg.return_expired else default
-        if cfg.renew_on_read:
-            d[key] = [e[0], now]
-            self._store(d)
-        return e[0]
+        return v
 
     def put(self, key: Any, value: Any) -> None:
         self.put_all({key: value})

@@ -112,8 +112,10 @@ from raystream.checkpoint.disk_state import section_entries
 from raystream.checkpoint.envelope import KEYED_STATE, Envelope, SectionKind, is_keyed_state, read
 from raystream.checkpoint.keygroups import check_key_group_range, key_group_of
 from raystream.checkpoint.ttl import TTL_KIND_SUFFIX as _TTL_SUFFIX
-from raystream.checkpoint.ttl import (StateTtlConfig, TtlTimeProvider, check_state_kind,
-                                      TtlMapReads, read_entries, ttl_kind,
+from raystream.checkpoint.ttl import (StateTtlConfig, TtlAggregatingOps, TtlHandle, TtlMapReads,
+                                      TtlReducingOps, TtlSingle, TtlTimeProvider, TtlValueOps,
+                                      check_state_kind, is_expired, live_elements, live_entries,
+                                      read_elements, read_entries, read_entry, ttl_kind,
                                       wall_clock_ms)
 
 __all__ = [
@@ -586,98 +588,62 @@ class AggregatingState(_MergingState):
 # plain kind plus ``_TTL_SUFFIX``, so a checkpoint records that its values are wrapped.
 
 
-class _TtlState:
-    """Mixin of the TTL handles: the clock, expiry and the incremental cleanup step."""
+class _TtlState(TtlHandle):
+    """Mixin of the TTL handles: the heap's side of :class:`TtlHandle`."""
 
     __slots__ = ()
     _b: "HeapKeyedStateBackend"
     _t: _StateTable
 
-    def _tick(self) -> int:
-        """The current processing time, after one incremental cleanup step over this state."""
-        b = self._b
-        if b._kg_idx is None:
+    def _check_key(self) -> None:
+        if self._b._kg_idx is None:
             raise _no_current_key()
-        now = b._ttl_now()
-        b._cleanup_step(self._t, now)
-        return now
 
-    def _cfg(self) -> StateTtlConfig:
+    def _ttl_name(self) -> str:
+        return self._t.name
+
+    def _ttl_cfg(self) -> StateTtlConfig:
         return self._t.ttl  # type: ignore[return-value]
 
-    def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:
-        raise NotImplementedError(f"state {self._t.name!r}: namespaces of a state with a TTL "
-                                  f"cannot be merged (window state has no TTL)")
 
-
-class _TtlSingleState(_TtlState):
+class _TtlSingleState(_TtlState, TtlSingle):
     """Value, reducing and aggregating state: one ``(value, timestamp)`` per key."""
 
     __slots__ = ()
 
-    def _live(self, now: int) -> Any:
-        """The current value (``_MISSING`` if unset or expired and hidden); removes an
-        expired one, renews a live one when reads renew."""
-        kg, kk, cfg = self._kg(), self._b._kk, self._cfg()  # type: ignore[attr-defined]
-        e = kg.owned(kk)
-        if e is _MISSING:
-            return _MISSING
-        if e[1] + cfg.ttl_ms <= now:
-            kg.remove(kk)
-            return e[0] if cfg.return_expired else _MISSING
-        if cfg.renew_on_read:
-            kg.put(kk, (e[0], now))
-        return e[0]
+    def _ttl_load(self) -> Any:
+        e = self._kg().owned(self._b._kk)  # type: ignore[attr-defined]
+        return None if e is _MISSING else e
 
-    def _live_for_write(self, now: int) -> Any:
-        """The unexpired value to combine a write with (an expired one counts as unset)."""
-        kg, kk = self._kg(), self._b._kk  # type: ignore[attr-defined]
-        e = kg.owned(kk)
-        return _MISSING if e is _MISSING or e[1] + self._cfg().ttl_ms <= now else e[0]
+    def _ttl_stamp(self, entry: Any) -> int:
+        return entry[1]
 
-    def _write(self, value: Any, now: int) -> None:
+    def _ttl_value(self, entry: Any) -> Any:
+        return entry[0]
+
+    def _ttl_drop(self) -> None:
+        self._kg().remove(self._b._kk)  # type: ignore[attr-defined]
+
+    def _ttl_renew(self, entry: Any, now: int) -> None:
+        self._ttl_write(entry[0], now)
+
+    def _ttl_write(self, value: Any, now: int) -> None:
         self._kg().put(self._b._kk, (value, now))  # type: ignore[attr-defined]
 
 
-class _TtlValueState(_TtlSingleState, ValueState):
+class _TtlValueState(TtlValueOps, _TtlSingleState, ValueState):
     __slots__ = ()
 
-    def value(self) -> Any:
-        v = self._live(self._tick())
-        if v is _MISSING:
-            return copy.deepcopy(self._default) if self._copy_default else self._default
-        return v
-
-    def update(self, value: Any) -> None:
-        self._write(value, self._tick())
+    def _default_value(self) -> Any:
+        return copy.deepcopy(self._default) if self._copy_default else self._default
 
 
-class _TtlReducingState(_TtlSingleState, ReducingState):
+class _TtlReducingState(TtlReducingOps, _TtlSingleState, ReducingState):
     __slots__ = ()
 
-    def get(self) -> Any:
-        v = self._live(self._tick())
-        return None if v is _MISSING else v
 
-    def add(self, value: Any) -> None:
-        now = self._tick()
-        cur = self._live_for_write(now)
-        self._write(value if cur is _MISSING else self._reduce(cur, value), now)
-
-
-class _TtlAggregatingState(_TtlSingleState, AggregatingState):
+class _TtlAggregatingState(TtlAggregatingOps, _TtlSingleState, AggregatingState):
     __slots__ = ()
-
-    def get(self) -> Any:
-        acc = self._live(self._tick())
-        return None if acc is _MISSING else self._agg.get_result(acc)
-
-    def add(self, value: Any) -> None:
-        now = self._tick()
-        acc = self._live_for_write(now)
-        if acc is _MISSING:
-            acc = self._agg.create_accumulator()
-        self._write(self._agg.add(value, acc), now)
 
 
 class _TtlListState(_TtlState, ListState):
@@ -687,16 +653,13 @@ class _TtlListState(_TtlState, ListState):
 
     def get(self) -> list:
         now = self._tick()
-        kg, kk, cfg = self._kg(), self._b._kk, self._cfg()
+        kg, kk = self._kg(), self._b._kk
         lst = kg.owned(kk)
         if lst is _MISSING:
             return []
-        live = _live_elements(lst, cfg.ttl_ms, now)
-        out = [e[0] for e in (lst if cfg.return_expired else live)]
-        if cfg.renew_on_read:
-            _store_list(kg, kk, [(e[0], now) for e in live])
-        elif len(live) != len(lst):
-            _store_list(kg, kk, live)
+        out, stored = read_elements(lst, self._ttl_cfg(), now)
+        if stored is not None:
+            _store_list(kg, kk, stored)
         return out
 
     def add(self, value: Any) -> None:
@@ -738,20 +701,13 @@ class _TtlMapState(TtlMapReads, _TtlState, MapState):
 
     def get(self, key: Any, default: Any = None) -> Any:
         now = self._tick()
-        cfg = self._cfg()
         d = self._owned_map()
         if d is None:
             return default
-        e = d.get(key, _MISSING)
-        if e is _MISSING:
-            return default
-        if e[1] + cfg.ttl_ms <= now:
-            del d[key]
+        v, changed = read_entry(d, key, self._ttl_cfg(), now, default)
+        if changed:
             self._drop_if_empty(d)
-            return e[0] if cfg.return_expired else default
-        if cfg.renew_on_read:
-            d[key] = (e[0], now)
-        return e[0]
+        return v
 
     def put(self, key: Any, value: Any) -> None:
         self.put_all({key: value})
@@ -781,19 +737,12 @@ class _TtlMapState(TtlMapReads, _TtlState, MapState):
         """``(user key, value)`` of the entries a read sees; removes expired ones and
         renews the others when reads renew."""
         now = self._tick()
-        cfg = self._cfg()
         d = self._owned_map()
         if d is None:
             return []
-        out, _ = read_entries(d, cfg, now)
+        out, _ = read_entries(d, self._ttl_cfg(), now)
         self._drop_if_empty(d)
         return out
-
-
-def _live_elements(lst: list, ttl_ms: int, now: int) -> list:
-    """The elements of a TTL list state's stored list (``(element, timestamp)`` each)
-    not expired at ``now``."""
-    return [e for e in lst if e[1] + ttl_ms > now]
 
 
 def _store_list(kgm: _KGMap, kk: Any, live: list) -> None:
@@ -810,20 +759,12 @@ def _unexpired(kind: str, m: dict, ttl_ms: int, now: int) -> dict:
     (a new dict; ``m`` is not changed)."""
     base = kind[:-len(_TTL_SUFFIX)]
     if base == _LIST:
-        out = {}
-        for kk, lst in m.items():
-            live = _live_elements(lst, ttl_ms, now)
-            if live:
-                out[kk] = live
-        return out
-    if base == _MAP:
-        out = {}
-        for kk, d in m.items():
-            live = {k: e for k, e in d.items() if e[1] + ttl_ms > now}
-            if live:
-                out[kk] = live
-        return out
-    return {kk: e for kk, e in m.items() if e[1] + ttl_ms > now}
+        live = {kk: live_elements(lst, ttl_ms, now) for kk, lst in m.items()}
+    elif base == _MAP:
+        live = {kk: live_entries(d, ttl_ms, now) for kk, d in m.items()}
+    else:
+        return live_entries(m, ttl_ms, now)
+    return {kk: v for kk, v in live.items() if v}
 
 
 # ---------------------------------------------------------------------------
@@ -1067,17 +1008,17 @@ class HeapKeyedStateBackend:
             if e is _MISSING:
                 continue
             if base == _LIST:
-                if any(x[1] + expires <= now for x in e):
-                    _store_list(kgm, kk, _live_elements(kgm.owned(kk), expires, now))
+                if any(is_expired(x[1], expires, now) for x in e):
+                    _store_list(kgm, kk, live_elements(kgm.owned(kk), expires, now))
             elif base == _MAP:
-                dead = [k for k, x in e.items() if x[1] + expires <= now]
+                dead = [k for k, x in e.items() if is_expired(x[1], expires, now)]
                 if dead:
                     d = kgm.owned(kk)
                     for k in dead:
                         del d[k]
                     if not d:
                         kgm.remove(kk)
-            elif e[1] + expires <= now:
+            elif is_expired(e[1], expires, now):
                 kgm.remove(kk)
 
     def state_names(self) -> list[str]:

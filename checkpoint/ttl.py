@@ -24,10 +24,11 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 __all__ = ["TTL_KIND_SUFFIX", "StateTtlConfig", "TtlTimeProvider", "TtlUpdate", "TtlVisibility",
-           "check_state_kind", "ttl_kind", "wall_clock_ms"]
+           "check_state_kind", "is_expired", "live_elements", "live_entries", "ttl_kind",
+           "wall_clock_ms"]
 
 TtlTimeProvider = Callable[[], int]  # processing time in ms since the epoch
 
@@ -138,6 +139,84 @@ def check_state_kind(name: str, had: str, kind: str) -> None:
     raise ValueError(f"state {name!r} is {had} state, not {kind} state")
 
 
+# ---------------------------------------------------------------------------
+# The TTL rules both backends follow; each keeps its own stored form (the heap
+# ``(value, ts)`` tuples, the disk ``ts | msgpack`` bytes) behind the hooks below.
+# An element of a list or an entry of a map is stored as ``(value, ts)`` on the
+# heap and ``[value, ts]`` on disk; a renewal keeps that type.
+# ---------------------------------------------------------------------------
+
+_UNSET: Any = object()  # no value: unset, or expired and hidden
+
+
+def is_expired(ts: Any, ttl_ms: int, now: int) -> Any:
+    """Whether a value last renewed at ``ts`` has expired at ``now``: ``ttl_ms`` have
+    passed. ``ts`` may be a numpy array of timestamps (then an array of bools); it is
+    compared with ``now - ttl_ms`` so a sentinel maximum timestamp cannot overflow.
+
+        >>> is_expired(900, 100, 1000), is_expired(901, 100, 1000)
+        (True, False)
+    """
+    return ts <= now - ttl_ms
+
+
+def live_elements(entries: list, ttl_ms: int, now: int) -> list:
+    """The ``(value, ts)`` elements of ``entries`` not expired at ``now`` (a new list)."""
+    cut = now - ttl_ms
+    return [e for e in entries if e[1] > cut]
+
+
+def live_entries(entries: dict, ttl_ms: int, now: int) -> dict:
+    """The ``key: (value, ts)`` entries of ``entries`` not expired at ``now`` (a new dict)."""
+    cut = now - ttl_ms
+    return {k: e for k, e in entries.items() if e[1] > cut}
+
+
+def _renewed(e: Any, now: int) -> Any:
+    return type(e)((e[0], now))  # as stored: a tuple, or a list on disk
+
+
+def read_elements(stored: list, cfg: StateTtlConfig, now: int) -> tuple[list, list | None]:
+    """What a read of a list state with a TTL sees: the elements of ``stored`` (its
+    ``(element, ts)`` pairs) that are live (or all of them, expired ones returned once,
+    when the visibility allows it), and the list to store in its place, or None when
+    it is unchanged: the expired elements dropped, the live ones renewed when reads
+    renew (an empty list: store nothing). Both backends' list states read through it.
+
+        >>> cfg = StateTtlConfig(ttl_ms=100)
+        >>> read_elements([("a", 0), ("b", 950)], cfg, now=1000)
+        (['b'], [('b', 950)])
+    """
+    live = live_elements(stored, cfg.ttl_ms, now)
+    out = [e[0] for e in (stored if cfg.return_expired else live)]
+    if cfg.renew_on_read:
+        return out, [_renewed(e, now) for e in live]
+    return out, (live if len(live) != len(stored) else None)
+
+
+def read_entry(entries: dict, key: Any, cfg: StateTtlConfig, now: int,
+               default: Any) -> tuple[Any, bool]:
+    """What a read of ``key`` in a map state with a TTL sees (``default`` when it is
+    absent, or expired and hidden), from ``entries`` (user key -> ``(value, ts)``),
+    which it changes in place as :func:`read_entries` does. Returns the value and
+    whether ``entries`` changed.
+
+        >>> entries = {"a": (1, 0)}
+        >>> read_entry(entries, "a", StateTtlConfig(ttl_ms=100), 1000, None), entries
+        ((None, True), {})
+    """
+    e = entries.get(key, _UNSET)
+    if e is _UNSET:
+        return default, False
+    if is_expired(e[1], cfg.ttl_ms, now):
+        del entries[key]
+        return (e[0] if cfg.return_expired else default), True
+    if cfg.renew_on_read:
+        entries[key] = _renewed(e, now)
+        return e[0], True
+    return e[0], False
+
+
 def read_entries(entries: dict, cfg: StateTtlConfig,
                  now: int) -> tuple[list[tuple[Any, Any]], bool]:
     """What a read of a map state with a TTL sees: its ``(user key, value)`` pairs, from
@@ -153,17 +232,150 @@ def read_entries(entries: dict, cfg: StateTtlConfig,
     """
     out, changed = [], False
     for k, e in list(entries.items()):
-        if e[1] + cfg.ttl_ms <= now:
+        if is_expired(e[1], cfg.ttl_ms, now):
             del entries[k]
             changed = True
             if cfg.return_expired:
                 out.append((k, e[0]))
         else:
             if cfg.renew_on_read:
-                entries[k] = type(e)((e[0], now))  # as stored: a tuple, or a list on disk
+                entries[k] = _renewed(e, now)
                 changed = True
             out.append((k, e[0]))
     return out, changed
+
+
+class TtlHandle:
+    """Mixin of both backends' handles of a state with a TTL: the clock with its
+    incremental cleanup step, and no namespace merging. ``_b`` is the backend (its
+    ``_ttl_now()`` clock and ``_cleanup_step(record, now)``), ``_t`` its record of
+    the state's TTL."""
+
+    __slots__ = ()
+    _b: Any
+    _t: Any
+
+    def _check_key(self) -> None:  # pragma: no cover - each backend's
+        """Raise unless the backend has a current key."""
+        raise NotImplementedError
+
+    def _ttl_name(self) -> str:  # pragma: no cover - each backend's
+        raise NotImplementedError
+
+    def _tick(self) -> int:
+        """The current processing time, after one incremental cleanup step over this state."""
+        self._check_key()
+        b = self._b
+        now = b._ttl_now()
+        b._cleanup_step(self._t, now)
+        return now
+
+    def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:
+        raise NotImplementedError(f"state {self._ttl_name()!r}: namespaces of a state with a "
+                                  f"TTL cannot be merged (window state has no TTL)")
+
+
+class TtlSingle(TtlHandle):
+    """Value, reducing and aggregating state with a TTL, both backends': one value and
+    its timestamp per key. A backend gives the stored entry of the current key
+    (``_ttl_load``, None when unset), its timestamp and value, and how to remove,
+    renew and write it."""
+
+    __slots__ = ()
+
+    def _ttl_cfg(self) -> StateTtlConfig:  # pragma: no cover - each backend's
+        raise NotImplementedError
+
+    def _ttl_load(self) -> Any:  # pragma: no cover - each backend's
+        raise NotImplementedError
+
+    def _ttl_stamp(self, entry: Any) -> int:  # pragma: no cover - each backend's
+        raise NotImplementedError
+
+    def _ttl_value(self, entry: Any) -> Any:  # pragma: no cover - each backend's
+        raise NotImplementedError
+
+    def _ttl_drop(self) -> None:  # pragma: no cover - each backend's
+        raise NotImplementedError
+
+    def _ttl_renew(self, entry: Any, now: int) -> None:  # pragma: no cover - each backend's
+        raise NotImplementedError
+
+    def _ttl_write(self, value: Any, now: int) -> None:  # pragma: no cover - each backend's
+        raise NotImplementedError
+
+    def _live(self, now: int) -> Any:
+        """The current value (``_UNSET`` if unset or expired and hidden); removes an
+        expired one, renews a live one when reads renew."""
+        e = self._ttl_load()
+        if e is None:
+            return _UNSET
+        cfg = self._ttl_cfg()
+        if is_expired(self._ttl_stamp(e), cfg.ttl_ms, now):
+            self._ttl_drop()
+            return self._ttl_value(e) if cfg.return_expired else _UNSET
+        if cfg.renew_on_read:
+            self._ttl_renew(e, now)
+        return self._ttl_value(e)
+
+    def _live_for_write(self, now: int) -> Any:
+        """The unexpired value to combine a write with (an expired one counts as unset)."""
+        e = self._ttl_load()
+        if e is None or is_expired(self._ttl_stamp(e), self._ttl_cfg().ttl_ms, now):
+            return _UNSET
+        return self._ttl_value(e)
+
+
+class TtlValueOps(TtlSingle):
+    """``value`` and ``update`` of a value state with a TTL."""
+
+    __slots__ = ()
+
+    def _default_value(self) -> Any:  # pragma: no cover - each backend's
+        """The value read when there is none (a fresh copy of a mutable default)."""
+        raise NotImplementedError
+
+    def value(self) -> Any:
+        v = self._live(self._tick())
+        return self._default_value() if v is _UNSET else v
+
+    def update(self, value: Any) -> None:
+        self._ttl_write(value, self._tick())
+
+
+class TtlReducingOps(TtlSingle):
+    """``get`` and ``add`` of a reducing state with a TTL: an expired value counts as unset."""
+
+    __slots__ = ()
+    _reduce: Callable[[Any, Any], Any]
+
+    def get(self) -> Any:
+        v = self._live(self._tick())
+        return None if v is _UNSET else v
+
+    def add(self, value: Any) -> None:
+        now = self._tick()
+        cur = self._live_for_write(now)
+        self._ttl_write(value if cur is _UNSET else self._reduce(cur, value), now)
+
+
+class TtlAggregatingOps(TtlSingle):
+    """``get`` and ``add`` of an aggregating state with a TTL: an expired accumulator
+    counts as unset."""
+
+    __slots__ = ()
+    _agg: Any
+
+    def get(self) -> Any:
+        acc = self._live(self._tick())
+        return None if acc is _UNSET else self._agg.get_result(acc)
+
+    def add(self, value: Any) -> None:
+        now = self._tick()
+        acc = self._live_for_write(now)
+        if acc is _UNSET:
+            acc = self._agg.create_accumulator()
+        self._ttl_write(self._agg.add(value, acc), now)
 
 
 class TtlMapReads:
