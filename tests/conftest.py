@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import ray
@@ -53,6 +55,46 @@ def disk_backend():
     backend = DiskKeyedStateBackend(max_parallelism=128, key_groups=range(128))
     yield backend
     backend.close()
+
+
+# The backends the tests of both keyed-state backends run on (see make_backend).
+BACKENDS = ["heap", "disk"]
+
+
+@contextlib.contextmanager
+def state_backends(max_parallelism: int = 16):
+    """``make(kind, ttl_time_provider, key_groups=range(max_parallelism))``: a keyed-state
+    backend of ``kind`` (one of :data:`BACKENDS`) with that TTL clock; the disk ones (8 MB
+    of memory each) are closed on exit. For a test that makes backends per example."""
+    from raystream.checkpoint.disk_state import DiskKeyedStateBackend, DiskStateOptions
+    from raystream.checkpoint.state import HeapKeyedStateBackend
+
+    made = []
+
+    def make(kind: str, clock: Callable[[], int], key_groups: range | None = None):
+        groups = range(max_parallelism) if key_groups is None else key_groups
+        if kind == "heap":
+            return HeapKeyedStateBackend(max_parallelism=max_parallelism, key_groups=groups,
+                                         ttl_time_provider=clock)
+        assert kind == "disk", kind
+        b = DiskKeyedStateBackend(max_parallelism=max_parallelism, key_groups=groups,
+                                  options=DiskStateOptions(memory_mb=8),
+                                  ttl_time_provider=clock)
+        made.append(b)
+        return b
+    try:
+        yield make
+    finally:
+        for b in made:
+            b.close()
+
+
+@pytest.fixture
+def make_backend():
+    """The backend factory of :func:`state_backends` (max parallelism 16), for one test:
+    parametrize a test over :data:`BACKENDS` and build its backends with it."""
+    with state_backends() as make:
+        yield make
 
 
 @pytest.fixture(scope="session")

@@ -1,20 +1,18 @@
 """State TTL on the disk (RocksDB) keyed state backend, against the heap backend's semantics.
 
-Every scenario runs on both backends with an injected TTL clock
-(``ttl_time_provider``) and is checked against a pure-Python model of what must be
-visible (the ``Model`` of tests/test_state_ttl.py: dicts of ``(value, timestamp)``).
-Snapshots are restored at another key-group range and into the other backend, and
-must keep the timestamps; expired entries must be absent from full snapshot
-sections; the incremental cleanup must bound what keys never read again keep;
-a state gaining or losing its TTL on restore is refused. The job test runs a keyed
-process function with TTL state on ``state_backend="disk"`` through a real subtask
-kill and checks every read against the wall-clock times the job recorded around it.
+The scenarios both backends share are in tests/test_state_ttl.py, parametrized over
+the backends. Here: a model test that runs both backends op by op against the
+``Model`` of tests/test_state_ttl.py (dicts of ``(value, timestamp)``) and restores
+their snapshots into the other backend at another key-group range; what is disk's
+own (snapshots restored byte for byte, incremental checkpoints holding expired
+values, compaction of deletions, the vectorized value reads and writes). The job
+test runs a keyed process function with TTL state on ``state_backend="disk"``
+through a real subtask kill and checks every read against the wall-clock times
+the job recorded around it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import glob
 import os
 import time
@@ -28,258 +26,14 @@ from hypothesis import strategies as st
 
 import raystream as rs
 from raystream.checkpoint.disk_state import (DiskKeyedStateBackend, DiskStateOptions,
-                                             DiskTtlValueState, section_entries)
-from raystream.checkpoint.envelope import KEYED_STATE, SectionKind, read
+                                             DiskTtlValueState)
 from raystream.checkpoint.state import HeapKeyedStateBackend
-from tests.test_state_ttl import MISSING, Clock, Model, Sum
-
-MAXP = 16
-TTL = 100
-KINDS = ["heap", "disk"]
-
-
-@contextlib.contextmanager
-def backends():
-    """``make(kind, clock, key_groups=range(MAXP))``: a backend of ``kind``
-    ("heap" or "disk") with TTL clock ``clock``; disk ones are closed on exit."""
-    made = []
-
-    def build(kind: str, clock, key_groups: range = range(MAXP)):
-        if kind == "heap":
-            return HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=key_groups,
-                                         ttl_time_provider=clock)
-        b = DiskKeyedStateBackend(max_parallelism=MAXP, key_groups=key_groups,
-                                  options=DiskStateOptions(memory_mb=8),
-                                  ttl_time_provider=clock)
-        made.append(b)
-        return b
-    try:
-        yield build
-    finally:
-        for b in made:
-            b.close()
-
-
-@pytest.fixture
-def make():
-    with backends() as build:
-        yield build
-
-
-def handles(b, ttl: rs.StateTtlConfig) -> dict:
-    return {"v": b.value_state("v", ttl=ttl), "l": b.list_state("l", ttl=ttl),
-            "m": b.map_state("m", ttl=ttl),
-            "r": b.reducing_state("r", lambda a, c: a + c, ttl=ttl),
-            "a": b.aggregating_state("a", Sum(), ttl=ttl)}
-
-
-def dump(b, ttl_ms: int) -> dict:
-    """Everything visible in ``b`` at its clock, as ``{(state, key): value}`` (the
-    ``Model.live_at`` shape), read through the public API with a plain TTL config."""
-    h = handles(b, rs.StateTtlConfig(ttl_ms, cleanup_per_access=0))
-    out = {}
-    for name, handle in h.items():
-        for key in list(b.keys(name)):
-            b.set_current_key(key)
-            if name == "v":
-                got = handle.value()
-            elif name == "l":
-                got = handle.get() or None
-            elif name == "m":
-                got = dict(handle.items()) or None
-            else:
-                got = handle.get()
-            if got is not None:
-                out[(name, key)] = got
-    return out
-
-
-def stored_entries(sections: dict[int, bytes]) -> dict[str, int]:
-    """How many stored values (values, lists, maps) each state has in full snapshot
-    sections of either backend."""
-    counts: dict[str, int] = {}
-    for kg, data in sections.items():
-        envelope, body = read(data, key_group=kg, max_parallelism=MAXP, kinds=KEYED_STATE)
-        if envelope.kind is SectionKind.DISK_STATE:
-            for name, *_ in section_entries(kg, body):
-                counts[name] = counts.get(name, 0) + 1
-        else:
-            heap = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(kg, kg + 1))
-            heap.restore([(kg, data)])
-            for name in heap.state_names():
-                counts[name] = counts.get(name, 0) + len(list(heap.keys(name)))
-    return counts
-
-
-def restore_split(make, kind: str, sections: dict[int, bytes], now: int, parts: int) -> list:
-    """Backends of ``kind`` restored from ``sections`` at ``parts`` key-group ranges."""
-    out = []
-    for i in range(parts):
-        r = make(kind, Clock(now), rs.key_group_range(i, parts, MAXP))
-        r.restore(sections)
-        out.append(r)
-    return out
-
-
-# -- the same scenarios, both backends ------------------------------------------------------
-
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("update_on", ["create_and_write", "read_and_write"])
-def test_every_kind_expires_and_reads_renew_only_when_asked(make, kind, update_on):
-    clock = Clock()
-    b = make(kind, clock)
-    h = handles(b, rs.StateTtlConfig(TTL, update_on=update_on))
-    b.set_current_key("k")
-    h["v"].update("x")
-    h["l"].add(1)
-    h["m"].put("a", 1)
-    h["r"].add(1)
-    h["a"].add(1)
-    clock.now += TTL - 1
-
-    def read():
-        return (h["v"].value(), h["l"].get(), h["m"].items(), h["r"].get(), h["a"].get())
-    assert read() == ("x", [1], [("a", 1)], 1, (1, 1))
-    clock.now += 1
-    if update_on == "read_and_write":  # renewed one ms ago
-        assert read() == ("x", [1], [("a", 1)], 1, (1, 1))
-        clock.now += TTL
-    assert read() == (None, [], [], None, None)
-    assert all(list(b.keys(name)) == [] for name in h)  # the reads deleted what expired
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_list_elements_and_map_entries_expire_one_by_one(make, kind):
-    clock = Clock()
-    b = make(kind, clock)
-    h = handles(b, rs.StateTtlConfig(TTL))
-    b.set_current_key(7)
-    h["l"].add_all([1, 2])
-    h["m"].put_all({"a": 1, "b": 2})
-    h["r"].add(10)
-    h["a"].add(10)
-    clock.now += 60
-    h["l"].add(3)
-    h["m"].put("b", 20)
-    clock.now += 60
-    assert h["l"].get() == [3]
-    assert h["m"].items() == [("b", 20)] and h["m"].keys() == ["b"] and h["m"].values() == [20]
-    assert not h["m"].contains("a") and h["m"].get("a", "gone") == "gone"
-    h["r"].add(5)  # the expired 10 counts as unset
-    h["a"].add(5)
-    assert (h["r"].get(), h["a"].get()) == (5, (5, 1))
-    h["m"].remove("b")
-    assert h["m"].is_empty() and list(b.keys("m")) == []
-    with pytest.raises(NotImplementedError, match="cannot be merged"):
-        h["l"].merge_namespaces("a", ["b"])
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_return_expired_if_not_cleaned_up_returns_it_once(make, kind):
-    clock = Clock()
-    b = make(kind, clock)
-    h = handles(b, rs.StateTtlConfig(TTL, visibility="return_expired_if_not_cleaned_up",
-                                     cleanup_per_access=0))
-    b.set_current_key(1)
-    h["v"].update("old")
-    h["l"].add_all([1, 2])
-    h["m"].put("a", 1)
-    h["r"].add(4)
-    clock.now += TTL
-    assert (h["v"].value(), h["l"].get(), h["m"].items(), h["r"].get()) == \
-        ("old", [1, 2], [("a", 1)], 4)
-    assert (h["v"].value(), h["l"].get(), h["m"].items(), h["r"].get()) == \
-        (None, [], [], None)
+from tests.conftest import BACKENDS, state_backends
+from tests.test_state_ttl import (CONFIGS, MAXP, OPS, TTL, Clock, dump, handles, run_model,
+                                  stored_entries)
 
 
 # -- model: random interleavings on both backends --------------------------------------------
-
-KEYS = [0, 1, "a", ("t", 2), 5.5]
-small = st.integers(-3, 9)
-OPS = st.one_of(
-    st.tuples(st.just("key"), st.sampled_from(KEYS)),
-    st.tuples(st.just("tick"), st.integers(0, 70)),
-    st.tuples(st.just("v_set"), small),
-    st.tuples(st.just("v_get")),
-    st.tuples(st.just("l_add"), small),
-    st.tuples(st.just("l_update"), st.lists(small, max_size=3)),
-    st.tuples(st.just("l_get")),
-    st.tuples(st.just("m_put"), st.integers(0, 3), small),
-    st.tuples(st.just("m_get"), st.integers(0, 3)),
-    st.tuples(st.just("m_contains"), st.integers(0, 3)),
-    st.tuples(st.just("m_items")),
-    st.tuples(st.just("m_remove"), st.integers(0, 3)),
-    st.tuples(st.just("r_add"), small),
-    st.tuples(st.just("r_get")),
-    st.tuples(st.just("a_add"), small),
-    st.tuples(st.just("a_get")),
-    st.tuples(st.just("clear"), st.sampled_from("vlmra")),
-    st.tuples(st.just("snap")),
-    st.tuples(st.just("run"), st.integers(0, 5), st.integers(0, 150)),
-)
-
-CONFIGS = [rs.StateTtlConfig(TTL, cleanup_per_access=2),
-           rs.StateTtlConfig(TTL, update_on="read_and_write"),
-           rs.StateTtlConfig(TTL, update_on="read_and_write",
-                             visibility="return_expired_if_not_cleaned_up",
-                             cleanup_per_access=0)]
-
-
-def step(h: dict, model: Model, key, now: int, kind: str, args: list) -> None:  # noqa: C901
-    """Apply one operation to the state handles and the model, checking every read."""
-    def want(v):
-        return None if v is MISSING else v
-    if kind == "v_set":
-        h["v"].update(args[0])
-        model.single["v"][key] = (args[0], now)
-    elif kind == "v_get":
-        assert h["v"].value() == want(model.read_single("v", key, now))
-    elif kind == "l_add":
-        h["l"].add(args[0])
-        model.lists.setdefault(key, []).append((args[0], now))
-    elif kind == "l_update":
-        h["l"].update(args[0])
-        if args[0]:
-            model.lists[key] = [(v, now) for v in args[0]]
-        else:
-            model.lists.pop(key, None)
-    elif kind == "l_get":
-        assert h["l"].get() == model.read_list(key, now)
-    elif kind == "m_put":
-        h["m"].put(args[0], args[1])
-        model.maps.setdefault(key, {})[args[0]] = (args[1], now)
-    elif kind == "m_get":
-        assert h["m"].get(args[0]) == want(model.read_map_key(key, args[0], now))
-    elif kind == "m_contains":
-        assert h["m"].contains(args[0]) == \
-            (model.read_map_key(key, args[0], now) is not MISSING)
-    elif kind == "m_items":
-        assert h["m"].items() == model.read_map(key, now)
-    elif kind == "m_remove":
-        h["m"].remove(args[0])
-        d = model.maps.get(key, {})
-        d.pop(args[0], None)
-        if not d:
-            model.maps.pop(key, None)
-    elif kind == "r_add":
-        h["r"].add(args[0])
-        cur = model.live_single("r", key, now)
-        model.single["r"][key] = (args[0] if cur is MISSING else cur + args[0], now)
-    elif kind == "r_get":
-        assert h["r"].get() == want(model.read_single("r", key, now))
-    elif kind == "a_add":
-        h["a"].add(args[0])
-        cur = model.live_single("a", key, now)
-        acc = [0, 0] if cur is MISSING else list(cur)
-        model.single["a"][key] = ([acc[0] + args[0], acc[1] + 1], now)
-    elif kind == "a_get":
-        got = model.read_single("a", key, now)
-        assert h["a"].get() == (None if got is MISSING else tuple(got))
-    elif kind == "clear":
-        h[args[0]].clear()
-        stores = {"l": model.lists, "m": model.maps, **model.single}
-        stores[args[0]].pop(key, None)
-
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=["write", "read_and_write", "return_expired"])
 @settings(max_examples=40, deadline=None)
@@ -289,95 +43,15 @@ def test_model_on_both_backends_with_snapshots_restored_across_backends(cfg, ops
     sees); a snapshot restored into either backend at two key-group ranges, read
     later, holds what the model held at the snapshot, expired at the later time (so
     the timestamps came through)."""
-    with backends() as make:
-        run_model(make, cfg, ops)
-
-
-def run_model(make, cfg: rs.StateTtlConfig, ops: list) -> None:
-    clock = Clock()
-    backends = {kind: make(kind, clock) for kind in KINDS}
-    hs = {kind: handles(b, cfg) for kind, b in backends.items()}
-    models = {kind: Model(cfg) for kind in KINDS}
-    key = KEYS[0]
-    for b in backends.values():
-        b.set_current_key(key)
-    pending: list = []
-    for op, *args in ops:
-        now = clock.now
-        if op == "key":
-            key = args[0]
-            for b in backends.values():
-                b.set_current_key(key)
-        elif op == "tick":
-            clock.now += args[0]
-        elif op == "snap":
-            pending.append((now, {k: b.snapshot() for k, b in backends.items()},
-                            copy.deepcopy(models["disk"])))
-        elif op == "run" and pending:
-            at, snaps, model = pending.pop(args[0] % len(pending))
-            later = at + args[1]
-            for source, snap in snaps.items():
-                sections = snap()
-                target = "heap" if source == "disk" else "disk"
-                got = {}
-                for r in restore_split(make, target, sections, later, 2):
-                    got.update(dump(r, cfg.ttl_ms))
-                assert got == model.live_at(later), (source, at, later)
-        elif op not in ("run",):
-            for kind in KINDS:
-                step(hs[kind], models[kind], key, now, op, args)
-    for kind, b in backends.items():
-        r = make(kind, Clock(clock.now))
-        r.restore(b.snapshot()())
-        assert dump(r, cfg.ttl_ms) == models[kind].live_at(clock.now)
-    for snap in (s for _, snaps, _ in pending for s in snaps.values()):
-        snap.release()
+    with state_backends() as make:
+        run_model(make, cfg, ops, BACKENDS)
 
 
 # -- snapshots, restore, cleanup -----------------------------------------------------------
 
-@pytest.mark.parametrize("source", KINDS)
-def test_snapshot_leaves_expired_out_and_restores_keep_timestamps_across_backends(make, source):
+def test_a_disk_snapshot_restored_into_disk_is_byte_for_byte_when_nothing_expired(make_backend):
     clock = Clock()
-    b = make(source, clock)
-    h = handles(b, rs.StateTtlConfig(TTL, cleanup_per_access=0))
-    for k in range(40):
-        b.set_current_key(k)
-        h["v"].update(k)
-        h["l"].add(k)
-        h["m"].put("x", k)
-    clock.now += 60
-    for k in range(20):  # written again: they outlive the others by 60 ms
-        b.set_current_key(k)
-        h["v"].update(-k)
-        h["l"].add(-k)
-        h["m"].put("y", -k)
-    clock.now += 50  # the first writes expired (the list's and map's first parts too)
-    sections = b.snapshot()()
-    assert len(set(b.keys("v"))) == 40  # nothing was cleaned up in the live backend
-    assert stored_entries(sections) == {"v": 20, "l": 20, "m": 20}  # but the snapshot ...
-    for target in KINDS:  # ... holds only live values, restored anywhere
-        for parts in (1, 3):
-            shown = {}
-            for r in restore_split(make, target, sections, clock.now, parts):
-                rh = handles(r, rs.StateTtlConfig(
-                    TTL, visibility="return_expired_if_not_cleaned_up", cleanup_per_access=0))
-                for k in r.keys("v"):
-                    r.set_current_key(k)
-                    shown[k] = (rh["v"].value(), rh["l"].get(), rh["m"].items())
-            assert shown == {k: (-k, [-k], [("y", -k)]) for k in range(20)}, (target, parts)
-        # the timestamps came through: values written at +60 expire at +60 + TTL
-        (r,) = restore_split(make, target, sections, clock.now + TTL - 51, 1)
-        (gone,) = restore_split(make, target, sections, clock.now + TTL - 50, 1)
-        assert dump(r, TTL) == {**{("v", k): -k for k in range(20)},
-                                **{("l", k): [-k] for k in range(20)},
-                                **{("m", k): {"y": -k} for k in range(20)}}
-        assert dump(gone, TTL) == {}
-
-
-def test_a_disk_snapshot_restored_into_disk_is_byte_for_byte_when_nothing_expired(make):
-    clock = Clock()
-    b = make("disk", clock)
+    b = make_backend("disk", clock)
     h = handles(b, rs.StateTtlConfig(TTL))
     for k in range(30):
         b.set_current_key(k)
@@ -387,94 +61,15 @@ def test_a_disk_snapshot_restored_into_disk_is_byte_for_byte_when_nothing_expire
         h["r"].add(k)
         h["a"].add(k)
     sections = b.snapshot()()
-    r = make("disk", clock)
+    r = make_backend("disk", clock)
     r.restore(sections)
     handles(r, rs.StateTtlConfig(TTL, cleanup_per_access=0))  # as dump() declares them
     assert r.snapshot()() == sections
-    heap = make("heap", clock)  # and through the heap backend and back, the same state
+    heap = make_backend("heap", clock)  # and through the heap backend and back, the same state
     heap.restore(sections)
-    back = make("disk", clock)
+    back = make_backend("disk", clock)
     back.restore(heap.snapshot()())
     assert dump(back, TTL) == dump(r, TTL) and len(dump(r, TTL)) == 5 * 30
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_incremental_cleanup_bounds_what_keys_never_read_again_keep(make, kind):
-    clock = Clock()
-    b = make(kind, clock)
-    h = handles(b, rs.StateTtlConfig(TTL, cleanup_per_access=5))
-    for k in range(500):
-        b.set_current_key(k)
-        h["v"].update(k)
-        h["l"].add(k)
-        h["m"].put(k, k)
-        h["r"].add(k)
-    assert all(len(set(b.keys(name))) == 500 for name in ("v", "l", "m", "r"))
-    clock.now += TTL
-    b.set_current_key("reader")  # one live key, touched over and over
-    for _ in range(300):  # 5 entries per access: 1,500 slots for 500 entries and 16 groups
-        h["v"].update(1)
-        h["l"].get()
-        h["m"].contains(0)
-        h["r"].get()
-    assert [sorted(map(str, b.keys(name))) for name in ("v", "l", "m", "r")] == \
-        [["reader"], [], [], []]
-    assert stored_entries(b.snapshot()()) == {"v": 1}
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_cleanup_removes_only_the_expired_elements_and_entries(make, kind):
-    clock = Clock()
-    b = make(kind, clock)
-    h = handles(b, rs.StateTtlConfig(TTL, cleanup_per_access=3))
-    for k in range(50):
-        b.set_current_key(k)
-        h["l"].add(k)
-        h["m"].put("old", k)
-    clock.now += 60
-    for k in range(50):
-        b.set_current_key(k)
-        h["l"].add(-k)
-        h["m"].put("new", -k)
-    clock.now += 50
-    b.set_current_key("reader")
-    for _ in range(200):
-        h["l"].get()
-        h["m"].get("x")
-    clock.now = 0  # a snapshot at time 0 leaves nothing out: the stored values as they are
-    stored = make(kind, Clock(0))
-    stored.restore(b.snapshot()())
-    rh = handles(stored, rs.StateTtlConfig(TTL, visibility="return_expired_if_not_cleaned_up",
-                                          cleanup_per_access=0))
-    for k in range(50):
-        stored.set_current_key(k)
-        assert rh["l"].get() == [-k] and rh["m"].items() == [("new", -k)]
-
-
-@pytest.mark.parametrize("source", KINDS)
-@pytest.mark.parametrize("target", KINDS)
-def test_a_state_cannot_gain_or_lose_its_ttl_across_a_restore(make, source, target):
-    clock = Clock()
-    b = make(source, clock)
-    b.set_current_key(1)
-    b.value_state("plain").update(1)
-    b.list_state("timed", ttl=rs.StateTtlConfig(TTL)).add(2)
-    sections = b.snapshot()()
-    r = make(target, clock)
-    r.restore(sections)
-    with pytest.raises(ValueError, match="state 'plain' has no TTL .*restored from a "
-                                         "checkpoint.* now declared with one"):
-        r.value_state("plain", ttl=rs.StateTtlConfig(TTL))
-    with pytest.raises(ValueError, match="state 'timed' has a TTL .* now declared without "
-                                         "one: a state cannot gain or lose its TTL"):
-        r.list_state("timed")
-    with pytest.raises(ValueError, match="state 'timed' is list\\+ttl state, not map\\+ttl"):
-        r.map_state("timed", ttl=rs.StateTtlConfig(TTL))
-    r.list_state("timed", ttl=rs.StateTtlConfig(2 * TTL))  # another ttl_ms is fine
-    with pytest.raises(ValueError, match="state 'timed' is declared with two TTLs"):
-        r.list_state("timed", ttl=rs.StateTtlConfig(TTL))
-    with pytest.raises(TypeError, match="state 'x': ttl must be a rs.StateTtlConfig, got int"):
-        r.value_state("x", ttl=100)
 
 
 def test_an_incremental_checkpoint_holds_expired_values_a_restore_hides(tmp_path):
@@ -537,12 +132,12 @@ def test_an_incremental_checkpoint_holds_expired_values_a_restore_hides(tmp_path
             x.close()
 
 
-def test_the_database_compacts_files_full_of_deletions(make):
+def test_the_database_compacts_files_full_of_deletions(make_backend):
     """TTL through compaction on this binding: expired values are deleted, and the
     database's options carry RocksDB's compact-on-deletion collector, so files that
     fill with those tombstones are compacted (RocksDB records its options in the
     database directory)."""
-    b = make("disk", Clock())
+    b = make_backend("disk", Clock())
     options = "".join(open(f).read() for f in glob.glob(os.path.join(b.path, "OPTIONS-*")))
     assert "CompactOnDeletionCollector" in options
 
@@ -550,12 +145,12 @@ def test_the_database_compacts_files_full_of_deletions(make):
 # -- the vectorized path -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=["write", "read_and_write", "return_expired"])
-def test_batch_reads_and_writes_follow_the_per_key_semantics(make, cfg):
+def test_batch_reads_and_writes_follow_the_per_key_semantics(make_backend, cfg):
     """The batch reads and writes of a TTL value state against a dict model, with the
     same key both read one by one (heap) and by batch (disk)."""
     clock = Clock()
-    b = make("disk", clock)
-    heap = make("heap", clock)
+    b = make_backend("disk", clock)
+    heap = make_backend("heap", clock)
     state = b.value_state("v", ttl=cfg)
     assert isinstance(state, DiskTtlValueState)
     one_by_one = heap.value_state("v", ttl=cfg)

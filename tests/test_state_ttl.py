@@ -1,18 +1,25 @@
-"""State TTL on the heap backend: every state kind, through the public API.
+"""State TTL on both keyed-state backends (heap and disk), through the public API.
 
-Unit tests drive a :class:`HeapKeyedStateBackend` with an injected TTL clock
-(``ttl_time_provider``), so which values are expired is exact; a model test
-compares random interleavings of writes, reads, in-place mutations, clock
-advances and snapshots with plain dicts of ``(value, timestamp)``. The job test
-runs a real Ray job with a 200 ms TTL and real waiting, stops it with a
-savepoint and restores it, and checks every read against the wall-clock times
-the job itself recorded around it.
+Unit tests drive a backend of each kind (the ``make_backend`` factory of
+tests/conftest.py) with an injected TTL clock (``ttl_time_provider``), so which
+values are expired is exact; model tests compare random interleavings of writes,
+reads, clock advances and snapshots with plain dicts of ``(value, timestamp)``
+(the ``Model`` here; tests/test_disk_state_ttl.py runs both backends against it
+and restores snapshots across them, the heap one here also mutates values read in
+place). Snapshots are restored at other key-group ranges and into the other
+backend, and must keep the timestamps; expired entries must be absent from full
+snapshot sections; the incremental cleanup must bound what keys never read again
+keep; a state gaining or losing its TTL on restore is refused. The job test runs a
+real Ray job with a 200 ms TTL and real waiting, stops it with a savepoint and
+restores it, and checks every read against the wall-clock times the job itself
+recorded around it.
 """
 
 from __future__ import annotations
 
 import copy
 import time
+from typing import Any, Callable, Iterable
 
 import pandas as pd
 import pyarrow as pa
@@ -21,10 +28,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import raystream as rs
+from raystream.checkpoint.disk_state import section_entries
+from raystream.checkpoint.envelope import KEYED_STATE, SectionKind, read
 from raystream.checkpoint.state import HeapKeyedStateBackend
+from tests.conftest import BACKENDS, state_backends
 from tests.test_exactly_once import wait_for_checkpoint
+from tests.test_state import Avg
 
-MAXP = 16
+MAXP = 16  # the max parallelism of the make_backend fixture's backends
 TTL = 100
 MISSING = object()
 
@@ -39,37 +50,88 @@ class Clock:
         return self.now
 
 
-def backend(clock: Clock, key_groups: range = range(MAXP)) -> HeapKeyedStateBackend:
-    return HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=key_groups,
-                                 ttl_time_provider=clock)
-
-
-class Sum:
-    def create_accumulator(self):
-        return [0, 0]
-
-    def add(self, value, acc):
-        acc[0] += value
-        acc[1] += 1
-        return acc
-
-    def get_result(self, acc):
-        return tuple(acc)
-
-    def merge(self, a, b):
-        return [a[0] + b[0], a[1] + b[1]]
-
-
-def handles(b: HeapKeyedStateBackend, ttl: rs.StateTtlConfig) -> dict:
+def handles(b, ttl: rs.StateTtlConfig) -> dict:
     return {"v": b.value_state("v", ttl=ttl), "l": b.list_state("l", ttl=ttl),
             "m": b.map_state("m", ttl=ttl),
             "r": b.reducing_state("r", lambda a, c: a + c, ttl=ttl),
-            "a": b.aggregating_state("a", Sum(), ttl=ttl)}
+            "a": b.aggregating_state("a", Avg(), ttl=ttl)}
+
+
+def write_keys(b, h: dict, keys: Iterable, **writes: Callable[[Any], Any]) -> None:
+    """For every key of ``keys``, in the order of ``writes``: update value state ``v``
+    to ``writes["v"](key)``, put the ``(user key, value)`` of ``writes["m"](key)`` into
+    map state ``m``, add ``writes[name](key)`` to the other states."""
+    for k in keys:
+        b.set_current_key(k)
+        for name, value_of in writes.items():
+            v = value_of(k)
+            if name == "v":
+                h["v"].update(v)
+            elif name == "m":
+                h["m"].put(*v)
+            else:
+                h[name].add(v)
+
+
+def same(k):
+    return k
+
+
+def negated(k):
+    return -k
+
+
+def dump(b, ttl_ms: int) -> dict:
+    """Everything visible in ``b`` at its clock, as ``{(state, key): value}`` (the
+    ``Model.live_at`` shape), read through the public API with a plain TTL config."""
+    h = handles(b, rs.StateTtlConfig(ttl_ms, cleanup_per_access=0))
+    out = {}
+    for name, handle in h.items():
+        for key in list(b.keys(name)):
+            b.set_current_key(key)
+            if name == "v":
+                got = handle.value()
+            elif name == "l":
+                got = handle.get() or None
+            elif name == "m":
+                got = dict(handle.items()) or None
+            else:
+                got = handle.get()
+            if got is not None:
+                out[(name, key)] = got
+    return out
+
+
+def stored_entries(sections: dict[int, bytes]) -> dict[str, int]:
+    """How many stored values (values, lists, maps) each state has in full snapshot
+    sections of either backend."""
+    counts: dict[str, int] = {}
+    for kg, data in sections.items():
+        envelope, body = read(data, key_group=kg, max_parallelism=MAXP, kinds=KEYED_STATE)
+        if envelope.kind is SectionKind.DISK_STATE:
+            for name, *_ in section_entries(kg, body):
+                counts[name] = counts.get(name, 0) + 1
+        else:
+            heap = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(kg, kg + 1))
+            heap.restore([(kg, data)])
+            for name in heap.state_names():
+                counts[name] = counts.get(name, 0) + len(list(heap.keys(name)))
+    return counts
+
+
+def restore_split(make, kind: str, sections: dict[int, bytes], now: int, parts: int) -> list:
+    """Backends of ``kind`` restored from ``sections`` at ``parts`` key-group ranges."""
+    out = []
+    for i in range(parts):
+        r = make(kind, Clock(now), rs.key_group_range(i, parts, MAXP))
+        r.restore(sections)
+        out.append(r)
+    return out
 
 
 # -- configuration ----------------------------------------------------------------------
 
-def test_config_accepts_enums_and_strings_and_rejects_bad_input():
+def test_config_accepts_enums_and_strings_and_rejects_bad_input(make_backend):
     a = rs.StateTtlConfig(5, update_on="read_and_write",
                           visibility="return_expired_if_not_cleaned_up")
     b = rs.StateTtlConfig(5, update_on=rs.TtlUpdate.READ_AND_WRITE,
@@ -85,7 +147,7 @@ def test_config_accepts_enums_and_strings_and_rejects_bad_input():
         rs.StateTtlConfig(5, visibility="never")
     with pytest.raises(ValueError, match="cleanup_per_access"):
         rs.StateTtlConfig(5, cleanup_per_access=-1)
-    b = backend(Clock())
+    b = make_backend("heap", Clock())
     with pytest.raises(TypeError, match="state 'x': ttl must be a rs.StateTtlConfig, got int"):
         b.value_state("x", ttl=100)
     b.value_state("y", ttl=rs.StateTtlConfig(5))
@@ -96,12 +158,13 @@ def test_config_accepts_enums_and_strings_and_rejects_bad_input():
         b.value_state("y")
 
 
-# -- expiry, per kind ---------------------------------------------------------------------
+# -- expiry, per kind, both backends --------------------------------------------------------
 
+@pytest.mark.parametrize("kind", BACKENDS)
 @pytest.mark.parametrize("update_on", ["create_and_write", "read_and_write"])
-def test_every_kind_expires_after_ttl_and_reads_renew_only_when_asked(update_on):
+def test_every_kind_expires_and_reads_renew_only_when_asked(make_backend, kind, update_on):
     clock = Clock()
-    b = backend(clock)
+    b = make_backend(kind, clock)
     h = handles(b, rs.StateTtlConfig(TTL, update_on=update_on))
     b.set_current_key("k")
     h["v"].update("x")
@@ -109,24 +172,23 @@ def test_every_kind_expires_after_ttl_and_reads_renew_only_when_asked(update_on)
     h["m"].put("a", 1)
     h["r"].add(1)
     h["a"].add(1)
-    clock.now += TTL - 1  # still live; a read renews only with read_and_write
-    assert (h["v"].value(), h["l"].get(), h["m"].items(), h["r"].get(), h["a"].get()) == \
-        ("x", [1], [("a", 1)], 1, (1, 1))
-    clock.now += 1  # TTL after the write
-    got = (h["v"].value(), h["l"].get(), h["m"].items(), h["r"].get(), h["a"].get())
+    clock.now += TTL - 1
+
+    def read():
+        return (h["v"].value(), h["l"].get(), h["m"].items(), h["r"].get(), h["a"].get())
+    assert read() == ("x", [1], [("a", 1)], 1, (1, 1))
+    clock.now += 1
     if update_on == "read_and_write":  # renewed one ms ago
-        assert got == ("x", [1], [("a", 1)], 1, (1, 1))
+        assert read() == ("x", [1], [("a", 1)], 1, (1, 1))
         clock.now += TTL
-    else:
-        assert got == (None, [], [], None, None)
-    assert (h["v"].value(), h["l"].get(), h["m"].items(), h["r"].get(), h["a"].get()) == \
-        (None, [], [], None, None)
-    assert all(list(b.keys(name)) == [] for name in h)  # reads removed what expired
+    assert read() == (None, [], [], None, None)
+    assert all(list(b.keys(name)) == [] for name in h)  # the reads deleted what expired
 
 
-def test_list_elements_and_map_entries_expire_one_by_one_and_adds_restart_from_empty():
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_list_elements_and_map_entries_expire_one_by_one(make_backend, kind):
     clock = Clock()
-    b = backend(clock)
+    b = make_backend(kind, clock)
     h = handles(b, rs.StateTtlConfig(TTL))
     b.set_current_key(7)
     h["l"].add_all([1, 2])
@@ -135,24 +197,26 @@ def test_list_elements_and_map_entries_expire_one_by_one_and_adds_restart_from_e
     h["a"].add(10)
     clock.now += 60
     h["l"].add(3)
-    h["m"].put("b", 20)  # a write renews that entry only
-    clock.now += 60  # 120 after the first writes, 60 after the second
+    h["m"].put("b", 20)
+    clock.now += 60
     assert h["l"].get() == [3]
-    assert h["m"].items() == [("b", 20)] and h["m"].keys() == ["b"]
+    assert h["m"].items() == [("b", 20)] and h["m"].keys() == ["b"] and h["m"].values() == [20]
     assert not h["m"].contains("a") and h["m"].get("a", "gone") == "gone"
-    h["r"].add(5)  # the expired 10 counts as unset: folding starts over
+    h["r"].add(5)  # the expired 10 counts as unset
     h["a"].add(5)
     assert (h["r"].get(), h["a"].get()) == (5, (5, 1))
     h["m"].remove("b")
     assert h["m"].is_empty() and list(b.keys("m")) == []
+    with pytest.raises(NotImplementedError, match="cannot be merged"):
+        h["l"].merge_namespaces("a", ["b"])
 
 
-def test_return_expired_if_not_cleaned_up_returns_it_once_then_it_is_gone():
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_return_expired_if_not_cleaned_up_returns_it_once(make_backend, kind):
     clock = Clock()
-    b = backend(clock)
-    ttl = rs.StateTtlConfig(TTL, visibility="return_expired_if_not_cleaned_up",
-                            cleanup_per_access=0)
-    h = handles(b, ttl)
+    b = make_backend(kind, clock)
+    h = handles(b, rs.StateTtlConfig(TTL, visibility="return_expired_if_not_cleaned_up",
+                                     cleanup_per_access=0))
     b.set_current_key(1)
     h["v"].update("old")
     h["l"].add_all([1, 2])
@@ -165,107 +229,123 @@ def test_return_expired_if_not_cleaned_up_returns_it_once_then_it_is_gone():
         (None, [], [], None)
 
 
-def test_incremental_cleanup_reclaims_keys_that_are_never_read_again():
+# -- snapshots, restore, cleanup -----------------------------------------------------------
+
+@pytest.mark.parametrize("source", BACKENDS)
+def test_snapshot_leaves_expired_out_and_restores_keep_timestamps_across_backends(make_backend, source):
     clock = Clock()
-    b = backend(clock)
+    b = make_backend(source, clock)
+    h = handles(b, rs.StateTtlConfig(TTL, cleanup_per_access=0))
+    write_keys(b, h, range(40), v=same, l=same, m=lambda k: ("x", k))
+    clock.now += 60
+    # written again: they outlive the others by 60 ms
+    write_keys(b, h, range(20), v=negated, l=negated, m=lambda k: ("y", -k))
+    clock.now += 50  # the first writes expired (the list's and map's first parts too)
+    sections = b.snapshot()()
+    assert len(set(b.keys("v"))) == 40  # nothing was cleaned up in the live backend
+    assert stored_entries(sections) == {"v": 20, "l": 20, "m": 20}  # but the snapshot ...
+    for target in BACKENDS:  # ... holds only live values, restored anywhere
+        for parts in (1, 3):
+            shown = {}
+            for r in restore_split(make_backend, target, sections, clock.now, parts):
+                rh = handles(r, rs.StateTtlConfig(
+                    TTL, visibility="return_expired_if_not_cleaned_up", cleanup_per_access=0))
+                for k in r.keys("v"):
+                    r.set_current_key(k)
+                    shown[k] = (rh["v"].value(), rh["l"].get(), rh["m"].items())
+            assert shown == {k: (-k, [-k], [("y", -k)]) for k in range(20)}, (target, parts)
+        # the timestamps came through: values written at +60 expire at +60 + TTL
+        (r,) = restore_split(make_backend, target, sections, clock.now + TTL - 51, 1)
+        (gone,) = restore_split(make_backend, target, sections, clock.now + TTL - 50, 1)
+        assert dump(r, TTL) == {**{("v", k): -k for k in range(20)},
+                                **{("l", k): [-k] for k in range(20)},
+                                **{("m", k): {"y": -k} for k in range(20)}}
+        assert dump(gone, TTL) == {}
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_incremental_cleanup_bounds_what_keys_never_read_again_keep(make_backend, kind):
+    clock = Clock()
+    b = make_backend(kind, clock)
     h = handles(b, rs.StateTtlConfig(TTL, cleanup_per_access=5))
-    keys = list(range(500))
-    for k in keys:
-        b.set_current_key(k)
-        h["v"].update(k)
-        h["l"].add(k)
-        h["m"].put(k, k)
-    assert all(len(set(b.keys(name))) == 500 for name in ("v", "l", "m"))
+    write_keys(b, h, range(500), v=same, l=same, m=lambda k: (k, k), r=same)
+    assert all(len(set(b.keys(name))) == 500 for name in ("v", "l", "m", "r"))
     clock.now += TTL
     b.set_current_key("reader")  # one live key, touched over and over
-    for _ in range(300):  # 5 entries per access: 300 accesses visit 1500 slots
+    for _ in range(300):  # 5 entries per access: 1,500 slots for 500 entries and 16 groups
         h["v"].update(1)
         h["l"].get()
         h["m"].contains(0)
-    assert [sorted(map(str, b.keys(name))) for name in ("v", "l", "m")] == \
-        [["reader"], [], []]
+        h["r"].get()
+    assert [sorted(map(str, b.keys(name))) for name in ("v", "l", "m", "r")] == \
+        [["reader"], [], [], []]
+    assert stored_entries(b.snapshot()()) == {"v": 1}
 
 
-def test_snapshot_leaves_out_expired_values_and_restore_keeps_timestamps():
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_cleanup_removes_only_the_expired_elements_and_entries(make_backend, kind):
     clock = Clock()
-    b = backend(clock)
-    ttl = rs.StateTtlConfig(TTL, cleanup_per_access=0)
-    h = handles(b, ttl)
-    for k in range(40):
-        b.set_current_key(k)
-        h["v"].update(k)
-        h["l"].add(k)
-        h["m"].put("x", k)
+    b = make_backend(kind, clock)
+    h = handles(b, rs.StateTtlConfig(TTL, cleanup_per_access=3))
+    write_keys(b, h, range(50), l=same, m=lambda k: ("old", k))
     clock.now += 60
-    for k in range(20):  # half are written again: they outlive the others by 60 ms
-        b.set_current_key(k)
-        h["v"].update(-k)
-        h["l"].add(-k)
-        h["m"].put("y", -k)
-    clock.now += 50  # the first writes expired, the second ones did not
-    sections = b.snapshot()()
-    assert len(set(b.keys("v"))) == 40  # nothing cleaned up in the live backend ...
-
-    later = Clock(clock.now)
-    # ... but a restore finds only live values, even when expired ones would be shown
-    for subtask in range(2):
-        r = backend(later, rs.key_group_range(subtask, 2, MAXP))
-        r.restore(sections)
-        rh = handles(r, rs.StateTtlConfig(TTL, visibility="return_expired_if_not_cleaned_up",
+    write_keys(b, h, range(50), l=negated, m=lambda k: ("new", -k))
+    clock.now += 50
+    b.set_current_key("reader")
+    for _ in range(200):
+        h["l"].get()
+        h["m"].get("x")
+    clock.now = 0  # a snapshot at time 0 leaves nothing out: the stored values as they are
+    stored = make_backend(kind, Clock(0))
+    stored.restore(b.snapshot()())
+    rh = handles(stored, rs.StateTtlConfig(TTL, visibility="return_expired_if_not_cleaned_up",
                                           cleanup_per_access=0))
-        mine = [k for k in range(40) if rs.key_group_of(k, MAXP) in r.key_groups]
-        assert sorted(r.keys("v")) == sorted(r.keys("l")) == sorted(r.keys("m")) == \
-            [k for k in mine if k < 20]
-        for k in [k for k in mine if k < 20]:
-            r.set_current_key(k)
-            assert (h_read(rh)) == (-k, [-k], [("y", -k)])
-    # timestamps survived the restore: the renewed values expire TTL after their write
-    r = backend(later)
-    r.restore(sections)
-    rh = handles(r, rs.StateTtlConfig(TTL))
-    r.set_current_key(3)
-    later.now += 60 + TTL - 110 - 1  # written at +60, now at +110
-    assert h_read(rh) == (-3, [-3], [("y", -3)])
-    later.now += 1
-    assert h_read(rh) == (None, [], [])
+    for k in range(50):
+        stored.set_current_key(k)
+        assert rh["l"].get() == [-k] and rh["m"].items() == [("new", -k)]
 
 
-def h_read(h: dict) -> tuple:
-    return h["v"].value(), h["l"].get(), h["m"].items()
-
-
-def test_a_state_cannot_gain_or_lose_its_ttl_across_a_restore():
+@pytest.mark.parametrize("source", BACKENDS)
+@pytest.mark.parametrize("target", BACKENDS)
+def test_a_state_cannot_gain_or_lose_its_ttl_across_a_restore(make_backend, source, target):
     clock = Clock()
-    b = backend(clock)
+    b = make_backend(source, clock)
     b.set_current_key(1)
     b.value_state("plain").update(1)
-    b.value_state("timed", ttl=rs.StateTtlConfig(TTL)).update(2)
+    b.list_state("timed", ttl=rs.StateTtlConfig(TTL)).add(2)
     sections = b.snapshot()()
-    r = backend(clock)
+    r = make_backend(target, clock)
     r.restore(sections)
     with pytest.raises(ValueError, match="state 'plain' has no TTL .*restored from a "
                                          "checkpoint.* now declared with one"):
         r.value_state("plain", ttl=rs.StateTtlConfig(TTL))
-    with pytest.raises(ValueError, match="state 'timed' has a TTL"):
-        r.value_state("timed")
-    with pytest.raises(NotImplementedError, match="cannot be merged"):
-        r.list_state("l", ttl=rs.StateTtlConfig(TTL)).merge_namespaces("a", ["b"])
+    with pytest.raises(ValueError, match="state 'timed' has a TTL .* now declared without "
+                                         "one: a state cannot gain or lose its TTL"):
+        r.list_state("timed")
+    with pytest.raises(ValueError, match="state 'timed' is list\\+ttl state, not map\\+ttl"):
+        r.map_state("timed", ttl=rs.StateTtlConfig(TTL))
+    r.list_state("timed", ttl=rs.StateTtlConfig(2 * TTL))  # another ttl_ms is fine
+    with pytest.raises(ValueError, match="state 'timed' is declared with two TTLs"):
+        r.list_state("timed", ttl=rs.StateTtlConfig(TTL))
+    with pytest.raises(TypeError, match="state 'x': ttl must be a rs.StateTtlConfig, got int"):
+        r.value_state("x", ttl=100)
 
 
 # -- model: random interleavings against dicts of (value, timestamp) ----------------------
 
-KEYS = [0, 1, "a", ("t", 2)]
+KEYS = [0, 1, "a", ("t", 2), 5.5]
 small = st.integers(-3, 9)
 OPS = st.one_of(
     st.tuples(st.just("key"), st.sampled_from(KEYS)),
     st.tuples(st.just("tick"), st.integers(0, 70)),
     st.tuples(st.just("v_set"), small),
-    st.tuples(st.just("v_get_mutate"), small),
+    st.tuples(st.just("v_get")),
     st.tuples(st.just("l_add"), small),
     st.tuples(st.just("l_update"), st.lists(small, max_size=3)),
     st.tuples(st.just("l_get")),
     st.tuples(st.just("m_put"), st.integers(0, 3), small),
-    st.tuples(st.just("m_get_mutate"), st.integers(0, 3), small),
+    st.tuples(st.just("m_get"), st.integers(0, 3)),
+    st.tuples(st.just("m_contains"), st.integers(0, 3)),
     st.tuples(st.just("m_items")),
     st.tuples(st.just("m_remove"), st.integers(0, 3)),
     st.tuples(st.just("r_add"), small),
@@ -274,9 +354,14 @@ OPS = st.one_of(
     st.tuples(st.just("a_get")),
     st.tuples(st.just("clear"), st.sampled_from("vlmra")),
     st.tuples(st.just("snap")),
-    st.tuples(st.just("run"), st.integers(0, 5)),
-    st.tuples(st.just("release"), st.integers(0, 5)),
+    st.tuples(st.just("run"), st.integers(0, 5), st.integers(0, 150)),
 )
+
+CONFIGS = [rs.StateTtlConfig(TTL, cleanup_per_access=2),
+           rs.StateTtlConfig(TTL, update_on="read_and_write"),
+           rs.StateTtlConfig(TTL, update_on="read_and_write",
+                             visibility="return_expired_if_not_cleaned_up",
+                             cleanup_per_access=0)]
 
 
 class Model:
@@ -366,119 +451,149 @@ class Model:
         return copy.deepcopy(out)
 
 
-def dump_live(b: HeapKeyedStateBackend, ttl: rs.StateTtlConfig) -> dict:
-    """Everything in ``b`` (its clock frozen at the snapshot time: nothing expired)."""
-    h = handles(b, ttl)
-    out = {}
-    for key in KEYS:
-        b.set_current_key(key)
-        if (v := h["v"].value()) is not None:
-            out[("v", key)] = v
-        if (r := h["r"].get()) is not None:
-            out[("r", key)] = r
-        if (a := h["a"].get()) is not None:
-            out[("a", key)] = a
-        if lst := h["l"].get():
-            out[("l", key)] = lst
-        if items := h["m"].items():
-            out[("m", key)] = dict(items)
-    return out
+def step(h: dict, model: Model, key, now: int, kind: str, args: list,  # noqa: C901
+         box: Callable[[Any], Any] = same) -> None:
+    """Apply one operation to the state handles and the model, checking every read; the
+    values written to value and map states are ``box(value)`` (one for the state, one
+    for the model)."""
+    def want(v):
+        return None if v is MISSING else v
+    if kind == "v_set":
+        h["v"].update(box(args[0]))
+        model.single["v"][key] = (box(args[0]), now)
+    elif kind == "v_get":
+        assert h["v"].value() == want(model.read_single("v", key, now))
+    elif kind == "l_add":
+        h["l"].add(args[0])
+        model.lists.setdefault(key, []).append((args[0], now))
+    elif kind == "l_update":
+        h["l"].update(args[0])
+        if args[0]:
+            model.lists[key] = [(v, now) for v in args[0]]
+        else:
+            model.lists.pop(key, None)
+    elif kind == "l_get":
+        assert h["l"].get() == model.read_list(key, now)
+    elif kind == "m_put":
+        h["m"].put(args[0], box(args[1]))
+        model.maps.setdefault(key, {})[args[0]] = (box(args[1]), now)
+    elif kind == "m_get":
+        assert h["m"].get(args[0]) == want(model.read_map_key(key, args[0], now))
+    elif kind == "m_contains":
+        assert h["m"].contains(args[0]) == \
+            (model.read_map_key(key, args[0], now) is not MISSING)
+    elif kind == "m_items":
+        assert h["m"].items() == model.read_map(key, now)
+    elif kind == "m_remove":
+        h["m"].remove(args[0])
+        d = model.maps.get(key, {})
+        d.pop(args[0], None)
+        if not d:
+            model.maps.pop(key, None)
+    elif kind == "r_add":
+        h["r"].add(args[0])
+        cur = model.live_single("r", key, now)
+        model.single["r"][key] = (args[0] if cur is MISSING else cur + args[0], now)
+    elif kind == "r_get":
+        assert h["r"].get() == want(model.read_single("r", key, now))
+    elif kind == "a_add":
+        h["a"].add(args[0])
+        cur = model.live_single("a", key, now)
+        acc = [0, 0] if cur is MISSING else list(cur)
+        model.single["a"][key] = ([acc[0] + args[0], acc[1] + 1], now)
+    elif kind == "a_get":
+        got = model.read_single("a", key, now)
+        assert h["a"].get() == (None if got is MISSING else tuple(got))
+    elif kind == "clear":
+        h[args[0]].clear()
+        stores = {"l": model.lists, "m": model.maps, **model.single}
+        stores[args[0]].pop(key, None)
+    elif kind == "v_get_mutate":  # heap only: the value read is live, mutating it changes state
+        got = h["v"].value()
+        assert got == want(model.read_single("v", key, now))
+        if got is not None and key in model.single["v"]:
+            got.append(args[0])
+            model.single["v"][key][0].append(args[0])
+    elif kind == "m_get_mutate":  # heap only, likewise
+        got = h["m"].get(args[0])
+        assert got == want(model.read_map_key(key, args[0], now))
+        if got is not None and args[0] in model.maps.get(key, {}):
+            got.append(args[1])
+            model.maps[key][args[0]][0].append(args[1])
 
 
-CONFIGS = [rs.StateTtlConfig(TTL), rs.StateTtlConfig(TTL, update_on="read_and_write"),
-           rs.StateTtlConfig(TTL, update_on="read_and_write",
-                             visibility="return_expired_if_not_cleaned_up",
-                             cleanup_per_access=0)]
+HEAP_OPS = st.one_of(
+    OPS,
+    st.tuples(st.just("v_get_mutate"), small),
+    st.tuples(st.just("m_get_mutate"), st.integers(0, 3), small),
+    st.tuples(st.just("release"), st.integers(0, 5)),
+)
+
+
+def boxed(v):
+    """A new one-element list of ``v``: a value the heap model test can mutate in place."""
+    return [v]
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=["write", "read_and_write", "return_expired"])
-@given(ops=st.lists(OPS, max_size=80))
-def test_model_with_clock_and_interleaved_snapshots(cfg, ops):  # noqa: C901 - one branch per op
+@given(ops=st.lists(HEAP_OPS, max_size=80))
+def test_model_on_the_heap_with_reads_mutated_in_place(cfg, ops):
+    """The heap backend against the model, with value and map values that are lists:
+    a read returns the live value, so mutating it changes state; snapshots are
+    restored into the disk backend, or released unread."""
+    with state_backends() as make:
+        run_model(make, cfg, ops, ["heap"], box=boxed)
+
+
+def run_model(make, cfg: rs.StateTtlConfig, ops: list, kinds: list[str],
+              box: Callable[[Any], Any] = same) -> None:
+    """Run ``ops`` on a backend of each of ``kinds`` and on a model of each, with
+    :func:`step` (``box`` as there); ``run`` restores a snapshot into the other kind of
+    backend at two key-group ranges, read some time later; ``release`` releases one."""
     clock = Clock()
-    b = backend(clock)
-    h = handles(b, cfg)
-    model = Model(cfg)
+    backends = {kind: make(kind, clock) for kind in kinds}
+    hs = {kind: handles(b, cfg) for kind, b in backends.items()}
+    models = {kind: Model(cfg) for kind in kinds}
     key = KEYS[0]
-    b.set_current_key(key)
+    for b in backends.values():
+        b.set_current_key(key)
     pending: list = []
-    for kind, *args in ops:
+    for op, *args in ops:
         now = clock.now
-        if kind == "key":
+        if op == "key":
             key = args[0]
-            b.set_current_key(key)
-        elif kind == "tick":
+            for b in backends.values():
+                b.set_current_key(key)
+        elif op == "tick":
             clock.now += args[0]
-        elif kind == "v_set":
-            h["v"].update([args[0]])
-            model.single["v"][key] = ([args[0]], now)
-        elif kind == "v_get_mutate":  # the value read is live: mutating it changes state
-            got = h["v"].value()
-            want = model.read_single("v", key, now)
-            assert got == (None if want is MISSING else want)
-            if got is not None and key in model.single["v"]:
-                got.append(args[0])
-                model.single["v"][key][0].append(args[0])
-        elif kind == "l_add":
-            h["l"].add(args[0])
-            model.lists.setdefault(key, []).append((args[0], now))
-        elif kind == "l_update":
-            h["l"].update(args[0])
-            if args[0]:
-                model.lists[key] = [(v, now) for v in args[0]]
-            else:
-                model.lists.pop(key, None)
-        elif kind == "l_get":
-            assert h["l"].get() == model.read_list(key, now)
-        elif kind == "m_put":
-            h["m"].put(args[0], [args[1]])
-            model.maps.setdefault(key, {})[args[0]] = ([args[1]], now)
-        elif kind == "m_get_mutate":
-            got = h["m"].get(args[0])
-            want = model.read_map_key(key, args[0], now)
-            assert got == (None if want is MISSING else want)
-            if got is not None and args[0] in model.maps.get(key, {}):
-                got.append(args[1])
-                model.maps[key][args[0]][0].append(args[1])
-        elif kind == "m_items":
-            assert h["m"].items() == model.read_map(key, now)
-        elif kind == "m_remove":
-            h["m"].remove(args[0])
-            d = model.maps.get(key, {})
-            d.pop(args[0], None)
-            if not d:
-                model.maps.pop(key, None)
-        elif kind == "r_add":
-            h["r"].add(args[0])
-            cur = model.live_single("r", key, now)
-            model.single["r"][key] = (args[0] if cur is MISSING else cur + args[0], now)
-        elif kind == "r_get":
-            want = model.read_single("r", key, now)
-            assert h["r"].get() == (None if want is MISSING else want)
-        elif kind == "a_add":
-            h["a"].add(args[0])
-            cur = model.live_single("a", key, now)
-            acc = [0, 0] if cur is MISSING else list(cur)
-            model.single["a"][key] = ([acc[0] + args[0], acc[1] + 1], now)
-        elif kind == "a_get":
-            want = model.read_single("a", key, now)
-            assert h["a"].get() == (None if want is MISSING else tuple(want))
-        elif kind == "clear":
-            h[args[0]].clear()
-            stores = {"l": model.lists, "m": model.maps, **model.single}
-            stores[args[0]].pop(key, None)
-        elif kind == "snap":
-            pending.append((b.snapshot(), now, model.live_at(now)))
-        elif kind in ("run", "release") and pending:
-            snap, at, want = pending.pop(args[0] % len(pending))
-            if kind == "release":
-                snap.release()
+        elif op == "snap":
+            pending.append((now, {k: b.snapshot() for k, b in backends.items()},
+                            copy.deepcopy(models[kinds[0]])))
+        elif op in ("run", "release"):
+            if not pending:
                 continue
-            r = backend(Clock(at))
-            r.restore(snap())
-            assert dump_live(r, cfg) == want
-    r = backend(Clock(clock.now))
-    r.restore(b.snapshot()())
-    assert dump_live(r, cfg) == model.live_at(clock.now)
+            at, snaps, model = pending.pop(args[0] % len(pending))
+            if op == "release":
+                for snap in snaps.values():
+                    snap.release()
+                continue
+            later = at + args[1]
+            for source, snap in snaps.items():
+                sections = snap()
+                target = "heap" if source == "disk" else "disk"
+                got = {}
+                for r in restore_split(make, target, sections, later, 2):
+                    got.update(dump(r, cfg.ttl_ms))
+                assert got == model.live_at(later), (source, at, later)
+        else:
+            for kind in kinds:
+                step(hs[kind], models[kind], key, now, op, args, box)
+    for kind, b in backends.items():
+        r = make(kind, Clock(clock.now))
+        r.restore(b.snapshot()())
+        assert dump(r, cfg.ttl_ms) == models[kind].live_at(clock.now)
+    for snap in (s for _, snaps, _ in pending for s in snaps.values()):
+        snap.release()
 
 
 # -- a real job: 200 ms TTL, real waiting, a savepoint and a restore ----------------------
