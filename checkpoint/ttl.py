@@ -9,6 +9,9 @@ by an incremental cleanup that checks a few entries of the state on every access
 and left out of checkpoints and savepoints. The timestamps are stored with the
 values, so a restored job expires them on the original schedule.
 
+Both keyed-state backends follow the rules here (:func:`is_expired`, what a read
+returns, removes and renews, what is live); each keeps its own stored form.
+
     >>> import raystream as rs
     >>> ttl = rs.StateTtlConfig(60_000, update_on="read_and_write")
     >>> ttl.update_on, ttl.visibility
@@ -27,8 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 __all__ = ["TTL_KIND_SUFFIX", "StateTtlConfig", "TtlTimeProvider", "TtlUpdate", "TtlVisibility",
-           "check_state_kind", "is_expired", "live_elements", "live_entries", "ttl_kind",
-           "wall_clock_ms"]
+           "check_state_kind", "ttl_kind", "wall_clock_ms"]
 
 TtlTimeProvider = Callable[[], int]  # processing time in ms since the epoch
 
