@@ -19,7 +19,6 @@ import time
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,8 +28,8 @@ from raystream.checkpoint.disk_state import (DiskKeyedStateBackend, DiskStateOpt
                                              DiskTtlValueState)
 from raystream.checkpoint.state import HeapKeyedStateBackend
 from tests.conftest import BACKENDS, state_backends
-from tests.test_state_ttl import (CONFIGS, MAXP, OPS, TTL, Clock, dump, handles, run_model,
-                                  stored_entries)
+from tests.test_state_ttl import (CONFIGS, MAXP, OPS, SCHEMA, TTL, Clock, dump, handles, pause,
+                                  run_model, stored_entries)
 
 
 # -- model: random interleavings on both backends --------------------------------------------
@@ -199,8 +198,6 @@ def dump_values(b, name: str) -> dict:
 
 JOB_TTL_MS = 400
 LONG_TTL_MS = 600_000
-SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.int64()), ("op", pa.string()),
-                    ("pause_ms", pa.int64())])
 
 
 class Probe(rs.KeyedProcessFunction):
@@ -242,11 +239,6 @@ def probe_input() -> list[dict]:
             rows += [{"k": k, "op": "get"}, {"k": k, "op": "audit"}]
         rows += [{"k": 100 + round_, "op": "put"}] * 40  # a slow gap between rounds
     return [{"id": i, "pause_ms": 30, **row} for i, row in enumerate(rows)]
-
-
-def pause(batch: pa.RecordBatch) -> pa.RecordBatch:
-    time.sleep(sum(batch["pause_ms"].to_pylist()) / 1000)
-    return batch
 
 
 def test_ttl_state_on_the_disk_backend_through_a_subtask_kill(ray_session, tmp_path):
