@@ -25,6 +25,7 @@ so windowed stages chain:
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +47,32 @@ if TYPE_CHECKING:
     from raystream.engine.datastream import DataStream, KeyedStream
 
 
-class WindowedStream:
+class _Shorthands(ABC):
+    """``count``/``sum``/``min``/``max``/``mean`` as one-aggregate calls of ``agg``, written
+    once for the time and the count windowed streams."""
+
+    @abstractmethod
+    def agg(self, *, name: str | None = None, **named: tuple) -> "DataStream":
+        """Several built-in aggregates by output name (each window kind builds its operator)."""
+
+    def count(self, *, output: str = "count", name: str | None = None) -> "DataStream":
+        """Rows per (key, window)."""
+        return self.agg(name=name, **{output: ("count", None)})
+
+    def sum(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
+        return self.agg(name=name, **{output or column: ("sum", column)})
+
+    def min(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
+        return self.agg(name=name, **{output or column: ("min", column)})
+
+    def max(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
+        return self.agg(name=name, **{output or column: ("max", column)})
+
+    def mean(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
+        return self.agg(name=name, **{output or column: ("mean", column)})
+
+
+class WindowedStream(_Shorthands):
     """A keyed stream cut into windows; finish it with an aggregation or ``process``.
 
     ``timestamp``: the event-time column (int64 ms or a timestamp type) for
@@ -75,23 +101,7 @@ class WindowedStream:
         self.pre_aggregate = pre_aggregate
         self.all_windows = all_windows
 
-    # -- built-in aggregates (vectorized) --------------------------------------------------
-    def count(self, *, output: str = "count", name: str | None = None) -> "DataStream":
-        """Rows per (key, window)."""
-        return self.agg(name=name, **{output: ("count", None)})
-
-    def sum(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
-        return self.agg(name=name, **{output or column: ("sum", column)})
-
-    def min(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
-        return self.agg(name=name, **{output or column: ("min", column)})
-
-    def max(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
-        return self.agg(name=name, **{output or column: ("max", column)})
-
-    def mean(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
-        return self.agg(name=name, **{output or column: ("mean", column)})
-
+    # -- built-in aggregates (vectorized): count/sum/min/max/mean come from _Shorthands
     def max_by(self, value: str, by: str, *, output: str | None = None,
                name: str | None = None) -> "DataStream":
         """``value`` of the row with the largest ``by`` per (key, window) (Flink/Spark
@@ -218,7 +228,7 @@ def _pruned(keyed: "KeyedStream", name: str, needed: list[str]) -> "KeyedStream"
     return pruned.key_by(keyed.keys)
 
 
-class CountWindowedStream:
+class CountWindowedStream(_Shorthands):
     """``key_by(k).count_window(size, slide=None)``: per key, a window every ``size``
     records (tumbling) or every ``slide`` records over the last ``size`` (sliding);
     finish it with built-in aggregates (see :mod:`raystream.engine.windows.count`).
@@ -229,21 +239,6 @@ class CountWindowedStream:
             raise ValueError(f"count_window: size and slide must be positive numbers of "
                              f"records, got size={size!r}, slide={slide!r}")
         self.keyed, self.size, self.slide = keyed, size, slide
-
-    def count(self, *, output: str = "count", name: str | None = None) -> "DataStream":
-        return self.agg(name=name, **{output: ("count", None)})
-
-    def sum(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
-        return self.agg(name=name, **{output or column: ("sum", column)})
-
-    def min(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
-        return self.agg(name=name, **{output or column: ("min", column)})
-
-    def max(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
-        return self.agg(name=name, **{output or column: ("max", column)})
-
-    def mean(self, column: str, *, output: str | None = None, name: str | None = None) -> "DataStream":
-        return self.agg(name=name, **{output or column: ("mean", column)})
 
     def agg(self, *, name: str | None = None, **named: tuple) -> "DataStream":
         """Several built-in aggregates, as :meth:`WindowedStream.agg` (also ``max_by``
