@@ -67,9 +67,9 @@ from typing import Iterable
 
 import numpy as np
 
-from raystream.checkpoint.disk_state import (DiskKeyedStateBackend, partials_record,
-                                             record_fields)
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend, partials_record
 from raystream.engine.windows.aggregates import AggregateSpec
+from raystream.engine.windows.disk_records import PartialsState
 from raystream.timers.disk_service import DiskTimerService
 
 STATE_NAME = "__window_panes"
@@ -89,15 +89,14 @@ class Merged:
     first: np.ndarray  # positions of the pairs to scope new timers to (one per new group)
 
 
-class DiskPanes:
+class DiskPanes(PartialsState):
     """The dense windows' partials of one operator instance, in its disk backend."""
 
     def __init__(self, backend: DiskKeyedStateBackend, spec: AggregateSpec,
                  timers: DiskTimerService, *, where: str) -> None:
-        self._backend = backend
+        super().__init__(backend, timers, state=STATE_NAME, kind=KIND, own=(_KID, _TAG),
+                         where=where)
         self._spec = spec
-        self._timers = timers
-        self._where = where
         self._tag = np.frombuffer(os.urandom(8), dtype="<u8")[0]  # this instance's entries
         self._generation = timers.generation  # of the key table the tag's key ids are in
         # window end -> the key groups holding entries of it (each has its timers)
@@ -105,12 +104,7 @@ class DiskPanes:
         # window end -> which key ids have entries, for windows this instance created
         self._written: dict[int, np.ndarray] = {}
         self._restored: set[int] = set()  # windows holding restored entries: get every pair
-        self.record: np.dtype | None = None
-        self._columns: list[str] = []  # the record's fields: the partial columns
-        self._sid = b""
-        kind = backend.state_kind(STATE_NAME)
-        if kind is not None:  # restored
-            self._use(np.dtype(record_fields(KIND, kind)), kind)
+        if self.record is not None:  # restored
             self._find_windows()
 
     @property
@@ -121,11 +115,6 @@ class DiskPanes:
     def set_dtypes(self, dtypes: dict[str, np.dtype]) -> None:
         self._use(*partials_record(KIND, dtypes, where=self._where,
                                    last=[(_KID, "<i8"), (_TAG, "<u8")]))
-
-    def _use(self, record: np.dtype, kind: str) -> None:
-        self.record = record
-        self._columns = [n for n in record.names or () if n not in (_KID, _TAG)]
-        self._sid = self._backend.raw_state_id(STATE_NAME, kind)
 
     def _timed(self, end: int) -> np.ndarray:
         timed = self.timed.get(end)

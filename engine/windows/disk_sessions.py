@@ -58,9 +58,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from raystream.checkpoint.disk_state import (DiskKeyedStateBackend, partials_record,
-                                             record_fields)
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend, partials_record
 from raystream.engine.windows.aggregates import AggregateSpec
+from raystream.engine.windows.disk_records import PartialsState
 from raystream.engine.windows.sessions import Merged, SessionStore
 from raystream.timers.disk_service import DiskTimerService
 
@@ -79,21 +79,14 @@ class Loaded:
     store: SessionStore
 
 
-class DiskSessions:
+class DiskSessions(PartialsState):
     """The open sessions of one window operator instance, in its disk backend."""
 
     def __init__(self, backend: DiskKeyedStateBackend, spec: AggregateSpec,
                  timers: DiskTimerService, *, where: str) -> None:
-        self._backend = backend
+        super().__init__(backend, timers, state=STATE_NAME, kind=KIND, own=(_START, _END),
+                         where=where)
         self.spec = spec
-        self._timers = timers
-        self._where = where
-        self.record: np.dtype | None = None
-        self._columns: list[str] = []  # the record's partial columns
-        self._sid = b""
-        kind = backend.state_kind(STATE_NAME)
-        if kind is not None:  # restored: the record comes with the state
-            self._use(np.dtype(record_fields(KIND, kind)), kind)
 
     def _declare(self, partials: dict[str, np.ndarray]) -> None:
         """The first partials of a state that has no record yet fix it."""
@@ -101,11 +94,6 @@ class DiskSessions:
             self._use(*partials_record(KIND, {n: v.dtype for n, v in partials.items()},
                                        where=self._where,
                                        first=[(_START, "<i8"), (_END, "<i8")]))
-
-    def _use(self, record: np.dtype, kind: str) -> None:
-        self.record = record
-        self._columns = [n for n in record.names or () if n not in (_START, _END)]
-        self._sid = self._backend.raw_state_id(STATE_NAME, kind)
 
     def entry_keys(self, kids: np.ndarray) -> list[bytes]:
         """The stored keys of key ids ``kids`` (one encoding per distinct key)."""
