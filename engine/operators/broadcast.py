@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Generic, Iterable, TypeVar
 
 import pyarrow as pa
 
@@ -147,21 +147,15 @@ class _BroadcastStates:
                 self.states[name] = d
 
 
-class ReadOnlyContext:
-    """What ``BroadcastProcessFunction.process_element`` sees: broadcast state read-only,
-    side outputs, the operator's watermark and where it runs."""
+_Op = TypeVar("_Op", "BroadcastProcessOperator", "KeyedBroadcastProcessOperator")
 
-    def __init__(self, operator: "BroadcastProcessOperator") -> None:
+
+class _OperatorView(Generic[_Op]):
+    """The operator's watermark, subtask and clock, as both broadcast-side contexts (keyed
+    and not) show them."""
+
+    def __init__(self, operator: _Op) -> None:
         self._operator = operator
-
-    def get_broadcast_state(self, descriptor: MapStateDescriptor) -> ReadOnlyBroadcastState:
-        return self._operator.broadcast.view(descriptor, writable=False)
-
-    def output(self, tag: str, row: dict) -> None:
-        """Emit ``row`` on side output ``tag`` (``stream.side_output(tag)``)."""
-        if not isinstance(tag, str) or not tag:
-            raise ValueError(f"a side output tag is a non-empty string, got {tag!r}")
-        self._operator.side_rows.setdefault(tag, []).append(capture_row(row))
 
     @property
     def current_watermark(self) -> int:
@@ -172,6 +166,20 @@ class ReadOnlyContext:
         return self._operator.ctx.subtask_index
 
     current_processing_time = staticmethod(KeyedContext.current_processing_time)
+
+
+class ReadOnlyContext(_OperatorView["BroadcastProcessOperator"]):
+    """What ``BroadcastProcessFunction.process_element`` sees: broadcast state read-only,
+    side outputs, the operator's watermark and where it runs."""
+
+    def get_broadcast_state(self, descriptor: MapStateDescriptor) -> ReadOnlyBroadcastState:
+        return self._operator.broadcast.view(descriptor, writable=False)
+
+    def output(self, tag: str, row: dict) -> None:
+        """Emit ``row`` on side output ``tag`` (``stream.side_output(tag)``)."""
+        if not isinstance(tag, str) or not tag:
+            raise ValueError(f"a side output tag is a non-empty string, got {tag!r}")
+        self._operator.side_rows.setdefault(tag, []).append(capture_row(row))
 
 
 class BroadcastContext(ReadOnlyContext):
@@ -190,13 +198,10 @@ class KeyedReadOnlyContext(KeyedContext):
         return self._operator.broadcast.view(descriptor, writable=False)  # type: ignore[attr-defined]
 
 
-class KeyedBroadcastContext:
+class KeyedBroadcastContext(_OperatorView["KeyedBroadcastProcessOperator"]):
     """What ``KeyedBroadcastProcessFunction.process_broadcast_element`` sees: broadcast
     state writable, side outputs, and :meth:`apply_to_keyed_state`. A broadcast row
     has no key: keyed state and timers are not available here."""
-
-    def __init__(self, operator: "KeyedBroadcastProcessOperator") -> None:
-        self._operator = operator
 
     def get_broadcast_state(self, descriptor: MapStateDescriptor) -> BroadcastState:
         return self._operator.broadcast.view(descriptor, writable=True)  # type: ignore[return-value]
@@ -211,16 +216,6 @@ class KeyedBroadcastContext:
         for key in list(backend.keys(state.name)):
             backend.set_current_key(key)
             function(key, state)
-
-    @property
-    def current_watermark(self) -> int:
-        return self._operator.current_watermark
-
-    @property
-    def subtask_index(self) -> int:
-        return self._operator.ctx.subtask_index
-
-    current_processing_time = staticmethod(KeyedContext.current_processing_time)
 
 
 class BroadcastProcessFunction:
