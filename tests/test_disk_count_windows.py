@@ -294,7 +294,7 @@ def test_disk_count_windows_savepoints_at_1_then_2_restored_at_3(ray_session, tm
 
     results = [(result.table(sinks[0]), result.table(sinks[1]))
                for result, sinks in savepoint_chain(tmp_path, "disk-count", job)]
-    assert 0 < sum(t.num_rows for t in results[0]) < len(job_oracle(n, TUMBLING, None))
+    assert 0 < results[0][0].num_rows < len(job_oracle(n, TUMBLING, None))  # stopped early
     assert job_rows([t for t, _ in results]) == job_oracle(n, TUMBLING, None)
     assert job_rows([s for _, s in results]) == job_oracle(n, *SLIDING)
 

@@ -114,7 +114,7 @@ def test_coordinator_events_arrive_exactly_once_in_order_across_failures(ray_ses
     failpoints = [
         rs.Failpoint("in_snapshot", operator="fast", subtask=1, hit=3, attempt=1),
         rs.Failpoint("right_after_restore", operator="slow", subtask=0, attempt=2),
-        rs.Failpoint("in_processing", operator="collect", subtask=0, hit=10, attempt=3,
+        rs.Failpoint("in_processing", operator="collect", subtask=0, hit=3, attempt=3,
                      action="raise"),
     ]
     env = rs.StreamEnvironment(
