@@ -218,18 +218,43 @@ def _ext_hook(code: int, data: bytes) -> Any:
 _local = threading.local()  # one reusable packer per thread (msgpack.packb builds one per call)
 
 
-def _pack(obj: Any) -> bytes:
+def _packer() -> msgpack.Packer:
+    """This thread's packer (``msgpack.packb`` would build one per call)."""
     try:
-        packer = _local.packer
+        return _local.packer
     except AttributeError:
         # strict_types: subclasses (IntEnum, OrderedDict, np.float64) are opaque, keep their type
         packer = _local.packer = msgpack.Packer(default=_default, strict_types=True,
                                                 use_bin_type=True)
-    return packer.pack(obj)
+        return packer
+
+
+def _pack(obj: Any) -> bytes:
+    return _packer().pack(obj)
 
 
 def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+
+
+def _unpack_all(raws: list[bytes | None]) -> list[Any]:
+    """``_unpack`` of each of ``raws`` (None stays None), by one unpacker over their
+    concatenation: for small values half the time of an ``unpackb`` call each, whose
+    keyword arguments and set-up dominate (0.29 against 0.54 us a 3-field dict)."""
+    present = [raw for raw in raws if raw is not None]
+    if not present:
+        return [None] * len(raws)
+    unpacker = msgpack.Unpacker(None, ext_hook=_ext_hook, raw=False, strict_map_key=False,
+                                max_buffer_size=0)  # 0: no limit
+    unpacker.feed(b"".join(present))
+    decoded = list(unpacker)
+    if len(decoded) != len(present):  # each value is one _pack: only corruption gets here
+        raise ValueError(f"disk state backend: {len(present)} stored values decoded as "
+                         f"{len(decoded)} MessagePack objects: the local database is corrupt")
+    if len(present) == len(raws):
+        return decoded
+    values = iter(decoded)
+    return [None if raw is None else next(values) for raw in raws]
 
 
 def _canonical_key(key: Any) -> Any:
@@ -240,6 +265,9 @@ def _canonical_key(key: Any) -> Any:
     return key
 
 
+_PLAIN_KEY_TYPES = frozenset((int, str, bytes, float))  # encode_key packs these as they are
+
+
 def encode_key(key: Any) -> bytes:
     """Canonical bytes of a key (equal keys, equal bytes).
 
@@ -247,8 +275,7 @@ def encode_key(key: Any) -> bytes:
     >>> encode_key(7) == encode_key(np.int64(7))
     True
     """
-    t = type(key)
-    if t is int or t is str or t is bytes or t is float:  # the common keys: nothing to convert
+    if type(key) in _PLAIN_KEY_TYPES:  # the common keys: nothing to convert
         return _pack(key)
     return _pack(_canonical_key(key))
 
@@ -527,19 +554,19 @@ class DiskValueState(_DiskState):
 
     # -- vectorized access (keyed reduce over a batch) -------------------------
     # A batch's keys are encoded once (entry_keys) and then read and written with them.
-    def entry_keys(self, keys_and_groups: Iterable[tuple[Any, int]]) -> list[bytes]:
-        """The stored keys of many ``(key, key group)`` pairs, for :meth:`values_at` and
+    def entry_keys(self, keys: list[Any], groups: Sequence[int] | np.ndarray) -> list[bytes]:
+        """The stored keys of ``keys`` in key groups ``groups``, for :meth:`values_at` and
         :meth:`update_at`; a key group outside this backend's fails naming the key."""
-        pairs = list(keys_and_groups)
-        return self._b.entry_keys(self._sid, [k for k, _ in pairs], [g for _, g in pairs])
+        return self._b.entry_keys(self._sid, keys, groups)
 
     def values_at(self, keys: list[bytes]) -> list[Any]:
         """The values stored at ``keys`` (None where unset), with one multi-get."""
-        return [None if raw is None else _unpack(raw) for raw in self._b._multi_get(keys)]
+        return _unpack_all(self._b._multi_get(keys))
 
     def update_at(self, keys: list[bytes], values: Iterable[Any]) -> None:
         """Store ``values`` at ``keys``, in one write batch."""
-        self._b._write([(k, _pack(v)) for k, v in zip(keys, values)])
+        pack = _packer().pack
+        self._b._write([(k, pack(v)) for k, v in zip(keys, values)])
 
 
 class _DiskMergingState(_DiskState):
@@ -1258,7 +1285,11 @@ class DiskKeyedStateBackend:
             raise ValueError(f"key {keys[i]!r} is in key group {int(groups[i])}, outside this "
                              f"backend's key groups {span.start}..{span.stop - 1}")
         pack, state = _PREFIX_LEN.pack, _U16.unpack(sid)[0]
-        codes = [encode_key(k) for k in keys]
+        if set(map(type, keys)) <= _PLAIN_KEY_TYPES:  # nothing to canonicalize: pack as is
+            packer = _packer()
+            codes = [packer.pack(k) for k in keys]
+        else:
+            codes = [encode_key(k) for k in keys]
         return [pack(g, state, len(c)) + c for c, g in zip(codes, groups.tolist())]
 
     def _entry_key(self, sid: bytes, key: Any, key_group: int, namespace: Any = None) -> bytes:

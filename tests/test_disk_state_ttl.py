@@ -163,7 +163,7 @@ def test_batch_reads_and_writes_follow_the_per_key_semantics(make_backend, cfg):
         for k, g in batch:
             heap.set_current_key(k, g)
             want.append(one_by_one.value())
-        stored = state.entry_keys(batch)  # as keyed reduce reads and writes a batch
+        stored = state.entry_keys([k for k, _ in batch], [g for _, g in batch])  # as reduce does
         assert state.values_at(stored) == want
         if rng.random() < 0.6:
             values = rng.integers(0, 100, len(batch)).tolist()

@@ -410,7 +410,7 @@ class KeyedProcessOperator(_KeyedOperator):
 class _BatchValueState(Protocol):
     """A value state that reads and writes many keys at once (the disk backend's)."""
 
-    def entry_keys(self, keys_and_groups: Iterable[tuple[Any, int]]) -> list[bytes]: ...
+    def entry_keys(self, keys: list[Any], groups: np.ndarray) -> list[bytes]: ...
     def values_at(self, keys: list[bytes]) -> list[Any]: ...
     def update_at(self, keys: list[bytes], values: Iterable[Any]) -> None: ...
 
@@ -464,7 +464,7 @@ class ReduceOperator(_KeyedOperator):
         fn, state = self.fn, cast(_BatchValueState, self.accumulated)
         distinct = self.keys.distinct_keys(batch, self.ctx.max_parallelism)
         keys = distinct.keys
-        stored = state.entry_keys(zip(keys, distinct.groups.tolist()))  # encoded once
+        stored = state.entry_keys(keys, distinct.groups)  # encoded once
         current = state.values_at(stored)
         out = []
         for i, row in zip(distinct.inverse.tolist(), batch.to_pylist()):
