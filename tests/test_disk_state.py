@@ -141,6 +141,24 @@ def test_snapshot_is_consistent_while_processing_writes(backends):
         assert n.value() == 1
 
 
+def test_a_batch_read_of_a_damaged_value_fails_instead_of_shifting_its_neighbours(backends):
+    """values_at decodes a batch's values as one stream: a stored value holding two
+    objects (a damaged database) must fail the read, never hand key 1 key 0's spare
+    object and so on down the batch."""
+    import msgpack
+
+    b = backends()
+    state = b.value_state("sum")
+    keys = [0, 1, 2]
+    stored = state.entry_keys(keys, [key_group_of(k, MAXP) for k in keys])
+    state.update_at(stored, [{"v": 1}, {"v": 2}, {"v": 3}])
+    assert state.values_at(stored + [stored[0][:-1] + b"\x7f"]) == [{"v": 1}, {"v": 2},
+                                                                     {"v": 3}, None]
+    b.raw_db[stored[0]] = msgpack.packb({"v": 1}) + msgpack.packb({"v": 9})
+    with pytest.raises(ValueError, match="3 stored values decoded as 4 .* corrupt"):
+        state.values_at(stored)
+
+
 def test_values_keep_their_types_and_keys_are_canonical(backends):
     b = backends()
     v = b.value_state("v")
