@@ -542,12 +542,14 @@ class DiskValueState(_DiskState):
         super().__init__(backend, sid, name)
         self._default = default
 
+    def _default_value(self) -> Any:
+        """The value read when there is none (a fresh copy of a mutable default)."""
+        d = self._default
+        return _unpack(_pack(d)) if type(d) in (list, dict, set, bytearray) else d
+
     def value(self) -> Any:
         raw = self._b._get(self._key())
-        if raw is None:
-            d = self._default
-            return _unpack(_pack(d)) if type(d) in (list, dict, set, bytearray) else d
-        return _unpack(raw)
+        return self._default_value() if raw is None else _unpack(raw)
 
     def update(self, value: Any) -> None:
         self._put(value)
@@ -795,10 +797,6 @@ class DiskTtlValueState(TtlValueOps, _DiskTtlSingle, DiskValueState):
                  ttl: _TtlCleanup) -> None:
         super().__init__(backend, sid, name, default)
         self._t = ttl
-
-    def _default_value(self) -> Any:
-        d = self._default
-        return _unpack(_pack(d)) if type(d) in (list, dict, set, bytearray) else d
 
     # -- vectorized access: one cleanup step per call, the batch checked with numpy ----
     def values_at(self, keys: list[bytes]) -> list[Any]:

@@ -345,6 +345,10 @@ class ValueState(_State):
         self._default = default
         self._copy_default = type(default) in (list, dict, set, bytearray)
 
+    def _default_value(self) -> Any:
+        """The value read when there is none (a fresh copy of a mutable default)."""
+        return copy.deepcopy(self._default) if self._copy_default else self._default
+
     def value(self) -> Any:
         b = self._b
         i = b._kg_idx
@@ -353,7 +357,7 @@ class ValueState(_State):
         kg = self._kgs[i]
         v = kg.m.get(b._kk, _MISSING)
         if v is _MISSING:
-            return copy.deepcopy(self._default) if self._copy_default else self._default
+            return self._default_value()
         if b._max_active < 0 or type(v) in _ATOMIC:  # fast path: nothing to copy
             return v
         return kg.owned(b._kk)
@@ -633,9 +637,6 @@ class _TtlSingleState(_TtlState, TtlSingle):
 
 class _TtlValueState(TtlValueOps, _TtlSingleState, ValueState):
     __slots__ = ()
-
-    def _default_value(self) -> Any:
-        return copy.deepcopy(self._default) if self._copy_default else self._default
 
 
 class _TtlReducingState(TtlReducingOps, _TtlSingleState, ReducingState):

@@ -332,10 +332,7 @@ class TtlValueOps(TtlSingle):
     """``value`` and ``update`` of a value state with a TTL."""
 
     __slots__ = ()
-
-    def _default_value(self) -> Any:  # pragma: no cover - each backend's
-        """The value read when there is none (a fresh copy of a mutable default)."""
-        raise NotImplementedError
+    _default_value: Callable[[], Any]  # each backend's value state: a fresh copy of its default
 
     def value(self) -> Any:
         v = self._live(self._tick())
