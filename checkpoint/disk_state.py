@@ -874,7 +874,10 @@ class DiskTtlListState(_DiskTtlState, DiskListState):
         raw = self._b._get(self._key())
         if raw is None:
             return []
-        out, stored = read_elements(_unpack(raw[8:]), self._t.cfg, now)
+        elements, cfg = _unpack(raw[8:]), self._t.cfg
+        if not cfg.renew_on_read and not is_expired(_TS.unpack_from(raw)[0], cfg.ttl_ms, now):
+            return [e[0] for e in elements]  # the header, the oldest: none expired, none to store
+        out, stored = read_elements(elements, cfg, now)
         if stored is not None:
             self._store(stored)
         return out
