@@ -160,6 +160,12 @@ def _is_identity(rows: np.ndarray, n: int) -> bool:
                                           and bool(np.all(np.diff(rows) == 1))))
 
 
+def _sessions_per_key(distinct: np.ndarray, kids: np.ndarray) -> np.ndarray:
+    """How many of the sessions of key ids ``kids`` each of the sorted ``distinct`` key
+    ids holds."""
+    return np.bincount(np.searchsorted(distinct, kids), minlength=len(distinct))
+
+
 def _concat(chunks: list[pa.Array]) -> pa.Array:
     kind = chunks[0].type
     return pa.concat_arrays([c if c.type == kind else c.cast(kind) for c in chunks])
@@ -869,10 +875,13 @@ class WindowOperator(_KeyedOperator):
                 distinct = np.unique(kids)
                 keys = disk.entry_keys(distinct)
                 store = disk.read(distinct, keys)
-                held = len(store)
+                held = _sessions_per_key(distinct, store.kids)
                 self._on_session_timers(store, timestamps, kids, starts)
-                if len(store) < held:  # sessions past their lateness went (firing changes none)
-                    disk.write(distinct, keys, store)
+                # firing changes no session; only keys whose sessions went past their
+                # lateness are written back (a pop holds many keys, most merely fired)
+                changed = np.flatnonzero(_sessions_per_key(distinct, store.kids) != held)
+                if len(changed):
+                    disk.write(distinct[changed], [keys[i] for i in changed.tolist()], store)
                 continue
             if self.disk_entries is not None:
                 self._on_disk_entry_timers(self.disk_entries, timestamps, kids, starts)
