@@ -305,10 +305,16 @@ def _encode_map(entries: dict) -> bytes:
     return _TS.pack(min(e[1] for e in entries.values())) + _pack(entries)
 
 
+def _oldest_live(raw: bytes, ttl_ms: int, now: int) -> bool:
+    """Whether nothing in ``raw``, a TTL list or map state's stored value, has expired at
+    ``now``: its header holds the oldest timestamp."""
+    return not is_expired(_TS.unpack_from(raw)[0], ttl_ms, now)
+
+
 def _unexpired(base: str, raw: bytes, ttl_ms: int, now: int) -> bytes | None:
     """``raw`` (a stored value of a TTL state of kind ``base``) without what has expired
     at ``now``: ``raw`` itself when nothing has, None when everything has."""
-    if not is_expired(_TS.unpack_from(raw)[0], ttl_ms, now):  # the oldest is live
+    if _oldest_live(raw, ttl_ms, now):
         return raw
     if base == _LIST:
         live = live_elements(_unpack(raw[8:]), ttl_ms, now)
@@ -875,8 +881,8 @@ class DiskTtlListState(_DiskTtlState, DiskListState):
         if raw is None:
             return []
         elements, cfg = _unpack(raw[8:]), self._t.cfg
-        if not cfg.renew_on_read and not is_expired(_TS.unpack_from(raw)[0], cfg.ttl_ms, now):
-            return [e[0] for e in elements]  # the header, the oldest: none expired, none to store
+        if not cfg.renew_on_read and _oldest_live(raw, cfg.ttl_ms, now):
+            return [e[0] for e in elements]  # none expired, none to store
         out, stored = read_elements(elements, cfg, now)
         if stored is not None:
             self._store(stored)
