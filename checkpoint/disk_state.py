@@ -150,7 +150,7 @@ import numpy as np
 
 from raystream.checkpoint.disk_incremental import IncrementalSnapshot, RestoredDb, UploadTracker
 from raystream.checkpoint.envelope import KEYED_STATE, Envelope, SectionKind, is_keyed_state, read
-from raystream.checkpoint.keygroups import check_key_group_range, key_group_of
+from raystream.checkpoint.keygroups import canonical_key, check_key_group_range, key_group_of
 from raystream.checkpoint.ttl import (TTL_KIND_SUFFIX, StateTtlConfig, TtlAggregatingOps,
                                       TtlHandle, TtlMapReads, TtlReducingOps, TtlSingle,
                                       TtlTimeProvider, TtlValueOps, check_state_kind, is_expired,
@@ -259,13 +259,14 @@ def _unpack_all(raws: list[bytes | None]) -> list[Any]:
 
 def _canonical_key(key: Any) -> Any:
     if isinstance(key, np.generic):
-        return key.item()
+        key = key.item()
     if type(key) is tuple:
         return tuple(_canonical_key(k) for k in key)
-    return key
+    return canonical_key(key)  # a float: -0.0 as 0.0, one NaN (the heap's dict keys too)
 
 
-_PLAIN_KEY_TYPES = frozenset((int, str, bytes, float))  # encode_key packs these as they are
+# encode_key packs these as they are (not floats: two zeros and many NaNs)
+_PLAIN_KEY_TYPES = frozenset((int, str, bytes))
 
 
 def encode_key(key: Any) -> bytes:
@@ -274,6 +275,8 @@ def encode_key(key: Any) -> bytes:
     >>> import numpy as np
     >>> encode_key(7) == encode_key(np.int64(7))
     True
+    >>> encode_key(-0.0) == encode_key(0.0), encode_key(float("nan")) == encode_key(-np.nan)
+    (True, True)
     """
     if type(key) in _PLAIN_KEY_TYPES:  # the common keys: nothing to convert
         return _pack(key)

@@ -11,7 +11,8 @@ every process, on every machine and across restarts. Version 1 is:
 
 * integers (and booleans, dates, timestamps, durations): murmur3 ``fmix64`` of
   the value's two's-complement int64 bits;
-* floats: ``fmix64`` of the IEEE-754 float64 bits, with ``-0.0`` folded to ``0.0``;
+* floats: ``fmix64`` of the IEEE-754 float64 bits, with ``-0.0`` folded to ``0.0`` and
+  every NaN to the bits of ``float("nan")``;
 * strings and bytes: murmur3 x86 32-bit (seed 0) of the UTF-8 bytes;
 * composite keys (several columns, or a tuple): ``h = h0``, then for every
   further part ``h = fmix64(h * 31 + h_i)`` (wrapping uint64 arithmetic).
@@ -29,6 +30,8 @@ Example:
 """
 
 from __future__ import annotations
+
+import math
 
 from typing import Any, Sequence, TypeVar
 
@@ -142,6 +145,8 @@ def _hash_scalar(value: Any) -> int:
         return _fmix64_int(int(value))
     if isinstance(value, (float, np.floating)):
         f = float(value) + 0.0  # folds -0.0 to 0.0
+        if f != f:  # every NaN is one key (canonical_key)
+            f = NAN_KEY
         return _fmix64_int(int(np.array(f, dtype=np.float64).view(np.uint64)))
     if isinstance(value, str):
         return murmur3_32(value.encode("utf-8"))
@@ -150,6 +155,27 @@ def _hash_scalar(value: Any) -> int:
     if hasattr(value, "value") and isinstance(getattr(value, "value"), int):
         return _fmix64_int(value.value)  # pyarrow/pandas timestamps carry .value
     raise TypeError(f"cannot key by a value of type {type(value).__name__}: {value!r}")
+
+
+# Keys are equal when Python's == says so, except that every NaN is one key (as pandas
+# groups with dropna=False, and Flink's Double.equals): -0.0 is 0.0, and a NaN key is
+# this one object, which a dict finds by identity (NaN != NaN).
+NAN_KEY = math.nan
+
+
+def canonical_key(key: Any) -> Any:
+    """``key`` with its floats canonical: -0.0 as 0.0, any NaN as one NaN object.
+
+    >>> canonical_key((-0.0, "a"))
+    (0.0, 'a')
+    >>> canonical_key(float("nan")) is canonical_key(-float("nan"))
+    True
+    """
+    if type(key) is float:
+        return NAN_KEY if key != key else key + 0.0  # -0.0 + 0.0 is 0.0
+    if type(key) is tuple:
+        return tuple(map(canonical_key, key))
+    return key
 
 
 def key_group_of(key: Any, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> int:
@@ -244,6 +270,7 @@ def _hash_array(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
         return _fmix64(ints.view(np.uint64))
     if pa.types.is_floating(t):
         f = np.asarray(arr.cast(pa.float64()).to_numpy(zero_copy_only=False)) + 0.0
+        f[np.isnan(f)] = NAN_KEY  # every NaN is one key (canonical_key)
         return _fmix64(f.view(np.uint64))
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
             or pa.types.is_large_binary(t):

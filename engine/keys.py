@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from raystream.checkpoint.keygroups import key_groups_of_array
+from raystream.checkpoint.keygroups import NAN_KEY, canonical_key, key_groups_of_array
 from raystream.engine.errors import BadRecordError, describe_record
 
 KeySpec = str | Sequence[str] | Callable[[dict], Any]
@@ -140,7 +140,7 @@ class KeySelector:
                 raise BadRecordError(
                     f"{self.where}: key column '{name}' is null in record "
                     f"{describe_record(record)}", column=name, record=record)
-            arrays.append(column)
+            arrays.append(_canonical_floats(column))
         return arrays
 
     def _arrays_of(self, keys: list[Any]) -> list[pa.Array]:
@@ -172,7 +172,7 @@ class KeySelector:
             if key is None:
                 raise BadRecordError(f"{self.where}: key function returned None for record "
                                      f"{describe_record(row)}", record=row)
-            keys.append(key)
+            keys.append(canonical_key(key))
         return keys
 
     def __repr__(self) -> str:
@@ -182,5 +182,23 @@ class KeySelector:
 
 
 def _python_keys(arrays: list[pa.Array]) -> list[Any]:
-    columns = [a.to_pylist() for a in arrays]
+    columns = [_python_values(a) for a in arrays]
     return columns[0] if len(columns) == 1 else list(zip(*columns))
+
+
+def _canonical_floats(column: pa.Array) -> pa.Array:
+    """A float key column with -0.0 as 0.0 and every NaN the same bits (vectorized): Arrow's
+    distinct values and key groups tell them apart by their bits (see ``canonical_key``)."""
+    if not (pa.types.is_float32(column.type) or pa.types.is_float64(column.type)):
+        return column
+    values = column.to_numpy(zero_copy_only=False) + 0.0  # (no nulls); -0.0 + 0.0 is 0.0
+    values[np.isnan(values)] = NAN_KEY
+    return pa.array(values, type=column.type)
+
+
+def _python_values(array: pa.Array) -> list[Any]:
+    values = array.to_pylist()
+    if (pa.types.is_float32(array.type) or pa.types.is_float64(array.type)) and np.isnan(
+            array.to_numpy(zero_copy_only=False)).any():  # one NaN object: a dict finds it again
+        return [NAN_KEY if v != v else v for v in values]
+    return values
