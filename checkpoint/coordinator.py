@@ -522,8 +522,11 @@ class CheckpointCoordinator:
         Checkpoint ids of this job continue above the restored one.
         """
         storage_uri, key = locate_snapshot(path)
-        found = CheckpointStorage(storage_uri).latest_valid_checkpoint(key)
+        skipped: list[CorruptCheckpointError] = []
+        found = CheckpointStorage(storage_uri).latest_valid_checkpoint(key, skipped=skipped)
         if found is None:
+            if skipped:  # name the damage, not just the absence
+                raise skipped[0]
             raise FileNotFoundError(f"no complete savepoint or checkpoint under {path}")
         n, metadata = found[0], CheckpointMetadata.from_json(found[1])
         if metadata.max_parallelism != self.max_parallelism:

@@ -92,6 +92,24 @@ def test_a_max_parallelism_change_is_refused(stopped_at_parallelism_2):
         env.execute("other-max-parallelism", restore_from=str(base / "stopped"))
 
 
+def test_a_damaged_savepoint_fails_the_restore_naming_its_file(stopped_at_parallelism_2,
+                                                             tmp_path):
+    base, _, _, _ = stopped_at_parallelism_2
+    (chk,) = (base / "stopped" / "savepoint").iterdir()
+    victim = min(p for p in chk.iterdir() if p.suffix == ".keyed")
+    intact = victim.read_bytes()
+    damaged = bytearray(intact)
+    damaged[len(damaged) // 2] ^= 0xFF
+    victim.write_bytes(bytes(damaged))
+    try:  # (the savepoint's metadata names its files by absolute path: damaged in place)
+        env = env_at(2, str(tmp_path / "chk"))
+        build_job(env)
+        with pytest.raises(rs.JobFailedError, match=f"corrupt checkpoint file.*{victim.name}"):
+            env.execute("from-a-damaged-savepoint", restore_from=str(base / "stopped"))
+    finally:  # the module's other tests restore from it
+        victim.write_bytes(intact)
+
+
 def test_stop_with_savepoint_and_drain_then_restore(ray_session, tmp_path):
     client, sink = run_until_checkpoints(env_at(2, str(tmp_path / "chk")), "drain")
     first = client.stop_with_savepoint(str(tmp_path / "drained"), drain=True)
