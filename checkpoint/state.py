@@ -834,14 +834,21 @@ class StateSnapshot:
             self._finalizer()
 
     def _section(self, kg: int, states: list[tuple[str, str, dict]]) -> bytes:
+        try:
+            return self._pickled_section(kg, states, fast=True)
+        except KeyError:  # CPython's pickler without a memo fails so on frozensets
+            return self._pickled_section(kg, states, fast=False)
+
+    def _pickled_section(self, kg: int, states: list[tuple[str, str, dict]], *,
+                         fast: bool) -> bytes:
         buf = io.BytesIO()
         buf.write(Envelope.current(SectionKind.HEAP_STATE, max_parallelism=self._max_parallelism,
                                    key_group=kg).pack())
         pickler = pickle.Pickler(buf, protocol=5)
-        # No memo: state values are written independently (as Flink serializes
+        # No memo (fast): state values are written independently (as Flink serializes
         # each value), which halves the time for millions of small entries; a
         # value that refers to itself fails the write and so declines the checkpoint.
-        pickler.fast = True
+        pickler.fast = fast
         pickler.dump([(name, kind, -(-len(m) // CHUNK_ENTRIES)) for name, kind, m in states])
         for _name, _kind, m in states:
             if len(m) <= CHUNK_ENTRIES:

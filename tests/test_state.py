@@ -850,3 +850,23 @@ def test_large_key_group_is_written_in_chunks_and_restored_exactly():
     assert got == want
     with pytest.raises(Exception):
         restored({3: sections[3][: len(sections[3]) // 2]})  # truncated section
+
+
+def test_map_state_with_frozenset_user_keys_snapshots_and_restores():
+    # CPython's pickler without a memo (the fast snapshot path) fails on frozensets
+    b = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    m = b.map_state("m")
+    want = {}
+    for k in range(200):
+        b.set_current_key(k)
+        entries = {frozenset({k, k + j}): j for j in range(10)}
+        m.put_all(entries)
+        want[k] = entries
+    for _ in range(3):  # it failed on the third snapshot of the same state
+        r = restored(b.snapshot()())
+    rm = r.map_state("m")
+    got = {}
+    for k in r.keys("m"):
+        r.set_current_key(k)
+        got[k] = dict(rm.items())
+    assert got == want
