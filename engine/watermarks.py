@@ -51,7 +51,14 @@ class BoundedOutOfOrderness:
 
 
 def timestamps_ms(batch: pa.RecordBatch, column: str, *, where: str) -> np.ndarray:
-    """The ``column`` of ``batch`` as int64 milliseconds, or a clear error."""
+    """The ``column`` of ``batch`` as int64 milliseconds, or a clear error; timestamps
+    finer than a millisecond are floored to it.
+
+    >>> import pyarrow as pa
+    >>> batch = pa.record_batch({"ts": pa.array([1_500_999, -1], pa.timestamp("us"))})
+    >>> timestamps_ms(batch, "ts", where="example").tolist()
+    [1500, -1]
+    """
     index = batch.schema.get_field_index(column)
     if index < 0:
         raise BadRecordError(f"{where}: timestamp column '{column}' is missing (columns: "
@@ -62,8 +69,22 @@ def timestamps_ms(batch: pa.RecordBatch, column: str, *, where: str) -> np.ndarr
         raise BadRecordError(f"{where}: timestamp column '{column}' is null in record {row}",
                              column=column, record=row)
     if pa.types.is_timestamp(values.type):
+        finer = _PER_MS.get(values.type.unit)
+        if finer is not None:  # floored to the millisecond (toward the past), as Flink does
+            return values.view(pa.int64()).to_numpy(zero_copy_only=False) // finer
         values = values.cast(pa.timestamp("ms")).view(pa.int64())
     elif not pa.types.is_integer(values.type):
         raise BadRecordError(f"{where}: timestamp column '{column}' has type {values.type}; "
                              f"expected int64 milliseconds or a timestamp", column=column)
-    return values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    ms = values.to_numpy(zero_copy_only=False)
+    if ms.dtype == np.uint64 and len(ms) and ms.max() > _INT64_MAX:  # would wrap negative
+        row = int(np.argmax(ms > _INT64_MAX))
+        record = batch.slice(row, 1).to_pylist()[0]
+        raise BadRecordError(f"{where}: timestamp column '{column}' holds {int(ms[row])}, beyond "
+                             f"int64 milliseconds, in record {record}", column=column,
+                             record=record)
+    return ms.astype(np.int64, copy=False)
+
+
+_PER_MS = {"us": 1_000, "ns": 1_000_000}  # timestamp units finer than a millisecond
+_INT64_MAX = np.iinfo(np.int64).max
