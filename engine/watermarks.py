@@ -1,6 +1,8 @@
 """Watermark strategies for sources (Flink's ``WatermarkStrategy``).
 
-Time is int64 milliseconds since the epoch. A bounded-out-of-orderness
+Time is int64 milliseconds since the epoch, within ``±EVENT_TIME_LIMIT_MS`` (2^62 ms,
+146 million years) so that window ends, lateness and join bounds added to it cannot
+overflow int64. A bounded-out-of-orderness
 watermark is ``max_timestamp_seen - bound - 1``: after it, records with a
 timestamp up to ``bound`` ms older than the newest seen are still on time.
 """
@@ -47,7 +49,7 @@ class BoundedOutOfOrderness:
     def watermark_for(self, max_timestamp: int) -> int:
         if max_timestamp == MIN_WATERMARK:
             return MIN_WATERMARK
-        return max_timestamp - self.bound_ms - 1
+        return max(max_timestamp - self.bound_ms - 1, MIN_WATERMARK)  # a huge bound: no lateness
 
 
 def timestamps_ms(batch: pa.RecordBatch, column: str, *, where: str) -> np.ndarray:
@@ -71,20 +73,31 @@ def timestamps_ms(batch: pa.RecordBatch, column: str, *, where: str) -> np.ndarr
     if pa.types.is_timestamp(values.type):
         finer = _PER_MS.get(values.type.unit)
         if finer is not None:  # floored to the millisecond (toward the past), as Flink does
-            return values.view(pa.int64()).to_numpy(zero_copy_only=False) // finer
+            ms = values.view(pa.int64()).to_numpy(zero_copy_only=False) // finer
+            return _within_limits(ms, batch, column, where)
         values = values.cast(pa.timestamp("ms")).view(pa.int64())
     elif not pa.types.is_integer(values.type):
         raise BadRecordError(f"{where}: timestamp column '{column}' has type {values.type}; "
                              f"expected int64 milliseconds or a timestamp", column=column)
-    ms = values.to_numpy(zero_copy_only=False)
-    if ms.dtype == np.uint64 and len(ms) and ms.max() > _INT64_MAX:  # would wrap negative
-        row = int(np.argmax(ms > _INT64_MAX))
-        record = batch.slice(row, 1).to_pylist()[0]
-        raise BadRecordError(f"{where}: timestamp column '{column}' holds {int(ms[row])}, beyond "
-                             f"int64 milliseconds, in record {record}", column=column,
-                             record=record)
-    return ms.astype(np.int64, copy=False)
+    return _within_limits(values.to_numpy(zero_copy_only=False), batch, column, where)
 
 
+def _within_limits(ms: np.ndarray, batch: pa.RecordBatch, column: str, where: str) -> np.ndarray:
+    """``ms`` as int64, or a BadRecordError naming the first record beyond the limits
+    (a uint64 beyond int64 would wrap negative; a time near int64's ends overflows the
+    windows' ends)."""
+    if not len(ms) or (ms.max() <= EVENT_TIME_LIMIT_MS and ms.min() >= -EVENT_TIME_LIMIT_MS):
+        return ms.astype(np.int64, copy=False)
+    beyond = ms > EVENT_TIME_LIMIT_MS
+    if ms.dtype.kind == "i":
+        beyond |= ms < -EVENT_TIME_LIMIT_MS
+    row = int(np.argmax(beyond))
+    record = batch.slice(row, 1).to_pylist()[0]
+    raise BadRecordError(f"{where}: timestamp column '{column}' holds {int(ms[row])} ms, beyond "
+                         f"the event-time limit of ±2^62 ms (146 million years), in record "
+                         f"{record}", column=column, record=record)
+
+
+EVENT_TIME_LIMIT_MS = 1 << 62
+MAX_SPAN_MS = 1 << 60  # the longest window size, slide, gap or join bound: 36 million years
 _PER_MS = {"us": 1_000, "ns": 1_000_000}  # timestamp units finer than a millisecond
-_INT64_MAX = np.iinfo(np.int64).max

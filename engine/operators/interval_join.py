@@ -58,7 +58,7 @@ from raystream.engine.operators.functions import _close_function, emit_rows
 from raystream.engine.operators.keyed_rows import (BufferedJoinOperator, JoinSide, RowBuffer,
                                                    joined_names)
 from raystream.engine.operators.keyed_rows import KeyedRows as _Rows
-from raystream.engine.watermarks import timestamps_ms
+from raystream.engine.watermarks import MAX_SPAN_MS, timestamps_ms
 
 @dataclass(frozen=True)
 class IntervalBounds:
@@ -80,6 +80,9 @@ class IntervalBounds:
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise TypeError(f"interval join: {name} is an int of milliseconds, "
                                 f"got {value!r}")
+            if abs(int(value)) > MAX_SPAN_MS:  # a row's time plus it stays within int64
+                raise ValueError(f"interval join: {name} is at most 2^60 ms either way, "
+                                 f"got {value!r}")
         if self.lower > self.upper:
             raise ValueError(f"interval join: the interval [{self.lower_ms}, {self.upper_ms}] "
                              f"(lower_inclusive={self.lower_inclusive}, upper_inclusive="

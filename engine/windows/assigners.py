@@ -1,6 +1,8 @@
 """Window assigners: which windows ``[start, end)`` a record belongs to (Flink's conventions).
 
-Times are int64 milliseconds since the epoch. A window fires once the
+Times are int64 milliseconds since the epoch, within ±2^62 (``EVENT_TIME_LIMIT_MS``);
+sizes, slides and gaps are at most ``MAX_SPAN_MS`` (2^60), so starts and ends stay
+within int64 (with ``MAX_LATENESS_MS`` of lateness, 2^61, too). A window fires once the
 watermark reaches ``end - 1``; a record is late for a window iff
 ``end - 1 + allowed_lateness <= watermark`` (docs/architecture.md, "Time").
 Assignment is vectorized over a batch's timestamps.
@@ -20,11 +22,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from raystream.engine.watermarks import MAX_SPAN_MS
+
 
 def _check_positive(**values: int) -> None:
     for name, value in values.items():
-        if int(value) <= 0:
-            raise ValueError(f"{name} must be a positive number of milliseconds, got {value!r}")
+        if not 0 < int(value) <= MAX_SPAN_MS:
+            raise ValueError(f"{name} must be a positive number of milliseconds up to 2^60, "
+                             f"got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,8 @@ class TumblingEventTimeWindows:
 
     def assign(self, timestamps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(row index, window start) per assignment; one window per row."""
-        starts = timestamps - np.mod(timestamps - self.offset_ms, self.size_ms)
+        # the offset modulo the size: the same windows, and no overflow for a huge offset
+        starts = timestamps - np.mod(timestamps - self.offset_ms % self.size_ms, self.size_ms)
         return np.arange(len(timestamps)), starts
 
     def end_of(self, starts: np.ndarray) -> np.ndarray:
@@ -66,7 +72,7 @@ class SlidingEventTimeWindows:
         _check_positive(size_ms=self.size_ms, slide_ms=self.slide_ms)
 
     def assign(self, timestamps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        last = timestamps - np.mod(timestamps - self.offset_ms, self.slide_ms)
+        last = timestamps - np.mod(timestamps - self.offset_ms % self.slide_ms, self.slide_ms)
         per_row = -(-self.size_ms // self.slide_ms)
         starts = last[:, None] - self.slide_ms * np.arange(per_row)[None, :]
         rows = np.broadcast_to(np.arange(len(timestamps))[:, None], starts.shape)

@@ -90,7 +90,7 @@ WINDOW_TIME = "window_end - 1"
 timestamp of a window's result stream, so a second windowed stage chains without naming
 a column: a result is emitted before the watermark that fired it, so the next stage never
 finds it late (unless it is a late re-firing within the allowed lateness)."""
-MAX_LATENESS_MS = 1 << 62  # 146 million years: a window kept beyond any input
+MAX_LATENESS_MS = 1 << 61  # 73 million years: a window kept beyond any input
 LATE_LOG_INTERVAL_S = 60.0  # at most one "dropped late records" log per operator per interval
 # rows a disk window emits at once when it fires: its keys are read key group by key group
 # and emitted in chunks of about this many, so a window over millions of keys never sits
