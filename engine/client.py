@@ -40,11 +40,16 @@ class JobResult:
     def table(self, sink: SinkHandle) -> pa.Table:
         """Everything a ``collect()`` sink received: without checkpoints subtask by subtask,
         in arrival order; with checkpoints what this run committed, exactly once, checkpoint
-        by checkpoint."""
+        by checkpoint (of a canceled job, what it committed before the cancel; a run
+        resumed from its checkpoint holds the rest)."""
         read = getattr(sink, "read", None)
         if callable(read):  # a sink with committed files of its own
             return read()
         parts = self._results.get(sink.transformation_id)
+        if parts is None and self.status is JobStatus.CANCELED:
+            raise ValueError(f"job '{self.job_name}' was canceled and {sink} committed nothing "
+                             f"before: a canceled job's collect() sink holds what its "
+                             f"checkpoints committed (none completed, or the job had none)")
         if parts is None:
             raise KeyError(f"{sink} is not a sink of job '{self.job_name}'")
         if not all(isinstance(p, pa.Table) for p in parts):

@@ -241,6 +241,8 @@ class JobMaster:
             self.savepoints.answer_open(self.coordinator, "the job ended before it")
             self.operator_coordinators.close()
             self.deployment.release()
+        if outcome.status is JobStatus.CANCELED:  # its subtasks have ended: no more commits
+            outcome.results = sink_results(self.plan, {}, self.options.checkpoints, self.job_id)
         outcome.deploy_s = deploy_s
         outcome.run_s = time.perf_counter() - started - deploy_s
         outcome.restarts = self.attempt

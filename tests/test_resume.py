@@ -96,6 +96,42 @@ def test_a_killed_job_master_of_a_job_without_restarts_fails_the_job_clearly_and
     assert_exactly_once(read_committed(out))
 
 
+def test_a_canceled_run_returns_what_it_committed_and_the_resumed_run_the_rest(
+        ray_session, tmp_path):
+    storage = str(tmp_path / "checkpoints")
+    env = checkpointed_env(storage)
+    source = env.from_sequence(N, numbers, batch_size=100, num_splits=SPLITS, name="numbers")
+    sink = source.map_batches(slow, name="slow").key_by("k").reduce(add, name="sum").collect(
+        name="out")
+    client = env.execute_async("canceled")
+    wait_for_checkpoint(client, after=1, timeout_s=120)
+    client.cancel()
+    canceled = client.wait(timeout_s=60)
+    assert canceled.status == "CANCELED"
+    first = canceled.table(sink)
+    assert 0 < first.num_rows < N
+
+    again = checkpointed_env(storage)
+    source = again.from_sequence(N, numbers, batch_size=100, num_splits=SPLITS, name="numbers")
+    sink = source.map_batches(slow, name="slow").key_by("k").reduce(add, name="sum").collect(
+        name="out")
+    rest = again.execute("canceled", resume=True).table(sink)
+    assert_exactly_once(pa.concat_tables([first, rest]))  # each update once, in one run
+
+
+def test_a_canceled_run_without_checkpoints_says_its_collect_sink_holds_nothing(ray_session):
+    env = rs.StreamEnvironment(parallelism=2)
+    source = env.from_sequence(N, numbers, batch_size=100, num_splits=SPLITS, name="numbers")
+    sink = source.map_batches(slow, name="slow").collect(name="out")
+    client = env.execute_async("canceled-unchecked")
+    while client.status() != "RUNNING":
+        time.sleep(0.05)
+    client.cancel()
+    canceled = client.wait(timeout_s=60)
+    with pytest.raises(ValueError, match="was canceled and .* committed nothing"):
+        canceled.table(sink)
+
+
 def test_resume_and_restore_from_together_are_refused(ray_session, tmp_path):
     env = checkpointed_env(str(tmp_path / "checkpoints"))
     build_job(env, str(tmp_path / "out"))
