@@ -204,7 +204,12 @@ def _default(obj: Any) -> msgpack.ExtType:
     if type(obj) is tuple:  # a fresh packer: this runs inside the thread's packer
         return msgpack.ExtType(_EXT_TUPLE, msgpack.packb(
             list(obj), default=_default, strict_types=True, use_bin_type=True))
-    return msgpack.ExtType(_EXT_PICKLE, pickle.dumps(obj, protocol=5))
+    try:
+        return msgpack.ExtType(_EXT_PICKLE, pickle.dumps(obj, protocol=5))
+    except Exception as exc:  # a lock, a socket, a generator: say what and why
+        raise TypeError(f"a {type(obj).__name__} cannot be kept in keyed state ({exc}): a "
+                        f"state value is made of MessagePack types and picklable objects") \
+            from exc
 
 
 def _ext_hook(code: int, data: bytes) -> Any:
@@ -538,7 +543,12 @@ class _DiskState:
         return None if raw is None else _unpack(raw)
 
     def _put(self, value: Any) -> None:
-        self._b._db[self._key()] = _pack(value)
+        try:
+            raw = _pack(value)
+        except TypeError as exc:  # name the state and the key
+            raise TypeError(f"state '{self._name}' of key {self._b.current_key!r}: {exc}") \
+                from exc
+        self._b._db[self._key()] = raw
 
     def clear(self) -> None:
         """Remove the value of the current key and namespace."""

@@ -850,18 +850,34 @@ class StateSnapshot:
         # value that refers to itself fails the write and so declines the checkpoint.
         pickler.fast = fast
         pickler.dump([(name, kind, -(-len(m) // CHUNK_ENTRIES)) for name, kind, m in states])
-        for _name, _kind, m in states:
-            if len(m) <= CHUNK_ENTRIES:
-                pickler.dump(m)
-            else:
-                items = iter(m.items())
-                for _ in range(0, len(m), CHUNK_ENTRIES):
-                    pickler.dump(dict(itertools.islice(items, CHUNK_ENTRIES)))
+        for name, _kind, m in states:
+            try:
+                if len(m) <= CHUNK_ENTRIES:
+                    pickler.dump(m)
+                else:
+                    items = iter(m.items())
+                    for _ in range(0, len(m), CHUNK_ENTRIES):
+                        pickler.dump(dict(itertools.islice(items, CHUNK_ENTRIES)))
+            except (TypeError, AttributeError, pickle.PicklingError) as exc:
+                raise _unpicklable(name, m, exc) from exc
         return buf.getvalue()
 
     def __repr__(self) -> str:
         state = "released" if self.released else "pending"
         return f"StateSnapshot(version={self.version}, {state})"
+
+
+def _unpicklable(name: str, entries: dict, exc: Exception) -> TypeError:
+    """The error of a state whose snapshot failed, naming the state and the first of its
+    keys whose value cannot be pickled (found again only on this error path)."""
+    for key, value in entries.items():
+        try:
+            pickle.dumps(value, protocol=5)
+        except Exception:
+            return TypeError(f"state '{name}' of key {key!r} holds a value that cannot be "
+                             f"pickled ({type(exc).__name__}: {exc}): a heap state value is "
+                             f"made of picklable objects")
+    return TypeError(f"state '{name}' cannot be pickled: {type(exc).__name__}: {exc}")
 
 
 # ---------------------------------------------------------------------------

@@ -172,6 +172,8 @@ class KeySelector:
             if key is None:
                 raise BadRecordError(f"{self.where}: key function returned None for record "
                                      f"{describe_record(row)}", record=row)
+            if type(key) is str and not key.isascii():  # (isascii is a flag: no scan)
+                _check_utf8(key, row, self.where)
             keys.append(canonical_key(key))
         return keys
 
@@ -179,6 +181,17 @@ class KeySelector:
         if self.function is not None:
             return getattr(self.function, "__name__", "function")
         return ", ".join(self.columns or ())
+
+
+def _check_utf8(key: str, row: dict, where: str) -> None:
+    """A string key is hashed and stored as UTF-8: a lone surrogate (from a bad decode)
+    has none."""
+    try:
+        key.encode()
+    except UnicodeEncodeError as exc:
+        raise BadRecordError(f"{where}: key function returned {key!r}, a string that is not "
+                             f"valid Unicode ({exc.reason}), for record {describe_record(row)}",
+                             record=row) from exc
 
 
 def _python_keys(arrays: list[pa.Array]) -> list[Any]:
@@ -189,7 +202,7 @@ def _python_keys(arrays: list[pa.Array]) -> list[Any]:
 def _canonical_floats(column: pa.Array) -> pa.Array:
     """A float key column with -0.0 as 0.0 and every NaN the same bits (vectorized): Arrow's
     distinct values and key groups tell them apart by their bits (see ``canonical_key``)."""
-    if not (pa.types.is_float32(column.type) or pa.types.is_float64(column.type)):
+    if not _is_float(column.type):
         return column
     values = column.to_numpy(zero_copy_only=False) + 0.0  # (no nulls); -0.0 + 0.0 is 0.0
     values[np.isnan(values)] = NAN_KEY
@@ -198,7 +211,10 @@ def _canonical_floats(column: pa.Array) -> pa.Array:
 
 def _python_values(array: pa.Array) -> list[Any]:
     values = array.to_pylist()
-    if (pa.types.is_float32(array.type) or pa.types.is_float64(array.type)) and np.isnan(
-            array.to_numpy(zero_copy_only=False)).any():  # one NaN object: a dict finds it again
-        return [NAN_KEY if v != v else v for v in values]
+    if _is_float(array.type) and np.isnan(array.to_numpy(zero_copy_only=False)).any():
+        return [NAN_KEY if v != v else v for v in values]  # one NaN object: a dict finds it
     return values
+
+
+def _is_float(type_: pa.DataType) -> bool:
+    return pa.types.is_float32(type_) or pa.types.is_float64(type_)

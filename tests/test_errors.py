@@ -8,6 +8,7 @@ the record and the column.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -98,6 +99,40 @@ def test_key_by_on_missing_key_names_column_and_record(ray_session, batch_size):
     assert "'amount': 777" in message  # the record without a key
     assert "null" in message or "missing" in message
     del sink
+
+
+def test_a_key_that_is_not_valid_unicode_names_the_record(ray_session):
+    rows = [{"user": "a", "i": i} for i in range(5)]
+    env = rs.StreamEnvironment(parallelism=1)
+    env.from_collection(rows).key_by(
+        lambda r: "\ud800" if r["i"] == 3 else r["user"]).reduce(lambda acc, row: row).collect()
+    with pytest.raises(rs.JobFailedError) as info:
+        env.execute("surrogate-key")
+    assert "'\\ud800', a string that is not valid Unicode" in str(info.value)
+    assert "'i': 3" in str(info.value)
+
+
+class KeepsALock(rs.KeyedProcessFunction):
+    def open(self, ctx):
+        self.held = ctx.value_state("held")
+
+    def process_element(self, row, ctx):
+        self.held.update({"lock": threading.Lock(), "i": row["i"]})
+        yield row
+
+
+@pytest.mark.parametrize("backend", ["heap", "disk"])
+def test_a_state_value_that_cannot_be_stored_names_the_state_and_key(ray_session, tmp_path,
+                                                                       backend):
+    env = rs.StreamEnvironment(parallelism=1, checkpoints=rs.CheckpointConfig(
+        interval_s=0.1, storage=str(tmp_path), state_backend=backend, tolerable_failures=0))
+    rows = env.from_sequence(2_000, lambda i: {"k": i % 3, "i": i}, batch_size=10)
+    rows.map_batches(lambda b: (time.sleep(0.01), b)[1]).key_by("k").process(
+        KeepsALock(), name="locker").collect()
+    with pytest.raises(rs.JobFailedError) as info:  # heap: at the snapshot; disk: the write
+        env.execute(f"unstorable-{backend}")
+    message = str(info.value)
+    assert "state 'held' of key " in message and "cannot pickle '_thread.lock'" in message
 
 
 @pytest.mark.parametrize("where", ["source", "map"])
