@@ -98,6 +98,8 @@ def _within_limits(ms: np.ndarray, batch: pa.RecordBatch, column: str, where: st
                          f"{record}", column=column, record=record)
 
 
+# Together within int64: a time, plus a window's span, plus its lateness (7 * 2^60 < 2^63)
 EVENT_TIME_LIMIT_MS = 1 << 62
 MAX_SPAN_MS = 1 << 60  # the longest window size, slide, gap or join bound: 36 million years
+MAX_LATENESS_MS = 1 << 61  # 73 million years: a larger allowed lateness counts as this
 _PER_MS = {"us": 1_000, "ns": 1_000_000}  # timestamp units finer than a millisecond

@@ -69,7 +69,7 @@ from raystream.engine.batches import rows_to_batch
 from raystream.engine.keys import DistinctKeys, KeySelector
 from raystream.engine.operators.functions import _close_function, _open_function
 from raystream.engine.operators.keyed import _KeyedOperator
-from raystream.engine.watermarks import timestamps_ms
+from raystream.engine.watermarks import MAX_LATENESS_MS, timestamps_ms
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.assigners import EventTimeSessionWindows, WindowAssigner
 from raystream.engine.windows import (disk_entries, disk_generic_sessions, disk_panes,
@@ -90,7 +90,6 @@ WINDOW_TIME = "window_end - 1"
 timestamp of a window's result stream, so a second windowed stage chains without naming
 a column: a result is emitted before the watermark that fired it, so the next stage never
 finds it late (unless it is a late re-firing within the allowed lateness)."""
-MAX_LATENESS_MS = 1 << 61  # 73 million years: a window kept beyond any input
 LATE_LOG_INTERVAL_S = 60.0  # at most one "dropped late records" log per operator per interval
 # rows a disk window emits at once when it fires: its keys are read key group by key group
 # and emitted in chunks of about this many, so a window over millions of keys never sits
