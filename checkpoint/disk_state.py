@@ -149,6 +149,7 @@ import msgpack
 import numpy as np
 
 from raystream.checkpoint.disk_incremental import IncrementalSnapshot, RestoredDb, UploadTracker
+from raystream.checkpoint.entry_keys import EntryKeys
 from raystream.checkpoint.envelope import KEYED_STATE, Envelope, SectionKind, is_keyed_state, read
 from raystream.checkpoint.keygroups import canonical_key, check_key_group_range, key_group_of
 from raystream.checkpoint.ttl import (TTL_KIND_SUFFIX, StateTtlConfig, TtlAggregatingOps,
@@ -164,6 +165,7 @@ _U16 = struct.Struct(">H")
 _PREFIX = struct.Struct(">HH")  # key group, state id
 _U32 = struct.Struct(">I")
 _PREFIX_LEN = struct.Struct(">HHI")  # key group, state id, key length
+_HEAD = np.dtype([("group", ">u2"), ("state", ">u2"), ("length", ">u4")])  # _PREFIX_LEN's
 _MAX_KEY_GROUPS = 1 << 15  # key group + 1 must fit the uint16 prefix (upper scan bound)
 _TS = struct.Struct(">q")  # the TTL timestamp before every value of a state with a TTL
 _NEVER = (1 << 63) - 1
@@ -581,20 +583,22 @@ class DiskValueState(_DiskState):
         self._put(value)
 
     # -- vectorized access (keyed reduce over a batch) -------------------------
-    # A batch's keys are encoded once (entry_keys) and then read and written with them.
-    def entry_keys(self, keys: list[Any], groups: Sequence[int] | np.ndarray) -> list[bytes]:
+    # A batch's keys are encoded once (entry_keys), in RocksDB's order, and then read and
+    # written with them.
+    def entry_keys(self, keys: list[Any], groups: Sequence[int] | np.ndarray) -> EntryKeys:
         """The stored keys of ``keys`` in key groups ``groups``, for :meth:`values_at` and
         :meth:`update_at`; a key group outside this backend's fails naming the key."""
-        return self._b.entry_keys(self._sid, keys, groups)
+        return self._b.ordered_entry_keys(self._sid, keys, groups)
 
-    def values_at(self, keys: list[bytes]) -> list[Any]:
-        """The values stored at ``keys`` (None where unset), with one multi-get."""
-        return _unpack_all(self._b._multi_get(keys))
+    def values_at(self, keys: EntryKeys) -> list[Any]:
+        """The values stored at ``keys`` (None where unset), in the caller's order, with
+        one multi-get."""
+        return _unpack_all(self._b._multi_get_ordered(keys))
 
-    def update_at(self, keys: list[bytes], values: Iterable[Any]) -> None:
-        """Store ``values`` at ``keys``, in one write batch."""
+    def update_at(self, keys: EntryKeys, values: Iterable[Any]) -> None:
+        """Store ``values`` (in the caller's order) at ``keys``, in one write batch."""
         pack = _packer().pack
-        self._b._write([(k, pack(v)) for k, v in zip(keys, values)])
+        self._b._write_ordered(keys, [pack(v) for v in values])
 
 
 class _DiskMergingState(_DiskState):
@@ -825,35 +829,36 @@ class DiskTtlValueState(TtlValueOps, _DiskTtlSingle, DiskValueState):
         self._t = ttl
 
     # -- vectorized access: one cleanup step per call, the batch checked with numpy ----
-    def values_at(self, keys: list[bytes]) -> list[Any]:
+    def values_at(self, keys: EntryKeys) -> list[Any]:
         """The values stored at ``keys`` (None where unset or expired and hidden), with one
         multi-get; expired values are deleted (and renewed ones rewritten) in one batch."""
         b, cfg = self._b, self._t.cfg
         now = b._ttl_now()
         b._cleanup_step(self._t, now)
-        raws = b._multi_get(keys)
+        raws = b._multi_get_ordered(keys)
         ts = np.frombuffer(b"".join([_NO_TS if r is None else r[:8] for r in raws]),
                            dtype=">i8")
         expired = is_expired(ts, cfg.ttl_ms, now)  # never an unset key (_NO_TS)
         if expired.any():
-            b._delete_all([keys[i] for i in np.flatnonzero(expired).tolist()])
+            b._delete_all([keys.key(i) for i in np.flatnonzero(expired).tolist()])
         shown = ts != _NEVER
         if not cfg.return_expired:
             shown &= ~expired
         if cfg.renew_on_read:
             head = _TS.pack(now)
-            b._write([(keys[i], head + raws[i][8:])  # type: ignore[index]
+            b._write([(keys.key(i), head + raws[i][8:])  # type: ignore[index]
                       for i in np.flatnonzero(shown & ~expired).tolist()])
         return [_unpack(r[8:]) if show else None  # type: ignore[index]
                 for r, show in zip(raws, shown.tolist())]
 
-    def update_at(self, keys: list[bytes], values: Iterable[Any]) -> None:
+    def update_at(self, keys: EntryKeys, values: Iterable[Any]) -> None:
         """Store ``values`` at ``keys``, stamped now, in one write batch."""
         b = self._b
         now = b._ttl_now()
         b._cleanup_step(self._t, now)
         head = _TS.pack(now)
-        b._write([(k, head + _pack(v)) for k, v in zip(keys, values)])
+        pack = _packer().pack
+        b._write_ordered(keys, [head + pack(v) for v in values])
 
 
 class DiskTtlReducingState(TtlReducingOps, _DiskTtlSingle, DiskReducingState):
@@ -1278,6 +1283,19 @@ class DiskKeyedStateBackend:
         # a list of keys is a multi-get (rocksdict's stub takes no list[bytes], nor a list back)
         return list(self._db[keys])  # pyright: ignore[reportArgumentType]
 
+    def _multi_get_ordered(self, keys: EntryKeys) -> list[bytes | None]:
+        """The values at ``keys`` in the caller's order, read in RocksDB's."""
+        return keys.in_caller_order(self._multi_get(keys.ordered))
+
+    def _write_ordered(self, keys: EntryKeys, values: Sequence[bytes]) -> None:
+        """Write ``values`` (in the caller's order) at ``keys``, in key order."""
+        import rocksdict
+
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        for k, i in zip(keys.ordered, keys.order):
+            batch.put(k, values[i])
+        self._db.write(batch)
+
     def _write(self, pairs: list[tuple[bytes, bytes]]) -> None:
         import rocksdict
 
@@ -1304,6 +1322,23 @@ class DiskKeyedStateBackend:
         ``sid`` for ``keys`` in key groups ``groups``: a batch's keys encoded once, for a
         multi-get and a write batch; a key group outside this backend's fails naming its
         key."""
+        groups = self._own_groups(keys, groups)
+        pack, state = _PREFIX_LEN.pack, _U16.unpack(sid)[0]
+        return [pack(g, state, len(c)) + c for c, g in zip(self._codes(keys), groups.tolist())]
+
+    def ordered_entry_keys(self, sid: bytes, keys: list[Any],
+                           groups: Sequence[int] | np.ndarray) -> EntryKeys:
+        """:meth:`entry_keys` in RocksDB's order, as :class:`EntryKeys`."""
+        groups = self._own_groups(keys, groups)
+        codes = self._codes(keys)
+        heads = np.empty(len(codes), dtype=_HEAD)
+        heads["group"] = groups
+        heads["state"] = _U16.unpack(sid)[0]
+        heads["length"] = np.fromiter(map(len, codes), dtype=np.int64, count=len(codes))
+        return EntryKeys.build(heads, codes)
+
+    def _own_groups(self, keys: list[Any], groups: Sequence[int] | np.ndarray) -> np.ndarray:
+        """``groups`` as an array, all of them this backend's (else fails naming the key)."""
         span = self.key_groups
         groups = np.asarray(groups, dtype=np.int64)
         outside = np.flatnonzero((groups < span.start) | (groups >= span.stop))
@@ -1311,13 +1346,15 @@ class DiskKeyedStateBackend:
             i = int(outside[0])
             raise ValueError(f"key {keys[i]!r} is in key group {int(groups[i])}, outside this "
                              f"backend's key groups {span.start}..{span.stop - 1}")
-        pack, state = _PREFIX_LEN.pack, _U16.unpack(sid)[0]
+        return groups
+
+    @staticmethod
+    def _codes(keys: list[Any]) -> list[bytes]:
+        """The encoded ``keys`` (:func:`encode_key`)."""
         if set(map(type, keys)) <= _PLAIN_KEY_TYPES:  # nothing to canonicalize: pack as is
             packer = _packer()
-            codes = [packer.pack(k) for k in keys]
-        else:
-            codes = [encode_key(k) for k in keys]
-        return [pack(g, state, len(c)) + c for c, g in zip(codes, groups.tolist())]
+            return [packer.pack(k) for k in keys]
+        return [encode_key(k) for k in keys]
 
     def _entry_key(self, sid: bytes, key: Any, key_group: int, namespace: Any = None) -> bytes:
         kb = encode_key(key)

@@ -31,6 +31,7 @@ import pyarrow as pa
 from raystream.actors.messages import MIN_WATERMARK
 from raystream.checkpoint.disk_incremental import IncrementalSnapshot
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend, section_state_kinds
+from raystream.checkpoint.entry_keys import EntryKeys
 from raystream.checkpoint.envelope import is_keyed_state
 from raystream.checkpoint.keygroups import key_group_range
 from raystream.checkpoint.sections import decode_parts, encode_parts
@@ -410,9 +411,9 @@ class KeyedProcessOperator(_KeyedOperator):
 class _BatchValueState(Protocol):
     """A value state that reads and writes many keys at once (the disk backend's)."""
 
-    def entry_keys(self, keys: list[Any], groups: np.ndarray) -> list[bytes]: ...
-    def values_at(self, keys: list[bytes]) -> list[Any]: ...
-    def update_at(self, keys: list[bytes], values: Iterable[Any]) -> None: ...
+    def entry_keys(self, keys: list[Any], groups: np.ndarray) -> EntryKeys: ...
+    def values_at(self, keys: EntryKeys) -> list[Any]: ...
+    def update_at(self, keys: EntryKeys, values: Iterable[Any]) -> None: ...
 
 
 class ReduceOperator(_KeyedOperator):
