@@ -597,8 +597,23 @@ class DiskValueState(_DiskState):
 
     def update_at(self, keys: EntryKeys, values: Iterable[Any]) -> None:
         """Store ``values`` (in the caller's order) at ``keys``, in one write batch."""
-        pack = _packer().pack
-        self._b._write_ordered(keys, [pack(v) for v in values])
+        self._b._write_ordered(keys, self._pack_all(keys, values))
+
+    def _pack_all(self, keys: EntryKeys, values: Iterable[Any], head: bytes = b"") -> list[bytes]:
+        """``head`` and the packed value, of each of ``values``; a value that cannot be
+        packed fails naming the state and its key, as :meth:`_put` does."""
+        pack, values = _packer().pack, list(values)
+        try:
+            return [head + pack(v) for v in values]
+        except TypeError:
+            pass
+        for i, value in enumerate(values):  # only on failure: find which value
+            try:
+                pack(value)
+            except TypeError as exc:
+                key = _unpack(keys.key(i)[_PREFIX_LEN.size:])
+                raise TypeError(f"state '{self._name}' of key {key!r}: {exc}") from exc
+        raise AssertionError("a value failed to pack once and then packed")
 
 
 class _DiskMergingState(_DiskState):
@@ -856,9 +871,7 @@ class DiskTtlValueState(TtlValueOps, _DiskTtlSingle, DiskValueState):
         b = self._b
         now = b._ttl_now()
         b._cleanup_step(self._t, now)
-        head = _TS.pack(now)
-        pack = _packer().pack
-        b._write_ordered(keys, [head + pack(v) for v in values])
+        b._write_ordered(keys, self._pack_all(keys, values, _TS.pack(now)))
 
 
 class DiskTtlReducingState(TtlReducingOps, _DiskTtlSingle, DiskReducingState):

@@ -135,6 +135,24 @@ def test_a_state_value_that_cannot_be_stored_names_the_state_and_key(ray_session
     assert "state 'held' of key " in message and "cannot pickle '_thread.lock'" in message
 
 
+def test_a_reduce_result_that_cannot_be_stored_on_disk_names_the_state_and_key(ray_session,
+                                                                              tmp_path):
+    """Keyed reduce on disk writes a batch at once: the failing value still names its key."""
+    env = rs.StreamEnvironment(parallelism=1, checkpoints=rs.CheckpointConfig(
+        interval_s=60, storage=str(tmp_path), state_backend="disk", tolerable_failures=0))
+    rows = env.from_sequence(200, lambda i: {"k": i % 7, "i": i}, batch_size=50)
+    rows.key_by("k").reduce(
+        lambda acc, row: {**row, "lock": threading.Lock()} if row["i"] == 193 else row,
+        name="locker").collect()
+    with pytest.raises(rs.JobFailedError) as info:
+        env.execute("unstorable-reduce")
+    message = str(info.value)
+    # row 193 is key 4's last (193 % 7), so its batch ends with that value to write,
+    # which it does before emitting the batch's rows
+    assert "state 'reduce' of key 4: " in message
+    assert "cannot pickle '_thread.lock'" in message
+
+
 @pytest.mark.parametrize("where", ["source", "map"])
 def test_wrong_type_names_column_and_value(ray_session, where):
     good = [{"user": f"u{i}", "amount": i} for i in range(6)]
