@@ -184,6 +184,12 @@ class Operator:
         """Figures this operator reports in its subtask's metrics (read while running)."""
         return None
 
+    def waiting_for(self) -> str | None:
+        """What this operator waits for before its input can end, in a few words (read
+        from another thread while running, for a job that does not finish); None when it
+        waits for nothing of its own."""
+        return None
+
     def emit_side(self, tag: str, batch: pa.RecordBatch) -> None:
         """Emit ``batch`` on side output ``tag`` (a no-op when nothing consumes it)."""
         route = getattr(self.output, "emit_side", None)

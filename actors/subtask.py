@@ -51,6 +51,7 @@ from raystream.actors.barrier_handler import (Action, Alignment, BarrierAnnounce
                                               wall_clock_ms)
 from raystream.actors.channel_state import InputStateRecorder, OutputStateCapture
 from raystream.actors.channels import InputGate, OutputChannel
+from raystream.actors.liveness import ChannelProgress, SubtaskLiveness
 from raystream.actors.mailbox import (BarrierReceived, Cancel, CheckpointCompleted, Credit,
                                       Drain, Mail, OperatorEvent, Stop)
 from raystream.actors.messages import (MAX_WATERMARK, MIN_WATERMARK, REPLAYED_SEQ, ChannelId,
@@ -714,6 +715,15 @@ class Subtask:
                                         metrics=self._metrics())
         self.exporter.export(self.report.metrics)
 
+    def _liveness(self) -> SubtaskLiveness:
+        """Where this subtask stands on its way to the end of its input (read from the
+        control lane while the mailbox loop runs: plain reads of its fields)."""
+        waiting = tuple(note for op in self.operators if (note := op.waiting_for()) is not None)
+        channels = tuple(ChannelProgress(str(c.channel), c.end_of_input is not None, c.watermark)
+                         for c in list(self.gate.channels.values()) if not c.finished)
+        return SubtaskLiveness(self.spec.vertex.name, self.spec.index, self.spec.attempt,
+                               self.inputs_ended, self.finished_reported, waiting, channels)
+
     def _metrics(self) -> dict[str, float]:
         metrics = dict(self.metrics)
         metrics["records_out"] = sum(c.rows_sent for c in self.out_channels.values())
@@ -851,6 +861,11 @@ class SubtaskActor:
     @ray.method(concurrency_group="control")
     def metrics(self) -> dict[str, float]:
         return self._hosted()._metrics()
+
+    @ray.method(concurrency_group="control")
+    def liveness(self) -> SubtaskLiveness:
+        """What the hosted subtask still waits for before it can end."""
+        return self._hosted()._liveness()
 
     @ray.method(concurrency_group="monitor")
     def await_termination(self) -> TerminationReport:

@@ -12,6 +12,7 @@ from ray.exceptions import RayActorError
 from raystream.checkpoint.coordinator import CheckpointStats
 from raystream.engine import registry
 from raystream.engine.datastream import SinkHandle
+from raystream.engine.diagnosis import JobDiagnosis
 from raystream.engine.errors import JobFailedError, JobNotFoundError, JobNotRunningError
 from raystream.engine.job_master import NAMESPACE, JobOutcome, master_actor_name
 from raystream.engine.job_report import outcome_of_summary
@@ -203,6 +204,17 @@ class JobClient:
     def progress(self) -> dict[str, Any]:
         """Status, attempt, failures so far and checkpoint history of a running job."""
         return ray.get(self._master.progress.remote())
+
+    def diagnosis(self) -> JobDiagnosis:
+        """Why the running job has not finished: the subtasks that have not reported
+        finished, each with what it waits for (splits, end of input on which channels),
+        and the checkpoints in progress with the subtasks they wait for.
+
+        >>> print(client.diagnosis())  # doctest: +SKIP
+        job clicks: RUNNING, attempt 1, newest completed checkpoint 7, no final checkpoint yet
+          not finished: window[1] (attempt 1): inputs open; channel 1:0->1 open (...)
+        """
+        return ray.get(self._master.diagnosis.remote())
 
     def checkpoints(self) -> list[CheckpointStats]:
         """The job's checkpoint history: id, status, duration, size, savepoint location."""

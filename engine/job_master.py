@@ -49,6 +49,7 @@ from raystream.checkpoint.subtask_gateway import EventDeliveryError, GatewayProt
 from raystream.engine import master_journal, registry
 from raystream.engine.deployment import (NAMESPACE, SUBTASK_SCHEDULING, Deployment,
                                          SubtaskFailure, deployment_failure)
+from raystream.engine.diagnosis import JobDiagnosis, PendingCheckpointView
 from raystream.engine.errors import JobNotFoundError, JobNotRunningError
 from raystream.engine.failover import Failover, Failure, FailJob, Restart
 from raystream.core.failpoints import Failpoints, InjectedFailure
@@ -183,6 +184,23 @@ class JobMaster:
                 "restores": list(self.restores), "master_pid": os.getpid(),
                 "completed_checkpoints": coordinator.completed_ids() if coordinator else [],
                 "checkpoints": coordinator.stats() if coordinator else []}
+
+    @ray.method(concurrency_group="client")
+    def diagnosis(self) -> JobDiagnosis:
+        """Why the job has not finished yet (see :mod:`raystream.engine.diagnosis`)."""
+        finished = set(self.finished)
+        unfinished = [key for key in self.deployment.actors if key not in finished]
+        answers = self.deployment.liveness(sorted(unfinished))
+        coordinator, now = self.coordinator, time.monotonic()
+        pending = () if coordinator is None else tuple(
+            PendingCheckpointView(n, now - p.started, tuple(sorted(
+                f"{self.plan.vertices[v].name}[{i}]" for v, i in p.waiting)))
+            for n, p in sorted(coordinator.pending.items()))
+        completed = coordinator.completed_ids() if coordinator else []
+        return JobDiagnosis(self.job_name, str(self.status), self.attempt,
+                            tuple(answers[key] for key in sorted(answers)), pending,
+                            coordinator.final_checkpoint if coordinator else None,
+                            completed[-1] if completed else None)
 
     # -- subtask calls (control lane) ---------------------------------------------------------
     @ray.method(concurrency_group="control")

@@ -16,6 +16,9 @@ settings.register_profile("ci", deadline=None, derandomize=True, max_examples=60
 settings.register_profile("dev", deadline=None, max_examples=60)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
+# every test that runs a job fails at its deadline with a diagnosis of the job
+pytest_plugins = ["tests.support.deadline"]
+
 MULTINODE = Path(__file__).parent / "multinode"
 
 

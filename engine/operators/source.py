@@ -140,6 +140,18 @@ class SourceReaderOperator(SourceOperator):
         return {"records_read": self.records_read, "splits_open": len(self.readers),
                 "dead_letters": self.dead_letters}
 
+    def waiting_for(self) -> str | None:
+        if self.finished:
+            return None
+        if self._order:
+            return f"source '{self.name}' reading {len(self._order)} split(s)"
+        if self.no_more_splits:
+            return f"source '{self.name}' read every split and was told no more will come"
+        if self.requested:
+            return (f"source '{self.name}' has no split and waits for its enumerator's "
+                    f"answer (splits or no more splits)")
+        return f"source '{self.name}' has no split and has not asked for one yet"
+
     def end_input_early(self) -> None:
         """Stop reading (drain) and advance event time to the end; the splits keep
         their positions, so the final savepoint records where reading stopped."""

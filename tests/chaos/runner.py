@@ -21,12 +21,13 @@ from pathlib import Path as FsPath
 
 import numpy as np
 import pyarrow as pa
-import ray
 
 import raystream as rs
 from raystream.spark.commit_log import read_committed
 from tests.chaos.model import (CountAndSum, Emissions, emission_differences, emissions_of,
                                session_run, window_emissions, window_join_emissions)
+from tests.support.jobs import progress, subtask_pid, wait_for_checkpoints, wait_until
+from tests.support.pacing import Brake, Throttle
 from tests.chaos.scenarios import (Alignment, Backend, Failure, FailureKind, JobKind, Path,
                                    Scenario, Sink)
 
@@ -181,20 +182,21 @@ def add(acc: dict, row: dict) -> dict:
     return {**row, "x": acc["x"] + row["x"], "n": acc["n"] + row["n"]}
 
 
-def throttle(batch: pa.RecordBatch) -> pa.RecordBatch:
-    time.sleep(0.05)  # keeps the job running long enough to place its failures
-    return batch
+THROTTLE_S = 0.05  # a batch's pause until the failures are placed
 
 
-def build(scenario: Scenario, env: rs.StreamEnvironment, out: str):
-    """The scenario's job on ``env``; returns (main output, late output or None)."""
+def build(scenario: Scenario, env: rs.StreamEnvironment, out: str, pace: Throttle | None):
+    """The scenario's job on ``env``, its sources slowed by ``pace`` (None: at full
+    speed); returns (main output, late output or None)."""
     events = scenario.events
     watermarks = rs.BoundedOutOfOrderness("ts", bound_ms=events.bound_ms)
 
     def source(name: str, columns, n: int = events.n):
         stream = env.from_sequence(n, columns, batch_size=events.batch, num_splits=1,
                                    parallelism=1, name=name, watermarks=watermarks)
-        return stream.map_batches(throttle, name=f"{name}-throttle", parallelism=1)
+        # the same operator names paced or not: failures are placed by name
+        return stream.map_batches(pace or (lambda batch: batch), name=f"{name}-throttle",
+                                  parallelism=1)
 
     late = None
     if scenario.job is JobKind.REDUCE:
@@ -285,7 +287,9 @@ def _run(scenario: Scenario, work: FsPath, placed: list[str]) -> list[str]:
         phase = phases[number]
         storage = str(work / f"checkpoints-{number}")
         env = environment(scenario, parallelism, storage, failpoints(scenario, phase, parallelism))
-        sink, late = build(scenario, env, out)
+        # slowed until this phase's failures are placed, then at full speed to the end
+        brake = Brake(str(work), THROTTLE_S)
+        sink, late = build(scenario, env, out, brake)
         client = env.execute_async(f"chaos-{scenario.seed}-{number}", restore_from=restore_from)
         result = None
         attempt = 0
@@ -303,6 +307,7 @@ def _run(scenario: Scenario, work: FsPath, placed: list[str]) -> list[str]:
                 # a subtask's kill, then the master's (whose successor deploys the next)
                 attempt += counts_an_attempt(failure) * (
                     2 if failure.kind is FailureKind.MASTER_KILL_IN_RESTORE else 1)
+        brake.release()
         corrupted = next((p.split(" ")[1] for p in placed if p.startswith("corrupted ")), None)
         if result is None:
             try:
@@ -337,7 +342,7 @@ def stop(scenario: Scenario, client: rs.JobClient, failure: Failure, savepoint: 
     killer, victim = None, "a subtask"
     if failure.kind is FailureKind.KILL_DURING_STOP:
         subtask = failure.subtask % parallelism if failure.target == "keyed" else 0
-        pid = wait_for_pid(client, operator_of(scenario, failure), subtask)
+        pid = subtask_pid(client, operator_of(scenario, failure), subtask)
     elif failure.kind is FailureKind.MASTER_KILL_IN_STOP:
         pid, victim = progress(client).get("master_pid"), "the job master"
     else:
@@ -423,7 +428,7 @@ def place(scenario: Scenario, client: rs.JobClient, failure: Failure, attempt: i
     if failure.kind is FailureKind.CORRUPT_NEWEST:
         if not wait_for_checkpoints(client, failure.after_checkpoints):
             return "corrupt: the job finished first"
-        pid = wait_for_pid(client, operator, subtask)
+        pid = subtask_pid(client, operator, subtask)
         newest = max(progress(client)["completed_checkpoints"], default=None)
         if pid is None or newest is None:
             return "corrupt: the job finished first"
@@ -446,7 +451,7 @@ def place(scenario: Scenario, client: rs.JobClient, failure: Failure, attempt: i
             return f"failpoint {failure.point} in {operator}[{subtask}]"
         return f"failpoint {failure.point}: not reached"
     if failure.kind is FailureKind.DEPLOY_KILL:
-        pid = wait_for_pid(client, operator, subtask, while_deploying=True)
+        pid = subtask_pid(client, operator, subtask, while_deploying=True)
         if pid is None:
             return "deploy kill: deployed before a subtask could be killed"
         state = client.status()
@@ -457,7 +462,7 @@ def place(scenario: Scenario, client: rs.JobClient, failure: Failure, attempt: i
         return "sigkill: the job finished first"
     if not wait_for_checkpoints(client, failure.after_checkpoints):
         return "sigkill: the job finished first"
-    pid = wait_for_pid(client, operator, subtask)
+    pid = subtask_pid(client, operator, subtask)
     if pid is None:
         return "sigkill: the job finished first"
     os.kill(pid, signal.SIGKILL)
@@ -471,7 +476,7 @@ def kill_master_in_restore(client: rs.JobClient, operator: str, subtask: int,
     if not (wait_until(client, lambda: progress(client)["attempt"] >= attempt)
             and wait_for_checkpoints(client, 1)):
         return "master kill in restore: the job finished first"
-    pid, master = wait_for_pid(client, operator, subtask), progress(client).get("master_pid")
+    pid, master = subtask_pid(client, operator, subtask), progress(client).get("master_pid")
     if pid is None or master is None:
         return "master kill in restore: the job finished first"
     os.kill(pid, signal.SIGKILL)
@@ -497,53 +502,6 @@ def corrupt_a_state_file(checkpoint_dir: FsPath) -> str:
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0xFF]))
     return str(path)
-
-
-def progress(client: rs.JobClient) -> dict:
-    try:
-        return client.progress()
-    except Exception:  # the job master is gone: the job ended
-        return {"attempt": 1 << 30, "completed_checkpoints": [], "status": "ENDED"}
-
-
-def finished(client: rs.JobClient) -> bool:
-    try:
-        return client.status() in ("FINISHED", "FAILED", "CANCELED")
-    except Exception:
-        return True
-
-
-def wait_until(client: rs.JobClient, condition, timeout_s: float = 120) -> bool:
-    """True once ``condition()`` holds; False if the job ended (or time ran out) first."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        if finished(client):
-            return condition()
-        time.sleep(0.02)
-    return False
-
-
-def wait_for_checkpoints(client: rs.JobClient, count: int) -> bool:
-    """Wait for ``count`` more completed checkpoints than there are now."""
-    done = len(progress(client)["completed_checkpoints"])
-    return wait_until(client, lambda: len(progress(client)["completed_checkpoints"]) >= done + count)
-
-
-def wait_for_pid(client: rs.JobClient, operator: str, subtask: int, *,
-                 while_deploying: bool = False) -> int | None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not finished(client):
-        if while_deploying and client.status() not in ("CREATED", "DEPLOYING"):
-            return None
-        try:
-            actor = client.subtask_actor(operator, subtask)
-            metrics: dict = ray.get(actor.metrics.remote(), timeout=5)
-            return metrics["pid"]
-        except Exception:
-            time.sleep(0.005)
-    return None
 
 
 # -- oracles ---------------------------------------------------------------------------------
@@ -659,7 +617,7 @@ def side_counts(events) -> list[tuple]:
 
 def reference_rows(calm: Scenario, workdir: str) -> list[tuple]:
     env = environment(calm, calm.parallelism, os.path.join(workdir, "checkpoints"), [])
-    sink, _ = build(calm, env, os.path.join(workdir, "out"))
+    sink, _ = build(calm, env, os.path.join(workdir, "out"), None)
     return canonical(env.execute(f"chaos-reference-{calm.seed}").table(sink).to_pylist())
 
 
