@@ -205,6 +205,7 @@ def as_sorted_frame(table: pa.Table) -> pd.DataFrame:
     return table.to_pandas().sort_values("id").reset_index(drop=True)
 
 
+@pytest.mark.slow
 def test_bad_files_go_to_the_dead_letter_output_and_good_files_are_read_whole(
         ray_session, tmp_path):
     good = [write_parquet(tmp_path / "a.parquet", good_table(0)),
@@ -228,6 +229,7 @@ def test_bad_files_go_to_the_dead_letter_output_and_good_files_are_read_whole(
     assert str(split) in letters[1]["error"] and "row group 1" in letters[1]["error"]
 
 
+@pytest.mark.slow
 def test_a_bad_csv_file_is_not_read_at_all_under_dead_letter(ray_session, tmp_path):
     good = [tmp_path / "a.csv", tmp_path / "c.csv"]
     pacsv.write_csv(good_table(0), good[0])
@@ -257,6 +259,7 @@ def test_a_file_whose_column_type_changed_is_a_dead_letter(ray_session, tmp_path
     assert "int64 vs string" in dead.column("error")[0].as_py()
 
 
+@pytest.mark.slow
 def test_a_bad_file_that_appears_while_the_job_runs_is_a_dead_letter_exactly_once(
         ray_session, tmp_path):
     source_dir, out, dead_out = tmp_path / "in", tmp_path / "out", tmp_path / "dead"

@@ -19,7 +19,6 @@ Operator-level tests drive the operators by hand (read-only vs writable state,
 from __future__ import annotations
 
 import itertools
-import time
 
 import numpy as np
 import pandas as pd
@@ -31,7 +30,8 @@ from raystream.engine.keys import KeySelector
 from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
 from raystream.engine.operators.broadcast import (BroadcastProcessOperator,
                                                   KeyedBroadcastProcessOperator)
-from tests.test_exactly_once import wait_for_checkpoint
+from tests.support.jobs import wait_for_checkpoint
+from tests.support.pacing import Throttle
 
 BASE = 1_700_000_000_000
 RULES = rs.MapStateDescriptor("rules")
@@ -84,11 +84,6 @@ class ScaleByRuleInForce(rs.KeyedBroadcastProcessFunction):
         self.pending.remove(timestamp)
 
 
-def throttle(seconds: float):
-    def slow(batch: pa.RecordBatch) -> pa.RecordBatch:
-        time.sleep(seconds)  # keeps the job running across several checkpoints
-        return batch
-    return slow
 
 
 def keyed_job(env: rs.StreamEnvironment, rule_pause_s: float):
@@ -96,10 +91,10 @@ def keyed_job(env: rs.StreamEnvironment, rule_pause_s: float):
     all in before a savepoint), data over about 2.5 s."""
     data = env.from_sequence(N_EVENTS, event, batch_size=100, num_splits=2, name="events",
                              watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=100)) \
-        .map_batches(throttle(0.06), name="slow-events")
+        .map_batches(Throttle(0.06), name="slow-events")
     rule_stream = env.from_collection(rules(), batch_size=1, name="rules", parallelism=1,
                                       watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=0)) \
-        .map_batches(throttle(rule_pause_s), name="slow-rules", parallelism=1)
+        .map_batches(Throttle(rule_pause_s), name="slow-rules", parallelism=1)
     scaled = data.key_by("k").connect(rule_stream.broadcast(RULES)) \
         .process(ScaleByRuleInForce(), name="scale")
     return scaled.collect()
@@ -136,6 +131,7 @@ def stopped_keyed_job(ray_session, tmp_path_factory):
     return base, first.table(sink)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallelism", [1, 3])
 def test_broadcast_state_survives_a_savepoint_and_a_rescale(stopped_keyed_job, parallelism):
     """The rules source may well have finished before the savepoint: the restored
@@ -166,6 +162,7 @@ class ScaleByNewest(rs.BroadcastProcessFunction):
         yield {"id": row["id"], "v": row["v"], "versions": len(state), "factor": factor}
 
 
+@pytest.mark.slow
 def test_non_keyed_broadcast_every_subtask_sees_every_rule_once(ray_session, tmp_path):
     n = 3_000
     env = rs.StreamEnvironment(
@@ -174,9 +171,9 @@ def test_non_keyed_broadcast_every_subtask_sees_every_rule_once(ray_session, tmp
                                  action="exit")],
         restart=rs.RestartStrategy.fixed_delay(3, 0.1))
     data = env.from_sequence(n, event, batch_size=50, num_splits=2, name="events") \
-        .map_batches(throttle(0.02), name="slow-events").rebalance()
+        .map_batches(Throttle(0.02), name="slow-events").rebalance()
     rule_stream = env.from_collection(rules(), batch_size=1, name="rules", parallelism=1) \
-        .map_batches(throttle(0.2), name="slow-rules", parallelism=1)
+        .map_batches(Throttle(0.2), name="slow-rules", parallelism=1)
     out = data.connect(rule_stream.broadcast(RULES)).process(ScaleByNewest(), name="newest")
     main, seen = out.collect(name="main"), out.side_output("seen").collect(name="seen")
     result = env.execute("broadcast-non-keyed")

@@ -68,6 +68,7 @@ def test_buffer_timeout_is_checked():
         rs.StreamEnvironment().from_sequence(10).set_buffer_timeout(-0.5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("timeout_ms", [0, None], ids=["flush-every-batch", "default"])
 def test_output_does_not_depend_on_the_timeout(ray_session, timeout_ms):
     i = np.arange(N)

@@ -21,8 +21,11 @@ from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeCo
 from raystream.engine.operators.collect_sink import (CollectCommitter, CollectWriter,
                                                      read_collected)
 from raystream.engine.operators.two_phase import CommitterOperator, SinkWriterOperator
-from tests.test_exactly_once import (N, SPLITS, add, assert_exactly_once, checkpointed_env,
-                                     numbers, throttle)
+from tests.test_exactly_once import N, SPLITS, add, assert_exactly_once, numbers
+from tests.support.jobs import checkpointed_env
+from tests.support.pacing import Throttle
+
+throttle = Throttle(0.02)
 
 JOB_ID = "hand-00000001"
 
@@ -169,6 +172,7 @@ def test_a_commit_rides_out_storage_that_is_away_for_a_moment(tmp_path):
     assert commit.commits == 1 and collected(storage) == list(range(4))
 
 
+@pytest.mark.slow
 def test_a_committer_killed_mid_commit_still_returns_every_row_once(ray_session, tmp_path):
     failpoints = [rs.Failpoint("mid_commit", operator="out-committer", hit=2)]
     env = checkpointed_env(str(tmp_path / "chk"), failpoints=failpoints)

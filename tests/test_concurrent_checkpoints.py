@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import pyarrow as pa
+import pytest
 
 import raystream as rs
 from tests.test_exactly_once import add, assert_exactly_once, numbers
@@ -36,6 +37,7 @@ def running_sums(storage: str, transform, *, batch_size: int, credits: int = 8,
     return env, sink
 
 
+@pytest.mark.slow
 def test_concurrent_aligned_checkpoints_complete_under_skew(ray_session, tmp_path):
     env, sink = running_sums(str(tmp_path), skewed, batch_size=200, credits=2,
                              interval_s=0.1, max_concurrent=2)
@@ -52,6 +54,7 @@ def slow(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch
 
 
+@pytest.mark.slow
 def test_every_queued_trigger_is_its_own_checkpoint_in_a_source(ray_session, tmp_path):
     # With two checkpoints pending, a source busy with one batch finds the triggers of
     # both in its mailbox; taking only the newer sends barrier n+1 without barrier n,
@@ -67,6 +70,7 @@ def test_every_queued_trigger_is_its_own_checkpoint_in_a_source(ray_session, tmp
     assert len(result.checkpoints) >= 5
 
 
+@pytest.mark.slow
 def test_savepoints_wait_for_a_free_slot_and_never_abort_a_checkpoint(ray_session, tmp_path):
     # max_concurrent=1: a savepoint requested while a periodic checkpoint is pending
     # waits for it (queued ahead of the next periodic one), as Flink's request decider

@@ -24,8 +24,10 @@ from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.count import CountWindowOperator
 from raystream.engine.windows.disk_count import KIND, STATE_NAME, DiskCountState
 from tests.test_disk_windows import disk_env, run_through_a_kill, values_by_key
-from tests.test_exactly_once import savepoint_chain
-from tests.test_windows import throttle
+from tests.support.jobs import savepoint_chain
+from tests.support.pacing import Throttle
+
+throttle = Throttle(0.03)
 
 MAXP = 128
 AGGS = {"n": ("count", None), "total": ("sum", "x"), "low": ("min", "y"), "avg": ("mean", "y"),
@@ -283,6 +285,7 @@ def count_job(env: rs.StreamEnvironment, n: int):
             keyed.count_window(*SLIDING).agg(name="sliding", **aggs).collect())
 
 
+@pytest.mark.slow
 def test_disk_count_windows_savepoints_at_1_then_2_restored_at_3(ray_session, tmp_path):
     """Stopped with a savepoint at parallelism 1, restored at 2 and stopped again, restored
     at 3 and run to the end: every window fires exactly once over the three runs."""
@@ -299,6 +302,7 @@ def test_disk_count_windows_savepoints_at_1_then_2_restored_at_3(ray_session, tm
     assert job_rows([s for _, s in results]) == job_oracle(n, *SLIDING)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("incremental", [False, True], ids=["full", "incremental"])
 def test_disk_count_windows_exactly_once_through_a_subtask_kill(ray_session, tmp_path,
                                                                 incremental):

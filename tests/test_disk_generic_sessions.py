@@ -42,8 +42,11 @@ from tests.test_disk_process_windows import RowIds
 from tests.test_disk_user_windows import user_operator
 from tests.test_disk_windows import (MAXP, appended_one_chunk, disk_env, own_entries,
                                      restore_moving_nothing, run_through_a_kill)
-from tests.test_exactly_once import savepoint_chain
-from tests.test_windows import Average, Spread, throttle
+from tests.support.jobs import savepoint_chain
+from tests.test_windows import Average, Spread
+from tests.support.pacing import Throttle
+
+throttle = Throttle(0.03)
 
 KINDS = ["aggregate", "process"]
 
@@ -465,6 +468,7 @@ def session_events(i: np.ndarray) -> dict:
             "x": (i % 11).astype(np.float64)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("incremental", [False, True], ids=["full", "incremental"])
 def test_disk_user_sessions_exactly_once_through_a_subtask_kill(ray_session, tmp_path,
                                                                  incremental):
@@ -487,6 +491,7 @@ def test_disk_user_sessions_exactly_once_through_a_subtask_kill(ray_session, tmp
     np.testing.assert_allclose(got["avg"], want["value"])
 
 
+@pytest.mark.slow
 def test_process_function_sessions_through_savepoints_at_1_2_3(ray_session, tmp_path):
     """A ProcessWindowFunction over sessions on disk, stopped with a savepoint at
     parallelism 1, restored at 2, stopped again, restored at 3: every session once over

@@ -28,9 +28,12 @@ from raystream.engine.operators.interval_join import (IntervalBounds, IntervalJo
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator, WindowJoinSpec
 from tests import test_window_join as wj
 from tests.test_disk_windows import run_through_a_kill
-from tests.test_exactly_once import savepoint_chain
-from tests.test_joins import (BASE, Ids, crawl, expected_pairs, join_job, oracle,
-                              pairs_of, throttle)
+from tests.support.jobs import savepoint_chain
+from tests.test_joins import BASE, Ids, expected_pairs, join_job, oracle, pairs_of
+from tests.support.pacing import Throttle
+
+crawl = Throttle(0.06)
+throttle = Throttle(0.02)
 
 MAXP = 128
 BOUNDS = [IntervalBounds(-30, 20), IntervalBounds(5, 60),
@@ -408,6 +411,7 @@ def disk_env(storage: str, parallelism: int, *, incremental: bool = False,
         restart=rs.RestartStrategy.fixed_delay(3, 0.1) if restart else None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("incremental", [False, True], ids=["full", "incremental"])
 def test_disk_interval_join_exactly_once_through_a_subtask_kill(ray_session, tmp_path,
                                                                 incremental):
@@ -421,6 +425,7 @@ def test_disk_interval_join_exactly_once_through_a_subtask_kill(ray_session, tmp
     assert set(got) == expected and len(expected) > 1000
 
 
+@pytest.mark.slow
 def test_disk_interval_join_savepoints_at_1_2_3(ray_session, tmp_path):
     """Stopped with a savepoint at parallelism 1 with rows on disk, restored at 2,
     stopped again, restored at 3: the pairs over the three runs (through a

@@ -32,7 +32,10 @@ from raystream.engine.windows.operator import WindowOperator
 from raystream.timers.disk_service import DiskTimerService
 from tests.test_disk_windows import (MAXP, disk_env, drive, kept_in_windows, own_entries,
                                      restore_moving_nothing, run_through_a_kill, stored_entries)
-from tests.test_windows import events, make_input, throttle
+from tests.test_windows import events, make_input
+from tests.support.pacing import Throttle
+
+throttle = Throttle(0.03)
 
 ASSIGNERS = [rs.TumblingEventTimeWindows(size_ms=50),
              rs.SlidingEventTimeWindows(size_ms=60, slide_ms=20)]
@@ -279,6 +282,7 @@ class Summary(rs.ProcessWindowFunction):
                "total": float(xs.sum()), "spread": float(xs.max() - xs.min())}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("incremental", [False, True], ids=["full", "incremental"])
 def test_disk_process_windows_exactly_once_through_a_subtask_kill(ray_session, tmp_path,
                                                                    incremental):

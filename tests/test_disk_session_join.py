@@ -39,8 +39,10 @@ from tests import test_window_join as wj
 from tests.test_disk_joins import MAXP, co_groups, disk_env, window_join_operator, window_rows
 from tests.test_disk_windows import (appended_one_chunk, own_entries, restore_moving_nothing,
                                      run_through_a_kill)
-from tests.test_exactly_once import savepoint_chain, wait_for_checkpoint
-from tests.test_joins import crawl
+from tests.support.jobs import savepoint_chain, wait_for_checkpoint
+from tests.support.pacing import Throttle
+
+crawl = Throttle(0.06)
 
 SESSION = wj.SESSION  # gap 30 ms
 
@@ -359,6 +361,7 @@ def test_an_older_checkpoint_of_single_entry_keys_restores_as_chunks(monkeypatch
 
 # -- jobs on Ray ------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("incremental", [False, True], ids=["full", "incremental"])
 def test_disk_session_join_exactly_once_through_a_subtask_kill(ray_session, tmp_path,
                                                               incremental):
@@ -374,6 +377,7 @@ def test_disk_session_join_exactly_once_through_a_subtask_kill(ray_session, tmp_
     assert set(got) == expected and len(expected) > 1000
 
 
+@pytest.mark.slow
 def test_disk_session_co_group_through_savepoints_at_1_2_3(ray_session, tmp_path):
     """Stopped with a savepoint at parallelism 1 with sessions on disk, restored at 2,
     stopped again, restored at 3: each (key, session)'s co-group once over the three
@@ -402,6 +406,7 @@ def test_disk_session_co_group_through_savepoints_at_1_2_3(ray_session, tmp_path
 
 
 
+@pytest.mark.slow
 def test_heap_savepoint_of_sessions_restores_into_a_disk_job(ray_session, tmp_path):
     """A heap job (session windows of a user AggregateFunction and a session co-group)
     stopped with a savepoint at parallelism 2, restored as a disk job at 3: their state

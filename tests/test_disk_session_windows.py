@@ -33,7 +33,10 @@ from tests.test_disk_windows import (MAXP, check_restores_at_other_parallelism, 
                                      drive, run_through_a_kill, sorted_rows, window_operator,
                                      values_by_key)
 from tests.chaos.model import SessionRun, session_run
-from tests.test_windows import AGGS, make_input, throttle
+from tests.test_windows import AGGS, make_input
+from tests.support.pacing import Throttle
+
+throttle = Throttle(0.03)
 
 GAP = 15
 SESSIONS = rs.EventTimeSessionWindows(gap_ms=GAP)

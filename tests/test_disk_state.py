@@ -28,6 +28,7 @@ from raystream.checkpoint.state_backend import (StateBackend, create_keyed_state
 from raystream.engine.keys import KeySelector
 from raystream.actors.operator import CollectingOutput, RuntimeContext
 from raystream.engine.operators.keyed import KeyedProcessOperator, ReduceOperator
+from tests.support.pacing import Throttle
 
 MAXP = 128
 
@@ -363,10 +364,12 @@ class RunningSum(rs.KeyedProcessFunction):
         yield acc
 
 
+@pytest.mark.slow
 def test_disk_reduce_is_exactly_once_through_a_subtask_kill(ray_session, tmp_path):
     import ray
 
-    from tests.test_exactly_once import assert_exactly_once, build_job, wait_for_checkpoint
+    from tests.test_exactly_once import assert_exactly_once, build_job
+    from tests.support.jobs import wait_for_checkpoint
 
     env = disk_env(str(tmp_path / "chk"))
     sink = build_job(env)
@@ -383,7 +386,8 @@ def test_disk_reduce_is_exactly_once_through_a_subtask_kill(ray_session, tmp_pat
 
 
 def test_disk_process_function_is_exactly_once_through_a_failpoint_exit(ray_session, tmp_path):
-    from tests.test_exactly_once import N, SPLITS, assert_exactly_once, numbers, throttle
+    from tests.test_exactly_once import N, SPLITS, assert_exactly_once, numbers
+    throttle = Throttle(0.02)
 
     env = disk_env(str(tmp_path / "chk"), failpoints=[
         rs.Failpoint("in_processing", operator="sum", subtask=0, hit=60, attempt=0,
@@ -397,8 +401,10 @@ def test_disk_process_function_is_exactly_once_through_a_failpoint_exit(ray_sess
     assert_exactly_once(result.table(sink))
 
 
+@pytest.mark.slow
 def test_disk_stop_with_savepoint_at_2_restores_at_3(ray_session, tmp_path):
-    from tests.test_exactly_once import assert_exactly_once, build_job, wait_for_checkpoint
+    from tests.test_exactly_once import assert_exactly_once, build_job
+    from tests.support.jobs import wait_for_checkpoint
 
     env = disk_env(str(tmp_path / "chk-p2"))
     sink = build_job(env)

@@ -241,10 +241,11 @@ def probe_input() -> list[dict]:
     return [{"id": i, "pause_ms": 30, **row} for i, row in enumerate(rows)]
 
 
+@pytest.mark.slow
 def test_ttl_state_on_the_disk_backend_through_a_subtask_kill(ray_session, tmp_path):
     import ray
 
-    from tests.test_exactly_once import wait_for_checkpoint
+    from tests.support.jobs import wait_for_checkpoint
 
     env = rs.StreamEnvironment(
         parallelism=2,

@@ -30,8 +30,9 @@ from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
 from raystream.engine.operators.keyed import KeyedProcessOperator
 from raystream.timers.disk_service import DiskTimerService
-from tests.test_exactly_once import wait_for_checkpoint
+from tests.support.jobs import wait_for_checkpoint
 from tests.test_windows import make_input
+from tests.support.pacing import Throttle
 
 MAXP = 128
 GAP = 40  # event-time timers at ts + GAP
@@ -425,11 +426,7 @@ class PerSecond(rs.KeyedProcessFunction):
         yield {"user": ctx.current_key, "second": second, "n": n, "total": total}
 
 
-def throttle(batch: pa.RecordBatch) -> pa.RecordBatch:
-    import time
-
-    time.sleep(0.03)  # keeps the job running long enough to kill or stop it midway
-    return batch
+throttle = Throttle(0.03)  # keeps the job running long enough to kill or stop it midway
 
 
 def per_second_job(env: rs.StreamEnvironment, n: int, *, slow: bool = True):
@@ -462,6 +459,7 @@ def env_of(storage: str, parallelism: int, backend, *, incremental: bool = False
         restart=rs.RestartStrategy.fixed_delay(3, 0.1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("incremental", [False, True], ids=["full", "incremental"])
 def test_disk_timers_exactly_once_through_a_subtask_sigkill(ray_session, tmp_path,
                                                              incremental):
@@ -481,6 +479,7 @@ def test_disk_timers_exactly_once_through_a_subtask_sigkill(ray_session, tmp_pat
     pd.testing.assert_frame_equal(got, per_second_oracle(n), check_dtype=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backends", [("heap", "disk", "heap"), ("disk", "heap", "disk")],
                          ids="-".join)
 def test_timers_follow_savepoints_across_backends_at_1_2_3(ray_session, tmp_path, backends):

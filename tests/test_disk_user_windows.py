@@ -25,7 +25,10 @@ from raystream.engine.windows.operator import WindowOperator
 from tests.test_disk_windows import (MAXP, check_restores_at_other_parallelism, disk_env, drive,
                                      kept_in_windows, last_per_window, run_through_a_kill,
                                      stored_entries)
-from tests.test_windows import Average, Spread, events, make_input, throttle
+from tests.test_windows import Average, Spread, events, make_input
+from tests.support.pacing import Throttle
+
+throttle = Throttle(0.03)
 
 ASSIGNERS = [rs.TumblingEventTimeWindows(size_ms=50),
              rs.SlidingEventTimeWindows(size_ms=60, slide_ms=20)]
@@ -131,6 +134,7 @@ def test_disk_user_windows_restore_at_other_parallelism(kind, assigner):
 
 # -- a job on Ray -----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_disk_user_windows_exactly_once_through_a_subtask_kill(ray_session, tmp_path):
     """A user AggregateFunction over tumbling windows, incremental checkpoints, one
     subtask killed: every window's result exactly once."""

@@ -31,9 +31,11 @@ from raystream.engine.windows.functions import BuiltinAggregates, UserAggregate
 from raystream.engine.windows import operator as window_operator_module
 from raystream.engine.windows.operator import WindowOperator
 from raystream.timers.disk_service import DiskTimerService
-from tests.test_exactly_once import wait_for_checkpoint
-from tests.test_windows import (AGGS, Average, events, make_input, throttle, windows_of,
-                                with_stragglers)
+from tests.support.jobs import wait_for_checkpoint
+from tests.test_windows import AGGS, Average, events, make_input, windows_of, with_stragglers
+from tests.support.pacing import Throttle
+
+throttle = Throttle(0.03)
 
 MAXP = 128
 ASSIGNERS = [rs.TumblingEventTimeWindows(size_ms=50),
@@ -501,6 +503,7 @@ def test_disk_windows_exactly_once_through_a_subtask_kill(ray_session, tmp_path,
     pd.testing.assert_frame_equal(got, tumbling_oracle(events, n, size), check_dtype=False)
 
 
+@pytest.mark.slow
 def test_disk_sliding_windows_savepoint_at_2_restore_at_3(ray_session, tmp_path):
     """Sliding windows (pre-aggregated into panes) with allowed lateness on the disk
     backend: stopped with a savepoint at parallelism 2 while windows are open, restored
@@ -537,6 +540,7 @@ def test_disk_sliding_windows_savepoint_at_2_restore_at_3(ray_session, tmp_path)
     pd.testing.assert_frame_equal(got, expected, check_dtype=False)
 
 
+@pytest.mark.slow
 def test_disk_windows_send_rows_beyond_the_bound_to_the_side_output(ray_session, tmp_path):
     n, size = 10_000, 1000
     env = disk_env(str(tmp_path / "chk"))

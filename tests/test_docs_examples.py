@@ -7,6 +7,7 @@ import pathlib
 
 import numpy as np
 import pandas as pd
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -19,6 +20,7 @@ def example(path: pathlib.Path, heading: str) -> str:
     return section[start:section.index("```", start)]
 
 
+@pytest.mark.slow
 def test_the_readme_quickstart_runs_and_matches_pandas(spark, capsys):
     namespace: dict = {}
     exec(compile(example(ROOT / "README.md", "## Quickstart"), "README.md", "exec"), namespace)
@@ -40,6 +42,7 @@ def test_the_readme_quickstart_runs_and_matches_pandas(spark, capsys):
     assert all(totals[int(user)] == int(total) for user, total in rows[1:]), shown
 
 
+@pytest.mark.slow
 def test_the_pyspark_guide_example_runs(spark, capsys):
     namespace: dict = {}
     path = ROOT / "docs" / "spark.md"

@@ -121,6 +121,7 @@ class KeepsALock(rs.KeyedProcessFunction):
         yield row
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["heap", "disk"])
 def test_a_state_value_that_cannot_be_stored_names_the_state_and_key(ray_session, tmp_path,
                                                                        backend):
@@ -135,6 +136,7 @@ def test_a_state_value_that_cannot_be_stored_names_the_state_and_key(ray_session
     assert "state 'held' of key " in message and "cannot pickle '_thread.lock'" in message
 
 
+@pytest.mark.slow
 def test_a_reduce_result_that_cannot_be_stored_on_disk_names_the_state_and_key(ray_session,
                                                                               tmp_path):
     """Keyed reduce on disk writes a batch at once: the failing value still names its key."""

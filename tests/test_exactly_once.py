@@ -14,7 +14,6 @@ import collections
 import os
 import shutil
 import time
-from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +21,8 @@ import pytest
 import ray
 
 import raystream as rs
+from tests.support.jobs import checkpointed_env, wait_for_checkpoint
+from tests.support.pacing import Throttle
 
 N = 24_000
 KEYS = 37
@@ -32,9 +33,7 @@ def numbers(i: np.ndarray) -> dict:
     return {"k": (i * 7) % KEYS, "v": i + 1, "i": i, "n": np.ones(len(i), np.int64)}
 
 
-def throttle(batch: pa.RecordBatch) -> pa.RecordBatch:
-    time.sleep(0.02)  # keeps the job running (about 2.4 s) for checkpoints and kills
-    return batch
+throttle = Throttle(0.02)  # keeps the job running (about 2.4 s) for checkpoints and kills
 
 
 def add(acc: dict, row: dict) -> dict:
@@ -79,42 +78,6 @@ def storage(tmp_path):
     shutil.rmtree(path, ignore_errors=True)
 
 
-def checkpointed_env(storage: str, *, interval_s: float = 0.25, attempts: int = 3,
-                     failpoints=(), parallelism: int = 2) -> rs.StreamEnvironment:
-    return rs.StreamEnvironment(
-        parallelism=parallelism, failpoints=failpoints,
-        checkpoints=rs.CheckpointConfig(interval_s=interval_s, storage=storage, retained=2),
-        restart=rs.RestartStrategy.fixed_delay(attempts, 0.1))
-
-
-def wait_for_checkpoint(client: rs.JobClient, after: int = 0, timeout_s: float = 60) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        completed = client.progress()["completed_checkpoints"]
-        if completed and completed[-1] > after:
-            return completed[-1]
-        time.sleep(0.02)
-    raise AssertionError("no checkpoint completed in time")
-
-
-def savepoint_chain(tmp_path, name: str,
-                    job: Callable[[int], tuple[rs.StreamEnvironment, Any]]) -> list[tuple[Any, Any]]:
-    """Run ``job(1)``, stop it with a savepoint once a checkpoint completed, restore it as
-    ``job(2)`` and stop it again, restore it as ``job(3)`` and run it to the end: the three
-    (job result, what ``job`` returned beside its environment, e.g. its sinks)."""
-    runs, restore_from = [], None
-    for parallelism in (1, 2, 3):
-        env, sinks = job(parallelism)
-        if parallelism < 3:
-            client = env.execute_async(f"{name}-p{parallelism}", restore_from=restore_from)
-            wait_for_checkpoint(client, after=0)
-            restore_from = str(tmp_path / f"savepoint{parallelism}")
-            runs.append((client.stop_with_savepoint(restore_from), sinks))
-        else:
-            runs.append((env.execute(f"{name}-p3", restore_from=restore_from), sinks))
-    return runs
-
-
 def test_kill_of_a_subtask_after_a_checkpoint_is_exactly_once(ray_session, storage):
     env = checkpointed_env(storage)
     sink = build_job(env)
@@ -135,6 +98,7 @@ def test_kill_of_a_subtask_after_a_checkpoint_is_exactly_once(ray_session, stora
     assert len(kept) <= 2 + 1  # retained completed checkpoints (+ at most one aborted)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sink_kind", ["collect", "parquet"])
 def test_placed_failures_in_every_phase_are_exactly_once(ray_session, storage, tmp_path,
                                                          sink_kind):
@@ -167,6 +131,7 @@ def test_placed_failures_in_every_phase_are_exactly_once(ray_session, storage, t
     assert_exactly_once(result.table(sink))  # parquet: exactly the files in the commit log
 
 
+@pytest.mark.slow
 def test_unwritable_storage_fails_the_job_at_start_naming_the_path(ray_session, tmp_path):
     blocked = tmp_path / "blocked"
     blocked.write_text("a file where the checkpoint directory should be")
@@ -197,6 +162,7 @@ class StorageOutage:
         os.rename(self.away, self.storage)
 
 
+@pytest.mark.slow
 def test_a_short_storage_outage_declines_checkpoints_and_the_job_goes_on(ray_session, storage):
     env = rs.StreamEnvironment(
         parallelism=2,
@@ -222,6 +188,7 @@ def test_a_short_storage_outage_declines_checkpoints_and_the_job_goes_on(ray_ses
     assert_exactly_once(result.table(sink))
 
 
+@pytest.mark.slow
 def test_storage_that_stays_unwritable_fails_the_job_with_the_cause(ray_session, storage):
     env = checkpointed_env(storage, interval_s=0.1, attempts=1)
     build_job(env)
@@ -249,6 +216,7 @@ def corrupt_a_keyed_state_file(checkpoint_dir: str) -> str:
     return path
 
 
+@pytest.mark.slow
 def test_a_corrupt_latest_checkpoint_that_committed_output_fails_the_job_naming_the_file(
         ray_session, storage):
     env = checkpointed_env(storage, interval_s=0.5)
@@ -263,6 +231,7 @@ def test_a_corrupt_latest_checkpoint_that_committed_output_fails_the_job_naming_
         client.wait(timeout_s=240)
 
 
+@pytest.mark.slow
 def test_a_corrupt_latest_checkpoint_that_committed_nothing_falls_back_to_an_older_one(
         ray_session, storage):
     # The third checkpoint is durable, but the job fails before anyone is told of it, so
@@ -290,6 +259,7 @@ def test_a_corrupt_latest_checkpoint_that_committed_nothing_falls_back_to_an_old
     assert_exactly_once(result.table(sink))
 
 
+@pytest.mark.slow
 def test_the_job_fails_with_every_failure_named_when_restarts_run_out(ray_session, storage):
     failpoints = [rs.Failpoint("in_processing", operator="sum", subtask=0, hit=3, attempt=a,
                                action="raise") for a in range(3)]
@@ -321,6 +291,7 @@ def _pids(client: rs.JobClient, attempt: int) -> dict[tuple[str, int], int]:
     raise AssertionError(f"attempt {attempt} did not come up")
 
 
+@pytest.mark.slow
 def test_failover_reuses_the_live_actors_and_a_warm_spare(ray_session, storage):
     env = checkpointed_env(storage)
     sink = build_job(env)

@@ -13,6 +13,7 @@ import time
 import uuid
 
 import numpy as np
+import pytest
 
 import raystream as rs
 
@@ -69,6 +70,7 @@ class EntryCommitter(rs.Committer):
         return dropped
 
 
+@pytest.mark.slow
 def test_a_job_is_finished_only_after_its_final_commit(ray_session, tmp_path):
     out = tmp_path / "out"
     out.mkdir()

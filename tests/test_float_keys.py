@@ -29,6 +29,7 @@ def label(x: float) -> str:
     return "nan" if x != x else repr(x + 0.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["heap", "disk"])
 def test_a_keyed_reduce_keeps_one_state_per_float_key(ray_session, tmp_path, backend):
     rows = [{"x": KEYS[i % len(KEYS)], "v": i + 1, "n": 1} for i in range(500)]

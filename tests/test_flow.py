@@ -20,6 +20,7 @@ def object_store_bytes() -> int:
     return get_memory_info_reply(state).store_stats.object_store_bytes_used
 
 
+@pytest.mark.slow
 def test_slow_sink_bounds_object_store_memory(ray_session):
     """With a sink that sleeps, in-flight data stays bounded by credits, not by the source."""
     rows_per_batch, num_batches, credits = 16_384, 150, 2
@@ -72,6 +73,7 @@ class _Placement:
         return batch.append_column("subtask", pa.array([self.subtask] * batch.num_rows, pa.int64()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key_kind", ["int", "str", "composite"])
 def test_key_by_sends_each_key_to_the_subtask_owning_its_key_group(ray_session, key_kind):
     parallelism, n = 3, 20_000
@@ -118,6 +120,7 @@ class WatermarkProbe(rs.Operator):
             "late": [self.late], "rows": [self.rows]}))
 
 
+@pytest.mark.slow
 def test_watermarks_cross_a_shuffle_as_min_over_channels(ray_session):
     n, splits, bound = 40_000, 4, 50
     base = 1_700_000_000_000

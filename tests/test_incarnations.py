@@ -10,6 +10,7 @@ import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from raystream.spark.commit_log import list_entries, read_committed
 from tests.test_exactly_once import assert_exactly_once, build_job
@@ -26,6 +27,7 @@ def committed_by(out: str, incarnation: str) -> pa.Table:
                             for e in list_entries(out, incarnation) for f in e.files)
 
 
+@pytest.mark.slow
 def test_two_runs_restored_from_one_savepoint_each_commit_their_output(ray_session, tmp_path):
     out = str(tmp_path / "out")
     env = env_at(2, str(tmp_path / "chk"))

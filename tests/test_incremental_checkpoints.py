@@ -26,6 +26,7 @@ from raystream.checkpoint.metadata import CheckpointMetadata, OperatorFiles
 from raystream.checkpoint.shared_state import SharedStateRegistry
 from raystream.checkpoint.state import HeapKeyedStateBackend
 from raystream.checkpoint.storage import CheckpointStorage, CorruptCheckpointError
+from tests.support.pacing import Throttle
 
 MAXP = 128
 JOB = "job"
@@ -285,7 +286,8 @@ def slow_throttle(batch):
 
 def running_sum_job(env: rs.StreamEnvironment, slow: bool = False) -> rs.SinkHandle:
     from tests.test_disk_state import RunningSum
-    from tests.test_exactly_once import N, SPLITS, numbers, throttle
+    from tests.test_exactly_once import N, SPLITS, numbers
+    throttle = Throttle(0.02)
 
     source = env.from_sequence(N, numbers, batch_size=100, num_splits=SPLITS, name="numbers")
     return source.map_batches(slow_throttle if slow else throttle, name="throttle").key_by(
@@ -307,10 +309,12 @@ def retained_references(job_dir: str) -> set[str]:
     return out
 
 
+@pytest.mark.slow
 def test_a_sigkilled_subtask_restores_from_incremental_checkpoints(ray_session, tmp_path):
     import ray
 
-    from tests.test_exactly_once import assert_exactly_once, wait_for_checkpoint
+    from tests.test_exactly_once import assert_exactly_once
+    from tests.support.jobs import wait_for_checkpoint
 
     env = incremental_env(str(tmp_path / "chk"))
     sink = running_sum_job(env, slow=True)
@@ -330,8 +334,10 @@ def test_a_sigkilled_subtask_restores_from_incremental_checkpoints(ray_session, 
     assert referenced and referenced <= present
 
 
+@pytest.mark.slow
 def test_a_cancelled_run_restores_at_another_parallelism(ray_session, tmp_path):
-    from tests.test_exactly_once import KEYS, N, numbers, wait_for_checkpoint
+    from tests.test_exactly_once import KEYS, N, numbers
+    from tests.support.jobs import wait_for_checkpoint
 
     env = incremental_env(str(tmp_path / "chk"))
     running_sum_job(env, slow=True)
@@ -355,6 +361,7 @@ def test_a_cancelled_run_restores_at_another_parallelism(ray_session, tmp_path):
                                   check_names=False)
 
 
+@pytest.mark.slow
 def test_retention_keeps_exactly_the_referenced_shared_files(ray_session, tmp_path):
     from tests.test_exactly_once import assert_exactly_once
 

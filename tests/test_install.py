@@ -50,6 +50,7 @@ JOB_WITHOUT_SPARK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_the_wheel_holds_every_package_and_spark_is_an_extra(tmp_path):
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps",
                             "--quiet", "-w", str(tmp_path)], capture_output=True, text=True,
@@ -72,6 +73,7 @@ def test_the_wheel_holds_every_package_and_spark_is_an_extra(tmp_path):
     assert any(r.split(":")[1].strip().startswith("ray[default]") for r in requires)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_job_runs_without_pyspark_and_rs_spark_names_the_extra(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(BLOCK_SPARK)

@@ -21,8 +21,11 @@ import pytest
 
 import raystream as rs
 from raystream.actors.operator import Operator
-from tests.test_exactly_once import (N, add, assert_exactly_once, build_job, checkpointed_env,
-                                     numbers, throttle, wait_for_checkpoint)
+from tests.test_exactly_once import N, add, assert_exactly_once, build_job, numbers
+from tests.support.jobs import checkpointed_env, wait_for_checkpoint
+from tests.support.pacing import Throttle
+
+throttle = Throttle(0.02)
 
 DEPLOY_PAUSE_S = 4.0  # how long the armed operator keeps its subtask from starting
 
@@ -41,6 +44,7 @@ def test_an_empty_collect_sink_of_a_checkpointed_job_is_an_empty_table(ray_sessi
     assert sorted(full.column("i").to_pylist()) == list(range(N))
 
 
+@pytest.mark.slow
 def test_a_savepoint_whose_trigger_fails_is_answered_with_the_error(ray_session, tmp_path):
     blocked = tmp_path / "a-file"
     blocked.write_text("a regular file where the savepoint directory would go")
@@ -114,6 +118,7 @@ def test_a_subtask_killed_while_deploying_is_a_failure_the_restart_strategy_hand
     assert_exactly_once(result.table(sink))
 
 
+@pytest.mark.slow
 def test_a_subtask_killed_while_deploying_a_restore_at_parallelism_3_restarts_from_the_savepoint(
         ray_session, tmp_path):
     env = checkpointed_env(str(tmp_path / "chk"))
@@ -142,6 +147,7 @@ def held_while(flag: str, batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch
 
 
+@pytest.mark.slow
 def test_a_stop_with_savepoint_that_times_out_resumes_the_sources(ray_session, tmp_path):
     flag = str(tmp_path / "hold")
     env = rs.StreamEnvironment(
@@ -197,6 +203,7 @@ STOP_STEPS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", list(STOP_STEPS))
 def test_a_failure_at_each_step_of_a_stop_leaves_one_exact_output(ray_session, tmp_path, step):
     # Before the savepoint completes, the stop fails and the job goes on from where it was

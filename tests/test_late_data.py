@@ -12,7 +12,6 @@ across a stop-with-savepoint restored at another parallelism.
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +21,8 @@ import ray
 import raystream as rs
 from tests.chaos.model import (CountAndSum, Events, emission_differences, emissions_of,
                                window_emissions)
-from tests.test_exactly_once import wait_for_checkpoint
+from tests.support.jobs import wait_for_checkpoint
+from tests.support.pacing import Throttle
 
 EVENTS = Events()
 N, BATCH, BOUND = EVENTS.n, EVENTS.batch, EVENTS.bound_ms
@@ -39,9 +39,7 @@ def oracle(assigner, lateness: int):
 PATHS = ("pre_aggregated", "dense", "late_output", "generic")
 
 
-def throttle(batch: pa.RecordBatch) -> pa.RecordBatch:
-    time.sleep(0.03)  # keeps the job running long enough for checkpoints before a failure
-    return batch
+throttle = Throttle(0.03)  # keeps the job running long enough for checkpoints before a failure
 
 
 def build(env: rs.StreamEnvironment, path: str, assigner, lateness: int, *, slow: bool = False):
@@ -74,6 +72,7 @@ def assert_equal_emissions(got: list[dict], expected) -> None:
     assert not differences, "\n".join(differences)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("assigner, lateness", [("tumbling", 0), ("sliding", 2500)])
 @pytest.mark.parametrize("path", PATHS)
 def test_every_path_handles_late_records_like_the_oracle(ray_session, path, assigner, lateness):
@@ -89,6 +88,7 @@ def test_every_path_handles_late_records_like_the_oracle(ray_session, path, assi
         assert late_of([job.table(late)]) == late_rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["pre_aggregated", "late_output"])
 def test_a_failover_does_not_reopen_fired_windows(ray_session, tmp_path, path):
     """A window subtask dies after a completed checkpoint: the restored window operator
@@ -110,6 +110,7 @@ def test_a_failover_does_not_reopen_fired_windows(ray_session, tmp_path, path):
         assert late_of([job.table(late)]) == late_rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["pre_aggregated", "late_output"])
 def test_allowed_lateness_survives_a_stop_and_a_rescaled_restore(ray_session, tmp_path, path):
     """Sliding windows with allowed lateness, stopped with a savepoint at parallelism 2 and

@@ -34,8 +34,10 @@ from tests.chaos.model import CountAndSum, session_run, watermarks_before
 from tests.chaos.runner import CountAndSumRows
 from tests.test_disk_joins import co_groups, window_join_operator, window_rows
 from tests.test_disk_windows import MAXP, disk_env
-from tests.test_exactly_once import savepoint_chain
-from tests.test_windows import throttle
+from tests.support.jobs import savepoint_chain
+from tests.support.pacing import Throttle
+
+throttle = Throttle(0.03)
 
 GAP = 10
 BACKENDS = [StateBackend.HEAP, StateBackend.DISK]
@@ -335,6 +337,7 @@ def straggling_events(i: np.ndarray) -> dict:
             - np.where(i % 50 == 17, 1000, 0), "x": (i % 7).astype(np.float64)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.value)
 def test_late_rows_in_open_sessions_through_savepoints(ray_session, tmp_path, backend):
     """Stopped with a savepoint at parallelism 1 and 2 and restored at 2 and 3: every

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
+import pytest
 
 import raystream as rs
 
@@ -71,6 +72,7 @@ def _job_dir(root: Path) -> str:
     return job
 
 
+@pytest.mark.slow
 def test_backpressure_is_the_time_a_fast_source_waits_for_a_slow_sink(ray_session):
     env = rs.StreamEnvironment(parallelism=1, credits=1)
     batch_rows = 40_000  # 320 KB a batch: more than an output buffer, so each goes at once

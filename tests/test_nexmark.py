@@ -118,6 +118,7 @@ def test_bad_config_says_what_is_wrong():
 
 # -- the queries ------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_stateless_queries_q0_q1_q2_equal_pandas(ray_session):
     env = rs.StreamEnvironment(parallelism=2)
     sinks = {name: getattr(queries, name)(env, EVENTS, CONFIG, batch_size=BATCH).collect(name=name)
@@ -143,6 +144,7 @@ def q3_oracle() -> list[tuple]:
     return rows(joined, ["name", "city", "state", "id"])
 
 
+@pytest.mark.slow
 def test_q3_incremental_join_is_exactly_once_through_a_subtask_crash(ray_session, tmp_path):
     env = checkpointed(tmp_path, failpoints=[
         rs.Failpoint("in_processing", operator="q3", subtask=1, hit=12, action="exit")])
@@ -163,6 +165,7 @@ def winning_bids() -> pd.DataFrame:
     return valid.groupby(["id", "category"], as_index=False)["price"].max()
 
 
+@pytest.mark.slow
 def test_q4_average_closing_price_per_category_through_a_subtask_crash(ray_session, tmp_path):
     env = checkpointed(tmp_path, failpoints=[
         rs.Failpoint("in_processing", operator="q4-winning-bids", subtask=1, hit=8, action="exit")])
@@ -194,6 +197,7 @@ def q5_oracle(size_ms: int, slide_ms: int) -> list[tuple]:
     return rows(hot, ["auction", "num", "starttime", "endtime"])
 
 
+@pytest.mark.slow
 def test_q5_hot_items_are_exactly_once_through_a_subtask_crash(ray_session, tmp_path):
     env = checkpointed(tmp_path, failpoints=[
         rs.Failpoint("in_processing", operator="q5-counts", subtask=0, hit=3, action="exit")])
@@ -205,6 +209,7 @@ def test_q5_hot_items_are_exactly_once_through_a_subtask_crash(ray_session, tmp_
     assert rows(result.table(sink), ["auction", "num", "starttime", "endtime"]) == expected
 
 
+@pytest.mark.slow
 def test_q7_highest_bid_per_window(ray_session, tmp_path):
     env = checkpointed(tmp_path)
     sink = queries.q7(env, EVENTS, CONFIG, batch_size=BATCH, size_ms=2_000).collect()
@@ -217,6 +222,7 @@ def test_q7_highest_bid_per_window(ray_session, tmp_path):
     assert rows(got, cols) == rows(expected, cols)
 
 
+@pytest.mark.slow
 def test_q11_user_sessions(ray_session, tmp_path):
     gap = 2_000
     env = checkpointed(tmp_path)
@@ -233,6 +239,7 @@ def test_q11_user_sessions(ray_session, tmp_path):
     assert rows(got, cols) == rows(sessions, cols)
 
 
+@pytest.mark.slow
 def test_q8_new_users_window_join_is_exactly_once_through_a_subtask_crash(ray_session, tmp_path):
     size = 2_000
     env = checkpointed(tmp_path, failpoints=[

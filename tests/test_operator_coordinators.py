@@ -22,7 +22,7 @@ import ray
 
 import raystream as rs
 from raystream.actors.operator import OperatorSnapshot
-from tests.test_exactly_once import wait_for_checkpoint
+from tests.support.jobs import wait_for_checkpoint
 
 PARALLELISM = 2
 
@@ -110,6 +110,7 @@ def assert_every_subtask_got_every_number_once_in_order(table: pa.Table) -> None
             np.testing.assert_array_equal(values, np.arange(n), err_msg=f"{name}/{subtask}")
 
 
+@pytest.mark.slow
 def test_coordinator_events_arrive_exactly_once_in_order_across_failures(ray_session, tmp_path):
     failpoints = [
         rs.Failpoint("in_snapshot", operator="fast", subtask=1, hit=3, attempt=1),
@@ -175,6 +176,7 @@ def test_events_without_failures_and_events_from_subtasks(ray_session, tmp_path)
     assert result.restarts == 0 and sum(c.status == "COMPLETED" for c in result.checkpoints) >= 1
 
 
+@pytest.mark.slow
 def test_a_coordinator_that_raises_fails_the_job_naming_it(ray_session):
     class Broken(rs.OperatorCoordinator):
         def __init__(self, context):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +26,8 @@ from raystream.engine.operators.file_sink import (ParquetCommitter, ParquetSinkC
 from raystream.engine.operators.two_phase import CommitterOperator, SinkWriterOperator
 from raystream.spark import commit_log
 from raystream.spark.commit_log import committed_files, read_committed
-from tests.test_exactly_once import wait_for_checkpoint
+from tests.support.jobs import wait_for_checkpoint
+from tests.support.pacing import Throttle
 
 N = 24_000
 SPLITS = 4
@@ -39,9 +39,7 @@ def rows(i: np.ndarray) -> dict:
             "ts": (BASE_NS + i * 1_001).astype("datetime64[ns]")}
 
 
-def throttle(batch: pa.RecordBatch) -> pa.RecordBatch:
-    time.sleep(0.01)  # keeps the job running across several checkpoints
-    return batch
+throttle = Throttle(0.01)  # keeps the job running across several checkpoints
 
 
 def assert_exactly_once(table: pa.Table, n: int = N) -> None:
@@ -92,6 +90,7 @@ def attempt_of(path: str) -> int:
 # -- jobs on Ray ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_bounded_job_with_checkpoints_commits_every_row_once(ray_session, tmp_path):
     out = str(tmp_path / "out")
     env = checkpointed_env(str(tmp_path / "chk"))
@@ -111,6 +110,7 @@ def test_bounded_job_with_checkpoints_commits_every_row_once(ray_session, tmp_pa
         assert len(name) == 4 and name[2] == "0" and len(name[3]) == 32
 
 
+@pytest.mark.slow
 def test_kill_of_a_writer_after_a_checkpoint_is_exactly_once(ray_session, tmp_path):
     out = str(tmp_path / "out")
     env = checkpointed_env(str(tmp_path / "chk"))
@@ -126,6 +126,7 @@ def test_kill_of_a_writer_after_a_checkpoint_is_exactly_once(ray_session, tmp_pa
     assert all(attempt_of(p) == 0 for p in on_disk - committed)  # left by the killed attempt
 
 
+@pytest.mark.slow
 def test_lost_notification_is_committed_on_restore(ray_session, tmp_path):
     out = str(tmp_path / "out")
     env = checkpointed_env(str(tmp_path / "chk"), failpoints=[
@@ -145,6 +146,7 @@ def test_lost_notification_is_committed_on_restore(ray_session, tmp_path):
     assert all(f["attempt"] == 0 for f in second[0].files)
 
 
+@pytest.mark.slow
 def test_files_of_a_failed_checkpoint_are_never_read(ray_session, tmp_path):
     out = str(tmp_path / "out")
     # Writer 0 closes its files and emits their committables for its second

@@ -22,6 +22,7 @@ def oracle_columns() -> dict[str, np.ndarray]:
     return columns(np.arange(N, dtype=np.int64))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallelism", [1, 2, 3])
 def test_vectorized_then_keyed_reduce(ray_session, parallelism):
     env = rs.StreamEnvironment(parallelism=parallelism)
@@ -54,6 +55,7 @@ def test_vectorized_then_keyed_reduce(ray_session, parallelism):
         assert ordered[-1] == inputs.sum()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallelism", [1, 2, 3])
 def test_per_row_map_flat_map_filter_rebalance(ray_session, parallelism):
     env = rs.StreamEnvironment(parallelism=parallelism)
@@ -78,6 +80,7 @@ def test_per_row_map_flat_map_filter_rebalance(ray_session, parallelism):
     assert got == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallelism", [1, 3])
 def test_union_and_keyed_connect(ray_session, parallelism):
     env = rs.StreamEnvironment(parallelism=parallelism)

@@ -48,6 +48,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 import raystream as rs
 
@@ -234,6 +235,7 @@ def read_calls(log_dir: str) -> list[dict]:
     return events
 
 
+@pytest.mark.slow
 def test_pre_barrier_runs_head_to_tail_and_its_records_precede_the_barrier(ray_session, tmp_path):
     log_dir = tmp_path / "calls"
     log_dir.mkdir()

@@ -122,6 +122,7 @@ def runs(tmp_path_factory):
     return {"terminal": terminal, "redirected": redirected}
 
 
+@pytest.mark.slow
 def test_bounded_job_draws_a_bar_in_place_on_a_terminal(runs):
     stdout, terminal = runs["terminal"]
     terminal = terminal[:terminal.index("raystream: job progress-unbounded")]  # the first job
@@ -143,6 +144,7 @@ def test_bounded_job_draws_a_bar_in_place_on_a_terminal(runs):
         "the line is cleared when the job ends"
 
 
+@pytest.mark.slow
 def test_unbounded_job_shows_rate_and_latest_checkpoint(runs):
     stdout, terminal = runs["terminal"]
     ids = np.concatenate([np.arange(k * 10, k * 10 + 10) for k in range(1, 41)])
@@ -153,6 +155,7 @@ def test_unbounded_job_shows_rate_and_latest_checkpoint(runs):
                          r"\(\d+\.\d\d s\)", d) for d in draws), draws
 
 
+@pytest.mark.slow
 def test_redirected_output_has_no_progress(runs):
     stdout, err = runs["redirected"]
     ids = np.arange(N)

@@ -30,6 +30,7 @@ NOISE = ("gcs_client.cc", "logging.cc", "INFO worker.py", "authentication_token_
          "Reconfiguration failed", "WARN Utils", "NativeCodeLoader", "Setting default log level")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_a_job_and_a_spark_session_print_only_their_own_lines(tmp_path):
     script = tmp_path / "job.py"

@@ -20,8 +20,8 @@ import raystream as rs
 from raystream.engine import registry
 from raystream.engine.environment import run_defaults
 from raystream.spark.commit_log import read_committed
-from tests.test_exactly_once import (N, SPLITS, add, assert_exactly_once, checkpointed_env,
-                                     numbers, wait_for_checkpoint)
+from tests.test_exactly_once import N, SPLITS, add, assert_exactly_once, numbers
+from tests.support.jobs import checkpointed_env, wait_for_checkpoint
 
 
 def slow(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -42,6 +42,7 @@ def kill_master(client: rs.JobClient) -> int:
     return pid
 
 
+@pytest.mark.slow
 def test_a_killed_job_master_is_restarted_and_the_job_ends_exactly_once(ray_session, tmp_path):
     storage, out = str(tmp_path / "checkpoints"), str(tmp_path / "out")
     env = checkpointed_env(storage)  # three restart attempts
@@ -66,6 +67,7 @@ def test_a_killed_job_master_is_restarted_and_the_job_ends_exactly_once(ray_sess
     assert_exactly_once(read_committed(out))
 
 
+@pytest.mark.slow
 def test_a_killed_job_master_of_a_job_without_restarts_fails_the_job_clearly_and_the_job_resumes_exactly_once(
         ray_session, tmp_path):
     storage, out = str(tmp_path / "checkpoints"), str(tmp_path / "out")
@@ -96,6 +98,7 @@ def test_a_killed_job_master_of_a_job_without_restarts_fails_the_job_clearly_and
     assert_exactly_once(read_committed(out))
 
 
+@pytest.mark.slow
 def test_a_canceled_run_returns_what_it_committed_and_the_resumed_run_the_rest(
         ray_session, tmp_path):
     storage = str(tmp_path / "checkpoints")

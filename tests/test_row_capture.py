@@ -58,6 +58,7 @@ def add_in_place(acc: dict, row: dict) -> dict:
     return acc
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["heap", "disk"])
 def test_reduce_that_changes_its_accumulator_in_place(ray_session, backend):
     env = environment(backend)
@@ -86,6 +87,7 @@ class StateDict(rs.KeyedProcessFunction):
         yield current
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["heap", "disk"])
 def test_process_function_that_emits_its_state_object(ray_session, backend):
     env = environment(backend)
@@ -123,6 +125,7 @@ class SharedTotals(rs.KeyedCoProcessFunction):
         yield from self._add(row)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["heap", "disk"])
 def test_co_process_function_that_emits_its_state_object(ray_session, backend):
     env = environment(backend)
@@ -142,6 +145,7 @@ def test_co_process_function_that_emits_its_state_object(ray_session, backend):
         assert set(np.diff([0, *emitted])) <= set(values)
 
 
+@pytest.mark.slow
 def test_flat_map_and_map_that_reuse_one_dict(ray_session):
     env = rs.StreamEnvironment(parallelism=1)
     numbers = source(env)
@@ -175,6 +179,7 @@ class Numbered(rs.ProcessWindowFunction):
             yield out
 
 
+@pytest.mark.slow
 def test_window_functions_that_reuse_one_dict(ray_session):
     env = rs.StreamEnvironment(parallelism=2)
     timed = source(env).map_batches(lambda b: b.append_column("ts", b.column("i")))

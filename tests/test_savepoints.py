@@ -110,6 +110,7 @@ def test_a_damaged_savepoint_fails_the_restore_naming_its_file(stopped_at_parall
         victim.write_bytes(intact)
 
 
+@pytest.mark.slow
 def test_stop_with_savepoint_and_drain_then_restore(ray_session, tmp_path):
     client, sink = run_until_checkpoints(env_at(2, str(tmp_path / "chk")), "drain")
     first = client.stop_with_savepoint(str(tmp_path / "drained"), drain=True)
@@ -120,6 +121,7 @@ def test_stop_with_savepoint_and_drain_then_restore(ray_session, tmp_path):
     assert_exactly_once(pa.concat_tables([committed_before, second.table(sink_after)]))
 
 
+@pytest.mark.slow
 def test_event_time_does_not_go_back_after_a_restore(ray_session, tmp_path):
     from tests.test_flow import WatermarkProbe
 

@@ -13,7 +13,9 @@ import pandas as pd
 import pytest
 
 import raystream as rs
-from tests.test_exactly_once import throttle
+from tests.support.pacing import Throttle
+
+throttle = Throttle(0.02)
 
 N, KEYS = 6_000, 7
 
@@ -30,6 +32,7 @@ class Tenth(rs.KeyedProcessFunction):
         yield {"k": row["k"], "i": row["i"], "count": count}
 
 
+@pytest.mark.slow
 def test_side_output_of_a_process_function_is_exactly_once(ray_session, tmp_path):
     env = rs.StreamEnvironment(
         parallelism=2,

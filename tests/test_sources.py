@@ -76,6 +76,7 @@ def _sorted_rows(table: pa.Table, by: str = "id") -> list[dict]:
 # Files in real jobs
 # ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallelism", [1, 2])
 def test_read_files_returns_every_written_row(ray_session, tmp_path, parallelism):
     env = rs.StreamEnvironment(parallelism=parallelism)
@@ -262,6 +263,7 @@ def test_sequence_reader_position():
     assert reader.position == split[1] - split[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallelism", [1, 2, 3])
 def test_sequence_job_matches_numpy(ray_session, parallelism):
     n, num_splits = 20_000, 4
@@ -291,6 +293,7 @@ def test_sequence_job_matches_numpy(ray_session, parallelism):
 # Collection
 # ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_from_collection_returns_exactly_the_rows(ray_session):
     rows = [{"k": i, "user": f"u{i % 5}", "amount": (i * 37) % 101, "note": None if i % 4 else "x"}
             for i in range(203)]

@@ -83,6 +83,7 @@ def test_handoff_refuses_types_spark_cannot_hold(spark):
         rs.spark.to_spark(spark, pa.table({"u": pa.array([2**64 - 1], pa.uint64())}))
 
 
+@pytest.mark.slow
 def test_empty_results_hand_off_with_their_columns(spark):
     schema = pa.schema([("k", pa.int64()), ("ts", pa.timestamp("ms")), ("s", pa.string())])
     df = rs.spark.to_spark(spark, schema.empty_table())
@@ -92,6 +93,7 @@ def test_empty_results_hand_off_with_their_columns(spark):
     assert env.execute("nothing").to_spark(spark, sink).count() == 0
 
 
+@pytest.mark.slow
 def test_twenty_handoffs_leave_the_object_store_flat(spark):
     table = mixed_table(200_000)  # about 12 MB per hand-off
     spark.range(1).count()
@@ -124,6 +126,7 @@ def test_twenty_handoffs_leave_the_object_store_flat(spark):
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_derived_dataframe_keeps_its_blocks_until_it_is_dropped(spark):
     table = pa.table({"k": np.arange(300_000) % 10, "v": np.arange(300_000)})
     derived = rs.spark.to_spark(spark, table).filter("k = 3").selectExpr("sum(v) AS s")

@@ -14,12 +14,13 @@ import urllib.parse
 
 import numpy as np
 import pyarrow as pa
+import pytest
 import ray
 
 import raystream as rs
 from raystream.spark import commit_log
-from tests.test_exactly_once import (assert_exactly_once, build_job, checkpointed_env,
-                                     wait_for_checkpoint)
+from tests.test_exactly_once import assert_exactly_once, build_job
+from tests.support.jobs import checkpointed_env, wait_for_checkpoint
 
 
 def arrow(df) -> pa.Table:
@@ -27,6 +28,7 @@ def arrow(df) -> pa.Table:
     return pa.Table.from_pylist(rows)
 
 
+@pytest.mark.slow
 def test_spark_reads_exactly_once_output_after_placed_failures(spark, tmp_path):
     out = str(tmp_path / "out")
     failpoints = [
@@ -93,6 +95,7 @@ def committed_by_checkpoint(out: str) -> list[tuple[int, dict[str, int]]]:
             for e in sorted(entries, key=lambda e: e.checkpoint_id)]
 
 
+@pytest.mark.slow
 def test_reads_during_the_run_are_prefixes_of_the_committed_output(spark, tmp_path):
     out = str(tmp_path / "out")
     client = running_job(tmp_path, out)
@@ -123,6 +126,7 @@ def test_reads_during_the_run_are_prefixes_of_the_committed_output(spark, tmp_pa
     assert np.array_equal(ids, np.arange(N)), "the final output is every input once"
 
 
+@pytest.mark.slow
 def test_structured_streaming_follows_each_committed_checkpoint_once(spark, tmp_path):
     out = str(tmp_path / "out")
     client = running_job(tmp_path, out, partition_by="k")

@@ -111,6 +111,7 @@ def test_an_empty_sink_reads_as_an_empty_dataframe(spark, tmp_path):
     assert df.count() == 0 and df.schema.simpleString() == "struct<id:bigint,ts:timestamp>"
 
 
+@pytest.mark.slow
 def test_spark_log_compacts_and_follows_truncation_and_crashes(spark, tmp_path):
     out = str(tmp_path / "out")
     op = committer(out)

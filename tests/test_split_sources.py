@@ -16,7 +16,7 @@ import raystream as rs
 from raystream.engine.sources.files import Files, FileSplitEnumerator
 from raystream.engine.sources.split_enumerator import StaticSplitEnumerator
 from raystream.spark.commit_log import read_committed
-from tests.test_exactly_once import wait_for_checkpoint
+from tests.support.jobs import wait_for_checkpoint
 
 SCHEMA = pa.schema([("id", pa.int64()), ("file", pa.int64())])
 

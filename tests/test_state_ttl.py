@@ -32,7 +32,7 @@ from raystream.checkpoint.disk_state import section_entries
 from raystream.checkpoint.envelope import KEYED_STATE, SectionKind, read
 from raystream.checkpoint.state import HeapKeyedStateBackend
 from tests.conftest import BACKENDS, state_backends
-from tests.test_exactly_once import wait_for_checkpoint
+from tests.support.jobs import wait_for_checkpoint
 from tests.test_state import Avg
 
 MAXP = 16  # the max parallelism of the make_backend fixture's backends
@@ -675,6 +675,7 @@ def probe_job(env: rs.StreamEnvironment, seen_visibility: str, *,
     return src.key_by("k").process(Probe(seen_visibility), name="probe").collect()
 
 
+@pytest.mark.slow
 def test_ttl_in_a_real_job_expires_and_survives_a_savepoint(ray_session, tmp_path):
     def env_at(parallelism: int, name: str) -> rs.StreamEnvironment:
         return rs.StreamEnvironment(parallelism=parallelism, checkpoints=rs.CheckpointConfig(

@@ -558,6 +558,7 @@ MODES = {"aligned": {}, "unaligned": {"unaligned": True},
          "aligned_timeout": {"aligned_timeout": 0.02}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallelism, mode, failures", [
     (1, "aligned", ["in_processing"]),
     (2, "unaligned", ["in_processing", "in_snapshot", "right_after_restore"]),

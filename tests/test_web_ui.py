@@ -26,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pytest
 
 import raystream as rs
 from raystream.engine.ui.server import create_app, start_in_background
+from tests.support.pacing import Throttle
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -39,9 +39,7 @@ KEYS = 7
 WAIT_S = 120  # the longest the browser waits for one thing the page should come to show
 
 
-def throttle(batch: pa.RecordBatch) -> pa.RecordBatch:
-    time.sleep(0.05)
-    return batch
+throttle = Throttle(0.05)
 
 
 def build(env: rs.StreamEnvironment, base_ms: int) -> rs.SinkHandle:

@@ -390,6 +390,7 @@ def events(i: np.ndarray) -> dict:
     return {"user": i % 13, "ts": BASE + i * 3 - jitter, "x": (i % 11).astype(np.float64)}
 
 
+@pytest.mark.slow
 def test_chained_windows_and_window_all_job_equal_pandas(ray_session):
     n = 20_000
     env = rs.StreamEnvironment(parallelism=2)
@@ -425,6 +426,7 @@ def test_chained_windows_and_window_all_job_equal_pandas(ray_session):
         sorted(g.tolist(), reverse=True)[:3] for _, g in seconds.groupby("w")["n"]]
 
 
+@pytest.mark.slow
 def test_count_window_job_fires_every_size_records_per_key(ray_session):
     """On Ray (parallelism 2, so a key's records may interleave from two source
     subtasks): order-free facts against pandas — per key, count // size windows of

@@ -24,7 +24,11 @@ from raystream.engine.keys import KeySelector
 from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator, WindowJoinSpec
 from tests.chaos.model import session_run
-from tests.test_joins import BASE, crawl, events, late_dropped, rescaled_run, throttle
+from tests.test_joins import BASE, events, late_dropped, rescaled_run
+from tests.support.pacing import Throttle
+
+crawl = Throttle(0.06)
+throttle = Throttle(0.02)
 
 TUMBLING = rs.TumblingEventTimeWindows(size_ms=100)
 SLIDING = rs.SlidingEventTimeWindows(size_ms=120, slide_ms=50)
@@ -351,6 +355,7 @@ def sides(env: rs.StreamEnvironment, n: int,
             src.filter_batches(lambda b: pc.equal(b["side"], 1), name="right"))
 
 
+@pytest.mark.slow
 def test_window_join_and_co_group_job_through_a_failure_exactly_once(ray_session, tmp_path):
     n = 10_000
     assigner = rs.TumblingEventTimeWindows(size_ms=300)
@@ -394,6 +399,7 @@ def test_window_join_and_co_group_job_through_a_failure_exactly_once(ray_session
                   for r in result.table(sinks[2]).to_pylist()) == want_counts
 
 
+@pytest.mark.slow
 def test_window_join_survives_a_savepoint_and_a_rescale_exactly_once(ray_session, tmp_path):
     """Stopped with a savepoint at parallelism 2 with rows buffered, restored at 3: the
     pairs over both runs (session windows, through ``apply``) are pandas', each once."""

@@ -23,7 +23,8 @@ from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.functions import BuiltinAggregates, ProcessWindow, UserAggregate
 from raystream.engine.windows.operator import WindowOperator
 from raystream.engine.windows.pre_aggregate import WindowPreAggregator
-from tests.test_exactly_once import wait_for_checkpoint
+from tests.support.jobs import wait_for_checkpoint
+from tests.support.pacing import Throttle
 
 AGGS = {"n": ("count", None), "total": ("sum", "x"), "low": ("min", "x"), "high": ("max", "x"),
         "avg": ("mean", "x")}
@@ -503,6 +504,7 @@ def with_stragglers(i: np.ndarray) -> dict:
             "x": (i % 11).astype(np.float64)}
 
 
+@pytest.mark.slow
 def test_late_records_go_to_the_side_output_and_nowhere_else(ray_session):
     n, size = 10_000, 1000
     env = rs.StreamEnvironment(parallelism=2)
@@ -524,11 +526,10 @@ def test_late_records_go_to_the_side_output_and_nowhere_else(ray_session):
     assert got == dict(expected)
 
 
-def throttle(batch: pa.RecordBatch) -> pa.RecordBatch:
-    time.sleep(0.03)  # keeps the job running long enough to place five failures
-    return batch
+throttle = Throttle(0.03)  # keeps the job running long enough to place five failures
 
 
+@pytest.mark.slow
 def test_windows_exactly_once_under_placed_failures(ray_session, tmp_path):
     n, size = 60_000, 1000
     failpoints = [
@@ -566,6 +567,7 @@ def test_windows_exactly_once_under_placed_failures(ray_session, tmp_path):
     assert got == dict(oracle_tumbling(n, size))
 
 
+@pytest.mark.slow
 def test_open_windows_survive_a_savepoint_and_a_rescale_exactly_once(ray_session, tmp_path):
     """Stopped with a savepoint at parallelism 2 while windows are open (their state and
     their per-key-group timers in it), restored at 3: every window fires exactly once
@@ -627,6 +629,7 @@ def phases(i: np.ndarray) -> dict:
     return {"user": np.where(idle, 99, user), "ts": BASE + i * 10}
 
 
+@pytest.mark.slow
 def test_keyed_process_function_timers_equal_oracle(ray_session):
     n = 540
     env = rs.StreamEnvironment(parallelism=2)
