@@ -114,6 +114,7 @@ def test_submit_through_the_jobs_api_then_list_status_and_checkpoints(ray_head, 
         assert re.search(rf"^{n}\s+COMPLETED\s", history, re.M), history
 
 
+@pytest.mark.slow
 def test_savepoint_stop_and_restore_from_the_command_line(ray_head, tmp_path):
     # at 10,000 rows/s: 45 s, stopped long before its end even when every command takes
     # seconds to connect (seen: at 20 s it ended before the first savepoint on a loaded machine)
@@ -152,6 +153,7 @@ def master_pid(head, job: str) -> int:
     return int(ok(head.run(sys.executable, "-c", script)).split()[-1])
 
 
+@pytest.mark.slow
 def test_a_detached_job_outlives_its_killed_driver_and_job_master(ray_head, tmp_path):
     readings = 450_000  # at 15,000 rows/s: about 30 s, most of it after the driver is gone
     command = ["raystream", "run", "--detach", str(EXAMPLES / "meter_totals.py"), "--",
@@ -178,6 +180,7 @@ def test_a_detached_job_outlives_its_killed_driver_and_job_master(ray_head, tmp_
     assert_exactly_once(tmp_path / "out", readings)
 
 
+@pytest.mark.slow
 def test_cancel_a_running_job(ray_head, tmp_path):
     ok(ray_head.run("raystream", "submit", str(EXAMPLES / "meter_totals.py"), "--address",
                     ray_head.dashboard_url, "--",

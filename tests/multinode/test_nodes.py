@@ -90,6 +90,7 @@ def assert_exactly_once(table: pa.Table, n: int) -> None:
     assert (totals["total_max"].to_numpy() == expected).all()
 
 
+@pytest.mark.slow
 def test_subtasks_spread_over_the_workers_within_their_resources(cluster):
     nodes = node_ids(cluster)
     env = rs.StreamEnvironment(parallelism=4)
@@ -195,6 +196,7 @@ def exported(series, metric: str, operator: str | None = None) -> float:
                if name == metric and (operator is None or labels["operator"] == operator))
 
 
+@pytest.mark.slow
 def test_metrics_reach_rays_prometheus_endpoints(cluster, tmp_path):
     n = 20_000
     release = tmp_path / "release"
