@@ -11,8 +11,8 @@ have not finished (``JobClient.diagnosis``).
 
 >>> stuck = SubtaskLiveness("sum", 0, attempt=2, inputs_ended=False, finished_reported=False,
 ...                         waiting_for=(), channels=(ChannelProgress("0:1->0", False, -1),))
->>> stuck.describe()
-"sum[0] (attempt 2): inputs open; channel 0:1->0 open (no end of input yet, watermark -1)"
+>>> print(stuck.describe())
+sum[0] (attempt 2): inputs open; channel 0:1->0 open (no end of input yet, watermark -1)
 """
 
 from __future__ import annotations

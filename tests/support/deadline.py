@@ -8,8 +8,9 @@ during the test and still running why it has not finished
 what each waits for, the checkpoints in progress), cancels it, and fails the
 test with that diagnosis, printed in the test's report.
 
-The deadline is ``DEFAULT_DEADLINE_S``; ``@pytest.mark.deadline(seconds)`` sets
-another for a test that must run longer (it must stay under pytest-timeout's).
+The deadline is ``DEFAULT_DEADLINE_S``, or four fifths of a test's own
+``@pytest.mark.timeout``; ``@pytest.mark.deadline(seconds)`` sets another for a
+test that must run longer (it must stay under pytest-timeout's).
 """
 
 from __future__ import annotations
@@ -31,8 +32,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def deadline_of(item: pytest.Item) -> float:
+    """The ``deadline`` mark's; else, for a test given a ``timeout`` of its own, four
+    fifths of it (a diagnosis before pytest-timeout's dump); else the default."""
     marker = item.get_closest_marker("deadline")
-    return float(marker.args[0]) if marker is not None else DEFAULT_DEADLINE_S
+    if marker is not None:
+        return float(marker.args[0])
+    timeout = item.get_closest_marker("timeout")
+    if timeout is not None and timeout.args:
+        return 0.8 * float(timeout.args[0])
+    return DEFAULT_DEADLINE_S
 
 
 def running_jobs(since: float) -> list[dict]:
