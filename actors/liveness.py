@@ -35,6 +35,17 @@ class ChannelProgress:
 
 
 @dataclass(frozen=True)
+class NoAnswer:
+    """A subtask asked for its :class:`SubtaskLiveness` that could not say."""
+
+    subtask: str  # "chain[index]"
+    reason: str  # not deployed in this attempt, no answer in time, or the error
+
+    def describe(self) -> str:
+        return f"{self.subtask}: {self.reason}"
+
+
+@dataclass(frozen=True)
 class SubtaskLiveness:
     """Where one subtask stands on its way to the end of its input."""
 

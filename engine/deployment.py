@@ -15,7 +15,7 @@ from typing import Any, Callable, cast
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from raystream.actors.liveness import SubtaskLiveness
+from raystream.actors.liveness import NoAnswer, SubtaskLiveness
 from raystream.actors.subtask import SubtaskActor, SubtaskSpec, TerminationReport
 from raystream.actors.subtask_checkpoints import CheckpointingSpec
 from raystream.checkpoint.restore import RestoreSpec
@@ -141,25 +141,31 @@ class Deployment:
         except Exception:
             return {}
 
-    def liveness(self, keys: list[SubtaskKey]) -> dict[SubtaskKey, SubtaskLiveness | str]:
+    def liveness(self, keys: list[SubtaskKey]) -> dict[SubtaskKey, SubtaskLiveness | NoAnswer]:
         """What the subtasks ``keys`` still wait for; for one that does not answer within
         :data:`NODE_PING_TIMEOUT_S`, why not."""
         actors = self.actors  # the event thread may replace it (failover)
         refs = {key: actors[key].liveness.remote() for key in keys if key in actors}
-        answers: dict[SubtaskKey, SubtaskLiveness | str] = {
-            key: "not deployed in this attempt" for key in keys if key not in actors}
+        answers: dict[SubtaskKey, SubtaskLiveness | NoAnswer] = {
+            key: NoAnswer(self._subtask(key), "not deployed in this attempt")
+            for key in keys if key not in actors}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs),
                             timeout=NODE_PING_TIMEOUT_S)
         done = set(ready)
         for key, ref in refs.items():
             if ref not in done:
-                answers[key] = f"{self._name(key)}: no answer in {NODE_PING_TIMEOUT_S:.0f} s"
+                answers[key] = NoAnswer(self._subtask(key),
+                                        f"no answer in {NODE_PING_TIMEOUT_S:.0f} s")
                 continue
             try:
                 answers[key] = ray.get(ref)
             except Exception as exc:
-                answers[key] = f"{self._name(key)}: {type(exc).__name__}: {exc}".splitlines()[0]
+                answers[key] = NoAnswer(self._subtask(key),
+                                        f"{type(exc).__name__}: {exc}".splitlines()[0])
         return answers
+
+    def _subtask(self, key: SubtaskKey) -> str:
+        return f"{self.plan.vertices[key[0]].name}[{key[1]}]"
 
     def subtask_actors(self) -> dict[str, list[Any]]:
         """The actors hosting the current attempt's subtasks, by chain."""

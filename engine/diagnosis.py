@@ -6,7 +6,7 @@ checkpoints in progress with the subtasks they wait for, and whether the
 final checkpoint (FLIP-147) has been taken. A test's deadline and the failure
 harness print it when a job overruns.
 
->>> print(JobDiagnosis("chaos-64", "RUNNING", 3, unfinished=("sum[0]: no answer in 2 s",),
+>>> print(JobDiagnosis("chaos-64", "RUNNING", 3, unfinished=(NoAnswer("sum[0]", "no answer in 2 s"),),
 ...                    pending_checkpoints=(), final_checkpoint=None, newest_completed=1400))
 job chaos-64: RUNNING, attempt 3, newest completed checkpoint 1400, no final checkpoint yet
   not finished: sum[0]: no answer in 2 s
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raystream.actors.liveness import SubtaskLiveness
+from raystream.actors.liveness import NoAnswer, SubtaskLiveness
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,7 @@ class JobDiagnosis:
     job_name: str
     status: str
     attempt: int
-    # the subtasks that have not reported finished, or why one could not say
-    unfinished: tuple[SubtaskLiveness | str, ...]
+    unfinished: tuple[SubtaskLiveness | NoAnswer, ...]  # the subtasks not finished
     pending_checkpoints: tuple[PendingCheckpointView, ...]
     final_checkpoint: int | None  # the end-of-input checkpoint, once triggered
     newest_completed: int | None
@@ -46,7 +45,6 @@ class JobDiagnosis:
                  else f"final checkpoint {self.final_checkpoint}")
         lines = [f"job {self.job_name}: {self.status}, attempt {self.attempt}, "
                  f"newest completed checkpoint {self.newest_completed}, {final}"]
-        lines += [f"  not finished: {s if isinstance(s, str) else s.describe()}"
-                  for s in self.unfinished]
+        lines += [f"  not finished: {s.describe()}" for s in self.unfinished]
         lines += [f"  {p.describe()}" for p in self.pending_checkpoints]
         return "\n".join(lines)

@@ -8,6 +8,7 @@ import time
 import pyarrow as pa
 
 import raystream as rs
+from raystream.actors.liveness import SubtaskLiveness
 from tests.support import pacing
 from tests.support.deadline import diagnose_and_cancel
 from tests.support.jobs import wait_until
@@ -39,7 +40,7 @@ def test_a_job_that_does_not_end_is_diagnosed_and_cancelled(ray_session, tmp_pat
     client = env.execute_async("never-ends")
     assert wait_until(client, lambda: bool(client.progress()["completed_checkpoints"]))
     diagnosis = client.diagnosis()
-    answers = [s for s in diagnosis.unfinished if not isinstance(s, str)]
+    answers = [s for s in diagnosis.unfinished if isinstance(s, SubtaskLiveness)]
     # every subtask answered and none has finished (chains are named by their operators)
     assert sorted((s.operator, s.index) for s in answers) == sorted(
         [(chain, i) for chain in ("numbers -> slow", "sum -> out") for i in range(2)]
