@@ -147,24 +147,25 @@ class Deployment:
         actors = self.actors  # the event thread may replace it (failover)
         refs = {key: actors[key].liveness.remote() for key in keys if key in actors}
         answers: dict[SubtaskKey, SubtaskLiveness | NoAnswer] = {
-            key: NoAnswer(self._subtask(key), "not deployed in this attempt")
+            key: NoAnswer(self.subtask_name(key), "not deployed in this attempt")
             for key in keys if key not in actors}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs),
                             timeout=NODE_PING_TIMEOUT_S)
         done = set(ready)
         for key, ref in refs.items():
             if ref not in done:
-                answers[key] = NoAnswer(self._subtask(key),
+                answers[key] = NoAnswer(self.subtask_name(key),
                                         f"no answer in {NODE_PING_TIMEOUT_S:.0f} s")
                 continue
             try:
                 answers[key] = ray.get(ref)
             except Exception as exc:
-                answers[key] = NoAnswer(self._subtask(key),
+                answers[key] = NoAnswer(self.subtask_name(key),
                                         f"{type(exc).__name__}: {exc}".splitlines()[0])
         return answers
 
-    def _subtask(self, key: SubtaskKey) -> str:
+    def subtask_name(self, key: SubtaskKey) -> str:
+        """``chain[index]``, as diagnoses and test output name a subtask."""
         return f"{self.plan.vertices[key[0]].name}[{key[1]}]"
 
     def subtask_actors(self) -> dict[str, list[Any]]:

@@ -192,10 +192,11 @@ class JobMaster:
         unfinished = [key for key in self.deployment.actors if key not in finished]
         answers = self.deployment.liveness(sorted(unfinished))
         coordinator, now = self.coordinator, time.monotonic()
+        # copies first: the event thread changes these while a client asks
         pending = () if coordinator is None else tuple(
             PendingCheckpointView(n, now - p.started, tuple(sorted(
-                f"{self.plan.vertices[v].name}[{i}]" for v, i in p.waiting)))
-            for n, p in sorted(coordinator.pending.items()))
+                self.deployment.subtask_name(key) for key in tuple(p.waiting))))
+            for n, p in sorted(list(coordinator.pending.items())))
         completed = coordinator.completed_ids() if coordinator else []
         return JobDiagnosis(self.job_name, str(self.status), self.attempt,
                             tuple(answers[key] for key in sorted(answers)), pending,
