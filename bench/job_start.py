@@ -13,9 +13,15 @@ its latest batch to files. Per run: *start* is from ``env.execute`` being
 called to the first batch at ``stamp``; *teardown* is from the last batch at
 ``stamp`` to ``env.execute`` returning (the final checkpoint and commit
 included). Every run's collected rows are checked against numpy. The first run
-starts the driver's pooled subtask actors; it is reported apart (*cold*), and
-the medians are over the others (*warm*: what every later job of a session,
-every test after the first, pays).
+starts the driver's pooled subtask actors and its first job master; it is
+reported apart (*cold*), and the medians are over the others (*warm*: what
+every later job of a session, every test after the first, pays).
+
+The warm runs come twice: *back to back* (the next job is submitted as soon as
+the previous returned: its master may still be starting) and *paused*, with
+``--pause-s`` between jobs (as between a notebook's cells or a suite's tests:
+the driver's next job master has started meanwhile,
+:mod:`raystream.engine.master_pool`).
 
 The *Ray floor*, in the same run: the same number of warm actors (as many as
 the job has subtasks) are each called once and answer, one after another in a
@@ -27,7 +33,7 @@ waking a pipeline of warm Ray actors costs on this machine.
 
 Last line::
 
-    RESULT start_s=<median warm start> teardown_s=<median warm teardown> ray_floor_s=<median> start_over_floor=<ratio>
+    RESULT start_s=<median back to back> teardown_s=<median back to back> start_paused_s=<median paused> teardown_paused_s=<median paused> ray_floor_s=<median> start_over_floor=<paused start / floor>
 """
 
 from __future__ import annotations
@@ -122,22 +128,31 @@ def ray_floor(runs: int) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=11)
+    parser.add_argument("--runs", type=int, default=11, help="jobs per kind (and the cold one)")
+    parser.add_argument("--pause-s", type=float, default=1.5, help="between paused jobs")
     args = parser.parse_args()
     ensure_ray(num_cpus=2, log_to_driver=False)
     with tempfile.TemporaryDirectory() as work:
-        runs = [one_run(work) for _ in range(args.runs)]
-    (cold_start, cold_teardown), warm = runs[0], runs[1:]
-    start = statistics.median(s for s, _ in warm)
-    teardown = statistics.median(t for _, t in warm)
+        cold_start, cold_teardown = one_run(work)
+        back_to_back = [one_run(work) for _ in range(args.runs - 1)]
+        paused = []
+        for _ in range(args.runs - 1):
+            time.sleep(args.pause_s)
+            paused.append(one_run(work))
     floor = statistics.median(ray_floor(args.runs))
     print(f"cold (first job, pooled actors started): start {cold_start:.3f} s, "
           f"teardown {cold_teardown:.3f} s")
-    print(f"warm, {len(warm)} runs: start {[round(s, 3) for s, _ in warm]}")
-    print(f"warm, {len(warm)} runs: teardown {[round(t, 3) for _, t in warm]}")
+    medians = {}
+    for kind, runs in (("back to back", back_to_back), (f"paused {args.pause_s} s", paused)):
+        medians[kind] = (statistics.median(s for s, _ in runs),
+                         statistics.median(t for _, t in runs))
+        print(f"warm, {kind}, {len(runs)} runs: start {[round(s, 3) for s, _ in runs]}")
+        print(f"warm, {kind}, {len(runs)} runs: teardown {[round(t, 3) for _, t in runs]}")
     print(f"Ray floor (a call through {3 * PARALLELISM} warm actors): {floor * 1000:.1f} ms")
-    print(f"RESULT start_s={start:.3f} teardown_s={teardown:.3f} ray_floor_s={floor:.4f} "
-          f"start_over_floor={start / floor:.1f}")
+    (start, teardown), (start_paused, teardown_paused) = medians.values()
+    print(f"RESULT start_s={start:.3f} teardown_s={teardown:.3f} "
+          f"start_paused_s={start_paused:.3f} teardown_paused_s={teardown_paused:.3f} "
+          f"ray_floor_s={floor:.4f} start_over_floor={start_paused / floor:.1f}")
 
 
 if __name__ == "__main__":

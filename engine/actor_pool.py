@@ -23,6 +23,12 @@ subtask actors between its jobs:
   back to the keeper, which keeps ``max_idle`` of them and kills the rest;
   the others are killed.
 
+The keeper also holds what the driver's warm job masters run
+(:mod:`~raystream.engine.master_pool`): a warm master notes its job there
+before it starts it (:func:`remember_assignment`), and its successor, after
+Ray restarted it, learns the job there (:func:`assignment_of`), as a master
+created for its job has it in its constructor's arguments.
+
 Only subtasks with the default resources run on pooled actors; a vertex that
 asks for CPUs, memory or accelerators gets actors of its own, as before.
 ``RAYSTREAM_ACTOR_POOL=0`` turns pooling off (every job starts its own).
@@ -61,6 +67,10 @@ class _Keeper:
         self.idle: list[Any] = []
         self.owned: dict[str, Any] = {}  # actor id -> handle, idle or leased to a job
         self.leases: dict[str, list[Any]] = {}  # job id -> the actors leased to it
+        # warm job master's actor name -> (job id, [ref to its MasterAssignment]): the ref in
+        # a list, so that it is held here (the assignment stays in the object store, for
+        # the master's successor) and not fetched
+        self.assignments: dict[str, tuple[str, list[Any]]] = {}
 
     def lease(self, n: int, job_id: str) -> list[Any]:
         """``n`` actors for ``job_id``: idle ones first, new ones for the rest."""
@@ -80,6 +90,7 @@ class _Keeper:
         """A job ended: ``actors`` are idle again; the actors ``gone`` (ids) died or were
         killed, and are forgotten. Beyond ``max_idle``, the oldest idle ones are killed."""
         self.leases.pop(job_id, None)
+        self.assignments = {m: a for m, a in self.assignments.items() if a[0] != job_id}
         for actor_id in gone:
             self.owned.pop(actor_id, None)
         self.idle.extend(actors)
@@ -90,6 +101,14 @@ class _Keeper:
                 ray.kill(actor)
             except Exception:  # already gone
                 pass
+
+    def assign(self, master: str, job_id: str, assignment: list[Any]) -> None:
+        """The warm job master named ``master`` is about to run ``job_id``."""
+        self.assignments[master] = (job_id, assignment)
+
+    def assignment(self, master: str) -> list[Any]:
+        """What ``assign`` was told for ``master`` (empty if nothing, or its job ended)."""
+        return self.assignments.get(master, ("", []))[1]
 
     def sizes(self) -> tuple[int, int]:
         """(idle, owned): for tests and diagnostics."""
@@ -136,6 +155,22 @@ class SubtaskActorPool:
         except ray.exceptions.RayActorError:  # the keeper was lost (and its actors with it)
             self._keeper = None
             return ray.get(self.keeper(placement).lease.remote(n, job_id))
+
+
+def remember_assignment(keeper: str, master: str, job_id: str, held: list[Any]) -> None:
+    """Tell the keeper that the warm job master named ``master`` runs ``job_id``, of the
+    ``MasterAssignment`` in ``held`` (a list holding its ref)."""
+    ray.get(ray.get_actor(keeper, namespace=NAMESPACE).assign.remote(master, job_id, held))
+
+
+def assignment_of(keeper: str, master: str) -> Any:
+    """The ``MasterAssignment`` the driver gave the warm job master named ``master``
+    (None if none, or the keeper is gone: with its driver, which owned the master)."""
+    try:
+        held = ray.get(ray.get_actor(keeper, namespace=NAMESPACE).assignment.remote(master))
+    except (ValueError, ray.exceptions.RayActorError):
+        return None
+    return ray.get(held[0]) if held else None
 
 
 def keeper_name(ray_job_id: str, pid: int) -> str:

@@ -15,12 +15,11 @@ from raystream.engine.datastream import SinkHandle
 from raystream.engine.diagnosis import JobDiagnosis
 from raystream.engine.errors import JobFailedError, JobNotFoundError, JobNotRunningError
 from raystream.engine.job_master import NAMESPACE, JobOutcome, master_actor_name
+from raystream.engine.job_options import RESUME_HINT
 from raystream.engine.job_report import outcome_of_summary
 from raystream.engine.job_status import JobStatus
 from raystream.engine.plan import JobPlan
 
-_RESUME_HINT = ("resume it from its newest completed checkpoint with env.execute('{name}', "
-                "resume=True) or raystream run --resume")
 
 
 class JobResult:
@@ -121,7 +120,7 @@ class JobClient:
         except ValueError:
             raise JobNotRunningError(
                 f"job {summary['job_id']} is {summary['status']} as last reported, but its job "
-                f"master is gone (its driver exited); {_RESUME_HINT.format(name=summary['name'])}"
+                f"master is gone (its driver exited); {RESUME_HINT.format(name=summary['name'])}"
             ) from None
         return cls(summary["job_id"], summary["name"], master, None, owner=False)
 
@@ -248,7 +247,7 @@ class JobClient:
         return JobOutcome(JobStatus.FAILED, error=error)
 
     def _resume_hint(self) -> str:
-        return _RESUME_HINT.format(name=self.job_name)
+        return RESUME_HINT.format(name=self.job_name)
 
     def _outcome_from_directory(self) -> JobOutcome:
         summary = registry.find_job(self.job_id)

@@ -18,13 +18,13 @@ import json
 import logging
 import os
 import sys
-import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence as SequenceT
 
 import numpy as np
 import pyarrow as pa
 import ray
+from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raystream.actors.record_writer import DEFAULT_BUFFER_TIMEOUT_MS, check_buffer_timeout
@@ -40,8 +40,9 @@ from raystream.engine import registry
 from raystream.engine.errors import InsufficientResourcesError, JobStillRunningError
 from raystream.actors.resources import Resources
 from raystream.engine.graph import InputEdge, Transformation
-from raystream.engine.job_master import (NAMESPACE, JobMaster, JobOptions, master_actor_name,
-                                         master_restarts)
+from raystream.engine.master_pool import MASTER_RESOURCES, MASTERS, new_job_id
+from raystream.engine.job_master import (NAMESPACE, JobMaster, JobOptions, MasterAssignment,
+                                         master_actor_name, master_restarts)
 from raystream.checkpoint.operator_coordinator import OperatorCoordinator
 from raystream.actors.operator import SourceOperator
 from raystream.engine.operators.source import SourceReaderOperator
@@ -57,7 +58,6 @@ from raystream.engine.watermarks import BoundedOutOfOrderness
 # The job master (and its checkpoint coordinator) needs no CPU of its own and runs on
 # the head node, which lives as long as the cluster: losing a worker node loses
 # subtasks, which the master restores, never the master.
-MASTER_RESOURCES = Resources(num_cpus=0)
 HEAD_NODE_RESOURCE = "node:__internal_head__"  # Ray gives it to the head node only
 
 
@@ -355,8 +355,10 @@ class StreamEnvironment:
         if resume and self.checkpoints is not None:  # (without checkpoints: raised above)
             restore_from = resume_point(self.checkpoints.storage, name)
         check_resources(plan, name)
-        job_id = f"{name}-{uuid.uuid4().hex[:8]}"
         head = on_head_node()
+        # a job of this driver runs on its warm master; a detached one on its own
+        warm = None if detach or not actor_pool.POOL.enabled() else MASTERS.take(head)
+        job_id = new_job_id(name, warm[0] if warm else None)
         # subtasks with the default resources run on the driver's pooled actors, one more
         # for the warm spare of a job that may restart
         pooled = sum(v.parallelism for v in plan.vertices if v.resources == Resources()) + int(
@@ -369,13 +371,23 @@ class StreamEnvironment:
                              checkpoints=self.checkpoints, restart=self.restart,
                              failpoints=self.failpoints, restore_from=restore_from,
                              submission_id=_submission_id(),
-                             pool_keeper=actor_pool.POOL.keeper_name() if leased else None,
+                             pool_keeper=actor_pool.POOL.keeper_name() if leased or warm
+                             else None,
                              detached=detach)
-        # (ray's typed remote() misses concurrency_groups, so pyright sees the plain class)
-        master = JobMaster.options(  # pyright: ignore[reportAttributeAccessIssue]
-            name=master_actor_name(job_id), namespace=NAMESPACE, scheduling_strategy=head,
-            lifetime="detached" if detach else None, **master_restarts(options),
-            **MASTER_RESOURCES.ray_options()).remote(job_id, name, plan, options)
+        assignment = MasterAssignment(job_id, name, plan, options)
+        master = None
+        if warm is not None:
+            try:
+                MASTERS.hand_over(warm[1], assignment)
+                master = warm[1]
+            except RayActorError:  # it died for good (its node was lost): one of its own
+                ray.kill(warm[1])
+        if master is None:
+            # (ray's typed remote() misses concurrency_groups, so pyright sees the plain class)
+            master = JobMaster.options(  # pyright: ignore[reportAttributeAccessIssue]
+                name=master_actor_name(job_id), namespace=NAMESPACE, scheduling_strategy=head,
+                lifetime="detached" if detach else None, **master_restarts(options),
+                **MASTER_RESOURCES.ray_options()).remote(assignment)
         client = JobClient(job_id, name, master, plan, leased=leased)
         if _run_defaults.on_start is not None:
             _run_defaults.on_start(client)

@@ -47,6 +47,7 @@ from raystream.checkpoint.storage import (CheckpointStorage, CorruptCheckpointEr
                                           StorageUnavailableError)
 from raystream.checkpoint.subtask_gateway import EventDeliveryError, GatewayProtocolError
 from raystream.engine import master_journal, registry
+from raystream.engine.actor_pool import assignment_of, remember_assignment
 from raystream.engine.deployment import (NAMESPACE, SUBTASK_SCHEDULING, Deployment,
                                          SubtaskFailure, deployment_failure)
 from raystream.engine.diagnosis import JobDiagnosis, PendingCheckpointView
@@ -58,17 +59,17 @@ from raystream.engine.job_events import (CancelRequested, CheckpointAcknowledged
                                          OperatorEventReceived, Reply, SavepointMode,
                                          SavepointRequest, SavepointRequested, SubtaskFinished,
                                          SubtaskKey)
-from raystream.engine.job_options import DETACHED_LINGER_S, JobOptions
+from raystream.engine.job_options import (DETACHED_LINGER_S, RESUME_HINT, JobOptions,
+                                          MasterAssignment)
 from raystream.engine.job_report import JobOutcome, job_summary, outcome_of_summary, sink_results
 from raystream.engine.job_status import JobStatus, check_transition
 from raystream.engine.master_journal import JournalEntry
 from raystream.engine.metrics import JobMetricsExporter
-from raystream.engine.plan import JobPlan
 from raystream.engine.savepoint_requests import SavepointRequests
 
 # what other modules import from here (the deployment's names for the actor pool)
 __all__ = ["NAMESPACE", "SUBTASK_SCHEDULING", "JobMaster", "JobOptions", "JobOutcome",
-           "master_actor_name"]
+           "MasterAssignment", "master_actor_name"]
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +82,20 @@ _FAILURES = (SubtaskFailure, InjectedFailure, TooManyCheckpointFailures, Coordin
 
 
 def master_actor_name(job_id: str) -> str:
-    """The Ray actor name (in namespace ``raystream``) of a job's master."""
-    return f"raystream/{job_id}/master"
+    """The Ray actor name (in namespace ``raystream``) of a job's master: named by the
+    suffix of the job id (``<name>-<hex>``), which a warm master is created with before
+    its job is known (:mod:`raystream.engine.master_pool`).
+
+        >>> master_actor_name("clicks-0a1b2c3d")
+        'raystream/master/0a1b2c3d'
+    """
+    return f"raystream/master/{job_id.rsplit('-', 1)[-1]}"
+
+
+def _own_name() -> str:
+    name = ray.get_runtime_context().get_actor_name()
+    assert name is not None, "a warm job master is a named actor"
+    return name
 
 
 def _failure_of(exc: Exception) -> Failure:
@@ -108,16 +121,57 @@ def master_restarts(options: JobOptions) -> dict[str, int]:
 @ray.remote(  # pyright: ignore[reportCallIssue] (Ray's stubs know no concurrency_groups)
     concurrency_groups={"client": 8, "control": 1}, max_restarts=0, max_task_retries=0)
 class JobMaster:
-    """The job master (its Ray options per job: :func:`master_restarts`)."""
+    """The job master: of ``assignment``'s job (its Ray options per job:
+    :func:`master_restarts`), or, without one, a warm master whose job comes with
+    :meth:`run` (:mod:`raystream.engine.master_pool`). ``keeper``: the actor name of
+    the driver's pool keeper, which tells a warm master Ray restarted what job its
+    predecessor was given."""
 
-    def __init__(self, job_id: str, job_name: str, plan: JobPlan, options: JobOptions) -> None:
-        self.job_id, self.job_name, self.plan, self.options = job_id, job_name, plan, options
-        # Ray restarted this actor after its process died: take the job over
-        self.successor = ray.get_runtime_context().was_current_actor_reconstructed
-        self.attempt = 0
+    def __init__(self, assignment: MasterAssignment | None = None,
+                 keeper: str | None = None) -> None:
+        self.keeper = keeper
+        # what a client may ask before the master has its job
         self.status = JobStatus.CREATED
         self.outcome: JobOutcome | None = None
         self.done = threading.Event()
+        self._begun = threading.Lock()
+        self.assignment: MasterAssignment | None = None
+        # Ray restarted this actor after its process died: take its job over
+        reconstructed = bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        if assignment is None and reconstructed and keeper is not None:
+            assignment = assignment_of(keeper, _own_name())
+        if assignment is not None:
+            self._begin(assignment, successor=reconstructed)
+
+    @ray.method(concurrency_group="client")
+    def run(self, held: list[Any]) -> None:
+        """Run the job of the ``MasterAssignment`` in ``held`` (a warm master). In a list,
+        Ray hands over the object's ref, which goes to the keeper before anything of the
+        job starts: a successor finds it there. A no-op if a successor runs the job
+        already (Ray retried the call on it)."""
+        assignment: MasterAssignment = ray.get(held[0])
+        if self.assignment is not None:
+            if self.assignment.job_id != assignment.job_id:
+                raise RuntimeError(f"this job master runs {self.assignment.job_id}, "
+                                   f"not {assignment.job_id}")
+            return
+        assert self.keeper is not None, "a warm job master is created with its keeper"
+        # A predecessor that died before this line had not started the job: this is its
+        # first master. One that died after left it with the keeper, and its successor
+        # (this master's constructor) took it over.
+        remember_assignment(self.keeper, _own_name(), assignment.job_id, held)
+        self._begin(assignment, successor=False)
+
+    def _begin(self, assignment: MasterAssignment, successor: bool) -> None:
+        with self._begun:
+            if self.assignment is not None:
+                return
+            self.assignment = assignment
+        job_id, job_name, plan, options = (assignment.job_id, assignment.job_name,
+                                           assignment.plan, assignment.options)
+        self.job_id, self.job_name, self.plan, self.options = job_id, job_name, plan, options
+        self.successor = successor
+        self.attempt = 0
         self.events: queue.Queue[JobEvent] = queue.Queue()
         self.deployment = Deployment(job_id, job_name, plan, options)
         self.finished: dict[SubtaskKey, dict] = {}  # this attempt's finished subtasks' results
@@ -178,6 +232,8 @@ class JobMaster:
 
     @ray.method(concurrency_group="client")
     def progress(self) -> dict[str, Any]:
+        if self.assignment is None:  # a warm master, waiting for its job
+            return {"status": self.status, "master_pid": os.getpid()}
         coordinator = self.coordinator
         return {"status": self.status, "attempt": self.attempt,
                 "failures": list(self.failover.failures),
@@ -319,7 +375,11 @@ class JobMaster:
         """The predecessor died: its subtasks go (those on the driver's pooled actors are
         killed here; the rest were its own actors, which Ray ended with it), and its death
         is a failure the restart strategy decides on, like any other."""
+        assert self.assignment is not None
         self.deployment.drop_pooled()
+        if not self.assignment.may_restart():  # (a warm master is restarted for every job)
+            return FailJob(f"its job master died ({MASTER_DIED}); "
+                           f"{RESUME_HINT.format(name=self.job_name)}")
         noted = master_journal.read(self.job_id)
         if noted is not None:
             self.started_at = noted.started_at

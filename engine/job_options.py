@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.core.failpoints import Failpoint
+from raystream.engine.plan import JobPlan
 
 
 @dataclass(frozen=True)
@@ -25,5 +26,23 @@ class JobOptions:
     # the job ended (time for a client to fetch the outcome) unless a client ends it first
     detached: bool = False
 
+
+@dataclass(frozen=True)
+class MasterAssignment:
+    """The job a job master runs: given to its constructor, or to a warm master's ``run``
+    (:mod:`raystream.engine.master_pool`)."""
+
+    job_id: str
+    job_name: str
+    plan: JobPlan
+    options: JobOptions
+
+    def may_restart(self) -> bool:
+        """Whether the job may restart after a failure, its master's death included."""
+        return self.options.checkpoints is not None and self.options.restart.attempts > 0
+
+
+RESUME_HINT = ("resume it from its newest completed checkpoint with env.execute('{name}', "
+               "resume=True) or raystream run --resume")
 
 DETACHED_LINGER_S = 600.0

@@ -266,6 +266,12 @@ def test_unknown_custom_resource_fails_fast_before_any_actor(ray_session):
     del sink
 
 
-def test_actor_listing_sees_jobs(map_failure):
-    """Guard for the two tests above: the listing does see a job's actors."""
-    assert _actor_names("raystream/map-raises-")
+def test_actor_listing_sees_jobs(ray_session):
+    """Guard for the two tests above: the listing does see the actors a job starts for
+    subtasks with resources of their own (theirs would be such; the rest run on the
+    driver's pooled actors and warm job master, named for no job)."""
+    env = rs.StreamEnvironment(parallelism=1)
+    sink = env.from_sequence(10).map(lambda r: r, name="own").set_resources(num_cpus=0.02) \
+        .collect()
+    assert env.execute("listed").table(sink).num_rows == 10
+    assert _actor_names("raystream/listed-")
