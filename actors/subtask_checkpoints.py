@@ -172,7 +172,7 @@ class SubtaskCheckpointer:
         output_state = self.forward_barrier(barrier, unaligned) if forward else None
         parts = [p for p in (input_state, output_state) if p is not None]
         self._channel_parts = [p for p in self._channel_parts if not p.done.is_set()] + parts
-        self.failpoints.hit("in_snapshot")
+        self.failpoints.hit("in_snapshot", final=barrier.final)
         snapshots = [(name, call_operator(op, "snapshot_state", n))
                      for name, op in zip(self.names, self.operators)]
         self.sync_pause_s = time.perf_counter() - started
@@ -194,7 +194,7 @@ class SubtaskCheckpointer:
         n = barrier.checkpoint_id
         coordinator = self.spec.coordinator
         try:
-            self.failpoints.hit("in_async_write")
+            self.failpoints.hit("in_async_write", final=barrier.final)
             written: dict[str, dict] = {}
             size = 0
             for name, snapshot in snapshots:

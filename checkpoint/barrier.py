@@ -33,6 +33,7 @@ class Barrier:
     stop: bool = False  # stop-with-savepoint: sources emit nothing after this barrier
     unaligned: bool = False
     aligned_timeout_ms: int | None = None
+    final: bool = False  # the final checkpoint, after every subtask's end of input (FLIP-147)
 
     @property
     def timeout_at_ms(self) -> int | None:

@@ -205,6 +205,10 @@ class CheckpointCoordinator:
         self._last_completion = float("-inf")  # min_pause never delays the first checkpoint
         self.final_checkpoint: int | None = None
         self._final_aborted = False  # a final checkpoint failed: retry it at the interval
+        # every subtask of the attempt has finished: the next checkpoint is the final one,
+        # which the master triggers; periodic ones would only delay it (or, after a failed
+        # final one, starve it: each took the interval it waits for)
+        self._input_ended = False
         self._aborts_log = _ThrottledLog(log, ABORT_LOG_EVERY_S)
         self.initial_restore: RestoreSpec | None = None  # savepoint the job started from
         self._queued_savepoints: collections.deque[SavepointTicket] = collections.deque()
@@ -219,7 +223,8 @@ class CheckpointCoordinator:
             elif pending.barrier is not None:
                 self._send_barrier_when_events_are_done(pending)
         self._trigger_queued_savepoints()
-        if (self.final_checkpoint is None and not self._queued_savepoints
+        if (self.final_checkpoint is None and not self._input_ended
+                and not self._queued_savepoints
                 and len(self.pending) < self.config.max_concurrent
                 and now - self._last_trigger >= self.config.interval_s
                 and now - self._last_completion >= self.config.min_pause_s):
@@ -241,10 +246,15 @@ class CheckpointCoordinator:
             ticket = self._queued_savepoints.popleft()
             ticket.checkpoint_id = self.trigger(savepoint_target=ticket.target, stop=ticket.stop)
 
+    def end_of_input(self) -> None:
+        """Every subtask of the attempt has finished: no periodic checkpoint is triggered
+        any more; the next is the final one (:meth:`final_due`)."""
+        self._input_ended = True
+
     def final_due(self, now: float) -> bool:
         """May the master trigger the final checkpoint (FLIP-147) now? As soon as a
-        checkpoint slot is free the first time; after one failed, no sooner than
-        ``interval_s`` after the last trigger."""
+        checkpoint slot is free the first time in an attempt; after one failed, no sooner
+        than ``interval_s`` after the last trigger."""
         if len(self.pending) >= self.config.max_concurrent:
             return False
         return not self._final_aborted or now - self._last_trigger >= self.config.interval_s
@@ -276,7 +286,8 @@ class CheckpointCoordinator:
                 timeout_ms = int(round(self.config.aligned_timeout * 1000))
         pending = self.pending[n]
         pending.barrier = Barrier(n, self.attempt, ts, savepoint_target, stop,
-                                  unaligned=unaligned, aligned_timeout_ms=timeout_ms)
+                                  unaligned=unaligned, aligned_timeout_ms=timeout_ms,
+                                  final=final)
         if self.operator_coordinators:  # operator coordinators first (Flink's order)
             states = self.operator_coordinators.checkpoint(n)
             try:
@@ -366,6 +377,9 @@ class CheckpointCoordinator:
         taken again once the restored subtasks finish."""
         self.attempt, self.failpoints = attempt, failpoints
         self.final_checkpoint = None
+        # the restored subtasks have input to read again, and their final checkpoint is a
+        # first one (a final checkpoint of the attempt before failed with it)
+        self._input_ended = self._final_aborted = False
 
     def abort_all(self, reason: str) -> None:
         """A failover: every pending checkpoint is aborted and queued savepoints are

@@ -13,6 +13,9 @@ and before anyone is told; it always raises, which fails the job over),
 producing and committing its transaction), ``after_complete_before_commit``
 (the Kafka committer: a checkpoint completed, its transaction not begun).
 
+``final=True``: only in the snapshot (``in_snapshot``, ``in_async_write``) of
+the final checkpoint, the one after every subtask's end of input (FLIP-147).
+
     >>> fp = Failpoint("in_processing", operator="map", subtask=1, hit=3)
     >>> [fp.matches("in_processing", "source -> map", 1, attempt=0) for _ in range(1)]
     [True]
@@ -39,15 +42,20 @@ class Failpoint:
     hit: int = 1                 # fire at this pass through the point
     attempt: int = 0             # only in this job attempt
     action: str = "exit"         # "exit" (process dies) or "raise"
+    final: bool = False          # only in the final checkpoint's snapshot
 
     def __post_init__(self) -> None:
         if self.point not in POINTS:
             raise ValueError(f"unknown failpoint {self.point!r}; known: {', '.join(POINTS)}")
         if self.action not in ("exit", "raise"):
             raise ValueError("action must be 'exit' or 'raise'")
+        if self.final and self.point not in ("in_snapshot", "in_async_write"):
+            raise ValueError(f"final=True is for the snapshot points (in_snapshot, "
+                             f"in_async_write), not {self.point!r}")
 
-    def matches(self, point: str, chain: str, subtask: int | None, attempt: int) -> bool:
-        return (point == self.point and attempt == self.attempt
+    def matches(self, point: str, chain: str, subtask: int | None, attempt: int, *,
+                final: bool = False) -> bool:
+        return (point == self.point and attempt == self.attempt and (final or not self.final)
                 and (self.operator is None or self.operator in chain.split(" -> "))
                 and (self.subtask is None or subtask == self.subtask))
 
@@ -62,9 +70,10 @@ class Failpoints:
         self._chain, self._subtask, self._attempt = chain, subtask, attempt
         self._hits: dict[Failpoint, int] = {}
 
-    def hit(self, point: str) -> None:
+    def hit(self, point: str, *, final: bool = False) -> None:
+        """Pass through ``point`` (``final``: in the final checkpoint's snapshot)."""
         for fp in self._armed:
-            if fp.matches(point, self._chain, self._subtask, self._attempt):
+            if fp.matches(point, self._chain, self._subtask, self._attempt, final=final):
                 count = self._hits.get(fp, 0) + 1
                 self._hits[fp] = count
                 if count == fp.hit:

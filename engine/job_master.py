@@ -495,6 +495,7 @@ class JobMaster:
         if coordinator is not None:
             final = coordinator.final_checkpoint
             if final is None:
+                coordinator.end_of_input()
                 if not coordinator.final_due(time.monotonic()):
                     return None
                 target = self.savepoints.drain_target()
