@@ -16,6 +16,9 @@ settings.register_profile("ci", deadline=None, derandomize=True, max_examples=60
 settings.register_profile("dev", deadline=None, max_examples=60)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
+# the helpers' asserts (oracles, drivers) report the values they compared, as a test's do
+pytest.register_assert_rewrite("tests.support")
+
 # every test that runs a job fails at its deadline with a diagnosis of the job
 pytest_plugins = ["tests.support.deadline"]
 

@@ -25,7 +25,7 @@ import raystream as rs
 from raystream.engine.errors import FilePosition
 from raystream.sources import Files
 from raystream.spark.commit_log import read_committed
-from tests.test_split_sources import cancel_after_a_checkpoint, committed_rows
+from tests.support.jobs import cancel_after_a_checkpoint, committed_rows
 
 pytestmark = pytest.mark.timeout(120)
 

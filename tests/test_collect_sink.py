@@ -4,7 +4,7 @@ restores, and the job's result.
 By hand, the writer and committer operators run without Ray against real checkpoint
 storage; the oracle is the rows written (numpy ranges): read back once each, in
 checkpoint order. A real job then loses its committer mid-commit and still returns
-every update exactly once (tests/test_exactly_once's numpy oracle).
+every update exactly once (the numpy oracle ``assert_exactly_once`` of tests/support/oracles.py).
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeCo
 from raystream.engine.operators.collect_sink import (CollectCommitter, CollectWriter,
                                                      read_collected)
 from raystream.engine.operators.two_phase import CommitterOperator, SinkWriterOperator
-from tests.test_exactly_once import N, SPLITS, add, assert_exactly_once, numbers
+from tests.support.functions import add
+from tests.support.inputs import N, SPLITS, numbers
 from tests.support.jobs import checkpointed_env
+from tests.support.oracles import assert_exactly_once
 from tests.support.pacing import Throttle
 
 throttle = Throttle(0.02)

@@ -14,7 +14,9 @@ import pyarrow as pa
 import pytest
 
 import raystream as rs
-from tests.test_exactly_once import add, assert_exactly_once, numbers
+from tests.support.functions import add
+from tests.support.inputs import numbers
+from tests.support.oracles import assert_exactly_once
 
 N = 24_000
 

@@ -23,8 +23,8 @@ from raystream.engine.keys import KeySelector
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.count import CountWindowOperator
 from raystream.engine.windows.disk_count import KIND, STATE_NAME, DiskCountState
-from tests.test_disk_windows import disk_env, run_through_a_kill, values_by_key
-from tests.support.jobs import savepoint_chain
+from tests.support.disk import values_by_key
+from tests.support.jobs import disk_env, run_through_a_kill, savepoint_chain
 from tests.support.pacing import Throttle
 
 throttle = Throttle(0.03)

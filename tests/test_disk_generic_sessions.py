@@ -35,15 +35,13 @@ from raystream.engine.windows.disk_generic_sessions import (CHUNKS_KIND, CHUNKS_
                                                             STATE_NAME, DiskGenericSessions)
 from raystream.engine.windows.functions import ProcessWindow, UserAggregate
 from raystream.engine.windows.operator import WindowOperator
-from tests.test_disk_session_windows import (GAP, KEYS, SESSIONS, final_sessions,
-                                             heap_and_disk_sessions, session_input)
 from tests.chaos.model import SessionRun
-from tests.test_disk_process_windows import RowIds
-from tests.test_disk_user_windows import user_operator
-from tests.test_disk_windows import (MAXP, appended_one_chunk, disk_env, own_entries,
-                                     restore_moving_nothing, run_through_a_kill)
-from tests.support.jobs import savepoint_chain
-from tests.test_windows import Average, Spread
+from tests.support.disk import appended_one_chunk, own_entries, restore_moving_nothing
+from tests.support.functions import Average, RowIds, Spread
+from tests.support.inputs import BLOCK, JOB_GAP, session_events, session_input
+from tests.support.jobs import disk_env, run_through_a_kill, savepoint_chain
+from tests.support.operators import GAP, MAXP, SESSIONS, heap_and_disk_sessions, user_operator
+from tests.support.oracles import WINDOW_KEYS, final_sessions, user_sessions_oracle
 from tests.support.pacing import Throttle
 
 throttle = Throttle(0.03)
@@ -72,24 +70,9 @@ def value_of(frame: pd.DataFrame) -> pd.Series:
     return pd.Series(frame["avg"] if "avg" in frame.columns else frame["spread"])
 
 
-def oracle(rows: pd.DataFrame, kind: str, gap: int) -> pd.DataFrame:
-    """pandas: per key, the rows by time, a new session where the time is more than
-    ``gap`` after the one before; the function's value and row count per session."""
-    rows = rows.sort_values(["k", "ts"], kind="stable")
-    new = (rows["k"] != rows["k"].shift()) | (rows["ts"].diff() > gap)
-    grouped = rows.assign(session=new.cumsum()).groupby("session")
-    out = pd.DataFrame({"k": grouped["k"].first(), "window_start": grouped["ts"].min(),
-                        "window_end": np.asarray(grouped["ts"].max()) + gap,
-                        "rows": grouped.size(),
-                        "value": (grouped["x"].mean() if kind == "aggregate"
-                                  else np.asarray(grouped["x"].max())
-                                  - np.asarray(grouped["x"].min()))})
-    return out.sort_values(KEYS).reset_index(drop=True)
-
-
 def results(frame: pd.DataFrame) -> pd.DataFrame:
-    out = frame.assign(value=value_of(frame)).loc[:, [*KEYS, "rows", "value"]]
-    return out.astype({"rows": np.int64}).sort_values(KEYS).reset_index(drop=True)
+    out = frame.assign(value=value_of(frame)).loc[:, [*WINDOW_KEYS, "rows", "value"]]
+    return out.astype({"rows": np.int64}).sort_values(WINDOW_KEYS).reset_index(drop=True)
 
 
 def model_results(run: SessionRun, kind: str) -> pd.DataFrame:
@@ -97,7 +80,7 @@ def model_results(run: SessionRun, kind: str) -> pd.DataFrame:
     out = pd.DataFrame([{"k": k, "window_start": s, "window_end": e, "rows": len(v),
                          "value": sum(v) / len(v) if kind == "aggregate" else max(v) - min(v)}
                         for k, s, e, v in run.emissions])
-    return out.sort_values([*KEYS, "rows", "value"]).reset_index(drop=True)
+    return out.sort_values([*WINDOW_KEYS, "rows", "value"]).reset_index(drop=True)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -111,9 +94,9 @@ def test_disk_user_sessions_equal_heap_and_the_model(kind, lateness, straggle):
     assert op.disk_generic_sessions is not None and not op.entries and not op.sessions
     assert isinstance(op.backend, DiskKeyedStateBackend)
     assert op.backend.state_kind(CHUNKS_NAME) == CHUNKS_KIND
-    got = results(disk).sort_values([*KEYS, "rows", "value"]).reset_index(drop=True)
+    got = results(disk).sort_values([*WINDOW_KEYS, "rows", "value"]).reset_index(drop=True)
     want = model_results(run, kind)
-    pd.testing.assert_frame_equal(got[[*KEYS, "rows"]], want[[*KEYS, "rows"]],
+    pd.testing.assert_frame_equal(got[[*WINDOW_KEYS, "rows"]], want[[*WINDOW_KEYS, "rows"]],
                                   check_dtype=False)
     np.testing.assert_allclose(got["value"], want["value"])
     final = results(final_sessions(disk))
@@ -242,10 +225,10 @@ def test_a_firing_reads_the_chunks_of_all_its_sessions_with_one_multi_get(limit)
         out = op.output
         assert isinstance(out, CollectingOutput)
         outputs.append(results(pa.Table.from_batches(out.batches).to_pandas()))
-    want = oracle(pd.concat(frames), "process", GAP)
+    want = user_sessions_oracle(pd.concat(frames), "process", GAP)
     assert len(want) == 30
     for got in outputs:
-        pd.testing.assert_frame_equal(got[[*KEYS, "rows"]], want[[*KEYS, "rows"]],
+        pd.testing.assert_frame_equal(got[[*WINDOW_KEYS, "rows"]], want[[*WINDOW_KEYS, "rows"]],
                                       check_dtype=False)
         np.testing.assert_allclose(got["value"], want["value"])
 
@@ -298,7 +281,7 @@ def test_string_keys_and_null_values_on_disk_equal_heap_and_pandas():
         assert "late" not in op.output.side_batches  # the bound holds the disorder
         outputs.append(pa.Table.from_batches(op.output.batches).to_pandas())
     pd.testing.assert_frame_equal(outputs[1], outputs[0])
-    got = outputs[1].sort_values(KEYS).reset_index(drop=True)
+    got = outputs[1].sort_values(WINDOW_KEYS).reset_index(drop=True)
     frame = pd.DataFrame({"k": key, "ts": ts,
                           "x": pd.Series(x, dtype="float64")})
     frame = frame.sort_values(["k", "ts"], kind="stable")
@@ -308,9 +291,10 @@ def test_string_keys_and_null_values_on_disk_equal_heap_and_pandas():
                          "window_end": np.asarray(grouped["ts"].max()) + GAP,
                          "rows": grouped.size(),
                          "nulls": grouped["x"].apply(lambda s: int(s.isna().sum())),
-                         "total": grouped["x"].sum()}).sort_values(KEYS).reset_index(drop=True)
-    assert got[[*KEYS, "rows", "nulls"]].astype(str).equals(
-        want[[*KEYS, "rows", "nulls"]].astype(str))
+                         "total": grouped["x"].sum()}
+                        ).sort_values(WINDOW_KEYS).reset_index(drop=True)
+    assert got[[*WINDOW_KEYS, "rows", "nulls"]].astype(str).equals(
+        want[[*WINDOW_KEYS, "rows", "nulls"]].astype(str))
     np.testing.assert_allclose(got["total"], want["total"])
 
 
@@ -336,7 +320,7 @@ def feed(op: WindowOperator, frame: pd.DataFrame) -> None:
 def outputs_of(ops: list[WindowOperator]) -> pd.DataFrame:
     batches = [b for op in ops for b in op.output.batches]  # pyright: ignore[reportAttributeAccessIssue]
     return (pa.Table.from_batches(batches).to_pandas() if batches
-            else pd.DataFrame({name: [] for name in [*KEYS, "rows"]}))
+            else pd.DataFrame({name: [] for name in [*WINDOW_KEYS, "rows"]}))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -383,7 +367,7 @@ def test_snapshots_restore_at_1_then_2_then_3_and_heap_snapshots_move_in(kind):
         parts.append(outputs_of(ops))
         return pd.concat(parts, ignore_index=True), snapshot
 
-    want = oracle(frame, kind, GAP)
+    want = user_sessions_oracle(frame, kind, GAP)
     got, disk_sections = run(StateBackend.DISK)
     pd.testing.assert_frame_equal(results(got), want, check_dtype=False)
     got, _ = run(StateBackend.HEAP)  # a heap snapshot at p=1 into disk subtasks
@@ -453,20 +437,11 @@ def test_an_older_checkpoint_of_single_entry_keys_restores_as_headers_and_chunks
         op.process_watermark(rs.MAX_WATERMARK)
         assert stored(op) == ({}, {})
     got = pd.concat([outputs_of([old]), outputs_of([again, ops[1]])], ignore_index=True)
-    pd.testing.assert_frame_equal(results(got), oracle(frame, kind, GAP), check_dtype=False)
+    pd.testing.assert_frame_equal(results(got), user_sessions_oracle(frame, kind, GAP),
+                                  check_dtype=False)
 
 
 # -- jobs on Ray ------------------------------------------------------------------------------
-
-BASE, BLOCK, JOB_GAP = 1_000_000, 700, 100
-
-
-def session_events(i: np.ndarray) -> dict:
-    """Seven users; every ``BLOCK`` records time jumps 300 ms: one session per user and
-    block."""
-    return {"user": i % 7, "ts": BASE + i * 2 + (i // BLOCK) * 300,
-            "x": (i % 11).astype(np.float64)}
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize("incremental", [False, True], ids=["full", "incremental"])
@@ -481,12 +456,12 @@ def test_disk_user_sessions_exactly_once_through_a_subtask_kill(ray_session, tmp
         Average()).collect()  # pyright: ignore[reportArgumentType]
     job = run_through_a_kill(env, f"disk-user-sessions-kill-{incremental}", "window")
     got = (job.table(sink).to_pandas().rename(columns={"user": "k"})
-           .loc[:, [*KEYS, "rows", "avg"]].sort_values(KEYS).reset_index(drop=True))
-    assert not got.duplicated(KEYS).any()  # no session emitted twice
+           .loc[:, [*WINDOW_KEYS, "rows", "avg"]].sort_values(WINDOW_KEYS).reset_index(drop=True))
+    assert not got.duplicated(WINDOW_KEYS).any()  # no session emitted twice
     e = pd.DataFrame(session_events(np.arange(n))).rename(columns={"user": "k"})
-    want = oracle(e, "aggregate", JOB_GAP)
+    want = user_sessions_oracle(e, "aggregate", JOB_GAP)
     assert len(want) == 7 * -(-n // BLOCK)
-    pd.testing.assert_frame_equal(got[[*KEYS, "rows"]], want[[*KEYS, "rows"]],
+    pd.testing.assert_frame_equal(got[[*WINDOW_KEYS, "rows"]], want[[*WINDOW_KEYS, "rows"]],
                                   check_dtype=False)
     np.testing.assert_allclose(got["avg"], want["value"])
 
@@ -511,7 +486,7 @@ def test_process_function_sessions_through_savepoints_at_1_2_3(ray_session, tmp_
     tables = [result.table(sink)
               for result, sink in savepoint_chain(tmp_path, "disk-user-sessions", job)]
     got = results(pa.concat_tables([t for t in tables if t.num_rows]).to_pandas())
-    assert not got.duplicated(KEYS).any()
+    assert not got.duplicated(WINDOW_KEYS).any()
     e = pd.DataFrame(session_events(np.arange(n))).rename(columns={"user": "k"})
-    want = oracle(e, "process", JOB_GAP)
+    want = user_sessions_oracle(e, "process", JOB_GAP)
     pd.testing.assert_frame_equal(got, want, check_dtype=False)

@@ -25,17 +25,21 @@ from raystream.engine.keys import KeySelector
 from raystream.engine.operators.disk_join import KIND, STATE_NAMES
 from raystream.engine.operators.interval_join import (IntervalBounds, IntervalJoinOperator,
                                                       IntervalJoinSpec, JoinSide)
-from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator, WindowJoinSpec
-from tests import test_window_join as wj
-from tests.test_disk_windows import run_through_a_kill
-from tests.support.jobs import savepoint_chain
-from tests.test_joins import BASE, Ids, expected_pairs, join_job, oracle, pairs_of
+from raystream.engine.windows.join import WindowJoinKind
+from tests.support.functions import Ids, co_groups
+from tests.support.inputs import BASE, join_input
+from tests.support.jobs import disk_env, run_through_a_kill, savepoint_chain
+from tests.support.operators import (JOIN_SESSION, JOIN_SLIDING, JOIN_TUMBLING, MAXP,
+                                     drive_join, output_of, pairs_of, window_join_operator,
+                                     window_pairs_of, window_rows)
+from tests.support.oracles import (expected_pairs, expected_window_pairs, interval_oracle,
+                                   oracle_groups, oracle_pairs)
 from tests.support.pacing import Throttle
+from tests.support.pipelines import join_job, sides
 
 crawl = Throttle(0.06)
 throttle = Throttle(0.02)
 
-MAXP = 128
 BOUNDS = [IntervalBounds(-30, 20), IntervalBounds(5, 60),
           IntervalBounds(-50, -10, lower_inclusive=False), IntervalBounds(0, 2),
           IntervalBounds(-1500, 2500, upper_inclusive=False)]
@@ -115,7 +119,7 @@ def run_both(events: pd.DataFrame, bounds: IntervalBounds, **how) -> tuple[list,
 def on_time_oracle(events: pd.DataFrame, late: pd.DataFrame, bounds: IntervalBounds) -> list:
     on_time = events.loc[~events["id"].isin(late["id"])]
     left, right = (on_time.loc[on_time["side"] == side] for side in (0, 1))
-    return sorted(oracle(left, right, bounds.lower, bounds.upper))
+    return sorted(interval_oracle(left, right, bounds.lower, bounds.upper))
 
 
 @pytest.mark.parametrize("bounds", BOUNDS, ids=repr)
@@ -292,39 +296,16 @@ def test_restored_rows_keep_their_bucket_width():
 
 # -- the window join --------------------------------------------------------------------------
 
-def window_join_operator(backend: StateBackend, assigner, kind=WindowJoinKind.JOIN, fn=None,
-                         *, index: int = 0, parallelism: int = 1) -> WindowJoinOperator:
-    spec = WindowJoinSpec(kind, assigner, (KeySelector.of("k"), KeySelector.of("k")),
-                          ("ts", "ts"))
-    op = WindowJoinOperator("wjoin", spec, fn)
-    op.setup(RuntimeContext("job", "wjoin", index, parallelism, MAXP, 0, state_backend=backend),
-             CollectingOutput())
-    return op
-
-
-def co_groups(key, left, right, window):
-    yield {"k": key, "left": tuple(sorted(left["id"].to_pylist())),
-           "right": tuple(sorted(right["id"].to_pylist()))}
-
-
-def window_rows(op: WindowJoinOperator, kind: WindowJoinKind) -> list:
-    if kind is WindowJoinKind.JOIN:
-        return sorted(wj.pairs_of(wj.output_of(op)))
-    rows = [r for b in op.output.batches for r in b.to_pylist()]  # pyright: ignore[reportAttributeAccessIssue]
-    return sorted((r["k"], r["window_start"], r["window_end"], tuple(r["left"]),
-                   tuple(r["right"])) for r in rows)
-
-
 @pytest.mark.parametrize("kind", list(WindowJoinKind), ids=lambda k: k.value)
-@pytest.mark.parametrize("assigner", [wj.TUMBLING, wj.SLIDING, wj.SESSION],
+@pytest.mark.parametrize("assigner", [JOIN_TUMBLING, JOIN_SLIDING, JOIN_SESSION],
                          ids=["tumbling", "sliding", "session"])
 def test_disk_window_join_equals_heap_and_pandas(assigner, kind):
     """Rows late for some or all of their windows, and stragglers a second late: the
     disk job's pairs (co-groups) are the heap's and pandas' (sessions: by key on disk,
     tests/test_disk_generic_sessions.py)."""
     merging = isinstance(assigner, rs.EventTimeSessionWindows)
-    frame = wj.make_events(np.random.default_rng(11), 1500, keys=6,
-                           disorder=30 if merging else 250)
+    frame = join_input(np.random.default_rng(11), 1500, keys=6,
+                       disorder=30 if merging else 250)
     stragglers = frame.index[(frame.index % 97 == 96) & (frame.index > 300)]
     frame.loc[stragglers, "ts"] -= 1000
     outputs = []
@@ -333,7 +314,7 @@ def test_disk_window_join_equals_heap_and_pandas(assigner, kind):
                                   co_groups if kind is WindowJoinKind.CO_GROUP else None)
         op.initialize_state(None)
         op.open()
-        on_time, late = wj.drive(op, frame, assigner)
+        on_time, late = drive_join(op, frame, assigner)
         assert len(late) and op.metrics()["late_records_dropped"] == len(late)
         assert (op.disk_rows is not None) == (backend is StateBackend.DISK)
         if op.disk_rows is not None and not merging:
@@ -341,9 +322,9 @@ def test_disk_window_join_equals_heap_and_pandas(assigner, kind):
         outputs.append(window_rows(op, kind))
     left, right = (on_time.loc[on_time["side"] == side] for side in (0, 1))
     if kind is WindowJoinKind.JOIN:
-        expected = sorted(wj.oracle_pairs(left, right, assigner))
+        expected = sorted(oracle_pairs(left, right, assigner))
     else:
-        expected = sorted(wj.oracle_groups(left, right, assigner))
+        expected = sorted(oracle_groups(left, right, assigner))
     assert outputs[1] == outputs[0] == expected and expected
 
 
@@ -351,11 +332,11 @@ def test_disk_window_join_restores_at_other_parallelism():
     """A snapshot with windows open, restored into 1, 2 and 3 disk subtasks, from disk
     and from heap sections: the windows fire as in the uninterrupted run; a heap job
     refuses the disk sections."""
-    frame = wj.make_events(np.random.default_rng(3), 1200, keys=40, disorder=0)
+    frame = join_input(np.random.default_rng(3), 1200, keys=40, disorder=0)
     half = 600
     outputs = {}
     for backend in (StateBackend.HEAP, StateBackend.DISK):
-        op = window_join_operator(backend, wj.SLIDING)
+        op = window_join_operator(backend, JOIN_SLIDING)
         op.initialize_state(None)
         op.open()
         first = frame.iloc[:half]
@@ -367,19 +348,19 @@ def test_disk_window_join_restores_at_other_parallelism():
         op.process_watermark(watermark)
         snapshot = op.snapshot_state(1).keyed_state
         assert snapshot is not None
-        outputs[backend] = (snapshot(), sorted(wj.pairs_of(wj.output_of(op))))
+        outputs[backend] = (snapshot(), sorted(window_pairs_of(output_of(op))))
     assert outputs[StateBackend.HEAP][1] == outputs[StateBackend.DISK][1]
     before = outputs[StateBackend.DISK][1]
     rest = frame.iloc[half:]
-    expected = sorted(wj.oracle_pairs(frame.loc[frame["side"] == 0],
-                                      frame.loc[frame["side"] == 1], wj.SLIDING))
+    expected = sorted(oracle_pairs(frame.loc[frame["side"] == 0],
+                                   frame.loc[frame["side"] == 1], JOIN_SLIDING))
     floors = WatermarkFloors.from_json(watermark, max_parallelism=MAXP)
     for source, parallelism in [(StateBackend.DISK, 1), (StateBackend.DISK, 2),
                                 (StateBackend.DISK, 3), (StateBackend.HEAP, 2)]:
         sections, got = outputs[source][0], list(before)
         for index in range(parallelism):
             groups = rs.key_group_range(index, parallelism, MAXP)
-            op = window_join_operator(StateBackend.DISK, wj.SLIDING, index=index,
+            op = window_join_operator(StateBackend.DISK, JOIN_SLIDING, index=index,
                                       parallelism=parallelism)
             op.initialize_state(RestoredState(1, [], [(g, s) for g, s in sections.items()
                                                       if g in groups], floors))
@@ -392,9 +373,9 @@ def test_disk_window_join_restores_at_other_parallelism():
                     op.process_batch(pa.RecordBatch.from_pandas(
                         part[["id", "k", "ts"]], preserve_index=False), side)
             op.process_watermark(rs.MAX_WATERMARK)
-            got += wj.pairs_of(wj.output_of(op))
+            got += window_pairs_of(output_of(op))
         assert sorted(got) == expected, (source, parallelism)
-    heap = window_join_operator(StateBackend.HEAP, wj.SLIDING)
+    heap = window_join_operator(StateBackend.HEAP, JOIN_SLIDING)
     with pytest.raises(ValueError, match="window join 'wjoin': .*state_backend='disk'"):
         heap.initialize_state(RestoredState(1, [], list(outputs[StateBackend.DISK][0].items()),
                                             floors))
@@ -402,21 +383,12 @@ def test_disk_window_join_restores_at_other_parallelism():
 
 # -- jobs on Ray ----------------------------------------------------------------------------
 
-def disk_env(storage: str, parallelism: int, *, incremental: bool = False,
-             restart: bool = False) -> rs.StreamEnvironment:
-    return rs.StreamEnvironment(
-        parallelism=parallelism,
-        checkpoints=rs.CheckpointConfig(interval_s=0.2, storage=storage, retained=2,
-                                        state_backend=rs.DiskStateOptions(incremental=incremental)),
-        restart=rs.RestartStrategy.fixed_delay(3, 0.1) if restart else None)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("incremental", [False, True], ids=["full", "incremental"])
 def test_disk_interval_join_exactly_once_through_a_subtask_kill(ray_session, tmp_path,
                                                                 incremental):
     n, lower, upper = 10_000, -30, 20
-    env = disk_env(str(tmp_path / "chk"), 2, incremental=incremental, restart=True)
+    env = disk_env(str(tmp_path / "chk"), 2, incremental=incremental)
     sink = join_job(env, n, lower, upper, pace=throttle)
     job = run_through_a_kill(env, "disk-join-kill", "join")
     got = pairs_of(job.table(sink))
@@ -449,12 +421,12 @@ def test_disk_window_join_exactly_once_through_a_subtask_kill(ray_session, tmp_p
     subtask killed midway: every pair of pandas once."""
     n = 10_000
     assigner = rs.TumblingEventTimeWindows(size_ms=300)
-    env = disk_env(str(tmp_path / "chk"), 2, incremental=True, restart=True)
-    left, right = wj.sides(env, n)
+    env = disk_env(str(tmp_path / "chk"), 2, incremental=True)
+    left, right = sides(env, n)
     sink = left.join(right).where("k").equal_to("k").window(assigner, timestamp="ts") \
         .join(name="join").collect()
     job = run_through_a_kill(env, "disk-window-join-kill", "join")
-    got = wj.pairs_of(job.table(sink))
+    got = window_pairs_of(job.table(sink))
     assert len(got) == len(set(got))
-    expected = wj.expected_job_output(n, assigner)
+    expected = expected_window_pairs(n, assigner)
     assert set(got) == expected and len(expected) > 5000

@@ -31,12 +31,13 @@ from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.count import CountWindowOperator
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator, WindowJoinSpec
 from raystream.engine.windows.operator import WindowOperator
-from tests import test_window_join as wj
 from tests.chaos.model import session_run
-from tests.test_disk_joins import co_groups
-from tests.test_disk_user_windows import function_of, normalized
-from tests.test_joins import BASE
-from tests.test_joins import oracle as interval_oracle
+from tests.support.functions import co_groups
+from tests.support.inputs import BASE
+from tests.support.operators import (JOIN_SLIDING, JOIN_TUMBLING, function_of, normalized,
+                                     window_pairs_of)
+from tests.support.oracles import (fed_sessions, interval_oracle, is_late, oracle_groups,
+                                   oracle_pairs)
 
 MAXP = 128
 LIMIT = 16  # the key table's limit in these tests
@@ -238,13 +239,13 @@ SESSIONS = rs.EventTimeSessionWindows(gap_ms=GAP)
 
 def window_results(run: Run, kind: WindowJoinKind) -> list:
     if kind is WindowJoinKind.JOIN:
-        return sorted(wj.pairs_of(table_of(run)))
+        return sorted(window_pairs_of(table_of(run)))
     return sorted((r["k"], r["window_start"], r["window_end"], tuple(r["left"]),
                    tuple(r["right"])) for b in run.batches for r in b.to_pylist())
 
 
 @pytest.mark.parametrize("kind", list(WindowJoinKind), ids=lambda k: k.value)
-@pytest.mark.parametrize("assigner", [wj.TUMBLING, wj.SLIDING, SESSIONS],
+@pytest.mark.parametrize("assigner", [JOIN_TUMBLING, JOIN_SLIDING, SESSIONS],
                          ids=["tumbling", "sliding", "session"])
 def test_window_joins(assigner, kind):
     fn = co_groups if kind is WindowJoinKind.CO_GROUP else None
@@ -259,14 +260,14 @@ def test_window_joins(assigner, kind):
     assert disk.emptied > 10
     # each row's call: its batch's and side's (a key's rows of one side in a batch: one call)
     fed = frame.assign(wm=disk.arrival, call=np.arange(len(frame)) // BATCH * 2 + frame["side"])
-    dropped = (wj.fed_sessions(fed, assigner.gap_ms)["window_start"].isna()
+    dropped = (fed_sessions(fed, assigner.gap_ms)["window_start"].isna()
                if isinstance(assigner, rs.EventTimeSessionWindows)
-               else wj.is_late(fed["ts"], assigner, fed["wm"]))
+               else is_late(fed["ts"], assigner, fed["wm"]))
     on_time = fed[~dropped]
     assert len(on_time) < len(frame)
     left, right = (on_time[on_time["side"] == side] for side in (0, 1))
-    expected = sorted(wj.oracle_pairs(left, right, assigner) if kind is WindowJoinKind.JOIN
-                      else wj.oracle_groups(left, right, assigner))
+    expected = sorted(oracle_pairs(left, right, assigner) if kind is WindowJoinKind.JOIN
+                      else oracle_groups(left, right, assigner))
     assert window_results(disk, kind) == window_results(heap, kind) == expected and expected
 
 

@@ -30,9 +30,12 @@ from raystream.engine.windows.disk_entries import DiskChunks, DiskEntries
 from raystream.engine.windows.functions import ProcessWindow
 from raystream.engine.windows.operator import WindowOperator
 from raystream.timers.disk_service import DiskTimerService
-from tests.test_disk_windows import (MAXP, disk_env, drive, kept_in_windows, own_entries,
-                                     restore_moving_nothing, run_through_a_kill, stored_entries)
-from tests.test_windows import events, make_input
+from tests.support.disk import own_entries, restore_moving_nothing, stored_entries
+from tests.support.functions import RowIds
+from tests.support.inputs import make_input, user_events
+from tests.support.jobs import disk_env, run_through_a_kill
+from tests.support.operators import MAXP, drive
+from tests.support.oracles import kept_in_windows
 from tests.support.pacing import Throttle
 
 throttle = Throttle(0.03)
@@ -40,14 +43,6 @@ throttle = Throttle(0.03)
 ASSIGNERS = [rs.TumblingEventTimeWindows(size_ms=50),
              rs.SlidingEventTimeWindows(size_ms=60, slide_ms=20)]
 WINDOW = ["k", "window_start", "window_end"]
-
-
-class RowIds(rs.ProcessWindowFunction):
-    """A window's row ids (column ``x``) in the order the function sees them."""
-
-    def process(self, key, window, rows):
-        yield {"k": key, "window_start": window.start, "window_end": window.end,
-               "ids": ",".join(str(int(i)) for i in rows["x"].to_pylist())}
 
 
 def pwf_operator(backend: StateBackend, assigner, *, lateness: int = 0, index: int = 0,
@@ -288,7 +283,7 @@ def test_disk_process_windows_exactly_once_through_a_subtask_kill(ray_session, t
                                                                    incremental):
     n, size = 30_000, 1000
     env = disk_env(str(tmp_path / "chk"), incremental=incremental)
-    src = env.from_sequence(n, events, batch_size=250,
+    src = env.from_sequence(n, user_events, batch_size=250,
                             watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=500))
     sink = src.map_batches(throttle, name="throttle").key_by("user").window(
         rs.TumblingEventTimeWindows(size_ms=size), timestamp="ts").process(Summary()).collect()
@@ -296,7 +291,7 @@ def test_disk_process_windows_exactly_once_through_a_subtask_kill(ray_session, t
     got = (job.table(sink).to_pandas()[["user", "window_start", "rows", "total", "spread"]]
            .sort_values(["user", "window_start"]).reset_index(drop=True))
     assert not got.duplicated(["user", "window_start"]).any()  # no window emitted twice
-    e = pd.DataFrame(events(np.arange(n)))
+    e = pd.DataFrame(user_events(np.arange(n)))
     e["window_start"] = e["ts"] // size * size
     expected = (e.groupby(["user", "window_start"])["x"]
                 .agg(rows="size", total="sum", spread=lambda s: s.max() - s.min())

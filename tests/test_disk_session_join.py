@@ -4,7 +4,7 @@ against the heap backend and pandas.
 
 Operator-level tests drive a heap and a disk :class:`WindowJoinOperator` over session
 windows with the same batches and watermarks (disorder, stragglers dropped as late)
-and compare both with the pandas oracle of tests/test_window_join.py (sessions over
+and compare both with the pandas oracle of tests/support/oracles.py (sessions over
 both sides' rows with ``groupby``/``diff``/``cumsum``); others merge sessions across
 batches, feed one open session by many batches (one chunk each, the header one
 session's bytes, no chunk rewritten), use string keys and null values (both row
@@ -35,16 +35,19 @@ from raystream.engine.operators.disk_join import RowFormats
 from raystream.engine.windows import disk_session_join
 from raystream.engine.windows.disk_session_join import DiskSessionRows, is_header
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator
-from tests import test_window_join as wj
-from tests.test_disk_joins import MAXP, co_groups, disk_env, window_join_operator, window_rows
-from tests.test_disk_windows import (appended_one_chunk, own_entries, restore_moving_nothing,
-                                     run_through_a_kill)
-from tests.support.jobs import savepoint_chain, wait_for_checkpoint
+from tests.support.disk import appended_one_chunk, own_entries, restore_moving_nothing
+from tests.support.functions import Average, co_groups
+from tests.support.inputs import (JOB_GAP, STRAGGLER_START, join_events, join_input,
+                                  session_events)
+from tests.support.jobs import disk_env, run_through_a_kill, savepoint_chain, wait_for_checkpoint
+from tests.support.operators import (JOIN_SESSION, MAXP, drive_join, output_of,
+                                     window_join_operator, window_pairs_of, window_rows)
+from tests.support.oracles import (expected_window_pairs, oracle_groups, oracle_pairs,
+                                   rows_in_windows, user_sessions_oracle)
 from tests.support.pacing import Throttle
+from tests.support.pipelines import sides
 
 crawl = Throttle(0.06)
-
-SESSION = wj.SESSION  # gap 30 ms
 
 
 def odd(left, right):
@@ -78,32 +81,32 @@ def stored(op: WindowJoinOperator) -> tuple[dict[bytes, bytes], dict[bytes, byte
 def test_disk_session_join_equals_heap_and_pandas(kind, fn):
     """Disorder within the watermark's lag, stragglers a second late: the disk job's
     pairs (co-groups) are the heap's and pandas', and nothing is left stored."""
-    frame = wj.make_events(np.random.default_rng(5), 2000, keys=9, disorder=30)
+    frame = join_input(np.random.default_rng(5), 2000, keys=9, disorder=30)
     stragglers = frame.index[(frame.index % 89 == 88) & (frame.index > 300)]
     frame.loc[stragglers, "ts"] -= 1000
     outputs = []
     for backend in (StateBackend.HEAP, StateBackend.DISK):
-        op = window_join_operator(backend, SESSION, kind, finish(kind, fn))
+        op = window_join_operator(backend, JOIN_SESSION, kind, finish(kind, fn))
         op.initialize_state(None)
         op.open()
-        on_time, late = wj.drive(op, frame, SESSION)
+        on_time, late = drive_join(op, frame, JOIN_SESSION)
         assert len(late) and op.metrics()["late_records_dropped"] == len(late)
         if backend is StateBackend.DISK:
             assert disk_rows(op).stored_entries() == 0 and not op.buffers[0].chunks
             assert op.timers.num_event_time_timers == 0
         outputs.append(window_rows(op, kind) if fn is None
-                       else sorted(wj.pairs_of(wj.output_of(op))))
+                       else sorted(window_pairs_of(output_of(op))))
     left, right = (on_time.loc[on_time["side"] == side] for side in (0, 1))
     if kind is WindowJoinKind.CO_GROUP:
-        expected = sorted(wj.oracle_groups(left, right, SESSION))
+        expected = sorted(oracle_groups(left, right, JOIN_SESSION))
     else:
-        expected = sorted(p for p in wj.oracle_pairs(left, right, SESSION)
+        expected = sorted(p for p in oracle_pairs(left, right, JOIN_SESSION)
                           if fn is None or fn({"id": p[0]}, {"id": p[1]}))
     assert outputs[1] == outputs[0] == expected and expected
 
 
 def test_sessions_merge_across_batches_and_sides_in_one_header_per_key():
-    op = window_join_operator(StateBackend.DISK, SESSION)
+    op = window_join_operator(StateBackend.DISK, JOIN_SESSION)
     op.initialize_state(None)
     op.open()
     disk = disk_rows(op)
@@ -120,7 +123,7 @@ def test_sessions_merge_across_batches_and_sides_in_one_header_per_key():
     send(1, 1, 170, 3)  # [170, 200) touches the right row's [200, 230): one session
     send(0, 1, 215, 4)
     op.process_watermark(300)
-    assert sorted(wj.pairs_of(wj.output_of(op))) == [(4, 1, 170, 245), (4, 3, 170, 245)]
+    assert sorted(window_pairs_of(output_of(op))) == [(4, 1, 170, 245), (4, 3, 170, 245)]
     assert disk.stored_entries() == 0
 
 
@@ -130,7 +133,7 @@ def test_a_session_fed_by_n_batches_holds_n_chunks_none_rewritten():
     each batch adds one chunk and rewrites only the header, which stays one session's
     28 bytes; no earlier chunk changes. The last watermark pairs every row as pandas
     says and leaves nothing behind."""
-    op = window_join_operator(StateBackend.DISK, SESSION)
+    op = window_join_operator(StateBackend.DISK, JOIN_SESSION)
     op.initialize_state(None)
     op.open()
     before: dict[bytes, bytes] = {}
@@ -151,8 +154,8 @@ def test_a_session_fed_by_n_batches_holds_n_chunks_none_rewritten():
     op.process_watermark(rs.MAX_WATERMARK)
     frame = pd.concat(parts)
     left, right = (frame.loc[frame["side"] == side] for side in (0, 1))
-    expected = sorted(wj.oracle_pairs(left, right, SESSION))
-    assert sorted(wj.pairs_of(wj.output_of(op))) == expected and len(expected) == 200 * 200
+    expected = sorted(oracle_pairs(left, right, JOIN_SESSION))
+    assert sorted(window_pairs_of(output_of(op))) == expected and len(expected) == 200 * 200
     assert disk_rows(op).stored_entries() == 0 and stored(op) == ({}, {})
 
 
@@ -168,7 +171,7 @@ def test_string_keys_and_null_values_in_both_row_formats():
     note = pd.Series(rng.choice(np.array(["x", "y", None], dtype=object), n), dtype=object)
     outputs = []
     for backend in (StateBackend.HEAP, StateBackend.DISK):
-        op = window_join_operator(backend, SESSION)
+        op = window_join_operator(backend, JOIN_SESSION)
         op.initialize_state(None)
         op.open()
         for start in range(0, n, 31):
@@ -186,14 +189,14 @@ def test_string_keys_and_null_values_in_both_row_formats():
                 op.process_batch(pa.record_batch(columns), side)
             op.process_watermark(int(chunk["ts"].max()) - 41)
         op.process_watermark(rs.MAX_WATERMARK)
-        table = wj.output_of(op)
+        table = output_of(op)
         outputs.append(sorted(zip(table["id"].to_pylist(), table["id_right"].to_pylist(),
                                   table["window_start"].to_pylist(),
                                   table["window_end"].to_pylist(), table["note"].to_pylist(),
                                   table["score"].to_pylist())))
     left, right = (frame.loc[frame["side"] == side] for side in (0, 1))
     expected = sorted((a, b, s, e, note[a], b / 2)
-                      for a, b, s, e in wj.oracle_pairs(left, right, SESSION))
+                      for a, b, s, e in oracle_pairs(left, right, JOIN_SESSION))
     assert outputs[1] == outputs[0] == expected and expected
     assert any(row[4] is None for row in expected)
 
@@ -202,7 +205,7 @@ def test_string_keys_and_null_values_in_both_row_formats():
 
 def restored(backend: StateBackend, kind: WindowJoinKind, sections: dict, index: int,
              parallelism: int, floor: int) -> WindowJoinOperator:
-    op = window_join_operator(backend, SESSION, kind, finish(kind, None), index=index,
+    op = window_join_operator(backend, JOIN_SESSION, kind, finish(kind, None), index=index,
                               parallelism=parallelism)
     groups = rs.key_group_range(index, parallelism, MAXP)
     op.initialize_state(RestoredState(1, [], [(g, s) for g, s in sections.items() if g in groups],
@@ -230,12 +233,12 @@ def test_snapshots_restore_at_1_then_2_then_3_and_heap_snapshots_move_in(kind):
     """A snapshot at parallelism 1 (sessions open on disk) restored at 2, a snapshot of
     those restored at 3: every pair (co-group) once, as pandas says; the same from a
     heap snapshot at 1; a heap job refuses the disk sections, naming the operator."""
-    frame = wj.make_events(np.random.default_rng(6), 1500, keys=40, disorder=0)
+    frame = join_input(np.random.default_rng(6), 1500, keys=40, disorder=0)
     thirds = [frame.iloc[:500], frame.iloc[500:1000], frame.iloc[1000:]]
     floors = [int(third["ts"].max()) - 40 for third in thirds[:2]]
 
     def run(first: StateBackend) -> tuple[list, dict]:
-        op = window_join_operator(first, SESSION, kind, finish(kind, None))
+        op = window_join_operator(first, JOIN_SESSION, kind, finish(kind, None))
         op.initialize_state(None)
         op.open()
         feed(op, thirds[0])
@@ -266,8 +269,8 @@ def test_snapshots_restore_at_1_then_2_then_3_and_heap_snapshots_move_in(kind):
         return sorted(got + results(ops, kind)), snapshot
 
     left, right = (frame.loc[frame["side"] == side] for side in (0, 1))
-    expected = sorted(wj.oracle_pairs(left, right, SESSION) if kind is WindowJoinKind.JOIN
-                      else wj.oracle_groups(left, right, SESSION))
+    expected = sorted(oracle_pairs(left, right, JOIN_SESSION) if kind is WindowJoinKind.JOIN
+                      else oracle_groups(left, right, JOIN_SESSION))
     got, disk_sections = run(StateBackend.DISK)
     assert got == expected and expected
     got, _ = run(StateBackend.HEAP)
@@ -288,7 +291,7 @@ def write_older_entries(op: WindowJoinOperator, frame: pd.DataFrame) -> None:
     assert isinstance(backend, DiskKeyedStateBackend)
     sid = backend.raw_state_id(disk_session_join.STATE_NAME, disk_session_join.KIND)
     formats, writes = RowFormats(backend), rocksdict.WriteBatch(raw_mode=True)
-    windows = wj.windows_of(frame, SESSION)
+    windows = rows_in_windows(frame, JOIN_SESSION)
     for k, rows in windows.groupby("k"):
         group = rs.key_group_of(k, MAXP)
         kid = timers.key_ids([k], np.array([group]))
@@ -315,10 +318,10 @@ def test_an_older_checkpoint_of_single_entry_keys_restores_as_chunks(monkeypatch
     chunks, nothing stays in the older state, and with the rest of the rows every pair
     comes once, as pandas says; a checkpoint written since restores as it is, without
     a search for older entries."""
-    frame = wj.make_events(np.random.default_rng(11), 1200, keys=6, disorder=0)
+    frame = join_input(np.random.default_rng(11), 1200, keys=6, disorder=0)
     first, rest = frame.iloc[:600], frame.iloc[600:]
     floor = int(first["ts"].min()) - 1  # no session had fired yet
-    old = window_join_operator(StateBackend.DISK, SESSION)
+    old = window_join_operator(StateBackend.DISK, JOIN_SESSION)
     with monkeypatch.context() as patch:  # a backend without the chunks' state
         patch.setattr(WindowJoinOperator, "open_disk_rows", lambda self: None)
         old.initialize_state(None)
@@ -355,7 +358,7 @@ def test_an_older_checkpoint_of_single_entry_keys_restores_as_chunks(monkeypatch
         op.process_watermark(rs.MAX_WATERMARK)
         assert disk_rows(op).stored_entries() == 0
     left, right = (frame.loc[frame["side"] == side] for side in (0, 1))
-    expected = sorted(wj.oracle_pairs(left, right, SESSION))
+    expected = sorted(oracle_pairs(left, right, JOIN_SESSION))
     assert sorted(results([again, ops[1]], WindowJoinKind.JOIN)) == expected and expected
 
 
@@ -366,14 +369,14 @@ def test_an_older_checkpoint_of_single_entry_keys_restores_as_chunks(monkeypatch
 def test_disk_session_join_exactly_once_through_a_subtask_kill(ray_session, tmp_path,
                                                               incremental):
     n = 10_000
-    env = disk_env(str(tmp_path / "chk"), 2, incremental=incremental, restart=True)
-    left, right = wj.sides(env, n)
-    sink = left.join(right).where("k").equal_to("k").window(SESSION, timestamp="ts") \
+    env = disk_env(str(tmp_path / "chk"), 2, incremental=incremental)
+    left, right = sides(env, n)
+    sink = left.join(right).where("k").equal_to("k").window(JOIN_SESSION, timestamp="ts") \
         .join(name="join").collect()
     job = run_through_a_kill(env, f"disk-session-join-kill-{incremental}", "join")
-    got = wj.pairs_of(job.table(sink))
+    got = window_pairs_of(job.table(sink))
     assert len(got) == len(set(got))  # no pair twice, though one subtask died midway
-    expected = wj.expected_job_output(n, SESSION)
+    expected = expected_window_pairs(n, JOIN_SESSION)
     assert set(got) == expected and len(expected) > 1000
 
 
@@ -389,21 +392,20 @@ def test_disk_session_co_group_through_savepoints_at_1_2_3(ray_session, tmp_path
 
     def job(parallelism: int):
         env = disk_env(str(tmp_path / f"chk{parallelism}"), parallelism)
-        left, right = wj.sides(env, n, pace=crawl if parallelism < 3 else None)
+        left, right = sides(env, n, pace=crawl if parallelism < 3 else None)
         return env, left.co_group(right).where("k").equal_to("k").window(
-            SESSION, timestamp="ts").apply(count, name="co_group").collect()
+            JOIN_SESSION, timestamp="ts").apply(count, name="co_group").collect()
 
     tables = [result.table(sink)
               for result, sink in savepoint_chain(tmp_path, "disk-session-co-group", job)]
     got = sorted((r["k"], r["window_start"], r["window_end"], r["left"], r["right"])
                  for r in pa.concat_tables([t for t in tables if t.num_rows]).to_pylist())
-    frame = pd.DataFrame(wj.events(np.arange(n)))
+    frame = pd.DataFrame(join_events(np.arange(n)))
     i = frame["id"].to_numpy()
-    on_time = frame[~((i % 400 == 399) & (i > wj.STRAGGLER_START))]
-    groups = wj.oracle_groups(on_time.loc[on_time["side"] == 0],
-                              on_time.loc[on_time["side"] == 1], SESSION)
+    on_time = frame[~((i % 400 == 399) & (i > STRAGGLER_START))]
+    groups = oracle_groups(on_time.loc[on_time["side"] == 0],
+                           on_time.loc[on_time["side"] == 1], JOIN_SESSION)
     assert got == sorted((k, s, e, len(lids), len(rids)) for k, s, e, lids, rids in groups)
-
 
 
 @pytest.mark.slow
@@ -411,9 +413,6 @@ def test_heap_savepoint_of_sessions_restores_into_a_disk_job(ray_session, tmp_pa
     """A heap job (session windows of a user AggregateFunction and a session co-group)
     stopped with a savepoint at parallelism 2, restored as a disk job at 3: their state
     moves into RocksDB, and each session's result comes once over both runs."""
-    from tests.test_disk_generic_sessions import JOB_GAP, oracle, session_events
-    from tests.test_windows import Average
-
     n = 10_000
 
     def count(key, lrows, rrows, window):
@@ -425,9 +424,9 @@ def test_heap_savepoint_of_sessions_restores_into_a_disk_job(ray_session, tmp_pa
             interval_s=0.2, storage=str(tmp_path / f"chk{parallelism}"),
             state_backend=rs.DiskStateOptions() if disk else "heap"))
         pace = None if disk else crawl
-        left, right = wj.sides(env, n, pace=pace)
+        left, right = sides(env, n, pace=pace)
         groups = left.co_group(right).where("k").equal_to("k").window(
-            SESSION, timestamp="ts").apply(count, name="co_group").collect()
+            JOIN_SESSION, timestamp="ts").apply(count, name="co_group").collect()
         src = env.from_sequence(n, session_events, batch_size=200,
                                 watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=50))
         if pace is not None:
@@ -449,16 +448,17 @@ def test_heap_savepoint_of_sessions_restores_into_a_disk_job(ray_session, tmp_pa
               for a, b in zip(sinks, sinks_after)]
     got = sorted((r["k"], r["window_start"], r["window_end"], r["left"], r["right"])
                  for r in tables[0].to_pylist())
-    frame = pd.DataFrame(wj.events(np.arange(n)))
+    frame = pd.DataFrame(join_events(np.arange(n)))
     i = frame["id"].to_numpy()
-    on_time = frame[~((i % 400 == 399) & (i > wj.STRAGGLER_START))]
-    groups = wj.oracle_groups(on_time.loc[on_time["side"] == 0],
-                              on_time.loc[on_time["side"] == 1], SESSION)
+    on_time = frame[~((i % 400 == 399) & (i > STRAGGLER_START))]
+    groups = oracle_groups(on_time.loc[on_time["side"] == 0],
+                           on_time.loc[on_time["side"] == 1], JOIN_SESSION)
     assert got == sorted((k, s, e, len(lids), len(rids)) for k, s, e, lids, rids in groups)
     averages = (tables[1].to_pandas().rename(columns={"user": "k"})
                 .sort_values(["k", "window_start"]).reset_index(drop=True))
-    want = oracle(pd.DataFrame(session_events(np.arange(n))).rename(columns={"user": "k"}),
-                  "aggregate", JOB_GAP)
+    want = user_sessions_oracle(
+        pd.DataFrame(session_events(np.arange(n))).rename(columns={"user": "k"}), "aggregate",
+        JOB_GAP)
     assert averages["k"].tolist() == want["k"].tolist()
     assert averages["window_start"].tolist() == want["window_start"].tolist()
     assert averages["rows"].tolist() == want["rows"].tolist()

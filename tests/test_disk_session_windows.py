@@ -12,7 +12,6 @@ backend with incremental checkpoints through a subtask kill.
 from __future__ import annotations
 
 import pickle
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -29,28 +28,18 @@ from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.disk_sessions import KIND, STATE_NAME
 from raystream.engine.windows.functions import BuiltinAggregates
 from raystream.engine.windows.operator import WindowOperator
-from tests.test_disk_windows import (MAXP, check_restores_at_other_parallelism, disk_env,
-                                     drive, run_through_a_kill, sorted_rows, window_operator,
-                                     values_by_key)
-from tests.chaos.model import SessionRun, session_run
-from tests.test_windows import AGGS, make_input
+from tests.chaos.model import SessionRun
+from tests.support.disk import values_by_key
+from tests.support.functions import AGGS
+from tests.support.inputs import BLOCK, JOB_GAP, make_input, session_events, session_input
+from tests.support.jobs import disk_env, run_through_a_kill
+from tests.support.operators import (GAP, MAXP, SESSIONS, check_restores_at_other_parallelism,
+                                     drive, heap_and_disk_sessions, sorted_rows,
+                                     window_operator)
+from tests.support.oracles import WINDOW_KEYS, final_sessions
 from tests.support.pacing import Throttle
 
 throttle = Throttle(0.03)
-
-GAP = 15
-SESSIONS = rs.EventTimeSessionWindows(gap_ms=GAP)
-KEYS = ["k", "window_start", "window_end"]
-
-
-def session_input(seed: int, n: int, keys: int, jitter: int, straggle: int = 300):
-    """Times mostly in order (out of order by up to ``jitter``), with a few stragglers
-    ``straggle`` ms back: far beyond any bound at 300, inside their key's open session
-    often at 80."""
-    rng = np.random.default_rng(seed)
-    ts = np.cumsum(rng.integers(0, 4, n)) + 1000 - rng.integers(0, jitter + 1, n)
-    ts[rng.random(n) < 0.03] -= straggle
-    return rng.integers(0, keys, n), ts, rng.integers(-50, 50, n).astype(np.float64)
 
 
 def sessions_oracle(frame: pd.DataFrame, gap: int, key: str = "k") -> pd.DataFrame:
@@ -66,19 +55,6 @@ def sessions_oracle(frame: pd.DataFrame, gap: int, key: str = "k") -> pd.DataFra
     return out.loc[:, [key, "window_start", "window_end", *AGGS]]
 
 
-def final_sessions(rows: pd.DataFrame) -> pd.DataFrame:
-    """The emitted rows that no later emission replaced: a session that fired again (rows
-    within the allowed lateness) replaces its earlier result, which it covers."""
-    last = rows.drop_duplicates(["k", "window_start"], keep="last")
-    pairs = last.merge(last, on="k", suffixes=("", "_by"))
-    covered = pairs[(pairs["window_start_by"] <= pairs["window_start"])
-                    & (pairs["window_end_by"] >= pairs["window_end"])
-                    & ((pairs["window_start_by"] != pairs["window_start"])
-                       | (pairs["window_end_by"] != pairs["window_end"]))]
-    gone = pd.MultiIndex.from_frame(covered.loc[:, KEYS])
-    return last.loc[~pd.MultiIndex.from_frame(last.loc[:, KEYS]).isin(gone)]
-
-
 def stored_sessions(op: WindowOperator) -> dict:
     """Key -> number of open sessions of the disk session state."""
     values = values_by_key(op)
@@ -89,7 +65,7 @@ def stored_sessions(op: WindowOperator) -> dict:
 
 
 def by_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    columns = [*KEYS, *AGGS]
+    columns = [*WINDOW_KEYS, *AGGS]
     return frame.loc[:, columns].sort_values(by=columns).reset_index(drop=True)
 
 
@@ -103,31 +79,10 @@ def model_rows(run: SessionRun) -> pd.DataFrame:
 def assert_model_rows(got: pd.DataFrame, run: SessionRun) -> None:
     """Every emission (re-firings included) as the model makes it."""
     got, want = by_rows(got), by_rows(model_rows(run))
-    assert got[KEYS + ["n"]].astype(np.int64).equals(want[KEYS + ["n"]].astype(np.int64))
+    assert got[WINDOW_KEYS + ["n"]].astype(np.int64).equals(
+        want[WINDOW_KEYS + ["n"]].astype(np.int64))
     for column in ("total", "low", "high", "avg"):
         np.testing.assert_allclose(got[column], want[column])
-
-
-def heap_and_disk_sessions(make: Callable[[StateBackend], WindowOperator], key, ts, x,
-                           lateness: int
-                           ) -> tuple[WindowOperator, pd.DataFrame, SessionRun, list[int]]:
-    """Drive a heap and a disk session operator (``make(backend)``) with the same rows:
-    the same output (re-firings included, in the same order), arrivals and late rows,
-    and no session left on disk; every emission and late row as the model makes them.
-    Returns the disk operator, its output, the model's run and the watermark each row
-    met."""
-    heap, heap_arrival, heap_late = drive(make(StateBackend.HEAP), key, ts, x)
-    op = make(StateBackend.DISK)
-    disk, arrival, late = drive(op, key, ts, x)
-    assert values_by_key(op) == {}  # every session fired and deleted
-    pd.testing.assert_frame_equal(disk, heap)
-    assert arrival == heap_arrival
-    pd.testing.assert_frame_equal(late, heap_late)
-    run = session_run(key, ts, x, arrival, 25, GAP, lateness)
-    assert run.late, "the input must hold late rows"
-    assert sorted(zip(late["k"].tolist(), late["ts"].tolist(), late["x"].tolist())) == sorted(
-        run.late)
-    return op, disk, run, arrival
 
 
 @pytest.mark.parametrize("lateness, straggle", [(0, 300), (30, 300), (0, 80), (30, 80)])
@@ -231,16 +186,6 @@ def test_disk_session_snapshot_restores_at_other_parallelism():
 
 # -- a job on Ray ---------------------------------------------------------------------------
 
-BASE, BLOCK, JOB_GAP = 1_000_000, 700, 100
-
-
-def session_events(i: np.ndarray) -> dict:
-    """Seven users; every ``BLOCK`` records time jumps 300 ms: one session per user and
-    block."""
-    return {"user": i % 7, "ts": BASE + i * 2 + (i // BLOCK) * 300,
-            "x": (i % 11).astype(np.float64)}
-
-
 def test_disk_sessions_exactly_once_through_a_subtask_kill(ray_session, tmp_path):
     n = 20_000
     env = disk_env(str(tmp_path / "chk"), incremental=True)
@@ -254,6 +199,7 @@ def test_disk_sessions_exactly_once_through_a_subtask_kill(ray_session, tmp_path
         columns={"user": "k"}), JOB_GAP)
     assert len(expected) == 7 * -(-n // BLOCK)
     got, expected = by_rows(got), by_rows(expected)
-    assert got[KEYS + ["n"]].astype(np.int64).equals(expected[KEYS + ["n"]].astype(np.int64))
+    assert got[WINDOW_KEYS + ["n"]].astype(np.int64).equals(
+        expected[WINDOW_KEYS + ["n"]].astype(np.int64))
     for column in ("total", "low", "high", "avg"):
         np.testing.assert_allclose(got[column], expected[column])

@@ -2,10 +2,10 @@
 
 Unit tests check it against independent oracles (pandas over the same input,
 and the heap backend's snapshot-then-restore contract); the Ray tests run the
-keyed running sum of tests/test_exactly_once.py on the disk backend through a
-subtask kill, a failpoint exit in a keyed process function, and a
-stop-with-savepoint at parallelism 2 restored at parallelism 3, with that
-file's numpy oracle.
+keyed running sum of tests/test_exactly_once.py (tests/support/pipelines.py) on the
+disk backend through a subtask kill, a failpoint exit in a keyed process function, and
+a stop-with-savepoint at parallelism 2 restored at parallelism 3, with its numpy oracle
+(tests/support/oracles.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 
 import raystream as rs
 from raystream.checkpoint.disk_state import (DiskKeyedStateBackend, DiskStateOptions,
-                                             DiskValueState, NATIVE_METRICS, encode_key)
+                                             NATIVE_METRICS, encode_key)
 from raystream.checkpoint.keygroups import key_group_of, key_group_range
 from raystream.checkpoint.state_backend import (StateBackend, create_keyed_state_backend,
                                                 is_disk)
@@ -351,25 +351,13 @@ def disk_env(storage: str, parallelism: int = 2, failpoints=()) -> rs.StreamEnvi
         restart=rs.RestartStrategy.fixed_delay(3, 0.1))
 
 
-class RunningSum(rs.KeyedProcessFunction):
-    def open(self, ctx):
-        self.acc = ctx.value_state("acc")
-        assert isinstance(self.acc, DiskValueState), "the job must run on the disk backend"
-
-    def process_element(self, row, ctx):
-        acc = self.acc.value()
-        acc = dict(row) if acc is None else {"k": row["k"], "v": acc["v"] + row["v"],
-                                            "i": row["i"], "n": acc["n"] + 1}
-        self.acc.update(acc)
-        yield acc
-
-
 @pytest.mark.slow
 def test_disk_reduce_is_exactly_once_through_a_subtask_kill(ray_session, tmp_path):
     import ray
 
-    from tests.test_exactly_once import assert_exactly_once, build_job
     from tests.support.jobs import wait_for_checkpoint
+    from tests.support.oracles import assert_exactly_once
+    from tests.support.pipelines import build_job
 
     env = disk_env(str(tmp_path / "chk"))
     sink = build_job(env)
@@ -386,7 +374,9 @@ def test_disk_reduce_is_exactly_once_through_a_subtask_kill(ray_session, tmp_pat
 
 
 def test_disk_process_function_is_exactly_once_through_a_failpoint_exit(ray_session, tmp_path):
-    from tests.test_exactly_once import N, SPLITS, assert_exactly_once, numbers
+    from tests.support.functions import RunningSum
+    from tests.support.inputs import N, SPLITS, numbers
+    from tests.support.oracles import assert_exactly_once
     throttle = Throttle(0.02)
 
     env = disk_env(str(tmp_path / "chk"), failpoints=[
@@ -403,8 +393,9 @@ def test_disk_process_function_is_exactly_once_through_a_failpoint_exit(ray_sess
 
 @pytest.mark.slow
 def test_disk_stop_with_savepoint_at_2_restores_at_3(ray_session, tmp_path):
-    from tests.test_exactly_once import assert_exactly_once, build_job
     from tests.support.jobs import wait_for_checkpoint
+    from tests.support.oracles import assert_exactly_once
+    from tests.support.pipelines import build_job
 
     env = disk_env(str(tmp_path / "chk-p2"))
     sink = build_job(env)

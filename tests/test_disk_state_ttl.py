@@ -2,7 +2,7 @@
 
 The scenarios both backends share are in tests/test_state_ttl.py, parametrized over
 the backends. Here: a model test that runs both backends op by op against the
-``Model`` of tests/test_state_ttl.py (dicts of ``(value, timestamp)``) and restores
+``Model`` of tests/support/ttl.py (dicts of ``(value, timestamp)``) and restores
 their snapshots into the other backend at another key-group range; what is disk's
 own (snapshots restored byte for byte, incremental checkpoints holding expired
 values, compaction of deletions, the vectorized value reads and writes). The job
@@ -28,8 +28,8 @@ from raystream.checkpoint.disk_state import (DiskKeyedStateBackend, DiskStateOpt
                                              DiskTtlValueState)
 from raystream.checkpoint.state import HeapKeyedStateBackend
 from tests.conftest import BACKENDS, state_backends
-from tests.test_state_ttl import (CONFIGS, MAXP, OPS, SCHEMA, TTL, Clock, dump, handles, pause,
-                                  run_model, stored_entries)
+from tests.support.ttl import (CONFIGS, MAXP, OPS, PROBE_SCHEMA, TTL, Clock, dump, handles, pause,
+                               run_model, stored_values)
 
 
 # -- model: random interleavings on both backends --------------------------------------------
@@ -103,7 +103,7 @@ def test_an_incremental_checkpoint_holds_expired_values_a_restore_hides(tmp_path
         handle = snapshot.upload(storage, "job", 1, "probe-0")
         b.notify_checkpoint_complete(1)
         savepoint = b.snapshot()()  # a full snapshot of the same database
-        assert stored_entries(savepoint) == {"v": 50}
+        assert stored_values(savepoint) == {"v": 50}
         dbs = [RestoredDb.read(storage, handle)]
         for groups in (range(MAXP), rs.key_group_range(0, 2, MAXP),
                        rs.key_group_range(1, 2, MAXP)):
@@ -252,7 +252,7 @@ def test_ttl_state_on_the_disk_backend_through_a_subtask_kill(ray_session, tmp_p
         checkpoints=rs.CheckpointConfig(interval_s=0.2, storage=str(tmp_path / "chk"),
                                         retained=2, state_backend="disk"),
         restart=rs.RestartStrategy.fixed_delay(3, 0.1))
-    src = env.from_collection(probe_input(), schema=SCHEMA, batch_size=1, name="rows",
+    src = env.from_collection(probe_input(), schema=PROBE_SCHEMA, batch_size=1, name="rows",
                               parallelism=1).map_batches(pause, name="pause", parallelism=1)
     sink = src.key_by("k").process(Probe(), name="probe").collect()
     client = env.execute_async("disk-ttl-kill")

@@ -32,9 +32,8 @@ from raystream.engine.windows.functions import BuiltinAggregates, UserAggregate
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator, WindowJoinSpec
 from raystream.engine.windows.operator import WindowOperator
 from raystream.timers.disk_service import DiskTimerService
-from tests import test_window_join as wj
-from tests.test_disk_joins import co_groups
-from tests.test_windows import Average, windows_of
+from tests.support.functions import Average, co_groups
+from tests.support.oracles import oracle_groups, oracle_pairs, windows_of
 
 MAXP = 128
 FIRING = 7  # timers per pop
@@ -362,6 +361,6 @@ def test_session_window_joins_fire_in_chunks(kind):
         if backend is StateBackend.DISK:
             check_chunks(watch, LIMIT + FIRING)
     left, right = (frame[frame["side"] == side] for side in (0, 1))
-    expected = sorted(wj.oracle_pairs(left, right, assigner) if kind is WindowJoinKind.JOIN
-                      else wj.oracle_groups(left, right, assigner))
+    expected = sorted(oracle_pairs(left, right, assigner) if kind is WindowJoinKind.JOIN
+                      else oracle_groups(left, right, assigner))
     assert results[StateBackend.DISK] == results[StateBackend.HEAP] == expected and expected

@@ -30,8 +30,8 @@ from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
 from raystream.engine.operators.keyed import KeyedProcessOperator
 from raystream.timers.disk_service import DiskTimerService
+from tests.support.inputs import make_input
 from tests.support.jobs import wait_for_checkpoint
-from tests.test_windows import make_input
 from tests.support.pacing import Throttle
 
 MAXP = 128
@@ -256,8 +256,7 @@ def test_window_timers_of_a_disk_job_are_in_rocksdb(layout):
     """Windows on disk register their timers in RocksDB (dense windows one per key group
     and window, sessions and user functions one per key and window) as many as on the
     heap, and fire them all: the results equal the heap backend's, no timer is left."""
-    from tests.test_disk_user_windows import user_operator
-    from tests.test_disk_windows import window_operator
+    from tests.support.operators import user_operator, window_operator
 
     assigner = (rs.EventTimeSessionWindows(gap_ms=15) if layout == "sessions"
                 else rs.TumblingEventTimeWindows(size_ms=50))
@@ -302,8 +301,7 @@ def test_disk_windows_with_a_small_key_table_through_a_restore_equal_the_heap(la
     """The key table of a window on disk emptied every few batches (panes then tell their
     entries by the table's generation), and a restore after which half of the keys never
     come again (their timers bring their keys back): the heap backend's results."""
-    from tests.test_disk_user_windows import user_operator
-    from tests.test_disk_windows import window_operator
+    from tests.support.operators import user_operator, window_operator
 
     assigner = (rs.EventTimeSessionWindows(gap_ms=15) if layout == "sessions"
                 else rs.SlidingEventTimeWindows(size_ms=60, slide_ms=20))

@@ -20,12 +20,14 @@ import raystream as rs
 from raystream.actors.operator import CollectingOutput, RuntimeContext
 from raystream.checkpoint.state_backend import StateBackend
 from raystream.engine.keys import KeySelector
-from raystream.engine.windows.functions import ProcessWindow, UserAggregate, WindowFunction
 from raystream.engine.windows.operator import WindowOperator
-from tests.test_disk_windows import (MAXP, check_restores_at_other_parallelism, disk_env, drive,
-                                     kept_in_windows, last_per_window, run_through_a_kill,
-                                     stored_entries)
-from tests.test_windows import Average, Spread, events, make_input
+from tests.support.disk import stored_entries
+from tests.support.functions import Average
+from tests.support.inputs import make_input, user_events
+from tests.support.jobs import disk_env, run_through_a_kill
+from tests.support.operators import (MAXP, check_restores_at_other_parallelism, drive,
+                                     function_of, last_per_window, normalized, user_operator)
+from tests.support.oracles import kept_in_windows
 from tests.support.pacing import Throttle
 
 throttle = Throttle(0.03)
@@ -33,30 +35,6 @@ throttle = Throttle(0.03)
 ASSIGNERS = [rs.TumblingEventTimeWindows(size_ms=50),
              rs.SlidingEventTimeWindows(size_ms=60, slide_ms=20)]
 KINDS = ["aggregate", "process"]
-COLUMNS = ["k", "window_start", "window_end", "rows", "value"]
-
-
-def function_of(kind: str) -> WindowFunction:
-    if kind == "aggregate":  # Average names its parameters its own way
-        return UserAggregate(Average(), "result")  # pyright: ignore[reportArgumentType]
-    return ProcessWindow(Spread())
-
-
-def user_operator(backend: StateBackend, assigner, kind: str, *, lateness: int = 0,
-                  index: int = 0, parallelism: int = 1) -> WindowOperator:
-    op = WindowOperator("w", KeySelector.of("k"), assigner, function=function_of(kind),
-                        timestamp="ts", allowed_lateness_ms=lateness, late_output="late")
-    op.setup(RuntimeContext("job", "w", index, parallelism, MAXP, 0, state_backend=backend),
-             CollectingOutput())
-    return op
-
-
-def normalized(frame: pd.DataFrame) -> pd.DataFrame:
-    """Result rows as (k, window_start, window_end, rows, value), sorted."""
-    value = next(c for c in ("avg", "spread", "value") if c in frame.columns)
-    out = pd.DataFrame({name: frame[value if name == "value" else name].to_numpy(
-        np.float64 if name == "value" else np.int64) for name in COLUMNS})
-    return out.sort_values(by=COLUMNS).reset_index(drop=True)
 
 
 def oracle(assigner, kind: str, lateness: int, key, ts, x, arrival):
@@ -140,7 +118,7 @@ def test_disk_user_windows_exactly_once_through_a_subtask_kill(ray_session, tmp_
     subtask killed: every window's result exactly once."""
     n, size = 30_000, 1000
     env = disk_env(str(tmp_path / "chk"), incremental=True)
-    src = env.from_sequence(n, events, batch_size=250,
+    src = env.from_sequence(n, user_events, batch_size=250,
                             watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=500))
     sink = src.map_batches(throttle, name="throttle").key_by("user").window(
         rs.TumblingEventTimeWindows(size_ms=size), timestamp="ts").aggregate(
@@ -149,7 +127,7 @@ def test_disk_user_windows_exactly_once_through_a_subtask_kill(ray_session, tmp_
     got = (job.table(sink).to_pandas()[["user", "window_start", "rows", "avg"]]
            .sort_values(["user", "window_start"]).reset_index(drop=True))
     assert not got.duplicated(["user", "window_start"]).any()  # no window emitted twice
-    e = pd.DataFrame(events(np.arange(n)))
+    e = pd.DataFrame(user_events(np.arange(n)))
     e["window_start"] = e["ts"] // size * size
     expected = (e.groupby(["user", "window_start"]).agg(rows=("x", "size"), avg=("x", "mean"))
                 .reset_index().sort_values(["user", "window_start"]).reset_index(drop=True))

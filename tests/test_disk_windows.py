@@ -9,21 +9,16 @@ subtask kill and a savepoint restored at another parallelism.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
-
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-import ray
 
 import raystream as rs
 from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.checkpoint.state_backend import StateBackend
-from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
-from raystream.engine.operators.keyed import _KeyedOperator
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.disk_panes import STATE_NAME, DiskPanes
 from raystream.engine.windows.disk_sessions import DiskSessions
@@ -31,59 +26,21 @@ from raystream.engine.windows.functions import BuiltinAggregates, UserAggregate
 from raystream.engine.windows import operator as window_operator_module
 from raystream.engine.windows.operator import WindowOperator
 from raystream.timers.disk_service import DiskTimerService
-from tests.support.jobs import wait_for_checkpoint
-from tests.test_windows import AGGS, Average, events, make_input, windows_of, with_stragglers
+from tests.support.disk import stored_entries
+from tests.support.functions import AGGS, Average
+from tests.support.inputs import make_input, user_events, with_stragglers
+from tests.support.jobs import disk_env, run_through_a_kill, wait_for_checkpoint
+from tests.support.operators import (MAXP, check_restores_at_other_parallelism, drive,
+                                     last_per_window, snapshot_midway, sorted_rows,
+                                     window_operator)
+from tests.support.oracles import kept_in_windows, windows_of
 from tests.support.pacing import Throttle
 
 throttle = Throttle(0.03)
 
-MAXP = 128
 ASSIGNERS = [rs.TumblingEventTimeWindows(size_ms=50),
              rs.TumblingEventTimeWindows(size_ms=40, offset_ms=7),
              rs.SlidingEventTimeWindows(size_ms=60, slide_ms=20)]
-
-
-def window_operator(backend: StateBackend, assigner, *, lateness: int = 0, index: int = 0,
-                    parallelism: int = 1) -> WindowOperator:
-    op = WindowOperator("w", KeySelector.of("k"), assigner,
-                        function=BuiltinAggregates(AggregateSpec.of(AGGS)), timestamp="ts",
-                        allowed_lateness_ms=lateness, late_output="late")
-    op.setup(RuntimeContext("job", "w", index, parallelism, MAXP, 0, state_backend=backend),
-             CollectingOutput())
-    return op
-
-
-def drive(op: WindowOperator, key, ts, x, *, batch: int = 25, lag: int = 20):
-    """Feed batches; after each the watermark is max(ts seen) - lag - 1. Returns the
-    output rows, the watermark each input row saw on arrival, and the late rows."""
-    op.initialize_state(None)
-    op.open()
-    wm, seen, arrival = rs.MIN_WATERMARK, -(2 ** 62), []
-    for i in range(0, len(ts), batch):
-        sl = slice(i, i + batch)
-        op.process_batch(pa.record_batch({"k": key[sl], "ts": ts[sl], "x": x[sl]}))
-        arrival += [wm] * len(ts[sl])
-        seen = max(seen, int(ts[sl].max()))
-        if seen - lag - 1 > wm:
-            wm = seen - lag - 1
-            op.process_watermark(wm)
-    op.process_watermark(rs.MAX_WATERMARK)
-    out = op.output
-    assert isinstance(out, CollectingOutput)
-    late = (pa.Table.from_batches(out.side_batches["late"]).to_pandas()
-            if "late" in out.side_batches else pd.DataFrame({"k": [], "ts": [], "x": []}))
-    return pa.Table.from_batches(out.batches).to_pandas(), arrival, late
-
-
-def kept_in_windows(assigner, lateness: int, rows: pd.DataFrame) -> pd.DataFrame:
-    """pandas: each of ``rows`` (``ts``, and ``wm`` the watermark it arrived at) once per
-    window it belongs to (``window_start``, ``window_end``; its index kept) unless that
-    window was past its lateness when the row arrived."""
-    exploded = rows.assign(window=[windows_of(assigner, t) for t in rows["ts"].tolist()]
-                           ).explode("window")
-    exploded["window_start"] = [w[0] for w in exploded["window"]]
-    exploded["window_end"] = [w[1] for w in exploded["window"]]
-    return exploded.loc[exploded["window_end"] - 1 + lateness > exploded["wm"]]
 
 
 def oracle(assigner, lateness: int, key, ts, x, arrival) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -96,60 +53,6 @@ def oracle(assigner, lateness: int, key, ts, x, arrival) -> tuple[pd.DataFrame, 
         avg=("x", "mean")).reset_index()
     late = rows.loc[~rows.index.isin(kept.index), ["k", "ts", "x"]]
     return results, late
-
-
-def last_per_window(results: pd.DataFrame) -> pd.DataFrame:
-    """A window fired again (a row within the allowed lateness) replaces its result."""
-    return (results.drop_duplicates(["k", "window_start", "window_end"], keep="last")
-            .sort_values(["k", "window_start"]).reset_index(drop=True))
-
-
-def own_entries(op: _KeyedOperator) -> Iterator[tuple[bytes, bytes]]:
-    """The operator's own (key, value) entries in its RocksDB, the timers' apart."""
-    backend = op.backend
-    assert isinstance(backend, DiskKeyedStateBackend)
-    timers = op.disk_timers.state_ids  # the timers share the database
-    return ((k, v) for k, v in backend.raw_db.items() if k[2:4] not in timers)
-
-
-def restore_moving_nothing(monkeypatch: pytest.MonkeyPatch, layout: type,
-                           restore: Callable[[], _KeyedOperator]) -> _KeyedOperator:
-    """``restore()`` with ``layout``'s move of an older layout's entries made to fail: a
-    checkpoint written since that layout names its state, so restoring it moves nothing."""
-    def moved(self) -> None:
-        raise AssertionError("a checkpoint of chunks was searched for older entries")
-
-    with monkeypatch.context() as patch:
-        patch.setattr(layout, "_move_in_entries", moved)
-        return restore()
-
-
-def appended_one_chunk(heads: dict[bytes, bytes], chunks: dict[bytes, bytes],
-                       before: dict[bytes, bytes], n: int) -> tuple[bytes, dict[bytes, bytes]]:
-    """Check that one key's ``n``-th batch into its open session added one chunk and
-    rewrote only the key's header (``before``: the entries after the previous batch);
-    the header's key and the entries now."""
-    (head,) = heads
-    assert len(chunks) == n and all(k[:-8] == head for k in chunks)
-    now = {**heads, **chunks}
-    changed = {k for k in before if now[k] != before[k]}
-    assert changed == ({head} if before else set())  # earlier chunks' bytes untouched
-    assert len(set(chunks) - set(before)) == 1
-    return head, now
-
-
-def values_by_key(op: _KeyedOperator) -> dict[Any, bytes]:
-    """Key -> value of the operator's entries in the backend's ``kg | sid | len | key``
-    layout (one entry per key: count windows, sessions)."""
-    out = {}
-    for k, v in own_entries(op):
-        (n,) = np.frombuffer(k[4:8], dtype=">u4")
-        out[DiskKeyedStateBackend.decode_key(k[8:8 + int(n)])] = v
-    return out
-
-
-def stored_entries(op: WindowOperator) -> int:
-    return sum(1 for _ in own_entries(op))
 
 
 @pytest.mark.parametrize("assigner", ASSIGNERS, ids=repr)
@@ -346,82 +249,6 @@ def test_processing_time_windows_on_disk_fire_at_the_end():
     assert stored_entries(op) == 0
 
 
-def snapshot_midway(backend: StateBackend, assigner, key, ts, x, half: int, *,
-                    make: Callable[..., WindowOperator] = window_operator):
-    """Run the first ``half`` rows, snapshot (the synchronous part), process the rest
-    before the asynchronous part runs, then finish: (sections, whole run's results).
-    ``make(backend, assigner, index=, parallelism=)`` gives the operator."""
-    whole = make(backend, assigner)
-    whole.initialize_state(None)
-    whole.open()
-    whole.process_batch(pa.record_batch({"k": key[:half], "ts": ts[:half], "x": x[:half]}))
-    whole.process_watermark(int(ts[:half].max()) - 100)
-    snapshot = whole.snapshot_state(1).keyed_state
-    assert snapshot is not None
-    whole.process_batch(pa.record_batch({"k": key[half:], "ts": ts[half:], "x": x[half:]}))
-    sections = snapshot()
-    whole.process_watermark(rs.MAX_WATERMARK)
-    return sections, pa.Table.from_batches(whole.output.batches).to_pandas()  # pyright: ignore
-
-
-def restore_and_finish(backend: StateBackend, assigner, sections, key, ts, x, half: int,
-                       parallelism: int, *,
-                       make: Callable[..., WindowOperator] = window_operator) -> pd.DataFrame:
-    """Restore ``sections`` into ``parallelism`` subtasks by key group, feed each the rest
-    of its keys' rows, finish: the union of their results."""
-    floors = WatermarkFloors.from_json(int(ts[:half].max()) - 100, max_parallelism=MAXP)
-    out = []
-    for index in range(parallelism):
-        op = make(backend, assigner, index=index, parallelism=parallelism)
-        groups = rs.key_group_range(index, parallelism, MAXP)
-        op.initialize_state(RestoredState(1, [], [(g, s) for g, s in sections.items()
-                                                   if g in groups], floors))
-        op.open()
-        assert backend is StateBackend.HEAP or not op.entries  # on disk: none on the heap
-        mine = np.array([rs.key_group_of(k, MAXP) in groups for k in key[half:].tolist()])
-        op.process_batch(pa.record_batch({"k": key[half:][mine], "ts": ts[half:][mine],
-                                          "x": x[half:][mine]}))
-        op.process_watermark(rs.MAX_WATERMARK)
-        out.extend(op.output.batches)  # pyright: ignore
-    return pa.Table.from_batches(out).to_pandas()
-
-
-def check_restores_at_other_parallelism(assigner, key, ts, x, half: int, *,
-                                        normal: Callable[[pd.DataFrame], pd.DataFrame],
-                                        make: Callable[..., WindowOperator] = window_operator,
-                                        refusal: str = "window 'w': .*state_backend='disk'"
-                                        ) -> tuple[dict[int, bytes], pd.DataFrame]:
-    """Snapshot a disk run midway and restore it into 1, 2 and 3 disk subtasks, and a heap
-    run's snapshot into 2: the windows open at the snapshot fire once, as in the
-    uninterrupted run (rows compared after ``normal``); a heap job refuses the disk
-    sections (``refusal``). Returns the disk sections and the uninterrupted run's
-    results (normalized) that were open at the snapshot."""
-    sections, whole = snapshot_midway(StateBackend.DISK, assigner, key, ts, x, half, make=make)
-    open_at_snapshot = normal(whole[whole["window_end"] - 1 > int(ts[:half].max()) - 100])
-    assert len(open_at_snapshot)
-    for parallelism in (1, 2, 3):
-        got = restore_and_finish(StateBackend.DISK, assigner, sections, key, ts, x, half,
-                                 parallelism, make=make)
-        pd.testing.assert_frame_equal(normal(got), open_at_snapshot)
-
-    heap_sections, heap_whole = snapshot_midway(StateBackend.HEAP, assigner, key, ts, x, half,
-                                                make=make)
-    pd.testing.assert_frame_equal(normal(heap_whole), normal(whole))
-    got = restore_and_finish(StateBackend.DISK, assigner, heap_sections, key, ts, x, half, 2,
-                             make=make)
-    pd.testing.assert_frame_equal(normal(got), open_at_snapshot)
-
-    with pytest.raises(ValueError, match=refusal):
-        restore_and_finish(StateBackend.HEAP, assigner, sections, key, ts, x, half, 1,
-                           make=make)
-    return sections, open_at_snapshot
-
-
-def sorted_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    columns = ["k", "window_start", "window_end", *AGGS]
-    return frame.loc[:, columns].sort_values(by=columns).reset_index(drop=True)
-
-
 @pytest.mark.parametrize("assigner", ASSIGNERS[1:], ids=repr)
 def test_disk_snapshot_restores_at_other_parallelism(assigner):
     """The panes travel in the backend's sections: restored into 1, 2 and 3 subtasks
@@ -464,34 +291,12 @@ def job_rows(table: pa.Table) -> pd.DataFrame:
             .sort_values(["user", "window_start"]).reset_index(drop=True))
 
 
-def disk_env(storage: str, parallelism: int = 2, *, incremental: bool = False
-             ) -> rs.StreamEnvironment:
-    return rs.StreamEnvironment(
-        parallelism=parallelism,
-        checkpoints=rs.CheckpointConfig(interval_s=0.2, storage=storage, retained=2,
-                                        state_backend=rs.DiskStateOptions(incremental=incremental)),
-        restart=rs.RestartStrategy.fixed_delay(3, 0.1))
-
-
-def run_through_a_kill(env: rs.StreamEnvironment, name: str, operator: str) -> Any:
-    """Run job ``name``, kill subtask 1 of ``operator`` once a checkpoint has completed
-    and wait for the end: the job's result, checked to have restarted once, from that
-    checkpoint or a later one."""
-    client = env.execute_async(name)
-    completed = wait_for_checkpoint(client, after=1)
-    ray.kill(client.subtask_actor(operator, 1))
-    job = client.wait(timeout_s=240)
-    assert job.restarts == 1, job.failures
-    assert job.restores[0]["checkpoint_id"] >= completed
-    return job
-
-
 @pytest.mark.parametrize("incremental", [False, True], ids=["full", "incremental"])
 def test_disk_windows_exactly_once_through_a_subtask_kill(ray_session, tmp_path, incremental):
     """Full checkpoints with raw rows in; incremental ones with pre-aggregated partials in."""
     n, size = 40_000, 1000
     env = disk_env(str(tmp_path / "chk"), incremental=incremental)
-    src = env.from_sequence(n, events, batch_size=250,
+    src = env.from_sequence(n, user_events, batch_size=250,
                             watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=500))
     sink = src.map_batches(throttle, name="throttle").key_by("user").window(
         rs.TumblingEventTimeWindows(size_ms=size), timestamp="ts",
@@ -500,7 +305,7 @@ def test_disk_windows_exactly_once_through_a_subtask_kill(ray_session, tmp_path,
     job = run_through_a_kill(env, "disk-windows-kill", "window")
     got = job_rows(job.table(sink))
     assert not got.duplicated(["user", "window_start"]).any()  # no window emitted twice
-    pd.testing.assert_frame_equal(got, tumbling_oracle(events, n, size), check_dtype=False)
+    pd.testing.assert_frame_equal(got, tumbling_oracle(user_events, n, size), check_dtype=False)
 
 
 @pytest.mark.slow
@@ -512,7 +317,7 @@ def test_disk_sliding_windows_savepoint_at_2_restore_at_3(ray_session, tmp_path)
 
     def job(parallelism: int):
         env = disk_env(str(tmp_path / f"chk{parallelism}"), parallelism)
-        src = env.from_sequence(n, events, batch_size=250,
+        src = env.from_sequence(n, user_events, batch_size=250,
                                 watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=500))
         if parallelism == 2:  # the first run, stopped midway
             src = src.map_batches(throttle, name="throttle")
@@ -531,7 +336,7 @@ def test_disk_sliding_windows_savepoint_at_2_restore_at_3(ray_session, tmp_path)
     assert 0 < first.table(sink).num_rows
     got = job_rows(pa.concat_tables([first.table(sink), second.table(sink_after)]))
     assert not got.duplicated(["user", "window_start"]).any()
-    e = pd.DataFrame(events(np.arange(n)))
+    e = pd.DataFrame(user_events(np.arange(n)))
     first_start = e["ts"] // slide * slide - size + slide  # each row: its two windows
     e = pd.concat([e.assign(window_start=first_start),
                    e.assign(window_start=first_start + slide)])

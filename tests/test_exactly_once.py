@@ -1,74 +1,27 @@
 """Exactly-once under real failures: kills of subtask actors and seeded failpoints.
 
-The job: a replayable sequence source (4 splits) -> a throttle -> key_by ->
-a keyed running sum -> an exactly-once collect sink, with checkpoints. The
-oracle is numpy over the same input: for every key, the updates are numbered
-1..count exactly once (nothing lost or doubled), each update's sum is the
-previous one plus exactly one input of that key, and within a key the inputs
-of each source split are applied in split order (no reordering).
+The job (``build_job`` of tests/support/pipelines.py): a replayable sequence source
+(4 splits) -> a throttle -> key_by -> a keyed running sum -> an exactly-once collect
+sink, with checkpoints. The oracle (``assert_exactly_once`` of tests/support/oracles.py)
+is numpy over the same input: for every key, the updates are numbered 1..count exactly
+once (nothing lost or doubled), each update's sum is the previous one plus exactly one
+input of that key, and within a key the inputs of each source split are applied in
+split order (no reordering).
 """
 
 from __future__ import annotations
 
-import collections
 import os
 import shutil
 import time
 
-import numpy as np
-import pyarrow as pa
 import pytest
 import ray
 
 import raystream as rs
 from tests.support.jobs import checkpointed_env, wait_for_checkpoint
-from tests.support.pacing import Throttle
-
-N = 24_000
-KEYS = 37
-SPLITS = 4
-
-
-def numbers(i: np.ndarray) -> dict:
-    return {"k": (i * 7) % KEYS, "v": i + 1, "i": i, "n": np.ones(len(i), np.int64)}
-
-
-throttle = Throttle(0.02)  # keeps the job running (about 2.4 s) for checkpoints and kills
-
-
-def add(acc: dict, row: dict) -> dict:
-    return {"k": row["k"], "v": acc["v"] + row["v"], "i": row["i"], "n": acc["n"] + 1}
-
-
-def build_job(env: rs.StreamEnvironment, parquet_path: str | None = None) -> rs.SinkHandle:
-    """The test job; with ``parquet_path`` its sink is the exactly-once Parquet sink."""
-    source = env.from_sequence(N, numbers, batch_size=100, num_splits=SPLITS, name="numbers")
-    running = source.map_batches(throttle, name="throttle").key_by("k").reduce(add, name="sum")
-    if parquet_path is not None:
-        return running.sink_to_parquet(parquet_path, name="out")
-    return running.collect(name="out")
-
-
-def assert_exactly_once(table: pa.Table) -> None:
-    index = np.arange(N)
-    keys, values = numbers(index)["k"], numbers(index)["v"]
-    split_of = index // (N // SPLITS)
-    updates = collections.defaultdict(list)
-    for k, v, i, n in zip(*(table.column(c).to_pylist() for c in ("k", "v", "i", "n"))):
-        updates[k].append((n, v, i))
-    assert sorted(updates) == list(range(KEYS))
-    for key, rows in updates.items():
-        rows.sort()
-        expected_count = int((keys == key).sum())
-        assert [n for n, _, _ in rows] == list(range(1, expected_count + 1)), f"key {key}"
-        sums = np.array([v for _, v, _ in rows])
-        applied = np.diff(sums, prepend=0)
-        last_index = np.array([i for _, _, i in rows])
-        assert np.array_equal(applied, values[last_index]), f"key {key}: a sum skipped an input"
-        assert np.array_equal(np.sort(last_index), np.flatnonzero(keys == key)), f"key {key}"
-        for split in range(SPLITS):
-            in_split = last_index[split_of[last_index] == split]
-            assert np.all(np.diff(in_split) > 0), f"key {key}, split {split}: reordered"
+from tests.support.oracles import assert_exactly_once
+from tests.support.pipelines import build_job
 
 
 @pytest.fixture

@@ -10,14 +10,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import ray
-from ray._private.internal_api import get_memory_info_reply, get_state_from_address
 
 import raystream as rs
-
-
-def object_store_bytes() -> int:
-    state = get_state_from_address(ray.get_runtime_context().gcs_address)
-    return get_memory_info_reply(state).store_stats.object_store_bytes_used
+from tests.support.functions import WatermarkProbe
+from tests.support.jobs import object_store_bytes
 
 
 @pytest.mark.slow
@@ -96,28 +92,6 @@ def test_key_by_sends_each_key_to_the_subtask_owning_its_key_group(ray_session, 
         group = rs.key_group_of(k if len(k) > 1 else k[0], 128)  # per-row path as the oracle
         assert s == rs.subtask_for_key_group(group, parallelism, 128)
     assert len({s for (s,) in subtasks_of.values()}) == parallelism  # the keys spread
-
-
-class WatermarkProbe(rs.Operator):
-    """Counts records at or below the current watermark (late) and reports every watermark."""
-
-    def open(self) -> None:
-        self.watermark = rs.MIN_WATERMARK
-        self.late = 0
-        self.rows = 0
-
-    def process_batch(self, batch, input_index=0):
-        ts = batch.column("ts").to_numpy()
-        self.late += int((ts <= self.watermark).sum())
-        self.rows += len(ts)
-
-    def process_watermark(self, watermark):
-        if watermark <= self.watermark:
-            raise AssertionError(f"watermark went from {self.watermark} to {watermark}")
-        self.watermark = watermark
-        self.output.emit(pa.record_batch({
-            "subtask": [self.ctx.subtask_index], "watermark": [watermark],
-            "late": [self.late], "rows": [self.rows]}))
 
 
 @pytest.mark.slow

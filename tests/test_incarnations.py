@@ -13,8 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from raystream.spark.commit_log import list_entries, read_committed
-from tests.test_exactly_once import assert_exactly_once, build_job
-from tests.test_savepoints import env_at
+from tests.support.jobs import env_at
+from tests.support.oracles import assert_exactly_once
+from tests.support.pipelines import build_job
 
 
 def rows(table: pa.Table) -> collections.Counter:

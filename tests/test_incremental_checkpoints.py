@@ -285,8 +285,8 @@ def slow_throttle(batch):
 
 
 def running_sum_job(env: rs.StreamEnvironment, slow: bool = False) -> rs.SinkHandle:
-    from tests.test_disk_state import RunningSum
-    from tests.test_exactly_once import N, SPLITS, numbers
+    from tests.support.functions import RunningSum
+    from tests.support.inputs import N, SPLITS, numbers
     throttle = Throttle(0.02)
 
     source = env.from_sequence(N, numbers, batch_size=100, num_splits=SPLITS, name="numbers")
@@ -313,7 +313,7 @@ def retained_references(job_dir: str) -> set[str]:
 def test_a_sigkilled_subtask_restores_from_incremental_checkpoints(ray_session, tmp_path):
     import ray
 
-    from tests.test_exactly_once import assert_exactly_once
+    from tests.support.oracles import assert_exactly_once
     from tests.support.jobs import wait_for_checkpoint
 
     env = incremental_env(str(tmp_path / "chk"))
@@ -336,7 +336,7 @@ def test_a_sigkilled_subtask_restores_from_incremental_checkpoints(ray_session, 
 
 @pytest.mark.slow
 def test_a_cancelled_run_restores_at_another_parallelism(ray_session, tmp_path):
-    from tests.test_exactly_once import KEYS, N, numbers
+    from tests.support.inputs import KEYS, N, numbers
     from tests.support.jobs import wait_for_checkpoint
 
     env = incremental_env(str(tmp_path / "chk"))
@@ -363,7 +363,7 @@ def test_a_cancelled_run_restores_at_another_parallelism(ray_session, tmp_path):
 
 @pytest.mark.slow
 def test_retention_keeps_exactly_the_referenced_shared_files(ray_session, tmp_path):
-    from tests.test_exactly_once import assert_exactly_once
+    from tests.support.oracles import assert_exactly_once
 
     env = incremental_env(str(tmp_path / "chk"), interval_s=0.1, retained=2)
     sink = running_sum_job(env)
@@ -380,7 +380,7 @@ def test_retention_keeps_exactly_the_referenced_shared_files(ray_session, tmp_pa
 
 
 def test_the_coordinator_registers_releases_sweeps_and_refuses_deleted_files(tmp_path):
-    from tests.test_coordinator import JOB as CJOB, ack_all, make
+    from tests.support.coordinator import JOB as CJOB, ack_all, make
 
     coord, rec = make(tmp_path, retained=1, subtasks=[(0, 0)])
     storage = coord.storage

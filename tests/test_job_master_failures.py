@@ -2,7 +2,7 @@
 stopping, unwritable or corrupt checkpoint storage.
 
 Real Ray, real processes: a subtask is lost by SIGKILL of its process. The oracle
-is numpy over the same input (tests/test_exactly_once.assert_exactly_once), or
+is numpy over the same input (``assert_exactly_once`` of tests/support/oracles.py), or
 numpy's own count of what a filter keeps.
 """
 
@@ -21,9 +21,12 @@ import pytest
 
 import raystream as rs
 from raystream.actors.operator import Operator
-from tests.test_exactly_once import N, add, assert_exactly_once, build_job, numbers
+from tests.support.functions import add
+from tests.support.inputs import N, numbers
 from tests.support.jobs import checkpointed_env, wait_for_checkpoint
+from tests.support.oracles import assert_exactly_once
 from tests.support.pacing import Throttle
+from tests.support.pipelines import build_job
 
 throttle = Throttle(0.02)
 

@@ -9,12 +9,9 @@ the interval filter over the same input.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 
 import raystream as rs
@@ -23,28 +20,13 @@ from raystream.engine.keys import KeySelector
 from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
 from raystream.engine.operators.interval_join import (IntervalBounds, IntervalJoinOperator,
                                                       IntervalJoinSpec, JoinSide)
-from tests.support.jobs import wait_for_checkpoint
+from tests.support.functions import Ids
+from tests.support.inputs import BASE
+from tests.support.jobs import late_dropped, rescaled_run
+from tests.support.operators import pairs_of
+from tests.support.oracles import expected_pairs, interval_oracle
 from tests.support.pacing import Throttle
-
-BASE = 1_700_000_000_000
-
-
-def oracle(left: pd.DataFrame, right: pd.DataFrame, lower: int, upper: int) -> set:
-    """(left id, right id) of every pair with equal keys and right.ts - left.ts in
-    [lower, upper] (inclusive)."""
-    merged = left.merge(right, on="k", suffixes=("", "_right"))
-    gap = merged["ts_right"] - merged["ts"]
-    merged = merged[(gap >= lower) & (gap <= upper)]
-    return set(zip(merged["id"].tolist(), merged["id_right"].tolist()))
-
-
-def pairs_of(table: pa.Table | list) -> list:
-    """(left id, right id) per output row (a table, or an operator's output batches)."""
-    if isinstance(table, list):
-        if not table:
-            return []
-        table = pa.Table.from_batches(table)
-    return list(zip(table["id"].to_pylist(), table["id_right"].to_pylist()))
+from tests.support.pipelines import join_job
 
 
 # -- the operator by hand -----------------------------------------------------------------
@@ -95,8 +77,8 @@ def test_interval_join_operator_equals_pandas_and_drops_late_rows(bounds):
     late = drive(op, events)
     assert 20 < len(late) < len(events) // 2
     on_time = events[~events["id"].isin(late["id"])]
-    expected = oracle(on_time[on_time["side"] == 0], on_time[on_time["side"] == 1],
-                      bounds.lower, bounds.upper)
+    expected = interval_oracle(on_time[on_time["side"] == 0], on_time[on_time["side"] == 1],
+                               bounds.lower, bounds.upper)
     got = pairs_of(op.output.batches)
     assert len(got) == len(set(got))  # every pair once
     assert set(got) == expected and expected
@@ -189,56 +171,10 @@ def test_buffers_restore_at_other_parallelism_by_key_group():
 
 # -- jobs on Ray ------------------------------------------------------------------------------
 
-def events(i: np.ndarray) -> dict:
-    """One row per 2 ms of event time, disordered by up to 40 ms (within the 100 ms
-    bound); every 400th row after the first 2000 is a minute late: late at the join
-    under any interleaving (both sides come from one reader). ``side`` 0 is left."""
-    straggler = (i % 400 == 399) & (i > 2000)
-    jitter = (i * 7919) % 41
-    return {"id": i, "k": (i * 31) % 23, "side": (i * 13) % 5 % 2,
-            "ts": BASE + i * 2 + jitter - np.where(straggler, 60_000, 0)}
-
-
-def expected_pairs(n: int, lower: int, upper: int) -> set:
-    frame = pd.DataFrame(events(np.arange(n)))
-    i = frame["id"].to_numpy()
-    on_time = frame[~((i % 400 == 399) & (i > 2000))]
-    return oracle(on_time[on_time["side"] == 0], on_time[on_time["side"] == 1], lower, upper)
-
-
 throttle = Throttle(0.02)  # keeps the job running across several checkpoints
 
 
 crawl = Throttle(0.06)  # the first run of a rescale must still be running when it is stopped
-
-
-class Ids(rs.ProcessJoinFunction):
-    """The ids of a pair, checked against the pair's timestamps and key."""
-
-    def process_element(self, left, right, ctx):
-        assert (ctx.left_timestamp, ctx.right_timestamp) == (left["ts"], right["ts"])
-        assert ctx.current_key == left["k"] == right["k"]
-        yield {"id": left["id"], "id_right": right["id"]}
-
-
-def join_job(env: rs.StreamEnvironment, n: int, lower: int, upper: int, *,
-             pace: Callable[[pa.RecordBatch], pa.RecordBatch] | None = None,
-             fn: rs.ProcessJoinFunction | None = None):
-    src = env.from_sequence(n, events, batch_size=200, num_splits=1,
-                            watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=100))
-    if pace is not None:
-        src = src.map_batches(pace, name="throttle")
-    left = src.filter_batches(lambda b: pc.equal(b["side"], 0), name="left")
-    right = src.filter_batches(lambda b: pc.equal(b["side"], 1), name="right")
-    between = left.key_by("k").interval_join(right.key_by("k"), timestamp="ts") \
-        .between(lower, upper)
-    joined = between.join(name="join") if fn is None else between.process(fn, name="join")
-    return joined.collect()
-
-
-def late_dropped(metrics: dict) -> int:
-    return int(sum(v for m in metrics.values() for name, v in m.items()
-                   if name.endswith("late_records_dropped")))
 
 
 def test_interval_join_job_at_parallelism_2_equals_pandas_exactly_once(ray_session, tmp_path):
@@ -258,21 +194,6 @@ def test_interval_join_job_at_parallelism_2_equals_pandas_exactly_once(ray_sessi
     stragglers = int(np.count_nonzero((np.arange(n) % 400 == 399) & (np.arange(n) > 2000)))
     # the last attempt replays from the checkpoint: it counts at most every straggler
     assert 0 < late_dropped(result.metrics) <= stragglers
-
-
-def rescaled_run(job, tmp_path, name: str) -> pa.Table:
-    """Run ``job(2)`` (an env and its sink) until a checkpoint completed, stop it with a
-    savepoint and restore it as ``job(3)``: the output of both runs, the first stopped
-    midway."""
-    env, sink = job(2)
-    client = env.execute_async(f"{name}-before-rescale")
-    wait_for_checkpoint(client, after=1)
-    first = client.stop_with_savepoint(str(tmp_path / "savepoint"))
-    env, sink_after = job(3)
-    second = env.execute(f"{name}-after-rescale", restore_from=str(tmp_path / "savepoint"))
-    before, after = first.table(sink), second.table(sink_after)
-    assert before.num_rows and after.num_rows, (before.num_rows, after.num_rows)  # midway
-    return pa.concat_tables([before, after])
 
 
 @pytest.mark.slow

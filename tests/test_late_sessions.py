@@ -29,12 +29,12 @@ from raystream.engine.windows.functions import (BuiltinAggregates, ProcessWindow
                                                 WindowFunction)
 from raystream.engine.windows.join import WindowJoinKind
 from raystream.engine.windows.operator import WindowOperator
-from tests import test_window_join as wj
 from tests.chaos.model import CountAndSum, session_run, watermarks_before
 from tests.chaos.runner import CountAndSumRows
-from tests.test_disk_joins import co_groups, window_join_operator, window_rows
-from tests.test_disk_windows import MAXP, disk_env
-from tests.support.jobs import savepoint_chain
+from tests.support.functions import co_groups
+from tests.support.jobs import disk_env, savepoint_chain
+from tests.support.operators import MAXP, window_join_operator, window_rows
+from tests.support.oracles import fed_sessions
 from tests.support.pacing import Throttle
 
 throttle = Throttle(0.03)
@@ -299,7 +299,7 @@ def test_late_rows_of_either_side_join_an_open_session(backend, kind):
         side=side, call=call, wm=wm) for call, (side, rows, wm) in enumerate(
         [(0, JOIN_OPEN[0], rs.MIN_WATERMARK), (1, JOIN_OPEN[1], rs.MIN_WATERMARK),
          (0, JOIN_LATE[0], 20), (1, JOIN_LATE[1], 20)])], ignore_index=True)
-    sessions = wj.fed_sessions(frame, JOIN_GAP)
+    sessions = fed_sessions(frame, JOIN_GAP)
     assert frame["id"][sessions["window_start"].isna()].tolist() == [10]
 
 

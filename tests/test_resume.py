@@ -2,8 +2,8 @@
 that may not restart fails with a clear error instead, and resumes by name exactly once.
 
 Real processes: the job master's process is killed with SIGKILL while the job
-runs. The oracle is numpy over the same input (tests/test_exactly_once's
-``assert_exactly_once``) applied to everything the exactly-once Parquet sink
+runs. The oracle is numpy over the same input (``assert_exactly_once`` of
+tests/support/oracles.py) applied to everything the exactly-once Parquet sink
 committed: nothing lost, nothing doubled.
 """
 
@@ -20,8 +20,10 @@ import raystream as rs
 from raystream.engine import registry
 from raystream.engine.environment import run_defaults
 from raystream.spark.commit_log import read_committed
-from tests.test_exactly_once import N, SPLITS, add, assert_exactly_once, numbers
+from tests.support.functions import add
+from tests.support.inputs import N, SPLITS, numbers
 from tests.support.jobs import checkpointed_env, wait_for_checkpoint
+from tests.support.oracles import assert_exactly_once
 
 
 def slow(batch: pa.RecordBatch) -> pa.RecordBatch:

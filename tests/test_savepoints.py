@@ -2,7 +2,7 @@
 
 Oracle: the output committed before the savepoint plus the output of the job
 restored from it equals, exactly once, what numpy computes for one run over
-the whole input (tests/test_exactly_once.assert_exactly_once).
+the whole input (``assert_exactly_once`` of tests/support/oracles.py).
 """
 
 from __future__ import annotations
@@ -17,14 +17,9 @@ import ray
 
 import raystream as rs
 from raystream.checkpoint.watermark_floors import WatermarkFloors
-from tests.test_exactly_once import assert_exactly_once, build_job
-
-
-def env_at(parallelism: int, storage: str, max_parallelism: int = 128) -> rs.StreamEnvironment:
-    return rs.StreamEnvironment(
-        parallelism=parallelism, max_parallelism=max_parallelism,
-        checkpoints=rs.CheckpointConfig(interval_s=0.3, storage=storage),
-        restart=rs.RestartStrategy.fixed_delay(3, 0.1))
+from tests.support.jobs import env_at
+from tests.support.oracles import assert_exactly_once
+from tests.support.pipelines import build_job
 
 
 def run_until_checkpoints(env: rs.StreamEnvironment, name: str, count: int = 2):
@@ -123,7 +118,7 @@ def test_stop_with_savepoint_and_drain_then_restore(ray_session, tmp_path):
 
 @pytest.mark.slow
 def test_event_time_does_not_go_back_after_a_restore(ray_session, tmp_path):
-    from tests.test_flow import WatermarkProbe
+    from tests.support.functions import WatermarkProbe
 
     def ticks(i):
         return {"k": i % 13, "ts": 1_700_000_000_000 + i * 10}  # in order: no record is late

@@ -18,7 +18,7 @@ import ray
 
 import raystream as rs
 from raystream.spark import handoff
-from tests.test_flow import object_store_bytes
+from tests.support.jobs import object_store_bytes
 
 
 def test_job_result_hands_off_to_spark(spark):

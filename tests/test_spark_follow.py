@@ -3,7 +3,7 @@
 Real jobs on Ray write through the exactly-once Parquet sink; a real local
 Spark (RayDP) reads with ``rs.spark.read``, with a plain
 ``spark.read.parquet`` (through ``_spark_metadata``) and with Structured
-Streaming. Oracles: numpy over the same input (test_exactly_once) and the
+Streaming. Oracles: numpy over the same input (tests/support/oracles.py) and the
 final commit log, whose entries say which files each checkpoint committed.
 """
 
@@ -19,8 +19,9 @@ import ray
 
 import raystream as rs
 from raystream.spark import commit_log
-from tests.test_exactly_once import assert_exactly_once, build_job
 from tests.support.jobs import checkpointed_env, wait_for_checkpoint
+from tests.support.oracles import assert_exactly_once
+from tests.support.pipelines import build_job
 
 
 def arrow(df) -> pa.Table:

@@ -16,7 +16,7 @@ import raystream as rs
 from raystream.engine.sources.files import Files, FileSplitEnumerator
 from raystream.engine.sources.split_enumerator import StaticSplitEnumerator
 from raystream.spark.commit_log import read_committed
-from tests.support.jobs import wait_for_checkpoint
+from tests.support.jobs import cancel_after_a_checkpoint, committed_rows, wait_for_checkpoint
 
 SCHEMA = pa.schema([("id", pa.int64()), ("file", pa.int64())])
 
@@ -121,20 +121,6 @@ def test_a_bounded_file_read_ends_when_the_files_are_read(ray_session, tmp_path)
     sink = env.read_files(str(tmp_path), batch_size=50).collect()
     ids = np.sort(env.execute("bounded-files").table(sink)["id"].to_numpy())
     np.testing.assert_array_equal(ids, np.arange(1000))
-
-
-def committed_rows(out) -> int:
-    return read_committed(str(out)).num_rows if (out / "_raystream_log").exists() else 0
-
-
-def cancel_after_a_checkpoint(client: rs.JobClient) -> dict:
-    """Wait for one more completed checkpoint (it must commit nothing new), cancel the job
-    and return its progress from before the cancel."""
-    wait_for_checkpoint(client, after=max(client.progress()["completed_checkpoints"], default=0))
-    progress = client.progress()
-    client.cancel()
-    client.wait(timeout_s=60)
-    return progress
 
 
 def test_files_that_appear_while_the_job_runs_are_read_exactly_once_across_failures(

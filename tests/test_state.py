@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from raystream.checkpoint.keygroups import key_group_of, key_group_range
 from raystream.checkpoint.state import HeapKeyedStateBackend
+from tests.support.functions import Avg
 
 MAXP = 128
 ABSENT = object()  # value-state default that marks "no value"
@@ -27,26 +28,6 @@ NAMES = ("v", "l", "m", "r", "a")
 def _extend(a, b):  # a reduce function that mutates its accumulator in place
     a.extend(b)
     return a
-
-
-class Avg:
-    """AggregateFunction with a mutable accumulator that add/merge mutate in place."""
-
-    def create_accumulator(self):
-        return [0, 0]
-
-    def add(self, value, acc):
-        acc[0] += value
-        acc[1] += 1
-        return acc
-
-    def get_result(self, acc):
-        return (acc[0], acc[1])
-
-    def merge(self, a, b):
-        a[0] += b[0]
-        a[1] += b[1]
-        return a
 
 
 class Handles:

@@ -593,7 +593,8 @@ def test_exactly_once_parquet_sink_with_unaligned_checkpoints(ray_session, stora
     """Sink V2 under unaligned checkpoints: committables may travel as channel state
     (committed a checkpoint later); a failure in the background write and one in the
     middle of a commit still leave every row committed exactly once."""
-    from tests.test_exactly_once import assert_exactly_once, build_job
+    from tests.support.oracles import assert_exactly_once
+    from tests.support.pipelines import build_job
 
     failpoints = [rs.Failpoint("in_async_write", operator="sum", subtask=0, hit=2, attempt=0),
                   rs.Failpoint("mid_commit", operator="out-committer", hit=2, attempt=1)]

@@ -4,18 +4,16 @@ Operator-level tests drive the operator by hand with a fixed sequence of batches
 and watermarks, so which rows are late is exact; job-level tests run on Ray at
 parallelism 2 (3 after a rescale), through a placed failure and through a
 stop-with-savepoint, and compare the committed output with the oracle over the
-same input. The oracle computes windows its own way: pandas arithmetic per
-assigner, sessions with ``groupby``/``diff``/``cumsum`` over both sides' rows.
+same input. The oracle (tests/support/oracles.py) computes windows its own way: pandas
+arithmetic per assigner, sessions with ``groupby``/``diff``/``cumsum`` over both sides'
+rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 
 import raystream as rs
@@ -23,88 +21,15 @@ from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
 from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator, WindowJoinSpec
-from tests.chaos.model import session_run
-from tests.test_joins import BASE, events, late_dropped, rescaled_run
+from tests.support.inputs import STRAGGLER_START, join_events, join_input
+from tests.support.jobs import late_dropped, rescaled_run
+from tests.support.operators import (JOIN_SESSION, JOIN_SLIDING, JOIN_TUMBLING, drive_join,
+                                     output_of, window_pairs_of)
+from tests.support.oracles import expected_window_pairs, oracle_groups, oracle_pairs
 from tests.support.pacing import Throttle
+from tests.support.pipelines import sides
 
 crawl = Throttle(0.06)
-throttle = Throttle(0.02)
-
-TUMBLING = rs.TumblingEventTimeWindows(size_ms=100)
-SLIDING = rs.SlidingEventTimeWindows(size_ms=120, slide_ms=50)
-SESSION = rs.EventTimeSessionWindows(gap_ms=30)
-
-
-# -- the oracle -------------------------------------------------------------------------------
-
-def windows_of(frame: pd.DataFrame, assigner) -> pd.DataFrame:
-    """``frame`` with columns window_start, window_end: one row per (row, window)."""
-    if isinstance(assigner, rs.EventTimeSessionWindows) and "call" in frame:
-        return frame.join(fed_sessions(frame, assigner.gap_ms))
-    if isinstance(assigner, rs.EventTimeSessionWindows):
-        frame = frame.sort_values(["k", "ts"], kind="stable")
-        new = (frame["k"] != frame["k"].shift()) | (frame["ts"].diff() > assigner.gap_ms)
-        session = new.cumsum()
-        grouped = frame["ts"].groupby(session)
-        return frame.assign(window_start=grouped.transform("min"),
-                            window_end=grouped.transform("max") + assigner.gap_ms)
-    slide = getattr(assigner, "slide_ms", assigner.size_ms)
-    last = frame["ts"] - frame["ts"] % slide
-    parts = []
-    for j in range(-(-assigner.size_ms // slide)):
-        start = last - j * slide
-        part = frame.assign(window_start=start, window_end=start + assigner.size_ms)
-        keep = part["window_end"] > part["ts"]
-        if "wm" in part:  # a row joins only the windows not yet fired when it came (Flink's)
-            keep &= part["window_end"] - 1 > part["wm"]
-        parts.append(part[keep])
-    return pd.concat(parts)
-
-
-def on_time_windows(left: pd.DataFrame, right: pd.DataFrame, assigner):
-    if isinstance(assigner, rs.EventTimeSessionWindows):  # sessions of both sides together
-        both = windows_of(pd.concat([left.assign(side=0), right.assign(side=1)]), assigner)
-        return both[both["side"] == 0], both[both["side"] == 1]
-    return windows_of(left, assigner), windows_of(right, assigner)
-
-
-def oracle_pairs(left: pd.DataFrame, right: pd.DataFrame, assigner) -> set:
-    """(left id, right id, window start, window end) of every pair of equal key in a window."""
-    lw, rw = on_time_windows(left, right, assigner)
-    merged = lw.merge(rw, on=["k", "window_start", "window_end"], suffixes=("", "_right"))
-    return set(zip(merged["id"], merged["id_right"], merged["window_start"],
-                   merged["window_end"]))
-
-
-def oracle_groups(left: pd.DataFrame, right: pd.DataFrame, assigner) -> set:
-    """(key, window start, window end, left ids, right ids) per key and window with rows."""
-    lw, rw = on_time_windows(left, right, assigner)
-    by = ["k", "window_start", "window_end"]
-    ids = [w.groupby(by)["id"].agg(lambda s: tuple(sorted(s))).rename(n)
-           for w, n in ((lw, "left"), (rw, "right"))]
-    outer = pd.concat(ids, axis=1).reset_index()
-    return {(r.k, r.window_start, r.window_end,
-             r.left if isinstance(r.left, tuple) else (),
-             r.right if isinstance(r.right, tuple) else ()) for r in outer.itertuples()}
-
-
-def fed_sessions(fed: pd.DataFrame, gap: int) -> pd.DataFrame:
-    """The session of each row :func:`drive` fed (``call``: its ``process_batch`` call in
-    order, ``wm``: the watermark then) as the model makes them from both sides' rows
-    (lateness 0): columns window_start, window_end (NaN for a late row) by the rows'
-    index."""
-    ordered = fed.sort_values("call", kind="stable")
-    run = session_run(ordered["k"], ordered["ts"], ordered.index, ordered["wm"],
-                      ordered["call"], gap, 0)
-    found = {row: (start, end) for _, start, end, rows in run.emissions for row in rows}
-    return pd.DataFrame([found.get(i, (np.nan, np.nan)) for i in fed.index], index=fed.index,
-                        columns=["window_start", "window_end"])
-
-
-def is_late(ts: pd.Series, assigner, watermark: int) -> pd.Series:
-    """The window operator's rule for windows that do not merge: late for every window."""
-    slide = getattr(assigner, "slide_ms", assigner.size_ms)
-    return ts - ts % slide + assigner.size_ms - 1 <= watermark
 
 
 # -- the operator by hand ---------------------------------------------------------------------
@@ -118,71 +43,26 @@ def window_operator(assigner, kind=WindowJoinKind.JOIN, fn=None, index=0, parall
     return op
 
 
-def make_events(rng, n: int, keys: int, disorder: int) -> pd.DataFrame:
-    ts = BASE + np.sort(rng.integers(0, 8 * n, n)) + rng.integers(0, disorder + 1, n)
-    return pd.DataFrame({"id": np.arange(n), "k": rng.integers(0, keys, n), "ts": ts,
-                         "side": rng.integers(0, 2, n)})
-
-
-def drive(op, frame: pd.DataFrame, assigner, *, batch: int = 23, lag: int = 40,
-          columns=("id", "k", "ts"), right_columns=None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Feed rows in order, each batch to its side (column ``side``); after each batch
-    the watermark is max(ts seen) - lag - 1, then MAX_WATERMARK at the end. Returns the
-    rows that were on time on arrival, with the watermark then (column ``wm``), and the
-    rows late for all their windows, as the operator must judge them (sessions: by the
-    model, a row whose own window is late is kept when it meets an open session; the
-    rows on time have column ``call``, their ``process_batch`` call, too)."""
-    fed, watermark, max_ts = [], rs.MIN_WATERMARK, rs.MIN_WATERMARK
-    for start in range(0, len(frame), batch):
-        chunk = frame.iloc[start:start + batch]
-        for side in (0, 1):
-            part = chunk[chunk["side"] == side]
-            if len(part):
-                fed.append(part.assign(wm=watermark, call=len(fed)))
-                names = list(columns if side == 0 else right_columns or columns)
-                op.process_batch(pa.RecordBatch.from_pandas(part[names], preserve_index=False),
-                                 side)
-        max_ts = max(max_ts, int(chunk["ts"].max()))
-        watermark = max(watermark, max_ts - lag - 1)
-        op.process_watermark(watermark)
-    op.process_watermark(rs.MAX_WATERMARK)
-    rows = pd.concat(fed)
-    if isinstance(assigner, rs.EventTimeSessionWindows):
-        dropped = fed_sessions(rows, assigner.gap_ms)["window_start"].isna()
-    else:
-        dropped = is_late(rows["ts"], assigner, rows["wm"])
-    return rows[~dropped], rows[dropped].drop(columns=["wm", "call"])
-
-
-def output_of(op) -> pa.Table:
-    return pa.Table.from_batches(op.output.batches)
-
-
-def pairs_of(table: pa.Table) -> list:
-    return list(zip(table["id"].to_pylist(), table["id_right"].to_pylist(),
-                    table["window_start"].to_pylist(), table["window_end"].to_pylist()))
-
-
-@pytest.mark.parametrize("assigner", [TUMBLING, SLIDING, SESSION], ids=["tumbling", "sliding",
-                                                                        "session"])
+@pytest.mark.parametrize("assigner", [JOIN_TUMBLING, JOIN_SLIDING, JOIN_SESSION],
+                         ids=["tumbling", "sliding", "session"])
 def test_join_operator_equals_pandas_per_window_and_drops_late_rows(assigner, caplog):
     rng = np.random.default_rng(11)
     # non-merging windows: disorder 250 ms against a lag of 40: rows are late for some or all
     # of their windows; sessions (where a row at the watermark could touch a fired session):
     # disorder within the lag. Both: stragglers a second late
     merging = isinstance(assigner, rs.EventTimeSessionWindows)
-    frame = make_events(rng, 1500, keys=4, disorder=30 if merging else 250)
+    frame = join_input(rng, 1500, keys=4, disorder=30 if merging else 250)
     stragglers = frame.index[(frame.index % 97 == 96) & (frame.index > 300)]
     frame.loc[stragglers, "ts"] -= 1000
     op = window_operator(assigner)
     op.initialize_state(None)
     op.open()
-    on_time, late = drive(op, frame, assigner)
+    on_time, late = drive_join(op, frame, assigner)
     assert 10 < len(late) < len(frame) // 3
     expected = oracle_pairs(on_time[on_time["side"] == 0], on_time[on_time["side"] == 1],
                             assigner)
     table = output_of(op)
-    got = pairs_of(table)
+    got = window_pairs_of(table)
     assert len(got) == len(set(got))  # each pair once per window
     assert set(got) == expected and len(expected) > 500  # many-to-many: 4 keys
     assert table.column_names == ["id", "k", "ts", "id_right", "k_right", "ts_right",
@@ -199,7 +79,7 @@ def test_join_operator_equals_pandas_per_window_and_drops_late_rows(assigner, ca
 def test_column_collisions_and_apply_per_pair():
     """Clashing names get the documented suffixes; ``apply`` sees dict rows, None drops a
     pair, and rows without window columns get their window's."""
-    op = window_operator(TUMBLING)
+    op = window_operator(JOIN_TUMBLING)
     op.initialize_state(None)
     op.open()
     op.process_batch(pa.record_batch({"k": ["a", "a", "b"], "ts": [1, 5, 7], "x": [1, 2, 3],
@@ -218,7 +98,7 @@ def test_column_collisions_and_apply_per_pair():
     def keep_odd(left, right):
         return {"x": left["x"], "y": right["y"]} if left["x"] % 2 else None
 
-    op = window_operator(SLIDING, fn=keep_odd)
+    op = window_operator(JOIN_SLIDING, fn=keep_odd)
     op.initialize_state(None)
     op.open()
     op.process_batch(pa.record_batch({"k": [1, 1, 1], "ts": [60, 70, 110], "x": [1, 2, 3]}), 0)
@@ -232,12 +112,12 @@ def test_column_collisions_and_apply_per_pair():
                     {"x": 3, "y": 0.5, "window_start": 100, "window_end": 220}]
 
 
-@pytest.mark.parametrize("assigner", [TUMBLING, SESSION], ids=["tumbling", "session"])
+@pytest.mark.parametrize("assigner", [JOIN_TUMBLING, JOIN_SESSION], ids=["tumbling", "session"])
 def test_co_group_sees_keys_of_one_side_and_join_does_not(assigner):
     """Left keys 0..5, right keys 3..8 (column ``user``): co_group gets every key and
     window with rows on either side (the other side an empty table with its columns)."""
     rng = np.random.default_rng(5)
-    frame = make_events(rng, 900, keys=6, disorder=20)
+    frame = join_input(rng, 900, keys=6, disorder=20)
     frame.loc[frame["side"] == 1, "k"] += 3
     frame["user"] = frame["k"]
     seen_columns = set()
@@ -251,8 +131,8 @@ def test_co_group_sees_keys_of_one_side_and_join_does_not(assigner):
     op = window_operator(assigner, WindowJoinKind.CO_GROUP, groups, right_key="user")
     op.initialize_state(None)
     op.open()
-    _, late = drive(op, frame, assigner, columns=("id", "k", "ts"),
-                    right_columns=("id", "user", "ts"))
+    _, late = drive_join(op, frame, assigner, columns=("id", "k", "ts"),
+                         right_columns=("id", "user", "ts"))
     assert late.empty
     left, right = frame[frame["side"] == 0], frame[frame["side"] == 1]
     expected = oracle_groups(left, right, assigner)
@@ -267,19 +147,21 @@ def test_co_group_sees_keys_of_one_side_and_join_does_not(assigner):
     join = window_operator(assigner, right_key="user")  # the join: keys 3..5 only
     join.initialize_state(None)
     join.open()
-    drive(join, frame, assigner, columns=("id", "k", "ts"), right_columns=("id", "user", "ts"))
+    drive_join(join, frame, assigner, columns=("id", "k", "ts"),
+               right_columns=("id", "user", "ts"))
     joined = output_of(join)
     assert set(joined["k"].to_pylist()) == {3, 4, 5}
-    assert set(pairs_of(joined)) == oracle_pairs(left, right.assign(k=right["user"]), assigner)
+    assert set(window_pairs_of(joined)) == oracle_pairs(left, right.assign(k=right["user"]),
+                                                        assigner)
 
 
 def test_buffers_restore_at_other_parallelism_by_key_group():
     """Snapshot mid-stream, restore into 1, 2 and 3 subtasks by key group: the output
     after the snapshot is that of an uninterrupted run."""
     rng = np.random.default_rng(3)
-    frame = make_events(rng, 1200, keys=40, disorder=30)
+    frame = join_input(rng, 1200, keys=40, disorder=30)
     first, rest = frame.iloc[:600], frame.iloc[600:]
-    whole = window_operator(SESSION)
+    whole = window_operator(JOIN_SESSION)
     whole.initialize_state(None)
     whole.open()
     for start in range(0, 600, 50):  # by hand, without the final watermark
@@ -291,22 +173,23 @@ def test_buffers_restore_at_other_parallelism_by_key_group():
     snapshot_watermark = whole.current_watermark
     snapshot = whole.snapshot_state(1).keyed_state  # the synchronous part
     before = output_of(whole).num_rows
-    drive(whole, rest, SESSION)  # changes the buffers before the asynchronous part runs
+    # changes the buffers before the asynchronous part runs
+    drive_join(whole, rest, JOIN_SESSION)
     sections = snapshot()
-    expected = pairs_of(output_of(whole))[before:]
+    expected = window_pairs_of(output_of(whole))[before:]
     assert expected
     floors = WatermarkFloors.from_json(snapshot_watermark, max_parallelism=128)
     for parallelism in (1, 2, 3):
         got = []
         for index in range(parallelism):
             groups = rs.key_group_range(index, parallelism, 128)
-            op = window_operator(SESSION, index=index, parallelism=parallelism)
+            op = window_operator(JOIN_SESSION, index=index, parallelism=parallelism)
             op.initialize_state(RestoredState(1, [], [(g, s) for g, s in sections.items()
                                                       if g in groups], floors))
             op.open()
             mine = rest[[rs.key_group_of(k, 128) in groups for k in rest["k"].tolist()]]
-            drive(op, mine, SESSION)
-            got += pairs_of(output_of(op)) if op.output.batches else []
+            drive_join(op, mine, JOIN_SESSION)
+            got += window_pairs_of(output_of(op)) if op.output.batches else []
         assert sorted(got) == sorted(expected), parallelism
 
 
@@ -314,45 +197,22 @@ def test_builder_checks_its_arguments():
     env = rs.StreamEnvironment()
     a, b = env.from_collection([{"k": 1, "ts": 1}]), env.from_collection([{"k": 1, "ts": 1}])
     with pytest.raises(ValueError, match="event-time column"):
-        a.join(b).where("k").equal_to("k").window(TUMBLING)
+        a.join(b).where("k").equal_to("k").window(JOIN_TUMBLING)
     with pytest.raises(ValueError, match="only event-time windows"):
         a.join(b).where("k").equal_to("k").window(
             rs.TumblingProcessingTimeWindows(size_ms=10), timestamp="ts").join()
     with pytest.raises(TypeError, match="finish a co-group with apply"):
-        a.co_group(b).where("k").equal_to("k").window(TUMBLING, timestamp="ts").join()
+        a.co_group(b).where("k").equal_to("k").window(JOIN_TUMBLING, timestamp="ts").join()
     with pytest.raises(ValueError, match="different non-empty"):
-        a.join(b).where("k").equal_to("k").window(TUMBLING, timestamp="ts").join(
+        a.join(b).where("k").equal_to("k").window(JOIN_TUMBLING, timestamp="ts").join(
             right_suffix="_left")
 
 
 # -- jobs on Ray ------------------------------------------------------------------------------
 
-STRAGGLER_START = 2000
-
-
-def expected_job_output(n: int, assigner, fn=None) -> set:
-    frame = pd.DataFrame(events(np.arange(n)))
-    i = frame["id"].to_numpy()
-    on_time = frame[~((i % 400 == 399) & (i > STRAGGLER_START))]
-    pairs = oracle_pairs(on_time[on_time["side"] == 0], on_time[on_time["side"] == 1], assigner)
-    return pairs if fn is None else {p for p in pairs if fn({"id": p[0]}, {"id": p[1]})}
-
-
 def stragglers(n: int) -> int:
     i = np.arange(n)
     return int(np.count_nonzero((i % 400 == 399) & (i > STRAGGLER_START)))
-
-
-def sides(env: rs.StreamEnvironment, n: int,
-          pace: Callable[[pa.RecordBatch], pa.RecordBatch] | None = throttle):
-    """The left and right streams of :func:`tests.test_joins.events` (disorder 40 ms within
-    a 100 ms bound; a minute-late straggler every 400 rows), slowed to span checkpoints."""
-    src = env.from_sequence(n, events, batch_size=200, num_splits=1,
-                            watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=100))
-    if pace is not None:
-        src = src.map_batches(pace, name="throttle")
-    return (src.filter_batches(lambda b: pc.equal(b["side"], 0), name="left"),
-            src.filter_batches(lambda b: pc.equal(b["side"], 1), name="right"))
 
 
 @pytest.mark.slow
@@ -375,14 +235,14 @@ def test_window_join_and_co_group_job_through_a_failure_exactly_once(ray_session
     sinks = joined.collect(name="pairs"), counts.collect(name="counts"), per_window.collect()
     result = env.execute("window-join")
     assert result.restarts == 1, result.failures
-    got = pairs_of(result.table(sinks[0]))
+    got = window_pairs_of(result.table(sinks[0]))
     assert len(got) == len(set(got))  # no pair twice, though one subtask died midway
-    expected = expected_job_output(n, assigner)
+    expected = expected_window_pairs(n, assigner)
     assert set(got) == expected and len(expected) > 5000
     assert 0 < late_dropped({k: v for k, v in result.metrics.items() if "join" in k}) \
         <= stragglers(n)
 
-    frame = pd.DataFrame(events(np.arange(n)))
+    frame = pd.DataFrame(join_events(np.arange(n)))
     i = frame["id"].to_numpy()
     on_time = frame[~((i % 400 == 399) & (i > STRAGGLER_START))]
     groups = oracle_groups(on_time[on_time["side"] == 0], on_time[on_time["side"] == 1],
@@ -392,7 +252,7 @@ def test_window_join_and_co_group_job_through_a_failure_exactly_once(ray_session
                         for r in result.table(sinks[1]).to_pylist())
     assert got_counts == want
     pairs = pd.DataFrame(list(expected), columns=["id", "id_right", "start", "end"])
-    pairs["k"] = pd.DataFrame(events(pairs["id"].to_numpy()))["k"]
+    pairs["k"] = pd.DataFrame(join_events(pairs["id"].to_numpy()))["k"]
     want_counts = sorted((int(k), int(s), int(c)) for (k, s), c in
                          pairs.groupby(["k", "start"]).size().items())
     assert sorted((r["k"], r["window_start"], r["count"])
@@ -404,7 +264,7 @@ def test_window_join_survives_a_savepoint_and_a_rescale_exactly_once(ray_session
     """Stopped with a savepoint at parallelism 2 with rows buffered, restored at 3: the
     pairs over both runs (session windows, through ``apply``) are pandas', each once."""
     n = 12_000
-    assigner = SESSION
+    assigner = JOIN_SESSION
 
     def odd(left, right):
         return {"id": left["id"], "id_right": right["id"]} if (left["id"] + right["id"]) % 2 \
@@ -418,6 +278,6 @@ def test_window_join_survives_a_savepoint_and_a_rescale_exactly_once(ray_session
             .window(assigner, timestamp="ts").apply(odd, name="join")
         return env, joined.collect()
 
-    got = pairs_of(rescaled_run(job, tmp_path, "wjoin"))
+    got = window_pairs_of(rescaled_run(job, tmp_path, "wjoin"))
     assert len(got) == len(set(got))
-    assert set(got) == expected_job_output(n, assigner, odd)
+    assert set(got) == expected_window_pairs(n, assigner, odd)

@@ -23,35 +23,16 @@ from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.functions import BuiltinAggregates, ProcessWindow, UserAggregate
 from raystream.engine.windows.operator import WindowOperator
 from raystream.engine.windows.pre_aggregate import WindowPreAggregator
+from tests.support.functions import AGGS, Average, Spread
+from tests.support.inputs import BASE, make_input, user_events, with_stragglers
 from tests.support.jobs import wait_for_checkpoint
+from tests.support.oracles import windows_of
 from tests.support.pacing import Throttle
-
-AGGS = {"n": ("count", None), "total": ("sum", "x"), "low": ("min", "x"), "high": ("max", "x"),
-        "avg": ("mean", "x")}
-
-
-def windows_of(assigner, ts: int) -> list[tuple[int, int]]:
-    """Oracle: the windows of one timestamp, from the definitions (not the code under test)."""
-    if isinstance(assigner, rs.TumblingEventTimeWindows):
-        start = (ts - assigner.offset_ms) // assigner.size_ms * assigner.size_ms + assigner.offset_ms
-        return [(start, start + assigner.size_ms)]
-    if isinstance(assigner, rs.SlidingEventTimeWindows):
-        return [(s, s + assigner.size_ms)
-                for s in range(ts - assigner.size_ms + 1, ts + 1)
-                if (s - assigner.offset_ms) % assigner.slide_ms == 0]
-    raise TypeError(assigner)
-
 
 def aggregate_oracle(values: list[float]) -> dict:
     xs = [v for v in values if v is not None]
     return {"n": len(values), "total": sum(xs), "low": min(xs) if xs else None,
             "high": max(xs) if xs else None, "avg": (sum(xs) / len(xs)) if xs else None}
-
-
-def make_input(seed: int, n: int = 400, keys: int = 5, disorder: int = 30):
-    rng = np.random.default_rng(seed)
-    ts = np.arange(n) * 3 + rng.integers(-disorder, disorder + 1, n) + 1000
-    return (rng.integers(0, keys, n), ts, rng.integers(-50, 50, n).astype(np.float64))
 
 
 def drive(op, key, ts, x, *, batch=25, lag=20, late_tag="late"):
@@ -258,29 +239,6 @@ def test_columnar_sessions_emit_what_per_session_accumulators_emit(lateness):
         assert len({r[:3] for r in rows}) < len(rows)
 
 
-class Average:
-    def create_accumulator(self):
-        return [0.0, 0]
-
-    def add(self, row, acc):  # mutates in place: snapshots must not see later changes
-        acc[0] += row["x"]
-        acc[1] += 1
-        return acc
-
-    def merge(self, a, b):
-        return [a[0] + b[0], a[1] + b[1]]
-
-    def get_result(self, acc):
-        return {"avg": acc[0] / acc[1], "rows": acc[1]}
-
-
-class Spread(rs.ProcessWindowFunction):
-    def process(self, key, window, rows):
-        xs = rows["x"].to_numpy()
-        yield {"k": key, "window_start": window.start, "window_end": window.end,
-               "spread": float(xs.max() - xs.min()), "rows": len(xs)}
-
-
 @pytest.mark.parametrize("function", ["aggregate", "process"])
 @pytest.mark.parametrize("assigner", [rs.TumblingEventTimeWindows(size_ms=50),
                                       rs.EventTimeSessionWindows(gap_ms=15)])
@@ -460,17 +418,9 @@ def test_pre_aggregation_snapshot_is_empty_and_partials_precede_the_watermark():
 
 # -- jobs on Ray -------------------------------------------------------------------------------
 
-BASE = 1_700_000_000_000
-
-
-def events(i: np.ndarray) -> dict:
-    jitter = (i * 7919) % 400  # out of order by up to 400 ms
-    return {"user": i % 37, "ts": BASE + i * 5 - jitter, "x": (i % 11).astype(np.float64)}
-
-
 def oracle_tumbling(n: int, size: int) -> dict:
     i = np.arange(n)
-    e = events(i)
+    e = user_events(i)
     start = (e["ts"] // size) * size
     out = collections.defaultdict(lambda: [0, 0.0])
     for u, s, v in zip(e["user"].tolist(), start.tolist(), e["x"].tolist()):
@@ -483,7 +433,7 @@ def oracle_tumbling(n: int, size: int) -> dict:
 def test_window_job_equals_oracle(ray_session, pre_aggregate):
     n, size = 20_000, 1000
     env = rs.StreamEnvironment(parallelism=2)
-    src = env.from_sequence(n, events, watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=500))
+    src = env.from_sequence(n, user_events, watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=500))
     result = src.key_by("user").window(rs.TumblingEventTimeWindows(size_ms=size), timestamp="ts",
                                        pre_aggregate=pre_aggregate).agg(
         n=("count", None), total=("sum", "x"))
@@ -494,14 +444,6 @@ def test_window_job_equals_oracle(ray_session, pre_aggregate):
     expected = oracle_tumbling(n, size)
     assert job.table(sink).num_rows == len(expected)  # each window exactly once
     assert got == dict(expected)
-
-
-def with_stragglers(i: np.ndarray) -> dict:
-    """In order, except every 500th record after the first 1000 is a minute late:
-    late under any interleaving of the subtasks."""
-    straggler = (i % 500 == 499) & (i > 1000)
-    return {"user": i % 37, "ts": BASE + i * 5 - np.where(straggler, 60_000, 0),
-            "x": (i % 11).astype(np.float64)}
 
 
 @pytest.mark.slow
@@ -543,7 +485,7 @@ def test_windows_exactly_once_under_placed_failures(ray_session, tmp_path):
         parallelism=2, failpoints=failpoints,
         checkpoints=rs.CheckpointConfig(interval_s=0.2, storage=str(tmp_path / "chk")),
         restart=rs.RestartStrategy.fixed_delay(8, 0.1))
-    src = env.from_sequence(n, events, batch_size=250,
+    src = env.from_sequence(n, user_events, batch_size=250,
                             watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=500))
     result = src.map_batches(throttle, name="throttle").key_by("user").window(
         rs.TumblingEventTimeWindows(size_ms=size), timestamp="ts").agg(
@@ -578,7 +520,7 @@ def test_open_windows_survive_a_savepoint_and_a_rescale_exactly_once(ray_session
         env = rs.StreamEnvironment(
             parallelism=parallelism,
             checkpoints=rs.CheckpointConfig(interval_s=0.2, storage=str(tmp_path / f"chk{parallelism}")))
-        src = env.from_sequence(n, events, batch_size=250,
+        src = env.from_sequence(n, user_events, batch_size=250,
                                 watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=500))
         if parallelism == 2:  # the first run, stopped midway; the restored one need not wait
             src = src.map_batches(throttle, name="throttle")

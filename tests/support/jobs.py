@@ -1,14 +1,19 @@
 """Driving test jobs: environments with checkpoints, waiting on conditions (never on
-sleeps), savepoint chains across parallelisms, and the processes of subtasks to kill."""
+sleeps), savepoint chains across parallelisms, the processes of subtasks to kill, and
+what a job did: the late records it dropped, the rows its Parquet sink committed, the
+bytes in Ray's object store."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Callable
 
+import pyarrow as pa
 import ray
 
 import raystream as rs
+from raystream.spark.commit_log import read_committed
 
 POLL_S = 0.02
 
@@ -21,6 +26,25 @@ def checkpointed_env(storage: str, *, interval_s: float = 0.25, attempts: int = 
         parallelism=parallelism, failpoints=failpoints,
         checkpoints=rs.CheckpointConfig(interval_s=interval_s, storage=storage, retained=2),
         restart=rs.RestartStrategy.fixed_delay(attempts, 0.1))
+
+
+def env_at(parallelism: int, storage: str, max_parallelism: int = 128) -> rs.StreamEnvironment:
+    """An environment of ``parallelism`` with checkpoints into ``storage`` every 0.3 s."""
+    return rs.StreamEnvironment(
+        parallelism=parallelism, max_parallelism=max_parallelism,
+        checkpoints=rs.CheckpointConfig(interval_s=0.3, storage=storage),
+        restart=rs.RestartStrategy.fixed_delay(3, 0.1))
+
+
+def disk_env(storage: str, parallelism: int = 2, *, incremental: bool = False
+             ) -> rs.StreamEnvironment:
+    """An environment on the disk state backend with checkpoints into ``storage`` (full,
+    or ``incremental``; two retained)."""
+    return rs.StreamEnvironment(
+        parallelism=parallelism,
+        checkpoints=rs.CheckpointConfig(interval_s=0.2, storage=storage, retained=2,
+                                        state_backend=rs.DiskStateOptions(incremental=incremental)),
+        restart=rs.RestartStrategy.fixed_delay(3, 0.1))
 
 
 def progress(client: rs.JobClient) -> dict:
@@ -103,3 +127,62 @@ def savepoint_chain(tmp_path, name: str,
         else:
             runs.append((env.execute(f"{name}-p3", restore_from=restore_from), sinks))
     return runs
+
+
+def rescaled_run(job: Callable[[int], tuple[rs.StreamEnvironment, Any]], tmp_path: Path,
+                 name: str) -> pa.Table:
+    """Run ``job(2)`` (an env and its sink) until a checkpoint completed, stop it with a
+    savepoint and restore it as ``job(3)``: the output of both runs, the first stopped
+    midway."""
+    env, sink = job(2)
+    client = env.execute_async(f"{name}-before-rescale")
+    wait_for_checkpoint(client, after=1)
+    first = client.stop_with_savepoint(str(tmp_path / "savepoint"))
+    env, sink_after = job(3)
+    second = env.execute(f"{name}-after-rescale", restore_from=str(tmp_path / "savepoint"))
+    before, after = first.table(sink), second.table(sink_after)
+    assert before.num_rows and after.num_rows, (before.num_rows, after.num_rows)  # midway
+    return pa.concat_tables([before, after])
+
+
+def run_through_a_kill(env: rs.StreamEnvironment, name: str, operator: str) -> Any:
+    """Run job ``name``, kill subtask 1 of ``operator`` once a checkpoint has completed
+    and wait for the end: the job's result, checked to have restarted once, from that
+    checkpoint or a later one."""
+    client = env.execute_async(name)
+    completed = wait_for_checkpoint(client, after=1)
+    ray.kill(client.subtask_actor(operator, 1))
+    job = client.wait(timeout_s=240)
+    assert job.restarts == 1, job.failures
+    assert job.restores[0]["checkpoint_id"] >= completed
+    return job
+
+
+def cancel_after_a_checkpoint(client: rs.JobClient) -> dict:
+    """Wait for one more completed checkpoint (it must commit nothing new), cancel the job
+    and return its progress from before the cancel."""
+    wait_for_checkpoint(client, after=max(client.progress()["completed_checkpoints"], default=0))
+    before = client.progress()
+    client.cancel()
+    client.wait(timeout_s=60)
+    return before
+
+
+def committed_rows(out: Path) -> int:
+    """The rows an exactly-once Parquet sink into ``out`` has committed so far."""
+    return read_committed(str(out)).num_rows if (out / "_raystream_log").exists() else 0
+
+
+def late_dropped(metrics: dict) -> int:
+    """The late records a job's operators dropped, from its metrics."""
+    return int(sum(v for m in metrics.values() for name, v in m.items()
+                   if name.endswith("late_records_dropped")))
+
+
+def object_store_bytes() -> int:
+    """The bytes in use in this Ray cluster's object store."""
+    # Ray's private API, imported here: should it move, only the tests that measure fail
+    from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+
+    state = get_state_from_address(ray.get_runtime_context().gcs_address)
+    return get_memory_info_reply(state).store_stats.object_store_bytes_used
