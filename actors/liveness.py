@@ -56,6 +56,12 @@ class SubtaskLiveness:
     finished_reported: bool  # ... and the job master was told
     waiting_for: tuple[str, ...]  # the operators' own words (a source reader's splits)
     channels: tuple[ChannelProgress, ...]  # the input channels still open
+    source: bool = False  # its chain starts with a source
+
+    @property
+    def reading(self) -> bool:
+        """A source with input left to read (or splits it may still be given)."""
+        return self.source and not self.inputs_ended
 
     @property
     def subtask(self) -> str:

@@ -722,7 +722,8 @@ class Subtask:
         channels = tuple(ChannelProgress(str(c.channel), c.end_of_input is not None, c.watermark)
                          for c in list(self.gate.channels.values()) if not c.finished)
         return SubtaskLiveness(self.spec.vertex.name, self.spec.index, self.spec.attempt,
-                               self.inputs_ended, self.finished_reported, waiting, channels)
+                               self.inputs_ended, self.finished_reported, waiting, channels,
+                               source=self.source is not None)
 
     def _metrics(self) -> dict[str, float]:
         metrics = dict(self.metrics)

@@ -40,6 +40,17 @@ class JobDiagnosis:
     final_checkpoint: int | None  # the end-of-input checkpoint, once triggered
     newest_completed: int | None
 
+    @property
+    def input_read(self) -> bool:
+        """The attempt runs, and every source of it has read all its input (each subtask
+        not finished said so): from here the job ends with its final checkpoint.
+
+        >>> JobDiagnosis("j", "RUNNING", 0, (), (), None, 3).input_read
+        True
+        """
+        return self.status == "RUNNING" and all(
+            isinstance(s, SubtaskLiveness) and not s.reading for s in self.unfinished)
+
     def __str__(self) -> str:
         final = ("no final checkpoint yet" if self.final_checkpoint is None
                  else f"final checkpoint {self.final_checkpoint}")

@@ -43,6 +43,16 @@ RULES = rs.MapStateDescriptor("rules")  # Weigh's broadcast state: rule time -> 
 RULE_EVERY = 50  # the broadcast rules: every 50th row's time (2 ms apart: one per 100 ms)
 SESSION_RIGHT_SHIFT_MS = 13  # a session join's right rows after their left twins
 TIMEOUT_S = 240
+INTERVAL_S = 0.15  # the jobs' checkpoint interval
+# Liveness: once every source has read its input and a checkpoint has completed since,
+# the job ends within three intervals and a restart (with room for a slow 2-core day)
+RESTART_S = 10.0
+LIVENESS_S = 3 * INTERVAL_S + RESTART_S
+DIAGNOSE_EVERY_S = 0.5
+
+
+class NotLive(AssertionError):
+    """A job read all its input, completed a checkpoint since, and did not end."""
 
 
 @dataclass
@@ -311,7 +321,7 @@ def _run(scenario: Scenario, work: FsPath, placed: list[str]) -> list[str]:
         corrupted = next((p.split(" ")[1] for p in placed if p.startswith("corrupted ")), None)
         if result is None:
             try:
-                result = client.wait(timeout_s=TIMEOUT_S)
+                result = wait_live(client)
             except rs.JobFailedError as exc:
                 if corrupted is None or corrupted not in str(exc):
                     raise
@@ -330,6 +340,36 @@ def _run(scenario: Scenario, work: FsPath, placed: list[str]) -> list[str]:
     rows = [r for t in tables for r in t.to_pylist()]
     late_rows = sorted((r["user"], r["ts"]) for t in late_tables for r in t.to_pylist())
     return compare(scenario, rows, late_rows, str(work / "reference"))
+
+
+def wait_live(client: rs.JobClient) -> rs.JobResult:
+    """The job's result, once it ends; :class:`NotLive` (naming what has not finished) if
+    it has read all its input and completed a checkpoint since, but not ended within
+    ``LIVENESS_S``. A failover starts the clock again: the restored attempt reads anew."""
+    given_up = time.monotonic() + TIMEOUT_S
+    read: tuple[int, int] | None = None  # (attempt, newest completed) when all was read
+    due: float | None = None  # when the job must have ended
+    while True:
+        try:
+            return client.wait(timeout_s=DIAGNOSE_EVERY_S)
+        except TimeoutError:
+            pass
+        try:
+            diagnosis = client.diagnosis()
+        except Exception:  # the job ended meanwhile (its master is gone): wait says how
+            continue
+        newest = diagnosis.newest_completed or 0
+        if read is None or read[0] != diagnosis.attempt:
+            read, due = ((diagnosis.attempt, newest) if diagnosis.input_read else None), None
+        elif due is None and newest > read[1]:
+            due = time.monotonic() + LIVENESS_S
+        elif due is not None and time.monotonic() > due:
+            client.cancel()
+            raise NotLive(f"the job read all its input and completed checkpoint {newest} "
+                          f"since, but had not ended {LIVENESS_S:g} s later:\n{diagnosis}")
+        if time.monotonic() > given_up:
+            client.cancel()
+            raise TimeoutError(f"the job had not ended after {TIMEOUT_S} s:\n{diagnosis}")
 
 
 def stop(scenario: Scenario, client: rs.JobClient, failure: Failure, savepoint: str,
@@ -376,7 +416,7 @@ def environment(scenario: Scenario, parallelism: int, storage: str,
                 failpoints: list[rs.Failpoint]) -> rs.StreamEnvironment:
     alignment = scenario.alignment
     config = rs.CheckpointConfig(
-        interval_s=0.15, storage=storage, unaligned=alignment is Alignment.UNALIGNED,
+        interval_s=INTERVAL_S, storage=storage, unaligned=alignment is Alignment.UNALIGNED,
         aligned_timeout=0.05 if alignment is Alignment.ALIGNED_TIMEOUT else None,
         max_concurrent=scenario.max_concurrent, state_backend=(
             rs.DiskStateOptions(incremental=True)
