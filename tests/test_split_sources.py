@@ -14,6 +14,7 @@ import ray
 
 import raystream as rs
 from raystream.engine.sources.files import Files, FileSplitEnumerator
+from raystream.engine.sources.kafka import KafkaSourceConfig, KafkaSplitEnumerator
 from raystream.engine.sources.split_enumerator import StaticSplitEnumerator
 from raystream.spark.commit_log import read_committed
 from tests.support.jobs import cancel_after_a_checkpoint, committed_rows, wait_for_checkpoint
@@ -66,6 +67,39 @@ def test_the_static_enumerator_deals_splits_round_robin_and_restores_what_it_kep
     restored.add_reader(0)  # at parallelism 3, [k, split] pairs keep their k
     assert restored.context.assigned == {0: ["a"]}
     assert restored.snapshot_state(2) == [[2, "c"], [4, "e"]]
+
+
+def test_a_bounded_kafka_read_restored_from_before_its_first_listing_lists_before_it_ends():
+    """A checkpoint taken while the first listing of partitions was still running holds
+    none: restored, the read must list them, not tell its readers that no split will
+    come (which ended the job FINISHED with nothing read)."""
+    config = KafkaSourceConfig("127.0.0.1:9", topics=("t",), bounded_until="latest")
+    context = Assignments(parallelism=2)
+    first = KafkaSplitEnumerator(context, config, None)
+    first.start()  # the listing is on a worker thread, not done yet
+    state = first.snapshot_state(1)
+    assert state["seen"] == [] and state["listed"] is False
+
+    restored_context = Assignments(parallelism=2)
+    restored = KafkaSplitEnumerator(restored_context, config, state)
+    restored.start()
+    restored.add_reader(0)
+    assert restored_context.ended == [] and len(restored_context.async_calls) == 1
+    # the listing's answer: then each reader gets its partition, and the end
+    _, on_listed = restored_context.async_calls.pop()
+    on_listed([{"topic": "t", "partition": p, "start": 0, "stop": 5} for p in (0, 1)], None)
+    assert sorted(restored_context.ended) == [0, 1]
+    assert sum(len(s) for s in restored_context.assigned.values()) == 2
+    # the same from a checkpoint of before "listed" was kept (an empty "seen": not listed)
+    older_context = Assignments(parallelism=2)
+    older = KafkaSplitEnumerator(older_context, config, {"seen": [], "pending": []})
+    older.start()
+    older.add_reader(1)
+    assert older_context.ended == [] and len(older_context.async_calls) == 1
+    # a checkpoint of the listed read restores as listed: no second listing
+    again_context = Assignments(parallelism=2)
+    KafkaSplitEnumerator(again_context, config, restored.snapshot_state(2)).start()
+    assert again_context.async_calls == [] and sorted(again_context.ended) == [0, 1]
 
 
 def write_file(directory, index: int, rows: int, row_group_size: int | None = None) -> None:

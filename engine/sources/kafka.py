@@ -356,11 +356,13 @@ class KafkaSplitEnumerator(SplitEnumerator):
         self.context, self.config = context, config
         self.seen: set[str] = set(state["seen"]) if state else set()
         self.pending: list[dict] = list(state["pending"]) if state else []
-        bound = config.bounded_until
-        self.bounded = bound is not None
-        # a string bound is "latest" (KafkaSourceConfig allows no other)
-        self.listed = bool(state) and bound is not None and (isinstance(bound, str) or all(
-            split_id(t, p) in self.seen for t, p in bound))
+        self.bounded = config.bounded_until is not None
+        # Whether a bounded read has listed every partition it reads is state of its own: a
+        # checkpoint taken before the first listing returned holds no partition, and a
+        # restore that took that for "listed" would end the job at once with nothing read.
+        # (A checkpoint of an older version without it: listed if it saw partitions.)
+        self.listed = (bool(state["listed"]) if state and "listed" in state
+                       else bool(self.seen) and self._bound_seen())
         self.no_more_sent: set[int] = set()
         self._consumer = None
 
@@ -397,14 +399,18 @@ class KafkaSplitEnumerator(SplitEnumerator):
             if sid not in self.seen:
                 self.seen.add(sid)
                 self.pending.append(split)
-        # A bounded read lists once; with explicit end offsets, until every partition
-        # named there has appeared (a topic created while the job runs, say).
-        bound = self.config.bounded_until
-        self.listed = bound is not None and (isinstance(bound, str) or all(
-            split_id(t, p) in self.seen for t, p in bound))
+        self.listed = self._bound_seen()
         self._hand_out()
         if not self.listed and self.config.discovery_interval_s is not None:
             self.context.call_later(self.config.discovery_interval_s, self._discover)
+
+    def _bound_seen(self) -> bool:
+        """A bounded read lists once; with explicit end offsets, until every partition
+        named there has appeared (a topic created while the job runs, say)."""
+        bound = self.config.bounded_until
+        # a string bound is "latest" (KafkaSourceConfig allows no other)
+        return bound is not None and (isinstance(bound, str) or all(
+            split_id(t, p) in self.seen for t, p in bound))
 
     def _hand_out(self) -> None:
         registered = self.context.registered_readers()
@@ -426,7 +432,7 @@ class KafkaSplitEnumerator(SplitEnumerator):
         self._hand_out()  # a reader without splits waits for new partitions (or the end)
 
     def snapshot_state(self, checkpoint_id: int) -> dict:
-        return {"seen": sorted(self.seen), "pending": list(self.pending)}
+        return {"seen": sorted(self.seen), "pending": list(self.pending), "listed": self.listed}
 
     def close(self) -> None:
         if self._consumer is not None:
