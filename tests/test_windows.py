@@ -26,6 +26,7 @@ from raystream.engine.windows.pre_aggregate import WindowPreAggregator
 from tests.support.functions import AGGS, Average, Spread
 from tests.support.inputs import BASE, make_input, user_events, with_stragglers
 from tests.support.jobs import wait_for_checkpoint
+from tests.support.operators import feed
 from tests.support.oracles import windows_of
 from tests.support.pacing import Throttle
 
@@ -40,18 +41,7 @@ def drive(op, key, ts, x, *, batch=25, lag=20, late_tag="late"):
     output, the watermark each row saw on arrival, and the side output rows."""
     out = CollectingOutput()
     op.setup(RuntimeContext.local(), out)
-    op.initialize_state(None)
-    op.open()
-    wm, seen, arrival = rs.MIN_WATERMARK, -(2 ** 62), []
-    for i in range(0, len(ts), batch):
-        sl = slice(i, i + batch)
-        op.process_batch(pa.record_batch({"k": key[sl], "ts": ts[sl], "x": x[sl]}))
-        arrival += [wm] * len(ts[sl])
-        seen = max(seen, int(ts[sl].max()))
-        if seen - lag - 1 > wm:
-            wm = seen - lag - 1
-            op.process_watermark(wm)
-    op.process_watermark(rs.MAX_WATERMARK)
+    arrival = feed(op, key, ts, x, batch=batch, lag=lag)
     op.finish()
     table = pa.Table.from_batches(out.batches) if out.batches else pa.table({})
     late = (pa.Table.from_batches(out.side_batches[late_tag]).to_pylist()

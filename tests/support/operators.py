@@ -59,10 +59,10 @@ def user_operator(backend: StateBackend, assigner, kind: str, *, lateness: int =
     return op
 
 
-def drive(op: WindowOperator, key, ts, x, *, batch: int = 25, lag: int = 20
-          ) -> tuple[pd.DataFrame, list[int], pd.DataFrame]:
-    """Feed batches; after each the watermark is max(ts seen) - lag - 1. Returns the
-    output rows, the watermark each input row saw on arrival, and the late rows."""
+def feed(op, key, ts, x, *, batch: int, lag: int) -> list[int]:
+    """Open ``op`` and feed it batches of ``(k, ts, x)``; after each the watermark is
+    max(ts seen) - lag - 1, then MAX_WATERMARK at the end. Returns the watermark each
+    input row saw on arrival."""
     op.initialize_state(None)
     op.open()
     wm, seen, arrival = rs.MIN_WATERMARK, -(2 ** 62), []
@@ -75,6 +75,14 @@ def drive(op: WindowOperator, key, ts, x, *, batch: int = 25, lag: int = 20
             wm = seen - lag - 1
             op.process_watermark(wm)
     op.process_watermark(rs.MAX_WATERMARK)
+    return arrival
+
+
+def drive(op: WindowOperator, key, ts, x, *, batch: int = 25, lag: int = 20
+          ) -> tuple[pd.DataFrame, list[int], pd.DataFrame]:
+    """:func:`feed` a set-up operator. Returns the output rows, the watermark each input
+    row saw on arrival, and the late rows."""
+    arrival = feed(op, key, ts, x, batch=batch, lag=lag)
     out = op.output
     assert isinstance(out, CollectingOutput)
     late = (pa.Table.from_batches(out.side_batches["late"]).to_pandas()
