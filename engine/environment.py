@@ -358,7 +358,7 @@ class StreamEnvironment:
         head = on_head_node()
         # a job of this driver runs on its warm master; a detached one on its own
         warm = None if detach or not actor_pool.POOL.enabled() else MASTERS.take(head)
-        job_id = new_job_id(name, warm[0] if warm else None)
+        job_id = new_job_id(name, warm.hex if warm else None)
         # subtasks with the default resources run on the driver's pooled actors, one more
         # for the warm spare of a job that may restart
         pooled = sum(v.parallelism for v in plan.vertices if v.resources == Resources()) + int(
@@ -378,10 +378,10 @@ class StreamEnvironment:
         master = None
         if warm is not None:
             try:
-                MASTERS.hand_over(warm[1], assignment)
-                master = warm[1]
+                MASTERS.hand_over(warm.actor, assignment)
+                master = warm.actor
             except RayActorError:  # it died for good (its node was lost): one of its own
-                ray.kill(warm[1])
+                ray.kill(warm.actor)
         if master is None:
             # (ray's typed remote() misses concurrency_groups, so pyright sees the plain class)
             master = JobMaster.options(  # pyright: ignore[reportAttributeAccessIssue]

@@ -113,7 +113,7 @@ def master_restarts(options: JobOptions) -> dict[str, int]:
     """Ray's restart options for the master of a job: one that fails over is restarted
     when its process dies (at most as often as the job may restart; each restart is a
     failover), and the calls clients and subtasks had made to it go to its successor."""
-    if options.checkpoints is None or not options.restart.attempts:
+    if not options.may_restart:
         return {"max_restarts": 0, "max_task_retries": 0}
     return {"max_restarts": options.restart.attempts, "max_task_retries": -1}
 
@@ -375,9 +375,8 @@ class JobMaster:
         """The predecessor died: its subtasks go (those on the driver's pooled actors are
         killed here; the rest were its own actors, which Ray ended with it), and its death
         is a failure the restart strategy decides on, like any other."""
-        assert self.assignment is not None
         self.deployment.drop_pooled()
-        if not self.assignment.may_restart():  # (a warm master is restarted for every job)
+        if not self.options.may_restart:  # (a warm master is restarted for every job)
             return FailJob(f"its job master died ({MASTER_DIED}); "
                            f"{RESUME_HINT.format(name=self.job_name)}")
         noted = master_journal.read(self.job_id)
@@ -401,7 +400,7 @@ class JobMaster:
     def _note(self) -> None:
         """Note the attempt about to be deployed (or just restored) for a successor
         (:mod:`~raystream.engine.master_journal`), if this master may have one."""
-        if master_restarts(self.options)["max_restarts"]:
+        if self.options.may_restart:
             master_journal.note(self.job_id, JournalEntry(
                 self.attempt, self.started_at, tuple(self.failover.failure_details),
                 tuple(self.restores)))

@@ -26,6 +26,11 @@ class JobOptions:
     # the job ended (time for a client to fetch the outcome) unless a client ends it first
     detached: bool = False
 
+    @property
+    def may_restart(self) -> bool:
+        """Whether the job may restart after a failure, its master's death included."""
+        return self.checkpoints is not None and self.restart.attempts > 0
+
 
 @dataclass(frozen=True)
 class MasterAssignment:
@@ -36,10 +41,6 @@ class MasterAssignment:
     job_name: str
     plan: JobPlan
     options: JobOptions
-
-    def may_restart(self) -> bool:
-        """Whether the job may restart after a failure, its master's death included."""
-        return self.options.checkpoints is not None and self.options.restart.attempts > 0
 
 
 RESUME_HINT = ("resume it from its newest completed checkpoint with env.execute('{name}', "

@@ -27,6 +27,7 @@ subtask actors over (:mod:`~raystream.engine.actor_pool`).
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -47,16 +48,25 @@ def new_job_id(name: str, warm: str | None = None) -> str:
     return f"{name}-{warm or uuid.uuid4().hex[:8]}"
 
 
+@dataclass(frozen=True)
+class WarmMaster:
+    """A job master started with no job: the job that takes it gets the id
+    ``<name>-<hex>``."""
+
+    hex: str
+    actor: Any
+
+
 class WarmMasters:
     """The driver's side: one warm job master, taken by the next job and replaced."""
 
     def __init__(self) -> None:
-        self._warm: tuple[str, Any] | None = None  # (hex, master)
+        self._warm: WarmMaster | None = None
         self._ray_job: str | None = None
 
-    def take(self, placement: Any) -> tuple[str, Any]:
-        """(hex, master): the warm master — one started now if there is none — after
-        starting the next one, which warms meanwhile."""
+    def take(self, placement: Any) -> WarmMaster:
+        """The warm master — one started now if there is none — after starting the next
+        one, which warms meanwhile."""
         job = ray.get_runtime_context().get_job_id()
         warm = self._warm if self._ray_job == job else None  # (none after Ray restarted)
         self._warm, self._ray_job = self._start(placement), job
@@ -67,7 +77,7 @@ class WarmMasters:
         ray.get(master.run.remote([ray.put(assignment)]))
 
     @staticmethod
-    def _start(placement: Any) -> tuple[str, Any]:
+    def _start(placement: Any) -> WarmMaster:
         hex_ = uuid.uuid4().hex[:8]
         actor_pool.POOL.keeper(placement)  # (created with the first master, if not yet)
         # (ray's typed remote() misses concurrency_groups, so pyright sees the plain class)
@@ -75,7 +85,7 @@ class WarmMasters:
             name=master_actor_name(new_job_id("", hex_)), namespace=NAMESPACE,
             scheduling_strategy=placement, **WARM_RESTARTS,
             **MASTER_RESOURCES.ray_options()).remote(None, actor_pool.POOL.keeper_name())
-        return hex_, master
+        return WarmMaster(hex_, master)
 
 
 MASTERS = WarmMasters()
