@@ -1,11 +1,12 @@
 """The disk (RocksDB) keyed state backend.
 
 Unit tests check it against independent oracles (pandas over the same input,
-and the heap backend's snapshot-then-restore contract); the Ray tests run the
-keyed running sum of tests/test_exactly_once.py (tests/support/pipelines.py) on the
-disk backend through a subtask kill, a failpoint exit in a keyed process function, and
-a stop-with-savepoint at parallelism 2 restored at parallelism 3, with its numpy oracle
-(tests/support/oracles.py).
+and the heap backend's snapshot-then-restore contract); the Ray test runs the keyed
+running sum of tests/test_exactly_once.py as a keyed process function on the disk
+backend through a failpoint exit, with its numpy oracle (tests/support/oracles.py).
+The running sum's reduce on the disk backend runs through a subtask kill in
+tests/test_exactly_once.py and through a stop-with-savepoint restored at another
+parallelism in tests/test_savepoints.py, both parametrized over the backends.
 """
 
 from __future__ import annotations
@@ -343,43 +344,14 @@ def test_a_window_on_the_disk_backend_fails_naming_the_operator():
 # Real Ray jobs on the disk backend
 # ---------------------------------------------------------------------------
 
-def disk_env(storage: str, parallelism: int = 2, failpoints=()) -> rs.StreamEnvironment:
-    return rs.StreamEnvironment(
-        parallelism=parallelism, failpoints=failpoints,
-        checkpoints=rs.CheckpointConfig(interval_s=0.25, storage=storage, retained=2,
-                                        state_backend="disk"),
-        restart=rs.RestartStrategy.fixed_delay(3, 0.1))
-
-
-@pytest.mark.slow
-def test_disk_reduce_is_exactly_once_through_a_subtask_kill(ray_session, tmp_path):
-    import ray
-
-    from tests.support.jobs import wait_for_checkpoint
-    from tests.support.oracles import assert_exactly_once
-    from tests.support.pipelines import build_job
-
-    env = disk_env(str(tmp_path / "chk"))
-    sink = build_job(env)
-    client = env.execute_async("disk-kill")
-    completed = wait_for_checkpoint(client)
-    # each sum subtask reports its RocksDB's figures (keys it holds, SST bytes)
-    sums = [m for name, m in client.metrics().items() if name.startswith("sum")]
-    assert len(sums) == 2 and all(m["sum.rocksdb.estimate-num-keys"] > 0 for m in sums)
-    ray.kill(client.subtask_actor("sum", 1))
-    result = client.wait(timeout_s=240)
-    assert result.restarts == 1
-    assert result.restores[0]["checkpoint_id"] >= completed > 0
-    assert_exactly_once(result.table(sink))
-
-
 def test_disk_process_function_is_exactly_once_through_a_failpoint_exit(ray_session, tmp_path):
     from tests.support.functions import RunningSum
     from tests.support.inputs import N, SPLITS, numbers
+    from tests.support.jobs import checkpointed_env
     from tests.support.oracles import assert_exactly_once
     throttle = Throttle(0.02)
 
-    env = disk_env(str(tmp_path / "chk"), failpoints=[
+    env = checkpointed_env(str(tmp_path / "chk"), state_backend="disk", failpoints=[
         rs.Failpoint("in_processing", operator="sum", subtask=0, hit=60, attempt=0,
                      action="exit")])
     source = env.from_sequence(N, numbers, batch_size=100, num_splits=SPLITS, name="numbers")
@@ -389,22 +361,3 @@ def test_disk_process_function_is_exactly_once_through_a_failpoint_exit(ray_sess
     assert result.restarts == 1
     assert result.restores[0]["checkpoint_id"] > 0  # restored from a completed checkpoint
     assert_exactly_once(result.table(sink))
-
-
-@pytest.mark.slow
-def test_disk_stop_with_savepoint_at_2_restores_at_3(ray_session, tmp_path):
-    from tests.support.jobs import wait_for_checkpoint
-    from tests.support.oracles import assert_exactly_once
-    from tests.support.pipelines import build_job
-
-    env = disk_env(str(tmp_path / "chk-p2"))
-    sink = build_job(env)
-    client = env.execute_async("disk-before-rescale")
-    wait_for_checkpoint(client)
-    first = client.stop_with_savepoint(str(tmp_path / "stopped"))
-    before = first.table(sink)
-    assert first.status == "FINISHED" and before.num_rows > 0
-    env = disk_env(str(tmp_path / "chk-p3"), parallelism=3)
-    sink = build_job(env)
-    second = env.execute("disk-after-rescale", restore_from=str(tmp_path / "stopped"))
-    assert_exactly_once(pa.concat_tables([before, second.table(sink)]))

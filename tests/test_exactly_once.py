@@ -2,7 +2,8 @@
 
 The job (``build_job`` of tests/support/pipelines.py): a replayable sequence source
 (4 splits) -> a throttle -> key_by -> a keyed running sum -> an exactly-once collect
-sink, with checkpoints. The oracle (``assert_exactly_once`` of tests/support/oracles.py)
+sink, with checkpoints (the kill of a subtask on either state backend, heap and disk).
+The oracle (``assert_exactly_once`` of tests/support/oracles.py)
 is numpy over the same input: for every key, the updates are numbered 1..count exactly
 once (nothing lost or doubled), each update's sum is the previous one plus exactly one
 input of that key, and within a key the inputs of each source split are applied in
@@ -31,11 +32,15 @@ def storage(tmp_path):
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_kill_of_a_subtask_after_a_checkpoint_is_exactly_once(ray_session, storage):
-    env = checkpointed_env(storage)
+@pytest.mark.parametrize("backend", ["heap", pytest.param("disk", marks=pytest.mark.slow)])
+def test_kill_of_a_subtask_after_a_checkpoint_is_exactly_once(ray_session, storage, backend):
+    env = checkpointed_env(storage, state_backend=backend)
     sink = build_job(env)
-    client = env.execute_async("kill-once")
+    client = env.execute_async(f"kill-once-{backend}")
     completed = wait_for_checkpoint(client)
+    if backend == "disk":  # each sum subtask reports its RocksDB's figures (keys it holds)
+        sums = [m for name, m in client.metrics().items() if name.startswith("sum")]
+        assert len(sums) == 2 and all(m["sum.rocksdb.estimate-num-keys"] > 0 for m in sums)
     ray.kill(client.subtask_actor("sum", 1))
     result = client.wait(timeout_s=240)
     assert result.restarts == 1

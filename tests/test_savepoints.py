@@ -1,4 +1,5 @@
-"""Savepoints: taken while running, stop-with-savepoint, restore at another parallelism.
+"""Savepoints: taken while running, stop-with-savepoint, restore at another parallelism
+(the restore on either state backend, heap and disk).
 
 Oracle: the output committed before the savepoint plus the output of the job
 restored from it equals, exactly once, what numpy computes for one run over
@@ -41,23 +42,35 @@ def savepoint_metadata(path: str) -> dict:
 
 @pytest.fixture(scope="module")
 def stopped_at_parallelism_2(ray_session, tmp_path_factory):
-    """A job at parallelism 2 stopped with a savepoint midway, and what it committed."""
-    base = tmp_path_factory.mktemp("savepoints")
-    client, sink = run_until_checkpoints(env_at(2, str(base / "chk")), "before-rescale")
-    running = client.savepoint(str(base / "while-running"))
-    result = client.stop_with_savepoint(str(base / "stopped"))
-    return base, running, result, result.table(sink)
+    """``stopped(backend="heap")``: a job at parallelism 2 on the state backend ``backend``,
+    stopped with a savepoint midway (one taken while running before), and what it
+    committed; each backend's job runs once per module."""
+    made = {}
+
+    def stopped(backend: str = "heap"):
+        if backend not in made:
+            base = tmp_path_factory.mktemp(f"savepoints-{backend}")
+            client, sink = run_until_checkpoints(
+                env_at(2, str(base / "chk"), state_backend=backend), f"before-rescale-{backend}")
+            running = client.savepoint(str(base / "while-running"))
+            result = client.stop_with_savepoint(str(base / "stopped"))
+            made[backend] = base, running, result, result.table(sink)
+        return made[backend]
+    return stopped
 
 
-@pytest.mark.parametrize("parallelism", [3, 1])
+@pytest.mark.parametrize("backend, parallelism", [
+    ("heap", 3), ("heap", 1), pytest.param("disk", 3, marks=pytest.mark.slow)],
+    ids=["heap-3", "heap-1", "disk-3"])
 def test_restore_at_another_parallelism_continues_exactly_once(stopped_at_parallelism_2,
-                                                               parallelism):
-    base, _, first, committed_before = stopped_at_parallelism_2
+                                                               backend, parallelism):
+    base, _, first, committed_before = stopped_at_parallelism_2(backend)
     assert first.status == "FINISHED"
     assert 0 < committed_before.num_rows  # stopped midway: part of the input ...
-    env = env_at(parallelism, str(base / f"chk-p{parallelism}"))
+    env = env_at(parallelism, str(base / f"chk-p{parallelism}"), state_backend=backend)
     sink = build_job(env)
-    second = env.execute(f"after-rescale-{parallelism}", restore_from=str(base / "stopped"))
+    second = env.execute(f"after-rescale-{backend}-{parallelism}",
+                         restore_from=str(base / "stopped"))
     # ... and the restored job commits exactly the rest.
     assert_exactly_once(pa.concat_tables([committed_before, second.table(sink)]))
     stopped_id = savepoint_metadata(str(base / "stopped"))["checkpoint_id"]
@@ -65,7 +78,7 @@ def test_restore_at_another_parallelism_continues_exactly_once(stopped_at_parall
 
 
 def test_savepoint_while_running_is_complete_but_commits_nothing(stopped_at_parallelism_2):
-    base, running, first, _ = stopped_at_parallelism_2
+    base, running, first, _ = stopped_at_parallelism_2()
     assert running == str(base / "while-running")
     metadata = savepoint_metadata(running)
     assert metadata["hash_version"] == rs.HASH_VERSION
@@ -80,7 +93,7 @@ def test_savepoint_while_running_is_complete_but_commits_nothing(stopped_at_para
 
 
 def test_a_max_parallelism_change_is_refused(stopped_at_parallelism_2):
-    base, _, _, _ = stopped_at_parallelism_2
+    base, _, _, _ = stopped_at_parallelism_2()
     env = env_at(2, str(base / "chk-maxp"), max_parallelism=64)
     build_job(env)
     with pytest.raises(rs.JobFailedError, match="max_parallelism 128.*has 64"):
@@ -89,7 +102,7 @@ def test_a_max_parallelism_change_is_refused(stopped_at_parallelism_2):
 
 def test_a_damaged_savepoint_fails_the_restore_naming_its_file(stopped_at_parallelism_2,
                                                              tmp_path):
-    base, _, _, _ = stopped_at_parallelism_2
+    base, _, _, _ = stopped_at_parallelism_2()
     (chk,) = (base / "stopped" / "savepoint").iterdir()
     victim = min(p for p in chk.iterdir() if p.suffix == ".keyed")
     intact = victim.read_bytes()

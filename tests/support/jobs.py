@@ -19,20 +19,26 @@ POLL_S = 0.02
 
 
 def checkpointed_env(storage: str, *, interval_s: float = 0.25, attempts: int = 3,
-                     failpoints=(), parallelism: int = 2) -> rs.StreamEnvironment:
-    """An environment with checkpoints into ``storage`` (two retained) and a fixed-delay
-    restart strategy of ``attempts`` attempts."""
+                     failpoints=(), parallelism: int = 2,
+                     state_backend: str = "heap") -> rs.StreamEnvironment:
+    """An environment with checkpoints into ``storage`` (two retained) on
+    ``state_backend`` ("heap" or "disk") and a fixed-delay restart strategy of
+    ``attempts`` attempts."""
     return rs.StreamEnvironment(
         parallelism=parallelism, failpoints=failpoints,
-        checkpoints=rs.CheckpointConfig(interval_s=interval_s, storage=storage, retained=2),
+        checkpoints=rs.CheckpointConfig(interval_s=interval_s, storage=storage, retained=2,
+                                        state_backend=state_backend),
         restart=rs.RestartStrategy.fixed_delay(attempts, 0.1))
 
 
-def env_at(parallelism: int, storage: str, max_parallelism: int = 128) -> rs.StreamEnvironment:
-    """An environment of ``parallelism`` with checkpoints into ``storage`` every 0.3 s."""
+def env_at(parallelism: int, storage: str, max_parallelism: int = 128, *,
+           state_backend: str = "heap") -> rs.StreamEnvironment:
+    """An environment of ``parallelism`` with checkpoints into ``storage`` every 0.3 s, on
+    ``state_backend`` ("heap" or "disk")."""
     return rs.StreamEnvironment(
         parallelism=parallelism, max_parallelism=max_parallelism,
-        checkpoints=rs.CheckpointConfig(interval_s=0.3, storage=storage),
+        checkpoints=rs.CheckpointConfig(interval_s=0.3, storage=storage,
+                                        state_backend=state_backend),
         restart=rs.RestartStrategy.fixed_delay(3, 0.1))
 
 
