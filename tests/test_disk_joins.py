@@ -3,10 +3,10 @@
 Operator-level tests drive a heap and a disk :class:`IntervalJoinOperator` with the
 same batches and watermarks (disorder, rows beyond the bound, hot keys, a lagging
 side) and check both against ``pd.merge`` plus the interval filter; snapshot tests
-restore disk sections (and a heap snapshot's buffers) at other parallelisms and check
-the refusals; job tests run real Ray jobs on the disk backend through savepoints at
-parallelism 1, 2 and 3 and through a subtask kill with full and incremental
-checkpoints.
+move a heap snapshot's buffers into disk subtasks and check the refusals (disk sections
+restored at other parallelisms, and the savepoint chain at parallelism 1, 2 and 3 on
+either backend, are in tests/test_joins.py); job tests run real Ray jobs on the disk
+backend through a subtask kill with full and incremental checkpoints.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from raystream.engine.operators.disk_join import KIND, STATE_NAMES
 from raystream.engine.operators.interval_join import (IntervalBounds, IntervalJoinOperator,
                                                       IntervalJoinSpec, JoinSide)
 from raystream.engine.windows.join import WindowJoinKind
-from tests.support.functions import Ids, co_groups
+from tests.support.functions import co_groups
 from tests.support.inputs import BASE, join_input
-from tests.support.jobs import disk_env, run_through_a_kill, savepoint_chain
+from tests.support.jobs import disk_env, run_through_a_kill
 from tests.support.operators import (JOIN_SESSION, JOIN_SLIDING, JOIN_TUMBLING, MAXP,
                                      drive_join, output_of, pairs_of, window_join_operator,
                                      window_pairs_of, window_rows)
@@ -37,7 +37,6 @@ from tests.support.oracles import (expected_pairs, expected_window_pairs, interv
 from tests.support.pacing import Throttle
 from tests.support.pipelines import join_job, sides
 
-crawl = Throttle(0.06)
 throttle = Throttle(0.02)
 
 BOUNDS = [IntervalBounds(-30, 20), IntervalBounds(5, 60),
@@ -252,21 +251,17 @@ def restore_and_finish(backend: StateBackend, bounds, sections, watermark: int,
     return sorted(got)
 
 
-def test_disk_snapshot_restores_at_other_parallelism_and_heap_buffers_move_in():
-    """The rows travel in the disk backend's sections: restored into 1, 2 and 3 subtasks
-    the pairs after the snapshot are the uninterrupted run's; a heap snapshot's buffers
-    move into a disk job's RocksDB; a heap job refuses disk sections."""
+def test_heap_buffers_move_into_a_disk_job_and_a_heap_job_refuses_disk_sections():
+    """A heap snapshot's buffers move into a disk job's RocksDB: restored into 2 disk
+    subtasks, the pairs after the snapshot are the uninterrupted disk run's; a heap job
+    refuses disk sections. (A disk snapshot restored into 1, 2 and 3 disk subtasks:
+    tests/test_joins.py, parametrized over the backends.)"""
     bounds = IntervalBounds(-40, 40)
     events = make_events(5, 1600, keys=60, disorder=30)
     half = 800
     sections, watermark, expected = snapshot_midway(StateBackend.DISK, bounds, events, half)
     assert expected
     rest = events.iloc[half:]
-    for parallelism in (1, 2, 3):
-        # the restored operators see only their keys' rows, so their watermarks differ
-        # from the whole run's; with disorder below the lag no row is late anywhere
-        assert restore_and_finish(StateBackend.DISK, bounds, sections, watermark, rest,
-                                  parallelism) == expected, parallelism
     heap_sections, heap_watermark, heap_expected = snapshot_midway(StateBackend.HEAP, bounds,
                                                                    events, half)
     assert heap_expected == expected and heap_watermark == watermark
@@ -395,25 +390,6 @@ def test_disk_interval_join_exactly_once_through_a_subtask_kill(ray_session, tmp
     assert len(got) == len(set(got))  # no pair twice, though one subtask died midway
     expected = expected_pairs(n, lower, upper)
     assert set(got) == expected and len(expected) > 1000
-
-
-@pytest.mark.slow
-def test_disk_interval_join_savepoints_at_1_2_3(ray_session, tmp_path):
-    """Stopped with a savepoint at parallelism 1 with rows on disk, restored at 2,
-    stopped again, restored at 3: the pairs over the three runs (through a
-    ProcessJoinFunction) are those of pandas, each once."""
-    n, lower, upper = 12_000, -10, 60
-
-    def job(parallelism: int):
-        env = disk_env(str(tmp_path / f"chk{parallelism}"), parallelism)
-        return env, join_job(env, n, lower, upper, fn=Ids(),
-                            pace=crawl if parallelism < 3 else None)
-
-    tables = [result.table(sink) for result, sink in savepoint_chain(tmp_path, "disk-join", job)]
-    assert all(t.num_rows for t in tables), [t.num_rows for t in tables]  # each run midway
-    got = pairs_of(pa.concat_tables(tables))
-    assert len(got) == len(set(got))
-    assert set(got) == expected_pairs(n, lower, upper)
 
 
 def test_disk_window_join_exactly_once_through_a_subtask_kill(ray_session, tmp_path):

@@ -2,9 +2,9 @@
 
 Operator-level tests drive an operator by hand with a fixed sequence of batches
 and watermarks, so which rows are late is exact; job-level tests run on Ray at
-parallelism 2 (3 after a rescale), through a placed failure and through a
-stop-with-savepoint, and compare the committed output with ``pd.merge`` plus
-the interval filter over the same input.
+parallelism 2 through a placed failure, and through stop-with-savepoints at
+parallelism 1, 2 and 3 on either state backend (heap and disk), and compare the
+committed output with ``pd.merge`` plus the interval filter over the same input.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 
 import raystream as rs
+from raystream.checkpoint.state_backend import StateBackend
 from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
 from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
@@ -22,8 +23,8 @@ from raystream.engine.operators.interval_join import (IntervalBounds, IntervalJo
                                                       IntervalJoinSpec, JoinSide)
 from tests.support.functions import Ids
 from tests.support.inputs import BASE
-from tests.support.jobs import late_dropped, rescaled_run
-from tests.support.operators import pairs_of
+from tests.support.jobs import late_dropped, savepoint_chain
+from tests.support.operators import feed_sides, pairs_of
 from tests.support.oracles import expected_pairs, interval_oracle
 from tests.support.pacing import Throttle
 from tests.support.pipelines import join_job
@@ -32,10 +33,11 @@ from tests.support.pipelines import join_job
 # -- the operator by hand -----------------------------------------------------------------
 
 def join_operator(bounds: IntervalBounds, index: int = 0, parallelism: int = 1,
-                  fn=None) -> IntervalJoinOperator:
+                  fn=None, backend: StateBackend = StateBackend.HEAP) -> IntervalJoinOperator:
     spec = IntervalJoinSpec(bounds, (KeySelector.of("k"), KeySelector.of("k")), ("ts", "ts"))
     op = IntervalJoinOperator("join", spec, fn)
-    op.setup(RuntimeContext("job", "join", index, parallelism, 128, 0), CollectingOutput())
+    op.setup(RuntimeContext("job", "join", index, parallelism, 128, 0, state_backend=backend),
+             CollectingOutput())
     return op
 
 
@@ -45,23 +47,11 @@ def make_side(rng, n: int, first_id: int, keys: int, disorder: int) -> pd.DataFr
                          "ts": ts, "side": rng.integers(0, 2, n)})
 
 
-def drive(op, events: pd.DataFrame, *, batch: int = 17, lag: int = 40):
-    """Feed rows in order, each batch to its side (column ``side``); after each
-    batch the watermark is max(ts seen) - lag - 1. Returns the rows that were late
-    on arrival (ts < watermark), as the operator must judge them."""
-    late, watermark, max_ts = [], rs.MIN_WATERMARK, rs.MIN_WATERMARK
-    for start in range(0, len(events), batch):
-        chunk = events.iloc[start:start + batch]
-        for side in (0, 1):
-            part = chunk[chunk["side"] == side]
-            if len(part):
-                late.append(part[part["ts"] < watermark])
-                op.process_batch(pa.RecordBatch.from_pandas(part[["id", "k", "ts"]],
-                                                            preserve_index=False), side)
-        max_ts = max(max_ts, int(chunk["ts"].max()))
-        watermark = max(watermark, max_ts - lag - 1)
-        op.process_watermark(watermark)
-    return pd.concat(late)
+def drive(op, events: pd.DataFrame, *, lag: int = 40) -> pd.DataFrame:
+    """:func:`feed_sides` the rows in batches of 17: the rows that were late on arrival
+    (ts < watermark), as the operator must judge them."""
+    fed = feed_sides(op, events, batch=17, lag=lag)
+    return fed[fed["ts"] < fed["wm"]]
 
 
 @pytest.mark.parametrize("bounds", [IntervalBounds(-30, 20), IntervalBounds(5, 60),
@@ -134,36 +124,41 @@ def test_bounds_are_checked():
         IntervalBounds(0.5, 4)
 
 
-def test_buffers_restore_at_other_parallelism_by_key_group():
+@pytest.mark.parametrize("backend", [StateBackend.HEAP, StateBackend.DISK],
+                         ids=lambda b: b.value)
+def test_buffers_restore_at_other_parallelism_by_key_group(backend):
     """Snapshot mid-stream, restore into 1, 2 and 3 subtasks by key group: the pairs
-    after the snapshot are those of an uninterrupted run."""
+    after the snapshot are those of an uninterrupted run. On disk the rows travel in the
+    backend's sections (a heap snapshot moving into disk: tests/test_disk_joins.py)."""
     bounds = IntervalBounds(-40, 40)
     rng = np.random.default_rng(3)
     events = make_side(rng, 1200, 0, keys=60, disorder=30)
     first, rest = events.iloc[:600], events.iloc[600:]
-    whole = join_operator(bounds)
+    whole = join_operator(bounds, backend=backend)
     whole.initialize_state(None)
     whole.open()
     drive(whole, first, lag=40)
     snapshot_watermark = whole.current_watermark
     snapshot = whole.snapshot_state(1).keyed_state  # the synchronous part
-    before = len(pairs_of(whole.output.batches))
+    assert snapshot is not None
+    before = len(pairs_of(whole.output.batches))  # pyright: ignore[reportAttributeAccessIssue]
     drive(whole, rest, lag=40)  # changes the buffers before the asynchronous part runs
     sections = snapshot()
-    expected = pairs_of(whole.output.batches)[before:]
+    expected = pairs_of(whole.output.batches)[before:]  # pyright: ignore[reportAttributeAccessIssue]
     assert expected
     floors = WatermarkFloors.from_json(snapshot_watermark, max_parallelism=128)
     for parallelism in (1, 2, 3):
         got = []
         for index in range(parallelism):
             groups = rs.key_group_range(index, parallelism, 128)
-            op = join_operator(bounds, index, parallelism)
+            op = join_operator(bounds, index, parallelism, backend=backend)
             op.initialize_state(RestoredState(1, [], [(g, s) for g, s in sections.items()
                                                       if g in groups], floors))
             op.open()
+            assert (op.disk_rows is not None) == (backend is StateBackend.DISK)
             mine = rest[[rs.key_group_of(k, 128) in groups for k in rest["k"].tolist()]]
             drive(op, mine, lag=40)
-            got += pairs_of(op.output.batches)
+            got += pairs_of(op.output.batches)  # pyright: ignore[reportAttributeAccessIssue]
         # the restored operators see only their keys' rows, so their watermarks differ
         # from the whole run's; with disorder below the lag no row is late anywhere
         assert sorted(got) == sorted(expected), parallelism
@@ -174,7 +169,7 @@ def test_buffers_restore_at_other_parallelism_by_key_group():
 throttle = Throttle(0.02)  # keeps the job running across several checkpoints
 
 
-crawl = Throttle(0.06)  # the first run of a rescale must still be running when it is stopped
+crawl = Throttle(0.06)  # the runs of a savepoint chain must still be running when stopped
 
 
 def test_interval_join_job_at_parallelism_2_equals_pandas_exactly_once(ray_session, tmp_path):
@@ -197,18 +192,24 @@ def test_interval_join_job_at_parallelism_2_equals_pandas_exactly_once(ray_sessi
 
 
 @pytest.mark.slow
-def test_interval_join_survives_a_savepoint_and_a_rescale_exactly_once(ray_session, tmp_path):
-    """Stopped with a savepoint at parallelism 2 with rows buffered, restored at 3: the
-    pairs over both runs (through a ProcessJoinFunction) are those of pandas, each once."""
-    n, lower, upper = 16_000, -10, 60
+@pytest.mark.parametrize("backend", ["heap", "disk"])
+def test_interval_join_through_savepoints_at_1_2_3_exactly_once(ray_session, tmp_path, backend):
+    """Stopped with a savepoint at parallelism 1 with rows buffered (on disk: in RocksDB),
+    restored at 2, stopped again, restored at 3: the pairs over the three runs (through a
+    ProcessJoinFunction) are those of pandas, each once."""
+    n, lower, upper = 12_000, -10, 60
 
     def job(parallelism: int):
         env = rs.StreamEnvironment(parallelism=parallelism, checkpoints=rs.CheckpointConfig(
-            interval_s=0.2, storage=str(tmp_path / f"chk{parallelism}")))
+            interval_s=0.2, storage=str(tmp_path / f"chk{parallelism}"), retained=2,
+            state_backend=backend))
         return env, join_job(env, n, lower, upper, fn=Ids(),
-                            pace=crawl if parallelism == 2 else None)
+                            pace=crawl if parallelism < 3 else None)
 
-    got = pairs_of(rescaled_run(job, tmp_path, "join"))
+    runs = savepoint_chain(tmp_path, f"join-{backend}", job)
+    tables = [result.table(sink) for result, sink in runs]
+    assert all(t.num_rows for t in tables), [t.num_rows for t in tables]  # each run midway
+    got = pairs_of(pa.concat_tables(tables))
     assert len(got) == len(set(got))
     assert set(got) == expected_pairs(n, lower, upper)
 

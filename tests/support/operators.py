@@ -234,15 +234,12 @@ def window_join_operator(backend: StateBackend, assigner, kind=WindowJoinKind.JO
     return op
 
 
-def drive_join(op, frame: pd.DataFrame, assigner, *, batch: int = 23, lag: int = 40,
-               columns=("id", "k", "ts"), right_columns=None
-               ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Feed rows in order, each batch to its side (column ``side``); after each batch
-    the watermark is max(ts seen) - lag - 1, then MAX_WATERMARK at the end. Returns the
-    rows that were on time on arrival, with the watermark then (column ``wm``), and the
-    rows late for all their windows, as the operator must judge them (sessions: by the
-    model, a row whose own window is late is kept when it meets an open session; the
-    rows on time have column ``call``, their ``process_batch`` call, too)."""
+def feed_sides(op, frame: pd.DataFrame, *, batch: int = 23, lag: int = 40,
+               columns=("id", "k", "ts"), right_columns=None) -> pd.DataFrame:
+    """Feed a two-input operator rows in order, each batch to its side (column ``side``;
+    ``columns`` of the left rows, ``right_columns`` of the right); after each batch the
+    watermark is max(ts seen) - lag - 1. Returns the rows fed, with the watermark on
+    their arrival (column ``wm``) and their ``process_batch`` call (column ``call``)."""
     fed, watermark, max_ts = [], rs.MIN_WATERMARK, rs.MIN_WATERMARK
     for start in range(0, len(frame), batch):
         chunk = frame.iloc[start:start + batch]
@@ -256,8 +253,20 @@ def drive_join(op, frame: pd.DataFrame, assigner, *, batch: int = 23, lag: int =
         max_ts = max(max_ts, int(chunk["ts"].max()))
         watermark = max(watermark, max_ts - lag - 1)
         op.process_watermark(watermark)
+    return pd.concat(fed)
+
+
+def drive_join(op, frame: pd.DataFrame, assigner, *, batch: int = 23, lag: int = 40,
+               columns=("id", "k", "ts"), right_columns=None
+               ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """:func:`feed_sides` a window join, then MAX_WATERMARK at the end. Returns the
+    rows that were on time on arrival, with the watermark then (column ``wm``), and the
+    rows late for all their windows, as the operator must judge them (sessions: by the
+    model, a row whose own window is late is kept when it meets an open session; the
+    rows on time have column ``call``, their ``process_batch`` call, too)."""
+    rows = feed_sides(op, frame, batch=batch, lag=lag, columns=columns,
+                      right_columns=right_columns)
     op.process_watermark(rs.MAX_WATERMARK)
-    rows = pd.concat(fed)
     if isinstance(assigner, rs.EventTimeSessionWindows):
         dropped = fed_sessions(rows, assigner.gap_ms)["window_start"].isna()
     else:
