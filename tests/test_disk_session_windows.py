@@ -4,9 +4,10 @@ sessions in RocksDB, against pandas.
 Operator-level tests drive a heap and a disk :class:`WindowOperator` with the same
 batches and watermarks (disorder, rows beyond the bound, allowed lateness) and check
 both against a pandas oracle (per key, the rows kept on arrival split where two
-consecutive times are more than the gap apart); snapshot tests restore disk (and
-heap) sections at other parallelisms; a job test runs a real Ray job on the disk
-backend with incremental checkpoints through a subtask kill.
+consecutive times are more than the gap apart); a version 2 heap checkpoint's sessions
+move into RocksDB; a job test runs a real Ray job on the disk backend with incremental
+checkpoints through a subtask kill. (Sessions restored at other parallelisms, on either
+backend: tests/test_windows.py.)
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ import pytest
 
 import raystream as rs
 from raystream.actors.operator import CollectingOutput, RuntimeContext
-from raystream.checkpoint.envelope import is_keyed_state
-from raystream.checkpoint.sections import decode_parts
 from raystream.checkpoint.state_backend import StateBackend
 from raystream.engine.keys import KeySelector
 from raystream.engine.windows.aggregates import AggregateSpec
@@ -33,8 +32,7 @@ from tests.support.disk import values_by_key
 from tests.support.functions import AGGS
 from tests.support.inputs import BLOCK, JOB_GAP, make_input, session_events, session_input
 from tests.support.jobs import disk_env, run_through_a_kill
-from tests.support.operators import (GAP, MAXP, SESSIONS, check_restores_at_other_parallelism,
-                                     drive, heap_and_disk_sessions, sorted_rows,
+from tests.support.operators import (GAP, MAXP, SESSIONS, drive, heap_and_disk_sessions,
                                      window_operator)
 from tests.support.oracles import WINDOW_KEYS, final_sessions
 from tests.support.pacing import Throttle
@@ -166,22 +164,6 @@ def test_sessions_of_a_version_2_heap_checkpoint_move_into_rocksdb():
     assert pa.Table.from_batches(out.batches).to_pylist() == [
         {"k": 7, "window_start": 100, "window_end": 122, "n": 4, "total": 10.0}]
     assert stored_sessions(op) == {7: 1}
-
-
-def test_disk_session_snapshot_restores_at_other_parallelism():
-    """The sessions travel in the backend's sections: restored into 1, 2 and 3 subtasks
-    (and from a heap snapshot into disk ones) the sessions open at the snapshot fire
-    once, as in the uninterrupted run; a heap job refuses the disk sections."""
-    assigner = rs.EventTimeSessionWindows(gap_ms=40)
-    key, ts, x = make_input(seed=5, n=400, keys=10, disorder=0)
-    half = 200
-    sections, open_at_snapshot = check_restores_at_other_parallelism(
-        assigner, key, ts, x, half, normal=sorted_rows,
-        refusal="window 'w': the checkpoint keeps this window's state in the disk state "
-                "backend.*state_backend='disk'")
-    assert (open_at_snapshot["window_start"] < ts[half]).any()  # a session across the cut
-    assert not any("windows" in decode_parts(s) for s in sections.values()
-                   if not is_keyed_state(s))  # no heap part: the sessions are keyed state
 
 
 # -- a job on Ray ---------------------------------------------------------------------------

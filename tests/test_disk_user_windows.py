@@ -4,9 +4,9 @@ A user ``AggregateFunction`` and a ``ProcessWindowFunction`` keep their (key, wi
 accumulators in RocksDB (:mod:`raystream.engine.windows.disk_entries`). Operator-level
 tests drive a heap and a disk :class:`WindowOperator` with the same batches and
 watermarks (disorder, allowed lateness, a late side output) and check both against a
-pandas oracle; snapshot tests restore disk sections at parallelisms 1, 2 and 3, a heap
-snapshot into a disk job and refuse disk sections in a heap job; a real Ray job runs
-through a subtask kill with incremental checkpoints.
+pandas oracle; a real Ray job runs through a subtask kill with incremental checkpoints.
+Snapshots restored at parallelisms 1, 2 and 3, a heap snapshot into a disk job and the
+refusal of disk sections in a heap job are in tests/test_windows.py, over both backends.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from tests.support.disk import stored_entries
 from tests.support.functions import Average
 from tests.support.inputs import make_input, user_events
 from tests.support.jobs import disk_env, run_through_a_kill
-from tests.support.operators import (MAXP, check_restores_at_other_parallelism, drive,
-                                     function_of, last_per_window, normalized, user_operator)
+from tests.support.operators import (MAXP, drive, function_of, last_per_window, normalized,
+                                     user_operator)
 from tests.support.oracles import kept_in_windows
 from tests.support.pacing import Throttle
 
@@ -94,20 +94,6 @@ def test_processing_time_user_windows_on_disk_fire_at_the_end():
     assert got["rows"].tolist() == expected["size"].tolist()
     np.testing.assert_allclose(got["total"], expected["sum"], atol=1e-9)
     assert stored_entries(op) == 0
-
-
-# -- snapshots --------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("assigner", ASSIGNERS, ids=repr)
-def test_disk_user_windows_restore_at_other_parallelism(kind, assigner):
-    """The accumulators travel in the backend's sections: restored into 1, 2 and 3
-    subtasks (and from a heap snapshot into disk ones) the windows open at the snapshot
-    fire once, as in the uninterrupted run; a heap job refuses the disk sections."""
-    key, ts, x = make_input(seed=11, n=400, keys=60, disorder=0)
-    check_restores_at_other_parallelism(
-        assigner, key, ts, x, 200, normal=normalized,
-        make=lambda backend, assigner, **at: user_operator(backend, assigner, kind, **at))
 
 
 # -- a job on Ray -----------------------------------------------------------------------------

@@ -2,9 +2,11 @@
 
 Operator-level tests drive a heap and a disk :class:`WindowOperator` with the same
 batches and watermarks (disorder, rows beyond the bound, allowed lateness) and
-check both against a pandas oracle; snapshot tests restore disk sections at
-other parallelisms; job tests run real Ray jobs on the disk backend through a
-subtask kill and a savepoint restored at another parallelism.
+check both against a pandas oracle; a restored disk operator fires from the watermark
+alone; a job test runs a real Ray job on the disk backend through a subtask kill. On
+either backend, in tests/test_windows.py: snapshots restored at other parallelisms (and
+heap snapshots into disk), a savepoint restored at another parallelism, and rows beyond
+the bound sent to the side output.
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ from raystream.engine.windows.operator import WindowOperator
 from raystream.timers.disk_service import DiskTimerService
 from tests.support.disk import stored_entries
 from tests.support.functions import AGGS, Average
-from tests.support.inputs import make_input, user_events, with_stragglers
-from tests.support.jobs import disk_env, run_through_a_kill, wait_for_checkpoint
-from tests.support.operators import (MAXP, check_restores_at_other_parallelism, drive,
-                                     last_per_window, snapshot_midway, sorted_rows,
-                                     window_operator)
-from tests.support.oracles import kept_in_windows, windows_of
+from tests.support.inputs import make_input, user_events
+from tests.support.jobs import disk_env, run_through_a_kill
+from tests.support.operators import (MAXP, drive, last_per_window, snapshot_midway,
+                                     sorted_rows, window_operator)
+from tests.support.oracles import (kept_in_windows, user_window_rows, user_window_sums,
+                                   windows_of)
 from tests.support.pacing import Throttle
 
 throttle = Throttle(0.03)
@@ -249,15 +251,6 @@ def test_processing_time_windows_on_disk_fire_at_the_end():
     assert stored_entries(op) == 0
 
 
-@pytest.mark.parametrize("assigner", ASSIGNERS[1:], ids=repr)
-def test_disk_snapshot_restores_at_other_parallelism(assigner):
-    """The panes travel in the backend's sections: restored into 1, 2 and 3 subtasks
-    (and from a heap snapshot into disk ones) the windows open at the snapshot fire
-    once, as in the uninterrupted run; a heap job refuses the disk sections."""
-    key, ts, x = make_input(seed=11, n=400, keys=60, disorder=0)
-    check_restores_at_other_parallelism(assigner, key, ts, x, 200, normal=sorted_rows)
-
-
 def test_restored_panes_know_their_record_before_any_row():
     """A restored disk operator fires its windows from the watermark alone: the partials'
     dtypes come with the state's kind, the keys from the entries."""
@@ -277,20 +270,6 @@ def test_restored_panes_know_their_record_before_any_row():
 
 # -- jobs on Ray ----------------------------------------------------------------------------
 
-def tumbling_oracle(make, n: int, size: int, keep=None) -> pd.DataFrame:
-    e = pd.DataFrame(make(np.arange(n)))
-    if keep is not None:
-        e = e[keep]
-    e["window_start"] = e["ts"] // size * size
-    return (e.groupby(["user", "window_start"]).agg(n=("x", "size"), total=("x", "sum"))
-            .reset_index().sort_values(["user", "window_start"]).reset_index(drop=True))
-
-
-def job_rows(table: pa.Table) -> pd.DataFrame:
-    return (table.to_pandas()[["user", "window_start", "n", "total"]]
-            .sort_values(["user", "window_start"]).reset_index(drop=True))
-
-
 @pytest.mark.parametrize("incremental", [False, True], ids=["full", "incremental"])
 def test_disk_windows_exactly_once_through_a_subtask_kill(ray_session, tmp_path, incremental):
     """Full checkpoints with raw rows in; incremental ones with pre-aggregated partials in."""
@@ -303,63 +282,6 @@ def test_disk_windows_exactly_once_through_a_subtask_kill(ray_session, tmp_path,
         pre_aggregate=incremental).agg(
         n=("count", None), total=("sum", "x")).collect()
     job = run_through_a_kill(env, "disk-windows-kill", "window")
-    got = job_rows(job.table(sink))
+    got = user_window_rows(job.table(sink))
     assert not got.duplicated(["user", "window_start"]).any()  # no window emitted twice
-    pd.testing.assert_frame_equal(got, tumbling_oracle(user_events, n, size), check_dtype=False)
-
-
-@pytest.mark.slow
-def test_disk_sliding_windows_savepoint_at_2_restore_at_3(ray_session, tmp_path):
-    """Sliding windows (pre-aggregated into panes) with allowed lateness on the disk
-    backend: stopped with a savepoint at parallelism 2 while windows are open, restored
-    at 3, every window fires exactly once over the two runs."""
-    n, size, slide = 30_000, 1000, 500
-
-    def job(parallelism: int):
-        env = disk_env(str(tmp_path / f"chk{parallelism}"), parallelism)
-        src = env.from_sequence(n, user_events, batch_size=250,
-                                watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=500))
-        if parallelism == 2:  # the first run, stopped midway
-            src = src.map_batches(throttle, name="throttle")
-        windowed = src.key_by("user").window(
-            rs.SlidingEventTimeWindows(size_ms=size, slide_ms=slide), timestamp="ts",
-            allowed_lateness_ms=300, pre_aggregate=True).agg(n=("count", None),
-                                                             total=("sum", "x"))
-        return env, windowed.collect()
-
-    env, sink = job(2)
-    client = env.execute_async("disk-windows-before-rescale")
-    wait_for_checkpoint(client, after=1)
-    first = client.stop_with_savepoint(str(tmp_path / "savepoint"))
-    env, sink_after = job(3)
-    second = env.execute("disk-windows-after-rescale", restore_from=str(tmp_path / "savepoint"))
-    assert 0 < first.table(sink).num_rows
-    got = job_rows(pa.concat_tables([first.table(sink), second.table(sink_after)]))
-    assert not got.duplicated(["user", "window_start"]).any()
-    e = pd.DataFrame(user_events(np.arange(n)))
-    first_start = e["ts"] // slide * slide - size + slide  # each row: its two windows
-    e = pd.concat([e.assign(window_start=first_start),
-                   e.assign(window_start=first_start + slide)])
-    expected = (e.groupby(["user", "window_start"]).agg(n=("x", "size"), total=("x", "sum"))
-                .reset_index().sort_values(["user", "window_start"]).reset_index(drop=True))
-    pd.testing.assert_frame_equal(got, expected, check_dtype=False)
-
-
-@pytest.mark.slow
-def test_disk_windows_send_rows_beyond_the_bound_to_the_side_output(ray_session, tmp_path):
-    n, size = 10_000, 1000
-    env = disk_env(str(tmp_path / "chk"))
-    src = env.from_sequence(n, with_stragglers, batch_size=200, num_splits=1,
-                            watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=100))
-    windowed = src.key_by("user").window(rs.TumblingEventTimeWindows(size_ms=size),
-                                         timestamp="ts", late_output="late").agg(
-        n=("count", None), total=("sum", "x"))
-    main, late = windowed.collect(), windowed.side_output("late").collect(name="late")
-    job = env.execute("disk-windows-late")
-    i = np.arange(n)
-    straggler = (i % 500 == 499) & (i > 1000)
-    assert sorted(job.table(late)["ts"].to_pylist()) == sorted(
-        with_stragglers(i)["ts"][straggler].tolist())
-    pd.testing.assert_frame_equal(job_rows(job.table(main)),
-                                  tumbling_oracle(with_stragglers, n, size, keep=~straggler),
-                                  check_dtype=False)
+    pd.testing.assert_frame_equal(got, user_window_sums(user_events, n, size), check_dtype=False)

@@ -2,7 +2,9 @@
 
 Operator-level tests drive a :class:`WindowOperator` by hand with an explicit
 sequence of batches and watermarks (so lateness is exact); job-level tests
-run real jobs on Ray, with pre-aggregation, side outputs and placed failures.
+run real jobs on Ray, with pre-aggregation, side outputs and placed failures; the
+late side output and the savepoint restored at another parallelism on either state
+backend (heap and disk).
 """
 
 from __future__ import annotations
@@ -11,23 +13,27 @@ import collections
 import time
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 import ray
 
 import raystream as rs
-from raystream.checkpoint.watermark_floors import WatermarkFloors
+from raystream.checkpoint.envelope import is_keyed_state
+from raystream.checkpoint.sections import decode_parts
+from raystream.checkpoint.state_backend import StateBackend
 from raystream.engine.keys import KeySelector
-from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
+from raystream.actors.operator import CollectingOutput, RuntimeContext
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.functions import BuiltinAggregates, ProcessWindow, UserAggregate
 from raystream.engine.windows.operator import WindowOperator
 from raystream.engine.windows.pre_aggregate import WindowPreAggregator
 from tests.support.functions import AGGS, Average, Spread
 from tests.support.inputs import BASE, make_input, user_events, with_stragglers
-from tests.support.jobs import wait_for_checkpoint
-from tests.support.operators import feed
-from tests.support.oracles import windows_of
+from tests.support.jobs import disk_env, rescaled_run, wait_for_checkpoint
+from tests.support.operators import (check_restores_at_other_parallelism, feed, normalized,
+                                     sorted_rows, user_operator, window_operator)
+from tests.support.oracles import user_window_rows, user_window_sums, windows_of
 from tests.support.pacing import Throttle
 
 def aggregate_oracle(values: list[float]) -> dict:
@@ -336,56 +342,44 @@ def test_a_dense_timer_fires_only_its_own_key_group():
     assert op._dense_keys_of_groups(0, np.repeat(group_a, 2)).tolist() == kid_a.tolist()
 
 
-@pytest.mark.parametrize("assigner", [rs.SlidingEventTimeWindows(size_ms=60, slide_ms=30),
-                                      rs.EventTimeSessionWindows(gap_ms=40)])
-def test_snapshot_restore_at_other_parallelism_gives_the_same_results(assigner):
-    """Snapshot mid-stream, restore into 1, 2 and 3 subtasks by key group: the union of
-    their results equals an uninterrupted run."""
-    key, ts, x = make_input(seed=11, n=300, keys=40, disorder=0)
+RESTORES = [  # (function, assigner, (seed, rows, keys) of make_input): snapshot at half the rows
+    ("builtin", rs.SlidingEventTimeWindows(size_ms=60, slide_ms=30), (11, 300, 40)),
+    ("aggregate", rs.SlidingEventTimeWindows(size_ms=60, slide_ms=30), (11, 300, 40)),
+    ("builtin", rs.EventTimeSessionWindows(gap_ms=40), (11, 300, 40)),
+    ("aggregate", rs.EventTimeSessionWindows(gap_ms=40), (11, 300, 40)),
+    ("builtin", rs.EventTimeSessionWindows(gap_ms=40), (5, 400, 10)),
+    ("builtin", rs.TumblingEventTimeWindows(size_ms=40, offset_ms=7), (11, 400, 60)),
+    ("builtin", rs.SlidingEventTimeWindows(size_ms=60, slide_ms=20), (11, 400, 60)),
+    ("aggregate", rs.TumblingEventTimeWindows(size_ms=50), (11, 400, 60)),
+    ("aggregate", rs.SlidingEventTimeWindows(size_ms=60, slide_ms=20), (11, 400, 60)),
+    ("process", rs.TumblingEventTimeWindows(size_ms=50), (11, 400, 60)),
+    ("process", rs.SlidingEventTimeWindows(size_ms=60, slide_ms=20), (11, 400, 60)),
+]
 
-    def operator(function, index=0, parallelism=1):
-        op = WindowOperator("w", KeySelector.of("k"), assigner, function=function, timestamp="ts")
-        op.setup(RuntimeContext("job", "w", index, parallelism, 128, 0), CollectingOutput())
-        return op
 
-    def function(kind):
-        return (BuiltinAggregates(AggregateSpec.of(AGGS)) if kind == "builtin"
-                else UserAggregate(Average(), "result"))
-
-    for kind in ("builtin", "aggregate"):
-        whole = operator(function(kind))
-        whole.initialize_state(None)
-        whole.open()
-        half = 150
-        whole.process_batch(pa.record_batch({"k": key[:half], "ts": ts[:half], "x": x[:half]}))
-        whole.process_watermark(int(ts[:half].max()) - 100)
-        snapshot = whole.snapshot_state(1).keyed_state  # the synchronous part
-        rest = pa.record_batch({"k": key[half:], "ts": ts[half:], "x": x[half:]})
-        whole.process_batch(rest)  # state changes before the asynchronous part runs
-        sections = snapshot()
-        whole.process_watermark(rs.MAX_WATERMARK)
-        expected = last_per_window(pa.Table.from_batches(whole.output.batches))
-        for parallelism in (1, 2, 3):
-            got = {}
-            for index in range(parallelism):
-                op = operator(function(kind), index, parallelism)
-                groups = rs.key_group_range(index, parallelism, 128)
-                # the watermark the checkpoint recorded, as the coordinator hands it on
-                floors = WatermarkFloors.from_json(int(ts[:half].max()) - 100, max_parallelism=128)
-                restored = RestoredState(1, [], [(g, s) for g, s in sections.items()
-                                                  if g in groups], floors)
-                op.initialize_state(restored)
-                op.open()
-                mine = np.array([rs.key_group_of(k, 128) in groups for k in key[half:].tolist()])
-                op.process_batch(rest.filter(pa.array(mine)))
-                op.process_watermark(rs.MAX_WATERMARK)
-                got.update(last_per_window(pa.Table.from_batches(op.output.batches)))
-            # every window still open at the snapshot fires once, as in the whole run;
-            # those that fired before it do not fire again
-            snapshot_watermark = int(ts[:half].max()) - 100
-            open_at_snapshot = {w: row for w, row in expected.items()
-                                if w[2] - 1 > snapshot_watermark}
-            assert open_at_snapshot and got == open_at_snapshot, (kind, parallelism)
+@pytest.mark.parametrize("function, assigner, data", RESTORES,
+                         ids=[f"{f}-{a!r}-{d[1]}" for f, a, d in RESTORES])
+@pytest.mark.parametrize("backend", [StateBackend.HEAP, StateBackend.DISK],
+                         ids=lambda b: b.value)
+def test_snapshot_restore_at_other_parallelism_gives_the_same_results(backend, function,
+                                                                      assigner, data):
+    """Snapshot mid-stream (state changing before the asynchronous part runs), restore
+    into 1, 2 and 3 subtasks by key group: every window still open at the snapshot fires
+    once, as in the uninterrupted run; those that fired before it do not fire again. On
+    disk the state travels in the backend's sections (none a heap part of windows), a
+    heap snapshot restores into disk subtasks and a heap job refuses disk sections."""
+    seed, n, keys = data
+    key, ts, x = make_input(seed=seed, n=n, keys=keys, disorder=0)
+    half = n // 2
+    make = window_operator if function == "builtin" else (
+        lambda backend, assigner, **at: user_operator(backend, assigner, function, **at))
+    sections, open_at_snapshot = check_restores_at_other_parallelism(
+        assigner, key, ts, x, half, backend=backend, make=make,
+        normal=sorted_rows if function == "builtin" else normalized)
+    assert (open_at_snapshot["window_start"] < ts[half]).any()  # a window across the cut
+    if backend is StateBackend.DISK:
+        assert not any("windows" in decode_parts(s) for s in sections.values()
+                       if not is_keyed_state(s))
 
 
 def test_pre_aggregation_snapshot_is_empty_and_partials_precede_the_watermark():
@@ -437,25 +431,26 @@ def test_window_job_equals_oracle(ray_session, pre_aggregate):
 
 
 @pytest.mark.slow
-def test_late_records_go_to_the_side_output_and_nowhere_else(ray_session):
+@pytest.mark.parametrize("backend", ["heap", "disk"])
+def test_late_records_go_to_the_side_output_and_nowhere_else(ray_session, tmp_path, backend):
     n, size = 10_000, 1000
-    env = rs.StreamEnvironment(parallelism=2)
+    env = (disk_env(str(tmp_path / "chk")) if backend == "disk"
+           else rs.StreamEnvironment(parallelism=2))
     src = env.from_sequence(n, with_stragglers, batch_size=200, num_splits=1,  # one reader: its
                             # watermark alone decides what is late, whatever the interleaving
                             watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=100))
     windowed = src.key_by("user").window(rs.TumblingEventTimeWindows(size_ms=size), timestamp="ts",
-                                         late_output="late").count()
+                                         late_output="late").agg(
+        n=("count", None), total=("sum", "x"))
     main, late = windowed.collect(), windowed.side_output("late").collect(name="late")
-    job = env.execute("late")
+    job = env.execute(f"late-{backend}")
     i = np.arange(n)
-    e = with_stragglers(i)
     straggler = (i % 500 == 499) & (i > 1000)
     late_rows = job.table(late)
-    assert sorted(late_rows["ts"].to_pylist()) == sorted(e["ts"][straggler].tolist())
-    expected = collections.Counter(zip(e["user"][~straggler].tolist(),
-                                       ((e["ts"][~straggler] // size) * size).tolist()))
-    got = {(r["user"], r["window_start"]): r["count"] for r in job.table(main).to_pylist()}
-    assert got == dict(expected)
+    assert sorted(late_rows["ts"].to_pylist()) == sorted(with_stragglers(i)["ts"][straggler].tolist())
+    pd.testing.assert_frame_equal(user_window_rows(job.table(main)),
+                                  user_window_sums(with_stragglers, n, size, keep=~straggler),
+                                  check_dtype=False)
 
 
 throttle = Throttle(0.03)  # keeps the job running long enough to place five failures
@@ -499,37 +494,41 @@ def test_windows_exactly_once_under_placed_failures(ray_session, tmp_path):
     assert got == dict(oracle_tumbling(n, size))
 
 
+RESCALED_WINDOWS = {"tumbling": (rs.TumblingEventTimeWindows(size_ms=1000), False),
+                    "sliding-pre-aggregated": (rs.SlidingEventTimeWindows(size_ms=1000,
+                                                                          slide_ms=500), True)}
+
+
 @pytest.mark.slow
-def test_open_windows_survive_a_savepoint_and_a_rescale_exactly_once(ray_session, tmp_path):
+@pytest.mark.parametrize("windows", list(RESCALED_WINDOWS))
+@pytest.mark.parametrize("backend", ["heap", "disk"])
+def test_open_windows_survive_a_savepoint_and_a_rescale_exactly_once(ray_session, tmp_path,
+                                                                     backend, windows):
     """Stopped with a savepoint at parallelism 2 while windows are open (their state and
-    their per-key-group timers in it), restored at 3: every window fires exactly once
-    over the two runs."""
-    n, size = 30_000, 1000
+    their per-key-group timers in it; pre-aggregated: panes), with allowed lateness,
+    restored at 3: every window fires exactly once over the two runs."""
+    n = 30_000
+    assigner, pre_aggregate = RESCALED_WINDOWS[windows]
 
     def job(parallelism: int):
         env = rs.StreamEnvironment(
             parallelism=parallelism,
-            checkpoints=rs.CheckpointConfig(interval_s=0.2, storage=str(tmp_path / f"chk{parallelism}")))
+            checkpoints=rs.CheckpointConfig(interval_s=0.2, storage=str(tmp_path / f"chk{parallelism}"),
+                                            state_backend=backend))
         src = env.from_sequence(n, user_events, batch_size=250,
                                 watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=500))
         if parallelism == 2:  # the first run, stopped midway; the restored one need not wait
             src = src.map_batches(throttle, name="throttle")
         windowed = src.key_by("user").window(
-            rs.TumblingEventTimeWindows(size_ms=size), timestamp="ts",
-            allowed_lateness_ms=300).agg(n=("count", None), total=("sum", "x"))
+            assigner, timestamp="ts", allowed_lateness_ms=300,
+            pre_aggregate=pre_aggregate).agg(n=("count", None), total=("sum", "x"))
         return env, windowed.collect()
 
-    env, sink = job(2)
-    client = env.execute_async("windows-before-rescale")
-    wait_for_checkpoint(client, after=1)
-    first = client.stop_with_savepoint(str(tmp_path / "savepoint"))
-    env, sink_after = job(3)
-    second = env.execute("windows-after-rescale", restore_from=str(tmp_path / "savepoint"))
-    table = pa.concat_tables([first.table(sink), second.table(sink_after)])
-    assert 0 < first.table(sink).num_rows < table.num_rows  # stopped midway
-    got = {(r["user"], r["window_start"]): [r["n"], r["total"]] for r in table.to_pylist()}
-    assert table.num_rows == len(got)  # no window emitted twice
-    assert got == dict(oracle_tumbling(n, size))
+    got = user_window_rows(rescaled_run(job, tmp_path, f"windows-{backend}-{windows}"))
+    assert not got.duplicated(["user", "window_start"]).any()  # no window emitted twice
+    slide = getattr(assigner, "slide_ms", None)
+    pd.testing.assert_frame_equal(got, user_window_sums(user_events, n, 1000, slide),
+                                  check_dtype=False)
 
 
 class Inactivity(rs.KeyedProcessFunction):

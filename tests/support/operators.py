@@ -160,20 +160,24 @@ def restore_and_finish(backend: StateBackend, assigner, sections, key, ts, x, ha
 def check_restores_at_other_parallelism(assigner, key, ts, x, half: int, *,
                                         normal: Callable[[pd.DataFrame], pd.DataFrame],
                                         make: Callable[..., WindowOperator] = window_operator,
+                                        backend: StateBackend = StateBackend.DISK,
                                         refusal: str = "window 'w': .*state_backend='disk'"
                                         ) -> tuple[dict[int, bytes], pd.DataFrame]:
-    """Snapshot a disk run midway and restore it into 1, 2 and 3 disk subtasks, and a heap
-    run's snapshot into 2: the windows open at the snapshot fire once, as in the
-    uninterrupted run (rows compared after ``normal``); a heap job refuses the disk
-    sections (``refusal``). Returns the disk sections and the uninterrupted run's
-    results (normalized) that were open at the snapshot."""
-    sections, whole = snapshot_midway(StateBackend.DISK, assigner, key, ts, x, half, make=make)
+    """Snapshot a run on ``backend`` midway and restore it into 1, 2 and 3 subtasks of
+    ``backend``: the windows open at the snapshot fire once, as in the uninterrupted run
+    (rows compared after ``normal``). On disk, a heap run's snapshot restores into 2 disk
+    subtasks too, and a heap job refuses the disk sections (``refusal``). Returns the
+    sections and the uninterrupted run's results (normalized) that were open at the
+    snapshot."""
+    sections, whole = snapshot_midway(backend, assigner, key, ts, x, half, make=make)
     open_at_snapshot = normal(whole[whole["window_end"] - 1 > int(ts[:half].max()) - 100])
     assert len(open_at_snapshot)
     for parallelism in (1, 2, 3):
-        got = restore_and_finish(StateBackend.DISK, assigner, sections, key, ts, x, half,
+        got = restore_and_finish(backend, assigner, sections, key, ts, x, half,
                                  parallelism, make=make)
         pd.testing.assert_frame_equal(normal(got), open_at_snapshot)
+    if backend is StateBackend.HEAP:
+        return sections, open_at_snapshot
 
     heap_sections, heap_whole = snapshot_midway(StateBackend.HEAP, assigner, key, ts, x, half,
                                                 make=make)

@@ -40,6 +40,28 @@ def kept_in_windows(assigner, lateness: int, rows: pd.DataFrame) -> pd.DataFrame
     return exploded.loc[exploded["window_end"] - 1 + lateness > exploded["wm"]]
 
 
+def user_window_sums(make, n: int, size: int, slide: int | None = None, keep=None
+                     ) -> pd.DataFrame:
+    """pandas: the count ``n`` and sum ``total`` of ``x`` per user and event-time window
+    (tumbling of ``size``, or sliding by ``slide``) over rows ``make(0..n-1)``, those of
+    ``keep`` (a mask) only; sorted, as :func:`user_window_rows` puts a job's output."""
+    e = pd.DataFrame(make(np.arange(n)))
+    if keep is not None:
+        e = e[keep]
+    slide = slide or size
+    first_start = e["ts"] // slide * slide - size + slide  # each row: its size // slide windows
+    e = pd.concat([e.assign(window_start=first_start + j * slide) for j in range(size // slide)])
+    return (e.groupby(["user", "window_start"]).agg(n=("x", "size"), total=("x", "sum"))
+            .reset_index().sort_values(["user", "window_start"]).reset_index(drop=True))
+
+
+def user_window_rows(table: pa.Table) -> pd.DataFrame:
+    """A window job's output (``user``, ``window_start``, ``n``, ``total``) sorted, to
+    compare with :func:`user_window_sums`."""
+    return (table.to_pandas()[["user", "window_start", "n", "total"]]
+            .sort_values(["user", "window_start"]).reset_index(drop=True))
+
+
 # -- sessions ---------------------------------------------------------------------------------
 
 WINDOW_KEYS = ["k", "window_start", "window_end"]  # the columns that name a result row
