@@ -204,6 +204,9 @@ class Subtask:
         self.watermark = MIN_WATERMARK
         self.inputs_ended = False
         self.finished_reported = False
+        # a sink chain tells the master when it processed its first record (the recovery's
+        # last stage)
+        self.first_record_due = not vertex.outputs and spec.master is not None
         self.stopped = False
         self.cancelled = False
         self.barrier_handler = BarrierHandler(_HandlerView(self))
@@ -335,6 +338,9 @@ class Subtask:
                     call_operator(operator, "initialize_state", None)
             for operator in self.operators:
                 call_operator(operator, "open")
+            if self.spec.master is not None:
+                self.spec.master.report_opened.remote(self.spec.attempt, self.spec.vertex.id,
+                                                      self.spec.index, time.time())
             # What exists now (modules, operators, restored state) lives as long as the
             # subtask: out of the collector's way, a full collection scans only what the loop
             # made since (one of a map subtask's whole heap took ~100 ms on a busy 2-core
@@ -422,6 +428,8 @@ class Subtask:
                     self._end_of_input()
                 elif self.source.caught_up():  # its next poll may wait: do not sit on output
                     self._flush_ready_outputs()
+                if self.first_record_due and not self.inputs_ended:  # a source chained to its sink
+                    self._report_first_record()
             self._progress()
             if self.forwarder.pending:
                 self.forwarder.settle(wall_clock_ms)
@@ -609,6 +617,8 @@ class Subtask:
                 step = max(1, batch.num_rows * self.slice_bytes // batch.nbytes)
             self.in_progress = _InProgress(envelope, batch, step)
             self._process_slice()
+            if self.first_record_due:
+                self._report_first_record()
         elif envelope.kind == Kind.WATERMARK:
             channel.watermark = max(channel.watermark, envelope.payload)
             self._advance_watermark()
@@ -689,6 +699,12 @@ class Subtask:
                 self.upstreams[channel].add_credit.remote(channel, n, self.spec.attempt)
                 self.sender_credits[channel] += n
                 del self.pending_credits[channel]
+
+    def _report_first_record(self) -> None:
+        self.first_record_due = False
+        assert self.spec.master is not None
+        self.spec.master.report_first_record.remote(self.spec.attempt, self.spec.vertex.id,
+                                                    self.spec.index, time.time())
 
     def _report_finished(self) -> None:
         self.finished_reported = True

@@ -43,15 +43,17 @@ a random phase of the checkpoint cycle), draws which ``sum`` subtask (the
 stateful middle of the pipeline) to kill, reads the source offsets, and sends
 ``SIGKILL`` to the subtask's process (its pid from its metrics). From the kill:
 
-* *detect*: until ``client.progress()`` shows status RESTARTING or a new attempt;
-* *restore*: until every subtask of the new attempt answers its metrics with
-  the new attempt and its chain open (state restored); the table also shows
-  the part until the new subtask actors first answer (*actors up*: the old
-  attempt torn down, new worker processes started), the rest is loading state;
+* *detect*: until the job master saw the failure (the wall-clock time of its
+  recovery row, ``client.progress()["restores"]``; one machine, one clock);
+* the job master's stages of the recovery (engine/recovery.py), each from the
+  one before: *cancelled* (the old attempt stopped in the live actors, the dead
+  one replaced), *deployed* (the new attempt wired and started), *restored*
+  (every subtask restored its state and opened), *first record* (a sink
+  processed its first record);
 * *catch-up*: until, for every split, the ``progress`` sinks have seen a row
   at or past the source offset read just before the kill.
 
-Recovery time is the sum; the RESULT line carries the median over the kills.
+Recovery time is from the kill until caught up; the RESULT line carries the median over the kills.
 
 Run from the repo root (a full run takes several minutes)::
 
@@ -300,18 +302,30 @@ def timed(measure: Callable[[int], Run], rows: int, quick: bool) -> Run:
 
 @dataclass(frozen=True)
 class Recovery:
+    """One kill, timed: ``detect_s`` from the kill until the job master saw the failure,
+    the master's stages (seconds since it saw it: engine/recovery.py), then ``catch_up_s``
+    from the first record a sink processed until the sinks passed the offsets at the kill."""
+
     victim: str
     delay_s: float
     detect_s: float
-    restore_s: float
-    actors_up_s: float  # of restore_s: until the new attempt's subtask actors answer
-    catch_up_s: float
+    stages: dict[str, float]  # the job master's: cancelled, deployed, restored, first_record
+    total_s: float  # from the kill until caught up, measured here
     in_flight: int  # rows the sources had emitted that the sinks had not seen, at the kill
     replayed: int  # rows from the restored source positions to the offsets at the kill
 
-    @property
-    def total_s(self) -> float:
-        return self.detect_s + self.restore_s + self.catch_up_s
+    def stage_s(self, stage: str) -> float:
+        """Seconds from the previous stage to ``stage`` (detect: from the kill)."""
+        if stage == "detect":
+            return self.detect_s
+        if stage == "catch_up":
+            return self.total_s - self.detect_s - self.stages["first_record"]
+        before = STAGE_NAMES[STAGE_NAMES.index(stage) - 1]
+        return self.stages[stage] - (self.stages[before] if before != "detect" else 0.0)
+
+
+# the stages of a recovery, each timed from the one before it
+STAGE_NAMES = ("detect", "cancelled", "deployed", "restored", "first_record", "catch_up")
 
 
 class Watcher:
@@ -394,27 +408,8 @@ def measure_recovery(keys: int, batch_size: int, kills: int, seed: int, restart_
                 raise SystemExit(f"recovery job: subtasks of attempt {attempt} do not answer")
             offsets = split_maxima(sources, "offsets.last")
             seen = split_maxima(sinks, "progress.last")
-            killed = time.perf_counter()
+            killed, killed_at = time.perf_counter(), time.time()
             os.kill(int(sinks[victim]["pid"]), signal.SIGKILL)
-
-            def failing_over():
-                p = watch.progress()
-                return p["status"] == "RESTARTING" or p["attempt"] > attempt
-            watch.until("failover", failing_over)
-            detected = time.perf_counter()
-
-            up: list[float] = []  # when every new subtask actor first answered
-
-            def restored():
-                new = [watch.metrics(op, attempt + 1) for op in ("offsets", "sum")]
-                if any(m is None for m in new):
-                    return None
-                if not up:
-                    up.append(time.perf_counter())
-                return all(m["offsets.opened"] for m in new[0]) and all(
-                    m["progress.opened"] for m in new[1])
-            watch.until(f"restore of attempt {attempt + 1}", restored)
-            restored_at = time.perf_counter()
 
             def caught_up():
                 sinks = watch.metrics("sum", attempt + 1)
@@ -422,19 +417,22 @@ def measure_recovery(keys: int, batch_size: int, kills: int, seed: int, restart_
                     return None
                 return all(a >= b for a, b in zip(split_maxima(sinks, "progress.last"), offsets))
             watch.until(f"catch-up of attempt {attempt + 1}", caught_up)
-            caught_up_at = time.perf_counter()
+            caught_up_s = time.perf_counter() - killed
 
+            def timed():  # the master has timed every stage of this attempt's recovery
+                rows = [r for r in watch.progress()["restores"] if r["attempt"] == attempt + 1]
+                return rows and "first_record" in rows[-1]["stages"] and rows[-1]
+            row = watch.until(f"the stages of recovery {attempt + 1}", timed)
             starts = split_maxima(watch.metrics("offsets", attempt + 1), "offsets.first")
             recovery = Recovery(
-                victim=f"sum/{victim}", delay_s=delay, detect_s=detected - killed,
-                restore_s=restored_at - detected, actors_up_s=up[0] - detected,
-                catch_up_s=caught_up_at - restored_at,
+                victim=f"sum/{victim}", delay_s=delay, detect_s=row["at"] - killed_at,
+                stages=row["stages"], total_s=caught_up_s,
                 in_flight=sum(o - s for o, s in zip(offsets, seen)),
                 replayed=sum(o - s + 1 for o, s in zip(offsets, starts)))
             recoveries.append(recovery)
             progress(f"kill {attempt + 1}/{kills} of {recovery.victim}: recovered in "
-                     f"{recovery.total_s:.2f} s (detect {recovery.detect_s:.2f}, restore "
-                     f"{recovery.restore_s:.2f}, catch-up {recovery.catch_up_s:.2f})")
+                     f"{recovery.total_s:.2f} s ("
+                     + ", ".join(f"{n} {recovery.stage_s(n):.2f}" for n in STAGE_NAMES) + ")")
     finally:
         client.cancel()
         try:
@@ -485,19 +483,19 @@ def print_runs(runs: list[Run], plain: Run) -> None:
 
 
 def print_recoveries(recoveries: list[Recovery]) -> None:
-    rows = [(str(k + 1), r.victim, f"{r.delay_s:.2f}", f"{r.detect_s:.2f}", f"{r.restore_s:.2f}",
-             f"{r.actors_up_s:.2f}", f"{r.catch_up_s:.2f}", f"{r.total_s:.2f}", f"{r.in_flight:,}",
-             f"{r.replayed:,}")
-            for k, r in enumerate(recoveries)]
+    """One row per kill: each stage's seconds from the stage before it (the job master's
+    stages between detect and catch-up), the total from the kill, and the rows involved."""
     med = statistics.median
-    rows.append(("median", "", "", f"{med(r.detect_s for r in recoveries):.2f}",
-                 f"{med(r.restore_s for r in recoveries):.2f}",
-                 f"{med(r.actors_up_s for r in recoveries):.2f}",
-                 f"{med(r.catch_up_s for r in recoveries):.2f}",
+    rows = [(str(k + 1), r.victim, f"{r.delay_s:.2f}",
+             *(f"{r.stage_s(n):.2f}" for n in STAGE_NAMES), f"{r.total_s:.2f}",
+             f"{r.in_flight:,}", f"{r.replayed:,}")
+            for k, r in enumerate(recoveries)]
+    rows.append(("median", "", "", *(f"{med(r.stage_s(n) for r in recoveries):.2f}"
+                                     for n in STAGE_NAMES),
                  f"{med(r.total_s for r in recoveries):.2f}",
                  f"{med(r.in_flight for r in recoveries):,.0f}",
                  f"{med(r.replayed for r in recoveries):,.0f}"))
-    print_table(("kill", "victim", "delay s", "detect s", "restore s", "(actors up s)", "catch-up s",
+    print_table(("kill", "victim", "delay s", *(f"{n.replace('_', ' ')} s" for n in STAGE_NAMES),
                  "recovery s", "in flight rows", "replayed rows"), rows)
 
 

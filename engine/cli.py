@@ -313,6 +313,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         lines.append(("error", job["error"].splitlines()[0]))
     for failure in job["failures"]:
         lines.append(("failure", failure.splitlines()[0]))
+    if job.get("restores"):
+        from raystream.engine.recovery import describe
+        lines.append(("last recovery", describe(job["restores"][-1])))
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
         print(f"{key:<{width}}  {value}")

@@ -10,6 +10,8 @@ seem lost. Every Ray call the job master makes to its subtasks is here.
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any, Callable, cast
 
 import ray
@@ -77,6 +79,14 @@ class _RayDelivery:
 
     def error(self) -> BaseException | None:
         return self._error
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """When a deployment stopped the previous attempt and started the new one (wall clock)."""
+
+    cancelled_at: float
+    started_at: float
 
 
 class Deployment:
@@ -250,7 +260,7 @@ class Deployment:
 
     # -- deploying ------------------------------------------------------------------------------
     def deploy(self, attempt: int, restore: RestoreSpec | None,
-               avoid_nodes: list[str] | tuple[str, ...] = ()) -> None:
+               avoid_nodes: list[str] | tuple[str, ...] = ()) -> Deployed:
         """Deploy ``attempt``, none of it on ``avoid_nodes`` (ids of lost nodes).
 
         Actors of the previous attempt that are still alive host their new subtask
@@ -286,6 +296,7 @@ class Deployment:
                 self.actors[key] = previous[key]
             except (RayActorError, RuntimeError, GetTimeoutError, RayTaskError):
                 ray.kill(previous[key])  # dead, or its subtask would not stop
+        cancelled_at = time.time()  # no subtask of the previous attempt runs any more
         self._host_on_pooled(specs)
         for key, spec in specs.items():
             if key in self.actors:
@@ -327,6 +338,7 @@ class Deployment:
         self.terminations = {a.await_termination.remote(): key for key, a in self.actors.items()}
         for actor in self.actors.values():
             actor.start.remote()  # a subtask that dies from here on is seen by its termination
+        deployed = Deployed(cancelled_at=cancelled_at, started_at=time.time())
         if self.spare is None and self.pooled and not lost:
             self.spare = self.pooled.pop()  # a leased actor left over: the warm spare
         if self.spare is None and options.checkpoints is not None and options.restart.attempts:
@@ -336,6 +348,7 @@ class Deployment:
                 name=f"raystream/{self.job_id}/spare@{attempt}", namespace=NAMESPACE,
                 scheduling_strategy=SUBTASK_SCHEDULING, **avoid,
                 **Resources().ray_options()).remote(None)
+        return deployed
 
     def event_transport(self, attempt: int) -> Callable[[str, int], Callable[[Any], Any]]:
         """Operator events of ``attempt`` go to a subtask's control lane; delivered once

@@ -115,5 +115,24 @@ class GatewayAcknowledged:
     checkpoint_id: int
 
 
+@dataclass(frozen=True)
+class SubtaskOpened:
+    """A subtask restored its state (if any) and opened its operators, ``at`` (wall clock)."""
+
+    attempt: int
+    subtask: SubtaskKey
+    at: float
+
+
+@dataclass(frozen=True)
+class FirstRecordProcessed:
+    """A sink subtask processed the first record of its attempt, ``at`` (wall clock)."""
+
+    attempt: int
+    subtask: SubtaskKey
+    at: float
+
+
 JobEvent = (CancelRequested | SavepointRequested | SubtaskFinished | CheckpointAcknowledged
-            | CheckpointDeclined | OperatorEventReceived | GatewayAcknowledged)
+            | CheckpointDeclined | OperatorEventReceived | GatewayAcknowledged | SubtaskOpened
+            | FirstRecordProcessed)

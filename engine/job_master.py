@@ -34,7 +34,7 @@ import os
 import queue
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import ray
 from ray.exceptions import RayActorError
@@ -58,13 +58,14 @@ from raystream.engine.job_events import (CancelRequested, CheckpointAcknowledged
                                          CheckpointDeclined, GatewayAcknowledged, JobEvent,
                                          OperatorEventReceived, Reply, SavepointMode,
                                          SavepointRequest, SavepointRequested, SubtaskFinished,
-                                         SubtaskKey)
+                                         SubtaskKey, SubtaskOpened, FirstRecordProcessed)
 from raystream.engine.job_options import (DETACHED_LINGER_S, RESUME_HINT, JobOptions,
                                           MasterAssignment)
 from raystream.engine.job_report import JobOutcome, job_summary, outcome_of_summary, sink_results
 from raystream.engine.job_status import JobStatus, check_transition
 from raystream.engine.master_journal import JournalEntry
 from raystream.engine.metrics import JobMetricsExporter
+from raystream.engine.recovery import Recovery, RecoveryClock
 from raystream.engine.savepoint_requests import SavepointRequests
 
 # what other modules import from here (the deployment's names for the actor pool)
@@ -176,7 +177,8 @@ class JobMaster:
         self.deployment = Deployment(job_id, job_name, plan, options)
         self.finished: dict[SubtaskKey, dict] = {}  # this attempt's finished subtasks' results
         self.failover = Failover(options.restart)
-        self.restores: list[dict] = []
+        self.recoveries: list[Recovery] = []  # one per failover, oldest first
+        self._recovery: RecoveryClock | None = None  # times the latest one's stages
         self.coordinator: CheckpointCoordinator | None = None
         # the operator coordinators (split enumerators, ...) with their subtask gateways
         self.operator_coordinators = OperatorCoordinators([])  # created by the event thread
@@ -237,7 +239,7 @@ class JobMaster:
         coordinator = self.coordinator
         return {"status": self.status, "attempt": self.attempt,
                 "failures": list(self.failover.failures),
-                "restores": list(self.restores), "master_pid": os.getpid(),
+                "restores": self._restore_rows(), "master_pid": os.getpid(),
                 "completed_checkpoints": coordinator.completed_ids() if coordinator else [],
                 "checkpoints": coordinator.stats() if coordinator else []}
 
@@ -263,6 +265,14 @@ class JobMaster:
     @ray.method(concurrency_group="control")
     def report_finished(self, attempt: int, vertex: int, index: int, results: dict) -> None:
         self.events.put(SubtaskFinished(attempt, (vertex, index), results))
+
+    @ray.method(concurrency_group="control")
+    def report_opened(self, attempt: int, vertex: int, index: int, at: float) -> None:
+        self.events.put(SubtaskOpened(attempt, (vertex, index), at))
+
+    @ray.method(concurrency_group="control")
+    def report_first_record(self, attempt: int, vertex: int, index: int, at: float) -> None:
+        self.events.put(FirstRecordProcessed(attempt, (vertex, index), at))
 
     @ray.method(concurrency_group="control")
     def acknowledge_checkpoint(self, attempt: int, checkpoint_id: int, vertex: int, index: int,
@@ -322,7 +332,7 @@ class JobMaster:
         outcome.run_s = time.perf_counter() - started - deploy_s
         outcome.restarts = self.attempt
         outcome.failures = list(self.failover.failures)
-        outcome.restores = list(self.restores)
+        outcome.restores = self._restore_rows()
         outcome.checkpoints = self.coordinator.stats() if self.coordinator else []
         self.outcome = outcome
         self._set_status(outcome.status)
@@ -339,16 +349,15 @@ class JobMaster:
         self.deployment.lease_pooled()
         restore = None
         if self.successor:
-            restarted = time.perf_counter()
+            restarted = time.time()
             decision = self._take_over()
             if isinstance(decision, FailJob):
                 return self._failed(decision)
             assert coordinator is not None  # a master without checkpoints is not restarted
             restore = coordinator.take_over()
-            self.restores.append({"attempt": self.attempt, "failure": MASTER_DIED,
-                                  "checkpoint_id": restore.checkpoint_id if restore else None,
-                                  "restore_s": time.perf_counter() - restarted,
-                                  "lost_nodes": []})
+            self._recovering(Recovery.detected(attempt=self.attempt, failure=MASTER_DIED,
+                                               at=restarted).restoring(
+                restore.checkpoint_id if restore else None, ()))
         if restore is None and self.options.restore_from is not None:
             if coordinator is None:
                 raise ValueError("restore_from needs checkpoints: "
@@ -383,7 +392,7 @@ class JobMaster:
         if noted is not None:
             self.started_at = noted.started_at
             self.failover.carry_on(noted.failures)
-            self.restores = list(noted.restores)
+            self.recoveries = [Recovery.from_dict(row) for row in noted.restores]
         assert self.options.checkpoints is not None
         storage = CheckpointStorage(self.options.checkpoints.storage)
         completed = storage.completed_checkpoint_ids(self.job_id)
@@ -403,7 +412,7 @@ class JobMaster:
         if self.options.may_restart:
             master_journal.note(self.job_id, JournalEntry(
                 self.attempt, self.started_at, tuple(self.failover.failure_details),
-                tuple(self.restores)))
+                tuple(self._restore_rows())))
 
     def _set_status(self, status: JobStatus) -> None:
         """Every status change goes through here (checked against the transition table)."""
@@ -480,6 +489,10 @@ class JobMaster:
                 self.operator_coordinators.handle_event_from_subtask(operator, index, payload)
             case GatewayAcknowledged(attempt, operators, index, n) if attempt == self.attempt:
                 self.operator_coordinators.acknowledge(list(operators), index, n)
+            case SubtaskOpened(attempt, subtask, at) if attempt == self.attempt:
+                self._timed(lambda clock: clock.opened(subtask, at=at))
+            case FirstRecordProcessed(attempt, _, at) if attempt == self.attempt:
+                self._timed(lambda clock: clock.first_record(at=at))
             case CheckpointAcknowledged(attempt, n, subtask, written, stats) if (
                     coordinator is not None):
                 coordinator.acknowledge(attempt, n, subtask, written, stats)
@@ -537,7 +550,7 @@ class JobMaster:
             job_id=self.job_id, job_name=self.job_name, status=self.status,
             attempt=self.attempt, submission_id=self.options.submission_id,
             started_at=self.started_at, plan=self.plan, failover=self.failover,
-            restores=self.restores, placement=self.deployment.placement,
+            restores=self._restore_rows(), placement=self.deployment.placement,
             checkpoints=checkpoints, outcome=self.outcome)
         text = json.dumps({k: v for k, v in summary.items() if k != "ended_at"}, default=str)
         if text == self._published[1]:
@@ -552,9 +565,9 @@ class JobMaster:
     # -- failover ---------------------------------------------------------------------------------
     def _failover(self, failure: Failure) -> JobOutcome | None:
         """Restart the job from its latest checkpoint, or end it FAILED (the outcome)."""
-        coordinator = self.coordinator
+        coordinator, detected = self.coordinator, time.time()
         decision = self.failover.on_failure(
-            failure, coordinator.completed_ids() if coordinator else None, at=time.time())
+            failure, coordinator.completed_ids() if coordinator else None, at=detected)
         self.savepoints.answer_open(coordinator, f"the job failed over after: {failure.error}")
         if isinstance(decision, FailJob):
             self.deployment.cancel()
@@ -566,7 +579,7 @@ class JobMaster:
         lost_nodes = self.deployment.lost_nodes()
         time.sleep(decision.delay_s)
         self.attempt = decision.attempt
-        started = time.perf_counter()
+        recovery = Recovery.detected(attempt=self.attempt, failure=failure.message, at=detected)
         try:
             restore = coordinator.verified_restore_spec()
         except StorageUnavailableError as exc:  # it may come back: a failure like any other
@@ -575,11 +588,9 @@ class JobMaster:
             return self._failed(Failover.cannot_restore(failure, str(exc)))
         try:
             self._reset_operator_coordinators(restore)
+            self._recovering(recovery.restoring(restore.checkpoint_id if restore else None,
+                                                tuple(lost_nodes)))
             self._deploy(restore=restore, avoid_nodes=lost_nodes)
-            self.restores.append({"attempt": self.attempt, "failure": failure.error,
-                                  "checkpoint_id": restore.checkpoint_id if restore else None,
-                                  "restore_s": time.perf_counter() - started,
-                                  "lost_nodes": lost_nodes})
             self._note()
         except RayActorError as exc:  # a subtask died while being wired: fail over again
             return self._failover(_failure_of(deployment_failure(exc)))
@@ -608,9 +619,31 @@ class JobMaster:
         if self.coordinator is not None:
             self.coordinator.start_attempt(self.attempt, self._coordinator_failpoints())
         self._note()
-        self.deployment.deploy(self.attempt, restore, avoid_nodes or [])
+        deployed = self.deployment.deploy(self.attempt, restore, avoid_nodes or [])
+        self._timed(lambda clock: clock.deployed(cancelled_at=deployed.cancelled_at,
+                                                 deployed_at=deployed.started_at))
         if self.operator_coordinators:
             self.operator_coordinators.bind(self.deployment.event_transport(self.attempt))
+
+    # -- recoveries ---------------------------------------------------------------------------
+    def _recovering(self, recovery: Recovery) -> None:
+        """``recovery`` is under way: the attempt it deploys is timed by stage from now on."""
+        self.recoveries.append(recovery)
+        self._recovery = RecoveryClock(recovery, subtasks=sum(
+            vertex.parallelism for vertex in self.plan.vertices))
+
+    def _timed(self, change: Callable[[RecoveryClock], None]) -> None:
+        """Apply what the deployment or a subtask reported to the recovery under way."""
+        clock = self._recovery
+        if clock is None or clock.recovery.attempt != self.attempt:
+            return  # the first attempt, or a report of an attempt nobody recovers
+        change(clock)
+        self.recoveries[-1] = clock.recovery
+        if clock.recovery.complete:
+            self._recovery = None
+
+    def _restore_rows(self) -> list[dict[str, Any]]:
+        return [r.as_dict() for r in self.recoveries]
 
     def _coordinator_failpoints(self) -> Failpoints:
         # The coordinator's failpoints always raise: ending the master's process

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import shutil
 import time
 import urllib.error
@@ -127,7 +128,12 @@ def test_watch_and_stop_a_running_job(ray_session, browser, tmp_path):
     # the failure, with the restart that followed and the subtask's traceback
     wait_for(browser, lambda d: "restarted from checkpoint" in text(d, "#failures summary"),
              "the failure and the restart")
+    # and its recovery by stage, up to the first record a sink processed after the restore
+    wait_for(browser, lambda d: "first record" in text(d, "#failures summary"),
+             "the recovery's stages")
     summary = text(browser, "#failures summary")
+    assert re.search(r"cancelled [\d.]+ s, deployed [\d.]+ s, restored [\d.]+ s, "
+                     r"first record [\d.]+ s", summary), summary
     assert "in running-sum" in summary and "InjectedFailure" in summary, summary
     trace = browser.find_element("css selector", "#failures pre").get_attribute("textContent")
     assert "Traceback (most recent call last)" in trace and "InjectedFailure" in trace, trace

@@ -201,6 +201,14 @@ function drawCheckpoints(rows) {
   }
 }
 
+// The recovery's stages, in seconds since the failure was detected (engine/recovery.py).
+function stagesOf(stages) {
+  if (!stages) return "";
+  const reached = Object.entries(stages).filter(([stage]) => stage !== "detected")
+    .map(([stage, s]) => `${stage.replace("_", " ")} ${s.toFixed(2)} s`);
+  return reached.length ? `: ${reached.join(", ")}` : "";
+}
+
 function drawFailures(failures) {
   const box = $("#failures");
   if (!failures.length) { box.textContent = "none"; return; }
@@ -209,7 +217,8 @@ function drawFailures(failures) {
     const where = f.operator ? ` in ${f.operator}` + (f.subtask !== null ? ` #${f.subtask}` : "") : "";
     const then = f.restarted
       ? `restarted from checkpoint ${f.restored_checkpoint ?? "none (from the start)"}` +
-        (f.restore_s !== null ? ` in ${f.restore_s.toFixed(2)} s` : "")
+        (f.stages ? stagesOf(f.stages)
+                  : f.restore_s !== null ? ` in ${f.restore_s.toFixed(2)} s` : "")
       : "not restarted";
     item.append(el("summary", {}, `failure ${i + 1}${where}: ${f.error.split("\n")[0]} — ${then}`),
                 el("pre", {}, f.traceback || f.error));
