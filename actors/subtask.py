@@ -338,9 +338,7 @@ class Subtask:
                     call_operator(operator, "initialize_state", None)
             for operator in self.operators:
                 call_operator(operator, "open")
-            if self.spec.master is not None:
-                self.spec.master.report_opened.remote(self.spec.attempt, self.spec.vertex.id,
-                                                      self.spec.index, time.time())
+            self._report_stage("restored")
             # What exists now (modules, operators, restored state) lives as long as the
             # subtask: out of the collector's way, a full collection scans only what the loop
             # made since (one of a map subtask's whole heap took ~100 ms on a busy 2-core
@@ -702,9 +700,14 @@ class Subtask:
 
     def _report_first_record(self) -> None:
         self.first_record_due = False
-        assert self.spec.master is not None
-        self.spec.master.report_first_record.remote(self.spec.attempt, self.spec.vertex.id,
-                                                    self.spec.index, time.time())
+        self._report_stage("first_record")
+
+    def _report_stage(self, stage: str) -> None:
+        """Tell the master this subtask reached ``stage`` of its attempt's recovery
+        (engine/recovery.py's RecoveryStage; the master times a failover by them)."""
+        if self.spec.master is not None:
+            self.spec.master.report_stage.remote(self.spec.attempt, self.spec.vertex.id,
+                                                 self.spec.index, stage, time.time())
 
     def _report_finished(self) -> None:
         self.finished_reported = True

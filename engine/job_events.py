@@ -18,6 +18,7 @@ from enum import Enum
 from typing import Any
 
 from raystream.checkpoint.snapshot_stats import SnapshotStats
+from raystream.engine.recovery import RecoveryStage
 SubtaskKey = tuple[int, int]  # (vertex id, subtask index)
 
 
@@ -116,23 +117,16 @@ class GatewayAcknowledged:
 
 
 @dataclass(frozen=True)
-class SubtaskOpened:
-    """A subtask restored its state (if any) and opened its operators, ``at`` (wall clock)."""
+class SubtaskReachedStage:
+    """A subtask reached a stage of its attempt's recovery ``at`` (wall clock): restored
+    (its state restored and its operators open) or, a sink's, first record processed."""
 
     attempt: int
     subtask: SubtaskKey
-    at: float
-
-
-@dataclass(frozen=True)
-class FirstRecordProcessed:
-    """A sink subtask processed the first record of its attempt, ``at`` (wall clock)."""
-
-    attempt: int
-    subtask: SubtaskKey
+    stage: RecoveryStage
     at: float
 
 
 JobEvent = (CancelRequested | SavepointRequested | SubtaskFinished | CheckpointAcknowledged
-            | CheckpointDeclined | OperatorEventReceived | GatewayAcknowledged | SubtaskOpened
-            | FirstRecordProcessed)
+            | CheckpointDeclined | OperatorEventReceived | GatewayAcknowledged
+            | SubtaskReachedStage)

@@ -58,14 +58,14 @@ from raystream.engine.job_events import (CancelRequested, CheckpointAcknowledged
                                          CheckpointDeclined, GatewayAcknowledged, JobEvent,
                                          OperatorEventReceived, Reply, SavepointMode,
                                          SavepointRequest, SavepointRequested, SubtaskFinished,
-                                         SubtaskKey, SubtaskOpened, FirstRecordProcessed)
+                                         SubtaskKey, SubtaskReachedStage)
 from raystream.engine.job_options import (DETACHED_LINGER_S, RESUME_HINT, JobOptions,
                                           MasterAssignment)
 from raystream.engine.job_report import JobOutcome, job_summary, outcome_of_summary, sink_results
 from raystream.engine.job_status import JobStatus, check_transition
 from raystream.engine.master_journal import JournalEntry
 from raystream.engine.metrics import JobMetricsExporter
-from raystream.engine.recovery import Recovery, RecoveryClock
+from raystream.engine.recovery import Recovery, RecoveryClock, RecoveryStage
 from raystream.engine.savepoint_requests import SavepointRequests
 
 # what other modules import from here (the deployment's names for the actor pool)
@@ -267,12 +267,9 @@ class JobMaster:
         self.events.put(SubtaskFinished(attempt, (vertex, index), results))
 
     @ray.method(concurrency_group="control")
-    def report_opened(self, attempt: int, vertex: int, index: int, at: float) -> None:
-        self.events.put(SubtaskOpened(attempt, (vertex, index), at))
-
-    @ray.method(concurrency_group="control")
-    def report_first_record(self, attempt: int, vertex: int, index: int, at: float) -> None:
-        self.events.put(FirstRecordProcessed(attempt, (vertex, index), at))
+    def report_stage(self, attempt: int, vertex: int, index: int, stage: str, at: float) -> None:
+        """A subtask reached ``stage`` (a :class:`RecoveryStage` value) of its attempt."""
+        self.events.put(SubtaskReachedStage(attempt, (vertex, index), RecoveryStage(stage), at))
 
     @ray.method(concurrency_group="control")
     def acknowledge_checkpoint(self, attempt: int, checkpoint_id: int, vertex: int, index: int,
@@ -489,10 +486,8 @@ class JobMaster:
                 self.operator_coordinators.handle_event_from_subtask(operator, index, payload)
             case GatewayAcknowledged(attempt, operators, index, n) if attempt == self.attempt:
                 self.operator_coordinators.acknowledge(list(operators), index, n)
-            case SubtaskOpened(attempt, subtask, at) if attempt == self.attempt:
-                self._timed(lambda clock: clock.opened(subtask, at=at))
-            case FirstRecordProcessed(attempt, _, at) if attempt == self.attempt:
-                self._timed(lambda clock: clock.first_record(at=at))
+            case SubtaskReachedStage(attempt, subtask, stage, at) if attempt == self.attempt:
+                self._timed(lambda clock: clock.reached(stage, subtask, at=at))
             case CheckpointAcknowledged(attempt, n, subtask, written, stats) if (
                     coordinator is not None):
                 coordinator.acknowledge(attempt, n, subtask, written, stats)

@@ -126,7 +126,9 @@ class RecoveryClock:
 
     >>> clock = RecoveryClock(Recovery.detected(attempt=2, failure="x", at=100.0), subtasks=2)
     >>> clock.deployed(cancelled_at=100.2, deployed_at=100.3)
-    >>> clock.opened((0, 0), at=100.5); clock.first_record(at=100.6); clock.opened((1, 0), at=100.7)
+    >>> clock.reached(RecoveryStage.RESTORED, (0, 0), at=100.5)
+    >>> clock.reached(RecoveryStage.FIRST_RECORD, (0, 0), at=100.6)
+    >>> clock.reached(RecoveryStage.RESTORED, (1, 0), at=100.7)
     >>> [round(s, 2) for s in clock.recovery.stages]
     [0.0, 0.2, 0.3, 0.7, 0.7]
     """
@@ -145,13 +147,16 @@ class RecoveryClock:
         self._reach(RecoveryStage.DEPLOYED, deployed_at)
         self._settle()
 
-    def opened(self, subtask: tuple[int, int], *, at: float) -> None:
-        self._opened.setdefault(subtask, at)
-        self._settle()
-
-    def first_record(self, *, at: float) -> None:
-        if self._first_record_at is None or at < self._first_record_at:
-            self._first_record_at = at  # the earliest of those heard before the stage is due
+    def reached(self, stage: RecoveryStage, subtask: tuple[int, int], *, at: float) -> None:
+        """``subtask`` reported ``stage``: RESTORED (its state restored, its operators open)
+        or FIRST_RECORD (a sink processed its first record)."""
+        if stage is RecoveryStage.RESTORED:
+            self._opened.setdefault(subtask, at)
+        elif stage is RecoveryStage.FIRST_RECORD:
+            if self._first_record_at is None or at < self._first_record_at:
+                self._first_record_at = at  # the earliest heard before the stage is due
+        else:
+            raise ValueError(f"a subtask reports restored or first_record, not {stage.value}")
         self._settle()
 
     def _settle(self) -> None:

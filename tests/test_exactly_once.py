@@ -48,6 +48,10 @@ def test_kill_of_a_subtask_after_a_checkpoint_is_exactly_once(ray_session, stora
     (restore,) = result.restores
     assert restore["attempt"] == 1 and restore["checkpoint_id"] >= completed > 0
     assert restore["restore_s"] > 0
+    # timed by stage up to the first record a sink processed, each no earlier than the last
+    stages = restore["stages"]
+    assert list(stages) == ["detected", "cancelled", "deployed", "restored", "first_record"]
+    assert list(stages.values()) == sorted(stages.values())
     assert_exactly_once(result.table(sink))
     ids = [c.checkpoint_id for c in result.checkpoints]
     assert ids == sorted(set(ids)) and max(ids) > completed  # ids keep rising after the restore

@@ -41,9 +41,9 @@ def test_stages_equal_the_model_whatever_the_order_of_the_reports(case):
             case ("deployed", c, s):
                 clock.deployed(cancelled_at=c, deployed_at=s)
             case ("opened", key, at):
-                clock.opened(key, at=at)
+                clock.reached(RecoveryStage.RESTORED, key, at=at)
             case ("first", at):
-                clock.first_record(at=at)
+                clock.reached(RecoveryStage.FIRST_RECORD, (0, 0), at=at)
     # the model: each stage when its last report came, never before the stage ahead of it;
     # the first record is the earliest one heard by the time every subtask had opened
     expected = [0.0, cancelled - DETECTED_AT, started - DETECTED_AT]
