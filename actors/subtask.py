@@ -57,6 +57,7 @@ from raystream.actors.mailbox import (BarrierReceived, Cancel, CheckpointComplet
 from raystream.actors.messages import (MAX_WATERMARK, MIN_WATERMARK, REPLAYED_SEQ, ChannelId,
                                        Envelope, Kind)
 from raystream.checkpoint.barrier import Barrier
+from raystream.actors.credit_limit import CreditLimit
 from raystream.actors.record_writer import RecordWriter, batch_payload
 from raystream.actors.channel_state_file import ChannelStateContents
 from raystream.checkpoint.state_backend import StateBackend
@@ -86,6 +87,9 @@ class SubtaskSpec:
     checkpointing: CheckpointingSpec | None = None
     restore: RestoreSpec | None = None
     failpoints: tuple[Failpoint, ...] = ()
+    # how long the data in flight on the input may take to process (actors/credit_limit.py);
+    # None: every sender holds all its credits
+    in_flight_s: float | None = None
 
     @property
     def actor_name(self) -> str:
@@ -201,6 +205,8 @@ class Subtask:
         # credits the sender of each channel still holds, as far as we know
         self.sender_credits = {channel: spec.credits for channel in self.gate.channels}
         self.credit_batch = max(1, spec.credits // 2)
+        self.credit_limit = None if spec.in_flight_s is None or not len(self.gate) else (
+            CreditLimit(target_s=spec.in_flight_s, channels=len(self.gate), credits=spec.credits))
         self.watermark = MIN_WATERMARK
         self.inputs_ended = False
         self.finished_reported = False
@@ -610,6 +616,8 @@ class Subtask:
             self.metrics["bytes_in"] += batch.nbytes
             if envelope.seq != REPLAYED_SEQ:  # a replayed one cost no credit
                 self.sender_credits[channel.channel] -= 1
+                if self.credit_limit is not None:
+                    self.credit_limit.consumed(batch.nbytes)
             step = batch.num_rows
             if self.slice_bytes is not None and batch.nbytes > self.slice_bytes:
                 step = max(1, batch.num_rows * self.slice_bytes // batch.nbytes)
@@ -692,11 +700,19 @@ class Subtask:
         ``buffer_timeout_ms=1`` on a busy machine (bench/latency.py under py-spy)."""
         if not self.pending_credits:
             return
+        limit, batch = self.credit_limit, self.credit_batch
+        if limit is not None:  # a sender holds no more than its share of the time in flight
+            limit.update(time.monotonic())
+            batch = max(1, min(batch, limit.allowed // 2))
         for channel, n in list(self.pending_credits.items()):
-            if n >= self.credit_batch or (idle and self.sender_credits[channel] < self.credit_batch):
-                self.upstreams[channel].add_credit.remote(channel, n, self.spec.attempt)
-                self.sender_credits[channel] += n
-                del self.pending_credits[channel]
+            held = self.sender_credits[channel]
+            give = n if limit is None else min(n, limit.allowed - held)
+            if give > 0 and (give >= batch or (idle and held < batch)):
+                self.upstreams[channel].add_credit.remote(channel, give, self.spec.attempt)
+                self.sender_credits[channel] += give
+                self.pending_credits[channel] -= give
+                if not self.pending_credits[channel]:
+                    del self.pending_credits[channel]
 
     def _report_first_record(self) -> None:
         self.first_record_due = False
@@ -756,6 +772,8 @@ class Subtask:
         if MIN_WATERMARK < self.watermark < MAX_WATERMARK:
             metrics["watermark_lag_ms"] = time.time() * 1000 - self.watermark
         metrics["attempt"] = self.spec.attempt
+        if self.credit_limit is not None:  # the credits each sender may hold now
+            metrics["credits_allowed"] = self.credit_limit.allowed
         if self.checkpointer is not None:
             metrics.update(self.checkpointer.last_acknowledged)
         for operator in self.operators:  # an operator may report its own figures

@@ -282,7 +282,7 @@ class Deployment:
         specs = {(vertex.id, index): SubtaskSpec(
                      self.job_id, self.job_name, attempt, vertex, index, plan.max_parallelism,
                      options.credits, master=me, checkpointing=checkpointing, restore=restore,
-                     failpoints=options.failpoints)
+                     failpoints=options.failpoints, in_flight_s=options.in_flight_s)
                  for vertex in plan.vertices for index in range(vertex.parallelism)}
         lost = set(avoid_nodes)
         on_lost = {key for key in previous if self.placement.get(self._name(key)) in lost}

@@ -27,6 +27,7 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from raystream.actors.credit_limit import DEFAULT_IN_FLIGHT_MS
 from raystream.actors.record_writer import DEFAULT_BUFFER_TIMEOUT_MS, check_buffer_timeout
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.checkpoint.keygroups import DEFAULT_MAX_PARALLELISM
@@ -104,6 +105,12 @@ class StreamEnvironment:
         max_parallelism: number of key groups; fixes the largest parallelism a
             keyed job can ever be restored at.
         credits: unconsumed batches a channel may have in flight (backpressure bound).
+        in_flight_ms: how long the data in flight to a subtask may take to process
+            (as Flink's buffer debloating bounds it): each subtask measures the rate
+            it consumes its input at and lets each sender hold only the credits
+            (at least 2) that many milliseconds of it need, so aligned checkpoints,
+            failovers and backpressured records wait about that long rather than
+            for ``credits`` full messages; None: every sender holds ``credits``.
         buffer_timeout_ms: how long a row may wait in an operator's output buffer
             before it is sent on (Flink's buffer timeout): lower is lower latency and
             more, smaller messages; 0 sends after every batch, -1 only when the buffer
@@ -121,6 +128,7 @@ class StreamEnvironment:
 
     def __init__(self, parallelism: int = 1, max_parallelism: int = DEFAULT_MAX_PARALLELISM, *,
                  credits: int = 8, buffer_timeout_ms: float = DEFAULT_BUFFER_TIMEOUT_MS,
+                 in_flight_ms: float | None = DEFAULT_IN_FLIGHT_MS,
                  address: str | None = None,
                  checkpoints: CheckpointConfig | None = None,
                  restart: RestartStrategy | None = None,
@@ -132,11 +140,15 @@ class StreamEnvironment:
             raise ValueError("parallelism must be >= 1")
         if credits < 1:
             raise ValueError("credits must be >= 1")
+        if in_flight_ms is not None and not in_flight_ms > 0:
+            raise ValueError(f"in_flight_ms must be > 0 (or None: every sender holds all "
+                             f"its credits), got {in_flight_ms}")
         if not stop_timeout_s > 0:
             raise ValueError(f"stop_timeout_s must be > 0, got {stop_timeout_s}")
         self.parallelism = parallelism
         self.max_parallelism = max_parallelism
         self.credits = credits
+        self.in_flight_ms = in_flight_ms
         self.buffer_timeout_ms = check_buffer_timeout(buffer_timeout_ms)
         self.address = address
         self.actor_start_timeout_s = actor_start_timeout_s
@@ -366,6 +378,8 @@ class StreamEnvironment:
         # the pool's actors belong to this driver: a detached job has its own
         leased = () if detach else tuple(actor_pool.POOL.lease(pooled, job_id, head))
         options = JobOptions(credits=self.credits,
+                             in_flight_s=(None if self.in_flight_ms is None
+                                          else self.in_flight_ms / 1000),
                              actor_start_timeout_s=self.actor_start_timeout_s,
                              stop_timeout_s=self.stop_timeout_s,
                              checkpoints=self.checkpoints, restart=self.restart,

@@ -12,6 +12,7 @@ from raystream.engine.plan import JobPlan
 @dataclass(frozen=True)
 class JobOptions:
     credits: int = 8
+    in_flight_s: float | None = None  # see StreamEnvironment(in_flight_ms=...)
     actor_start_timeout_s: float = 120.0
     stop_timeout_s: float = 30.0  # for every subtask to stop (and confirm its final commit)
     checkpoints: CheckpointConfig | None = None

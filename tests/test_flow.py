@@ -61,6 +61,52 @@ def test_slow_sink_bounds_object_store_memory(ray_session):
     assert total > 10 * bound  # without backpressure the store would have held far more
 
 
+@pytest.mark.slow
+def test_data_in_flight_to_a_slow_subtask_is_bounded_in_time_not_by_credits(ray_session):
+    """``in_flight_ms``: a sink that takes 20 ms a batch of 1 MiB consumes ~50 MB/s, so
+    50 ms of it is ~3 batches; once it has measured that (its first 16 credits are
+    spent in ~0.3 s after the job's first batch), the source may hold only those 3 credits of the 16 it has, and the
+    object store holds about 3 batches instead of 16. Every row still arrives."""
+    rows_per_batch, num_batches, credits = 16_384, 150, 16
+    batch_bytes = rows_per_batch * 8 * 8  # 8 int64 columns: 1 MiB
+    env = rs.StreamEnvironment(parallelism=1, credits=credits, in_flight_ms=50)
+    source = env.from_sequence(
+        rows_per_batch * num_batches,
+        lambda i: {f"c{j}": i + j for j in range(8)}, batch_size=rows_per_batch, num_splits=1)
+
+    def slow(batch: pa.RecordBatch) -> pa.RecordBatch:
+        time.sleep(0.02)
+        return batch
+
+    sink = source.rebalance().map_batches(slow, name="slow").discard()
+    baseline = object_store_bytes()
+    samples: list[tuple[float, int]] = []
+    client = env.execute_async("bounded-in-time")
+    started, done = time.monotonic(), threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            samples.append((time.monotonic() - started, object_store_bytes() - baseline))
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        result = client.wait(timeout_s=120)
+    finally:
+        done.set()
+        sampler.join()
+    assert result.count(sink) == rows_per_batch * num_batches
+    # In flight at most: the credits the sink lets the source hold (<= 3: it can never
+    # consume faster than 1 MiB per 20 ms), one batch being processed and one in the
+    # source's backlog, plus the slack of test_slow_sink_bounds_object_store_memory;
+    # with all 16 credits held it would be 18 batches and more.
+    first = next(t for t, b in samples if b > 0)  # the first batch is out: the job runs
+    later = [b for t, b in samples if t > first + 1.0]
+    assert len(later) > 20
+    assert max(later) <= (3 + 2 + 3) * batch_bytes, (max(later) / batch_bytes, "batches")
+
+
 class _Placement:
     def open(self, ctx: rs.RuntimeContext) -> None:
         self.subtask = ctx.subtask_index
