@@ -416,15 +416,16 @@ def test_record_writer_keeps_every_row_when_the_schema_changes():
     assert rows == [1, 2] + list(range(3, 20)) + [1, 2]
 
 
-@given(rate=st.floats(1e3, 1e9), message=st.integers(1_000, 4_000_000),
+@given(per_period=st.floats(0.01, 200), message=st.integers(1_000, 4_000_000),
        channels=st.integers(1, 8), credits=st.integers(1, 16),
        target=st.sampled_from([0.01, 0.2, 1.0]), start=st.floats(0, 1e6))
-def test_credit_limit_settles_at_the_credits_the_target_time_needs(rate, message, channels,
+def test_credit_limit_settles_at_the_credits_the_target_time_needs(per_period, message, channels,
                                                                   credits, target, start):
     """Fed a steady rate of equal messages, the limit settles at ceil(rate x target /
     (channels x message)) credits per sender, never below 2 (or all credits, if fewer)
     nor above the job's credits, and it is within those bounds at every step; before
     it has seen a message it limits nothing."""
+    rate = per_period * message / PERIOD_S  # bytes per second
     limit = CreditLimit(target_s=target, channels=channels, credits=credits)
     floor = min(2, credits)
     now, owed, consumed = start, 0.0, 0
@@ -442,7 +443,6 @@ def test_credit_limit_settles_at_the_credits_the_target_time_needs(rate, message
         assert limit.allowed == credits  # nothing measured: nothing to limit by
     elif rate * PERIOD_S >= message:  # a message or more every period: a steady rate
         # whole messages per period make the measured rate step by up to one message
-        per_period = rate * PERIOD_S / message
         wanted = [k / PERIOD_S * target / channels for k in (math.floor(per_period),
                                                              math.ceil(per_period))]
         low, high = (min(credits, max(floor, math.ceil(w * f))) for w, f in zip(wanted, (0.9, 1.1)))
