@@ -108,7 +108,7 @@ class StreamEnvironment:
         in_flight_ms: how long the data in flight to a subtask may take to process
             (as Flink's buffer debloating bounds it): each subtask measures the rate
             it consumes its input at and lets each sender hold only the credits
-            (at least 2) that many milliseconds of it need, so aligned checkpoints,
+            (at least 1) that many milliseconds of it need, so aligned checkpoints,
             failovers and backpressured records wait about that long rather than
             for ``credits`` full messages; None: every sender holds ``credits``.
         buffer_timeout_ms: how long a row may wait in an operator's output buffer

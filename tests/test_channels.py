@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raystream.actors.channels import InputGate, OutputChannel
-from raystream.actors.credit_limit import PERIOD_S, CreditLimit
+from raystream.actors.credit_limit import MIN_CREDITS, PERIOD_S, CreditLimit
 from raystream.actors.messages import ChannelId, Envelope, Kind
 
 pytestmark = pytest.mark.timeout(120)
@@ -422,12 +422,11 @@ def test_record_writer_keeps_every_row_when_the_schema_changes():
 def test_credit_limit_settles_at_the_credits_the_target_time_needs(per_period, message, channels,
                                                                   credits, target, start):
     """Fed a steady rate of equal messages, the limit settles at ceil(rate x target /
-    (channels x message)) credits per sender, never below 2 (or all credits, if fewer)
-    nor above the job's credits, and it is within those bounds at every step; before
+    (channels x message)) credits per sender, never below MIN_CREDITS nor above the job's credits, and it is within those bounds at every step; before
     it has seen a message it limits nothing."""
     rate = per_period * message / PERIOD_S  # bytes per second
     limit = CreditLimit(target_s=target, channels=channels, credits=credits)
-    floor = min(2, credits)
+    floor = min(MIN_CREDITS, credits)
     now, owed, consumed = start, 0.0, 0
     limit.update(now)
     for _ in range(40):
