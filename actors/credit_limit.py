@@ -15,8 +15,8 @@ keyed job, at 32 KiB); the receiver keeps the messages and returns fewer credits
 instead: it measures the rate at which it consumes its input and the size of the
 messages it receives, and lets each channel's sender hold ``rate x target /
 (channels x message size)`` credits (at least :data:`MIN_CREDITS`, at most the
-job's ``credits``). A
-receiver that keeps up consumes at the input rate and its senders never wait.
+job's ``credits``). A receiver that keeps up consumes at the input rate and its
+senders never wait.
 
 No Ray and no clock here: the subtask feeds the batches it consumed and the time.
 

@@ -210,9 +210,10 @@ class Subtask:
         self.watermark = MIN_WATERMARK
         self.inputs_ended = False
         self.finished_reported = False
-        # a sink chain tells the master when it processed its first record (the recovery's
-        # last stage)
-        self.first_record_due = not vertex.outputs and spec.master is not None
+        # A recovery (every attempt after the first) is timed by stage: each subtask tells
+        # the master when it has restored, a sink chain when it processed its first record
+        self.recovering = spec.attempt > 0 and spec.master is not None
+        self.first_record_due = self.recovering and not vertex.outputs
         self.stopped = False
         self.cancelled = False
         self.barrier_handler = BarrierHandler(_HandlerView(self))
@@ -344,7 +345,8 @@ class Subtask:
                     call_operator(operator, "initialize_state", None)
             for operator in self.operators:
                 call_operator(operator, "open")
-            self._report_stage("restored")
+            if self.recovering:
+                self._report_stage("restored")
             # What exists now (modules, operators, restored state) lives as long as the
             # subtask: out of the collector's way, a full collection scans only what the loop
             # made since (one of a map subtask's whole heap took ~100 ms on a busy 2-core
@@ -721,9 +723,9 @@ class Subtask:
     def _report_stage(self, stage: str) -> None:
         """Tell the master this subtask reached ``stage`` of its attempt's recovery
         (engine/recovery.py's RecoveryStage; the master times a failover by them)."""
-        if self.spec.master is not None:
-            self.spec.master.report_stage.remote(self.spec.attempt, self.spec.vertex.id,
-                                                 self.spec.index, stage, time.time())
+        assert self.spec.master is not None
+        self.spec.master.report_stage.remote(self.spec.attempt, self.spec.vertex.id,
+                                             self.spec.index, stage, time.time())
 
     def _report_finished(self) -> None:
         self.finished_reported = True

@@ -90,6 +90,7 @@ import ray
 import raystream as rs
 from raystream.core.ray_start import ensure_ray
 from raystream.engine.keys import KeySelector
+from raystream.engine.recovery import STAGES
 from raystream.engine.operators.keyed import KeyedProcessOperator
 from raystream.actors.operator import SinkOperator
 from raystream.engine.sources.sequence import Sequence
@@ -324,8 +325,9 @@ class Recovery:
         return self.stages[stage] - (self.stages[before] if before != "detect" else 0.0)
 
 
-# the stages of a recovery, each timed from the one before it
-STAGE_NAMES = ("detect", "cancelled", "deployed", "restored", "first_record", "catch_up")
+# the stages of a recovery, each timed from the one before it: the job master's
+# (after its own detection) between the kill's detection and the catch-up
+STAGE_NAMES = ("detect", *(stage.value for stage in STAGES[1:]), "catch_up")
 
 
 class Watcher:

@@ -16,63 +16,17 @@ from tests.support.functions import WatermarkProbe
 from tests.support.jobs import object_store_bytes
 
 
-@pytest.mark.slow
-def test_slow_sink_bounds_object_store_memory(ray_session):
-    """With a sink that sleeps, in-flight data stays bounded by credits, not by the source."""
-    rows_per_batch, num_batches, credits = 16_384, 150, 2
-    batch_bytes = rows_per_batch * 8 * 8  # 8 int64 columns: 1 MiB
-    env = rs.StreamEnvironment(parallelism=1, credits=credits)
+ROWS_PER_BATCH, NUM_BATCHES = 16_384, 150
+BATCH_BYTES = ROWS_PER_BATCH * 8 * 8  # 8 int64 columns: 1 MiB
+
+
+def run_into_a_slow_sink(env: rs.StreamEnvironment, name: str):
+    """Run NUM_BATCHES batches of 1 MiB into a sink that sleeps 20 ms a batch, sampling
+    the object store's bytes above the start every 20 ms: the result, the sink and
+    ``[(seconds since the submission, bytes)]``."""
     source = env.from_sequence(
-        rows_per_batch * num_batches,
-        lambda i: {f"c{j}": i + j for j in range(8)}, batch_size=rows_per_batch, num_splits=1)
-
-    def slow(batch: pa.RecordBatch) -> pa.RecordBatch:
-        time.sleep(0.02)
-        return batch
-
-    sink = source.rebalance().map_batches(slow, name="slow").discard()
-    baseline = object_store_bytes()
-    samples: list[int] = []
-    client = env.execute_async("backpressure")
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            samples.append(object_store_bytes() - baseline)
-            time.sleep(0.02)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    try:
-        result = client.wait(timeout_s=120)
-    finally:
-        done.set()
-        sampler.join()
-    assert result.count(sink) == rows_per_batch * num_batches
-    # The sink really was the bottleneck for the whole run.
-    assert result.run_s >= num_batches * 0.02
-    # In flight at most: `credits` batches on the channel, one being processed
-    # and one waiting in the source's backlog -- plus slack for Ray's 50 ms
-    # free period (EMBEDDED_RAY_SYSTEM_CONFIG) at the sink's 50 batches/s.
-    bound = (credits + 2) * batch_bytes + 3 * batch_bytes
-    total = num_batches * batch_bytes
-    assert len(samples) > 20
-    assert max(samples) <= bound, (max(samples), bound)
-    assert total > 10 * bound  # without backpressure the store would have held far more
-
-
-@pytest.mark.slow
-def test_data_in_flight_to_a_slow_subtask_is_bounded_in_time_not_by_credits(ray_session):
-    """``in_flight_ms``: a sink that takes 20 ms a batch of 1 MiB consumes ~50 MB/s, so
-    50 ms of it is ~3 batches; once it has measured that (its first 16 credits are
-    spent in ~0.3 s after the job's first batch), the source may hold only those 3 credits of the 16 it has, and the
-    object store holds about 3 batches instead of 16. Every row still arrives."""
-    rows_per_batch, num_batches, credits = 16_384, 150, 16
-    batch_bytes = rows_per_batch * 8 * 8  # 8 int64 columns: 1 MiB
-    env = rs.StreamEnvironment(parallelism=1, credits=credits, in_flight_ms=50)
-    source = env.from_sequence(
-        rows_per_batch * num_batches,
-        lambda i: {f"c{j}": i + j for j in range(8)}, batch_size=rows_per_batch, num_splits=1)
+        ROWS_PER_BATCH * NUM_BATCHES,
+        lambda i: {f"c{j}": i + j for j in range(8)}, batch_size=ROWS_PER_BATCH, num_splits=1)
 
     def slow(batch: pa.RecordBatch) -> pa.RecordBatch:
         time.sleep(0.02)
@@ -81,7 +35,7 @@ def test_data_in_flight_to_a_slow_subtask_is_bounded_in_time_not_by_credits(ray_
     sink = source.rebalance().map_batches(slow, name="slow").discard()
     baseline = object_store_bytes()
     samples: list[tuple[float, int]] = []
-    client = env.execute_async("bounded-in-time")
+    client = env.execute_async(name)
     started, done = time.monotonic(), threading.Event()
 
     def sample() -> None:
@@ -96,7 +50,37 @@ def test_data_in_flight_to_a_slow_subtask_is_bounded_in_time_not_by_credits(ray_
     finally:
         done.set()
         sampler.join()
-    assert result.count(sink) == rows_per_batch * num_batches
+    assert result.count(sink) == ROWS_PER_BATCH * NUM_BATCHES
+    return result, sink, samples
+
+
+@pytest.mark.slow
+def test_slow_sink_bounds_object_store_memory(ray_session):
+    """With a sink that sleeps, in-flight data stays bounded by credits, not by the source."""
+    credits = 2
+    env = rs.StreamEnvironment(parallelism=1, credits=credits)
+    result, _, samples = run_into_a_slow_sink(env, "backpressure")
+    # The sink really was the bottleneck for the whole run.
+    assert result.run_s >= NUM_BATCHES * 0.02
+    # In flight at most: `credits` batches on the channel, one being processed
+    # and one waiting in the source's backlog -- plus slack for Ray's 50 ms
+    # free period (EMBEDDED_RAY_SYSTEM_CONFIG) at the sink's 50 batches/s.
+    bound = (credits + 2) * BATCH_BYTES + 3 * BATCH_BYTES
+    total = NUM_BATCHES * BATCH_BYTES
+    assert len(samples) > 20
+    assert max(b for _, b in samples) <= bound, (max(b for _, b in samples), bound)
+    assert total > 10 * bound  # without backpressure the store would have held far more
+
+
+@pytest.mark.slow
+def test_data_in_flight_to_a_slow_subtask_is_bounded_in_time_not_by_credits(ray_session):
+    """``in_flight_ms``: a sink that takes 20 ms a batch of 1 MiB consumes ~50 MB/s, so
+    50 ms of it is ~3 batches; once it has measured that (its first 16 credits are
+    spent in ~0.3 s after the job's first batch), the source may hold only those 3
+    credits of the 16 it has, and the object store holds about 3 batches instead of 16.
+    Every row still arrives."""
+    env = rs.StreamEnvironment(parallelism=1, credits=16, in_flight_ms=50)
+    _, _, samples = run_into_a_slow_sink(env, "bounded-in-time")
     # In flight at most: the credits the sink lets the source hold (<= 3: it can never
     # consume faster than 1 MiB per 20 ms), one batch being processed and one in the
     # source's backlog, plus the slack of test_slow_sink_bounds_object_store_memory;
@@ -104,7 +88,7 @@ def test_data_in_flight_to_a_slow_subtask_is_bounded_in_time_not_by_credits(ray_
     first = next(t for t, b in samples if b > 0)  # the first batch is out: the job runs
     later = [b for t, b in samples if t > first + 1.0]
     assert len(later) > 20
-    assert max(later) <= (3 + 2 + 3) * batch_bytes, (max(later) / batch_bytes, "batches")
+    assert max(later) <= (3 + 2 + 3) * BATCH_BYTES, (max(later) / BATCH_BYTES, "batches")
 
 
 class _Placement:
