@@ -33,6 +33,7 @@ import pyarrow as pa
 from raystream.actors.messages import MAX_WATERMARK
 from raystream.actors.record_writer import DEFAULT_BUFFER_TIMEOUT_MS
 from raystream.checkpoint.disk_incremental import IncrementalSnapshot, RestoredDb
+from raystream.checkpoint.heap_changelog import HeapIncrementalSnapshot
 from raystream.checkpoint.state_backend import StateBackend, StateBackendChoice
 
 if TYPE_CHECKING:
@@ -98,10 +99,11 @@ class OperatorSnapshot:
     operator_state: Callable[[], bytes] | None = None
     keyed_state: Callable[[], dict[int, bytes]] | None = None
     make_durable: Callable[[], None] | None = None
-    # the disk backend's database, when it checkpoints incrementally: a checkpoint
-    # uploads it (keyed_db.upload) before keyed_state() runs, which then leaves the
-    # backend's part out; a savepoint only runs keyed_state(), which writes it whole
-    keyed_db: IncrementalSnapshot | None = None
+    # the backend's state, when it checkpoints incrementally (the disk backend's database,
+    # the heap backend's chain of changes): a checkpoint uploads it (keyed_db.upload)
+    # before keyed_state() runs, which then leaves the backend's part out; a savepoint
+    # only runs keyed_state(), which writes it whole
+    keyed_db: IncrementalSnapshot | HeapIncrementalSnapshot | None = None
 
 
 @dataclass

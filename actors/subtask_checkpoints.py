@@ -38,6 +38,7 @@ from raystream.checkpoint.barrier import Barrier
 from raystream.actors.channel_state_file import (ChannelStateContents, channel_state_key,
                                                      decode_channel_state, encode_channel_state)
 from raystream.checkpoint.disk_incremental import RestoredDb, db_handle_key_groups
+from raystream.checkpoint.heap_changelog import is_heap_chain
 from raystream.checkpoint.keygroups import key_group_range
 from raystream.checkpoint.restore import OperatorRestore, RestoreSpec
 from raystream.checkpoint.sections import decode_sections, encode_sections
@@ -106,11 +107,12 @@ class SubtaskCheckpointer:
         source = CheckpointStorage(restore.storage_uri)
         for name, operator in zip(self.names, self.operators):
             files = restore.operators.get(name, OperatorRestore())
+            chains = [h for h in files.keyed_db if is_heap_chain(h)]
             state = RestoredState(
                 restore.checkpoint_id,
                 [_read(source, h) for h in files.operator_state],
-                self._keyed_sections(source, files.keyed_state), floors,
-                self._keyed_dbs(source, files.keyed_db))
+                self._keyed_sections(source, files.keyed_state, chains), floors,
+                self._keyed_dbs(source, [h for h in files.keyed_db if not is_heap_chain(h)]))
             self.last_checkpoint_id = restore.checkpoint_id
             call_operator(operator, "initialize_state", state)
         if self.channel_state_key not in restore.channel_state:
@@ -139,18 +141,25 @@ class SubtaskCheckpointer:
             return [[self.key_groups.start, self.key_groups.stop - 1, watermark]]
         return runs_of(self.key_groups, np.maximum(floors, watermark))
 
+    def _overlaps(self, handle: dict) -> bool:
+        groups, mine = db_handle_key_groups(handle), self.key_groups
+        return max(mine.start, groups.start) < min(mine.stop, groups.stop)
+
     def _keyed_dbs(self, storage: CheckpointStorage, handles: list[dict]) -> list[RestoredDb]:
         """The manifests of the databases whose key groups overlap ours."""
-        mine = self.key_groups
         own = (self.storage.shared_dir(self.spec.job_key)
                if storage.uri == self.storage.uri else None)
-        return [RestoredDb.read(storage, h, own) for h in handles
-                if range(max(mine.start, db_handle_key_groups(h).start),
-                         min(mine.stop, db_handle_key_groups(h).stop))]
+        return [RestoredDb.read(storage, h, own) for h in handles if self._overlaps(h)]
 
-    def _keyed_sections(self, storage, handles: list[dict]):
+    def _keyed_sections(self, storage, handles: list[dict], chains: list[dict]):
+        """Our key groups' sections: of the state files, then of every heap chain that
+        overlaps ours, file by file in the chain's order (full, then changes)."""
         for handle in handles:
             yield from decode_sections(_read(storage, handle), self.key_groups)
+        for chain in chains:
+            if self._overlaps(chain):
+                for handle in chain["files"]:
+                    yield from decode_sections(_read(storage, handle), self.key_groups)
 
     # -- checkpoint n -------------------------------------------------------------------
     def checkpoint(self, barrier: Barrier, forward: bool, watermark: int, *,

@@ -27,6 +27,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from raystream.checkpoint.disk_state import DiskStateOptions
+from raystream.checkpoint.heap_changelog import HeapStateOptions
 from raystream.checkpoint.state_backend import normalize_state_backend
 
 
@@ -69,6 +70,9 @@ class CheckpointConfig:
             memory; keyed process functions and keyed reduce, not windows yet);
             ``DiskStateOptions(memory_mb=..., local_dir=...)`` selects the disk
             backend with its memory budget per subtask (default 64 MB).
+            The heap backend's checkpoints are incremental (a full snapshot,
+            then the entries changed since); ``HeapStateOptions(incremental=False)``
+            makes every one full.
     """
 
     interval_s: float = 1.0
@@ -81,7 +85,7 @@ class CheckpointConfig:
     unaligned: bool = False
     aligned_timeout: float | None = None
     mode: str | None = None
-    state_backend: str | DiskStateOptions = "heap"
+    state_backend: str | DiskStateOptions | HeapStateOptions = "heap"
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.timeout_s <= 0:

@@ -1662,6 +1662,12 @@ class DiskKeyedStateBackend:
     def _restore_section(self, kg: int, data: bytes) -> None:
         envelope, body = read(data, key_group=kg, max_parallelism=self.max_parallelism,
                               kinds=KEYED_STATE)
+        if envelope.kind is SectionKind.HEAP_CHANGES:
+            raise ValueError(
+                f"key group {kg}: the checkpoint holds the heap state backend's incremental "
+                f"checkpoint (changes since an earlier one), which only that backend restores; "
+                f"restore with CheckpointConfig(state_backend='heap'), or from a savepoint "
+                f"(always full)")
         if kg in self._restored:
             raise ValueError(f"key group {kg} restored twice")
         if envelope.kind is SectionKind.HEAP_STATE:  # a job switching backends

@@ -17,7 +17,7 @@ that follows is the kind's own (see :mod:`raystream.checkpoint.state`,
     >>> read(section, key_group=5, max_parallelism=128, kinds=KEYED_STATE)
     Traceback (most recent call last):
     ...
-    ValueError: key group 5: a timer section, not a heap keyed-state or disk keyed-state section
+    ValueError: key group 5: a timer section, not a heap keyed-state, disk keyed-state or heap keyed-state changes section
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ class SectionKind(Enum):
     """What a section holds, by the magic bytes it starts with."""
 
     HEAP_STATE = b"RSKS"  # keyed state of the heap backend
+    HEAP_CHANGES = b"RSKC"  # what changed in the heap backend since an earlier snapshot
     DISK_STATE = b"RSKD"  # keyed state of the disk (RocksDB) backend
     TIMERS = b"RSTM"  # a keyed operator's timers
 
@@ -62,14 +63,16 @@ class SectionKind(Enum):
 
 
 _NOUNS = {SectionKind.HEAP_STATE: "heap keyed-state", SectionKind.DISK_STATE: "disk keyed-state",
-          SectionKind.TIMERS: "timer"}
+          SectionKind.HEAP_CHANGES: "heap keyed-state changes", SectionKind.TIMERS: "timer"}
 # A kind's body format versions, oldest first: bump (and keep reading the old ones) when
 # the body changes. Heap 2: entries of the None namespace are keyed by the plain key.
-_VERSIONS = {SectionKind.HEAP_STATE: (2,), SectionKind.DISK_STATE: (1,), SectionKind.TIMERS: (1,)}
+_VERSIONS = {SectionKind.HEAP_STATE: (2,), SectionKind.DISK_STATE: (1,),
+             SectionKind.HEAP_CHANGES: (1,), SectionKind.TIMERS: (1,)}
 _BY_MAGIC = {kind.magic: kind for kind in SectionKind}
 
-# Keyed state of either backend: each restores the other's (a job may switch backends).
-KEYED_STATE = (SectionKind.HEAP_STATE, SectionKind.DISK_STATE)
+# Keyed state of either backend: each restores the other's (a job may switch backends
+# through a savepoint); the heap backend's changes only follow its own full sections.
+KEYED_STATE = (SectionKind.HEAP_STATE, SectionKind.DISK_STATE, SectionKind.HEAP_CHANGES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +103,8 @@ def read(section: bytes | memoryview, *, key_group: int, max_parallelism: int,
     one of ``kinds``, in a format this raystream reads, written for this key group
     with this raystream's key-group hash and ``max_parallelism``; else ValueError."""
     view = memoryview(section)
-    wanted = " or ".join(kind.noun for kind in kinds)
+    nouns = [kind.noun for kind in kinds]
+    wanted = " or ".join(filter(None, [", ".join(nouns[:-1]), nouns[-1]]))
     if len(view) < _LAYOUT.size:
         raise ValueError(f"key group {key_group}: {wanted} section too short ({len(view)} "
                          f"bytes, less than its {_LAYOUT.size}-byte envelope): truncated")

@@ -110,6 +110,8 @@ import numpy as np
 
 from raystream.checkpoint.disk_state import section_entries
 from raystream.checkpoint.envelope import KEYED_STATE, Envelope, SectionKind, is_keyed_state, read
+from raystream.checkpoint.heap_changelog import (ChainTracker, ChangeLog, Changes,
+                                                 HeapIncrementalSnapshot, HeapStateOptions)
 from raystream.checkpoint.keygroups import check_key_group_range, key_group_of
 from raystream.checkpoint.ttl import TTL_KIND_SUFFIX as _TTL_SUFFIX
 from raystream.checkpoint.ttl import (StateTtlConfig, TtlAggregatingOps, TtlHandle, TtlMapReads,
@@ -145,6 +147,18 @@ _ATOMIC = frozenset({
 
 _MISSING: Any = object()
 _NEVER = float("inf")  # floor of a map that inherited no objects
+
+
+class _Untracked(set):
+    """The change set of a map while incremental checkpoints are off: records nothing."""
+
+    __slots__ = ()
+
+    def add(self, _key: Any) -> None:
+        pass
+
+
+_UNTRACKED: set = _Untracked()
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,9 +234,12 @@ class _KGMap:
     ``version``: the backend version ``m`` was created at; ``floor`` and
     ``fresh``: see the module docstring (objects inherited from an earlier map
     may be reachable by in-progress snapshots with version >= ``floor``;
-    ``fresh`` holds the keys given a new object since ``m`` was created)."""
+    ``fresh`` holds the keys given a new object since ``m`` was created).
+    ``changed``: the keys written, removed or handed out mutable since the last
+    snapshot, for incremental checkpoints (:mod:`raystream.checkpoint.heap_changelog`;
+    a set that records nothing when they are off)."""
 
-    __slots__ = ("b", "m", "version", "floor", "fresh")
+    __slots__ = ("b", "m", "version", "floor", "fresh", "changed")
 
     def __init__(self, backend: "HeapKeyedStateBackend") -> None:
         self.b = backend
@@ -230,6 +247,12 @@ class _KGMap:
         self.version: int = backend._version
         self.floor: float = _NEVER
         self.fresh: set = set()
+        self.changed: set = set() if backend._options is not None else _UNTRACKED
+
+    def take_changes(self) -> set:
+        """The keys changed since the last snapshot; record into a new set from now."""
+        changed, self.changed = self.changed, set()
+        return changed
 
     def writable(self) -> dict:
         """``m``, first replaced by a copy if a snapshot in progress holds it."""
@@ -246,6 +269,7 @@ class _KGMap:
     def put(self, kk: tuple, value: Any) -> None:
         """Store a new object (one no snapshot can reach) at ``kk``."""
         self.writable()[kk] = value
+        self.changed.add(kk)
         if self.floor <= self.b._max_active:
             self.fresh.add(kk)
 
@@ -257,7 +281,10 @@ class _KGMap:
     def owned(self, kk: tuple) -> Any:
         """The value at ``kk`` (``_MISSING`` if absent), safe to mutate in place."""
         v = self.m.get(kk, _MISSING)
-        if v is _MISSING or type(v) in _ATOMIC or not self.shared(kk) or _immutable(v):
+        if v is _MISSING or type(v) in _ATOMIC or _immutable(v):
+            return v
+        if not self.shared(kk):
+            self.changed.add(kk)  # the caller may change it in place
             return v
         v = _cow_copy(v)
         self.put(kk, v)
@@ -266,6 +293,7 @@ class _KGMap:
     def remove(self, kk: tuple) -> None:
         if kk in self.m:
             del self.writable()[kk]
+            self.changed.add(kk)
 
     def take(self, kk: tuple) -> Any:
         """Remove the value at ``kk`` and return it, owned by the caller."""
@@ -275,6 +303,7 @@ class _KGMap:
         if self.shared(kk):
             v = _cow_copy(v)
         del self.writable()[kk]
+        self.changed.add(kk)
         return v
 
 
@@ -358,7 +387,7 @@ class ValueState(_State):
         v = kg.m.get(b._kk, _MISSING)
         if v is _MISSING:
             return self._default_value()
-        if b._max_active < 0 or type(v) in _ATOMIC:  # fast path: nothing to copy
+        if type(v) in _ATOMIC:  # fast path: nothing to copy, nothing the caller can change
             return v
         return kg.owned(b._kk)
 
@@ -370,6 +399,7 @@ class ValueState(_State):
         kg = self._kgs[i]
         if b._max_active < 0:  # fast path: no snapshot in progress
             kg.m[b._kk] = value
+            kg.changed.add(b._kk)
         else:
             kg.put(b._kk, value)
 
@@ -417,7 +447,7 @@ class ListState(_MergingState):
         v = kg.m.get(kk)
         if v is None:
             return []
-        if self._b._max_active < 0 or _ATOMIC.issuperset(map(type, v)):
+        if _ATOMIC.issuperset(map(type, v)):  # no element the caller can change
             return v.copy()
         return kg.owned(kk).copy()
 
@@ -475,7 +505,7 @@ class MapState(_State):
         v = d.get(key, _MISSING)
         if v is _MISSING:
             return default
-        if type(v) in _ATOMIC or not kg.shared(kk) or _immutable(v):
+        if type(v) in _ATOMIC or _immutable(v):
             return v
         return kg.owned(kk)[key]
 
@@ -812,6 +842,16 @@ class StateSnapshot:
         self._finalizer()
 
     def __call__(self) -> dict[int, bytes]:
+        """Every non-empty key group's section, in full."""
+        return self._run(None)[0]
+
+    def changed(self, changes: Changes) -> tuple[dict[int, bytes], int]:
+        """Instead of the full sections: sections of the changes of the entries whose keys
+        are in ``changes`` (their values as of this snapshot; those no longer there,
+        removed), and how many entries they hold."""
+        return self._run(changes)
+
+    def _run(self, changes: Changes | None) -> tuple[dict[int, bytes], int]:
         with self._lock:
             captured = self._captured
             if captured is None or not self._finalizer.alive:
@@ -820,29 +860,62 @@ class StateSnapshot:
             self._running = True
         try:
             out: dict[int, bytes] = {}
-            expiry = self._expiry
+            written = 0
             for i, kg in enumerate(self._key_groups):
-                states = [(name, kind, maps[i]) for name, kind, maps in captured if maps[i]]
-                if expiry:  # captured maps are never changed in place: safe to read here
-                    states = [(name, kind, _unexpired(kind, m, *expiry[name])
-                               if name in expiry else m) for name, kind, m in states]
-                    states = [s for s in states if s[2]]
+                if changes is None:
+                    states = self._live(
+                        [(name, kind, maps[i]) for name, kind, maps in captured if maps[i]])
+                    removed = None
+                else:
+                    states, removed = self._changes_of(captured, changes, i)
                 if states:
-                    out[kg] = self._section(kg, states)
-            return out
+                    out[kg] = self._section(kg, states, removed)
+                    written += sum(len(m) for _, _, m in states) + sum(map(len, removed or ()))
+            return out, written
         finally:
             self._finalizer()
 
-    def _section(self, kg: int, states: list[tuple[str, str, dict]]) -> bytes:
-        try:
-            return self._pickled_section(kg, states, fast=True)
-        except KeyError:  # CPython's pickler without a memo fails so on frozensets
-            return self._pickled_section(kg, states, fast=False)
+    def _live(self, states: list[tuple[str, str, dict]]) -> list[tuple[str, str, dict]]:
+        """``states`` without what has expired (of states with a TTL)."""
+        expiry = self._expiry
+        if not expiry:
+            return states
+        # captured maps are never changed in place: safe to read here
+        states = [(name, kind, _unexpired(kind, m, *expiry[name]) if name in expiry else m)
+                  for name, kind, m in states]
+        return [s for s in states if s[2]]
 
-    def _pickled_section(self, kg: int, states: list[tuple[str, str, dict]], *,
-                         fast: bool) -> bytes:
+    def _changes_of(self, captured: list[tuple[str, str, list[dict]]], changes: Changes,
+                    i: int) -> tuple[list[tuple[str, str, dict]], list[list]]:
+        """Key group ``i``'s changed entries per state (expired ones count as removed),
+        and per state the changed keys no longer there."""
+        states, removed = [], []
+        for name, kind, maps in captured:
+            keys = changes.get(name)
+            if keys is None or i >= len(keys) or not keys[i]:
+                continue
+            m = maps[i]
+            live = {kk: m[kk] for kk in keys[i] if kk in m}
+            if name in self._expiry:
+                live = _unexpired(kind, live, *self._expiry[name])
+            states.append((name, kind, live))
+            removed.append([kk for kk in keys[i] if kk not in live])
+        return states, removed
+
+    def _section(self, kg: int, states: list[tuple[str, str, dict]],
+                 removed: list[list] | None) -> bytes:
+        try:
+            return self._pickled_section(kg, states, removed, fast=True)
+        except KeyError:  # CPython's pickler without a memo fails so on frozensets
+            return self._pickled_section(kg, states, removed, fast=False)
+
+    def _pickled_section(self, kg: int, states: list[tuple[str, str, dict]],
+                         removed: list[list] | None, *, fast: bool) -> bytes:
+        """A full section, or (``removed`` given: per state, the keys removed) the
+        changes one: after each state's chunks, the list of its removed keys."""
         buf = io.BytesIO()
-        buf.write(Envelope.current(SectionKind.HEAP_STATE, max_parallelism=self._max_parallelism,
+        kind = SectionKind.HEAP_STATE if removed is None else SectionKind.HEAP_CHANGES
+        buf.write(Envelope.current(kind, max_parallelism=self._max_parallelism,
                                    key_group=kg).pack())
         pickler = pickle.Pickler(buf, protocol=5)
         # No memo (fast): state values are written independently (as Flink serializes
@@ -850,7 +923,7 @@ class StateSnapshot:
         # value that refers to itself fails the write and so declines the checkpoint.
         pickler.fast = fast
         pickler.dump([(name, kind, -(-len(m) // CHUNK_ENTRIES)) for name, kind, m in states])
-        for name, _kind, m in states:
+        for j, (name, _kind, m) in enumerate(states):
             try:
                 if len(m) <= CHUNK_ENTRIES:
                     pickler.dump(m)
@@ -858,6 +931,8 @@ class StateSnapshot:
                     items = iter(m.items())
                     for _ in range(0, len(m), CHUNK_ENTRIES):
                         pickler.dump(dict(itertools.islice(items, CHUNK_ENTRIES)))
+                if removed is not None:
+                    pickler.dump(removed[j])
             except (TypeError, AttributeError, pickle.PicklingError) as exc:
                 raise _unpicklable(name, m, exc) from exc
         return buf.getvalue()
@@ -919,8 +994,15 @@ class HeapKeyedStateBackend:
     """
 
     def __init__(self, *, max_parallelism: int, key_groups: range,
-                 ttl_time_provider: TtlTimeProvider = wall_clock_ms) -> None:
+                 ttl_time_provider: TtlTimeProvider = wall_clock_ms,
+                 options: HeapStateOptions | None = None) -> None:
+        """``options``: with ``incremental``, :meth:`snapshot` returns a
+        :class:`~raystream.checkpoint.heap_changelog.HeapIncrementalSnapshot` (give them
+        only where checkpoints are taken: the changes are kept until one completes)."""
         check_key_group_range(key_groups, max_parallelism)
+        self._options = options if options is not None and options.incremental else None
+        self._changes = ChangeLog()
+        self._chains = ChainTracker()
         self._ttl_now = ttl_time_provider  # the processing-time clock of state TTLs
         self.max_parallelism = max_parallelism
         self.key_groups = key_groups
@@ -1063,19 +1145,42 @@ class HeapKeyedStateBackend:
                 yield from dict.fromkeys([_key_of(kk) for kk in kg.m])
 
     # -- snapshot and restore ---------------------------------------------------
-    def snapshot(self) -> StateSnapshot:
+    def snapshot(self) -> StateSnapshot | HeapIncrementalSnapshot:
         """Synchronous part of a snapshot: O(state names x key groups), no copying
-        of state. Returns the asynchronous part (see :class:`StateSnapshot`)."""
+        of state. Returns the asynchronous part (see :class:`StateSnapshot`; with
+        incremental checkpoints, a :class:`HeapIncrementalSnapshot` around it)."""
         with self._lock:
             version = self._version
             self._version = version + 1
             self._active.add(version)
             self._max_active = version
-        captured = [(t.name, t.kind, [kg.m for kg in t.kgs]) for t in self._tables.values()]
+        tables = self._tables.values()
+        captured = [(t.name, t.kind, [kg.m for kg in t.kgs]) for t in tables]
         # expired values are left out, as of now (the synchronous part)
-        expiry = {t.name: (t.ttl.ttl_ms, self._ttl_now()) for t in self._tables.values()
-                  if t.ttl is not None}
-        return StateSnapshot(self, version, captured, expiry)
+        expiry = {t.name: (t.ttl.ttl_ms, self._ttl_now()) for t in tables if t.ttl is not None}
+        full = StateSnapshot(self, version, captured, expiry)
+        options = self._options
+        if options is None:
+            return full
+        log = self._changes
+        log.add(version, {t.name: [kg.take_changes() for kg in t.kgs] for t in tables})
+        base = self._chains.base()
+        if base is not None and log.size_since(base.version) > base.room(options.max_changes_ratio):
+            base = None  # the chain would read too much: start a new one
+        if base is None:  # a full snapshot: no change before it is needed again
+            log.clear()
+            self._chains.forget(version)
+        return HeapIncrementalSnapshot(
+            full=full, changed=full.changed, release=full.release, base=base,
+            logged=[] if base is None else log.since(base.version), version=version,
+            entries=sum(len(kg.m) for t in tables for kg in t.kgs), tracker=self._chains,
+            key_groups=self.key_groups)
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` completed: the next incremental one may extend it."""
+        chain = self._chains.complete(checkpoint_id)
+        if chain is not None:
+            self._changes.drop_upto(chain.version)
 
     def _release(self, version: int) -> None:
         with self._lock:
@@ -1110,6 +1215,9 @@ class HeapKeyedStateBackend:
                 continue
             envelope, body = read(data, key_group=kg, max_parallelism=self.max_parallelism,
                                   kinds=KEYED_STATE)
+            if envelope.kind is SectionKind.HEAP_CHANGES:  # after its chain's full section
+                self._apply_changes_section(kg, body)
+                continue
             if kg in self._restored:
                 raise ValueError(f"key group {kg} restored twice")
             if envelope.kind is SectionKind.DISK_STATE:  # a job switching backends
@@ -1135,6 +1243,19 @@ class HeapKeyedStateBackend:
                 kgm.version = self._version
                 kgm.floor = _NEVER
                 kgm.fresh = set()
+
+    def _apply_changes_section(self, kg: int, body: memoryview) -> None:
+        unpickler = pickle.Unpickler(io.BytesIO(body))
+        i = kg - self._kg_start
+        for name, kind, n_chunks in unpickler.load():
+            values = unpickler.load()
+            for _ in range(n_chunks - 1):
+                values.update(unpickler.load())
+            removed = unpickler.load()
+            m = self._table(name, kind).kgs[i].writable()
+            m.update(values)
+            for kk in removed:
+                m.pop(kk, None)
 
     def _restore_disk_section(self, kg: int, body: memoryview) -> None:
         i = kg - self._kg_start

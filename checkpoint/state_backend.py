@@ -14,10 +14,14 @@ A backend snapshots per key group: ``snapshot()`` is the synchronous part of a
 checkpoint and returns a callable (the asynchronous part) giving one section
 (bytes) per non-empty key group; ``restore`` takes sections of any key groups
 and keeps those of its own range, which is how a job is restored at another
-parallelism. (The disk backend with ``DiskStateOptions(incremental=True)``
-returns an :class:`~raystream.checkpoint.disk_incremental.IncrementalSnapshot`,
-a callable too: a checkpoint uploads it as new RocksDB files instead, and
-``DiskKeyedStateBackend.restore_db`` reads those back.)
+parallelism. (Where checkpoints are taken, the heap backend returns a
+:class:`~raystream.checkpoint.heap_changelog.HeapIncrementalSnapshot`, unless
+``HeapStateOptions(incremental=False)``: a checkpoint uploads it as a full
+snapshot or the changes since the previous one. The disk backend with
+``DiskStateOptions(incremental=True)`` returns an
+:class:`~raystream.checkpoint.disk_incremental.IncrementalSnapshot`, uploaded as
+new RocksDB files, which ``DiskKeyedStateBackend.restore_db`` reads back. Both
+are callables too, giving full sections: a savepoint.)
 
 >>> backend = create_keyed_state_backend(StateBackend.HEAP, max_parallelism=128,
 ...                                      key_groups=range(128))
@@ -35,6 +39,7 @@ import enum
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend, DiskStateOptions
+from raystream.checkpoint.heap_changelog import HeapStateOptions
 from raystream.checkpoint.ttl import StateTtlConfig
 from raystream.checkpoint.state import AggregateFunction, HeapKeyedStateBackend
 
@@ -127,34 +132,37 @@ class KeyedStateBackend(Protocol):
 
     def restore(self, sections: Iterable[tuple[int, bytes]] | Mapping[int, bytes]) -> None: ...
 
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None: ...
+
     @staticmethod
     def owns_section(section: bytes) -> bool:
         """Is ``section`` one this kind of backend wrote (by its header)?"""
         ...
 
 
-_BACKENDS: dict[StateBackend, Callable[..., KeyedStateBackend]] = {
-    StateBackend.HEAP: HeapKeyedStateBackend,
-    StateBackend.DISK: DiskKeyedStateBackend,
-}
-
-StateBackendChoice = StateBackend | str | DiskStateOptions
+StateBackendChoice = StateBackend | str | DiskStateOptions | HeapStateOptions
 
 
 def create_keyed_state_backend(kind: StateBackendChoice, *, max_parallelism: int,
-                               key_groups: range) -> KeyedStateBackend:
-    """A new, empty backend of ``kind`` for ``key_groups``."""
+                               key_groups: range, checkpointing: bool = False
+                               ) -> KeyedStateBackend:
+    """A new, empty backend of ``kind`` for ``key_groups``; ``checkpointing``: its
+    snapshots are checkpoints (the heap backend's are then incremental, by default)."""
     if isinstance(kind, DiskStateOptions):
         return DiskKeyedStateBackend(max_parallelism=max_parallelism, key_groups=key_groups,
                                      options=kind)
-    return _BACKENDS[state_backend_kind(kind)](max_parallelism=max_parallelism,
-                                               key_groups=key_groups)
+    if state_backend_kind(kind) is StateBackend.DISK:
+        return DiskKeyedStateBackend(max_parallelism=max_parallelism, key_groups=key_groups)
+    options = kind if isinstance(kind, HeapStateOptions) else HeapStateOptions()
+    return HeapKeyedStateBackend(max_parallelism=max_parallelism, key_groups=key_groups,
+                                 options=options if checkpointing else None)
 
 
-def normalize_state_backend(choice: StateBackendChoice) -> StateBackend | DiskStateOptions:
-    """A :class:`StateBackend`, or the :class:`DiskStateOptions` given (kept whole: it
-    travels with the job's checkpoint settings to every subtask)."""
-    if isinstance(choice, DiskStateOptions):
+def normalize_state_backend(choice: StateBackendChoice
+                            ) -> StateBackend | DiskStateOptions | HeapStateOptions:
+    """A :class:`StateBackend`, or the options given (kept whole: they travel with the
+    job's checkpoint settings to every subtask)."""
+    if isinstance(choice, (DiskStateOptions, HeapStateOptions)):
         return choice
     return state_backend_kind(choice)
 
@@ -172,6 +180,8 @@ def state_backend_kind(kind: StateBackendChoice) -> StateBackend:
     """``kind`` as a :class:`StateBackend`; a clear error naming the choices otherwise."""
     if isinstance(kind, DiskStateOptions):
         return StateBackend.DISK
+    if isinstance(kind, HeapStateOptions):
+        return StateBackend.HEAP
     try:
         return StateBackend(kind)
     except ValueError:

@@ -253,6 +253,13 @@ class CheckpointStorage:
                     memoryview(mapped) as view:
                 return self._write_file(self.shared_dir(job_key), target, view)
 
+    def write_shared(self, job_key: str, checkpoint_id: int, name: str,
+                     data: bytes | bytearray | memoryview) -> StateHandle:
+        """Write ``data`` to ``<job_dir>/shared/<checkpoint_id>-<name>``, as
+        :meth:`write_shared_file` does a local file (the heap backend's increments)."""
+        return self._write_file(self.shared_dir(job_key),
+                                f"{checkpoint_id}-{self._checked_name(name)}", data)
+
     @staticmethod
     def shared_file_checkpoint(path: str) -> int | None:
         """The id of the checkpoint that uploaded the shared file ``path`` (None: not one).

@@ -10,6 +10,7 @@
 from raystream import sources, spark
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.checkpoint.disk_state import DiskStateOptions
+from raystream.checkpoint.heap_changelog import HeapStateOptions
 from raystream.core.failpoints import Failpoint
 from raystream.checkpoint.keygroups import (HASH_VERSION, key_group_of, key_group_range,
                                             subtask_for_key_group)
@@ -50,7 +51,7 @@ from raystream.actors.messages import MAX_WATERMARK, MIN_WATERMARK
 
 __all__ = [
     "BadRecordError", "BoundedOutOfOrderness", "FileReadError", "CheckpointConfig", "Committer",
-    "ConnectedStreams", "DiskStateOptions", "SinkContext", "SinkWriter",
+    "ConnectedStreams", "DiskStateOptions", "HeapStateOptions", "SinkContext", "SinkWriter",
     "DataStream", "Failpoint", "RestartStrategy",
     "HASH_VERSION", "InsufficientResourcesError", "KafkaError", "KafkaRecordError",
     "KafkaSinkError", "JobClient", "JobFailedError", "JobNotFoundError",

@@ -1,11 +1,13 @@
-"""Incremental checkpoints of the disk (RocksDB) keyed state backend.
+"""Incremental checkpoints of the disk (RocksDB) keyed state backend, and of the heap
+backend (its chains of changes: tests/test_heap_changelog.py tests them on the backend).
 
 Backend-level tests write real RocksDB files to real checkpoint storage and check
 restores against a dict oracle built with pandas; the Ray tests run the keyed
-running sum of tests/test_exactly_once.py on incremental checkpoints through a
-SIGKILL of a subtask's process, restore a cancelled run at another parallelism
-(the final running sum per key against pandas), and check that retention leaves
-exactly the shared files the retained checkpoints reference.
+running sum of tests/test_exactly_once.py on incremental checkpoints of either
+backend (the heap's with changes in every checkpoint) through a SIGKILL of a
+subtask's process, restore a cancelled run at another parallelism (the final
+running sum per key against pandas), and check that retention leaves exactly the
+shared files the retained checkpoints reference.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 import raystream as rs
 from raystream.checkpoint.disk_incremental import RestoredDb, db_handle_files
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend, DiskStateOptions
+from raystream.checkpoint.heap_changelog import is_heap_chain
 from raystream.checkpoint.keygroups import key_group_range
 from raystream.checkpoint.metadata import CheckpointMetadata, OperatorFiles
 from raystream.checkpoint.shared_state import SharedStateRegistry
@@ -269,13 +272,19 @@ def test_a_corrupt_or_missing_shared_file_is_named(backends, tmp_path):
 # Real Ray jobs on incremental checkpoints
 # ---------------------------------------------------------------------------
 
+# the incremental checkpoints of each backend; the heap's chain never starts over, so
+# every checkpoint after the first writes changes
+INCREMENTAL = {"disk": DiskStateOptions(memory_mb=16, incremental=True),
+               "heap": rs.HeapStateOptions(max_changes_ratio=1e9)}
+
+
 def incremental_env(storage: str, parallelism: int = 2, interval_s: float = 0.25,
-                    retained: int = 2) -> rs.StreamEnvironment:
+                    retained: int = 2, backend: str = "disk") -> rs.StreamEnvironment:
     return rs.StreamEnvironment(
         parallelism=parallelism,
         checkpoints=rs.CheckpointConfig(
             interval_s=interval_s, storage=storage, retained=retained,
-            state_backend=DiskStateOptions(memory_mb=16, incremental=True)),
+            state_backend=INCREMENTAL[backend]),
         restart=rs.RestartStrategy.fixed_delay(3, 0.1))
 
 
@@ -284,19 +293,29 @@ def slow_throttle(batch):
     return batch
 
 
-def running_sum_job(env: rs.StreamEnvironment, slow: bool = False) -> rs.SinkHandle:
+def running_sum_job(env: rs.StreamEnvironment, slow: bool = False,
+                    backend: str = "disk") -> rs.SinkHandle:
     from tests.support.functions import RunningSum
     from tests.support.inputs import N, SPLITS, numbers
     throttle = Throttle(0.02)
 
     source = env.from_sequence(N, numbers, batch_size=100, num_splits=SPLITS, name="numbers")
     return source.map_batches(slow_throttle if slow else throttle, name="throttle").key_by(
-        "k").process(RunningSum(), name="sum").collect(name="out")
+        "k").process(RunningSum(backend), name="sum").collect(name="out")
 
 
 def only_job_dir(root) -> str:
     (job,) = [d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d))]
     return os.path.join(root, job)
+
+
+def longest_chain(job_dir: str) -> int:
+    """Files in the longest heap chain of the job's newest completed checkpoint."""
+    storage, job = CheckpointStorage(os.path.dirname(job_dir)), os.path.basename(job_dir)
+    newest = max(storage.completed_checkpoint_ids(job))
+    metadata = CheckpointMetadata.from_json(storage.read_metadata(job, newest))
+    return max(len(db_handle_files(db)) for files in metadata.operators.values()
+               for db in files.keyed_db if is_heap_chain(db))
 
 
 def retained_references(job_dir: str) -> set[str]:
@@ -309,15 +328,16 @@ def retained_references(job_dir: str) -> set[str]:
     return out
 
 
-@pytest.mark.slow
-def test_a_sigkilled_subtask_restores_from_incremental_checkpoints(ray_session, tmp_path):
+@pytest.mark.parametrize("backend", [pytest.param("disk", marks=pytest.mark.slow), "heap"])
+def test_a_sigkilled_subtask_restores_from_incremental_checkpoints(ray_session, tmp_path,
+                                                                   backend):
     import ray
 
     from tests.support.oracles import assert_exactly_once
     from tests.support.jobs import wait_for_checkpoint
 
-    env = incremental_env(str(tmp_path / "chk"))
-    sink = running_sum_job(env, slow=True)
+    env = incremental_env(str(tmp_path / "chk"), backend=backend)
+    sink = running_sum_job(env, slow=True, backend=backend)
     client = env.execute_async("incremental-kill")
     completed = wait_for_checkpoint(client)
     completed = wait_for_checkpoint(client, after=completed)  # a second one: an increment
@@ -332,22 +352,27 @@ def test_a_sigkilled_subtask_restores_from_incremental_checkpoints(ray_session, 
     present = set(CheckpointStorage(str(tmp_path / "chk")).shared_files(
         os.path.basename(job_dir)))
     assert referenced and referenced <= present
+    if backend == "heap":  # the second checkpoint on wrote changes: the restore read a chain
+        assert longest_chain(job_dir) > 1
 
 
 @pytest.mark.slow
-def test_a_cancelled_run_restores_at_another_parallelism(ray_session, tmp_path):
+@pytest.mark.parametrize("backend", ["disk", "heap"])
+def test_a_cancelled_run_restores_at_another_parallelism(ray_session, tmp_path, backend):
     from tests.support.inputs import KEYS, N, numbers
     from tests.support.jobs import wait_for_checkpoint
 
-    env = incremental_env(str(tmp_path / "chk"))
-    running_sum_job(env, slow=True)
+    env = incremental_env(str(tmp_path / "chk"), backend=backend)
+    running_sum_job(env, slow=True, backend=backend)
     client = env.execute_async("incremental-p2")
     wait_for_checkpoint(client, after=wait_for_checkpoint(client))
     client.cancel()
     client.wait(timeout_s=120)
     job_dir = only_job_dir(tmp_path / "chk")
-    env = incremental_env(str(tmp_path / "chk-p3"), parallelism=3)
-    sink = running_sum_job(env)
+    if backend == "heap":
+        assert longest_chain(job_dir) > 1
+    env = incremental_env(str(tmp_path / "chk-p3"), parallelism=3, backend=backend)
+    sink = running_sum_job(env, backend=backend)
     result = env.execute("incremental-p3", restore_from=job_dir)
     out = result.table(sink).to_pandas()
     assert len(out) > 0 and len(out) < N  # restored midway
@@ -362,11 +387,12 @@ def test_a_cancelled_run_restores_at_another_parallelism(ray_session, tmp_path):
 
 
 @pytest.mark.slow
-def test_retention_keeps_exactly_the_referenced_shared_files(ray_session, tmp_path):
+@pytest.mark.parametrize("backend", ["disk", "heap"])
+def test_retention_keeps_exactly_the_referenced_shared_files(ray_session, tmp_path, backend):
     from tests.support.oracles import assert_exactly_once
 
-    env = incremental_env(str(tmp_path / "chk"), interval_s=0.1, retained=2)
-    sink = running_sum_job(env)
+    env = incremental_env(str(tmp_path / "chk"), interval_s=0.1, retained=2, backend=backend)
+    sink = running_sum_job(env, backend=backend)
     result = env.execute("incremental-retention")
     assert_exactly_once(result.table(sink))
     assert len(result.checkpoints) >= 5

@@ -154,7 +154,7 @@ def test_every_format_refuses_what_the_envelope_refuses(disk, section):
     if kind is SectionKind.TIMERS:
         other, found, wanted = OLD_HEAP, "a heap keyed-state section", "timer"
     else:
-        other, found, wanted = OLD_TIMERS, "a timer section", "heap keyed-state or disk keyed-state"
+        other, found, wanted = OLD_TIMERS, "a timer section", "heap keyed-state, disk keyed-state or heap keyed-state changes"
     with pytest.raises(ValueError, match=f"key group {KG}: {found}, not a {wanted} section"):
         restore(with_envelope(section, magic=other[:4]))
     with pytest.raises(ValueError, match=r"unknown magic bytes b'XXXX'"):

@@ -640,7 +640,7 @@ def test_restore_checks_sections():
         r.restore(sections)
     with pytest.raises(ValueError, match="max_parallelism"):
         HeapKeyedStateBackend(max_parallelism=256, key_groups=range(256)).restore(sections)
-    with pytest.raises(ValueError, match="not a heap keyed-state or disk keyed-state section"):
+    with pytest.raises(ValueError, match="not a heap keyed-state, disk keyed-state or heap keyed-state changes section"):
         restored({kg: b"garbage" * 10})
     with pytest.raises(ValueError, match="holds key group"):
         restored({(kg + 1) % MAXP: sections[kg]})

@@ -33,6 +33,7 @@ from raystream.checkpoint.disk_incremental import IncrementalSnapshot
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend, section_state_kinds
 from raystream.checkpoint.entry_keys import EntryKeys
 from raystream.checkpoint.envelope import is_keyed_state
+from raystream.checkpoint.heap_changelog import HeapIncrementalSnapshot
 from raystream.checkpoint.keygroups import key_group_range
 from raystream.checkpoint.sections import decode_parts, encode_parts
 from raystream.checkpoint.state import AggregateFunction
@@ -204,7 +205,8 @@ class _KeyedOperator(Operator):
             self._refuse_disk_only_state(restored)
         self.backend = create_keyed_state_backend(ctx.state_backend,
                                                   max_parallelism=ctx.max_parallelism,
-                                                  key_groups=groups)
+                                                  key_groups=groups,
+                                                  checkpointing=ctx.checkpointing)
         self._first_group = groups.start
         if restored is not None and restored.watermark_floors is not None:
             # event time never goes back: what was late before the checkpoint stays late
@@ -304,8 +306,7 @@ class _KeyedOperator(Operator):
             raise ValueError(f"operator '{self.name}': unexpected keyed state parts {sorted(parts)}")
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        if isinstance(self.backend, DiskKeyedStateBackend):  # its next increment starts here
-            self.backend.notify_checkpoint_complete(checkpoint_id)
+        self.backend.notify_checkpoint_complete(checkpoint_id)  # its next increment starts here
 
     def metrics(self) -> dict[str, float]:
         """On the disk backend, RocksDB's own figures (``rocksdb.<property>``, see
@@ -329,7 +330,7 @@ class _KeyedOperator(Operator):
                     by_group.setdefault(group, {})[name] = data
             return {group: encode_parts(named) for group, named in by_group.items()}
         return OperatorSnapshot(keyed_state=sections, keyed_db=state if isinstance(
-            state, IncrementalSnapshot) else None)
+            state, (IncrementalSnapshot, HeapIncrementalSnapshot)) else None)
 
     def keyed_rows(self, batch: pa.RecordBatch, keys: KeySelector | None = None):
         """(key, row) per row, with the backend's current key set to it (``keys``: the

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 import raystream as rs
 from raystream.checkpoint.disk_state import DiskValueState
+from raystream.checkpoint.state import ValueState
 
 # -- windows ----------------------------------------------------------------------------------
 
@@ -101,11 +102,16 @@ def add(acc: dict, row: dict) -> dict:
 
 
 class RunningSum(rs.KeyedProcessFunction):
-    """:func:`add` as a keyed process function in a value state of the disk backend."""
+    """:func:`add` as a keyed process function in a value state of ``backend`` (its
+    value a dict: read, then replaced)."""
+
+    def __init__(self, backend: str = "disk") -> None:
+        self.backend = backend
 
     def open(self, ctx) -> None:
         self.acc = ctx.value_state("acc")
-        assert isinstance(self.acc, DiskValueState), "the job must run on the disk backend"
+        kind = DiskValueState if self.backend == "disk" else ValueState
+        assert isinstance(self.acc, kind), f"the job must run on the {self.backend} backend"
 
     def process_element(self, row: dict, ctx) -> Iterator[dict]:
         acc = self.acc.value()
