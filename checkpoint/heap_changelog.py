@@ -204,10 +204,10 @@ class HeapIncrementalSnapshot:
 
     def __init__(self, *, full: Callable[[], dict[int, bytes]],
                  changed: Callable[[Changes], tuple[dict[int, bytes], int]],
-                 release: Callable[[], None], base: Chain | None, logged: list[Changes],
+                 base: Chain | None, logged: list[Changes],
                  version: int, entries: int, tracker: ChainTracker,
                  key_groups: range) -> None:
-        self._full, self._changed, self._release = full, changed, release
+        self._full, self._changed = full, changed
         self.base = base  # None: a full snapshot
         self._logged = logged
         self._version, self._entries = version, entries
@@ -243,9 +243,6 @@ class HeapIncrementalSnapshot:
 
     def __call__(self) -> dict[int, bytes]:
         return {} if self._uploaded else self._full()
-
-    def release(self) -> None:
-        self._release()
 
 
 def is_heap_chain(handle: Mapping[str, Any]) -> bool:

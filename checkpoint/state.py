@@ -942,6 +942,14 @@ class StateSnapshot:
         return f"StateSnapshot(version={self.version}, {state})"
 
 
+def _load_entries(unpickler: pickle.Unpickler, n_chunks: int) -> dict:
+    """One state's entries of a section: its chunks (always at least one pickle)."""
+    values = unpickler.load()
+    for _ in range(n_chunks - 1):
+        values.update(unpickler.load())
+    return values
+
+
 def _unpicklable(name: str, entries: dict, exc: Exception) -> TypeError:
     """The error of a state whose snapshot failed, naming the state and the first of its
     keys whose value cannot be pickled (found again only on this error path)."""
@@ -1171,7 +1179,7 @@ class HeapKeyedStateBackend:
             log.clear()
             self._chains.forget(version)
         return HeapIncrementalSnapshot(
-            full=full, changed=full.changed, release=full.release, base=base,
+            full=full, changed=full.changed, base=base,
             logged=[] if base is None else log.since(base.version), version=version,
             entries=sum(len(kg.m) for t in tables for kg in t.kgs), tracker=self._chains,
             key_groups=self.key_groups)
@@ -1231,9 +1239,7 @@ class HeapKeyedStateBackend:
         directory = unpickler.load()
         i = kg - self._kg_start
         for name, kind, n_chunks in directory:
-            values = unpickler.load()
-            for _ in range(n_chunks - 1):
-                values.update(unpickler.load())
+            values = _load_entries(unpickler, n_chunks)
             kgm = self._table(name, kind).kgs[i]
             if kgm.m:  # merge into existing state (copy-on-write aware)
                 for kk, v in values.items():
@@ -1248,9 +1254,7 @@ class HeapKeyedStateBackend:
         unpickler = pickle.Unpickler(io.BytesIO(body))
         i = kg - self._kg_start
         for name, kind, n_chunks in unpickler.load():
-            values = unpickler.load()
-            for _ in range(n_chunks - 1):
-                values.update(unpickler.load())
+            values = _load_entries(unpickler, n_chunks)
             removed = unpickler.load()
             m = self._table(name, kind).kgs[i].writable()
             m.update(values)
