@@ -57,7 +57,7 @@ from raystream.actors.mailbox import (BarrierReceived, Cancel, CheckpointComplet
 from raystream.actors.messages import (MAX_WATERMARK, MIN_WATERMARK, REPLAYED_SEQ, ChannelId,
                                        Envelope, Kind)
 from raystream.checkpoint.barrier import Barrier
-from raystream.actors.credit_limit import CreditLimit
+from raystream.actors.credit_limit import CreditLimit, initial_credits
 from raystream.actors.record_writer import RecordWriter, batch_payload
 from raystream.actors.channel_state_file import ChannelStateContents
 from raystream.checkpoint.state_backend import StateBackend
@@ -201,9 +201,13 @@ class Subtask:
         self.mailbox: collections.deque[Mail] = collections.deque()
         self.out_channels: dict[ChannelId, OutputChannel] = {}
         self.upstreams: dict[ChannelId, Any] = {}
-        self.pending_credits: collections.Counter[ChannelId] = collections.Counter()
-        # credits the sender of each channel still holds, as far as we know
-        self.sender_credits = {channel: spec.credits for channel in self.gate.channels}
+        # credits the sender of each channel still holds, as far as we know; the rest of
+        # its ``credits`` wait here, to be returned (the limit keeps some back at the start)
+        start = initial_credits(spec.credits, spec.in_flight_s is not None)
+        self.sender_credits = {channel: start for channel in self.gate.channels}
+        self.pending_credits: collections.Counter[ChannelId] = collections.Counter(
+            {channel: spec.credits - start for channel in self.gate.channels
+             if spec.credits > start})
         self.credit_batch = max(1, spec.credits // 2)
         self.credit_limit = None if spec.in_flight_s is None or not len(self.gate) else (
             CreditLimit(target_s=spec.in_flight_s, channels=len(self.gate), credits=spec.credits))
@@ -242,7 +246,9 @@ class Subtask:
             channels = []
             for channel in edge.output_channels(spec.index):
                 handle = downstream[channel]
-                out = OutputChannel(channel, attempt=spec.attempt, credits=spec.credits,
+                out = OutputChannel(channel, attempt=spec.attempt,
+                                    credits=initial_credits(spec.credits,
+                                                            spec.in_flight_s is not None),
                                     transmit=lambda env, h=handle: h.deliver.remote(env))
                 self.out_channels[channel] = out
                 channels.append(out)

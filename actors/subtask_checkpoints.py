@@ -174,6 +174,8 @@ class SubtaskCheckpointer:
         subtask); ``alignment_s``: how long the subtask waited for barriers.
         """
         started = time.perf_counter()
+        # the trigger's time is the coordinator's wall clock: one machine's, or synced ones'
+        since_trigger_s = time.time() - barrier.trigger_ts_ms / 1000
         n = barrier.checkpoint_id
         self.last_checkpoint_id = n
         for operator in self.operators:
@@ -185,7 +187,9 @@ class SubtaskCheckpointer:
         snapshots = [(name, call_operator(op, "snapshot_state", n))
                      for name, op in zip(self.names, self.operators)]
         self.sync_pause_s = time.perf_counter() - started
-        stats = SnapshotStats(watermarks=self._watermark_runs(watermark), alignment_s=alignment_s)
+        stats = SnapshotStats(watermarks=self._watermark_runs(watermark), alignment_s=alignment_s,
+                              start_delay_s=max(0.0, since_trigger_s - alignment_s),
+                              sync_s=self.sync_pause_s)
         self._writer.submit(self._write_and_acknowledge, barrier, snapshots, started, stats,
                             input_state, output_state)
 
@@ -220,8 +224,9 @@ class SubtaskCheckpointer:
                 stats, channel_state=channel_state, channel_state_key=self.channel_state_key,
                 unaligned=input_state is not None or (
                     output_state is not None and output_state.unaligned))
+            duration_s = time.perf_counter() - started
             stats = dataclasses.replace(stats, size=size + stats.channel_state_bytes,
-                                        duration_s=time.perf_counter() - started)
+                                        duration_s=duration_s, async_s=duration_s - stats.sync_s)
             # The figures first: the acknowledgement may complete the job's last checkpoint,
             # and the job then reads every subtask's metrics at once.
             self.last_acknowledged = {

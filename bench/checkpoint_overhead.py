@@ -37,8 +37,9 @@ Recovery: a third, checkpointed job (the same operators, a practically
 unbounded sequence, restart without delay:
 ``RestartStrategy.fixed_delay(attempts, 0)``; ``--restart-delay`` to change
 it) fills all keys, then takes ``--kills`` seeded kills, one at a time. Before
-each kill it waits for two checkpoints of the current attempt to complete,
-then sleeps a delay drawn from ``random.Random(seed)`` (uniform in [0, 2 s),
+each kill it waits for four checkpoints of the current attempt to complete (a
+failure of a job in its steady state: caught up after the previous one, a warm
+spare started), then sleeps a delay drawn from ``random.Random(seed)`` (uniform in [0, 2 s),
 a random phase of the checkpoint cycle), draws which ``sum`` subtask (the
 stateful middle of the pipeline) to kill, reads the source offsets, and sends
 ``SIGKILL`` to the subtask's process (its pid from its metrics). From the kill:
@@ -109,7 +110,9 @@ CALIBRATION_ROWS = 2_000_000
 QUICK_ROWS = 400_000
 RECOVERY_ROWS = 10**12  # the recovery job is cancelled long before it could end
 KILL_DELAY_S = (0.0, 2 * INTERVAL_S)
-CHECKPOINTS_BEFORE_KILL = 2
+# before each kill: the job is back in its steady state (caught up, its warm spare, which
+# starts after 2 checkpoints of an attempt, ready: engine/deployment.py)
+CHECKPOINTS_BEFORE_KILL = 4
 POLL_S = 0.02
 PHASE_TIMEOUT_S = 180.0
 MULTIPLIER = 2654435761  # Knuth's multiplicative hash; coprime to KEYS, so a bijection mod KEYS
@@ -398,8 +401,8 @@ def measure_recovery(keys: int, batch_size: int, kills: int, seed: int, restart_
             metrics = watch.metrics("sum", 0)
             return metrics is not None and sum(m["sum.new_keys"] for m in metrics) >= keys
         watch.until("state for every key", filled)
+        base = watch.latest_checkpoint()
         for attempt in range(kills):
-            base = watch.latest_checkpoint()
             watch.until(f"{CHECKPOINTS_BEFORE_KILL} checkpoints in attempt {attempt}",
                         lambda: watch.latest_checkpoint() >= base + CHECKPOINTS_BEFORE_KILL)
             delay = rng.uniform(*KILL_DELAY_S)
@@ -410,6 +413,8 @@ def measure_recovery(keys: int, batch_size: int, kills: int, seed: int, restart_
                 raise SystemExit(f"recovery job: subtasks of attempt {attempt} do not answer")
             offsets = split_maxima(sources, "offsets.last")
             seen = split_maxima(sinks, "progress.last")
+            # the next attempt's checkpoints come after the one the kill may abort
+            base = watch.latest_checkpoint() + 1
             killed, killed_at = time.perf_counter(), time.time()
             os.kill(int(sinks[victim]["pid"]), signal.SIGKILL)
 
@@ -469,19 +474,28 @@ def fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+# a checkpoint's phases (each the longest of any subtask): CheckpointStats' fields
+PHASES = ("start_delay_s", "alignment_s", "sync_s", "async_s")
+
+
 def print_runs(runs: list[Run], plain: Run) -> None:
+    """One row per run; for a checkpointed one the median checkpoint's duration, size and
+    phases (start delay: from the trigger to a subtask's first barrier)."""
     rows = []
     for run in runs:
         durations = [c.duration_s for c in run.checkpoints]
         sizes = [c.size / 1e6 for c in run.checkpoints]
+        phases = [fmt(median_or_none([getattr(c, p) for c in run.checkpoints]), ".2f")
+                  for p in PHASES]
         rows.append((run.label, f"{run.rows:,}", f"{run.keys:,}", f"{run.startup_s:.2f}",
                      f"{run.run_s:.1f}", f"{run.rows_per_s:,.0f}",
                      f"{run.rows_per_s / plain.rows_per_s:.1%}",
                      str(len(run.checkpoints)) if run.checkpointed else "-",
                      fmt(median_or_none(durations), ".2f"), fmt(max(durations, default=None), ".2f"),
-                     fmt(median_or_none(sizes), ".1f")))
+                     fmt(median_or_none(sizes), ".1f"), *phases))
     print_table(("run", "rows", "keys", "start-up s", "run s", "rows/s", "of plain",
-                 "checkpoints", "median ckpt s", "max ckpt s", "median ckpt MB"), rows)
+                 "checkpoints", "median ckpt s", "max ckpt s", "median ckpt MB",
+                 *(f"{p[:-2].replace('_', ' ')} s" for p in PHASES)), rows)
 
 
 def print_recoveries(recoveries: list[Recovery]) -> None:

@@ -84,6 +84,9 @@ class PendingCheckpoint:
     watermarks: dict[SubtaskKey, list[list[int]]] = field(default_factory=dict)  # runs per subtask
     size: int = 0
     alignment_s: float = 0.0  # the longest any subtask waited for the barrier on all inputs
+    start_delay_s: float = 0.0  # the longest from the trigger to a subtask's first barrier
+    sync_s: float = 0.0  # the longest synchronous snapshot of a subtask
+    async_s: float = 0.0  # the longest asynchronous write of a subtask
     final: bool = False
     savepoint_target: str | None = None
     stop: bool = False
@@ -145,6 +148,11 @@ class CheckpointStats:
     reason: str = ""
     savepoint: str | None = None  # the savepoint's location, for savepoints
     alignment_s: float = 0.0  # longest time a subtask waited for barriers to align
+    # the longest of any subtask (Flink's checkpoint details): from the trigger until its
+    # first barrier, its synchronous snapshot, its asynchronous write
+    start_delay_s: float = 0.0
+    sync_s: float = 0.0
+    async_s: float = 0.0
     channel_state_bytes: int = 0  # in-flight data written (unaligned checkpoints)
     unaligned: bool = False  # some subtask took it unaligned (or a barrier overtook data)
 
@@ -157,6 +165,8 @@ class CheckpointStats:
     def completed(self, pending: PendingCheckpoint, duration_s: float) -> None:
         self.status, self.duration_s = CheckpointStatus.COMPLETED, duration_s
         self.size, self.alignment_s = pending.size, pending.alignment_s
+        self.start_delay_s, self.sync_s = pending.start_delay_s, pending.sync_s
+        self.async_s = pending.async_s
         self.unaligned, self.channel_state_bytes = pending.unaligned, pending.channel_state_bytes
 
     def corrupt(self, reason: str) -> None:
@@ -336,6 +346,9 @@ class CheckpointCoordinator:
             pending.watermarks[subtask] = stats.watermarks
         pending.size += stats.size
         pending.alignment_s = max(pending.alignment_s, stats.alignment_s)
+        pending.start_delay_s = max(pending.start_delay_s, stats.start_delay_s)
+        pending.sync_s = max(pending.sync_s, stats.sync_s)
+        pending.async_s = max(pending.async_s, stats.async_s)
         pending.channel_state_bytes += stats.channel_state_bytes
         pending.unaligned = pending.unaligned or stats.unaligned
         if stats.channel_state and stats.channel_state_key is not None:

@@ -19,7 +19,10 @@ class SnapshotStats:
 
     ``size``: bytes it wrote, its channel state included; ``duration_s``: from the
     barrier to the acknowledgement; ``alignment_s``: how long it waited for
-    barriers; ``unaligned``: its snapshot recorded data in flight;
+    barriers; ``start_delay_s``: from the trigger until the checkpoint's first
+    barrier reached it (a source: until it took the trigger), Flink's "start
+    delay"; ``sync_s`` and ``async_s``: its synchronous snapshot (the mailbox
+    paused) and the asynchronous write (until the acknowledgement); ``unaligned``: its snapshot recorded data in flight;
     ``channel_state``: the handle (JSON) of that recording, if it wrote one, under
     ``channel_state_key``; ``watermarks``: its event time per key-group run, so a
     restore never goes back in event time.
@@ -28,6 +31,9 @@ class SnapshotStats:
     size: int = 0
     duration_s: float = 0.0
     alignment_s: float = 0.0
+    start_delay_s: float = 0.0
+    sync_s: float = 0.0
+    async_s: float = 0.0
     unaligned: bool = False
     channel_state: dict | None = None
     channel_state_key: str | None = None

@@ -42,6 +42,11 @@ METRICS_TIMEOUT_S = 10.0
 _SUBTASK_ACTOR = cast(Any, SubtaskActor)
 
 
+# checkpoints an attempt completes before a new warm spare starts: by then a recovery has
+# caught up with its input (bench/checkpoint_overhead.py: about a second after the restore)
+SPARE_AFTER_CHECKPOINTS = 2
+
+
 class SubtaskFailure(Exception):
     """A subtask failed (raised inside the event thread to start a failover)."""
 
@@ -102,6 +107,8 @@ class Deployment:
         self.pooled: list[Any] = []  # the driver's actors, until the first deployment
         self._pooled_ids: set[Any] = set()
         self._keeper: Any = None  # the driver's pool keeper, which leased them
+        self._spare_avoids: dict[str, Any] = {}  # where the spare may not run (lost nodes)
+        self._completed: dict[int, int] = {}  # attempt -> checkpoints it completed
 
     def lease_pooled(self) -> None:
         """Take the driver's pooled actors leased to this job from its keeper (none if
@@ -126,6 +133,9 @@ class Deployment:
     def notify_checkpoint_complete(self, n: int, attempt: int) -> None:
         for actor in self.actors.values():
             actor.notify_checkpoint_complete.remote(n, attempt)
+        self._completed[attempt] = self._completed.get(attempt, 0) + 1
+        if self._completed[attempt] >= SPARE_AFTER_CHECKPOINTS:
+            self.keep_spare(attempt)
 
     def notify_checkpoint_aborted(self, n: int, attempt: int) -> None:
         for actor in self.actors.values():
@@ -341,14 +351,26 @@ class Deployment:
         deployed = Deployed(cancelled_at=cancelled_at, started_at=time.time())
         if self.spare is None and self.pooled and not lost:
             self.spare = self.pooled.pop()  # a leased actor left over: the warm spare
-        if self.spare is None and options.checkpoints is not None and options.restart.attempts:
-            # A warm, empty actor (process started, modules imported) to replace a
-            # subtask that dies; created in the background, never waited for here.
-            self.spare = _SUBTASK_ACTOR.options(
-                name=f"raystream/{self.job_id}/spare@{attempt}", namespace=NAMESPACE,
-                scheduling_strategy=SUBTASK_SCHEDULING, **avoid,
-                **Resources().ray_options()).remote(None)
+        self._spare_avoids = avoid
         return deployed
+
+    def keep_spare(self, attempt: int) -> None:
+        """Start a warm, empty actor (process started, modules imported) to replace a
+        subtask that dies, if the job has none and may fail over. Never waited for.
+
+        Called once ``attempt`` has completed :data:`SPARE_AFTER_CHECKPOINTS`
+        checkpoints, not while it deploys: a worker process's start takes a core for
+        a second or more, and on a small machine it took it from the subtasks
+        restoring state (their restore took 4-6x its CPU time in wall time), then,
+        at the first checkpoint, from their catching up with the input."""
+        options = self.options
+        if (self.spare is not None or options.checkpoints is None
+                or not options.restart.attempts):
+            return
+        self.spare = _SUBTASK_ACTOR.options(
+            name=f"raystream/{self.job_id}/spare@{attempt}", namespace=NAMESPACE,
+            scheduling_strategy=SUBTASK_SCHEDULING, **self._spare_avoids,
+            **Resources().ray_options()).remote(None)
 
     def event_transport(self, attempt: int) -> Callable[[str, int], Callable[[Any], Any]]:
         """Operator events of ``attempt`` go to a subtask's control lane; delivered once

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raystream.actors.channels import InputGate, OutputChannel
-from raystream.actors.credit_limit import MIN_CREDITS, PERIOD_S, CreditLimit
+from raystream.actors.credit_limit import MIN_CREDITS, PERIOD_S, CreditLimit, initial_credits
 from raystream.actors.messages import ChannelId, Envelope, Kind
 
 pytestmark = pytest.mark.timeout(120)
@@ -422,8 +422,9 @@ def test_record_writer_keeps_every_row_when_the_schema_changes():
 def test_credit_limit_settles_at_the_credits_the_target_time_needs(per_period, message, channels,
                                                                   credits, target, start):
     """Fed a steady rate of equal messages, the limit settles at ceil(rate x target /
-    (channels x message)) credits per sender, never below MIN_CREDITS nor above the job's credits, and it is within those bounds at every step; before
-    it has seen a message it limits nothing."""
+    (channels x message)) credits per sender, never below MIN_CREDITS nor above the job's
+    credits, and it is within those bounds at every step; before it has seen a message
+    it allows what a sender starts with (initial_credits)."""
     rate = per_period * message / PERIOD_S  # bytes per second
     limit = CreditLimit(target_s=target, channels=channels, credits=credits)
     floor = min(MIN_CREDITS, credits)
@@ -439,7 +440,7 @@ def test_credit_limit_settles_at_the_credits_the_target_time_needs(per_period, m
         limit.update(now)
         assert floor <= limit.allowed <= credits
     if consumed == 0:
-        assert limit.allowed == credits  # nothing measured: nothing to limit by
+        assert limit.allowed == initial_credits(credits, True)  # nothing measured yet
     elif rate * PERIOD_S >= message:  # a message or more every period: a steady rate
         # whole messages per period make the measured rate step by up to one message
         wanted = [k / PERIOD_S * target / channels for k in (math.floor(per_period),

@@ -25,6 +25,7 @@ import re
 import shutil
 import time
 
+import numpy as np
 import pytest
 
 from raystream.checkpoint.restore import OperatorRestore, RestoreSpec
@@ -178,6 +179,20 @@ def test_completes_only_when_every_subtask_acknowledged(tmp_path):
     assert coord.history[n].status == "COMPLETED"
     assert coord.history[n].size == sum(sizes.values())
     assert coord.failures_in_a_row == 0
+
+
+def test_a_checkpoints_phases_are_the_longest_of_any_subtask(tmp_path):
+    """Start delay, alignment, synchronous and asynchronous part: each the slowest
+    subtask's (Flink's checkpoint details), so the history says where the time went."""
+    coord, _ = make(tmp_path)
+    n = coord.trigger()
+    phases = ("start_delay_s", "alignment_s", "sync_s", "async_s")
+    rng = np.random.default_rng(3)
+    figures = {s: dict(zip(phases, rng.uniform(0, 1, len(phases)))) for s in SUBTASKS}
+    for s in SUBTASKS:
+        coord.acknowledge(0, n, s, {}, SnapshotStats(**figures[s]))
+    for phase in phases:
+        assert getattr(coord.history[n], phase) == max(f[phase] for f in figures.values())
 
 
 def test_late_acknowledgement_after_completion_does_not_notify_again(tmp_path):

@@ -167,9 +167,16 @@ def test_storage_that_stays_unwritable_fails_the_job_with_the_cause(ray_session,
 
 
 def corrupt_a_keyed_state_file(checkpoint_dir: str) -> str:
-    """Flip one byte of a keyed state file of the checkpoint; its path."""
-    path = os.path.join(checkpoint_dir, next(f for f in sorted(os.listdir(checkpoint_dir))
-                                             if f.endswith(".keyed")))
+    """Flip one byte of a keyed state file the checkpoint wrote (an incremental heap
+    checkpoint's in the job's shared/, ``<id>-<name>.heap``, or one in its directory big
+    enough to hold state); its path."""
+    own = [os.path.join(checkpoint_dir, f) for f in sorted(os.listdir(checkpoint_dir))
+           if f.endswith(".keyed") and os.path.getsize(os.path.join(checkpoint_dir, f)) > 20]
+    shared = os.path.join(os.path.dirname(checkpoint_dir), "shared")
+    n = os.path.basename(checkpoint_dir).removeprefix("chk-")
+    written = [os.path.join(shared, f) for f in sorted(os.listdir(shared))
+               if f.startswith(f"{n}-") and f.endswith(".heap")] if os.path.isdir(shared) else []
+    path = (written + own)[0]
     with open(path, "r+b") as f:
         f.seek(20)
         byte = f.read(1)

@@ -107,6 +107,7 @@ def test_submit_through_the_jobs_api_then_list_status_and_checkpoints(ray_head, 
     assert len(keyed) == 2 and sum(m["records_in"] for m in keyed) == readings
 
     history = ok(ray_head.run("raystream", "checkpoints", job_id))
+    assert "START DELAY" in history.splitlines()[0]  # where each checkpoint's time went
     completed = completed_checkpoints(ray_head, job_id)
     retained = CheckpointStorage(str(tmp_path / "checkpoints")).completed_checkpoint_ids(job_id)
     assert retained and set(retained) <= set(completed), (retained, completed)
