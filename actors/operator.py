@@ -33,7 +33,7 @@ import pyarrow as pa
 from raystream.actors.messages import MAX_WATERMARK
 from raystream.actors.record_writer import DEFAULT_BUFFER_TIMEOUT_MS
 from raystream.checkpoint.disk_incremental import IncrementalSnapshot, RestoredDb
-from raystream.checkpoint.heap_changelog import HeapIncrementalSnapshot
+from raystream.checkpoint.heap_changelog import Chain, HeapIncrementalSnapshot
 from raystream.checkpoint.state_backend import StateBackend, StateBackendChoice
 
 if TYPE_CHECKING:
@@ -119,6 +119,9 @@ class RestoredState:
     # databases of the disk backend's incremental checkpoints overlapping the subtask's
     # key groups (their keyed state is not in keyed_sections)
     keyed_dbs: list[RestoredDb] = field(default_factory=list)
+    # the heap backend's chain of incremental checkpoints that keyed_sections restore
+    # whole (a failover at the same key groups): the next checkpoint extends it
+    heap_chain: Chain | None = None
 
 
 class Output(Protocol):

@@ -38,7 +38,7 @@ from raystream.checkpoint.barrier import Barrier
 from raystream.actors.channel_state_file import (ChannelStateContents, channel_state_key,
                                                      decode_channel_state, encode_channel_state)
 from raystream.checkpoint.disk_incremental import RestoredDb, db_handle_key_groups
-from raystream.checkpoint.heap_changelog import is_heap_chain
+from raystream.checkpoint.heap_changelog import Chain, is_heap_chain, restored_chain
 from raystream.checkpoint.keygroups import key_group_range
 from raystream.checkpoint.restore import OperatorRestore, RestoreSpec
 from raystream.checkpoint.sections import decode_sections, encode_sections
@@ -112,7 +112,8 @@ class SubtaskCheckpointer:
                 restore.checkpoint_id,
                 [_read(source, h) for h in files.operator_state],
                 self._keyed_sections(source, files.keyed_state, chains), floors,
-                self._keyed_dbs(source, [h for h in files.keyed_db if not is_heap_chain(h)]))
+                self._keyed_dbs(source, [h for h in files.keyed_db if not is_heap_chain(h)]),
+                self._continued_chain(source, chains))
             self.last_checkpoint_id = restore.checkpoint_id
             call_operator(operator, "initialize_state", state)
         if self.channel_state_key not in restore.channel_state:
@@ -150,6 +151,15 @@ class SubtaskCheckpointer:
         own = (self.storage.shared_dir(self.spec.job_key)
                if storage.uri == self.storage.uri else None)
         return [RestoredDb.read(storage, h, own) for h in handles if self._overlaps(h)]
+
+    def _continued_chain(self, storage: CheckpointStorage, chains: list[dict]) -> Chain | None:
+        """The heap chain the next checkpoint may extend: the one this subtask restores
+        whole, if it is its own job's (see heap_changelog.restored_chain)."""
+        mine = [chain for chain in chains if self._overlaps(chain)]
+        own = (self.storage.shared_dir(self.spec.job_key)
+               if storage.uri == self.storage.uri else None)
+        return (restored_chain(mine[0], key_groups=self.key_groups, own_shared_dir=own)
+                if len(mine) == 1 else None)
 
     def _keyed_sections(self, storage, handles: list[dict], chains: list[dict]):
         """Our key groups' sections: of the state files, then of every heap chain that

@@ -27,7 +27,10 @@ granularity of entries:
 * A restore reads each chain's files in order: the full sections restore, the
   changes apply (:meth:`HeapKeyedStateBackend.restore` takes both). A restore at
   another parallelism reads the chains of every old subtask whose key groups
-  overlap its own. The first checkpoint after a restore is full.
+  overlap its own. After a failover (the job's own checkpoint, the same key
+  groups: :func:`restored_chain`) the next checkpoint extends the restored
+  chain; after a rescale, or a restore of another job's checkpoint (whose files
+  that job may delete), the next checkpoint is full.
 * A savepoint is always full: the same snapshot, asked for its sections instead.
 
 The coordinator counts references to the shared files
@@ -46,7 +49,7 @@ from raystream.checkpoint.sections import encode_sections
 from raystream.checkpoint.storage import CheckpointStorage
 
 __all__ = ["Chain", "ChainTracker", "ChangeLog", "Changes", "HeapIncrementalSnapshot",
-           "HeapStateOptions", "is_heap_chain"]
+           "HeapStateOptions", "is_heap_chain", "restored_chain"]
 
 CHAIN_FORMAT = "heap-chain"
 
@@ -147,6 +150,12 @@ class ChainTracker:
             self._confirmed = chain
             return chain
 
+    def restored(self, chain: Chain) -> None:
+        """The backend restored ``chain`` whole (nothing else): it is the base of the
+        next checkpoint."""
+        with self._lock:
+            self._confirmed = chain
+
     def forget(self, version: int) -> None:
         with self._lock:
             self._confirmed = None
@@ -239,10 +248,39 @@ class HeapIncrementalSnapshot:
         self._tracker.uploaded(checkpoint_id, chain)
         return {**chain.files[-1], "format": CHAIN_FORMAT,
                 "key_groups": [self._key_groups.start, self._key_groups.stop],
-                "files": list(chain.files), "uploaded": uploaded}
+                "files": list(chain.files), "uploaded": uploaded,
+                "entries": [chain.full_entries, chain.changed_entries]}
 
     def __call__(self) -> dict[int, bytes]:
         return {} if self._uploaded else self._full()
+
+
+def restored_chain(handle: Mapping[str, Any], *, key_groups: range,
+                   own_shared_dir: str | None) -> Chain | None:
+    """The chain of ``handle`` as the base of the restoring backend's next checkpoint,
+    or None (that checkpoint is full): only where the backend restores exactly this
+    chain (``key_groups`` are the handle's) from its own job's shared directory
+    (``own_shared_dir``; None: not the job's own storage).
+
+    Its version is -1: every snapshot after the restore (versions from 0) changed
+    the state after it.
+
+    >>> files = [{"path": "/s/job/shared/3-sum-0-aa.heap"}, {"path": "/s/job/shared/4-sum-0-bb.heap"}]
+    >>> handle = {"format": CHAIN_FORMAT, "key_groups": [0, 64], "files": files, "entries": [900, 120]}
+    >>> restored_chain(handle, key_groups=range(0, 64), own_shared_dir="/s/job/shared")
+    Chain(files=({'path': '/s/job/shared/3-sum-0-aa.heap'}, {'path': '/s/job/shared/4-sum-0-bb.heap'}), version=-1, full_entries=900, changed_entries=120)
+    >>> restored_chain(handle, key_groups=range(0, 32), own_shared_dir="/s/job/shared") is None
+    True
+    """
+    if own_shared_dir is None or "entries" not in handle:  # (a handle written before them)
+        return None
+    if list(handle["key_groups"]) != [key_groups.start, key_groups.stop]:
+        return None
+    files = tuple(handle["files"])
+    if not all(f["path"].startswith(own_shared_dir + "/") for f in files):
+        return None
+    full_entries, changed_entries = handle["entries"]
+    return Chain(files, -1, int(full_entries), int(changed_entries))
 
 
 def is_heap_chain(handle: Mapping[str, Any]) -> bool:

@@ -110,7 +110,7 @@ import numpy as np
 
 from raystream.checkpoint.disk_state import section_entries
 from raystream.checkpoint.envelope import KEYED_STATE, Envelope, SectionKind, is_keyed_state, read
-from raystream.checkpoint.heap_changelog import (ChainTracker, ChangeLog, Changes,
+from raystream.checkpoint.heap_changelog import (Chain, ChainTracker, ChangeLog, Changes,
                                                  HeapIncrementalSnapshot, HeapStateOptions)
 from raystream.checkpoint.keygroups import check_key_group_range, key_group_of
 from raystream.checkpoint.ttl import TTL_KIND_SUFFIX as _TTL_SUFFIX
@@ -1183,6 +1183,12 @@ class HeapKeyedStateBackend:
             logged=[] if base is None else log.since(base.version), version=version,
             entries=sum(len(kg.m) for t in tables for kg in t.kgs), tracker=self._chains,
             key_groups=self.key_groups)
+
+    def extend_restored(self, chain: Chain) -> None:
+        """The backend restored ``chain`` and nothing else: the next checkpoint may write
+        only what changed since (heap_changelog.restored_chain says when it may)."""
+        if self._options is not None:
+            self._chains.restored(chain)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` completed: the next incremental one may extend it."""

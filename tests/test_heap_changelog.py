@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raystream.checkpoint.heap_changelog import HeapStateOptions
+from raystream.checkpoint.heap_changelog import HeapStateOptions, restored_chain
 from raystream.checkpoint.sections import decode_sections
 from raystream.checkpoint.state import HeapKeyedStateBackend
 from raystream.checkpoint.storage import CheckpointStorage, StateHandle
@@ -170,6 +170,72 @@ def test_a_chain_writes_changes_only_and_starts_over_past_its_ratio(tmp_path):
     assert sizes[0][2] < sizes[2][2] / 3  # changes of a fifth of the keys, against all
     changes, handle = checkpoint(5)  # nothing changed: the same files again
     assert changes and handle["files"] == [handle["files"][0]] and handle["uploaded"] == 0
+
+
+def test_after_a_failover_the_next_checkpoint_extends_the_restored_chain(tmp_path):
+    """A backend that restored its own job's chain at the same key groups writes only the
+    changes since the restore; restoring the longer chain gives the state of its snapshot.
+    Another job's chain, or other key groups, start a new one (a full snapshot)."""
+    storage = CheckpointStorage(str(tmp_path))
+    options = HeapStateOptions(max_changes_ratio=0.5)
+    expected: dict[int, int] = {}
+
+    def touch(backend, keys, remove=()):
+        count = backend.value_state("count", default=0)
+        for key in keys:
+            backend.set_current_key(key)
+            count.update(count.value() + 1)
+            expected[key] = expected.get(key, 0) + 1
+        for key in remove:
+            backend.set_current_key(key)
+            count.clear()
+            expected.pop(key, None)
+
+    def checkpoint(backend, n):
+        snapshot = backend.snapshot()
+        handle = snapshot.upload(storage, "job", n, "op-0")
+        backend.notify_checkpoint_complete(n)
+        return snapshot.base is not None, handle
+
+    def restored(handle, own_shared_dir):
+        backend = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP),
+                                        options=options)
+        backend.restore([s for f in handle["files"] for s in decode_sections(
+            storage.read_state(StateHandle.from_json(f)), range(MAXP))])
+        chain = restored_chain(handle, key_groups=range(MAXP), own_shared_dir=own_shared_dir)
+        if chain is not None:
+            backend.extend_restored(chain)
+        return backend
+
+    first = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP), options=options)
+    touch(first, range(1000))
+    checkpoint(first, 1)
+    touch(first, range(100))
+    _, handle = checkpoint(first, 2)
+    assert len(handle["files"]) == 2
+    at_restore = dict(expected)
+
+    after = restored(handle, storage.shared_dir("job"))  # the failover
+    touch(after, range(100, 150), remove=[7])
+    changes, longer = checkpoint(after, 3)
+    assert changes and longer["files"][:2] == handle["files"] and len(longer["files"]) == 3
+    assert longer["uploaded"] < handle["files"][0]["size"] / 2  # 51 entries, not 1,000
+    assert longer["entries"] == [1000, 100 + 51]
+    counts = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
+    counts.restore([s for f in longer["files"] for s in decode_sections(
+        storage.read_state(StateHandle.from_json(f)), range(MAXP))])
+    count = counts.value_state("count", default=0)
+    got = {}
+    for key in counts.keys("count"):
+        counts.set_current_key(key)
+        got[key] = count.value()
+    assert got == expected
+
+    expected.clear()
+    expected.update(at_restore)
+    elsewhere = restored(handle, str(tmp_path / "another-job" / "shared"))
+    touch(elsewhere, [1])
+    assert checkpoint(elsewhere, 4)[0] is False  # another job's files: a full snapshot
 
 
 def test_off_or_without_checkpoints_every_snapshot_is_full():

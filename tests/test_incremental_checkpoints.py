@@ -318,6 +318,18 @@ def longest_chain(job_dir: str) -> int:
                for db in files.keyed_db if is_heap_chain(db))
 
 
+def oldest_chain_start(job_dir: str) -> int:
+    """The checkpoint that uploaded the first file of the oldest heap chain of the job's
+    newest completed checkpoint."""
+    storage, job = CheckpointStorage(os.path.dirname(job_dir)), os.path.basename(job_dir)
+    newest = max(storage.completed_checkpoint_ids(job))
+    metadata = CheckpointMetadata.from_json(storage.read_metadata(job, newest))
+    starts = [CheckpointStorage.shared_file_checkpoint(db_handle_files(db)[0]["path"])
+              for files in metadata.operators.values() for db in files.keyed_db
+              if is_heap_chain(db)]
+    return min(n for n in starts if n is not None)
+
+
 def retained_references(job_dir: str) -> set[str]:
     storage, job = CheckpointStorage(os.path.dirname(job_dir)), os.path.basename(job_dir)
     out = set()
@@ -354,6 +366,9 @@ def test_a_sigkilled_subtask_restores_from_incremental_checkpoints(ray_session, 
     assert referenced and referenced <= present
     if backend == "heap":  # the second checkpoint on wrote changes: the restore read a chain
         assert longest_chain(job_dir) > 1
+        # and the restored subtasks extended it: the newest chains begin at or before the
+        # restored checkpoint (a chain started over after the restore would begin after it)
+        assert oldest_chain_start(job_dir) <= result.restores[0]["checkpoint_id"]
 
 
 @pytest.mark.slow

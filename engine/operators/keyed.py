@@ -36,7 +36,7 @@ from raystream.checkpoint.envelope import is_keyed_state
 from raystream.checkpoint.heap_changelog import HeapIncrementalSnapshot
 from raystream.checkpoint.keygroups import key_group_range
 from raystream.checkpoint.sections import decode_parts, encode_parts
-from raystream.checkpoint.state import AggregateFunction
+from raystream.checkpoint.state import AggregateFunction, HeapKeyedStateBackend
 from raystream.checkpoint.state_backend import create_keyed_state_backend, is_disk
 from raystream.checkpoint.ttl import StateTtlConfig
 from raystream.engine.errors import BadRecordError, describe_record
@@ -243,6 +243,9 @@ class _KeyedOperator(Operator):
             timers.restore(timer_sections)  # first: it builds the key table
             restore_heap_timers(timers, state)  # a disk job's savepoint: in its entries
             self.backend.restore(state)
+            if restored is not None and restored.heap_chain is not None:
+                assert isinstance(self.backend, HeapKeyedStateBackend)
+                self.backend.extend_restored(restored.heap_chain)
         if restored is not None:
             self.restore_keyed_parts(parts)
 
