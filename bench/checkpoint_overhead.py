@@ -92,6 +92,7 @@ import raystream as rs
 from raystream.core.ray_start import ensure_ray
 from raystream.engine.keys import KeySelector
 from raystream.engine.recovery import STAGES
+from raystream.actors.credit_limit import DEFAULT_IN_FLIGHT_MS
 from raystream.engine.operators.keyed import KeyedProcessOperator
 from raystream.actors.operator import SinkOperator
 from raystream.engine.sources.sequence import Sequence
@@ -238,11 +239,13 @@ def build_job(env: rs.StreamEnvironment, n: int, keys: int, batch_size: int) -> 
     return summed.sink_to(lambda name: Progress(name, starts), name="progress")
 
 
-def make_env(storage: str | None, restart: rs.RestartStrategy) -> rs.StreamEnvironment:
+def make_env(storage: str | None, restart: rs.RestartStrategy,
+             in_flight_ms: float | None) -> rs.StreamEnvironment:
     checkpoints = None if storage is None else rs.CheckpointConfig(interval_s=INTERVAL_S,
                                                                    storage=storage)
     return rs.StreamEnvironment(parallelism=PARALLELISM, credits=CREDITS, checkpoints=checkpoints,
-                                restart=restart, ray_init_kwargs=RAY_INIT_KWARGS)
+                                restart=restart, in_flight_ms=in_flight_ms,
+                                ray_init_kwargs=RAY_INIT_KWARGS)
 
 
 def operator_metric(metrics: dict[str, dict[str, float]], name: str) -> float:
@@ -270,10 +273,12 @@ class Run:
         return f"checkpoints every {INTERVAL_S:g} s" if self.checkpointed else "no checkpoints"
 
 
-def run_timed(checkpointed: bool, keys: int, batch_size: int, storage_root: str, rows: int) -> Run:
+def run_timed(checkpointed: bool, keys: int, batch_size: int, storage_root: str,
+              in_flight_ms: float | None, rows: int) -> Run:
     storage = tempfile.mkdtemp(prefix="checkpoints-", dir=storage_root) if checkpointed else None
     try:
-        env = make_env(storage, rs.RestartStrategy.none())  # a timed run must not fail over
+        env = make_env(storage, rs.RestartStrategy.none(),  # a timed run must not fail over
+                       in_flight_ms)
         sink = build_job(env, rows, keys, batch_size)
         result = env.execute(f"bench-sum-{'checkpointed' if checkpointed else 'plain'}")
     finally:
@@ -388,10 +393,11 @@ def split_maxima(metrics: list[dict[str, float]], name: str) -> list[int]:
 
 
 def measure_recovery(keys: int, batch_size: int, kills: int, seed: int, restart_delay_s: float,
-                     storage_root: str) -> list[Recovery]:
+                     storage_root: str, in_flight_ms: float | None) -> list[Recovery]:
     rng = random.Random(seed)
     storage = tempfile.mkdtemp(prefix="checkpoints-", dir=storage_root)
-    env = make_env(storage, rs.RestartStrategy.fixed_delay(kills + 2, restart_delay_s))
+    env = make_env(storage, rs.RestartStrategy.fixed_delay(kills + 2, restart_delay_s),
+                   in_flight_ms)
     build_job(env, RECOVERY_ROWS, keys, batch_size)
     client = env.execute_async("bench-sum-recovery")
     watch = Watcher(client)
@@ -527,6 +533,9 @@ def main() -> None:
                         help="restart strategy delay in s, counted in the restore time")
     parser.add_argument("--recovery-only", action="store_true",
                         help="measure recovery only (no throughput runs, no RESULT line)")
+    parser.add_argument("--in-flight-ms", type=float, default=DEFAULT_IN_FLIGHT_MS,
+                        help="StreamEnvironment(in_flight_ms=...): the data in flight to a "
+                             "subtask, in ms of its input (0: no limit, every credit held)")
     parser.add_argument("--storage", default=tempfile.gettempdir(),
                         help="directory for the checkpoint directories (removed after each job)")
     args = parser.parse_args()
@@ -534,17 +543,18 @@ def main() -> None:
     if args.batch_size < 1 or kills < 1 or args.restart_delay < 0:
         parser.error("--batch-size and --kills must be at least 1, --restart-delay >= 0")
     keys = QUICK_KEYS if args.quick else KEYS
+    in_flight_ms = args.in_flight_ms or None
 
     ensure_ray(**RAY_INIT_KWARGS)  # Ray's own start-up is not job start-up
     if args.recovery_only:
         recoveries = measure_recovery(keys, args.batch_size, kills, args.seed, args.restart_delay,
-                                      args.storage)
+                                      args.storage, in_flight_ms)
         ray.shutdown()
         print_recoveries(recoveries)
         print(f"median recovery: {statistics.median(r.total_s for r in recoveries):.2f} s")
         return
-    plain_run = partial(run_timed, False, keys, args.batch_size, args.storage)
-    checkpointed_run = partial(run_timed, True, keys, args.batch_size, args.storage)
+    plain_run = partial(run_timed, False, keys, args.batch_size, args.storage, in_flight_ms)
+    checkpointed_run = partial(run_timed, True, keys, args.batch_size, args.storage, in_flight_ms)
     if args.quick:
         rows = QUICK_ROWS
     else:
@@ -554,7 +564,7 @@ def main() -> None:
     plain = timed(plain_run, rows, args.quick)
     checkpointed = timed(checkpointed_run, plain.rows, args.quick)
     recoveries = measure_recovery(keys, args.batch_size, kills, args.seed, args.restart_delay,
-                                  args.storage)
+                                  args.storage, in_flight_ms)
     ray.shutdown()  # flushes the workers' forwarded logs now, not after the RESULT line
 
     print_runs([plain, checkpointed], plain)

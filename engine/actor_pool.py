@@ -82,6 +82,15 @@ class _Keeper:
         self.leases[job_id] = taken
         return taken
 
+    def lease_idle(self, job_id: str) -> list[Any]:
+        """One more idle actor for ``job_id`` (its warm spare after a failover used the
+        last), or none: never a new one, whose start would compete with the recovery."""
+        if not self.idle:
+            return []
+        actor = self.idle.pop()
+        self.leases.setdefault(job_id, []).append(actor)
+        return [actor]
+
     def leased(self, job_id: str) -> list[Any]:
         """The actors leased to ``job_id`` (and not given back)."""
         return list(self.leases.get(job_id, ()))

@@ -351,8 +351,23 @@ class Deployment:
         deployed = Deployed(cancelled_at=cancelled_at, started_at=time.time())
         if self.spare is None and self.pooled and not lost:
             self.spare = self.pooled.pop()  # a leased actor left over: the warm spare
+        if self.spare is None and not lost and attempt > 0:
+            self._spare_from_pool()
         self._spare_avoids = avoid
         return deployed
+
+    def _spare_from_pool(self) -> None:
+        """The spare a failover used, replaced at once by an idle actor of the driver's pool
+        (already started: no process start during the recovery), if it has one."""
+        if self._keeper is None:
+            return
+        try:
+            got = ray.get(self._keeper.lease_idle.remote(self.job_id), timeout=HOST_TIMEOUT_S)
+        except (RayActorError, GetTimeoutError):
+            return
+        for actor in got:
+            self._pooled_ids.add(actor._actor_id)
+            self.spare = actor
 
     def keep_spare(self, attempt: int) -> None:
         """Start a warm, empty actor (process started, modules imported) to replace a

@@ -166,10 +166,10 @@ def test_storage_that_stays_unwritable_fails_the_job_with_the_cause(ray_session,
     assert time.monotonic() - started < 60
 
 
-def corrupt_a_keyed_state_file(checkpoint_dir: str) -> str:
+def corrupt_a_keyed_state_file(checkpoint_dir: str, *, delete: bool = False) -> str:
     """Flip one byte of a keyed state file the checkpoint wrote (an incremental heap
     checkpoint's in the job's shared/, ``<id>-<name>.heap``, or one in its directory big
-    enough to hold state); its path."""
+    enough to hold state), or delete it; its path."""
     own = [os.path.join(checkpoint_dir, f) for f in sorted(os.listdir(checkpoint_dir))
            if f.endswith(".keyed") and os.path.getsize(os.path.join(checkpoint_dir, f)) > 20]
     shared = os.path.join(os.path.dirname(checkpoint_dir), "shared")
@@ -177,6 +177,9 @@ def corrupt_a_keyed_state_file(checkpoint_dir: str) -> str:
     written = [os.path.join(shared, f) for f in sorted(os.listdir(shared))
                if f.startswith(f"{n}-") and f.endswith(".heap")] if os.path.isdir(shared) else []
     path = (written + own)[0]
+    if delete:
+        os.remove(path)
+        return path
     with open(path, "r+b") as f:
         f.seek(20)
         byte = f.read(1)
@@ -186,17 +189,20 @@ def corrupt_a_keyed_state_file(checkpoint_dir: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("damage", ["flipped byte", "deleted"])
 def test_a_corrupt_latest_checkpoint_that_committed_output_fails_the_job_naming_the_file(
-        ray_session, storage):
+        ray_session, storage, damage):
     env = checkpointed_env(storage, interval_s=0.5)
     build_job(env)
     client = env.execute_async("corrupt")
     first = wait_for_checkpoint(client)
     latest = wait_for_checkpoint(client, after=first)
-    path = corrupt_a_keyed_state_file(os.path.join(storage, client.job_id, f"chk-{latest}"))
+    path = corrupt_a_keyed_state_file(os.path.join(storage, client.job_id, f"chk-{latest}"),
+                                      delete=damage == "deleted")
     ray.kill(client.subtask_actor("sum", 0))
     # Its output may be read already: restoring an older checkpoint would commit it twice.
-    with pytest.raises(rs.JobFailedError, match=f"cannot restore.*{path}.*checksum mismatch"):
+    cause = "missing" if damage == "deleted" else "checksum mismatch"
+    with pytest.raises(rs.JobFailedError, match=f"cannot restore.*{path}.*{cause}"):
         client.wait(timeout_s=240)
 
 
@@ -274,4 +280,48 @@ def test_failover_reuses_the_live_actors_and_a_warm_spare(ray_session, storage):
     survivors = {key for key in before if before[key] != before[("sum", 1)]}
     assert survivors and all(after[key] == before[key] for key in survivors)  # same processes
     assert after[("sum", 1)] not in before.values()  # the spare (or a new actor) took over
+    assert_exactly_once(result.table(sink))
+
+
+
+def _attempt_running(client: rs.JobClient, attempt: int) -> None:
+    """Wait until subtask 0 of ``sum`` answers for ``attempt``."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if ray.get(client.subtask_actor("sum", 0).metrics.remote(), timeout=10)[
+                    "attempt"] == attempt:
+                return
+        except (ValueError, ray.exceptions.RayError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"attempt {attempt} did not come up")
+
+
+def test_a_failover_takes_its_next_warm_spare_from_the_drivers_pool(ray_session, storage):
+    """The spare a failover used is replaced at once by an idle actor of the driver's pool
+    (no process start while the job recovers), so a second failure right after the first
+    finds one too: each failover leases one more idle actor. Exactly once throughout."""
+    from raystream.engine import actor_pool
+
+    warm_up = rs.StreamEnvironment(parallelism=3)
+    build_job(warm_up)
+    warm_up.execute("fill-the-pool")  # its 9 actors go back: the pool keeps 8 idle
+    keeper = ray.get_actor(actor_pool.POOL.keeper_name(), namespace="raystream")
+    env = checkpointed_env(storage, attempts=3, parallelism=1)
+    sink = build_job(env)
+    client = env.execute_async("spares")  # leases 3 actors and its first spare
+    assert wait_for_checkpoint(client) > 0
+    idle_before = ray.get(keeper.sizes.remote())[0]
+    ray.kill(client.subtask_actor("sum", 0))
+    _attempt_running(client, 1)
+    ray.kill(client.subtask_actor("sum", 0))  # at once: attempt 1 has completed nothing
+    _attempt_running(client, 2)
+    deadline = time.monotonic() + 30  # (the master leases it once the attempt has started)
+    while ray.get(keeper.sizes.remote())[0] > idle_before - 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    idle_after = ray.get(keeper.sizes.remote())[0]
+    result = client.wait(timeout_s=240)
+    assert result.restarts == 2
+    assert idle_before >= 2 and idle_after == idle_before - 2  # one leased per failover
     assert_exactly_once(result.table(sink))
