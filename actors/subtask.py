@@ -203,7 +203,8 @@ class Subtask:
         self.upstreams: dict[ChannelId, Any] = {}
         # credits the sender of each channel still holds, as far as we know; the rest of
         # its ``credits`` wait here, to be returned (the limit keeps some back at the start)
-        start = initial_credits(spec.credits, spec.in_flight_s is not None)
+        # (the job's settings: as many as this subtask's senders start with, and its receivers)
+        self.start_credits = start = initial_credits(spec.credits, spec.in_flight_s is not None)
         self.sender_credits = {channel: start for channel in self.gate.channels}
         self.pending_credits: collections.Counter[ChannelId] = collections.Counter(
             {channel: spec.credits - start for channel in self.gate.channels
@@ -246,9 +247,7 @@ class Subtask:
             channels = []
             for channel in edge.output_channels(spec.index):
                 handle = downstream[channel]
-                out = OutputChannel(channel, attempt=spec.attempt,
-                                    credits=initial_credits(spec.credits,
-                                                            spec.in_flight_s is not None),
+                out = OutputChannel(channel, attempt=spec.attempt, credits=self.start_credits,
                                     transmit=lambda env, h=handle: h.deliver.remote(env))
                 self.out_channels[channel] = out
                 channels.append(out)

@@ -146,19 +146,22 @@ class SubtaskCheckpointer:
         groups, mine = db_handle_key_groups(handle), self.key_groups
         return max(mine.start, groups.start) < min(mine.stop, groups.stop)
 
+    def _own_shared_dir(self, storage: CheckpointStorage) -> str | None:
+        """The job's shared directory if ``storage`` (restored from) is its own storage."""
+        return (self.storage.shared_dir(self.spec.job_key)
+                if storage.uri == self.storage.uri else None)
+
     def _keyed_dbs(self, storage: CheckpointStorage, handles: list[dict]) -> list[RestoredDb]:
         """The manifests of the databases whose key groups overlap ours."""
-        own = (self.storage.shared_dir(self.spec.job_key)
-               if storage.uri == self.storage.uri else None)
+        own = self._own_shared_dir(storage)
         return [RestoredDb.read(storage, h, own) for h in handles if self._overlaps(h)]
 
     def _continued_chain(self, storage: CheckpointStorage, chains: list[dict]) -> Chain | None:
         """The heap chain the next checkpoint may extend: the one this subtask restores
         whole, if it is its own job's (see heap_changelog.restored_chain)."""
         mine = [chain for chain in chains if self._overlaps(chain)]
-        own = (self.storage.shared_dir(self.spec.job_key)
-               if storage.uri == self.storage.uri else None)
-        return (restored_chain(mine[0], key_groups=self.key_groups, own_shared_dir=own)
+        return (restored_chain(mine[0], key_groups=self.key_groups,
+                               own_shared_dir=self._own_shared_dir(storage))
                 if len(mine) == 1 else None)
 
     def _keyed_sections(self, storage, handles: list[dict], chains: list[dict]):

@@ -39,8 +39,8 @@ unbounded sequence, restart without delay:
 it) fills all keys, then takes ``--kills`` seeded kills, one at a time. Before
 each kill it waits for four checkpoints of the current attempt to complete (a
 failure of a job in its steady state: caught up after the previous one, a warm
-spare started), then sleeps a delay drawn from ``random.Random(seed)`` (uniform in [0, 2 s),
-a random phase of the checkpoint cycle), draws which ``sum`` subtask (the
+spare started), then sleeps a delay drawn from ``random.Random(seed)`` (uniform
+in [0, 2 s), a random phase of the checkpoint cycle), draws which ``sum`` subtask (the
 stateful middle of the pipeline) to kill, reads the source offsets, and sends
 ``SIGKILL`` to the subtask's process (its pid from its metrics). From the kill:
 
@@ -93,6 +93,7 @@ from raystream.core.ray_start import ensure_ray
 from raystream.engine.keys import KeySelector
 from raystream.engine.recovery import STAGES
 from raystream.actors.credit_limit import DEFAULT_IN_FLIGHT_MS
+from raystream.checkpoint.snapshot_stats import PHASES
 from raystream.engine.operators.keyed import KeyedProcessOperator
 from raystream.actors.operator import SinkOperator
 from raystream.engine.sources.sequence import Sequence
@@ -478,10 +479,6 @@ def median_or_none(values: list[float]) -> float | None:
 
 def fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
-
-
-# a checkpoint's phases (each the longest of any subtask): CheckpointStats' fields
-PHASES = ("start_delay_s", "alignment_s", "sync_s", "async_s")
 
 
 def print_runs(runs: list[Run], plain: Run) -> None:

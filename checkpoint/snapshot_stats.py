@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from raystream.checkpoint.watermark_floors import Runs
 
 
+# where a checkpoint's time goes, in order (SnapshotStats' and CheckpointStats' fields)
+PHASES = ("start_delay_s", "alignment_s", "sync_s", "async_s")
+
+
 @dataclass(frozen=True)
 class SnapshotStats:
     """One subtask's figures for one checkpoint (the coordinator sums and keeps them).
@@ -22,7 +26,8 @@ class SnapshotStats:
     barriers; ``start_delay_s``: from the trigger until the checkpoint's first
     barrier reached it (a source: until it took the trigger), Flink's "start
     delay"; ``sync_s`` and ``async_s``: its synchronous snapshot (the mailbox
-    paused) and the asynchronous write (until the acknowledgement); ``unaligned``: its snapshot recorded data in flight;
+    paused) and the asynchronous write (until the acknowledgement) — the fields
+    of :data:`PHASES`; ``unaligned``: its snapshot recorded data in flight;
     ``channel_state``: the handle (JSON) of that recording, if it wrote one, under
     ``channel_state_key``; ``watermarks``: its event time per key-group run, so a
     restore never goes back in event time.

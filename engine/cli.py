@@ -340,14 +340,15 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
         print(f"job {job['job_id']} has taken no checkpoints")
         return 0
     rows = []
+    from raystream.checkpoint.snapshot_stats import PHASES
+
     # where the time went (the longest of any subtask, as Flink's checkpoint details):
     # trigger to first barrier, waiting for barriers, synchronous and asynchronous part
-    phases = ("start_delay_s", "alignment_s", "sync_s", "async_s")
     for c in job["checkpoints"]:
         note = c.get("savepoint") or c.get("reason") or ""
         rows.append([str(c["checkpoint_id"]), c["status"], _when(c["trigger_ts_ms"] / 1000),
                      f"{c['duration_s']:.3f} s", _bytes(c["size"]),
-                     *(f"{c[p]:.3f} s" if c.get(p) is not None else "-" for p in phases),
+                     *(f"{c[p]:.3f} s" if c.get(p) is not None else "-" for p in PHASES),
                      note])
     _table(["ID", "STATUS", "TRIGGERED", "DURATION", "SIZE", "START DELAY", "ALIGNMENT", "SYNC",
             "ASYNC", "SAVEPOINT / REASON"], rows)

@@ -135,7 +135,7 @@ class Deployment:
             actor.notify_checkpoint_complete.remote(n, attempt)
         self._completed[attempt] = self._completed.get(attempt, 0) + 1
         if self._completed[attempt] >= SPARE_AFTER_CHECKPOINTS:
-            self.keep_spare(attempt)
+            self._keep_spare(attempt)
 
     def notify_checkpoint_aborted(self, n: int, attempt: int) -> None:
         for actor in self.actors.values():
@@ -369,7 +369,7 @@ class Deployment:
             self._pooled_ids.add(actor._actor_id)
             self.spare = actor
 
-    def keep_spare(self, attempt: int) -> None:
+    def _keep_spare(self, attempt: int) -> None:
         """Start a warm, empty actor (process started, modules imported) to replace a
         subtask that dies, if the job has none and may fail over. Never waited for.
 

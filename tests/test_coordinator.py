@@ -30,7 +30,7 @@ import pytest
 
 from raystream.checkpoint.restore import OperatorRestore, RestoreSpec
 from raystream.checkpoint.coordinator import CheckpointCoordinator
-from raystream.checkpoint.snapshot_stats import SnapshotStats
+from raystream.checkpoint.snapshot_stats import PHASES, SnapshotStats
 from raystream.checkpoint.storage import CheckpointStorage, CorruptCheckpointError, StateHandle
 from raystream.core.failpoints import Failpoint, InjectedFailure
 from tests.support.coordinator import JOB, SUBTASKS, ack_all, make
@@ -186,12 +186,11 @@ def test_a_checkpoints_phases_are_the_longest_of_any_subtask(tmp_path):
     subtask's (Flink's checkpoint details), so the history says where the time went."""
     coord, _ = make(tmp_path)
     n = coord.trigger()
-    phases = ("start_delay_s", "alignment_s", "sync_s", "async_s")
     rng = np.random.default_rng(3)
-    figures = {s: dict(zip(phases, rng.uniform(0, 1, len(phases)))) for s in SUBTASKS}
+    figures = {s: dict(zip(PHASES, rng.uniform(0, 1, len(PHASES)))) for s in SUBTASKS}
     for s in SUBTASKS:
         coord.acknowledge(0, n, s, {}, SnapshotStats(**figures[s]))
-    for phase in phases:
+    for phase in PHASES:
         assert getattr(coord.history[n], phase) == max(f[phase] for f in figures.values())
 
 
