@@ -105,7 +105,11 @@ def read_back(storage: CheckpointStorage, handle: dict) -> Model:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(run=st.lists(steps, min_size=6, max_size=40), ratio=st.sampled_from([0.0, 0.5, 3.0]))
 def test_every_completed_chain_restores_the_state_of_its_snapshot(run, ratio):
-    storage = CheckpointStorage(tempfile.mkdtemp(prefix="heap-chain-"))
+    with tempfile.TemporaryDirectory(prefix="heap-chain-") as directory:
+        check_chain_restores(CheckpointStorage(directory), run, ratio)
+
+
+def check_chain_restores(storage: CheckpointStorage, run, ratio) -> None:
     backend = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP),
                                     options=HeapStateOptions(max_changes_ratio=ratio))
     states = (backend, backend.value_state("v", default=0), backend.list_state("l"),
