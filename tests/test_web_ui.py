@@ -87,21 +87,20 @@ def browser(tmp_path_factory):
 
 def text(driver, selector: str) -> str:
     from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
-    from urllib3.exceptions import ReadTimeoutError
 
     try:
         return driver.find_element("css selector", selector).text
     except (NoSuchElementException, StaleElementReferenceException):  # redrawn meanwhile
         return ""
-    except ReadTimeoutError:  # the renderer was busy for COMMAND_S: ask again
-        print(f"the browser did not answer within {COMMAND_S} s (finding {selector})")
-        return ""
 
 
 def wait_for(driver, condition, what: str):
     from selenium.webdriver.support.ui import WebDriverWait
+    from urllib3.exceptions import ReadTimeoutError
 
-    return WebDriverWait(driver, WAIT_S, poll_frequency=0.2).until(
+    # a command the busy browser left unanswered for COMMAND_S is asked again
+    return WebDriverWait(driver, WAIT_S, poll_frequency=0.2,
+                         ignored_exceptions=(ReadTimeoutError,)).until(
         lambda d: condition(d), message=f"the page never showed {what}")
 
 
