@@ -34,6 +34,7 @@ from raystream.engine.keys import KeySelector
 from raystream.engine.windows.disk_generic_sessions import (CHUNKS_KIND, CHUNKS_NAME, KIND,
                                                             STATE_NAME, DiskGenericSessions)
 from raystream.engine.windows.functions import ProcessWindow, UserAggregate
+from raystream.engine.windows.generic import DiskGenericSessionWindows, HeapGenericWindows
 from raystream.engine.windows.operator import WindowOperator
 from tests.chaos.model import SessionRun
 from tests.support.disk import appended_one_chunk, own_entries, restore_moving_nothing
@@ -91,7 +92,8 @@ def test_disk_user_sessions_equal_heap_and_the_model(kind, lateness, straggle):
     op, disk, run, arrival = heap_and_disk_sessions(
         lambda backend: user_operator(backend, SESSIONS, kind, lateness=lateness), key, ts, x,
         lateness)
-    assert op.disk_generic_sessions is not None and not op.entries and not op.sessions
+    store = op.store
+    assert isinstance(store, DiskGenericSessionWindows) and not store.entries and not store.sessions
     assert isinstance(op.backend, DiskKeyedStateBackend)
     assert op.backend.state_kind(CHUNKS_NAME) == CHUNKS_KIND
     got = results(disk).sort_values([*WINDOW_KEYS, "rows", "value"]).reset_index(drop=True)
@@ -121,7 +123,7 @@ def test_sessions_merge_across_batches_in_one_entry_per_key():
     op.process_watermark(120)  # b's session ends at 115: fired and deleted
     assert stored_sessions(op) == {"a": [(100, 135)]}
     op.process_watermark(200)
-    assert stored_sessions(op) == {} and not op.entries
+    assert stored_sessions(op) == {} and not getattr(op.store, "entries", None)
     out = op.output
     assert isinstance(out, CollectingOutput)
     assert pa.Table.from_batches(out.batches).to_pylist() == [
@@ -352,7 +354,7 @@ def test_snapshots_restore_at_1_then_2_then_3_and_heap_snapshots_move_in(kind):
         ops = [start(StateBackend.DISK, kind, snapshot, i, 2, floors[0]) for i in range(2)]
         snapshots = {}
         for op in ops:
-            assert not op.entries and stored_sessions(op)  # restored into RocksDB
+            assert not getattr(op.store, "entries", None) and stored_sessions(op)  # restored into RocksDB
             feed(op, thirds[1])
             op.process_watermark(floors[1])
             taken = op.snapshot_state(2).keyed_state
@@ -396,23 +398,25 @@ def test_an_older_checkpoint_of_single_entry_keys_restores_as_headers_and_chunks
     floor = int(first["ts"].max()) - 40
     old = user_operator(StateBackend.DISK, SESSIONS, kind)
     with monkeypatch.context() as patch:  # the heap path's sessions beside a disk backend
-        patch.setattr(WindowOperator, "_open_disk_panes", lambda self: None)
+        patch.setattr(WindowOperator, "open_store", lambda self: HeapGenericWindows(self))
         old.initialize_state(None)
         old.open()
         feed(old, first)
         old.process_watermark(floor)
         backend, timers = old.backend, old.disk_timers
-        assert isinstance(backend, DiskKeyedStateBackend) and old.sessions
+        heap = old.store
+        assert isinstance(heap, HeapGenericWindows) and not isinstance(heap, DiskGenericSessionWindows)
+        assert isinstance(backend, DiskKeyedStateBackend) and heap.sessions
         sid = backend.raw_state_id(STATE_NAME, KIND)
-        kids = list(old.sessions)
+        kids = list(heap.sessions)
         keys = backend.entry_keys(sid, [timers.key(k) for k in kids],
                                   timers.key_groups_of(np.array(kids)))
         for kid, key in zip(kids, keys):  # the older code's _store
-            backend.raw_db[key] = _pack([[start, *old.entries[(kid, start)]]
-                                         for start in sorted(old.sessions[kid])])
-        n_sessions = len(old.entries)
-        old.entries.clear()
-        old.sessions.clear()
+            backend.raw_db[key] = _pack([[start, *heap.entries[(kid, start)]]
+                                         for start in sorted(heap.sessions[kid])])
+        n_sessions = len(heap.entries)
+        heap.entries.clear()
+        heap.sessions.clear()
         taken = old.snapshot_state(1).keyed_state
         assert taken is not None
         sections = taken()

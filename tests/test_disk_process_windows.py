@@ -28,6 +28,7 @@ from raystream.engine.windows import disk_entries
 from raystream.engine.windows import operator as window_operator_module
 from raystream.engine.windows.disk_entries import DiskChunks, DiskEntries
 from raystream.engine.windows.functions import ProcessWindow
+from raystream.engine.windows.generic import DiskGenericWindows
 from raystream.engine.windows.operator import WindowOperator
 from raystream.timers.disk_service import DiskTimerService
 from tests.support.disk import own_entries, restore_moving_nothing, stored_entries
@@ -81,7 +82,7 @@ def test_disk_process_windows_equal_heap_and_pandas_in_row_order(assigner, laten
                                                        lateness=lateness), key, ts, ids)
     op = pwf_operator(StateBackend.DISK, assigner, lateness=lateness)
     disk, arrival, late = drive(op, key, ts, ids)
-    assert isinstance(op.disk_entries, DiskChunks) and not op.entries
+    assert isinstance(op.store, DiskGenericWindows) and isinstance(op.store.disk, DiskChunks)
     assert stored_entries(op) == 0  # every marker and chunk deleted past the lateness
     pd.testing.assert_frame_equal(disk, heap)  # re-firings too, rows in the same order
     assert arrival == heap_arrival
@@ -141,7 +142,7 @@ def run_stage(backend: StateBackend, assigner, sections, parallelism: int, water
         op.initialize_state(None if sections is None else RestoredState(
             1, [], [(g, s) for g, s in sections.items() if g in groups], floors))
         op.open()
-        assert backend is StateBackend.HEAP or not op.entries
+        assert backend is StateBackend.HEAP or not getattr(op.store, "entries", None)
         mine = np.array([rs.key_group_of(k, MAXP) in groups for k in key.tolist()])
         op.process_batch(pa.record_batch({"k": key[mine], "ts": ts[mine], "x": ids[mine]}))
         op.process_watermark(watermark_after)
@@ -212,7 +213,7 @@ def test_an_older_checkpoint_of_single_entry_windows_restores_as_chunks(monkeypa
         old = pwf_operator(StateBackend.DISK, assigner, lateness=30)
         old.initialize_state(None)
         old.open()
-        assert type(old.disk_entries) is DiskEntries
+        assert isinstance(old.store, DiskGenericWindows) and type(old.store.disk) is DiskEntries
         old.process_batch(pa.record_batch({"k": key[part], "ts": ts[part], "x": ids[part]}))
         watermark = int(ts[part].max()) - 40
         old.process_watermark(watermark)
@@ -244,7 +245,8 @@ def test_an_older_checkpoint_of_single_entry_windows_restores_as_chunks(monkeypa
                                           .from_json(watermark, max_parallelism=MAXP)))
         return op
     again = restore_moving_nothing(monkeypatch, DiskChunks, restore)
-    assert isinstance(again, WindowOperator) and isinstance(again.disk_entries, DiskChunks)
+    assert isinstance(again, WindowOperator) and isinstance(again.store, DiskGenericWindows)
+    assert isinstance(again.store.disk, DiskChunks)
     assert dict(own_entries(again)) == entries
 
 

@@ -27,6 +27,7 @@ from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.disk_sessions import KIND, STATE_NAME
 from raystream.engine.windows.functions import BuiltinAggregates
 from raystream.engine.windows.operator import WindowOperator
+from raystream.engine.windows.session_windows import DiskSessionWindows
 from tests.chaos.model import SessionRun
 from tests.support.disk import values_by_key
 from tests.support.functions import AGGS
@@ -58,8 +59,9 @@ def stored_sessions(op: WindowOperator) -> dict:
     values = values_by_key(op)
     if not values:
         return {}
-    assert op.disk_sessions is not None and op.disk_sessions.record is not None
-    return {k: len(v) // op.disk_sessions.record.itemsize for k, v in values.items()}
+    store = op.store
+    assert isinstance(store, DiskSessionWindows) and store.disk.record is not None
+    return {k: len(v) // store.disk.record.itemsize for k, v in values.items()}
 
 
 def by_rows(frame: pd.DataFrame) -> pd.DataFrame:
@@ -90,7 +92,7 @@ def test_disk_sessions_equal_heap_sessions_and_the_model(lateness, straggle):
     op, disk, run, arrival = heap_and_disk_sessions(
         lambda backend: window_operator(backend, SESSIONS, lateness=lateness), key, ts, x,
         lateness)
-    assert op.disk_sessions is not None and op.session_store is None  # nothing on the heap
+    assert isinstance(op.store, DiskSessionWindows)  # nothing on the heap
     assert str(op.backend.state_kind(STATE_NAME)).startswith(KIND + " ")  # pyright: ignore
     assert_model_rows(disk, run)
     final = by_rows(final_sessions(disk))

@@ -30,6 +30,7 @@ from raystream.engine.operators.keyed import KeyedProcessOperator, _KeyedOperato
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.functions import BuiltinAggregates, UserAggregate
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator, WindowJoinSpec
+from raystream.engine.windows.dense import DiskDenseWindows
 from raystream.engine.windows.operator import WindowOperator
 from raystream.timers.disk_service import DiskTimerService
 from tests.support.functions import Average, co_groups
@@ -325,7 +326,7 @@ def test_windows_fire_in_chunks(assigner, function):
         results[backend] = window_rows(run(op, watch, frame, ["k", "ts", "x"]), function)
         if backend is StateBackend.DISK:
             assert isinstance(op, WindowOperator)
-            if op.disk_panes is not None:
+            if isinstance(op.store, DiskDenseWindows):
                 # a pane timer stands for its key group: a chunk fires its groups' keys
                 per_group = frame.groupby(frame["k"].map(lambda k: key_group_of(k, MAXP)))
                 largest = sorted(per_group["k"].nunique().tolist())[-FIRING:]

@@ -20,6 +20,7 @@ import raystream as rs
 from raystream.actors.operator import CollectingOutput, RuntimeContext
 from raystream.checkpoint.state_backend import StateBackend
 from raystream.engine.keys import KeySelector
+from raystream.engine.windows.generic import DiskGenericWindows
 from raystream.engine.windows.operator import WindowOperator
 from tests.support.disk import stored_entries
 from tests.support.functions import Average
@@ -59,7 +60,7 @@ def test_disk_user_windows_equal_heap_and_pandas(kind, assigner, lateness):
         user_operator(StateBackend.HEAP, assigner, kind, lateness=lateness), key, ts, x)
     op = user_operator(StateBackend.DISK, assigner, kind, lateness=lateness)
     disk, arrival, late = drive(op, key, ts, x)
-    assert op.disk_entries is not None and not op.entries  # nothing on the heap
+    assert isinstance(op.store, DiskGenericWindows) and not getattr(op.store, "entries", None)  # nothing on the heap
     assert stored_entries(op) == 0  # every window deleted past its lateness
     # the same rows (re-firings included, in the same order) as the heap backend
     pd.testing.assert_frame_equal(disk, heap)
@@ -84,7 +85,7 @@ def test_processing_time_user_windows_on_disk_fire_at_the_end():
     key, _, x = make_input(seed=1, n=300, keys=30)
     for i in range(0, 300, 50):
         op.process_batch(pa.record_batch({"k": key[i:i + 50], "x": x[i:i + 50]}))
-    assert stored_entries(op) > 0 and not op.entries
+    assert stored_entries(op) > 0 and not getattr(op.store, "entries", None)
     op.finish()
     got = pa.Table.from_batches(op.output.batches).to_pandas()  # pyright: ignore
     assert len(got["window_start"].unique()) <= 2  # an hour's window (or two, at its edge)

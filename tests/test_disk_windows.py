@@ -25,7 +25,10 @@ from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.disk_panes import STATE_NAME, DiskPanes
 from raystream.engine.windows.disk_sessions import DiskSessions
 from raystream.engine.windows.functions import BuiltinAggregates, UserAggregate
-from raystream.engine.windows import operator as window_operator_module
+from raystream.engine.windows import dense as dense_module
+from raystream.engine.windows.dense import DiskDenseWindows
+from raystream.engine.windows.generic import DiskGenericWindows
+from raystream.engine.windows.session_windows import DiskSessionWindows
 from raystream.engine.windows.operator import WindowOperator
 from raystream.timers.disk_service import DiskTimerService
 from tests.support.disk import stored_entries
@@ -65,8 +68,9 @@ def test_disk_windows_equal_heap_windows_and_pandas(assigner, lateness):
                                                           lateness=lateness), key, ts, x)
     op = window_operator(StateBackend.DISK, assigner, lateness=lateness)
     disk, arrival, late = drive(op, key, ts, x)
-    assert op.disk_panes is not None and not op.dense_windows  # nothing on the heap
-    assert stored_entries(op) == 0 and not op.disk_panes.timed  # every window deleted
+    store = op.store
+    assert isinstance(store, DiskDenseWindows)  # nothing on the heap
+    assert stored_entries(op) == 0 and not store.panes.timed  # every window deleted
     # the same rows (re-firings included) as the heap backend, in any order
     columns = ["k", "window_start", "window_end", *AGGS]
     pd.testing.assert_frame_equal(
@@ -181,12 +185,12 @@ def test_sessions_and_user_functions_give_the_heap_results_in_a_disk_job(layout)
         op.setup(RuntimeContext("job", "w", 0, 1, MAXP, 0, state_backend=backend),
                  CollectingOutput())
         rows, _, late = drive(op, key, ts, x)
-        assert op.disk_panes is None
-        assert (op.disk_sessions is not None) == (layout == "sessions"
-                                                   and backend is StateBackend.DISK)
-        assert (op.disk_entries is not None) == (layout == "generic"
-                                                  and backend is StateBackend.DISK)
-        assert not op.entries  # nothing left on the heap (nor, on disk, ever put there)
+        assert not isinstance(op.store, DiskDenseWindows)
+        assert isinstance(op.store, DiskSessionWindows) == (layout == "sessions"
+                                                            and backend is StateBackend.DISK)
+        assert isinstance(op.store, DiskGenericWindows) == (layout == "generic"
+                                                            and backend is StateBackend.DISK)
+        assert not getattr(op.store, "entries", None)  # nothing left on the heap (nor, on disk, ever put there)
         outputs.append((rows.astype(str).sort_values(list(rows.columns)).reset_index(drop=True),
                         sorted(late["ts"].tolist())))
     assert len(outputs[0][0])
@@ -201,14 +205,14 @@ def test_disk_windows_of_many_keys_fire_in_bounded_chunks(assigner, monkeypatch)
     """A window whose keys all end at once is read key group by key group and emitted in
     chunks of about FIRING_CHUNK_ROWS rows (here 40): no output batch holds more than the
     chunk plus one key group's keys, and the results are the heap backend's and pandas'."""
-    monkeypatch.setattr(window_operator_module, "FIRING_CHUNK_ROWS", 40)
+    monkeypatch.setattr(dense_module, "FIRING_CHUNK_ROWS", 40)
     key, ts, x = make_input(seed=11, n=3000, keys=900, disorder=100)
     ts[1500::97] -= 5000  # stragglers far beyond the bound: late for every window
     heap, heap_arrival, heap_late = drive(window_operator(StateBackend.HEAP, assigner),
                                           key, ts, x)
     op = window_operator(StateBackend.DISK, assigner)
     disk, arrival, late = drive(op, key, ts, x)
-    assert op.disk_panes is not None and stored_entries(op) == 0
+    assert isinstance(op.store, DiskDenseWindows) and stored_entries(op) == 0
     batches = [b.num_rows for b in op.output.batches]  # pyright: ignore[reportAttributeAccessIssue]
     groups = pd.Series([rs.key_group_of(k, MAXP) for k in key.tolist()])
     per_group = groups.groupby(groups).size().max()  # at most this many keys in a key group

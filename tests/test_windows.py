@@ -321,11 +321,11 @@ def test_dense_windows_hold_one_timer_per_key_group_and_fire_every_key():
     op.process_batch(pa.record_batch({"k": [late_key], "ts": [10]}))
     assert out.batches[-1].to_pydict()["k"] == [late_key]
     op.process_watermark(149)  # cleanup of the first window: nothing fires, state goes
-    assert sorted(op.dense_windows) == [100]
+    assert sorted(op.store.windows) == [100]
     op.process_watermark(rs.MAX_WATERMARK)
     rest = pa.Table.from_batches(out.batches).to_pydict()
     assert len(rest["k"]) == len(expected) + 1 + len(set(key[ts >= 100].tolist()))
-    assert not op.dense_windows and op.timers.num_event_time_timers == 0
+    assert not op.store.windows and op.timers.num_event_time_timers == 0
 
 
 def test_a_dense_timer_fires_only_its_own_key_group():
@@ -339,7 +339,7 @@ def test_a_dense_timer_fires_only_its_own_key_group():
     kid_a = op.timers.key_ids([a], np.array([rs.key_group_of(a, 128)]))
     group_a = op.timers.key_groups_of(kid_a)
     # a group named twice (two timers of one group) is still that one group
-    assert op._dense_keys_of_groups(0, np.repeat(group_a, 2)).tolist() == kid_a.tolist()
+    assert op.store._keys_of_groups(0, np.repeat(group_a, 2)).tolist() == kid_a.tolist()
 
 
 RESTORES = [  # (function, assigner, (seed, rows, keys) of make_input): snapshot at half the rows

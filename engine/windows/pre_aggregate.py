@@ -25,7 +25,8 @@ import pyarrow as pa
 from raystream.actors.operator import Operator, OperatorSnapshot
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.assigners import WindowAssigner
-from raystream.engine.windows.operator import WINDOW_START, _is_identity, event_times
+from raystream.engine.windows.operator import event_times
+from raystream.engine.windows.store import WINDOW_START, is_identity
 
 
 class WindowPreAggregator(Operator):
@@ -66,7 +67,7 @@ class WindowPreAggregator(Operator):
         times = event_times(batch, self.timestamp, where=f"window pre-aggregation '{self.name}'")
         rows, starts = self.slices.assign(times)
         table = pa.Table.from_batches([batch]).select([*self.key_columns, *self.spec.input_columns])
-        if not _is_identity(rows, batch.num_rows):  # sliding windows: a row in several
+        if not is_identity(rows, batch.num_rows):  # sliding windows: a row in several
             table = table.take(pa.array(rows))
         table = table.append_column(WINDOW_START, pa.array(starts))
         partials = self.spec.partials_of_rows(table, [*self.key_columns, WINDOW_START])
