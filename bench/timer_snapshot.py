@@ -51,7 +51,7 @@ import ray
 
 import raystream as rs
 from raystream.engine.keys import KeySelector
-from raystream.engine.operators.keyed import _KeyedOperator
+from raystream.engine.operators.keyed import KeyedOperator
 
 KEYS = 1_000_000
 FAR_FUTURE = 4_000_000_000_000  # ms: year 2096, never reached by the watermark
@@ -62,7 +62,7 @@ def rows(index: np.ndarray) -> dict:
     return {"key": index % KEYS, "i": index}
 
 
-class TimerLoad(_KeyedOperator):
+class TimerLoad(KeyedOperator):
     """Registers one timer for each of the first ``load`` rows, vectorized; logs pauses."""
 
     def __init__(self, name: str, load: int, log_dir: str) -> None:

@@ -27,7 +27,8 @@ when the backend is closed or garbage-collected; directories of dead processes
 directory. The local database is never recovered from: after a failure state
 comes from the job's checkpoint, so the write-ahead log is off.
 
-Every entry's key is::
+Every entry's key is (:mod:`raystream.checkpoint.disk_layout`, where every layout in
+the database is defined)::
 
     key group (uint16, big-endian) | state id (uint16) | len(key) (uint32) | key | namespace
 
@@ -134,7 +135,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import shutil
 import struct
 import tempfile
@@ -145,13 +145,16 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, cast
 
-import msgpack
 import numpy as np
 
+from raystream.checkpoint.disk_layout import (KEY_GROUP, KEYED_HEAD, KEYED_PREFIX,
+                                             PLAIN_KEY_TYPES, STATE_ID, encode_key,
+                                             group_bound, pack_value, state_id_of, state_prefix,
+                                             unpack_value, unpack_values, value_packer)
 from raystream.checkpoint.disk_incremental import IncrementalSnapshot, RestoredDb, UploadTracker
 from raystream.checkpoint.entry_keys import EntryKeys
 from raystream.checkpoint.envelope import KEYED_STATE, Envelope, SectionKind, is_keyed_state, read
-from raystream.checkpoint.keygroups import canonical_key, check_key_group_range, key_group_of
+from raystream.checkpoint.keygroups import check_key_group_range, key_group_of
 from raystream.checkpoint.ttl import (TTL_KIND_SUFFIX, StateTtlConfig, TtlAggregatingOps,
                                       TtlHandle, TtlMapReads, TtlReducingOps, TtlSingle,
                                       TtlTimeProvider, TtlValueOps, check_state_kind, is_expired,
@@ -161,11 +164,7 @@ from raystream.checkpoint.ttl import (TTL_KIND_SUFFIX, StateTtlConfig, TtlAggreg
 __all__ = ["TIMERS_KIND", "DiskKeyedStateBackend", "DiskStateOptions", "DiskStateSnapshot",
            "section_entries", "section_timer_entries"]
 
-_U16 = struct.Struct(">H")
-_PREFIX = struct.Struct(">HH")  # key group, state id
-_U32 = struct.Struct(">I")
-_PREFIX_LEN = struct.Struct(">HHI")  # key group, state id, key length
-_HEAD = np.dtype([("group", ">u2"), ("state", ">u2"), ("length", ">u4")])  # _PREFIX_LEN's
+_U32 = struct.Struct(">I")  # lengths in a section's directory and entries
 _MAX_KEY_GROUPS = 1 << 15  # key group + 1 must fit the uint16 prefix (upper scan bound)
 _TS = struct.Struct(">q")  # the TTL timestamp before every value of a state with a TTL
 _NEVER = (1 << 63) - 1
@@ -194,102 +193,6 @@ NATIVE_METRICS = (
     "estimate-pending-compaction-bytes", "num-running-compactions", "num-running-flushes",
     "actual-delayed-write-rate", "is-write-stopped", "background-errors")
 
-_EXT_TUPLE = 1
-_EXT_PICKLE = 2
-
-
-# ---------------------------------------------------------------------------
-# Serialization: MessagePack, pickle only for opaque objects
-# ---------------------------------------------------------------------------
-
-def _default(obj: Any) -> msgpack.ExtType:
-    if type(obj) is tuple:  # a fresh packer: this runs inside the thread's packer
-        return msgpack.ExtType(_EXT_TUPLE, msgpack.packb(
-            list(obj), default=_default, strict_types=True, use_bin_type=True))
-    try:
-        return msgpack.ExtType(_EXT_PICKLE, pickle.dumps(obj, protocol=5))
-    except Exception as exc:  # a lock, a socket, a generator: say what and why
-        raise TypeError(f"a {type(obj).__name__} cannot be kept in keyed state ({exc}): a "
-                        f"state value is made of MessagePack types and picklable objects") \
-            from exc
-
-
-def _ext_hook(code: int, data: bytes) -> Any:
-    if code == _EXT_TUPLE:
-        return tuple(_unpack(data))
-    if code == _EXT_PICKLE:
-        return pickle.loads(data)
-    return msgpack.ExtType(code, data)
-
-
-_local = threading.local()  # one reusable packer per thread (msgpack.packb builds one per call)
-
-
-def _packer() -> msgpack.Packer:
-    """This thread's packer (``msgpack.packb`` would build one per call)."""
-    try:
-        return _local.packer
-    except AttributeError:
-        # strict_types: subclasses (IntEnum, OrderedDict, np.float64) are opaque, keep their type
-        packer = _local.packer = msgpack.Packer(default=_default, strict_types=True,
-                                                use_bin_type=True)
-        return packer
-
-
-def _pack(obj: Any) -> bytes:
-    return _packer().pack(obj)
-
-
-def _unpack(data: bytes) -> Any:
-    return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
-
-
-def _unpack_all(raws: list[bytes | None]) -> list[Any]:
-    """``_unpack`` of each of ``raws`` (None stays None), by one unpacker over their
-    concatenation: for small values half the time of an ``unpackb`` call each, whose
-    keyword arguments and set-up dominate (0.29 against 0.54 us a 3-field dict)."""
-    present = [raw for raw in raws if raw is not None]
-    if not present:
-        return [None] * len(raws)
-    unpacker = msgpack.Unpacker(None, ext_hook=_ext_hook, raw=False, strict_map_key=False,
-                                max_buffer_size=0)  # 0: no limit
-    unpacker.feed(b"".join(present))
-    decoded = list(unpacker)
-    if len(decoded) != len(present):  # each value is one _pack: only corruption gets here
-        raise ValueError(f"disk state backend: {len(present)} stored values decoded as "
-                         f"{len(decoded)} MessagePack objects: the local database is corrupt")
-    if len(present) == len(raws):
-        return decoded
-    values = iter(decoded)
-    return [None if raw is None else next(values) for raw in raws]
-
-
-def _canonical_key(key: Any) -> Any:
-    if isinstance(key, np.generic):
-        key = key.item()
-    if type(key) is tuple:
-        return tuple(_canonical_key(k) for k in key)
-    return canonical_key(key)  # a float: -0.0 as 0.0, one NaN (the heap's dict keys too)
-
-
-# encode_key packs these as they are (not floats: two zeros and many NaNs)
-_PLAIN_KEY_TYPES = frozenset((int, str, bytes))
-
-
-def encode_key(key: Any) -> bytes:
-    """Canonical bytes of a key (equal keys, equal bytes).
-
-    >>> import numpy as np
-    >>> encode_key(7) == encode_key(np.int64(7))
-    True
-    >>> encode_key(-0.0) == encode_key(0.0), encode_key(float("nan")) == encode_key(-np.nan)
-    (True, True)
-    """
-    if type(key) in _PLAIN_KEY_TYPES:  # the common keys: nothing to convert
-        return _pack(key)
-    return _pack(_canonical_key(key))
-
-
 # ---------------------------------------------------------------------------
 # Values of states with a TTL: an 8-byte timestamp, then the MessagePack bytes
 # ---------------------------------------------------------------------------
@@ -307,12 +210,12 @@ def _ttl_base(kind: str) -> str | None:
 
 def _encode_list(entries: list) -> bytes:
     """A TTL list state's stored value from ``[[element, ts], ...]`` (not empty)."""
-    return _TS.pack(min(e[1] for e in entries)) + _pack(entries)
+    return _TS.pack(min(e[1] for e in entries)) + pack_value(entries)
 
 
 def _encode_map(entries: dict) -> bytes:
     """A TTL map state's stored value from ``{user key: [value, ts]}`` (not empty)."""
-    return _TS.pack(min(e[1] for e in entries.values())) + _pack(entries)
+    return _TS.pack(min(e[1] for e in entries.values())) + pack_value(entries)
 
 
 def _oldest_live(raw: bytes, ttl_ms: int, now: int) -> bool:
@@ -327,10 +230,10 @@ def _unexpired(base: str, raw: bytes, ttl_ms: int, now: int) -> bytes | None:
     if _oldest_live(raw, ttl_ms, now):
         return raw
     if base == _LIST:
-        live = live_elements(_unpack(raw[8:]), ttl_ms, now)
+        live = live_elements(unpack_value(raw[8:]), ttl_ms, now)
         return _encode_list(live) if live else None
     if base == _MAP:
-        kept = live_entries(_unpack(raw[8:]), ttl_ms, now)
+        kept = live_entries(unpack_value(raw[8:]), ttl_ms, now)
         return _encode_map(kept) if kept else None
     return None
 
@@ -342,16 +245,16 @@ def _from_heap(base: str, value: Any) -> bytes:
         return _encode_list([[e, ts] for e, ts in value])
     if base == _MAP:
         return _encode_map({k: [v, ts] for k, (v, ts) in value.items()})
-    return _TS.pack(value[1]) + _pack(value[0])
+    return _TS.pack(value[1]) + pack_value(value[0])
 
 
 def _to_heap(base: str, raw: bytes) -> Any:
     """The heap backend's value of a stored value of a TTL state (see :func:`_from_heap`)."""
     if base == _LIST:
-        return [(e, ts) for e, ts in _unpack(raw[8:])]
+        return [(e, ts) for e, ts in unpack_value(raw[8:])]
     if base == _MAP:
-        return {k: (v, ts) for k, (v, ts) in _unpack(raw[8:]).items()}
-    return _unpack(raw[8:]), _TS.unpack_from(raw)[0]
+        return {k: (v, ts) for k, (v, ts) in unpack_value(raw[8:]).items()}
+    return unpack_value(raw[8:]), _TS.unpack_from(raw)[0]
 
 
 # ---------------------------------------------------------------------------
@@ -542,11 +445,11 @@ class _DiskState:
 
     def _get(self) -> Any:
         raw = self._b._get(self._key())
-        return None if raw is None else _unpack(raw)
+        return None if raw is None else unpack_value(raw)
 
     def _put(self, value: Any) -> None:
         try:
-            raw = _pack(value)
+            raw = pack_value(value)
         except TypeError as exc:  # name the state and the key
             raise TypeError(f"state '{self._name}' of key {self._b.current_key!r}: {exc}") \
                 from exc
@@ -573,11 +476,11 @@ class DiskValueState(_DiskState):
     def _default_value(self) -> Any:
         """The value read when there is none (a fresh copy of a mutable default)."""
         d = self._default
-        return _unpack(_pack(d)) if type(d) in (list, dict, set, bytearray) else d
+        return unpack_value(pack_value(d)) if type(d) in (list, dict, set, bytearray) else d
 
     def value(self) -> Any:
         raw = self._b._get(self._key())
-        return self._default_value() if raw is None else _unpack(raw)
+        return self._default_value() if raw is None else unpack_value(raw)
 
     def update(self, value: Any) -> None:
         self._put(value)
@@ -593,7 +496,7 @@ class DiskValueState(_DiskState):
     def values_at(self, keys: EntryKeys) -> list[Any]:
         """The values stored at ``keys`` (None where unset), in the caller's order, with
         one multi-get."""
-        return _unpack_all(self._b._multi_get_ordered(keys))
+        return unpack_values(self._b._multi_get_ordered(keys))
 
     def update_at(self, keys: EntryKeys, values: Iterable[Any]) -> None:
         """Store ``values`` (in the caller's order) at ``keys``, in one write batch."""
@@ -602,7 +505,7 @@ class DiskValueState(_DiskState):
     def _pack_all(self, keys: EntryKeys, values: Iterable[Any], head: bytes = b"") -> list[bytes]:
         """``head`` and the packed value, of each of ``values``; a value that cannot be
         packed fails naming the state and its key, as :meth:`_put` does."""
-        pack, values = _packer().pack, list(values)
+        pack, values = value_packer().pack, list(values)
         try:
             return [head + pack(v) for v in values]
         except TypeError:
@@ -611,7 +514,7 @@ class DiskValueState(_DiskState):
             try:
                 pack(value)
             except TypeError as exc:
-                key = _unpack(keys.key(i)[_PREFIX_LEN.size:])
+                key = unpack_value(keys.key(i)[KEYED_PREFIX.size:])
                 raise TypeError(f"state '{self._name}' of key {key!r}: {exc}") from exc
         raise AssertionError("a value failed to pack once and then packed")
 
@@ -635,14 +538,14 @@ class _DiskMergingState(_DiskState):
             k = b._entry_key(self._sid, b._key, b._kg, ns)
             raw = b._get(k)
             if raw is not None:
-                v = _unpack(raw)
+                v = unpack_value(raw)
                 merged, found = (self._combine(merged, v) if found else v), True
                 del b._db[k]
         if not found:
             return
         k = b._entry_key(self._sid, b._key, b._kg, target)
         raw = b._get(k)
-        b._db[k] = _pack(merged if raw is None else self._combine(_unpack(raw), merged))
+        b._db[k] = pack_value(merged if raw is None else self._combine(unpack_value(raw), merged))
 
 
 class DiskListState(_DiskMergingState):
@@ -784,7 +687,7 @@ class _TtlCleanup:
         self.base = base
         self.sid = sid
         self.kg = kg
-        self.seek = _U16.pack(kg) + sid
+        self.seek = group_bound(kg) + sid
         self.accesses = 0
 
 
@@ -821,7 +724,7 @@ class _DiskTtlSingle(_DiskTtlState, TtlSingle):
         return _TS.unpack_from(entry)[0]
 
     def _ttl_value(self, entry: bytes) -> Any:
-        return _unpack(entry[8:])
+        return unpack_value(entry[8:])
 
     def _ttl_drop(self) -> None:
         del self._b._db[self._key()]
@@ -830,7 +733,7 @@ class _DiskTtlSingle(_DiskTtlState, TtlSingle):
         self._b._db[self._key()] = _TS.pack(now) + entry[8:]  # the header only
 
     def _ttl_write(self, value: Any, now: int) -> None:
-        self._b._db[self._key()] = _TS.pack(now) + _pack(value)
+        self._b._db[self._key()] = _TS.pack(now) + pack_value(value)
 
 
 class DiskTtlValueState(TtlValueOps, _DiskTtlSingle, DiskValueState):
@@ -863,7 +766,7 @@ class DiskTtlValueState(TtlValueOps, _DiskTtlSingle, DiskValueState):
             head = _TS.pack(now)
             b._write([(keys.key(i), head + raws[i][8:])  # type: ignore[index]
                       for i in np.flatnonzero(shown & ~expired).tolist()])
-        return [_unpack(r[8:]) if show else None  # type: ignore[index]
+        return [unpack_value(r[8:]) if show else None  # type: ignore[index]
                 for r, show in zip(raws, shown.tolist())]
 
     def update_at(self, keys: EntryKeys, values: Iterable[Any]) -> None:
@@ -918,7 +821,7 @@ class DiskTtlListState(_DiskTtlState, DiskListState):
         raw = self._b._get(self._key())
         if raw is None:
             return []
-        elements, cfg = _unpack(raw[8:]), self._t.cfg
+        elements, cfg = unpack_value(raw[8:]), self._t.cfg
         if not cfg.renew_on_read and _oldest_live(raw, cfg.ttl_ms, now):
             return [e[0] for e in elements]  # none expired, none to store
         out, stored = read_elements(elements, cfg, now)
@@ -933,7 +836,7 @@ class DiskTtlListState(_DiskTtlState, DiskListState):
             return
         raw = self._b._get(self._key())
         if raw is not None:  # expired elements stay until a read or the cleanup
-            entries = _unpack(raw[8:]) + entries
+            entries = unpack_value(raw[8:]) + entries
         self._store(entries)
 
     def update(self, values: Iterable[Any]) -> None:
@@ -954,7 +857,7 @@ class DiskTtlMapState(TtlMapReads, _DiskTtlState, DiskMapState):
 
     def _stored(self) -> dict:
         raw = self._b._get(self._key())
-        return {} if raw is None else _unpack(raw[8:])
+        return {} if raw is None else unpack_value(raw[8:])
 
     def _store(self, entries: dict) -> None:
         if entries:
@@ -1026,7 +929,7 @@ class DiskStateSnapshot:
         # expired at the synchronous part is left out
         self._expiry = expiry or {}
         self._read_options = read_options  # must outlive the iterator (its bounds)
-        self._directory = _pack(directory)  # packed here, on the processing thread
+        self._directory = pack_value(directory)  # packed here, on the processing thread
         self._max_parallelism = backend.max_parallelism
         self._lock = threading.Lock()
 
@@ -1051,7 +954,7 @@ class DiskStateSnapshot:
         def close_section() -> None:
             if current is None:
                 raise RuntimeError("no section of the disk state snapshot is open")
-            kg = _U16.unpack(current)[0]
+            kg = state_id_of(current)
             out[kg] = b"".join([
                 Envelope.current(SectionKind.DISK_STATE, max_parallelism=self._max_parallelism,
                                  key_group=kg).pack(),
@@ -1097,7 +1000,7 @@ def _parse_body(kg: int, body: memoryview
     pos = 0
     (n,) = _U32.unpack_from(data, pos)
     pos += 4
-    directory = {_U16.pack(sid): (name, kind) for sid, name, kind in _unpack(data[pos:pos + n])}
+    directory = {STATE_ID.pack(sid): (name, kind) for sid, name, kind in unpack_value(data[pos:pos + n])}
     pos += n
     entries = []
     end = len(data)
@@ -1162,7 +1065,7 @@ def section_state_kinds(group: int, section: bytes, max_parallelism: int) -> lis
     if envelope.kind is not SectionKind.DISK_STATE or len(body) < _U32.size:
         return []
     (n,) = _U32.unpack_from(body, 0)
-    return [str(kind) for _, _, kind in _unpack(bytes(body[_U32.size:_U32.size + n]))]
+    return [str(kind) for _, _, kind in unpack_value(bytes(body[_U32.size:_U32.size + n]))]
 
 
 def section_entries(kg: int, body: memoryview) -> Iterator[tuple[str, str, Any, Any, Any]]:
@@ -1178,8 +1081,8 @@ def section_entries(kg: int, body: memoryview) -> Iterator[tuple[str, str, Any, 
         (n,) = _U32.unpack_from(suffix, 0)
         ns = suffix[4 + n:]
         base = _ttl_base(kind)
-        yield (name, kind, _unpack(suffix[4:4 + n]), (_unpack(ns) if ns else None),
-               _unpack(value) if base is None else _to_heap(base, value))
+        yield (name, kind, unpack_value(suffix[4:4 + n]), (unpack_value(ns) if ns else None),
+               unpack_value(value) if base is None else _to_heap(base, value))
 
 
 def section_timer_entries(kg: int, section: bytes, max_parallelism: int
@@ -1336,7 +1239,7 @@ class DiskKeyedStateBackend:
         multi-get and a write batch; a key group outside this backend's fails naming its
         key."""
         groups = self._own_groups(keys, groups)
-        pack, state = _PREFIX_LEN.pack, _U16.unpack(sid)[0]
+        pack, state = KEYED_PREFIX.pack, state_id_of(sid)
         return [pack(g, state, len(c)) + c for c, g in zip(self._codes(keys), groups.tolist())]
 
     def ordered_entry_keys(self, sid: bytes, keys: list[Any],
@@ -1344,9 +1247,9 @@ class DiskKeyedStateBackend:
         """:meth:`entry_keys` in RocksDB's order, as :class:`EntryKeys`."""
         groups = self._own_groups(keys, groups)
         codes = self._codes(keys)
-        heads = np.empty(len(codes), dtype=_HEAD)
+        heads = np.empty(len(codes), dtype=KEYED_HEAD)
         heads["group"] = groups
-        heads["state"] = _U16.unpack(sid)[0]
+        heads["state"] = state_id_of(sid)
         heads["length"] = np.fromiter(map(len, codes), dtype=np.int64, count=len(codes))
         return EntryKeys.build(heads, codes)
 
@@ -1364,16 +1267,16 @@ class DiskKeyedStateBackend:
     @staticmethod
     def _codes(keys: list[Any]) -> list[bytes]:
         """The encoded ``keys`` (:func:`encode_key`)."""
-        if set(map(type, keys)) <= _PLAIN_KEY_TYPES:  # nothing to canonicalize: pack as is
-            packer = _packer()
+        if set(map(type, keys)) <= PLAIN_KEY_TYPES:  # nothing to canonicalize: pack as is
+            packer = value_packer()
             return [packer.pack(k) for k in keys]
         return [encode_key(k) for k in keys]
 
     def _entry_key(self, sid: bytes, key: Any, key_group: int, namespace: Any = None) -> bytes:
         kb = encode_key(key)
         if namespace is None:
-            return _PREFIX_LEN.pack(key_group, _U16.unpack(sid)[0], len(kb)) + kb
-        return _PREFIX_LEN.pack(key_group, _U16.unpack(sid)[0], len(kb)) + kb + _pack(namespace)
+            return KEYED_PREFIX.pack(key_group, state_id_of(sid), len(kb)) + kb
+        return KEYED_PREFIX.pack(key_group, state_id_of(sid), len(kb)) + kb + pack_value(namespace)
 
     # -- current key and namespace ----------------------------------------
     def set_current_key(self, key: Any, key_group: int | None = None) -> None:
@@ -1388,7 +1291,7 @@ class DiskKeyedStateBackend:
         kb = encode_key(key)
         self._key = key
         self._kg = key_group
-        self._kg_bytes = _U16.pack(key_group)
+        self._kg_bytes = group_bound(key_group)
         self._key_bytes = _U32.pack(len(kb)) + kb
         self._suffix = self._key_bytes + self._ns_bytes
 
@@ -1403,7 +1306,7 @@ class DiskKeyedStateBackend:
     def set_namespace(self, namespace: Any) -> None:
         """Scope subsequent state accesses to ``namespace`` (None by default)."""
         self._ns = namespace
-        self._ns_bytes = b"" if namespace is None else _pack(namespace)
+        self._ns_bytes = b"" if namespace is None else pack_value(namespace)
         self._suffix = self._key_bytes + self._ns_bytes
 
     @property
@@ -1416,7 +1319,7 @@ class DiskKeyedStateBackend:
         if entry is None:
             if len(self._states) >= 1 << 16:
                 raise ValueError("disk state backend: more than 65536 state names")
-            entry = self._states[name] = (_U16.pack(len(self._states)), kind)
+            entry = self._states[name] = (STATE_ID.pack(len(self._states)), kind)
         else:
             check_state_kind(name, entry[1], kind)
         return entry[0]
@@ -1480,7 +1383,7 @@ class DiskKeyedStateBackend:
         n *= t.accesses
         t.accesses = 0
         base, ttl_ms, sid = t.base, t.cfg.ttl_ms, t.sid
-        prefix = _U16.pack(t.kg) + sid
+        prefix = group_bound(t.kg) + sid
         it = self._db.iter()
         it.seek(t.seek)
         for _ in range(n):
@@ -1488,7 +1391,7 @@ class DiskKeyedStateBackend:
             if k is None or k[:4] != prefix:  # past the state's range in this key group
                 kg = t.kg + 1
                 t.kg = self.key_groups.start if kg >= self.key_groups.stop else kg
-                prefix = t.seek = _U16.pack(t.kg) + sid
+                prefix = t.seek = group_bound(t.kg) + sid
                 it.seek(prefix)
                 continue
             v = it.value()
@@ -1511,7 +1414,7 @@ class DiskKeyedStateBackend:
             return iter(())
         read = self._bounded()
         # a raw-mode database's keys are bytes (rocksdict's stub types any key)
-        keys = cast(Iterator[bytes], self._db.keys(from_key=_U16.pack(self.key_groups.start),
+        keys = cast(Iterator[bytes], self._db.keys(from_key=group_bound(self.key_groups.start),
                                                    read_opt=read))
         return self._iter_keys(entry[0], keys, read)
 
@@ -1520,7 +1423,7 @@ class DiskKeyedStateBackend:
         long as an iterator made with them (rocksdict 0.3.29 does not, and an
         iterator whose options were freed loses its bound)."""
         read = _read_options()
-        read.set_iterate_upper_bound(_U16.pack(self.key_groups.stop))
+        read.set_iterate_upper_bound(group_bound(self.key_groups.stop))
         return read
 
     @staticmethod
@@ -1533,7 +1436,7 @@ class DiskKeyedStateBackend:
             kb = k[:2] + k[8:8 + n]  # namespaces of one key are adjacent within its group
             if kb != last:
                 last = kb
-                yield _unpack(kb[2:])
+                yield unpack_value(kb[2:])
 
     # -- snapshot and restore ---------------------------------------------------
     def snapshot(self) -> DiskStateSnapshot | IncrementalSnapshot:
@@ -1545,7 +1448,7 @@ class DiskKeyedStateBackend:
         read = self._bounded()
         # a raw-mode database's keys and values are bytes (rocksdict's stub types any)
         entries = cast(Iterator[tuple[bytes, bytes]],
-                       self._db.items(from_key=_U16.pack(self.key_groups.start), read_opt=read))
+                       self._db.items(from_key=group_bound(self.key_groups.start), read_opt=read))
         now = self._ttl_now()  # expired values are left out, as of now (the synchronous part)
         expiry = {t.sid: (t.base, t.cfg.ttl_ms, now) for t in self._ttls.values()}
         full = DiskStateSnapshot(self, entries, read, directory, expiry)
@@ -1561,7 +1464,7 @@ class DiskKeyedStateBackend:
                                    key_groups=self.key_groups, states=directory)
 
     def _directory(self) -> list[list]:
-        return [[_U16.unpack(sid)[0], name, kind] for name, (sid, kind) in self._states.items()]
+        return [[state_id_of(sid), name, kind] for name, (sid, kind) in self._states.items()]
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` completed: later incremental checkpoints reuse
@@ -1610,12 +1513,12 @@ class DiskKeyedStateBackend:
         self._finalizer = weakref.finalize(self, _dispose, self._db, self.path)
         get = getattr(self._db, "get", None)
         self._get = get if get is not None else self._get_or_none
-        self._states = {name: (_U16.pack(sid), kind) for sid, name, kind in db.manifest.states}
+        self._states = {name: (STATE_ID.pack(sid), kind) for sid, name, kind in db.manifest.states}
         theirs = db.manifest.key_groups
         if theirs.start < self.key_groups.start:
-            self._db.delete_range(_U16.pack(theirs.start), _U16.pack(self.key_groups.start))
+            self._db.delete_range(group_bound(theirs.start), group_bound(self.key_groups.start))
         if theirs.stop > self.key_groups.stop:
-            self._db.delete_range(_U16.pack(self.key_groups.stop), _U16.pack(theirs.stop))
+            self._db.delete_range(group_bound(self.key_groups.stop), group_bound(theirs.stop))
         if db.reusable and theirs == self.key_groups:  # the job's own files, all ours
             self._uploads.restored(db.shared_files())
 
@@ -1624,18 +1527,18 @@ class DiskKeyedStateBackend:
         to this backend's)."""
         import rocksdict
 
-        sids = {_U16.pack(sid): self._sid(name, kind) for sid, name, kind in db.manifest.states}
+        sids = {group_bound(sid): self._sid(name, kind) for sid, name, kind in db.manifest.states}
         temp = f"{self.path}.restore{uuid.uuid4().hex}"
         try:
             db.download(temp)
             other = _open_db(temp, DiskStateOptions(memory_mb=8))
             try:
                 read = _read_options()
-                read.set_iterate_upper_bound(_U16.pack(min(self.key_groups.stop,
+                read.set_iterate_upper_bound(group_bound(min(self.key_groups.stop,
                                                            db.manifest.key_groups.stop)))
                 start = max(self.key_groups.start, db.manifest.key_groups.start)
                 items = cast(Iterator[tuple[bytes, bytes]],
-                             other.items(from_key=_U16.pack(start), read_opt=read))
+                             other.items(from_key=group_bound(start), read_opt=read))
                 batch, size = rocksdict.WriteBatch(raw_mode=True), 0
                 for k, v in items:
                     batch.put(k[:2] + sids[k[2:4]] + k[4:], v)
@@ -1675,28 +1578,28 @@ class DiskKeyedStateBackend:
         else:
             directory, entries = _parse_body(kg, body)
             sids = {sid: self._sid(name, kind) for sid, (name, kind) in directory.items()}
-            kgb = _U16.pack(kg)
+            kgb = group_bound(kg)
             self._write([(kgb + sids[sid] + suffix, value) for sid, suffix, value in entries])
         self._restored.add(kg)
 
     def _restore_heap_section(self, kg: int, section: bytes) -> None:
         """A section the heap backend wrote (a job switching backends through a savepoint)."""
-        from raystream.checkpoint.state import HeapKeyedStateBackend, _Namespaced
+        from raystream.checkpoint.state import HeapKeyedStateBackend, Namespaced
 
         heap = HeapKeyedStateBackend(max_parallelism=self.max_parallelism,
                                      key_groups=range(kg, kg + 1))
         heap.restore([(kg, section)])
-        kgb = _U16.pack(kg)
+        kgb = group_bound(kg)
         pairs = []
         for name, table in heap._tables.items():
             sid = self._sid(name, table.kind)
             base = _ttl_base(table.kind)  # a state with a TTL: (value, timestamp)s
             for kk, value in table.kgs[0].m.items():
-                key, ns = (kk.key, kk.namespace) if type(kk) is _Namespaced else (kk, None)
+                key, ns = (kk.key, kk.namespace) if type(kk) is Namespaced else (kk, None)
                 kb = encode_key(key)
                 pairs.append((kgb + sid + _U32.pack(len(kb)) + kb
-                              + (b"" if ns is None else _pack(ns)),
-                              _pack(value) if base is None else _from_heap(base, value)))
+                              + (b"" if ns is None else pack_value(ns)),
+                              pack_value(value) if base is None else _from_heap(base, value)))
         self._write(pairs)
 
     def __repr__(self) -> str:
@@ -1721,11 +1624,11 @@ class DiskKeyedStateBackend:
         """Each key group's entries of raw state ``name`` of ``kind``, ``(group, [(key,
         value), ...])`` for the groups that hold any: a layout moving an older layout's
         entries into its own (read a group whole before writing into it)."""
-        sid = _U16.unpack(self.raw_state_id(name, kind))[0]
+        sid = KEY_GROUP.unpack(self.raw_state_id(name, kind))[0]
         for group in self.key_groups:
-            read_options = self.read_options(_PREFIX.pack(group, sid + 1))
+            read_options = self.read_options(state_prefix(group, sid + 1))
             entries = cast(list[tuple[bytes, bytes]], list(  # raw mode: bytes
-                self._db.items(from_key=_PREFIX.pack(group, sid), read_opt=read_options)))
+                self._db.items(from_key=state_prefix(group, sid), read_opt=read_options)))
             if entries:
                 yield group, entries
 
@@ -1745,4 +1648,4 @@ class DiskKeyedStateBackend:
     @staticmethod
     def decode_key(data: bytes) -> Any:
         """The key :func:`encode_key` encoded as ``data``."""
-        return _unpack(data)
+        return unpack_value(data)

@@ -3,7 +3,7 @@
 Flink's ``HeapKeyedStateBackend`` + ``CopyOnWriteStateMap``, in Python. A
 subtask owns a contiguous range of key groups; every state name has one plain
 ``dict`` per key group, mapping the entry key (the plain key in the None
-namespace, ``_Namespaced(key, namespace)`` otherwise) directly to the value
+namespace, ``Namespaced(key, namespace)`` otherwise) directly to the value
 (no per-entry wrapper objects: fewer allocations, less work for the cyclic GC,
 and a key group's section is pickled straight from its dicts, in C).
 Snapshots are taken per key group, so a job restores at another parallelism
@@ -162,7 +162,7 @@ _UNTRACKED: set = _Untracked()
 
 
 @dataclass(frozen=True, slots=True)
-class _Namespaced:
+class Namespaced:
     """Entry key of a value under a namespace other than None (a window, say).
 
     Entries of the None namespace -- all state outside windows -- are keyed by
@@ -176,11 +176,11 @@ class _Namespaced:
 
 
 def _entry_key(key: Any, namespace: Any) -> Any:
-    return key if namespace is None else _Namespaced(key, namespace)
+    return key if namespace is None else Namespaced(key, namespace)
 
 
 def _key_of(entry_key: Any) -> Any:
-    return entry_key.key if type(entry_key) is _Namespaced else entry_key
+    return entry_key.key if type(entry_key) is Namespaced else entry_key
 
 
 def _immutable(v: Any) -> bool:

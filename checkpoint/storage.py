@@ -337,7 +337,7 @@ class CheckpointStorage:
             # A nested name created directories below ``base``: make their entries durable.
             d = parent
             while d != base and d.startswith(base + "/"):
-                _fsync_dir(d)
+                fsync_dir(d)
                 d = posixpath.dirname(d)
         else:
             self.filesystem.create_dir(parent, recursive=True)
@@ -635,7 +635,7 @@ def publish_new_file(filesystem: pafs.FileSystem, is_local: bool, directory: str
         _remove_quietly(tmp)
         raise
     for d in (directory, *fsync_dirs):
-        _fsync_dir(d)
+        fsync_dir(d)
     return True
 
 
@@ -668,7 +668,7 @@ def _looks_truncated(raw: bytes) -> bool:
     return not text or not text.endswith(b"}")
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
     """Make a directory's entries (creations, renames) durable. POSIX only."""
     if os.name == "nt":  # Windows cannot open a directory for fsync
         return

@@ -46,7 +46,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence, cast
+from typing import Any, Callable, Iterator, Sequence
 
 PROG = "raystream"
 TERMINAL_SUBMISSION_STATUSES = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -268,16 +268,17 @@ class _Rewound:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from raystream.engine import registry
+    from raystream.engine.live_jobs import live_masters, status_of
 
     connect(args.address)
     jobs = registry.all_jobs()
-    live = _live_masters()
+    live = live_masters()
     if args.json:
-        return _print_json([{**job, "status": _status(job, live)} for job in jobs])
+        return _print_json([{**job, "status": status_of(job, live)} for job in jobs])
     if not jobs:
         print("no raystream jobs on this Ray cluster")
         return 0
-    rows = [[job["job_id"], job["name"], _status(job, live), str(job["attempt"]),
+    rows = [[job["job_id"], job["name"], status_of(job, live), str(job["attempt"]),
              str(sum(c["status"] == "COMPLETED" for c in job["checkpoints"])),
              _when(job["started_at"]), _duration(job)] for job in jobs]
     _table(["JOB ID", "NAME", "STATUS", "RESTARTS", "CHECKPOINTS", "STARTED", "DURATION"], rows)
@@ -286,16 +287,17 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from raystream.engine import registry
+    from raystream.engine.live_jobs import live_masters, metrics_of, status_of
 
     connect(args.address)
     job = registry.find_job(args.job)
-    live = _live_masters()
+    live = live_masters()
     if args.json:
-        return _print_json({**job, "status": _status(job, live), "metrics": _metrics_of(job, live)})
+        return _print_json({**job, "status": status_of(job, live), "metrics": metrics_of(job, live)})
     checkpoints = job["checkpoints"]
     completed = [c for c in checkpoints if c["status"] == "COMPLETED"]
     lines = [("job", f"{job['job_id']} ({job['name']})"),
-             ("status", _status(job, live)),
+             ("status", status_of(job, live)),
              ("restarts", str(job["attempt"])),
              ("started", f"{_when(job['started_at'])} ({_duration(job)})"),
              ("checkpoints", f"{len(completed)} completed of {len(checkpoints)}"
@@ -322,7 +324,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     print("plan")
     for line in job["plan"].splitlines():
         print(f"  {line}")
-    metrics = _metrics_of(job, live)
+    metrics = metrics_of(job, live)
     if metrics:
         print("metrics")
         _print_metrics(metrics, indent="  ")
@@ -357,10 +359,11 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
 def cmd_metrics(args: argparse.Namespace) -> int:
     from raystream.engine import registry
+    from raystream.engine.live_jobs import live_masters, metrics_of
 
     connect(args.address)
     job = registry.find_job(args.job)
-    metrics = _metrics_of(job, _live_masters())
+    metrics = metrics_of(job, live_masters())
     if args.json:
         return _print_json(metrics)
     if not metrics:
@@ -396,39 +399,6 @@ def _attach(args: argparse.Namespace) -> Any:
 
     connect(args.address)
     return JobClient.attach(args.job)
-
-
-def _live_masters() -> set[str]:
-    import ray
-
-    from raystream.engine.job_master import NAMESPACE
-
-    # with all_namespaces, ray returns a dict per actor (its annotation says list[str])
-    actors = cast(list[dict[str, str]], ray.util.list_named_actors(all_namespaces=True))
-    return {a["name"] for a in actors if a["namespace"] == NAMESPACE}
-
-
-def _status(job: dict, live: set[str]) -> str:
-    from raystream.engine.job_master import master_actor_name
-    from raystream.engine.registry import TERMINAL_STATUSES
-
-    if job["status"] in TERMINAL_STATUSES or master_actor_name(job["job_id"]) in live:
-        return job["status"]
-    return f"LOST (was {job['status']}; its driver exited)"
-
-
-def _metrics_of(job: dict, live: set[str]) -> dict[str, dict[str, float]]:
-    """Live metrics of a running job, the final ones of an ended job."""
-    from raystream.engine.client import JobClient
-    from raystream.engine.job_master import master_actor_name
-
-    if job["status"] not in ("FINISHED", "FAILED", "CANCELED") and \
-            master_actor_name(job["job_id"]) in live:
-        try:
-            return JobClient.attach(job["job_id"]).metrics()
-        except Exception:
-            pass  # it just ended: its summary has the final figures
-    return job.get("metrics") or {}
 
 
 METRIC_COLUMNS = [("records_in", "RECORDS IN", "{:,.0f}"), ("records_out", "RECORDS OUT", "{:,.0f}"),

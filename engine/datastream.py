@@ -397,7 +397,8 @@ class KeyedStream(DataStream):
                allowed_lateness_ms: int = 0, late_output: str | None = None,
                pre_aggregate: bool = True) -> "WindowedStream":
         """Cut each key's records into windows (``rs.TumblingEventTimeWindows``,
-        ``rs.SlidingEventTimeWindows``, ``rs.EventTimeSessionWindows``,
+        ``rs.SlidingEventTimeWindows``, ``rs.EventTimeSessionWindows``, with a gap per
+        record ``rs.EventTimeSessionWindows.with_dynamic_gap(...)``,
         ``rs.TumblingProcessingTimeWindows``); see :class:`WindowedStream`.
         Without ``timestamp=``, the stream's ``default_timestamp``: a window's results
         carry event time ``window_end - 1`` (``rs.WINDOW_TIME``), so windows chain.

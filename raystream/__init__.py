@@ -40,7 +40,8 @@ from raystream.engine.operators.two_phase import Committer, SinkContext, SinkWri
 from raystream.engine.operators.kafka_sink import KafkaSinkError
 from raystream.engine.sources.kafka import KafkaError, KafkaRecordError
 from raystream.engine.watermarks import BoundedOutOfOrderness
-from raystream.engine.windows.assigners import (EventTimeSessionWindows, SlidingEventTimeWindows,
+from raystream.engine.windows.assigners import (DynamicEventTimeSessionWindows,
+                                                EventTimeSessionWindows, SlidingEventTimeWindows,
                                                 TumblingEventTimeWindows,
                                                 TumblingProcessingTimeWindows)
 from raystream.engine.windows.functions import ProcessWindowFunction, Window
@@ -60,7 +61,7 @@ __all__ = [
     "OperatorCoordinator", "OperatorCoordinatorContext", "SourceOperator", "SubtaskEventGateway",
     "RuntimeContext", "SinkHandle", "StreamEnvironment", "key_group_of", "key_group_range",
     "sources", "spark", "subtask_for_key_group",
-    "EventTimeSessionWindows", "ProcessWindowFunction", "SlidingEventTimeWindows",
+    "DynamicEventTimeSessionWindows", "EventTimeSessionWindows", "ProcessWindowFunction", "SlidingEventTimeWindows",
     "TumblingEventTimeWindows", "TumblingProcessingTimeWindows", "Window", "WINDOW_TIME",
     "WindowedStream", "CountWindowedStream",
     "IntervalBounds", "IntervalJoin", "IntervalJoined", "JoinContext", "KeyedCoProcessFunction",

@@ -98,7 +98,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from raystream.checkpoint.storage import (CheckpointStorage, _fsync_dir, checksummed_json,
+from raystream.checkpoint.storage import (CheckpointStorage, fsync_dir, checksummed_json,
                                           publish_new_file, verify_checksummed_json)
 from raystream.core.errors import RaystreamError
 
@@ -202,7 +202,7 @@ def truncate_entries(path: str | Location, incarnation: str, above: int) -> list
         except FileNotFoundError:
             pass
     if ids and loc.is_local:
-        _fsync_dir(loc.log_dir)
+        fsync_dir(loc.log_dir)
     return ids
 
 

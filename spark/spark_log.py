@@ -84,7 +84,7 @@ from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
 
-from raystream.checkpoint.storage import _fsync_dir, publish_new_file
+from raystream.checkpoint.storage import fsync_dir, publish_new_file
 from raystream.spark.commit_log import Location, LogEntry
 
 __all__ = ["SPARK_LOG_DIR", "SparkSinkLog", "DEFAULT_COMPACT_INTERVAL"]
@@ -157,7 +157,7 @@ class SparkSinkLog:
             created = not os.path.isdir(self.directory)
             os.makedirs(self.directory, exist_ok=True)
             if created:
-                _fsync_dir(self.loc.root)
+                fsync_dir(self.loc.root)
         else:
             self.loc.filesystem.create_dir(self.directory, recursive=True)
 
@@ -302,5 +302,5 @@ class SparkSinkLog:
                 pass
             del batches[batch_id]
         if self.loc.is_local:
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
         return sorted(dropped)

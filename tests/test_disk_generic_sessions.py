@@ -25,7 +25,8 @@ import pytest
 
 import raystream as rs
 from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
-from raystream.checkpoint.disk_state import DiskKeyedStateBackend, _pack, _unpack
+from raystream.checkpoint.disk_layout import pack_value, unpack_value
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.checkpoint.envelope import is_keyed_state
 from raystream.checkpoint.sections import decode_parts
 from raystream.checkpoint.state_backend import StateBackend
@@ -63,7 +64,7 @@ def stored(op: WindowOperator) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
 
 def stored_sessions(op: WindowOperator) -> dict:
     """Key -> (start, end) of its open sessions in RocksDB."""
-    return {DiskKeyedStateBackend.decode_key(k[8:]): [(s, e) for s, e, _, _ in _unpack(v)[1]]
+    return {DiskKeyedStateBackend.decode_key(k[8:]): [(s, e) for s, e, _, _ in unpack_value(v)[1]]
             for k, v in stored(op)[0].items()}
 
 
@@ -412,7 +413,7 @@ def test_an_older_checkpoint_of_single_entry_keys_restores_as_headers_and_chunks
         keys = backend.entry_keys(sid, [timers.key(k) for k in kids],
                                   timers.key_groups_of(np.array(kids)))
         for kid, key in zip(kids, keys):  # the older code's _store
-            backend.raw_db[key] = _pack([[start, *heap.entries[(kid, start)]]
+            backend.raw_db[key] = pack_value([[start, *heap.entries[(kid, start)]]
                                          for start in sorted(heap.sessions[kid])])
         n_sessions = len(heap.entries)
         heap.entries.clear()

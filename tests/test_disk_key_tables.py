@@ -26,7 +26,7 @@ from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
 from raystream.engine.operators.interval_join import (IntervalBounds, IntervalJoinOperator,
                                                       IntervalJoinSpec)
-from raystream.engine.operators.keyed import ReduceOperator, _KeyedOperator
+from raystream.engine.operators.keyed import ReduceOperator, KeyedOperator
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.count import CountWindowOperator
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator, WindowJoinSpec
@@ -47,7 +47,7 @@ PARALLELISM_AFTER = 2  # the subtasks restored from the snapshot taken half-way
 # a batch's keys, or a firing's (the keys of what one step of the watermark closes)
 BOUND = LIMIT + 2 * BATCH
 
-Make = Callable[[StateBackend, int, int], _KeyedOperator]
+Make = Callable[[StateBackend, int, int], KeyedOperator]
 
 
 def make_events(seed: int, n: int, *, sides: int) -> pd.DataFrame:
@@ -63,8 +63,8 @@ def make_events(seed: int, n: int, *, sides: int) -> pd.DataFrame:
                          "x": rng.integers(-50, 50, n).astype(np.float64)})
 
 
-def setup(op: _KeyedOperator, index: int, parallelism: int, backend: StateBackend
-          ) -> _KeyedOperator:
+def setup(op: KeyedOperator, index: int, parallelism: int, backend: StateBackend
+          ) -> KeyedOperator:
     op.setup(RuntimeContext("job", op.name, index, parallelism, MAXP, 0,
                             state_backend=backend), CollectingOutput())
     return op
@@ -82,7 +82,7 @@ class Run:
         self.sizes: list[int] = []
         self.emptied = 0  # key tables emptied (all subtasks)
         self.batches: list[pa.RecordBatch] = []
-        self.ops: list[tuple[_KeyedOperator, range]] = []
+        self.ops: list[tuple[KeyedOperator, range]] = []
 
     def start(self, parallelism: int, sections: dict[int, bytes] | None = None) -> None:
         floors = (None if sections is None
@@ -98,7 +98,7 @@ class Run:
                 op.disk_timers.key_table_limit = LIMIT
             self.ops.append((op, groups))
 
-    def _measure(self, op: _KeyedOperator) -> None:
+    def _measure(self, op: KeyedOperator) -> None:
         if self.backend is StateBackend.DISK:
             self.sizes.append(op.disk_timers.num_keys)
 
@@ -185,7 +185,7 @@ def sessions_oracle(frame: pd.DataFrame, arrival: list[int], kind: str) -> pd.Da
 
 @pytest.mark.parametrize("kind", ["aggregate", "process"])
 def test_sessions_of_user_functions(kind):
-    def make(backend: StateBackend, index: int, parallelism: int) -> _KeyedOperator:
+    def make(backend: StateBackend, index: int, parallelism: int) -> KeyedOperator:
         return setup(WindowOperator("w", KeySelector.of("k"), rs.EventTimeSessionWindows(GAP),
                                     function=function_of(kind), timestamp="ts",
                                     late_output="late"), index, parallelism, backend)
@@ -215,7 +215,7 @@ def count_oracle(frame: pd.DataFrame, size: int, slide: int) -> list[tuple]:
 def test_count_windows(size, slide):
     """Count windows on disk name keys by their encoded bytes only: the key table
     stays empty."""
-    def make(backend: StateBackend, index: int, parallelism: int) -> _KeyedOperator:
+    def make(backend: StateBackend, index: int, parallelism: int) -> KeyedOperator:
         return setup(CountWindowOperator(
             "c", KeySelector.of("k"), size=size, slide=slide,
             spec=AggregateSpec.of({"n": ("count", None), "total": ("sum", "x")})),
@@ -250,7 +250,7 @@ def window_results(run: Run, kind: WindowJoinKind) -> list:
 def test_window_joins(assigner, kind):
     fn = co_groups if kind is WindowJoinKind.CO_GROUP else None
 
-    def make(backend: StateBackend, index: int, parallelism: int) -> _KeyedOperator:
+    def make(backend: StateBackend, index: int, parallelism: int) -> KeyedOperator:
         spec = WindowJoinSpec(kind, assigner, (KeySelector.of("k"), KeySelector.of("k")),
                               ("ts", "ts"))
         return setup(WindowJoinOperator("wjoin", spec, fn), index, parallelism, backend)
@@ -276,7 +276,7 @@ def test_window_joins(assigner, kind):
 def test_interval_join():
     bounds = IntervalBounds(-30, 20)
 
-    def make(backend: StateBackend, index: int, parallelism: int) -> _KeyedOperator:
+    def make(backend: StateBackend, index: int, parallelism: int) -> KeyedOperator:
         spec = IntervalJoinSpec(bounds, (KeySelector.of("k"), KeySelector.of("k")),
                                 ("ts", "ts"))
         return setup(IntervalJoinOperator("join", spec), index, parallelism, backend)
@@ -301,7 +301,7 @@ def test_interval_join():
 def test_reduce():
     """A keyed reduce on disk names keys by their encoded bytes only: the key table stays
     empty."""
-    def make(backend: StateBackend, index: int, parallelism: int) -> _KeyedOperator:
+    def make(backend: StateBackend, index: int, parallelism: int) -> KeyedOperator:
         return setup(ReduceOperator("r", lambda acc, row: {**row, "x": acc["x"] + row["x"]},
                                     KeySelector.of("k")), index, parallelism, backend)
 

@@ -327,9 +327,9 @@ def test_vectorized_reduce_equals_the_per_row_heap_reduce():
 
 
 def test_a_window_on_the_disk_backend_fails_naming_the_operator():
-    from raystream.engine.operators.keyed import _KeyedOperator
+    from raystream.engine.operators.keyed import KeyedOperator
 
-    class Windowish(_KeyedOperator):
+    class Windowish(KeyedOperator):
         pass
 
     op = Windowish("my-window", KeySelector.of("k"))

@@ -26,7 +26,7 @@ from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.checkpoint.keygroups import key_group_of
 from raystream.checkpoint.state_backend import StateBackend
 from raystream.engine.keys import KeySelector
-from raystream.engine.operators.keyed import KeyedProcessOperator, _KeyedOperator
+from raystream.engine.operators.keyed import KeyedProcessOperator, KeyedOperator
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.functions import BuiltinAggregates, UserAggregate
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator, WindowJoinSpec
@@ -160,7 +160,7 @@ class Watch:
         timers.fire_processing_time = fire_processing_time
 
 
-def started(op: _KeyedOperator, backend: StateBackend) -> tuple[_KeyedOperator, Watch]:
+def started(op: KeyedOperator, backend: StateBackend) -> tuple[KeyedOperator, Watch]:
     op.setup(RuntimeContext("job", op.name, 0, 1, MAXP, 0, state_backend=backend),
              CollectingOutput())
     op.initialize_state(None)
@@ -173,7 +173,7 @@ def started(op: _KeyedOperator, backend: StateBackend) -> tuple[_KeyedOperator, 
     return op, watch
 
 
-def output_of(op: _KeyedOperator) -> list[dict]:
+def output_of(op: KeyedOperator) -> list[dict]:
     output = op.output
     assert isinstance(output, CollectingOutput)
     return [r for b in output.batches for r in b.to_pylist()]
@@ -202,7 +202,7 @@ W1 = 999  # the watermark step that ends the first tumbling window of every key
 BATCH = 100
 
 
-def run(op: _KeyedOperator, watch: Watch, frame: pd.DataFrame, columns: list[str], *,
+def run(op: KeyedOperator, watch: Watch, frame: pd.DataFrame, columns: list[str], *,
         sides: int = 1, clock: bool = False) -> list[dict]:
     """Every row first (no watermark yet), then the watermark W1 (and the clock to W1),
     then the end of time: the output rows with the step (1, 2) that produced them."""

@@ -336,7 +336,7 @@ def test_buffer_matching_equals_brute_force_on_both_index_paths():
     """The (key, ts)-sorted range search and the wide-buffer fallback (key runs, then a
     time filter) give exactly the pairs a double loop finds, and so does a buffer of
     many segments (appended in pieces, some merged, some cut by a time limit)."""
-    from raystream.engine.operators.interval_join import _Buffer, _match_by_key_runs, _Rows, _SortedRows
+    from raystream.engine.operators.interval_join import _Buffer, _match_by_key_runs, _Rows, SortedRows
 
     rng = np.random.default_rng(1)
     for trial in range(200):
@@ -349,9 +349,9 @@ def test_buffer_matching_equals_brute_force_on_both_index_paths():
         brute = {(i, j) for i in range(n) for j in range(m)
                  if kid_p[i] == kid_b[j] and ts_p[i] + lo <= ts_b[j] <= ts_p[i] + hi}
         rows = _Rows(pa.table({"x": np.arange(m)}), ts_b, kid_b)
-        probe, buffered = _SortedRows.of(rows).matches(kid_p, ts_p, (lo, hi))
+        probe, buffered = SortedRows.of(rows).matches(kid_p, ts_p, (lo, hi))
         assert sorted(zip(probe.tolist(), buffered.tolist())) == sorted(brute), trial
-        probe, buffered = _match_by_key_runs(_SortedRows.of(rows), kid_p, ts_p, (lo, hi))
+        probe, buffered = _match_by_key_runs(SortedRows.of(rows), kid_p, ts_p, (lo, hi))
         assert sorted(zip(probe.tolist(), buffered.tolist())) == sorted(brute), trial
         buffer = _Buffer(segment_rows=int(rng.integers(1, 20)))
         cuts = np.unique(rng.integers(0, m + 1, 6))

@@ -24,13 +24,10 @@ from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.checkpoint.state_backend import StateBackend
 from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.engine.keys import KeySelector
-from raystream.engine.windows.aggregates import AggregateSpec
-from raystream.engine.windows.functions import (BuiltinAggregates, ProcessWindow, UserAggregate,
-                                                WindowFunction)
 from raystream.engine.windows.join import WindowJoinKind
 from raystream.engine.windows.operator import WindowOperator
-from tests.chaos.model import CountAndSum, session_run, watermarks_before
-from tests.chaos.runner import CountAndSumRows
+from tests.chaos.model import session_run, watermarks_before
+from tests.chaos.runner import count_and_sum_function
 from tests.support.functions import co_groups
 from tests.support.jobs import disk_env, savepoint_chain
 from tests.support.operators import MAXP, window_join_operator, window_rows
@@ -44,12 +41,7 @@ BACKENDS = [StateBackend.HEAP, StateBackend.DISK]
 KINDS = ["columnar", "aggregate", "process"]
 
 
-def function_of(kind: str) -> WindowFunction:
-    if kind == "columnar":
-        return BuiltinAggregates(AggregateSpec.of({"n": ("count", None), "total": ("sum", "x")}))
-    if kind == "aggregate":
-        return UserAggregate(CountAndSum(), "result")  # pyright: ignore[reportArgumentType]
-    return ProcessWindow(CountAndSumRows())
+function_of = count_and_sum_function
 
 
 def operator(backend: StateBackend, kind: str, *, lateness: int = 0) -> WindowOperator:

@@ -53,3 +53,17 @@ def test_imports_point_down_the_layers():
     assert not new, ("imports that point up the layers of docs/architecture.md (move the "
                      "shared thing down instead):\n" + "\n".join(map(str, new)))
     assert not gone, "no longer imported: take these off KNOWN_UPWARD\n" + "\n".join(map(str, gone))
+
+
+def test_no_module_imports_another_ones_private_names():
+    """A name with a leading underscore belongs to its module: a module that needs
+    another's makes it public (or the two share it from a module below both)."""
+    found = []
+    for package in LAYERS:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("raystream"):
+                    found += [f"{path.relative_to(ROOT)}: {node.module}.{alias.name}"
+                              for alias in node.names
+                              if alias.name.startswith("_") and not alias.name.startswith("__")]
+    assert not found, "private names imported across modules:\n" + "\n".join(found)

@@ -62,7 +62,7 @@ the key table is a cache: it holds the keys (and their encoded bytes, see
 which the operator calls between batches and firings, and which empties the
 table once it holds more than ``key_table_limit`` keys. So an operator calls
 it only if nothing it keeps across batches holds a key id (see
-``_KeyedOperator.release_key_ids``: keyed process functions; windows, which
+``KeyedOperator.release_key_ids``: keyed process functions; windows, which
 reset their output key columns with the table and whose panes tell their
 entries by :attr:`DiskTimerService.generation`; window joins and interval
 joins, whose rows are stored under encoded keys). The timers themselves name
@@ -94,7 +94,6 @@ from __future__ import annotations
 
 import itertools
 import operator
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -102,6 +101,9 @@ from typing import Any, Callable, Iterable, Iterator, cast
 
 import numpy as np
 
+from raystream.checkpoint.disk_layout import (MAX_ORDERED, SIGN, STATE_ID, group_bound,
+                                             ordered_array, ordered_key, ordered_value,
+                                             state_id_of, state_prefix, unordered_array)
 from raystream.checkpoint.disk_state import (TIMERS_KIND, DiskKeyedStateBackend, encode_key,
                                              section_timer_entries)
 from raystream.timers.key_table import KeyTable
@@ -113,7 +115,6 @@ __all__ = ["DiskTimerService", "FIRING_LIMIT", "KEY_TABLE_LIMIT", "TimerDomain",
 KEY_TABLE_LIMIT = 1 << 16  # keys the key-id table holds before release_keys empties it
 FIRING_LIMIT = KEY_TABLE_LIMIT  # timers one pop returns at most
 _CAP_FLOOR = 64  # entries a pop may read from each due key group, at least
-_SIGN = 1 << 63
 _NONE = np.iinfo(np.int64).max  # no timer in the key group
 # an entry's head: key group, state id, timestamp + 2**63, namespace + 2**63 (the key follows)
 _HEAD_DTYPE = np.dtype([("kg", ">u2"), ("sid", ">u2"), ("ts", ">u8"), ("ns", ">u8")])
@@ -125,15 +126,6 @@ class TimerDomain(Enum):
 
     EVENT_TIME = "__timers_event_time"
     PROCESSING_TIME = "__timers_processing_time"
-
-
-def _flip(values: np.ndarray) -> np.ndarray:
-    """int64 -> uint64 offset by 2**63 (byte order of the big-endian form = numeric order)."""
-    return np.ascontiguousarray(values, dtype=np.int64).view(np.uint64) ^ np.uint64(_SIGN)
-
-
-def _unflip(values: np.ndarray) -> np.ndarray:
-    return (values.astype(np.uint64) ^ np.uint64(_SIGN)).view(np.int64)
 
 
 @dataclass
@@ -161,7 +153,7 @@ class DiskTimerService(KeyTable):
         self.firing_limit = firing_limit  # timers one pop returns at most
         n = len(self.key_groups)
         self._domains = {
-            d: _Domain(struct.unpack(">H", backend.raw_state_id(d.value, TIMERS_KIND))[0],
+            d: _Domain(state_id_of(backend.raw_state_id(d.value, TIMERS_KIND)),
                        np.full(n, _NONE, np.int64), np.ones(n, bool))
             for d in TimerDomain}
         self._generation = 0
@@ -170,7 +162,7 @@ class DiskTimerService(KeyTable):
     @property
     def state_ids(self) -> frozenset[bytes]:
         """The backend state ids (two bytes after the key group) of the timer entries."""
-        return frozenset(struct.pack(">H", d.sid) for d in self._domains.values())
+        return frozenset(STATE_ID.pack(d.sid) for d in self._domains.values())
 
     # -- key table (a cache: ids valid until release_keys) ---------------------------
     def _clear_keys(self) -> None:
@@ -233,8 +225,8 @@ class DiskTimerService(KeyTable):
         head = np.empty(n, _HEAD_DTYPE)
         head["kg"] = groups
         head["sid"] = self._domains[domain].sid
-        head["ts"] = _flip(ts)
-        head["ns"] = _flip(np.broadcast_to(np.asarray(namespaces, np.int64), (n,)))
+        head["ts"] = ordered_array(ts)
+        head["ns"] = ordered_array(np.broadcast_to(np.asarray(namespaces, np.int64), (n,)))
         data, width = head.tobytes(), _HEAD_DTYPE.itemsize
         keys = [data[at:at + width] + code
                 for at, code in zip(range(0, n * width, width), self.codes(kids))]
@@ -268,8 +260,8 @@ class DiskTimerService(KeyTable):
 
     def _bounds(self, domain: TimerDomain, group: int, timestamp: int | None = None) -> bytes:
         """The first possible entry of ``group`` in ``domain`` at ``timestamp`` (or at all)."""
-        ts = 0 if timestamp is None else (timestamp + _SIGN) & (2 * _SIGN - 1)
-        return struct.pack(">HHQ", group, self._domains[domain].sid, ts)
+        return ordered_key(group, self._domains[domain].sid,
+                           -SIGN if timestamp is None else timestamp)
 
     @staticmethod
     def _first_at(start: bytes, it: Any) -> int:
@@ -281,10 +273,10 @@ class DiskTimerService(KeyTable):
         key = it.key()
         if key[:4] != start[:4]:
             return _NONE
-        return struct.unpack_from(">Q", key, 4)[0] - _SIGN
+        return ordered_value(key)
 
     def _iterator(self) -> tuple[Any, Any]:
-        read = self._backend.read_options(struct.pack(">H", self.key_groups.stop))
+        read = self._backend.read_options(group_bound(self.key_groups.stop))
         return self._backend.raw_db.iter(read), read  # keep read referenced with it
 
     def rebuild(self) -> None:
@@ -324,7 +316,7 @@ class DiskTimerService(KeyTable):
         import rocksdict
 
         db, backend, limit = self._backend.raw_db, self._backend, self.firing_limit
-        stop = None if until >= _SIGN - 1 else until + 1
+        stop = None if until >= MAX_ORDERED else until + 1
         # per key group: a share of the limit (a floor so that a chunk fills when the due
         # timers are in few of the due groups); a group read up to its cap may hold more
         cap = max(min(_CAP_FLOOR, limit), limit // len(due) + 1)
@@ -335,7 +327,7 @@ class DiskTimerService(KeyTable):
             # from the lower bound: past the tombstones of the timers fired before
             lo = self._bounds(domain, group, int(d.earliest[i]))
             hi = (self._bounds(domain, group, stop) if stop is not None
-                  else struct.pack(">HH", group, d.sid + 1))
+                  else state_prefix(group, d.sid + 1))
             read = backend.read_options(hi)
             keys = cast(Iterator[bytes], db.keys(from_key=lo, read_opt=read))
             before = len(found)
@@ -347,7 +339,7 @@ class DiskTimerService(KeyTable):
             return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
         width = _HEAD_DTYPE.itemsize
         head = np.frombuffer(b"".join([k[:width] for k in found]), _HEAD_DTYPE)
-        ts = _unflip(head["ts"])
+        ts = unordered_array(head["ts"])
         local = head["kg"].astype(np.int64) - self.key_groups.start
         ends = np.cumsum(counts)
         cut = counts == cap  # read up to the cap: more may be due in these groups
@@ -377,7 +369,7 @@ class DiskTimerService(KeyTable):
         d.earliest[due[bounded]] = ts[ends[bounded] - 1]
         d.exact[due[bounded]] = False
         self._rescan(domain, due[emptied & ~cut], stop)
-        ts, ns = ts[chosen], _unflip(head["ns"][chosen])
+        ts, ns = ts[chosen], unordered_array(head["ns"][chosen])
         kids = self.key_ids_of_codes([k[width:] for k in chosen_keys],
                                      head["kg"][chosen].astype(np.int64))
         order = np.lexsort((ns, kids, ts))  # the heap service's order
@@ -401,8 +393,8 @@ class DiskTimerService(KeyTable):
         """How many timers ``domain`` holds: a scan (for tests and metrics, not hot paths)."""
         db, backend, sid, n = self._backend.raw_db, self._backend, self._domains[domain].sid, 0
         for group in self.key_groups:
-            read = backend.read_options(struct.pack(">HH", group, sid + 1))
-            n += sum(1 for _ in db.keys(from_key=struct.pack(">HH", group, sid), read_opt=read))
+            read = backend.read_options(state_prefix(group, sid + 1))
+            n += sum(1 for _ in db.keys(from_key=state_prefix(group, sid), read_opt=read))
         return n
 
     # -- event time ----------------------------------------------------------------
@@ -506,6 +498,6 @@ def restore_heap_timers(timers: TimerService, sections: Iterable[tuple[int, byte
             head = np.frombuffer(b"".join([b"\0\0\0\0" + e[:width - 4] for e in entries]),
                                  _HEAD_DTYPE)
             keys = [DiskKeyedStateBackend.decode_key(e[width - 4:]) for e in entries]
-            parts.append((_unflip(head["ts"]), keys, _unflip(head["ns"])))
+            parts.append((unordered_array(head["ts"]), keys, unordered_array(head["ns"])))
         if any(len(p[1]) for p in parts):
             timers.restore_keyed_timers(kg, parts[0], parts[1])

@@ -44,7 +44,7 @@ from raystream.actors.messages import MIN_WATERMARK
 from raystream.engine.batches import capture_row, rows_to_batch
 from raystream.engine.keys import KeySelector
 from raystream.actors.operator import Operator, OperatorSnapshot, RestoredState
-from raystream.engine.operators.functions import _call, _close_function, emit_rows
+from raystream.engine.operators.functions import call_user, close_function, emit_rows
 from raystream.engine.operators.keyed import KeyedContext, KeyedProcessOperator
 
 __all__ = ["BroadcastContext", "BroadcastProcessFunction", "BroadcastState",
@@ -274,7 +274,7 @@ def _rows(process: Callable, rows: list[dict], ctx: Any) -> list[Any]:
     """What ``process(row, ctx)`` returns or yields, over ``rows``."""
     out: list[Any] = []
     for row in rows:
-        produced = _call(process, row, ctx)
+        produced = call_user(process, row, ctx)
         if produced is not None:
             out.extend(map(capture_row, produced))
     return out
@@ -301,7 +301,7 @@ class BroadcastProcessOperator(Operator):
         self.fn.open(self.read_ctx)
 
     def close(self) -> None:
-        _close_function(self.fn)
+        close_function(self.fn)
 
     def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
         if input_index == 0:

@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from raystream.engine.batches import capture_row
 from raystream.engine.keys import KeySelector
-from raystream.engine.operators.functions import _call
+from raystream.engine.operators.functions import call_user
 from raystream.engine.operators.keyed import KeyedContext, KeyedProcessOperator
 
 
@@ -95,7 +95,7 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
         ctx, out = self.keyed_ctx, []
         ctx.time_domain = None
         for _key, row in self.keyed_rows(batch, self.input_keys[input_index]):
-            produced = _call(process, row, ctx)
+            produced = call_user(process, row, ctx)
             if produced is not None:
                 out.extend(map(capture_row, produced))
         self._emit(out)

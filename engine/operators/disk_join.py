@@ -53,12 +53,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import struct
 from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
 
+from raystream.checkpoint.disk_layout import (ORDERED, SEQUENCE, SIGN, STATE_ID, group_bound,
+                                             state_id_of, state_prefix)
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.engine.operators.keyed_rows import JoinSide, KeyedRows, concat_tables
 from raystream.timers.disk_service import DiskTimerService
@@ -70,10 +71,6 @@ WINDOW_KIND = "window-join-rows"
 SCHEMAS, SCHEMA_KIND = "__join_row_formats", "join-row-formats"
 _FP = 8  # bytes of a format's fingerprint
 MIN_BUCKET_MS = 1000
-_HEAD = struct.Struct(">HHQ")  # key group, state id, bucket + 2**63
-_SEQ = struct.Struct(">Q")
-_SID = struct.Struct(">HH")
-_SIGN = 1 << 63
 _I64 = np.iinfo(np.int64)
 _EMPTY_LOW, _EMPTY_HIGH = int(_I64.max), int(_I64.min)
 
@@ -154,14 +151,14 @@ class RowFormats:
         new = np.unique(groups[~written[groups]])
         first = self._backend.key_groups.start
         for at in new.tolist():
-            writes.put(struct.pack(">H", first + at) + self._sid + fp, data)
+            writes.put(group_bound(first + at) + self._sid + fp, data)
         written[new] = True
         return fp, self._formats[fp]
 
     def get(self, fp: bytes, group: int) -> RowFormat:
         found = self._formats.get(fp)
         if found is None:  # restored: written by another instance
-            raw = self._backend.raw_db.get(struct.pack(">H", group) + self._sid + fp)
+            raw = self._backend.raw_db.get(group_bound(group) + self._sid + fp)
             if raw is None:
                 raise RuntimeError(f"join rows of key group {group} without their format "
                                    f"{fp.hex()}")
@@ -180,7 +177,7 @@ class _DiskRows:
         self._timers = timers
         self._tag = int.from_bytes(os.urandom(4), "big") << 32  # this instance's seqs
         self._seq = 0
-        self._sids = tuple(struct.unpack(">H", backend.raw_state_id(name, kind))[0]
+        self._sids = tuple(state_id_of(backend.raw_state_id(name, kind))
                            for name in names)
         self._formats = RowFormats(backend)
         self._first = backend.key_groups.start
@@ -189,7 +186,7 @@ class _DiskRows:
         """An iterator bounded to the backend's key groups, and its read options (keep
         them referenced while it is used)."""
         backend = self._backend
-        read_options = backend.read_options(struct.pack(">H", backend.key_groups.stop))
+        read_options = backend.read_options(group_bound(backend.key_groups.stop))
         return backend.raw_db.iter(read_options), read_options
 
     # -- write and read -------------------------------------------------------------------
@@ -206,11 +203,11 @@ class _DiskRows:
         starts = np.concatenate([[0], new])
         ends = np.append(starts[1:], len(order))
         table = rows.table.take(pa.array(order, pa.int64())).combine_chunks().to_batches()[0]
-        seq = _SEQ.pack(self._tag | self._seq)
+        seq = SEQUENCE.pack(self._tag | self._seq)
         self._seq = (self._seq + 1) & 0xFFFFFFFF
         if not self._seq:  # 2**32 batches: a fresh tag keeps seqs unique
             self._tag = int.from_bytes(os.urandom(4), "big") << 32
-        sid, pack = self._sids[side], _HEAD.pack
+        sid, pack = self._sids[side], ORDERED.pack
         writes = rocksdict.WriteBatch(raw_mode=True)
         at = group[starts] - self._first
         fp, fmt = self._formats.of(table, at, writes)
@@ -218,7 +215,7 @@ class _DiskRows:
         for g, b, code, payload in zip(group[starts].tolist(), bucket[starts].tolist(),
                                        self._timers.codes(kid[starts]),
                                        fmt.payloads(table, starts.tolist(), ends.tolist())):
-            put(pack(g, sid, b + _SIGN) + code + seq, fp + payload)
+            put(pack(g, sid, b + SIGN) + code + seq, fp + payload)
         self._backend.raw_db.write(writes)
         return at, bucket[starts]
 
@@ -237,10 +234,10 @@ class _DiskRows:
     def stored_entries(self) -> int:
         """How many entries both sides hold (tests; a full scan)."""
         backend = self._backend
-        read_options = backend.read_options(struct.pack(">H", backend.key_groups.stop))
-        sids = {struct.pack(">H", s) for s in self._sids}
-        return sum(1 for k in backend.raw_db.keys(from_key=struct.pack(
-            ">H", backend.key_groups.start), read_opt=read_options) if k[2:4] in sids)
+        read_options = backend.read_options(group_bound(backend.key_groups.stop))
+        sids = {STATE_ID.pack(s) for s in self._sids}
+        return sum(1 for k in backend.raw_db.keys(from_key=group_bound(
+            backend.key_groups.start), read_opt=read_options) if k[2:4] in sids)
 
 
 class DiskJoinRows(_DiskRows):
@@ -273,14 +270,14 @@ class DiskJoinRows(_DiskRows):
         for side in JoinSide:
             sid = self._sids[side]
             for group in self._backend.key_groups:
-                head = _SID.pack(group, sid)
+                head = state_prefix(group, sid)
                 it.seek(head)
                 if not it.valid() or it.key()[:4] != head:
                     continue
                 at = group - self._first
-                self._low[side][at] = _HEAD.unpack_from(it.key())[2] - _SIGN
-                it.seek_for_prev(_SID.pack(group, sid + 1))
-                self._high[side][at] = _HEAD.unpack_from(it.key())[2] - _SIGN
+                self._low[side][at] = ORDERED.unpack_from(it.key())[2] - SIGN
+                it.seek_for_prev(state_prefix(group, sid + 1))
+                self._high[side][at] = ORDERED.unpack_from(it.key())[2] - SIGN
         del it
 
     def append(self, side: JoinSide, rows: KeyedRows) -> None:
@@ -294,7 +291,7 @@ class DiskJoinRows(_DiskRows):
         """Like the heap buffer's ``matches``: pairs of a probe row and a stored row of
         ``side`` with equal key ids and ``ts + offsets[0] <= stored ts <= ts + offsets[1]``:
         the probe rows' positions and the stored rows they pair with (None: no pair)."""
-        from raystream.engine.operators.interval_join import _SortedRows
+        from raystream.engine.operators.interval_join import SortedRows
 
         empty = np.empty(0, np.int64), None
         order = np.argsort(kid, kind="stable")
@@ -327,7 +324,7 @@ class DiskJoinRows(_DiskRows):
             return empty
         table, stored_kids = self._tables(found)
         stored = KeyedRows(table, self._timestamps(side, table), stored_kids)
-        probe, taken = _SortedRows.of(stored).matches(kid, ts, offsets)
+        probe, taken = SortedRows.of(stored).matches(kid, ts, offsets)
         if not len(probe):
             return empty
         return probe, stored.take(taken)
@@ -338,11 +335,11 @@ class DiskJoinRows(_DiskRows):
         """Read the entries of (key group, bucket, key) triples, sorted as stored: a
         merge of each (key group, bucket)'s asked keys with its entries, stepping over
         an unasked key's entries with ``next`` and seeking past longer runs of them."""
-        sid, pack, size, seq_size = self._sids[side], _HEAD.pack, _HEAD.size, _SEQ.size
+        sid, pack, size, seq_size = self._sids[side], ORDERED.pack, ORDERED.size, SEQUENCE.size
         head, skipped = b"", 0
         for g, b, k in zip(kgs.tolist(), buckets.tolist(), keys.tolist()):
             want = codes[k]
-            new_head = pack(g, sid, b + _SIGN)
+            new_head = pack(g, sid, b + SIGN)
             if new_head != head:  # a new (key group, bucket): seek
                 head = new_head
                 it.seek(head + want)
@@ -378,11 +375,11 @@ class DiskJoinRows(_DiskRows):
         expired = np.flatnonzero(low < limit)
         if not len(expired):
             return
-        db, sid, pack = self._backend.raw_db, self._sids[side], _HEAD.pack
+        db, sid, pack = self._backend.raw_db, self._sids[side], ORDERED.pack
         for at, lo, hi in zip(expired.tolist(), low[expired].tolist(), high[expired].tolist()):
             end = min(limit, hi + 1)
-            db.delete_range(pack(at + self._first, sid, lo + _SIGN),
-                            pack(at + self._first, sid, end + _SIGN))
+            db.delete_range(pack(at + self._first, sid, lo + SIGN),
+                            pack(at + self._first, sid, end + SIGN))
         gone = expired[high[expired] < limit]
         low[expired] = limit
         low[gone], high[gone] = _EMPTY_LOW, _EMPTY_HIGH
@@ -412,17 +409,17 @@ class DiskWindowRows(_DiskRows):
         for side in JoinSide:
             sid = self._sids[side]
             for group in self._backend.key_groups:
-                head = _SID.pack(group, sid)
+                head = state_prefix(group, sid)
                 it.seek(head)
                 while it.valid():
                     key = it.key()
                     if key[:4] != head:
                         break
-                    bucket = _HEAD.unpack_from(key)[2]
-                    self._held(bucket - _SIGN)[group - self._first] = True
-                    if bucket == 2 * _SIGN - 1:
+                    bucket = ORDERED.unpack_from(key)[2]
+                    self._held(bucket - SIGN)[group - self._first] = True
+                    if bucket == 2 * SIGN - 1:  # the largest int64
                         break
-                    it.seek(_HEAD.pack(group, sid, bucket + 1))
+                    it.seek(ORDERED.pack(group, sid, bucket + 1))
         del it
 
     def append(self, side: JoinSide, rows: KeyedRows) -> None:
@@ -435,9 +432,9 @@ class DiskWindowRows(_DiskRows):
         """Read and delete the rows of windows ``starts``, per side (``ts``: the window
         start): one range scan and one range deletion per key group, window and side."""
         taken: list[KeyedRows | None] = []
-        size = _HEAD.size
+        size = ORDERED.size
         for side in JoinSide:
-            sid, pack = self._sids[side], _HEAD.pack
+            sid, pack = self._sids[side], ORDERED.pack
             found: dict[bytes, tuple[list[bytes], list[int], int]] = {}
             codes: list[bytes] = []
             groups: list[int] = []
@@ -446,7 +443,7 @@ class DiskWindowRows(_DiskRows):
             for start in starts:
                 for at in np.flatnonzero(self.windows.get(start, ())).tolist():
                     group = at + self._first
-                    head = pack(group, sid, start + _SIGN)
+                    head = pack(group, sid, start + SIGN)
                     it.seek(head)
                     while it.valid():
                         key = it.key()
@@ -459,7 +456,7 @@ class DiskWindowRows(_DiskRows):
                             entry = found[fp] = ([], [], group)
                         entry[0].append(value[_FP:])
                         entry[1].append(len(codes))
-                        codes.append(key[size:-_SEQ.size])
+                        codes.append(key[size:-SEQUENCE.size])
                         groups.append(group)
                         entry_starts.append(start)
                         it.next()
@@ -477,6 +474,6 @@ class DiskWindowRows(_DiskRows):
                 continue
             for at in np.flatnonzero(held).tolist():
                 for sid in self._sids:
-                    db.delete_range(_HEAD.pack(at + self._first, sid, start + _SIGN),
-                                    _HEAD.pack(at + self._first, sid, start + _SIGN + 1))
+                    db.delete_range(ORDERED.pack(at + self._first, sid, start + SIGN),
+                                    ORDERED.pack(at + self._first, sid, start + SIGN + 1))
         return taken[0], taken[1]

@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raystream.checkpoint.storage import _fsync_dir
+from raystream.checkpoint.storage import fsync_dir
 from raystream.engine.datastream import SinkHandle
 from raystream.engine.operators.two_phase import Committer, SinkContext, SinkWriter
 from raystream.spark import commit_log
@@ -282,7 +282,7 @@ class ParquetWriter(SinkWriter):
             self._close(values)
         if self.loc is not None and self.loc.is_local:
             for d in sorted(self._unsynced_dirs, key=len, reverse=True):  # deepest first
-                _fsync_dir(d)
+                fsync_dir(d)
             self._unsynced_dirs.clear()
         closed, self.closed = self.closed, []
         return closed

@@ -18,17 +18,17 @@ from raystream.engine.errors import BadRecordError, describe_record
 from raystream.actors.operator import Operator
 
 
-def _open_function(fn: Any, ctx) -> None:
+def open_function(fn: Any, ctx) -> None:
     if callable(getattr(fn, "open", None)):
         fn.open(ctx)
 
 
-def _close_function(fn: Any) -> None:
+def close_function(fn: Any) -> None:
     if callable(getattr(fn, "close", None)):
         fn.close()
 
 
-def _call(fn: Callable, record: Any, *args: Any) -> Any:
+def call_user(fn: Callable, record: Any, *args: Any) -> Any:
     try:
         return fn(record, *args) if args else fn(record)
     except Exception as exc:
@@ -66,11 +66,11 @@ class _FunctionOperator(Operator):
 
     def open(self) -> None:
         for fn in self.functions:
-            _open_function(fn, self.ctx)
+            open_function(fn, self.ctx)
 
     def close(self) -> None:
         for fn in self.functions:
-            _close_function(fn)
+            close_function(fn)
 
     def _emit_rows(self, rows: list[Any]) -> None:
         if rows:
@@ -95,7 +95,7 @@ class MapOperator(_FunctionOperator):
         fn = self.functions[input_index]
         out = []
         for row in batch.to_pylist():
-            produced = _call(fn, row)
+            produced = call_user(fn, row)
             if not isinstance(produced, Mapping):
                 raise BadRecordError(
                     f"map '{self.name}' must return a dict per record, got "
@@ -112,7 +112,7 @@ class FlatMapOperator(_FunctionOperator):
         fn = self.functions[input_index]
         out: list[Any] = []
         for row in batch.to_pylist():
-            produced = _call(fn, row)
+            produced = call_user(fn, row)
             if produced is not None:
                 out.extend(map(capture_row, produced))
         self._emit_rows(out)
@@ -123,7 +123,7 @@ class FilterOperator(_FunctionOperator):
 
     def process_batch(self, batch, input_index=0):
         fn = self.functions[input_index]
-        mask = pa.array([bool(_call(fn, row)) for row in batch.to_pylist()], type=pa.bool_())
+        mask = pa.array([bool(call_user(fn, row)) for row in batch.to_pylist()], type=pa.bool_())
         self._emit_batch(batch.filter(mask))
 
 

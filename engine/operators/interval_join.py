@@ -54,7 +54,7 @@ from raystream.engine.batches import capture_row, rows_to_batch
 from raystream.engine.keys import KeySelector
 from raystream.engine.operators import disk_join
 from raystream.engine.operators.disk_join import MIN_BUCKET_MS, DiskJoinRows
-from raystream.engine.operators.functions import _close_function, emit_rows
+from raystream.engine.operators.functions import close_function, emit_rows
 from raystream.engine.operators.keyed_rows import (BufferedJoinOperator, JoinSide, RowBuffer,
                                                    joined_names)
 from raystream.engine.operators.keyed_rows import KeyedRows as _Rows
@@ -190,8 +190,8 @@ class _Segment:
         return cls(rows, int(rows.ts.min()), int(rows.ts.max()))
 
     @functools.cached_property
-    def index(self) -> "_SortedRows":
-        return _SortedRows.of(self.rows)
+    def index(self) -> "SortedRows":
+        return SortedRows.of(self.rows)
 
     def __len__(self) -> int:
         return len(self.rows.ts)
@@ -262,7 +262,7 @@ class _Buffer(RowBuffer):
         return np.concatenate(probes), _Rows.concat(found)
 
 
-def _match_by_key_runs(index: "_SortedRows", kid: np.ndarray, ts: np.ndarray,
+def _match_by_key_runs(index: "SortedRows", kid: np.ndarray, ts: np.ndarray,
                        offsets: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     """Every (probe, buffered) pair of equal keys, then those within the interval."""
     sorted_kids = index.rows.kid[index.order]
@@ -278,7 +278,7 @@ def _match_by_key_runs(index: "_SortedRows", kid: np.ndarray, ts: np.ndarray,
 
 
 @dataclass(frozen=True)
-class _SortedRows:
+class SortedRows:
     """A buffer's rows sorted by (key id, ts), as one sortable int64 per row."""
 
     rows: _Rows
@@ -289,7 +289,7 @@ class _SortedRows:
     span: int                  # 0: too wide for one int64 (see _match_by_key_runs)
 
     @classmethod
-    def of(cls, rows: _Rows) -> "_SortedRows":
+    def of(cls, rows: _Rows) -> "SortedRows":
         order = np.lexsort((rows.ts, rows.kid))
         kids, ts = rows.kid[order], rows.ts[order]
         distinct_kids, rank = np.unique(kids, return_inverse=True)
@@ -376,7 +376,7 @@ class IntervalJoinOperator(BufferedJoinOperator):
 
     def close(self) -> None:
         if self.fn is not None:
-            _close_function(self.fn)
+            close_function(self.fn)
 
     # -- records ---------------------------------------------------------------------
     def _index(self, batch: pa.RecordBatch, side: JoinSide) -> _Rows:

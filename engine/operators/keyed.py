@@ -44,15 +44,16 @@ from raystream.engine.keys import KeySelector
 from raystream.actors.operator import (Operator, OperatorSnapshot, RestoredState,
                                        RuntimeContext)
 from raystream.engine.batches import capture_row, rows_to_batch
-from raystream.engine.operators.functions import _call, _close_function, emit_rows
+from raystream.engine.operators.functions import call_user, close_function, emit_rows
 from raystream.timers.disk_service import DiskTimerService, restore_heap_timers
+from raystream.timers.protocol import Timers
 from raystream.timers.service import TimerService
 
 
 class KeyedContext:
     """What a keyed function sees: the current key, keyed state, timers, and where it runs."""
 
-    def __init__(self, runtime: RuntimeContext, operator: "_KeyedOperator") -> None:
+    def __init__(self, runtime: RuntimeContext, operator: "KeyedOperator") -> None:
         self.runtime = runtime
         self._operator = operator
         self._backend = operator.backend
@@ -163,7 +164,7 @@ class KeyedProcessFunction:
         pass
 
 
-class _KeyedOperator(Operator):
+class KeyedOperator(Operator):
     """An operator with keyed state and timers over its subtask's key-group range.
 
     Both are snapshotted per key group: one section per key group holds the
@@ -230,7 +231,7 @@ class _KeyedOperator(Operator):
                 self.backend.restore_db(dbs)
             self.backend.restore(state)  # a disk job's timers come with its entries
             # After the restore: the timers' state ids are declared in the restored backend.
-            self.timers: TimerService | DiskTimerService = DiskTimerService(self.backend)
+            self.timers: Timers = DiskTimerService(self.backend)
             self.timers.restore(timer_sections)
         else:
             if dbs:
@@ -345,7 +346,7 @@ class _KeyedOperator(Operator):
             yield key, row
 
 
-class KeyedProcessOperator(_KeyedOperator):
+class KeyedProcessOperator(KeyedOperator):
     supports_disk_state = True
     key_ids_are_transient = True  # ids live within one batch or firing only
 
@@ -360,14 +361,14 @@ class KeyedProcessOperator(_KeyedOperator):
         self.fn.open(self.keyed_ctx)
 
     def close(self) -> None:
-        _close_function(self.fn)
+        close_function(self.fn)
 
     def process_batch(self, batch, input_index=0):
         out: list[Any] = []
         process, ctx = self.fn.process_element, self.keyed_ctx
         ctx.time_domain = None
         for _key, row in self.keyed_rows(batch):
-            produced = _call(process, row, ctx)
+            produced = call_user(process, row, ctx)
             if produced is not None:
                 out.extend(map(capture_row, produced))
         self._emit(out)
@@ -405,7 +406,7 @@ class KeyedProcessOperator(_KeyedOperator):
             out: list[Any] = []
             for timestamp, key_id in zip(timestamps.tolist(), key_ids.tolist()):
                 backend.set_current_key(timers.key(key_id), timers.key_group(key_id))
-                produced = _call(self.fn.on_timer, timestamp, ctx)
+                produced = call_user(self.fn.on_timer, timestamp, ctx)
                 if produced is not None:
                     out.extend(map(capture_row, produced))
             self._emit(out)
@@ -420,7 +421,7 @@ class _BatchValueState(Protocol):
     def update_at(self, keys: EntryKeys, values: Iterable[Any]) -> None: ...
 
 
-class ReduceOperator(_KeyedOperator):
+class ReduceOperator(KeyedOperator):
     """Keyed running aggregate: ``fn(accumulated: dict, row: dict) -> dict`` per key.
 
     Emits the updated aggregate for every incoming row, as Flink's
@@ -455,7 +456,7 @@ class ReduceOperator(_KeyedOperator):
 
     def _reduce(self, fn: Callable[[dict, dict], dict], previous: dict, row: dict,
                 key: Any) -> dict:
-        row = _call(fn, previous, row)
+        row = call_user(fn, previous, row)
         if type(row) is not dict and not isinstance(row, Mapping):  # typing.Mapping is slow
             raise BadRecordError(f"reduce '{self.name}' must return a dict, got "
                                  f"{type(row).__name__} for key {key!r}: "

@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from raystream.checkpoint.sections import decode_parts, encode_parts
 from raystream.actors.operator import RestoredState
-from raystream.engine.operators.keyed import _KeyedOperator
+from raystream.engine.operators.keyed import KeyedOperator
 
 
 class JoinSide(enum.IntEnum):
@@ -108,7 +108,7 @@ class RowBuffer:
         self.chunks, self.min_ts = [kept], int(kept.ts.min())
 
 
-class BufferedJoinOperator(_KeyedOperator):
+class BufferedJoinOperator(KeyedOperator):
     """A keyed operator over two inputs that buffers each input's rows (``self.buffers``,
     one :class:`RowBuffer` per :class:`JoinSide`) as keyed state: snapshotted per key
     group in part ``"join"`` (``STATE_VERSION`` first), restored through

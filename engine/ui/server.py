@@ -130,19 +130,19 @@ class JobsView:
 
     def jobs(self) -> list[dict[str, Any]]:
         from raystream.engine import registry
-        from raystream.engine.cli import _live_masters, _status
+        from raystream.engine.live_jobs import live_masters, status_of
 
-        live = _live_masters()
-        return [job_row(job, _status(job, live)) for job in reversed(registry.all_jobs())]
+        live = live_masters()
+        return [job_row(job, status_of(job, live)) for job in reversed(registry.all_jobs())]
 
     def job(self, job: str) -> dict[str, Any]:
         from raystream.engine import registry
-        from raystream.engine.cli import _live_masters, _metrics_of, _status
+        from raystream.engine.live_jobs import live_masters, metrics_of, status_of
 
         summary = registry.find_job(job)
-        live = _live_masters()
-        status = _status(summary, live)
-        metrics = _metrics_of(summary, live)
+        live = live_masters()
+        status = status_of(summary, live)
+        metrics = metrics_of(summary, live)
         running = status == "RUNNING"
         tracker = self._rates.setdefault(summary["job_id"], RateTracker())
         rates = tracker.update(metrics, time.monotonic()) if running else {}

@@ -19,9 +19,12 @@ Assignment is vectorized over a batch's timestamps.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
+import pyarrow as pa
 
+from raystream.engine.errors import BadRecordError
 from raystream.engine.watermarks import MAX_SPAN_MS
 
 
@@ -119,6 +122,94 @@ class EventTimeSessionWindows:
     def max_size_ms(self) -> int:
         return self.gap_ms
 
+    def gaps(self, batch: pa.RecordBatch, *, where: str) -> np.ndarray:
+        return np.full(batch.num_rows, self.gap_ms, dtype=np.int64)
+
+    @staticmethod
+    def with_dynamic_gap(gap: str | GapOf) -> DynamicEventTimeSessionWindows:
+        """Session windows whose gap each record sets (see
+        :class:`DynamicEventTimeSessionWindows`)."""
+        return DynamicEventTimeSessionWindows(gap)
+
+
+GapOf = Callable[[pa.RecordBatch], Any]
+"""A dynamic session gap: a function of a record batch giving each row's gap in ms (an
+Arrow or numpy array of integers, or a list)."""
+
+
+@dataclass(frozen=True)
+class DynamicEventTimeSessionWindows:
+    """Session windows whose gap each record sets (Flink's
+    ``DynamicEventTimeSessionWindows``): a record at ``ts`` with gap ``g`` opens or
+    extends its key's session to at least ``ts + g``; sessions that come to overlap are
+    merged. ``gap`` names an integer column of milliseconds, or is a function of the
+    record batch returning one gap per row (vectorized, as
+    :func:`pyarrow.compute` functions are).
+
+        >>> import pyarrow as pa
+        >>> import pyarrow.compute as pc
+        >>> by_tier = EventTimeSessionWindows.with_dynamic_gap(
+        ...     lambda batch: pc.multiply(batch["tier"], 1000))
+        >>> batch = pa.record_batch({"tier": [1, 5]})
+        >>> by_tier.gaps(batch, where="example").tolist()
+        [1000, 5000]
+        >>> DynamicEventTimeSessionWindows(gap="tier").gaps(
+        ...     pa.record_batch({"tier": [0]}), where="window 'w'")
+        Traceback (most recent call last):
+        raystream.engine.errors.BadRecordError: window 'w': session gap 0 ms of record {'tier': 0} is not a positive number of milliseconds up to 2^60
+    """
+
+    gap: str | GapOf
+    event_time = True
+    merging = True
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.gap, str) and self.gap) and not callable(self.gap):
+            raise TypeError(f"a dynamic session gap is a column name or a function of a "
+                            f"record batch, got {self.gap!r}")
+
+    def assign(self, timestamps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return np.arange(len(timestamps)), timestamps.copy()
+
+    def gaps(self, batch: pa.RecordBatch, *, where: str) -> np.ndarray:
+        """Each row's gap in ms, or an error naming the record whose gap is missing, not
+        an integer, or not within ``(0, 2^60]``."""
+        gap = self.gap
+        if isinstance(gap, str):
+            index = batch.schema.get_field_index(gap)
+            if index < 0:
+                raise BadRecordError(f"{where}: session gap column '{gap}' is missing "
+                                     f"(columns: {', '.join(batch.schema.names)})", column=gap)
+            values: Any = batch.column(index)
+        else:
+            try:
+                values = gap(batch)
+            except Exception as error:  # the user function's own failure, named
+                raise BadRecordError(f"{where}: the session gap function failed on a batch "
+                                     f"of {batch.num_rows} rows: {type(error).__name__}: "
+                                     f"{error}") from error
+        array = pa.array(values) if not isinstance(values, (pa.Array, pa.ChunkedArray)) else values
+        if len(array) != batch.num_rows:
+            raise BadRecordError(f"{where}: the session gap function returned {len(array)} "
+                                 f"gaps for a batch of {batch.num_rows} rows")
+        if not pa.types.is_integer(array.type):
+            raise BadRecordError(f"{where}: session gaps have type {array.type}; expected "
+                                 f"integer milliseconds")
+        if array.null_count:
+            row = int(np.flatnonzero(np.asarray(array.is_null()))[0])
+            record = batch.slice(row, 1).to_pylist()[0]
+            raise BadRecordError(f"{where}: the session gap of record {record} is null",
+                                 record=record)
+        ms = np.asarray(array.to_numpy(zero_copy_only=False))
+        bad = (ms <= 0) | (ms > MAX_SPAN_MS)
+        if bad.any():
+            row = int(np.argmax(bad))
+            record = batch.slice(row, 1).to_pylist()[0]
+            raise BadRecordError(f"{where}: session gap {int(ms[row])} ms of record {record} "
+                                 f"is not a positive number of milliseconds up to 2^60",
+                                 record=record)
+        return ms.astype(np.int64, copy=False)
+
 
 @dataclass(frozen=True)
 class TumblingProcessingTimeWindows(TumblingEventTimeWindows):
@@ -128,4 +219,5 @@ class TumblingProcessingTimeWindows(TumblingEventTimeWindows):
 
 
 WindowAssigner = (TumblingEventTimeWindows | SlidingEventTimeWindows | EventTimeSessionWindows
-                  | TumblingProcessingTimeWindows)
+                  | DynamicEventTimeSessionWindows | TumblingProcessingTimeWindows)
+SessionWindows = EventTimeSessionWindows | DynamicEventTimeSessionWindows  # the merging ones

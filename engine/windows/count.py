@@ -47,7 +47,7 @@ import pyarrow as pa
 from raystream.actors.operator import RestoredState
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.engine.keys import KeySelector
-from raystream.engine.operators.keyed import _KeyedOperator
+from raystream.engine.operators.keyed import KeyedOperator
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows import disk_count
 from raystream.engine.windows.disk_count import DiskCountState
@@ -56,7 +56,7 @@ _COUNT_STATE_VERSION = 1
 _ONE = "__one"  # a placeholder column: keeps row counts when no aggregate reads a column
 
 
-class CountWindowOperator(_KeyedOperator):
+class CountWindowOperator(KeyedOperator):
     """Count windows of ``size`` records per key, every ``slide`` records (default:
     ``size``, tumbling), computing the built-in aggregates of ``spec``."""
 

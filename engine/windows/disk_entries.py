@@ -89,18 +89,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from raystream.checkpoint.disk_state import DiskKeyedStateBackend, _pack, _unpack
+from raystream.checkpoint.disk_layout import (ORDERED, SEQUENCE, ordered, pack_value, state_id_of,
+                                             state_prefix, unpack_value)
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.timers.disk_service import DiskTimerService
 
 STATE_NAME = "__window_entries"
 KIND = "window-entries"
 CHUNKS_NAME = "__window_chunks"
 CHUNKS_KIND = "window-chunks"
-_ENTRY = struct.Struct(">HHQ")  # key group, state id, window end + 2**63
 _START = struct.Struct("<q")
 _MARKER = struct.Struct("<qQ")  # window start, number of chunks
-_SEQ = struct.Struct(">Q")  # big-endian: an entry's chunks in seq order
-_SIGN = 1 << 63
 
 
 class DiskEntries:
@@ -111,13 +110,12 @@ class DiskEntries:
                  name: str = STATE_NAME, kind: str = KIND) -> None:
         self._backend = backend
         self._timers = timers
-        self._sid = struct.unpack(">H", backend.raw_state_id(name, kind))[0]
+        self._sid = state_id_of(backend.raw_state_id(name, kind))
 
     def entry_keys(self, kids: np.ndarray, ends: np.ndarray) -> list[bytes]:
         """The stored keys of the (key id, window end) pairs ``kids``, ``ends``."""
-        pack, sid = _ENTRY.pack, self._sid
-        offsets = (np.ascontiguousarray(ends, dtype=np.int64).view(np.uint64)
-                   ^ np.uint64(_SIGN)).tolist()  # end + 2**63: byte order is numeric order
+        pack, sid = ORDERED.pack, self._sid
+        offsets = ordered(ends)  # by window end, then key
         return [pack(group, sid, end) + code
                 for code, group, end in zip(self._timers.codes(kids),
                                             self._timers.key_groups_of(kids).tolist(), offsets)]
@@ -128,7 +126,7 @@ class DiskEntries:
         if not keys:
             return []
         raws = list(self._backend.raw_db[keys])  # a list of keys: a multi-get
-        return [None if raw is None else (_START.unpack_from(raw)[0], _unpack(raw[8:]))
+        return [None if raw is None else (_START.unpack_from(raw)[0], unpack_value(raw[8:]))
                 for raw in raws]
 
     def put(self, keys: list[bytes], starts: np.ndarray, accumulators: list[Any]) -> None:
@@ -137,7 +135,7 @@ class DiskEntries:
 
         batch = rocksdict.WriteBatch(raw_mode=True)
         for key, start, acc in zip(keys, starts.tolist(), accumulators):
-            batch.put(key, _START.pack(start) + _pack(acc))
+            batch.put(key, _START.pack(start) + pack_value(acc))
         self._backend.raw_db.write(batch)
 
     def delete(self, keys: list[bytes]) -> None:
@@ -249,8 +247,8 @@ class DiskChunks(DiskEntries):
         for group, entries in backend.raw_state_entries(STATE_NAME, KIND):
             batch = rocksdict.WriteBatch(raw_mode=True)
             for key, raw in entries:
-                mine = struct.pack(">HH", group, self._sid) + key[4:]
-                batch.put(chunk_key(mine, 0), ipc_bytes(tuple(_unpack(raw[8:]))))
+                mine = state_prefix(group, self._sid) + key[4:]
+                batch.put(chunk_key(mine, 0), ipc_bytes(tuple(unpack_value(raw[8:]))))
                 batch.put(mine, _MARKER.pack(_START.unpack_from(raw)[0], 1))
                 batch.delete(key)
             backend.raw_db.write(batch)
@@ -261,7 +259,7 @@ def chunk_key(key: bytes, seq: int) -> bytes:
     :mod:`~raystream.engine.windows.disk_session_join` and
     :mod:`~raystream.engine.windows.disk_generic_sessions`): its chunks follow it in seq
     order."""
-    return key + _SEQ.pack(seq)
+    return key + SEQUENCE.pack(seq)
 
 
 def ipc_bytes(rows: Sequence[pa.RecordBatch]) -> bytes:

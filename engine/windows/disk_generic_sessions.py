@@ -94,7 +94,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from raystream.checkpoint.disk_state import DiskKeyedStateBackend, _pack, _unpack
+from raystream.checkpoint.disk_layout import pack_value, unpack_value
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.engine.windows.disk_entries import chunk_key, ipc_batches, ipc_bytes
 from raystream.timers.disk_service import DiskTimerService
 
@@ -210,7 +211,7 @@ class DiskGenericSessions:
         """How many chunks the sessions of each of the key ids ``kids`` name (0: none)."""
         out = []
         for raw in self._backend.raw_db[self.entry_keys(kids)]:  # a list: a multi-get
-            stored = [] if raw is None else _unpack(raw)[1]
+            stored = [] if raw is None else unpack_value(raw)[1]
             out.append(sum(sum(runs[1::2]) for _, _, how, runs in stored if how == _CHUNKED))
         return out
 
@@ -241,7 +242,7 @@ class DiskGenericSessions:
             if raw is None:
                 heads.append(Head())
                 continue
-            next_seq, stored = _unpack(raw)
+            next_seq, stored = unpack_value(raw)
             sessions[kid] = [start for start, _, _, _ in stored]
             named: list[range] = []
             for start, end, how, acc in stored:
@@ -276,7 +277,7 @@ class DiskGenericSessions:
                 if head.raw is not None:
                     batch.delete(key)
                 continue
-            packed = _pack([next_seq, stored])
+            packed = pack_value([next_seq, stored])
             if packed != head.raw:
                 batch.put(key, packed)
         self._backend.raw_db.write(batch)
@@ -314,13 +315,13 @@ class DiskGenericSessions:
             for old_key, raw in found:
                 key = old_key[:2] + self._sid + old_key[4:]
                 stored, next_seq = [], 0
-                for start, end, acc in _unpack(raw):
+                for start, end, acc in unpack_value(raw):
                     if self._rows:
                         runs, next_seq = _put_chunks(batch, key, acc, next_seq)
                         stored.append([start, end, _CHUNKED, runs])
                     else:
                         stored.append([start, end, _INLINE, acc])
-                batch.put(key, _pack([next_seq, stored]))
+                batch.put(key, pack_value([next_seq, stored]))
                 batch.delete(old_key)
             backend.raw_db.write(batch)
 

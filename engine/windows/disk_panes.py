@@ -61,12 +61,14 @@ snapshots, restores and rescaling carry them like any keyed state. Their timers
 from __future__ import annotations
 
 import os
-import struct
 from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
 
+from raystream.checkpoint.disk_layout import (MAX_ORDERED, ORDERED, group_bound, ordered,
+                                             ordered_key, ordered_value, state_id_of,
+                                             state_prefix)
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend, partials_record
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.disk_records import PartialsState
@@ -74,9 +76,7 @@ from raystream.timers.disk_service import DiskTimerService
 
 STATE_NAME = "__window_panes"
 KIND = "window-panes"
-_ENTRY = struct.Struct(">HHQ")  # key group, state id, window end + 2**63
-_PREFIX = _ENTRY.size
-_SIGN = 1 << 63
+_PREFIX = ORDERED.size
 _KID, _TAG = "__kid", "__tag"  # the record's last fields: who wrote the entry
 
 
@@ -123,29 +123,28 @@ class DiskPanes(PartialsState):
         return timed
 
     def _range(self, group: int, end: int) -> tuple[bytes, bytes]:
-        sid = struct.unpack(">H", self._sid)[0]
-        lo = (end + _SIGN) & (_SIGN * 2 - 1)
-        return _ENTRY.pack(group, sid, lo), _ENTRY.pack(group, sid, lo + 1)
+        sid = state_id_of(self._sid)
+        return ordered_key(group, sid, end), ordered_key(group, sid, end + 1)
 
     def _find_windows(self) -> None:
         """After a restore: the windows each key group holds, one seek per window."""
         backend = self._backend
-        sid = struct.unpack(">H", self._sid)[0]
-        read_options = backend.read_options(struct.pack(">H", backend.key_groups.stop))
+        sid = state_id_of(self._sid)
+        read_options = backend.read_options(group_bound(backend.key_groups.stop))
         it = backend.raw_db.iter(read_options)
         for group in backend.key_groups:
-            head = struct.pack(">HH", group, sid)
+            head = state_prefix(group, sid)
             it.seek(head + bytes(8))
             while it.valid():
                 key = it.key()
                 if key[:4] != head:
                     break
-                (end,) = struct.unpack_from(">Q", key, 4)
-                self._timed(end - _SIGN)[group] = True
-                self._restored.add(end - _SIGN)
-                if end == 2 * _SIGN - 1:
+                end = ordered_value(key)
+                self._timed(end)[group] = True
+                self._restored.add(end)
+                if end == MAX_ORDERED:
                     break
-                it.seek(_ENTRY.pack(group, sid, end + 1))
+                it.seek(ordered_key(group, sid, end + 1))
         del it
 
     # -- merge, read, clear ------------------------------------------------------------------
@@ -174,10 +173,9 @@ class DiskPanes(PartialsState):
         ends, kids = ends[order], kids[order]  # near key order: RocksDB reads and writes
         values = {name: v[order] for name, v in values.items()}  # neighbouring blocks
         groups = self._timers.key_groups_of(kids)
-        sid = struct.unpack(">H", self._sid)[0]
-        pack = _ENTRY.pack
-        offsets = (np.ascontiguousarray(ends, dtype=np.int64).view(np.uint64)
-                   ^ np.uint64(_SIGN)).tolist()  # end + 2**63: byte order is numeric order
+        sid = state_id_of(self._sid)
+        pack = ORDERED.pack
+        offsets = ordered(ends)  # by window end, then key
         keys = [pack(g, sid, e) + c for g, e, c in zip(groups.tolist(), offsets,
                                                        self._timers.codes(kids))]
         db = self._backend.raw_db
@@ -284,7 +282,7 @@ class DiskPanes(PartialsState):
             at = restored.tolist()
             kids[restored] = self._timers.key_ids_of_codes(
                 [keys[i][_PREFIX:] for i in at],
-                np.array([_ENTRY.unpack_from(keys[i])[0] for i in at], dtype=np.int64))
+                np.array([ORDERED.unpack_from(keys[i])[0] for i in at], dtype=np.int64))
         return kids, {n: rows[n] for n in self._columns}
 
     def clear(self, end: int, groups: Iterable[int]) -> None:

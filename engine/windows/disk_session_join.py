@@ -78,6 +78,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
+from raystream.checkpoint.disk_layout import KEYED_PREFIX, group_bound
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.engine.operators.disk_join import RowFormat, RowFormats
 from raystream.engine.operators.keyed_rows import JoinSide, KeyedRows, concat_tables
@@ -308,9 +309,9 @@ class DiskSessionRows:
     def stored_entries(self) -> int:
         """How many keys hold sessions: their headers (tests; a full scan)."""
         backend = self._backend
-        read_options = backend.read_options(struct.pack(">H", backend.key_groups.stop))
-        return sum(1 for k in backend.raw_db.keys(from_key=struct.pack(
-            ">H", backend.key_groups.start), read_opt=read_options)
+        read_options = backend.read_options(group_bound(backend.key_groups.stop))
+        return sum(1 for k in backend.raw_db.keys(from_key=group_bound(
+            backend.key_groups.start), read_opt=read_options)
             if k[2:4] == self._sid and is_header(k))
 
     def _move_in_entries(self) -> None:
@@ -340,7 +341,7 @@ class DiskSessionRows:
 
 def is_header(key: bytes) -> bool:
     """Whether stored ``key`` is a header (``kg | sid | len(key) | key``), not a chunk."""
-    return len(key) == 8 + struct.unpack_from(">I", key, 4)[0]
+    return len(key) == KEYED_PREFIX.size + KEYED_PREFIX.unpack_from(key)[2]
 
 
 def _one_batch(table: pa.Table) -> pa.RecordBatch:

@@ -23,10 +23,9 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 
-from raystream.engine.windows.assigners import EventTimeSessionWindows
 from raystream.engine.windows.disk_entries import DiskChunks, DiskEntries
 from raystream.engine.windows.disk_generic_sessions import DiskGenericSessions
-from raystream.engine.windows.sessions import Windows
+from raystream.engine.windows.sessions import Windows, session_breaks
 from raystream.engine.windows.store import (Assigned, WindowHost, WindowSection, no_sections,
                                             rows_of)
 
@@ -38,11 +37,10 @@ def _accumulate(host: WindowHost, batch: pa.RecordBatch, assigned: Assigned) -> 
     rows within a gap of each other), one accumulator per group: (key ids, starts, ends,
     accumulators)."""
     kids, starts, ends = assigned.kids, assigned.starts, assigned.ends
-    assigner = host.assigner
-    if isinstance(assigner, EventTimeSessionWindows):  # sorted by (key, time)
+    if host.assigner.merging:  # sorted by (key, time), split where sessions do not meet
         order = np.lexsort((starts, kids))
         kids, starts, ends = kids[order], starts[order], ends[order]
-        breaks = np.flatnonzero((np.diff(kids) != 0) | (np.diff(starts) > assigner.gap_ms))
+        breaks = np.flatnonzero(session_breaks(kids, starts, ends)[1:])
     else:
         order = np.lexsort((kids, starts))
         kids, starts, ends = kids[order], starts[order], ends[order]

@@ -84,11 +84,14 @@ from raystream.engine.keys import KeySelector, KeySpec
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.engine.operators import disk_join
 from raystream.engine.operators.disk_join import DiskWindowRows
-from raystream.engine.operators.functions import _close_function, _open_function
+from raystream.engine.operators.functions import close_function, open_function
 from raystream.engine.operators.keyed_rows import (BufferedJoinOperator, JoinSide, KeyedRows,
                                                    joined_names)
 from raystream.engine.windows import disk_session_join
-from raystream.engine.windows.assigners import EventTimeSessionWindows, WindowAssigner
+from raystream.engine.windows.assigners import (DynamicEventTimeSessionWindows,
+                                                EventTimeSessionWindows,
+                                                SlidingEventTimeWindows,
+                                                TumblingEventTimeWindows, WindowAssigner)
 from raystream.engine.windows.disk_session_join import DiskSessionRows
 from raystream.engine.windows.functions import Window
 from raystream.engine.windows.sessions import Windows, late_for_sessions
@@ -102,6 +105,8 @@ WINDOW_COLUMNS = ("window_start", "window_end")
 _NONE = np.empty(0, np.int64)
 
 log = logging.getLogger(__name__)
+
+JoinWindows = TumblingEventTimeWindows | SlidingEventTimeWindows | EventTimeSessionWindows
 
 JoinFunction = Callable[[dict, dict], "dict | None"]
 CoGroupFunction = Callable[[Any, pa.Table, pa.Table, Window], "Iterable[dict] | None"]
@@ -127,6 +132,10 @@ class WindowJoinSpec:
     right_suffix: str = "_right"
 
     def __post_init__(self) -> None:
+        if isinstance(self.assigner, DynamicEventTimeSessionWindows):
+            raise ValueError(f"{self.kind.value}(...).window: session windows of a dynamic "
+                             f"gap cannot join (a row's gap would be its side's); use "
+                             f"EventTimeSessionWindows(gap_ms=...)")
         if not self.assigner.event_time:
             raise ValueError(f"{self.kind.value}(...).window: only event-time windows "
                              f"(tumbling, sliding, session) can join, got "
@@ -135,6 +144,14 @@ class WindowJoinSpec:
             raise ValueError(f"{self.kind.value}: left_suffix and right_suffix must be "
                              f"different non-empty strings, got {self.left_suffix!r} and "
                              f"{self.right_suffix!r}")
+
+    @property
+    def windows(self) -> JoinWindows:
+        """The assigner, of a kind a join takes (``__post_init__`` refused the others)."""
+        assigner = self.assigner
+        if isinstance(assigner, DynamicEventTimeSessionWindows):
+            raise TypeError("a window join over session windows of a dynamic gap")
+        return assigner
 
     def output_names(self, left: list[str], right: list[str], where: str) -> list[str]:
         """Names of the joined rows' columns: left, right, ``window_start``, ``window_end``.
@@ -214,18 +231,18 @@ class WindowJoinOperator(BufferedJoinOperator):
     def open_disk_rows(self) -> DiskWindowRows | DiskSessionRows | None:
         if not isinstance(self.backend, DiskKeyedStateBackend):
             return None
-        assigner = self.spec.assigner
+        assigner = self.spec.windows
         if isinstance(assigner, EventTimeSessionWindows):
             return DiskSessionRows(self.backend, self.disk_timers, assigner.gap_ms)
         return DiskWindowRows(self.backend, self.disk_timers)
 
     def open(self) -> None:
         if self.fn is not None:
-            _open_function(self.fn, self.ctx)
+            open_function(self.fn, self.ctx)
 
     def close(self) -> None:
         if self.fn is not None:
-            _close_function(self.fn)
+            close_function(self.fn)
 
     # -- records -------------------------------------------------------------------------
     def _where(self, side: JoinSide) -> str:
@@ -243,7 +260,7 @@ class WindowJoinOperator(BufferedJoinOperator):
         self.schemas[side] = batch.schema
         ts = event_times(batch, self.spec.timestamps[side], where=self._where(side))
         kid = self._key_ids(batch, side)
-        assigner = self.spec.assigner
+        assigner = self.spec.windows
         rows, starts = assigner.assign(ts)
         ends = (starts + assigner.gap_ms if isinstance(assigner, EventTimeSessionWindows)
                 else assigner.end_of(starts))  # sessions (merging) end a gap after the last
@@ -280,7 +297,7 @@ class WindowJoinOperator(BufferedJoinOperator):
     def _buffered_windows(self, keys: np.ndarray) -> Windows:
         """The own windows ``[ts, ts + gap)`` of both sides' buffered rows of the key ids
         ``keys`` (session joins on the heap: the rows are the sessions)."""
-        assigner = self.spec.assigner
+        assigner = self.spec.windows
         if not isinstance(assigner, EventTimeSessionWindows):
             raise TypeError(f"window join '{self.name}': rows are sessions for session "
                             f"windows only")
@@ -300,7 +317,7 @@ class WindowJoinOperator(BufferedJoinOperator):
 
     def _fire(self, watermark: int) -> None:
         self.release_key_ids()  # a safe point: between batches and firings
-        size = self.spec.assigner.max_size_ms
+        size = self.spec.windows.max_size_ms
         if isinstance(self.disk_rows, DiskSessionRows):
             # chunk by chunk of due timers, each emitted before the next: a safe point
             while (taken := self.disk_rows.take_due(watermark)) is not None:
@@ -333,7 +350,7 @@ class WindowJoinOperator(BufferedJoinOperator):
         rows = [b.combined() for b in self.buffers]
         empty = KeyedRows(pa.table({}), np.empty(0, np.int64), np.empty(0, np.int64))
         rows = [r if r is not None else empty for r in rows]
-        assigner = self.spec.assigner
+        assigner = self.spec.windows
         if isinstance(assigner, EventTimeSessionWindows):  # merging: sessions over both sides' rows
             n_left = len(rows[0].ts)
             starts, ends = _sessions(np.concatenate([rows[0].kid, rows[1].kid]),
@@ -356,7 +373,7 @@ class WindowJoinOperator(BufferedJoinOperator):
     def _take_fired_disk(self, disk: DiskWindowRows, watermark: int
                          ) -> tuple[_Fired, _Fired] | None:
         """Read and delete the disk rows of windows that end by ``watermark``."""
-        assigner = self.spec.assigner
+        assigner = self.spec.windows
         due = sorted(s for s in disk.windows if s + assigner.max_size_ms - 1 <= watermark)
         if not due:
             return None

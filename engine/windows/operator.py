@@ -45,12 +45,12 @@ from raystream.actors.operator import RestoredState
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.engine.batches import rows_to_batch
 from raystream.engine.keys import DistinctKeys, KeySelector
-from raystream.engine.operators.functions import _close_function, _open_function
-from raystream.engine.operators.keyed import _KeyedOperator
+from raystream.engine.operators.functions import close_function, open_function
+from raystream.engine.operators.keyed import KeyedOperator
 from raystream.engine.watermarks import MAX_LATENESS_MS, timestamps_ms
 from raystream.engine.windows import (disk_entries, disk_generic_sessions, disk_panes,
                                       disk_sessions)
-from raystream.engine.windows.assigners import EventTimeSessionWindows, WindowAssigner
+from raystream.engine.windows.assigners import SessionWindows, WindowAssigner
 from raystream.engine.windows.dense import DiskDenseWindows, HeapDenseWindows
 from raystream.engine.windows.disk_entries import DiskChunks, DiskEntries
 from raystream.engine.windows.disk_generic_sessions import DiskGenericSessions
@@ -122,7 +122,7 @@ def _concat(chunks: list[pa.Array]) -> pa.Array:
     return pa.concat_arrays([c if c.type == kind else c.cast(kind) for c in chunks])
 
 
-class WindowOperator(_KeyedOperator):
+class WindowOperator(KeyedOperator):
     """Keyed windows over ``assigner``, computing ``function`` per (key, window); what the
     windows hold is in its :attr:`store` (a :class:`~raystream.engine.windows.store.
     WindowStore`), through which it is the store's
@@ -215,12 +215,12 @@ class WindowOperator(_KeyedOperator):
     def open(self) -> None:
         fn = getattr(self.function, "fn", None)
         if fn is not None:
-            _open_function(fn, self.ctx)
+            open_function(fn, self.ctx)
 
     def close(self) -> None:
         fn = getattr(self.function, "fn", None)
         if fn is not None:
-            _close_function(fn)
+            close_function(fn)
 
     def metrics(self) -> dict[str, float]:
         return {**super().metrics(), "late_records_dropped": self.late_dropped,
@@ -252,12 +252,19 @@ class WindowOperator(_KeyedOperator):
             else:
                 times = np.full(batch.num_rows, int(time.time() * 1000), dtype=np.int64)
             rows, starts = self.assigner.assign(times)
-        self.store.add(batch, Assigned(rows, starts, self.window_ends(starts), key_ids[rows]))
+        if isinstance(self.assigner, SessionWindows):  # each row's gap: [ts, ts + gap)
+            ends = starts + self.assigner.gaps(batch, where=f"window '{self.name}'")[rows]
+        else:
+            ends = self.window_ends(starts)
+        self.store.add(batch, Assigned(rows, starts, ends, key_ids[rows]))
 
     def window_ends(self, starts: np.ndarray) -> np.ndarray:
-        if isinstance(self.assigner, EventTimeSessionWindows):  # the merging one
-            return starts + self.assigner.gap_ms
-        return self.assigner.end_of(starts)
+        """The ends of fixed windows of ``starts`` (a session's end is its own)."""
+        assigner = self.assigner
+        if isinstance(assigner, SessionWindows):
+            raise TypeError(f"window '{self.name}': a session window's end is its own, not "
+                            f"its start's")
+        return assigner.end_of(starts)
 
     def judge_late(self, batch: pa.RecordBatch, assigned: Assigned,
                    held: Callable[[np.ndarray], Windows] | None = None) -> Assigned:
@@ -271,7 +278,7 @@ class WindowOperator(_KeyedOperator):
             return assigned
         kids, starts, ends = assigned.kids, assigned.starts, assigned.ends
         late = ends - 1 + self.lateness <= self.watermarks_of_key_ids(kids)
-        if late.any() and isinstance(self.assigner, EventTimeSessionWindows):
+        if late.any() and self.assigner.merging:
             if held is None:
                 raise TypeError(f"window '{self.name}': session windows judge late rows by "
                                 f"their keys' open sessions")

@@ -49,8 +49,7 @@ import pyarrow as pa
 from raystream.engine.windows.assigners import WindowAssigner
 from raystream.engine.windows.functions import WindowFunction
 from raystream.engine.windows.sessions import Windows
-from raystream.timers.disk_service import DiskTimerService
-from raystream.timers.service import TimerService
+from raystream.timers.protocol import Timers
 
 WINDOW_START = "__window_start"  # pre-aggregated partial rows: their window's (or pane's) start
 
@@ -90,7 +89,7 @@ class WindowHost(Protocol):
     function: WindowFunction
     lateness: int  # allowed lateness in ms
     partial_input: bool  # rows are an upstream pre-aggregator's partials
-    timers: TimerService | DiskTimerService
+    timers: Timers
 
     @property
     def event_time(self) -> bool: ...
@@ -219,7 +218,7 @@ def no_sections() -> dict[int, WindowSection]:
     return {}
 
 
-def by_key_group(timers: TimerService | DiskTimerService, kids: np.ndarray,
+def by_key_group(timers: Timers, kids: np.ndarray,
                  *arrays: np.ndarray, columns: dict[str, np.ndarray]
                  ) -> Iterator[tuple[int, list[Any], tuple[np.ndarray, ...],
                                      dict[str, np.ndarray]]]:

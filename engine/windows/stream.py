@@ -35,7 +35,7 @@ from raystream.checkpoint.state import AggregateFunction
 from raystream.actors.partitioners import PartitionSpec
 from raystream.engine.graph import InputEdge
 from raystream.engine.windows.aggregates import AggregateSpec
-from raystream.engine.windows.assigners import WindowAssigner
+from raystream.engine.windows.assigners import DynamicEventTimeSessionWindows, WindowAssigner
 from raystream.engine.windows.count import CountWindowOperator
 from raystream.engine.windows.functions import (BuiltinAggregates, ProcessWindow,
                                                 ProcessWindowFunction, UserAggregate,
@@ -181,9 +181,11 @@ class WindowedStream(_Shorthands):
                 parallelism=parallelism,
                 inputs=[InputEdge(pre.transformation.id, PartitionSpec("hash", keys))])
         else:
-            if spec is not None and self.late_output is None and columns:
+            gap = assigner.gap if isinstance(assigner, DynamicEventTimeSessionWindows) else ""
+            if spec is not None and self.late_output is None and columns and isinstance(gap, str):
+                # a gap function may read any column: the rows stay whole for it
                 keyed = _pruned(keyed, name, [*columns, *_time_columns(timestamp),
-                                              *spec.input_columns])
+                                              *spec.input_columns, *([gap] if gap else [])])
             result = keyed._add("operator", name,
                                 lambda n: WindowOperator(n, keys, assigner, function=function,
                                                          **options),

@@ -213,12 +213,13 @@ class SessionRun:
     late: list[tuple]
 
 
-def session_run(keys, ts, values, arrival, batch, gap: int, lateness: int) -> SessionRun:
+def session_run(keys, ts, values, arrival, batch, gap, lateness: int) -> SessionRun:
     """Plain Python, row by row, from the rule (docs/concepts.md): the rows in order, in
     batches of ``batch`` rows (or, a sequence, each row's batch number: a batch is a run of
     equal ones), ``arrival`` the watermark each row meets (the same within a batch; the one
     after the last batch is ``MAX_WATERMARK``). A session window join is one with lateness
-    0 over both sides' rows.
+    0 over both sides' rows. ``gap``: one gap for every row, or each row's own (dynamic
+    gaps: a row's own window is ``[ts, ts + its gap)``).
 
     Per batch: the rows whose own window ``[ts, ts + gap)`` is not late (``ts + gap - 1 +
     lateness > watermark``) merge with their key's open sessions (windows that intersect
@@ -243,23 +244,24 @@ def session_run(keys, ts, values, arrival, batch, gap: int, lateness: int) -> Se
 
     rows = list(zip(np.asarray(keys).tolist(), np.asarray(ts).tolist(),
                     np.asarray(values).tolist(), np.asarray(arrival).tolist()))
+    gaps = np.broadcast_to(np.asarray(gap), len(rows)).tolist()
     numbers = (np.arange(len(rows)) // batch if isinstance(batch, int)
                else np.asarray(batch)).tolist()
     edges = [at for at in range(len(rows)) if at == 0 or numbers[at] != numbers[at - 1]]
     for at, stop in zip(edges, edges[1:] + [len(rows)]):
-        part = rows[at:stop]
+        part = [(*row, g) for row, g in zip(rows[at:stop], gaps[at:stop])]
         wm = part[0][3]
         after = rows[stop][3] if stop < len(rows) else rs.MAX_WATERMARK
         received = []
-        for key, t, v, _ in part:
-            if t + gap - 1 + lateness > wm:
-                received.append((key, merge(key, t, t + gap, [v])))
-        judged = [(key, t, v, any(s[1] - 1 + lateness > wm and s[0] <= t + gap and s[1] >= t
-                                  for s in sessions[key]))
-                  for key, t, v, _ in part if t + gap - 1 + lateness <= wm]
-        for key, t, v, kept in judged:
+        for key, t, v, _, g in part:
+            if t + g - 1 + lateness > wm:
+                received.append((key, merge(key, t, t + g, [v])))
+        judged = [(key, t, v, g, any(s[1] - 1 + lateness > wm and s[0] <= t + g and s[1] >= t
+                                     for s in sessions[key]))
+                  for key, t, v, _, g in part if t + g - 1 + lateness <= wm]
+        for key, t, v, g, kept in judged:
             if kept:
-                received.append((key, merge(key, t, t + gap, [v])))
+                received.append((key, merge(key, t, t + g, [v])))
             else:
                 late.append((key, t, v))
         refired = []

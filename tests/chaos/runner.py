@@ -152,6 +152,19 @@ class CountAndSumRows(rs.ProcessWindowFunction):
                "n": rows.num_rows, "total": float(np.sum(rows["x"].to_numpy()))}
 
 
+def count_and_sum_function(kind: str):
+    """``n`` and ``total`` of a window's rows along each window path: ``columnar`` (built-in
+    aggregates), ``aggregate`` (:class:`CountAndSum`), ``process`` (:class:`CountAndSumRows`)."""
+    from raystream.engine.windows.aggregates import AggregateSpec
+    from raystream.engine.windows.functions import (BuiltinAggregates, ProcessWindow,
+                                                    UserAggregate)
+    if kind == "columnar":
+        return BuiltinAggregates(AggregateSpec.of({"n": ("count", None), "total": ("sum", "x")}))
+    if kind == "aggregate":
+        return UserAggregate(CountAndSum(), "result")  # pyright: ignore[reportArgumentType]
+    return ProcessWindow(CountAndSumRows())
+
+
 def window_schema(events) -> pa.Schema:
     """The columns ``agg`` gives the window (a ProcessWindowFunction's would be inferred
     per batch)."""

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
-from raystream.engine.operators.keyed import _KeyedOperator
+from raystream.engine.operators.keyed import KeyedOperator
 
 
-def own_entries(op: _KeyedOperator) -> Iterator[tuple[bytes, bytes]]:
+def own_entries(op: KeyedOperator) -> Iterator[tuple[bytes, bytes]]:
     """The operator's own (key, value) entries in its RocksDB, the timers' apart."""
     backend = op.backend
     assert isinstance(backend, DiskKeyedStateBackend)
@@ -21,12 +21,12 @@ def own_entries(op: _KeyedOperator) -> Iterator[tuple[bytes, bytes]]:
     return ((k, v) for k, v in backend.raw_db.items() if k[2:4] not in timers)
 
 
-def stored_entries(op: _KeyedOperator) -> int:
+def stored_entries(op: KeyedOperator) -> int:
     """How many entries :func:`own_entries` finds."""
     return sum(1 for _ in own_entries(op))
 
 
-def values_by_key(op: _KeyedOperator) -> dict[Any, bytes]:
+def values_by_key(op: KeyedOperator) -> dict[Any, bytes]:
     """Key -> value of the operator's entries in the backend's ``kg | sid | len | key``
     layout (one entry per key: count windows, sessions)."""
     out = {}
@@ -51,7 +51,7 @@ def appended_one_chunk(heads: dict[bytes, bytes], chunks: dict[bytes, bytes],
 
 
 def restore_moving_nothing(monkeypatch: pytest.MonkeyPatch, layout: type,
-                           restore: Callable[[], _KeyedOperator]) -> _KeyedOperator:
+                           restore: Callable[[], KeyedOperator]) -> KeyedOperator:
     """``restore()`` with ``layout``'s move of an older layout's entries made to fail: a
     checkpoint written since that layout names its state, so restoring it moves nothing."""
     def moved(self) -> None:
