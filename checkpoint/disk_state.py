@@ -136,7 +136,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import struct
 import tempfile
 import threading
 import uuid
@@ -151,30 +150,27 @@ from raystream.checkpoint.disk_layout import (KEY_GROUP, KEYED_HEAD, KEYED_PREFI
                                              PLAIN_KEY_TYPES, STATE_ID, encode_key,
                                              group_bound, pack_value, state_id_of, state_prefix,
                                              unpack_value, unpack_values, value_packer)
+from raystream.checkpoint.disk_sections import (NEVER_EXPIRES, SECTION_LENGTH, TTL_HEADER, encode_ttl_list, encode_ttl_map,
+                                               from_heap_value, oldest_live, parse_body,
+                                               ttl_base, unexpired)
 from raystream.checkpoint.disk_incremental import IncrementalSnapshot, RestoredDb, UploadTracker
 from raystream.checkpoint.entry_keys import EntryKeys
 from raystream.checkpoint.envelope import KEYED_STATE, Envelope, SectionKind, is_keyed_state, read
+from raystream.checkpoint.state import HeapKeyedStateBackend, key_and_namespace
 from raystream.checkpoint.keygroups import check_key_group_range, key_group_of
-from raystream.checkpoint.ttl import (TTL_KIND_SUFFIX, StateTtlConfig, TtlAggregatingOps,
+from raystream.checkpoint.ttl import (StateTtlConfig, TtlAggregatingOps,
                                       TtlHandle, TtlMapReads, TtlReducingOps, TtlSingle,
                                       TtlTimeProvider, TtlValueOps, check_state_kind, is_expired,
-                                      live_elements, live_entries, read_elements, read_entries,
+                                      read_elements, read_entries,
                                       read_entry, ttl_kind, wall_clock_ms)
 
-__all__ = ["TIMERS_KIND", "DiskKeyedStateBackend", "DiskStateOptions", "DiskStateSnapshot",
-           "section_entries", "section_timer_entries"]
+__all__ = ["DiskKeyedStateBackend", "DiskStateOptions", "DiskStateSnapshot"]
 
-_U32 = struct.Struct(">I")  # lengths in a section's directory and entries
 _MAX_KEY_GROUPS = 1 << 15  # key group + 1 must fit the uint16 prefix (upper scan bound)
-_TS = struct.Struct(">q")  # the TTL timestamp before every value of a state with a TTL
-_NEVER = (1 << 63) - 1
-_NO_TS = _TS.pack(_NEVER)  # the header values_at reads for an unset key: never expired
+_NO_EXPIRY = TTL_HEADER.pack(NEVER_EXPIRES)  # the header values_at reads for an unset key
 _MISSING: Any = object()
 
 _VALUE, _LIST, _MAP, _REDUCING, _AGGREGATING = "value", "list", "map", "reducing", "aggregating"
-# The kind of the timer service's entries (raystream.timers.disk_service): not keyed state
-# of the heap backend's kinds, so section_entries leaves them to the timer service.
-TIMERS_KIND = "timers"
 
 _MEMTABLE_BLOOM_RATIO = 0.1
 # A memtable is a skiplist: a get or a put walks it with a cache miss a level, so a
@@ -192,70 +188,6 @@ NATIVE_METRICS = (
     "block-cache-usage", "block-cache-pinned-usage", "live-sst-files-size",
     "estimate-pending-compaction-bytes", "num-running-compactions", "num-running-flushes",
     "actual-delayed-write-rate", "is-write-stopped", "background-errors")
-
-# ---------------------------------------------------------------------------
-# Values of states with a TTL: an 8-byte timestamp, then the MessagePack bytes
-# ---------------------------------------------------------------------------
-# value, reducing, aggregating: ts | value, ts the processing time of the last renewal
-# list: min ts | [[element, ts], ...]   (every element expires on its own)
-# map:  min ts | {user key: [value, ts]} (every entry expires on its own)
-# So whether anything of a stored value has expired is one look at its first 8 bytes
-# (snapshots and the cleanup unpack only values with something expired), and a read
-# that renews a single value rewrites its header only.
-
-def _ttl_base(kind: str) -> str | None:
-    """The plain kind of a stored kind with a TTL, None for a state without one."""
-    return kind[:-len(TTL_KIND_SUFFIX)] if kind.endswith(TTL_KIND_SUFFIX) else None
-
-
-def _encode_list(entries: list) -> bytes:
-    """A TTL list state's stored value from ``[[element, ts], ...]`` (not empty)."""
-    return _TS.pack(min(e[1] for e in entries)) + pack_value(entries)
-
-
-def _encode_map(entries: dict) -> bytes:
-    """A TTL map state's stored value from ``{user key: [value, ts]}`` (not empty)."""
-    return _TS.pack(min(e[1] for e in entries.values())) + pack_value(entries)
-
-
-def _oldest_live(raw: bytes, ttl_ms: int, now: int) -> bool:
-    """Whether nothing in ``raw``, a TTL list or map state's stored value, has expired at
-    ``now``: its header holds the oldest timestamp."""
-    return not is_expired(_TS.unpack_from(raw)[0], ttl_ms, now)
-
-
-def _unexpired(base: str, raw: bytes, ttl_ms: int, now: int) -> bytes | None:
-    """``raw`` (a stored value of a TTL state of kind ``base``) without what has expired
-    at ``now``: ``raw`` itself when nothing has, None when everything has."""
-    if _oldest_live(raw, ttl_ms, now):
-        return raw
-    if base == _LIST:
-        live = live_elements(unpack_value(raw[8:]), ttl_ms, now)
-        return _encode_list(live) if live else None
-    if base == _MAP:
-        kept = live_entries(unpack_value(raw[8:]), ttl_ms, now)
-        return _encode_map(kept) if kept else None
-    return None
-
-
-def _from_heap(base: str, value: Any) -> bytes:
-    """The stored value of a heap TTL state's value (``(value, ts)``, ``[(element,
-    ts), ...]`` or ``{user key: (value, ts)}``)."""
-    if base == _LIST:
-        return _encode_list([[e, ts] for e, ts in value])
-    if base == _MAP:
-        return _encode_map({k: [v, ts] for k, (v, ts) in value.items()})
-    return _TS.pack(value[1]) + pack_value(value[0])
-
-
-def _to_heap(base: str, raw: bytes) -> Any:
-    """The heap backend's value of a stored value of a TTL state (see :func:`_from_heap`)."""
-    if base == _LIST:
-        return [(e, ts) for e, ts in unpack_value(raw[8:])]
-    if base == _MAP:
-        return {k: (v, ts) for k, (v, ts) in unpack_value(raw[8:]).items()}
-    return unpack_value(raw[8:]), _TS.unpack_from(raw)[0]
-
 
 # ---------------------------------------------------------------------------
 # Options and the database
@@ -721,7 +653,7 @@ class _DiskTtlSingle(_DiskTtlState, TtlSingle):
         return self._b._get(self._key())
 
     def _ttl_stamp(self, entry: bytes) -> int:
-        return _TS.unpack_from(entry)[0]
+        return TTL_HEADER.unpack_from(entry)[0]
 
     def _ttl_value(self, entry: bytes) -> Any:
         return unpack_value(entry[8:])
@@ -730,10 +662,10 @@ class _DiskTtlSingle(_DiskTtlState, TtlSingle):
         del self._b._db[self._key()]
 
     def _ttl_renew(self, entry: bytes, now: int) -> None:
-        self._b._db[self._key()] = _TS.pack(now) + entry[8:]  # the header only
+        self._b._db[self._key()] = TTL_HEADER.pack(now) + entry[8:]  # the header only
 
     def _ttl_write(self, value: Any, now: int) -> None:
-        self._b._db[self._key()] = _TS.pack(now) + pack_value(value)
+        self._b._db[self._key()] = TTL_HEADER.pack(now) + pack_value(value)
 
 
 class DiskTtlValueState(TtlValueOps, _DiskTtlSingle, DiskValueState):
@@ -754,16 +686,16 @@ class DiskTtlValueState(TtlValueOps, _DiskTtlSingle, DiskValueState):
         now = b._ttl_now()
         b._cleanup_step(self._t, now)
         raws = b._multi_get_ordered(keys)
-        ts = np.frombuffer(b"".join([_NO_TS if r is None else r[:8] for r in raws]),
+        ts = np.frombuffer(b"".join([_NO_EXPIRY if r is None else r[:8] for r in raws]),
                            dtype=">i8")
-        expired = is_expired(ts, cfg.ttl_ms, now)  # never an unset key (_NO_TS)
+        expired = is_expired(ts, cfg.ttl_ms, now)  # never an unset key (_NO_EXPIRY)
         if expired.any():
             b._delete_all([keys.key(i) for i in np.flatnonzero(expired).tolist()])
-        shown = ts != _NEVER
+        shown = ts != NEVER_EXPIRES
         if not cfg.return_expired:
             shown &= ~expired
         if cfg.renew_on_read:
-            head = _TS.pack(now)
+            head = TTL_HEADER.pack(now)
             b._write([(keys.key(i), head + raws[i][8:])  # type: ignore[index]
                       for i in np.flatnonzero(shown & ~expired).tolist()])
         return [unpack_value(r[8:]) if show else None  # type: ignore[index]
@@ -774,7 +706,7 @@ class DiskTtlValueState(TtlValueOps, _DiskTtlSingle, DiskValueState):
         b = self._b
         now = b._ttl_now()
         b._cleanup_step(self._t, now)
-        b._write_ordered(keys, self._pack_all(keys, values, _TS.pack(now)))
+        b._write_ordered(keys, self._pack_all(keys, values, TTL_HEADER.pack(now)))
 
 
 class DiskTtlReducingState(TtlReducingOps, _DiskTtlSingle, DiskReducingState):
@@ -812,7 +744,7 @@ class DiskTtlListState(_DiskTtlState, DiskListState):
 
     def _store(self, entries: list) -> None:
         if entries:
-            self._b._db[self._key()] = _encode_list(entries)
+            self._b._db[self._key()] = encode_ttl_list(entries)
         else:
             self.clear()
 
@@ -822,7 +754,7 @@ class DiskTtlListState(_DiskTtlState, DiskListState):
         if raw is None:
             return []
         elements, cfg = unpack_value(raw[8:]), self._t.cfg
-        if not cfg.renew_on_read and _oldest_live(raw, cfg.ttl_ms, now):
+        if not cfg.renew_on_read and oldest_live(raw, cfg.ttl_ms, now):
             return [e[0] for e in elements]  # none expired, none to store
         out, stored = read_elements(elements, cfg, now)
         if stored is not None:
@@ -861,7 +793,7 @@ class DiskTtlMapState(TtlMapReads, _DiskTtlState, DiskMapState):
 
     def _store(self, entries: dict) -> None:
         if entries:
-            self._b._db[self._key()] = _encode_map(entries)
+            self._b._db[self._key()] = encode_ttl_map(entries)
         else:
             self.clear()
 
@@ -958,7 +890,7 @@ class DiskStateSnapshot:
             out[kg] = b"".join([
                 Envelope.current(SectionKind.DISK_STATE, max_parallelism=self._max_parallelism,
                                  key_group=kg).pack(),
-                _U32.pack(len(directory)), directory, *parts])
+                SECTION_LENGTH.pack(len(directory)), directory, *parts])
 
         expiry = self._expiry
         try:
@@ -967,7 +899,7 @@ class DiskStateSnapshot:
                 if expiry:
                     ttl = expiry.get(k[2:4])
                     if ttl is not None:
-                        live = _unexpired(ttl[0], v, ttl[1], ttl[2])
+                        live = unexpired(ttl[0], v, ttl[1], ttl[2])
                         if live is None:
                             continue
                         v = live
@@ -978,43 +910,15 @@ class DiskStateSnapshot:
                         parts.clear()
                     current = group
                 append(k[2:4])
-                append(_U32.pack(len(k) - 4))
+                append(SECTION_LENGTH.pack(len(k) - 4))
                 append(k[4:])
-                append(_U32.pack(len(v)))
+                append(SECTION_LENGTH.pack(len(v)))
                 append(v)
             if parts:
                 close_section()
         finally:
             del entries  # releases the iterator and what it pinned
         return out
-
-
-def _parse_body(kg: int, body: memoryview
-                ) -> tuple[dict[bytes, tuple[str, str]], list[tuple[bytes, bytes, bytes]]]:
-    """Split the body of a disk section (after its envelope): ``{state id: (name, kind)}``
-    and ``[(state id, key suffix, value), ...]``, all still serialized."""
-    if len(body) < _U32.size:
-        raise ValueError(f"key group {kg}: disk keyed-state section truncated before its "
-                         f"directory")
-    data = bytes(body)
-    pos = 0
-    (n,) = _U32.unpack_from(data, pos)
-    pos += 4
-    directory = {STATE_ID.pack(sid): (name, kind) for sid, name, kind in unpack_value(data[pos:pos + n])}
-    pos += n
-    entries = []
-    end = len(data)
-    while pos < end:
-        sid = data[pos:pos + 2]
-        (n,) = _U32.unpack_from(data, pos + 2)
-        pos += 6
-        suffix = data[pos:pos + n]
-        pos += n
-        (n,) = _U32.unpack_from(data, pos)
-        pos += 4
-        entries.append((sid, suffix, data[pos:pos + n]))
-        pos += n
-    return directory, entries
 
 
 def record_kind(prefix: str, fields: Iterable[tuple[str, np.dtype]]) -> str:
@@ -1055,49 +959,6 @@ def partials_record(prefix: str, partials: Mapping[str, Any], *, where: str,
                          f"kept in the disk state backend (fixed-width numeric partials only); "
                          f"run this job with CheckpointConfig(state_backend='heap')")
     return record, record_kind(prefix, [(n, record[n]) for n in record.names or ()])
-
-
-def section_state_kinds(group: int, section: bytes, max_parallelism: int) -> list[str]:
-    """The kinds of the states in keyed-state ``section`` of key group ``group``: those
-    its directory lists when it is the disk backend's, none when it is the heap's."""
-    envelope, body = read(section, key_group=group, max_parallelism=max_parallelism,
-                          kinds=KEYED_STATE)
-    if envelope.kind is not SectionKind.DISK_STATE or len(body) < _U32.size:
-        return []
-    (n,) = _U32.unpack_from(body, 0)
-    return [str(kind) for _, _, kind in unpack_value(bytes(body[_U32.size:_U32.size + n]))]
-
-
-def section_entries(kg: int, body: memoryview) -> Iterator[tuple[str, str, Any, Any, Any]]:
-    """``(state name, kind, key, namespace, value)`` of every entry of a disk section's
-    body (after its envelope, which the caller checked), deserialized (a value of a
-    state with a TTL as the heap backend stores it, with its timestamps): how the heap
-    backend restores a disk backend's savepoint."""
-    directory, entries = _parse_body(kg, body)
-    for sid, suffix, value in entries:
-        name, kind = directory[sid]
-        if kind == TIMERS_KIND:  # timers: section_timer_entries
-            continue
-        (n,) = _U32.unpack_from(suffix, 0)
-        ns = suffix[4 + n:]
-        base = _ttl_base(kind)
-        yield (name, kind, unpack_value(suffix[4:4 + n]), (unpack_value(ns) if ns else None),
-               unpack_value(value) if base is None else _to_heap(base, value))
-
-
-def section_timer_entries(kg: int, section: bytes, max_parallelism: int
-                          ) -> Iterator[tuple[str, bytes]]:
-    """``(state name, key suffix)`` of the timer entries (kind :data:`TIMERS_KIND`) of
-    the keyed-state ``section`` of key group ``kg``: none in a heap backend's section."""
-    envelope, body = read(section, key_group=kg, max_parallelism=max_parallelism,
-                          kinds=KEYED_STATE)
-    if envelope.kind is not SectionKind.DISK_STATE:
-        return
-    directory, entries = _parse_body(kg, body)
-    for sid, suffix, _ in entries:
-        name, kind = directory[sid]
-        if kind == TIMERS_KIND:
-            yield name, suffix
 
 
 # ---------------------------------------------------------------------------
@@ -1292,7 +1153,7 @@ class DiskKeyedStateBackend:
         self._key = key
         self._kg = key_group
         self._kg_bytes = group_bound(key_group)
-        self._key_bytes = _U32.pack(len(kb)) + kb
+        self._key_bytes = SECTION_LENGTH.pack(len(kb)) + kb
         self._suffix = self._key_bytes + self._ns_bytes
 
     @property
@@ -1395,7 +1256,7 @@ class DiskKeyedStateBackend:
                 it.seek(prefix)
                 continue
             v = it.value()
-            live = _unexpired(base, v, ttl_ms, now)
+            live = unexpired(base, v, ttl_ms, now)
             if live is None:
                 del self._db[k]
             elif live is not v:
@@ -1432,7 +1293,7 @@ class DiskKeyedStateBackend:
         for k in keys:
             if k[2:4] != sid:
                 continue
-            (n,) = _U32.unpack_from(k, 4)
+            (n,) = SECTION_LENGTH.unpack_from(k, 4)
             kb = k[:2] + k[8:8 + n]  # namespaces of one key are adjacent within its group
             if kb != last:
                 last = kb
@@ -1576,7 +1437,7 @@ class DiskKeyedStateBackend:
         if envelope.kind is SectionKind.HEAP_STATE:  # a job switching backends
             self._restore_heap_section(kg, data)
         else:
-            directory, entries = _parse_body(kg, body)
+            directory, entries = parse_body(kg, body)
             sids = {sid: self._sid(name, kind) for sid, (name, kind) in directory.items()}
             kgb = group_bound(kg)
             self._write([(kgb + sids[sid] + suffix, value) for sid, suffix, value in entries])
@@ -1584,8 +1445,6 @@ class DiskKeyedStateBackend:
 
     def _restore_heap_section(self, kg: int, section: bytes) -> None:
         """A section the heap backend wrote (a job switching backends through a savepoint)."""
-        from raystream.checkpoint.state import HeapKeyedStateBackend, Namespaced
-
         heap = HeapKeyedStateBackend(max_parallelism=self.max_parallelism,
                                      key_groups=range(kg, kg + 1))
         heap.restore([(kg, section)])
@@ -1593,13 +1452,13 @@ class DiskKeyedStateBackend:
         pairs = []
         for name, table in heap._tables.items():
             sid = self._sid(name, table.kind)
-            base = _ttl_base(table.kind)  # a state with a TTL: (value, timestamp)s
+            base = ttl_base(table.kind)  # a state with a TTL: (value, timestamp)s
             for kk, value in table.kgs[0].m.items():
-                key, ns = (kk.key, kk.namespace) if type(kk) is Namespaced else (kk, None)
+                key, ns = key_and_namespace(kk)
                 kb = encode_key(key)
-                pairs.append((kgb + sid + _U32.pack(len(kb)) + kb
+                pairs.append((kgb + sid + SECTION_LENGTH.pack(len(kb)) + kb
                               + (b"" if ns is None else pack_value(ns)),
-                              pack_value(value) if base is None else _from_heap(base, value)))
+                              pack_value(value) if base is None else from_heap_value(base, value)))
         self._write(pairs)
 
     def __repr__(self) -> str:

@@ -3,7 +3,7 @@
 Flink's ``HeapKeyedStateBackend`` + ``CopyOnWriteStateMap``, in Python. A
 subtask owns a contiguous range of key groups; every state name has one plain
 ``dict`` per key group, mapping the entry key (the plain key in the None
-namespace, ``Namespaced(key, namespace)`` otherwise) directly to the value
+namespace, ``_Namespaced(key, namespace)`` otherwise) directly to the value
 (no per-entry wrapper objects: fewer allocations, less work for the cyclic GC,
 and a key group's section is pickled straight from its dicts, in C).
 Snapshots are taken per key group, so a job restores at another parallelism
@@ -108,7 +108,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol, cast
 
 import numpy as np
 
-from raystream.checkpoint.disk_state import section_entries
+from raystream.checkpoint.disk_sections import section_entries
 from raystream.checkpoint.envelope import KEYED_STATE, Envelope, SectionKind, is_keyed_state, read
 from raystream.checkpoint.heap_changelog import (Chain, ChainTracker, ChangeLog, Changes,
                                                  HeapIncrementalSnapshot, HeapStateOptions)
@@ -162,7 +162,7 @@ _UNTRACKED: set = _Untracked()
 
 
 @dataclass(frozen=True, slots=True)
-class Namespaced:
+class _Namespaced:  # its name is in every heap checkpoint that pickled one: never rename it
     """Entry key of a value under a namespace other than None (a window, say).
 
     Entries of the None namespace -- all state outside windows -- are keyed by
@@ -176,11 +176,18 @@ class Namespaced:
 
 
 def _entry_key(key: Any, namespace: Any) -> Any:
-    return key if namespace is None else Namespaced(key, namespace)
+    return key if namespace is None else _Namespaced(key, namespace)
 
 
 def _key_of(entry_key: Any) -> Any:
-    return entry_key.key if type(entry_key) is Namespaced else entry_key
+    return entry_key.key if type(entry_key) is _Namespaced else entry_key
+
+
+def key_and_namespace(entry_key: Any) -> tuple[Any, Any]:
+    """The key and the namespace of an entry of the heap backend's maps."""
+    if type(entry_key) is _Namespaced:
+        return entry_key.key, entry_key.namespace
+    return entry_key, None
 
 
 def _immutable(v: Any) -> bool:

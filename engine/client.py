@@ -11,7 +11,7 @@ from ray.exceptions import RayActorError
 
 from raystream.checkpoint.coordinator import CheckpointStats
 from raystream.engine import registry
-from raystream.engine.datastream import SinkHandle
+from raystream.engine.sink_handle import SinkHandle
 from raystream.engine.diagnosis import JobDiagnosis
 from raystream.engine.errors import JobFailedError, JobNotFoundError, JobNotRunningError
 from raystream.engine.job_master import NAMESPACE, JobOutcome, master_actor_name

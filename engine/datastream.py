@@ -43,14 +43,17 @@ from raystream.engine.operators.co_process import KeyedCoProcessFunction, KeyedC
 from raystream.engine.operators.interval_join import (IntervalBounds, IntervalJoinOperator,
                                                       IntervalJoinSpec, ProcessJoinFunction)
 from raystream.engine.operators.sinks import CollectSink, DiscardSink, PrintSink
+from raystream.engine.operators.file_sink import (ParquetCommitter, ParquetSinkConfig,
+                                                  ParquetSinkHandle, ParquetWriter)
 from raystream.engine.operators.two_phase import (Committer, CommitterOperator, SinkWriter,
                                                   SinkWriterOperator)
+from raystream.engine.sink_handle import SinkHandle
+from raystream.engine.windows.join import TwoStreams, WindowJoinKind
+from raystream.engine.windows.stream import CountWindowedStream, WindowedStream
 
 if TYPE_CHECKING:
     from raystream.engine.environment import StreamEnvironment
     from raystream.engine.windows.assigners import WindowAssigner
-    from raystream.engine.windows.join import TwoStreams
-    from raystream.engine.windows.stream import CountWindowedStream, WindowedStream
 
 Row = dict[str, Any]
 
@@ -167,7 +170,6 @@ class DataStream:
             >>> sorted(env.execute("all").table(per_second.collect()).to_pylist(), key=str)  # doctest: +SKIP
             [{'window_start': 0, 'window_end': 1000, 'count': 2}]
         """
-        from raystream.engine.windows.stream import WindowedStream
         tagged = self.map_batches(_with_all_key, name="window_all-key",
                                   parallelism=self.transformation.parallelism)
         keyed = KeyedStream(self.env, tagged.transformation, KeySelector.of(ALL_KEY),
@@ -265,7 +267,6 @@ class DataStream:
             >>> pairs = a.join(b).where("k").equal_to("k") \\
             ...     .window(rs.TumblingEventTimeWindows(size_ms=100), timestamp="ts").join()
         """
-        from raystream.engine.windows.join import TwoStreams, WindowJoinKind
         return TwoStreams(WindowJoinKind.JOIN, self, other)
 
     def co_group(self, other: "DataStream") -> "TwoStreams":
@@ -282,7 +283,6 @@ class DataStream:
             ...     .apply(lambda key, left, right, window: [
             ...         {"k": key, "left": left.num_rows, "right": right.num_rows}])
         """
-        from raystream.engine.windows.join import TwoStreams, WindowJoinKind
         return TwoStreams(WindowJoinKind.CO_GROUP, self, other)
 
     # -- sinks ---------------------------------------------------------------------------
@@ -329,9 +329,6 @@ class DataStream:
         with ``rs.spark.read_committed(path)`` or ``handle.read()``; see
         :mod:`raystream.engine.operators.file_sink`.
         """
-        from raystream.engine.operators.file_sink import (ParquetCommitter, ParquetSinkConfig,
-                                                          ParquetSinkHandle, ParquetWriter)
-
         config = ParquetSinkConfig.of(path, partition_by, max_rows_per_file, max_bytes_per_file)
         handle = self.sink_exactly_once(ParquetWriter(config), ParquetCommitter(config.path),
                                         name=name)
@@ -411,7 +408,6 @@ class KeyedStream(DataStream):
             >>> daily = hourly.key_by("user").window(
             ...     rs.TumblingEventTimeWindows(size_ms=86_400_000)).sum("x")
         """
-        from raystream.engine.windows.stream import WindowedStream
         return WindowedStream(self, assigner, timestamp=timestamp or self.default_timestamp,
                               allowed_lateness_ms=allowed_lateness_ms, late_output=late_output,
                               pre_aggregate=pre_aggregate)
@@ -428,7 +424,6 @@ class KeyedStream(DataStream):
             >>> env.execute("pairs").table(pairs.collect()).to_pylist()  # doctest: +SKIP
             [{'user': 'a', 'x': 3.0}]
         """
-        from raystream.engine.windows.stream import CountWindowedStream
         return CountWindowedStream(self, size, slide)
 
     def reduce(self, fn: Callable[[Row, Row], Row], *, name: str | None = None,
@@ -631,12 +626,3 @@ class _UnionOperator(Operator):
         self.output.emit(batch)
 
 
-class SinkHandle:
-    """Names a sink of a job, to fetch its result from the job's result."""
-
-    def __init__(self, transformation_id: int, name: str) -> None:
-        self.transformation_id = transformation_id
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"SinkHandle({self.name!r})"

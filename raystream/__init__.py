@@ -18,7 +18,8 @@ from raystream.engine.client import JobClient, JobResult
 from raystream.checkpoint.ttl import StateTtlConfig, TtlUpdate, TtlVisibility
 from raystream.engine.datastream import (BroadcastConnectedStream, BroadcastStream,
                                          ConnectedStreams, DataStream, IntervalJoin,
-                                         IntervalJoined, KeyedStream, SinkHandle)
+                                         IntervalJoined, KeyedStream)
+from raystream.engine.sink_handle import SinkHandle
 from raystream.engine.environment import StreamEnvironment
 from raystream.engine.errors import (BadRecordError, FileReadError, InsufficientResourcesError,
                                      JobFailedError, JobNotFoundError, JobNotRunningError,

@@ -336,7 +336,8 @@ def test_buffer_matching_equals_brute_force_on_both_index_paths():
     """The (key, ts)-sorted range search and the wide-buffer fallback (key runs, then a
     time filter) give exactly the pairs a double loop finds, and so does a buffer of
     many segments (appended in pieces, some merged, some cut by a time limit)."""
-    from raystream.engine.operators.interval_join import _Buffer, _match_by_key_runs, _Rows, SortedRows
+    from raystream.engine.operators.interval_index import SortedRows, _match_by_key_runs
+    from raystream.engine.operators.interval_join import _Buffer, _Rows
 
     rng = np.random.default_rng(1)
     for trial in range(200):

@@ -67,3 +67,55 @@ def test_no_module_imports_another_ones_private_names():
                               for alias in node.names
                               if alias.name.startswith("_") and not alias.name.startswith("__")]
     assert not found, "private names imported across modules:\n" + "\n".join(found)
+
+
+def runtime_imports() -> dict[str, set[str]]:
+    """Module -> the raystream modules it imports when it runs (at module level or in a
+    function; not those under ``if TYPE_CHECKING:``, which only the type checker reads)."""
+    modules = {}
+    for package in LAYERS:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(("raystream", *parts) if package != "raystream" else parts)
+            modules[name.removesuffix(".__init__")] = path
+
+    def resolve(name: str) -> str | None:  # a module, or the module a name is defined in
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+        found = graph.setdefault(name, set())
+        for node in ast.walk(tree):
+            if (id(node) in typing_only or not isinstance(node, ast.ImportFrom) or node.level
+                    or not (node.module or "").startswith("raystream")):
+                continue
+            module = node.module or ""
+            for target in [resolve(f"{module}.{a.name}") for a in node.names] + [resolve(module)]:
+                # a package importing its own modules (its __init__) is no cycle
+                if target and target != name and not target.startswith(f"{name}.") \
+                        and not name.startswith(f"{target}.") and target != "raystream":
+                    found.add(target)
+    return graph
+
+
+def test_no_import_cycles_at_run_time():
+    """No two modules need each other when they run: a function-level import that hides a
+    cycle is still one (the thing both need moves to a module of its own)."""
+    graph = runtime_imports()
+    cycles = []
+    for start in graph:  # a depth-first search from each module for a path back to it
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for target in graph.get(node, ()):
+                if target == start:
+                    cycles.append(" -> ".join([*path, start]))
+                elif target not in seen:
+                    seen.add(target)
+                    stack.append((target, [*path, target]))
+    assert not cycles, "import cycles:\n" + "\n".join(sorted(set(cycles))[:20])

@@ -16,7 +16,7 @@ big-endian throughout, timestamp and namespace offset by 2**63 so byte order is
 numeric order, the key encoded as the backend encodes keys. The two domains
 are two raw states of the backend, ``__timers_event_time`` and
 ``__timers_processing_time``, both of kind ``"timers"``
-(:data:`~raystream.checkpoint.disk_state.TIMERS_KIND`). A timer is unique on
+(:data:`~raystream.checkpoint.disk_sections.TIMERS_KIND`). A timer is unique on
 (timestamp, key, namespace) for free: registering it again writes the same
 entry. Registration of a batch is one write batch.
 
@@ -101,11 +101,11 @@ from typing import Any, Callable, Iterable, Iterator, cast
 
 import numpy as np
 
-from raystream.checkpoint.disk_layout import (MAX_ORDERED, SIGN, STATE_ID, group_bound,
+from raystream.checkpoint.disk_layout import (MAX_ORDERED, SIGN, STATE_ID, encode_key, group_bound,
                                              ordered_array, ordered_key, ordered_value,
                                              state_id_of, state_prefix, unordered_array)
-from raystream.checkpoint.disk_state import (TIMERS_KIND, DiskKeyedStateBackend, encode_key,
-                                             section_timer_entries)
+from raystream.checkpoint.disk_sections import TIMERS_KIND, section_timer_entries
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.timers.key_table import KeyTable
 from raystream.timers.service import TimerService, read_timer_section
 

@@ -61,6 +61,7 @@ import pyarrow as pa
 from raystream.checkpoint.disk_layout import (ORDERED, SEQUENCE, SIGN, STATE_ID, group_bound,
                                              state_id_of, state_prefix)
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
+from raystream.engine.operators.interval_index import SortedRows
 from raystream.engine.operators.keyed_rows import JoinSide, KeyedRows, concat_tables
 from raystream.timers.disk_service import DiskTimerService
 
@@ -291,8 +292,6 @@ class DiskJoinRows(_DiskRows):
         """Like the heap buffer's ``matches``: pairs of a probe row and a stored row of
         ``side`` with equal key ids and ``ts + offsets[0] <= stored ts <= ts + offsets[1]``:
         the probe rows' positions and the stored rows they pair with (None: no pair)."""
-        from raystream.engine.operators.interval_join import SortedRows
-
         empty = np.empty(0, np.int64), None
         order = np.argsort(kid, kind="stable")
         kids, first = np.unique(kid[order], return_index=True)

@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raystream.checkpoint.storage import fsync_dir
-from raystream.engine.datastream import SinkHandle
+from raystream.engine.sink_handle import SinkHandle
 from raystream.engine.operators.two_phase import Committer, SinkContext, SinkWriter
 from raystream.spark import commit_log
 from raystream.spark.commit_log import Location

@@ -30,7 +30,8 @@ import pyarrow as pa
 
 from raystream.actors.messages import MIN_WATERMARK
 from raystream.checkpoint.disk_incremental import IncrementalSnapshot
-from raystream.checkpoint.disk_state import DiskKeyedStateBackend, section_state_kinds
+from raystream.checkpoint.disk_sections import section_state_kinds
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.checkpoint.entry_keys import EntryKeys
 from raystream.checkpoint.envelope import is_keyed_state
 from raystream.checkpoint.heap_changelog import HeapIncrementalSnapshot

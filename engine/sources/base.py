@@ -28,6 +28,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from raystream.engine.sources.split_enumerator import StaticSplitEnumerator
+
 
 # The side output on which a source reader emits the rows describing splits it skipped
 # as unreadable (``read_files(..., errors="dead_letter")``).
@@ -76,8 +78,6 @@ class Source:
     def create_enumerator(self, context: Any, state: Any | None) -> Any:
         """The :class:`~raystream.engine.sources.split_enumerator.SplitEnumerator` that
         hands out the splits, restored from ``state`` (None at the start)."""
-        from raystream.engine.sources.split_enumerator import StaticSplitEnumerator
-
         return StaticSplitEnumerator(context, self.splits(), state)
 
     def handle_source_event(self, reader: Any, event: Any) -> None:

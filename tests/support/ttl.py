@@ -14,7 +14,7 @@ import pyarrow as pa
 from hypothesis import strategies as st
 
 import raystream as rs
-from raystream.checkpoint.disk_state import section_entries
+from raystream.checkpoint.disk_sections import section_entries
 from raystream.checkpoint.envelope import KEYED_STATE, SectionKind, read
 from raystream.checkpoint.state import HeapKeyedStateBackend
 from tests.support.functions import Avg
