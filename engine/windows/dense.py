@@ -302,12 +302,12 @@ class DiskDenseWindows:
         fire = timestamps == ends - 1
         cleanup = timestamps == ends - 1 + host.lateness
         due = fire | cleanup  # without lateness a firing timer cleans up too
-        starts, fire, cleanup = starts[due], fire[due], cleanup[due]
+        starts, ends, fire, cleanup = starts[due], ends[due], fire[due], cleanup[due]
         groups = host.timers.key_groups_of(kids[due])
         fired: list[tuple[int, int, np.ndarray, dict[str, np.ndarray]]] = []
         cleared, held = [], 0
-        for start in np.unique(starts).tolist():
-            end = int(host.window_ends(np.array([start]))[0])
+        distinct, first = np.unique(starts, return_index=True)
+        for start, end in zip(distinct.tolist(), ends[first].tolist()):
             at = starts == start
             for group in np.unique(groups[at & fire]).tolist():
                 found, values = panes.read(end, [group])

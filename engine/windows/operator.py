@@ -359,8 +359,7 @@ class WindowOperator(KeyedOperator):
             timestamps, kids, starts = pop()
             if not len(timestamps):
                 return
-            self._sync_key_columns(None, None)  # on disk: keys of timers read back
-            self.store.fire(timestamps, kids, starts)
+            self.store.fire(timestamps, kids, starts)  # emit_results syncs the key columns
 
     # -- output ---------------------------------------------------------------------------
     def release_key_ids(self) -> bool:
