@@ -54,6 +54,7 @@ from raystream.engine.windows.stream import CountWindowedStream, WindowedStream
 if TYPE_CHECKING:
     from raystream.engine.environment import StreamEnvironment
     from raystream.engine.windows.assigners import WindowAssigner
+    from raystream.engine.windows.triggers import Trigger
 
 Row = dict[str, Any]
 
@@ -156,7 +157,8 @@ class DataStream:
 
     def window_all(self, assigner: "WindowAssigner", *, timestamp: str | None = None,
                    allowed_lateness_ms: int = 0, late_output: str | None = None,
-                   pre_aggregate: bool = True) -> "WindowedStream":
+                   pre_aggregate: bool = True,
+                   trigger: "Trigger | None" = None) -> "WindowedStream":
         """Windows over the whole stream, not per key (Flink's ``windowAll``): one window
         operator subtask (parallelism 1) sees every record; built-in aggregates are still
         pre-aggregated per window upstream, at this stream's parallelism. Results have
@@ -179,7 +181,7 @@ class DataStream:
         return WindowedStream(keyed, assigner,
                               timestamp=timestamp or keyed.default_timestamp,
                               allowed_lateness_ms=allowed_lateness_ms, late_output=late_output,
-                              pre_aggregate=pre_aggregate, all_windows=True)
+                              pre_aggregate=pre_aggregate, all_windows=True, trigger=trigger)
 
     # -- operators -----------------------------------------------------------------------
     def _add(self, kind: str, default_name: str, create: Callable[[str], Operator], *,
@@ -392,7 +394,8 @@ class KeyedStream(DataStream):
 
     def window(self, assigner: "WindowAssigner", *, timestamp: str | None = None,
                allowed_lateness_ms: int = 0, late_output: str | None = None,
-               pre_aggregate: bool = True) -> "WindowedStream":
+               pre_aggregate: bool = True,
+               trigger: "Trigger | None" = None) -> "WindowedStream":
         """Cut each key's records into windows (``rs.TumblingEventTimeWindows``,
         ``rs.SlidingEventTimeWindows``, ``rs.EventTimeSessionWindows``, with a gap per
         record ``rs.EventTimeSessionWindows.with_dynamic_gap(...)``,
@@ -410,7 +413,7 @@ class KeyedStream(DataStream):
         """
         return WindowedStream(self, assigner, timestamp=timestamp or self.default_timestamp,
                               allowed_lateness_ms=allowed_lateness_ms, late_output=late_output,
-                              pre_aggregate=pre_aggregate)
+                              pre_aggregate=pre_aggregate, trigger=trigger)
 
     def count_window(self, size: int, slide: int | None = None) -> "CountWindowedStream":
         """Count windows per key (Flink's ``countWindow``): a window every ``size`` records

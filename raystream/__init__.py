@@ -42,9 +42,15 @@ from raystream.engine.operators.kafka_sink import KafkaSinkError
 from raystream.engine.sources.kafka import KafkaError, KafkaRecordError
 from raystream.engine.watermarks import BoundedOutOfOrderness
 from raystream.engine.windows.assigners import (DynamicEventTimeSessionWindows,
-                                                EventTimeSessionWindows, SlidingEventTimeWindows,
+                                                EventTimeSessionWindows, GlobalWindows,
+                                                SlidingEventTimeWindows,
                                                 TumblingEventTimeWindows,
                                                 TumblingProcessingTimeWindows)
+from raystream.engine.windows.triggers import (ContinuousEventTimeTrigger,
+                                               ContinuousProcessingTimeTrigger, CountTrigger,
+                                               EventTimeTrigger, NeverTrigger,
+                                               ProcessingTimeTrigger, PurgingTrigger, Trigger,
+                                               TriggerResult)
 from raystream.engine.windows.functions import ProcessWindowFunction, Window
 from raystream.engine.windows.join import WindowedTwoStreams
 from raystream.engine.windows.operator import WINDOW_TIME
@@ -62,7 +68,11 @@ __all__ = [
     "OperatorCoordinator", "OperatorCoordinatorContext", "SourceOperator", "SubtaskEventGateway",
     "RuntimeContext", "SinkHandle", "StreamEnvironment", "key_group_of", "key_group_range",
     "sources", "spark", "subtask_for_key_group",
-    "DynamicEventTimeSessionWindows", "EventTimeSessionWindows", "ProcessWindowFunction", "SlidingEventTimeWindows",
+    "DynamicEventTimeSessionWindows", "EventTimeSessionWindows", "GlobalWindows",
+    "ProcessWindowFunction", "SlidingEventTimeWindows",
+    "ContinuousEventTimeTrigger", "ContinuousProcessingTimeTrigger", "CountTrigger",
+    "EventTimeTrigger", "NeverTrigger", "ProcessingTimeTrigger", "PurgingTrigger", "Trigger",
+    "TriggerResult",
     "TumblingEventTimeWindows", "TumblingProcessingTimeWindows", "Window", "WINDOW_TIME",
     "WindowedStream", "CountWindowedStream",
     "IntervalBounds", "IntervalJoin", "IntervalJoined", "JoinContext", "KeyedCoProcessFunction",

@@ -25,11 +25,19 @@ nothing comes.
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
 import numpy as np
 
 Popped = tuple[np.ndarray, np.ndarray, np.ndarray]  # timestamps, key ids, namespaces
+
+
+class TimeDomain(Enum):
+    """The clock a timer follows: the watermark (event time) or the wall clock."""
+
+    EVENT_TIME = "event time"
+    PROCESSING_TIME = "processing time"
 
 
 class Timers(Protocol):

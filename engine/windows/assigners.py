@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from raystream.engine.errors import BadRecordError
-from raystream.engine.watermarks import MAX_SPAN_MS
+from raystream.engine.watermarks import EVENT_TIME_LIMIT_MS, MAX_SPAN_MS
 
 
 def _check_positive(**values: int) -> None:
@@ -218,6 +218,34 @@ class TumblingProcessingTimeWindows(TumblingEventTimeWindows):
     event_time = False
 
 
+GLOBAL_START = -EVENT_TIME_LIMIT_MS
+GLOBAL_END = EVENT_TIME_LIMIT_MS + 1  # every event time is before it: end - 1 is the last
+
+
+@dataclass(frozen=True)
+class GlobalWindows:
+    """One window per key holding all of its records (Flink's ``GlobalWindows``): it never
+    ends, so it fires only by a trigger given with it (its default trigger never fires),
+    e.g. ``trigger=rs.PurgingTrigger(rs.CountTrigger(count=100))``. Its results'
+    ``window_start`` and ``window_end`` are the ends of event time, ``-2^62`` and
+    ``2^62 + 1``.
+
+        >>> import numpy as np
+        >>> GlobalWindows().assign(np.array([5, -7]))[1].tolist() == [GLOBAL_START] * 2
+        True
+    """
+
+    event_time = False  # no end in event time: never late, no cleanup
+    merging = False
+
+    def assign(self, timestamps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return np.arange(len(timestamps)), np.full(len(timestamps), GLOBAL_START, np.int64)
+
+    def end_of(self, starts: np.ndarray) -> np.ndarray:
+        return np.full(len(starts), GLOBAL_END, dtype=np.int64)
+
+
 WindowAssigner = (TumblingEventTimeWindows | SlidingEventTimeWindows | EventTimeSessionWindows
-                  | DynamicEventTimeSessionWindows | TumblingProcessingTimeWindows)
+                  | DynamicEventTimeSessionWindows | TumblingProcessingTimeWindows
+                  | GlobalWindows)
 SessionWindows = EventTimeSessionWindows | DynamicEventTimeSessionWindows  # the merging ones

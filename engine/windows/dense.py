@@ -25,8 +25,9 @@ import pyarrow as pa
 
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.disk_panes import DiskPanes
-from raystream.engine.windows.store import (WINDOW_START, Assigned, DenseRows, WindowHost,
-                                            WindowSection, by_key_group, no_sections, rows_of)
+from raystream.engine.windows.store import (WINDOW_START, Assigned, DenseRows, DueTimers,
+                                            WindowHost, WindowSection, by_key_group,
+                                            no_sections, rows_of)
 
 # rows a disk window emits at once when it fires: its keys are read key group by key group
 # and emitted in chunks of about this many, so a window over millions of keys never sits
@@ -126,9 +127,10 @@ class HeapDenseWindows:
             host.register_timers(kids, starts, host.window_ends(starts))
         self._emit(fire_now)
 
-    def fire(self, timestamps: np.ndarray, kids: np.ndarray, starts: np.ndarray) -> None:
+    def fire(self, due: DueTimers) -> None:
         """A timer stands for its key group in its window: firing ones emit the window's
         keys of their groups, cleanup ones (the firing ones, without lateness) drop them."""
+        timestamps, kids, starts = due.timestamps, due.kids, due.starts
         host = self.host
         ends = host.window_ends(starts)
         fire = timestamps == ends - 1
@@ -289,7 +291,7 @@ class DiskDenseWindows:
                 host.emit_results(kids[due], starts[due], ends[due], spec.results(
                     {name: values[due] for name, values in merged.values.items()}))
 
-    def fire(self, timestamps: np.ndarray, kids: np.ndarray, starts: np.ndarray) -> None:
+    def fire(self, due: DueTimers) -> None:
         """A timer stands for its key group in its window: firing ones emit the window's
         keys of their groups (one range scan per group), then cleanup ones (the firing
         ones, without lateness) delete them by range.
@@ -297,13 +299,14 @@ class DiskDenseWindows:
         A window of millions of keys must not sit in memory at once (every key's window
         ends at the same time): the keys read are emitted whenever they reach
         :data:`FIRING_CHUNK_ROWS`, with a safe point for the key table after each emit."""
+        timestamps, kids, starts = due.timestamps, due.kids, due.starts
         host, panes = self.host, self.panes
         ends = host.window_ends(starts)
         fire = timestamps == ends - 1
         cleanup = timestamps == ends - 1 + host.lateness
-        due = fire | cleanup  # without lateness a firing timer cleans up too
-        starts, ends, fire, cleanup = starts[due], ends[due], fire[due], cleanup[due]
-        groups = host.timers.key_groups_of(kids[due])
+        acted = fire | cleanup  # without lateness a firing timer cleans up too
+        starts, ends, fire, cleanup = starts[acted], ends[acted], fire[acted], cleanup[acted]
+        groups = host.timers.key_groups_of(kids[acted])
         fired: list[tuple[int, int, np.ndarray, dict[str, np.ndarray]]] = []
         cleared, held = [], 0
         distinct, first = np.unique(starts, return_index=True)

@@ -18,6 +18,7 @@ window) of a batch, and per row only inside a user function.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -26,22 +27,33 @@ import pyarrow as pa
 from raystream.engine.windows.disk_entries import DiskChunks, DiskEntries
 from raystream.engine.windows.disk_generic_sessions import DiskGenericSessions
 from raystream.engine.windows.sessions import Windows, session_breaks
-from raystream.engine.windows.store import (Assigned, WindowHost, WindowSection, no_sections,
-                                            rows_of)
+from raystream.engine.windows.store import (Assigned, DueTimers, WindowHost, WindowSection,
+                                            no_sections, rows_of)
 
-_Groups = tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]
+@dataclass(frozen=True)
+class Accumulated:
+    """A batch's assignments grouped by (key, window), one accumulator per group: group
+    ``i`` is window ``[starts[i], ends[i])`` of key id ``kids[i]``, of ``sizes[i]`` rows,
+    the first of them (in the batch's order) at ``first_times[i]`` when the assignments
+    carry times."""
+
+    kids: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+    accumulators: list[Any]
+    sizes: np.ndarray
+    first_times: np.ndarray | None
 
 
-def _accumulate(host: WindowHost, batch: pa.RecordBatch, assigned: Assigned) -> _Groups:
+def accumulate(host: WindowHost, batch: pa.RecordBatch, assigned: Assigned) -> Accumulated:
     """The batch's assignments grouped by (key, window) (for session windows: by key, the
-    rows within a gap of each other), one accumulator per group: (key ids, starts, ends,
-    accumulators)."""
+    rows within a gap of each other), one accumulator per group."""
     kids, starts, ends = assigned.kids, assigned.starts, assigned.ends
     if host.assigner.merging:  # sorted by (key, time), split where sessions do not meet
         order = np.lexsort((starts, kids))
         kids, starts, ends = kids[order], starts[order], ends[order]
         breaks = np.flatnonzero(session_breaks(kids, starts, ends)[1:])
-    else:
+    else:  # lexsort is stable: a group's rows keep the batch's order
         order = np.lexsort((kids, starts))
         kids, starts, ends = kids[order], starts[order], ends[order]
         breaks = np.flatnonzero((np.diff(kids) != 0) | (np.diff(starts) != 0))
@@ -51,8 +63,10 @@ def _accumulate(host: WindowHost, batch: pa.RecordBatch, assigned: Assigned) -> 
     group_ends = np.maximum.reduceat(ends, firsts) if len(order) else ends
     table = pa.Table.from_batches([batch])
     sorted_rows = rows_of(table, table.column_names, assigned.rows[order])
-    return (kids[firsts], group_starts, group_ends,
-            host.function.accumulate(sorted_rows, offsets))
+    times = assigned.times
+    return Accumulated(kids[firsts], group_starts, group_ends,
+                       host.function.accumulate(sorted_rows, offsets), np.diff(offsets),
+                       None if times is None else times[order][firsts])
 
 
 class _SessionTimers:
@@ -98,7 +112,8 @@ class HeapGenericWindows:
         assigned = host.judge_late(batch, assigned, held=self._windows_of)
         if not len(assigned):
             return
-        kids, starts, ends, accumulators = _accumulate(host, batch, assigned)
+        groups = accumulate(host, batch, assigned)
+        kids, starts, ends = groups.kids, groups.starts, groups.ends
         merging = host.assigner.merging
         touched: dict[tuple[int, int], int] = {}  # (key id, start) -> its watermark
         # the watermark judging each (key, window): computed once for the batch
@@ -106,7 +121,7 @@ class HeapGenericWindows:
         session_timers = _SessionTimers()
         merge = host.function.merge
         for kid, start, end, acc, watermark in zip(kids.tolist(), starts.tolist(),
-                                                   ends.tolist(), accumulators,
+                                                   ends.tolist(), groups.accumulators,
                                                    watermarks.tolist()):
             if merging:
                 start, end = self._merge_session(kid, start, end, acc, session_timers)
@@ -128,9 +143,10 @@ class HeapGenericWindows:
         if fire_now:
             self._emit([(kid, start, *entries[(kid, start)]) for kid, start in fire_now])
 
-    def fire(self, timestamps: np.ndarray, kids: np.ndarray, starts: np.ndarray) -> None:
+    def fire(self, due: DueTimers) -> None:
         """Firing timers emit their windows, cleanup ones (the firing ones, without
         lateness) drop them."""
+        timestamps, kids, starts = due.timestamps, due.kids, due.starts
         entries = self.entries
         ends = np.array([entries.get((k, s), [0])[0]
                          for k, s in zip(kids.tolist(), starts.tolist())], dtype=np.int64)
@@ -221,9 +237,9 @@ class DiskGenericSessionWindows(HeapGenericWindows):
         with self._loaded(assigned.kids):  # their open sessions judge late rows
             super().add(batch, assigned)
 
-    def fire(self, timestamps: np.ndarray, kids: np.ndarray, starts: np.ndarray) -> None:
-        with self._loaded(kids):
-            super().fire(timestamps, kids, starts)
+    def fire(self, due: DueTimers) -> None:
+        with self._loaded(due.kids):
+            super().fire(due)
 
     def capture(self) -> Callable[[], dict[int, WindowSection]]:
         return no_sections
@@ -252,7 +268,9 @@ class DiskGenericWindows:
         assigned = host.judge_late(batch, assigned)
         if not len(assigned):
             return
-        kids, starts, ends, accumulators = _accumulate(host, batch, assigned)
+        groups = accumulate(host, batch, assigned)
+        kids, starts, ends, accumulators = (groups.kids, groups.starts, groups.ends,
+                                            groups.accumulators)
         keys = disk.entry_keys(kids, ends)
         merged: list[Any] | None = None
         if isinstance(disk, DiskChunks):
@@ -279,11 +297,12 @@ class DiskGenericWindows:
         host.emit_windows([(int(kids[i]), int(starts[i]), int(ends[i]), entry[1])
                            for i, entry in zip(due, entries) if entry is not None])
 
-    def fire(self, timestamps: np.ndarray, kids: np.ndarray, starts: np.ndarray) -> None:
+    def fire(self, due: DueTimers) -> None:
         """The firing windows read with one multi-get (a ``ProcessWindowFunction``'s: its
         markers, then its chunks) and emitted, the cleanup ones deleted with one write
         batch (without allowed lateness every firing is its window's cleanup: read and
         deleted at once)."""
+        timestamps, kids, starts = due.timestamps, due.kids, due.starts
         host, disk = self.host, self.disk
         ends = host.window_ends(starts)
         fire = timestamps == ends - 1

@@ -89,7 +89,7 @@ from raystream.engine.operators.keyed_rows import (BufferedJoinOperator, JoinSid
                                                    joined_names)
 from raystream.engine.windows import disk_session_join
 from raystream.engine.windows.assigners import (DynamicEventTimeSessionWindows,
-                                                EventTimeSessionWindows,
+                                                EventTimeSessionWindows, GlobalWindows,
                                                 SlidingEventTimeWindows,
                                                 TumblingEventTimeWindows, WindowAssigner)
 from raystream.engine.windows.disk_session_join import DiskSessionRows
@@ -149,8 +149,8 @@ class WindowJoinSpec:
     def windows(self) -> JoinWindows:
         """The assigner, of a kind a join takes (``__post_init__`` refused the others)."""
         assigner = self.assigner
-        if isinstance(assigner, DynamicEventTimeSessionWindows):
-            raise TypeError("a window join over session windows of a dynamic gap")
+        if isinstance(assigner, (DynamicEventTimeSessionWindows, GlobalWindows)):
+            raise TypeError(f"a window join over {type(assigner).__name__}")
         return assigner
 
     def output_names(self, left: list[str], right: list[str], where: str) -> list[str]:

@@ -50,7 +50,7 @@ from raystream.engine.operators.keyed import KeyedOperator
 from raystream.engine.watermarks import MAX_LATENESS_MS, timestamps_ms
 from raystream.engine.windows import (disk_entries, disk_generic_sessions, disk_panes,
                                       disk_sessions)
-from raystream.engine.windows.assigners import SessionWindows, WindowAssigner
+from raystream.engine.windows.assigners import GlobalWindows, SessionWindows, WindowAssigner
 from raystream.engine.windows.dense import DiskDenseWindows, HeapDenseWindows
 from raystream.engine.windows.disk_entries import DiskChunks, DiskEntries
 from raystream.engine.windows.disk_generic_sessions import DiskGenericSessions
@@ -62,7 +62,14 @@ from raystream.engine.windows.generic import (DiskGenericSessionWindows, DiskGen
                                               HeapGenericWindows)
 from raystream.engine.windows.session_windows import DiskSessionWindows, HeapSessionWindows
 from raystream.engine.windows.sessions import Windows, late_for_sessions
-from raystream.engine.windows.store import WINDOW_START, Assigned, WindowSection, WindowStore
+from raystream.engine.windows.store import (WINDOW_START, Assigned, DueTimers, WindowSection,
+                                            WindowStore)
+from raystream.engine.windows.triggered import (KIND as TRIGGERED_KIND,
+                                                STATE_NAME as TRIGGERED_STATE,
+                                                DiskTriggerEntries, HeapTriggerEntries,
+                                                TriggeredWindows)
+from raystream.engine.windows.triggers import Trigger, default_trigger
+from raystream.timers.protocol import Popped, TimeDomain
 
 WINDOW_TIME = "window_end - 1"
 """``timestamp=WINDOW_TIME``: a window result's event time, ``window_end - 1`` (Flink's
@@ -73,6 +80,11 @@ finds it late (unless it is a late re-firing within the allowed lateness)."""
 LATE_LOG_INTERVAL_S = 60.0  # at most one "dropped late records" log per operator per interval
 
 log = logging.getLogger(__name__)
+
+
+def wall_clock_ms() -> int:
+    """Processing time: the wall clock in ms since the epoch."""
+    return int(time.time() * 1000)
 
 
 def event_times(batch: pa.RecordBatch, timestamp: str, *, where: str) -> np.ndarray:
@@ -132,18 +144,29 @@ class WindowOperator(KeyedOperator):
     supports_disk_state = True
     disk_only_kinds = (disk_panes.KIND, disk_sessions.KIND, disk_entries.KIND,
                        disk_entries.CHUNKS_KIND,
-                       disk_generic_sessions.KIND)
+                       disk_generic_sessions.KIND, TRIGGERED_KIND)
     label = "window"
 
     def __init__(self, name: str, keys: KeySelector, assigner: WindowAssigner, *,
                  function: WindowFunction, timestamp: str | None, allowed_lateness_ms: int = 0,
                  late_output: str | None = None, partial_input: bool = False,
-                 schema: pa.Schema | None = None, emit_keys: bool = True) -> None:
+                 schema: pa.Schema | None = None, emit_keys: bool = True,
+                 trigger: Trigger | None = None,
+                 clock: Callable[[], int] = wall_clock_ms) -> None:
         super().__init__(name, keys)
-        if assigner.event_time and not timestamp and not partial_input:
-            raise ValueError(f"window '{name}': event-time windows need the timestamp column "
-                             f"(window(..., timestamp='ts'); a window's results have the "
-                             f"default rs.WINDOW_TIME)")
+        self.clock = clock  # processing time's (a test drives its own)
+        default = default_trigger(assigner)
+        self.trigger = default if trigger is None else trigger
+        # a trigger of its own (or a global window): the triggered store
+        self.triggered = isinstance(assigner, GlobalWindows) or self.trigger != default
+        self.trigger_times = self.trigger.record_times
+        if (assigner.event_time or self.trigger_times) and not timestamp and not partial_input:
+            raise ValueError(f"window '{name}': event-time windows and triggers need the "
+                             f"timestamp column (window(..., timestamp='ts'); a window's "
+                             f"results have the default rs.WINDOW_TIME)")
+        if self.triggered and (assigner.merging or partial_input):
+            raise ValueError(f"window '{name}': session windows keep their default trigger "
+                             f"({type(default).__name__}), got {self.trigger}")
         if allowed_lateness_ms < 0:
             raise ValueError(f"window '{name}': allowed_lateness_ms must be >= 0")
         if not assigner.event_time and allowed_lateness_ms:
@@ -173,6 +196,9 @@ class WindowOperator(KeyedOperator):
     def max_parallelism(self) -> int:
         return self.ctx.max_parallelism
 
+    def now_ms(self) -> int:
+        return self.clock()
+
     @property
     def store(self) -> WindowStore:
         if self._store is None:
@@ -193,6 +219,11 @@ class WindowOperator(KeyedOperator):
         restored (a disk store finds its entries in it)."""
         fn, merging = self.function, self.assigner.merging
         backend = self.backend
+        if self.triggered:
+            if not isinstance(backend, DiskKeyedStateBackend):
+                return TriggeredWindows(self, self.trigger, HeapTriggerEntries())
+            return TriggeredWindows(self, self.trigger, DiskTriggerEntries(DiskEntries(
+                backend, self.disk_timers, name=TRIGGERED_STATE, kind=TRIGGERED_KIND)))
         if not isinstance(backend, DiskKeyedStateBackend):
             if isinstance(fn, BuiltinAggregates):
                 return (HeapSessionWindows(self, fn.spec) if merging
@@ -244,19 +275,20 @@ class WindowOperator(KeyedOperator):
         else:
             if isinstance(self.function, BuiltinAggregates):
                 self.function.spec.check_input(batch.schema, where=f"window '{self.name}'")
-            if self.assigner.event_time:
+            if self.assigner.event_time or self.trigger_times:
                 if self.timestamp is None:  # __init__ requires it for event time
                     raise ValueError(f"window '{self.name}': event-time windows need the "
                                      f"timestamp column")
                 times = event_times(batch, self.timestamp, where=f"window '{self.name}'")
             else:
-                times = np.full(batch.num_rows, int(time.time() * 1000), dtype=np.int64)
+                times = np.full(batch.num_rows, self.now_ms(), dtype=np.int64)
             rows, starts = self.assigner.assign(times)
         if isinstance(self.assigner, SessionWindows):  # each row's gap: [ts, ts + gap)
             ends = starts + self.assigner.gaps(batch, where=f"window '{self.name}'")[rows]
         else:
             ends = self.window_ends(starts)
-        self.store.add(batch, Assigned(rows, starts, ends, key_ids[rows]))
+        self.store.add(batch, Assigned(rows, starts, ends, key_ids[rows],
+                                       times[rows] if self.triggered else None))
 
     def window_ends(self, starts: np.ndarray) -> np.ndarray:
         """The ends of fixed windows of ``starts`` (a session's end is its own)."""
@@ -335,22 +367,26 @@ class WindowOperator(KeyedOperator):
 
     def process_watermark(self, watermark: int) -> None:
         self.advance_watermark(watermark)
-        self._on_timers(lambda: self.timers.advance_watermark(watermark))
+        self._on_timers(lambda: self.timers.advance_watermark(watermark), TimeDomain.EVENT_TIME,
+                        self.now_ms())
         self.output.emit_watermark(watermark)
 
     def next_processing_time(self) -> int | None:
         return self.timers.next_processing_time()
 
     def on_processing_time(self, now_ms: int) -> None:
-        self._on_timers(lambda: self.timers.fire_processing_time(now_ms))
+        self._on_timers(lambda: self.timers.fire_processing_time(now_ms),
+                        TimeDomain.PROCESSING_TIME, now_ms)
 
     def finish(self) -> None:
-        # Processing-time windows still open at the end of the input fire now
+        # Processing-time windows and timers still open at the end of the input fire now
         # rather than vanish (their time would never come).
-        if not self.assigner.event_time:
-            self._on_timers(lambda: self.timers.fire_processing_time(np.iinfo(np.int64).max))
+        if not self.assigner.event_time or TimeDomain.PROCESSING_TIME in self.trigger.domains:
+            end = int(np.iinfo(np.int64).max)
+            self._on_timers(lambda: self.timers.fire_processing_time(end),
+                            TimeDomain.PROCESSING_TIME, end)
 
-    def _on_timers(self, pop: Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+    def _on_timers(self, pop: Callable[[], Popped], domain: TimeDomain, now_ms: int) -> None:
         """Fire the due timers ``pop`` returns, pop after pop until none is due; each
         pop's windows are emitted within its iteration, so before the next pop (on disk
         a bounded chunk) is a safe point."""
@@ -359,7 +395,8 @@ class WindowOperator(KeyedOperator):
             timestamps, kids, starts = pop()
             if not len(timestamps):
                 return
-            self.store.fire(timestamps, kids, starts)  # emit_results syncs the key columns
+            # emit_results syncs the key columns
+            self.store.fire(DueTimers(timestamps, kids, starts, domain, now_ms))
 
     # -- output ---------------------------------------------------------------------------
     def release_key_ids(self) -> bool:

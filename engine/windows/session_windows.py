@@ -25,8 +25,8 @@ import pyarrow as pa
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.disk_sessions import DiskSessions
 from raystream.engine.windows.sessions import Merged, SessionStore, session_breaks
-from raystream.engine.windows.store import (Assigned, SessionRows, WindowHost, WindowSection,
-                                            by_key_group, no_sections, rows_of)
+from raystream.engine.windows.store import (Assigned, DueTimers, SessionRows, WindowHost,
+                                            WindowSection, by_key_group, no_sections, rows_of)
 
 _Sessions = tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]
 
@@ -103,8 +103,8 @@ class HeapSessionWindows:
         if len(assigned):
             _merged(self.host, store, store.add(*_sessions_of(self.spec, batch, assigned)))
 
-    def fire(self, timestamps: np.ndarray, kids: np.ndarray, starts: np.ndarray) -> None:
-        _fire(self.host, self.store, timestamps, kids, starts)
+    def fire(self, due: DueTimers) -> None:
+        _fire(self.host, self.store, due.timestamps, due.kids, due.starts)
 
     def capture(self) -> Callable[[], dict[int, WindowSection]]:
         store, timers = self.store, self.host.timers  # arrays are replaced, never changed
@@ -143,10 +143,11 @@ class DiskSessionWindows:
             _merged(self.host, store,
                     disk.merge(loaded, *_sessions_of(self.spec, batch, assigned)))
 
-    def fire(self, timestamps: np.ndarray, kids: np.ndarray, starts: np.ndarray) -> None:
+    def fire(self, due: DueTimers) -> None:
         """The due keys' sessions: read, fired, and written back where a session went past
         its lateness (firing changes no session; a pop holds many keys, most merely
         fired)."""
+        timestamps, kids, starts = due.timestamps, due.kids, due.starts
         disk = self.disk
         distinct = np.unique(kids)
         keys = disk.entry_keys(distinct)

@@ -8,8 +8,9 @@ keeps what the windows hold and is asked four things:
   pre-aggregator's partials) into their windows; register the timers of the windows new
   to it, and fire again at once a window that had fired and took in rows within the
   allowed lateness;
-* :meth:`~WindowStore.fire`: the due timers (timestamp, key id, window start): emit the
-  windows whose firing time it is, drop those whose cleanup time it is;
+* :meth:`~WindowStore.fire`: the due timers (:class:`DueTimers`: timestamp, key id,
+  window start, and their time domain): emit the windows whose firing time it is, drop
+  those whose cleanup time it is;
 * :meth:`~WindowStore.capture`: the synchronous part of a snapshot, returning the
   asynchronous part that gives a :class:`WindowSection` per key group;
 * :meth:`~WindowStore.restore` a key group's section, then :meth:`~WindowStore.restored`
@@ -49,7 +50,7 @@ import pyarrow as pa
 from raystream.engine.windows.assigners import WindowAssigner
 from raystream.engine.windows.functions import WindowFunction
 from raystream.engine.windows.sessions import Windows
-from raystream.timers.protocol import Timers
+from raystream.timers.protocol import TimeDomain, Timers
 
 WINDOW_START = "__window_start"  # pre-aggregated partial rows: their window's (or pane's) start
 
@@ -60,7 +61,9 @@ _READABLE_VERSIONS = (2, 3)
 @dataclass(frozen=True)
 class Assigned:
     """A batch's window assignments: row ``rows[i]`` belongs to window ``[starts[i],
-    ends[i])`` of key id ``kids[i]`` (a row of sliding windows appears once per window).
+    ends[i])`` of key id ``kids[i]`` (a row of sliding windows appears once per window);
+    ``times[i]``: the row's event time (or the clock's, for processing time), given to
+    stores of triggered windows.
 
         >>> import numpy as np
         >>> a = Assigned(np.array([0, 1]), np.array([0, 10]), np.array([10, 20]),
@@ -73,12 +76,27 @@ class Assigned:
     starts: np.ndarray
     ends: np.ndarray
     kids: np.ndarray
+    times: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def where(self, mask: np.ndarray) -> Assigned:
-        return Assigned(self.rows[mask], self.starts[mask], self.ends[mask], self.kids[mask])
+        return Assigned(self.rows[mask], self.starts[mask], self.ends[mask], self.kids[mask],
+                        None if self.times is None else self.times[mask])
+
+
+@dataclass(frozen=True)
+class DueTimers:
+    """Timers a pop returned, in one time domain: timer ``i`` at ``timestamps[i]`` of the
+    window starting at ``starts[i]`` of key id ``kids[i]``; ``now_ms`` is the clock (the
+    largest time at the end of the input, when processing-time windows fire)."""
+
+    timestamps: np.ndarray
+    kids: np.ndarray
+    starts: np.ndarray
+    domain: TimeDomain
+    now_ms: int
 
 
 class WindowHost(Protocol):
@@ -98,6 +116,10 @@ class WindowHost(Protocol):
     def max_parallelism(self) -> int: ...
 
     def watermarks_of_key_ids(self, key_ids: np.ndarray) -> np.ndarray | int: ...
+
+    def now_ms(self) -> int:
+        """The clock of processing time, in ms since the epoch."""
+        ...
 
     def window_ends(self, starts: np.ndarray) -> np.ndarray: ...
 
@@ -149,11 +171,14 @@ class SessionRows:
 @dataclass(frozen=True)
 class WindowSection:
     """One key group's windows in a checkpoint: the dense layout's, the columnar
-    sessions', and the generic layout's ``(key, start, end, frozen accumulator)``."""
+    sessions', the generic layout's ``(key, start, end, frozen accumulator)`` and the
+    triggered layout's ``(key, start, end, records since the last firing, frozen
+    accumulator or None when purged)``."""
 
     dense: DenseRows | None = None
     sessions: SessionRows | None = None
     generic: list[tuple[Any, int, int, Any]] = field(default_factory=list)
+    triggered: list[tuple[Any, int, int, int, Any]] = field(default_factory=list)
 
     def encode(self) -> bytes:
         dense, sessions = self.dense, self.sessions
@@ -161,7 +186,7 @@ class WindowSection:
             "dense": None if dense is None else (dense.starts, dense.keys, dense.columns),
             "sessions": None if sessions is None else (sessions.keys, sessions.starts,
                                                        sessions.ends, sessions.partials),
-            "generic": self.generic}), protocol=5)
+            "generic": self.generic, "triggered": self.triggered}), protocol=5)
 
     @staticmethod
     def decode(blob: bytes, *, group: int, where: str) -> WindowSection:
@@ -173,7 +198,8 @@ class WindowSection:
         dense, sessions = content["dense"], content.get("sessions")
         return WindowSection(dense=None if dense is None else DenseRows(*dense),
                              sessions=None if sessions is None else SessionRows(*sessions),
-                             generic=content["generic"])
+                             generic=content["generic"],
+                             triggered=content.get("triggered", []))
 
     def session_rows(self, partial_columns: list[str]) -> SessionRows | None:
         """The columnar sessions, also of a version-2 section (which held them one by one
@@ -189,9 +215,10 @@ class WindowSection:
 
     def only(self, *layouts: str, where: str) -> None:
         """Refuse a section that holds windows of a layout other than ``layouts``
-        (``"dense"``, ``"sessions"``, ``"generic"``)."""
+        (``"dense"``, ``"sessions"``, ``"generic"``, ``"triggered"``)."""
         held = [name for name, value in (("dense", self.dense), ("sessions", self.sessions),
-                                         ("generic", self.generic)) if value]
+                                         ("generic", self.generic),
+                                         ("triggered", self.triggered)) if value]
         other = [name for name in held if name not in layouts]
         if other:
             raise ValueError(f"{where}: the checkpoint holds {other[0]} windows, this "
@@ -204,7 +231,7 @@ class WindowStore(Protocol):
 
     def add(self, batch: pa.RecordBatch, assigned: Assigned) -> None: ...
 
-    def fire(self, timestamps: np.ndarray, kids: np.ndarray, starts: np.ndarray) -> None: ...
+    def fire(self, due: DueTimers) -> None: ...
 
     def capture(self) -> Callable[[], dict[int, WindowSection]]: ...
 

@@ -35,13 +35,15 @@ from raystream.checkpoint.state import AggregateFunction
 from raystream.actors.partitioners import PartitionSpec
 from raystream.engine.graph import InputEdge
 from raystream.engine.windows.aggregates import AggregateSpec
-from raystream.engine.windows.assigners import DynamicEventTimeSessionWindows, WindowAssigner
+from raystream.engine.windows.assigners import (DynamicEventTimeSessionWindows, GlobalWindows,
+                                                WindowAssigner)
 from raystream.engine.windows.count import CountWindowOperator
 from raystream.engine.windows.functions import (BuiltinAggregates, ProcessWindow,
                                                 ProcessWindowFunction, UserAggregate,
                                                 WindowFunction)
 from raystream.engine.windows.operator import WINDOW_TIME, WindowOperator
 from raystream.engine.windows.pre_aggregate import WindowPreAggregator
+from raystream.engine.windows.triggers import Trigger, default_trigger
 
 if TYPE_CHECKING:
     from raystream.engine.datastream import DataStream, KeyedStream
@@ -83,7 +85,9 @@ class WindowedStream(_Shorthands):
     counted in the operator's metrics (``late_records_dropped``), as in Flink.
     ``pre_aggregate``: combine per (key, window) before the shuffle where
     possible (built-in aggregates, tumbling or sliding event time, column
-    keys, no late output).
+    keys, no late output, the default trigger). ``trigger``: when a window fires
+    (:mod:`raystream.engine.windows.triggers`; by default once the watermark, or for
+    processing-time windows the clock, passes its end; global windows need one).
 
     ``timestamp`` defaults to ``rs.WINDOW_TIME`` (``window_end - 1``) when the
     stream holds a window's results. For ``window_all`` (``all_windows``) the
@@ -92,7 +96,19 @@ class WindowedStream(_Shorthands):
 
     def __init__(self, keyed: "KeyedStream", assigner: WindowAssigner, *, timestamp: str | None,
                  allowed_lateness_ms: int, late_output: str | None, pre_aggregate: bool,
-                 all_windows: bool = False) -> None:
+                 all_windows: bool = False, trigger: Trigger | None = None) -> None:
+        if trigger is not None and not isinstance(trigger, Trigger):
+            raise TypeError(f"window(trigger=...) takes a trigger (rs.CountTrigger(count=10), "
+                            f"rs.ContinuousEventTimeTrigger(interval_ms=1000), ...), got "
+                            f"{trigger!r}")
+        default = default_trigger(assigner)
+        if assigner.merging and trigger is not None and trigger != default:
+            raise ValueError(f"window(trigger={trigger}): session windows keep their default "
+                             f"trigger ({default})")
+        self.trigger = trigger
+        # a trigger of its own, or a global window: no pre-aggregation (a trigger counts
+        # and times records, not partials)
+        self.triggered = isinstance(assigner, GlobalWindows) or (trigger or default) != default
         self.keyed = keyed
         self.assigner = assigner
         self.timestamp = timestamp
@@ -157,7 +173,8 @@ class WindowedStream(_Shorthands):
         keys = keyed.keys
         options: dict[str, Any] = dict(
             timestamp=self.timestamp, allowed_lateness_ms=self.allowed_lateness_ms,
-            late_output=self.late_output, schema=schema, emit_keys=not self.all_windows)
+            late_output=self.late_output, schema=schema, emit_keys=not self.all_windows,
+            trigger=self.trigger)
         name = name or ("window_all" if self.all_windows else "window")
         parallelism = 1 if self.all_windows else None
         timestamp, columns = self.timestamp, keys.columns
@@ -166,7 +183,7 @@ class WindowedStream(_Shorthands):
             spec.check_outputs([*emitted_keys, "window_start", "window_end"],
                                where=f"{name} aggregates")
         if (spec is not None and self.pre_aggregate and assigner.event_time
-                and not assigner.merging and self.late_output is None and columns
+                and not assigner.merging and not self.triggered and self.late_output is None and columns
                 and timestamp is not None):  # (without one the window operator raises)
             upstream = keyed.plain()
             pre = upstream._add(
