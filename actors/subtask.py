@@ -31,6 +31,7 @@ master stops it.
 from __future__ import annotations
 
 import collections
+import enum
 import functools
 import gc
 import os
@@ -126,13 +127,21 @@ class _InProgress:
                         [rest], rest.num_rows)
 
 
+class SubtaskEnding(enum.Enum):
+    """How a subtask's run ended."""
+
+    FINISHED = "finished"  # stopped after its input ended and its output was committed
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+
 @dataclass
 class TerminationReport:
     """How a subtask ended, returned to the job master."""
 
     vertex_id: int
     index: int
-    status: str  # "FINISHED" (stopped after finishing) | "FAILED" | "CANCELED"
+    status: SubtaskEnding
     error: str | None = None
     operator: str | None = None
     traceback: str | None = None
@@ -358,7 +367,7 @@ class Subtask:
             # machine, a pause every row in flight waits out)
             gc.freeze()
             self._loop()
-            self._finish("CANCELED" if self.cancelled else "FINISHED")
+            self._finish(SubtaskEnding.CANCELED if self.cancelled else SubtaskEnding.FINISHED)
         except OperatorFailure as failure:
             self._fail(failure.operator, failure.cause, failure.traceback)
         except BaseException as exc:  # the runtime itself failed: still report, never hang
@@ -561,7 +570,7 @@ class Subtask:
         if self.coordinated:  # the synchronous snapshot is taken: reopen their gateways
             self.spec.master.acknowledge_coordinator_checkpoint.remote(
                 self.spec.attempt, list(self.coordinated), self.spec.index, barrier.checkpoint_id)
-        if barrier.stop:
+        if barrier.kind.stops:
             self.stopped_by = barrier.checkpoint_id
 
     def _flush_outputs(self) -> None:
@@ -742,7 +751,7 @@ class Subtask:
                                                     self.spec.index, results)
 
     # -- endings ------------------------------------------------------------------
-    def _finish(self, status: str) -> None:
+    def _finish(self, status: SubtaskEnding) -> None:
         self.report = TerminationReport(self.spec.vertex.id, self.spec.index, status,
                                         metrics=self._metrics())
         self.exporter.export(self.report.metrics)
@@ -752,7 +761,8 @@ class Subtask:
         notes = "".join(f"\n  {note}" for note in getattr(cause, "__notes__", []))
         message = (f"operator '{operator}' (subtask {self.spec.index + 1}/{vertex.parallelism}) "
                    f"failed: {type(cause).__name__}: {cause}{notes}")
-        self.report = TerminationReport(vertex.id, self.spec.index, "FAILED", error=message,
+        self.report = TerminationReport(vertex.id, self.spec.index, SubtaskEnding.FAILED,
+                                        error=message,
                                         operator=operator, traceback=traceback_text,
                                         metrics=self._metrics())
         self.exporter.export(self.report.metrics)

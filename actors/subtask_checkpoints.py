@@ -44,8 +44,8 @@ from raystream.checkpoint.restore import OperatorRestore, RestoreSpec
 from raystream.checkpoint.sections import decode_sections, encode_sections
 from raystream.checkpoint.snapshot_stats import SnapshotStats
 from raystream.checkpoint.state_backend import StateBackend, StateBackendChoice
-from raystream.checkpoint.storage import (SAVEPOINT_JOB_KEY, CheckpointStorage, StateHandle,
-                                          safe_name)
+from raystream.checkpoint.storage import (CheckpointStorage, StateHandle, safe_name,
+                                          snapshot_destination)
 from raystream.checkpoint.watermark_floors import WatermarkFloors, runs_of
 from raystream.core.failpoints import Failpoints
 from raystream.actors.operator import (Operator, OperatorSnapshot, RestoredState,
@@ -196,7 +196,7 @@ class SubtaskCheckpointer:
         output_state = self.forward_barrier(barrier, unaligned) if forward else None
         parts = [p for p in (input_state, output_state) if p is not None]
         self._channel_parts = [p for p in self._channel_parts if not p.done.is_set()] + parts
-        self.failpoints.hit("in_snapshot", final=barrier.final)
+        self.failpoints.hit("in_snapshot", final=barrier.kind.is_final)
         snapshots = [(name, call_operator(op, "snapshot_state", n))
                      for name, op in zip(self.names, self.operators)]
         self.sync_pause_s = time.perf_counter() - started
@@ -220,7 +220,7 @@ class SubtaskCheckpointer:
         n = barrier.checkpoint_id
         coordinator = self.spec.coordinator
         try:
-            self.failpoints.hit("in_async_write", final=barrier.final)
+            self.failpoints.hit("in_async_write", final=barrier.kind.is_final)
             written: dict[str, dict] = {}
             size = 0
             for name, snapshot in snapshots:
@@ -276,16 +276,15 @@ class SubtaskCheckpointer:
     def _write_operator(self, barrier: Barrier, name: str,
                         snapshot: OperatorSnapshot) -> dict[str, Any]:
         n, stem = barrier.checkpoint_id, f"{safe_name(name)}-{self.index}"
-        state_storage, state_job = self.storage, self.spec.job_key
-        if barrier.savepoint_target is not None:  # a savepoint owns its files: never deleted
-            state_storage, state_job = CheckpointStorage(barrier.savepoint_target), SAVEPOINT_JOB_KEY
+        state_storage, state_job = snapshot_destination(self.storage, self.spec.job_key,
+                                                        barrier.savepoint_target)
         if snapshot.make_durable is not None:  # output handed over before the barrier
             snapshot.make_durable()
         entry: dict[str, Any] = {}  # file handles by kind
         if snapshot.operator_state is not None:
             entry["operator_state"] = state_storage.write_state(
                 state_job, n, f"{stem}.op", snapshot.operator_state()).to_json()
-        if snapshot.keyed_db is not None and barrier.savepoint_target is None:
+        if snapshot.keyed_db is not None and not barrier.kind.is_savepoint:
             # (a savepoint: keyed_state() below writes the database whole, as sections)
             entry["keyed_db"] = snapshot.keyed_db.upload(self.storage, self.spec.job_key, n, stem)
         if snapshot.keyed_state is not None:

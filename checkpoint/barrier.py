@@ -1,8 +1,50 @@
-"""The checkpoint barrier: what the coordinator triggers and subtasks pass on."""
+"""The checkpoint barrier: what the coordinator triggers and subtasks pass on, and the
+kind of snapshot it takes."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+
+
+class SnapshotKind(enum.Enum):
+    """What a checkpoint barrier takes (one value, where three flags said it before).
+
+        >>> SnapshotKind.DRAIN_SAVEPOINT.is_final, SnapshotKind.DRAIN_SAVEPOINT.stops
+        (True, True)
+        >>> SnapshotKind.SAVEPOINT.commits  # a running job's savepoint: no side effects
+        False
+    """
+
+    CHECKPOINT = "checkpoint"  # periodic
+    FINAL_CHECKPOINT = "final checkpoint"  # after every subtask's end of input (FLIP-147)
+    SAVEPOINT = "savepoint"  # of a running job: it commits nothing, serves no failover
+    STOP_SAVEPOINT = "stop-with-savepoint"  # sources emit nothing after its barrier
+    DRAIN_SAVEPOINT = "drain savepoint"  # a drained job's final checkpoint, as a savepoint
+
+    @property
+    def is_savepoint(self) -> bool:
+        """Its state goes to a savepoint's directory, which the job never deletes."""
+        return self in _SAVEPOINTS
+
+    @property
+    def is_final(self) -> bool:
+        """It follows the end of every input: the job ends once it completes."""
+        return self in (SnapshotKind.FINAL_CHECKPOINT, SnapshotKind.DRAIN_SAVEPOINT)
+
+    @property
+    def stops(self) -> bool:
+        """Sources emit nothing after its barrier."""
+        return self in (SnapshotKind.STOP_SAVEPOINT, SnapshotKind.DRAIN_SAVEPOINT)
+
+    @property
+    def commits(self) -> bool:
+        """Its completion commits side effects, and a failover may restore it."""
+        return self is not SnapshotKind.SAVEPOINT
+
+
+_SAVEPOINTS = frozenset({SnapshotKind.SAVEPOINT, SnapshotKind.STOP_SAVEPOINT,
+                         SnapshotKind.DRAIN_SAVEPOINT})
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,11 +71,15 @@ class Barrier:
     checkpoint_id: int
     attempt: int
     trigger_ts_ms: int
+    kind: SnapshotKind = SnapshotKind.CHECKPOINT
     savepoint_target: str | None = None  # a savepoint's state goes here, not to checkpoint storage
-    stop: bool = False  # stop-with-savepoint: sources emit nothing after this barrier
     unaligned: bool = False
     aligned_timeout_ms: int | None = None
-    final: bool = False  # the final checkpoint, after every subtask's end of input (FLIP-147)
+
+    def __post_init__(self) -> None:
+        if self.kind.is_savepoint != (self.savepoint_target is not None):
+            raise ValueError(f"a {self.kind.value} barrier with savepoint target "
+                             f"{self.savepoint_target!r}: a savepoint has one, nothing else")
 
     @property
     def timeout_at_ms(self) -> int | None:
@@ -41,7 +87,3 @@ class Barrier:
         if self.aligned_timeout_ms is None:
             return None
         return self.trigger_ts_ms + self.aligned_timeout_ms
-
-    @property
-    def is_savepoint(self) -> bool:
-        return self.savepoint_target is not None

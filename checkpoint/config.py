@@ -2,12 +2,12 @@
 
     >>> import raystream as rs
     >>> config = rs.CheckpointConfig(interval_s=1.0, storage="/tmp/raystream-checkpoints")
-    >>> config.max_concurrent, config.retained, config.alignment
+    >>> config.max_concurrent, config.retained, str(config.alignment)
     (1, 3, 'aligned')
     >>> rs.CheckpointConfig(unaligned=True).alignment, rs.CheckpointConfig(mode="unaligned").unaligned
-    ('unaligned', True)
-    >>> rs.CheckpointConfig(aligned_timeout=0.2).alignment
-    'aligned_timeout'
+    (<AlignmentMode.UNALIGNED: 'unaligned'>, True)
+    >>> print(rs.CheckpointConfig(aligned_timeout=0.2).alignment)
+    aligned_timeout
     >>> rs.CheckpointConfig(state_backend="rocks")
     Traceback (most recent call last):
     ...
@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import enum
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -33,6 +34,14 @@ from raystream.checkpoint.state_backend import normalize_state_backend
 
 def _default_storage() -> str:
     return os.path.join(tempfile.gettempdir(), "raystream-checkpoints")
+
+
+class AlignmentMode(enum.StrEnum):
+    """How a job's checkpoints align barriers (a StrEnum: it prints as plain text)."""
+
+    ALIGNED = "aligned"  # a subtask waits for the barrier on every input
+    UNALIGNED = "unaligned"  # barriers overtake data in flight, which is recorded (FLIP-76)
+    ALIGNED_TIMEOUT = "aligned_timeout"  # aligned, unaligned after aligned_timeout
 
 
 @dataclass(frozen=True)
@@ -101,16 +110,16 @@ class CheckpointConfig:
         object.__setattr__(self, "state_backend", normalize_state_backend(self.state_backend))
         if self.aligned_timeout is not None and self.aligned_timeout < 0:
             raise ValueError(f"aligned_timeout must be >= 0 seconds, got {self.aligned_timeout}")
-        if self.alignment != "aligned" and self.max_concurrent != 1:
+        if self.alignment is not AlignmentMode.ALIGNED and self.max_concurrent != 1:
             raise ValueError(f"unaligned checkpoints (and aligned_timeout) run one at a time: "
                              f"max_concurrent must be 1, got {self.max_concurrent}")
 
     @property
-    def alignment(self) -> str:
-        """``"aligned"``, ``"unaligned"`` or ``"aligned_timeout"``."""
+    def alignment(self) -> AlignmentMode:
+        """How the job's checkpoints align their barriers."""
         if self.aligned_timeout is not None:
-            return "aligned_timeout"
-        return "unaligned" if self.unaligned else "aligned"
+            return AlignmentMode.ALIGNED_TIMEOUT
+        return AlignmentMode.UNALIGNED if self.unaligned else AlignmentMode.ALIGNED
 
 
 @dataclass(frozen=True)

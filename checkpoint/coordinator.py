@@ -27,16 +27,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from raystream.checkpoint.barrier import Barrier
+from raystream.checkpoint.barrier import Barrier, SnapshotKind
 from raystream.checkpoint.restore import OperatorRestore, RestoreSpec
-from raystream.checkpoint.config import CheckpointConfig
+from raystream.checkpoint.config import AlignmentMode, CheckpointConfig
 from raystream.checkpoint.coordinator_holder import OperatorCoordinators
 from raystream.checkpoint.disk_incremental import db_handle_files
 from raystream.checkpoint.keygroups import HASH_VERSION
 from raystream.checkpoint.metadata import CheckpointMetadata, OperatorFiles
 from raystream.checkpoint.shared_state import SharedStateRegistry
 from raystream.checkpoint.storage import (SAVEPOINT_JOB_KEY, CheckpointStorage,
-                                          CorruptCheckpointError)
+                                          CorruptCheckpointError, snapshot_destination)
 from raystream.checkpoint.snapshot_stats import SnapshotStats
 from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.core.failpoints import Failpoints
@@ -87,9 +87,8 @@ class PendingCheckpoint:
     start_delay_s: float = 0.0  # the longest from the trigger to a subtask's first barrier
     sync_s: float = 0.0  # the longest synchronous snapshot of a subtask
     async_s: float = 0.0  # the longest asynchronous write of a subtask
-    final: bool = False
-    savepoint_target: str | None = None
-    stop: bool = False
+    kind: SnapshotKind = SnapshotKind.CHECKPOINT
+    savepoint_target: str | None = None  # a savepoint kind's directory
     channel_state: dict[str, dict] = field(default_factory=dict)  # subtask key -> handle
     channel_state_bytes: int = 0
     unaligned: bool = False
@@ -105,7 +104,7 @@ class SavepointTicket:
     it is triggered."""
 
     target: str
-    stop: bool
+    kind: SnapshotKind  # SAVEPOINT or STOP_SAVEPOINT
     checkpoint_id: int | None = None
 
 
@@ -125,6 +124,18 @@ class CompletedCheckpoint:
 
     def restore_spec(self) -> RestoreSpec:
         return restore_spec_of(self.checkpoint_id, self.metadata, self.storage_uri)
+
+
+class AcknowledgeResult(enum.Enum):
+    """What an acknowledgement did (Flink's ``TaskAcknowledgeResult``): counted by the
+    coordinator, and logged when it shows a protocol error (a duplicate, or a subtask
+    the checkpoint does not wait for)."""
+
+    SUCCESS = "success"  # the subtask's state is part of the checkpoint now
+    DUPLICATE = "duplicate"  # the subtask had acknowledged it already
+    UNKNOWN = "unknown"  # no such checkpoint, or not a subtask it waits for
+    DISCARDED = "discarded"  # the checkpoint was aborted, subsumed or completed, or of an
+    # older attempt
 
 
 class CheckpointStatus(enum.StrEnum):
@@ -222,6 +233,7 @@ class CheckpointCoordinator:
         self._aborts_log = _ThrottledLog(log, ABORT_LOG_EVERY_S)
         self.initial_restore: RestoreSpec | None = None  # savepoint the job started from
         self._queued_savepoints: collections.deque[SavepointTicket] = collections.deque()
+        self.acknowledgements: collections.Counter[AcknowledgeResult] = collections.Counter()
 
     # -- triggering ------------------------------------------------------------------------
     def tick(self, now: float) -> None:
@@ -244,7 +256,8 @@ class CheckpointCoordinator:
         """Queue a savepoint to ``target``; it is triggered as soon as a checkpoint slot
         is free (at once when one is). Unlike a periodic checkpoint it ignores
         ``min_pause_s``: someone is waiting for it."""
-        ticket = SavepointTicket(target, stop)
+        ticket = SavepointTicket(target, SnapshotKind.STOP_SAVEPOINT if stop
+                                 else SnapshotKind.SAVEPOINT)
         self._queued_savepoints.append(ticket)
         self._trigger_queued_savepoints()
         return ticket
@@ -254,7 +267,7 @@ class CheckpointCoordinator:
         while (self._queued_savepoints and self.final_checkpoint is None
                and len(self.pending) < self.config.max_concurrent):
             ticket = self._queued_savepoints.popleft()
-            ticket.checkpoint_id = self.trigger(savepoint_target=ticket.target, stop=ticket.stop)
+            ticket.checkpoint_id = self.trigger(ticket.kind, savepoint_target=ticket.target)
 
     def end_of_input(self) -> None:
         """Every subtask of the attempt has finished: no periodic checkpoint is triggered
@@ -269,35 +282,34 @@ class CheckpointCoordinator:
             return False
         return not self._final_aborted or now - self._last_trigger >= self.config.interval_s
 
-    def trigger(self, *, final: bool = False, savepoint_target: str | None = None,
-                stop: bool = False) -> int:
-        """Start checkpoint n (or a savepoint to ``savepoint_target``).
+    def trigger(self, kind: SnapshotKind = SnapshotKind.CHECKPOINT, *,
+                savepoint_target: str | None = None) -> int:
+        """Start checkpoint n of ``kind`` (a savepoint's to ``savepoint_target``).
 
-        A savepoint is always aligned, and unless it ``stop`` s the job it
-        neither commits side effects nor serves failover (Flink >= 1.15). A
-        ``final`` checkpoint follows the end of input (FLIP-147).
+        A savepoint is always aligned, and unless it stops the job it neither
+        commits side effects nor serves failover (Flink >= 1.15). A final
+        checkpoint follows the end of input (FLIP-147).
         """
         self._last_id += 1
         n = self._last_id
         now = time.monotonic()
         self._last_trigger = now
         ts = int(time.time() * 1000)
-        self.pending[n] = PendingCheckpoint(n, ts, now, set(self.subtasks), final=final,
-                                            savepoint_target=savepoint_target, stop=stop)
+        self.pending[n] = PendingCheckpoint(n, ts, now, set(self.subtasks), kind=kind,
+                                            savepoint_target=savepoint_target)
         self.history[n] = CheckpointStats(n, ts, CheckpointStatus.PENDING,
                                           savepoint=savepoint_target)
         self._forget_old_history()
-        if final:
+        if kind.is_final:
             self.final_checkpoint = n
         unaligned, timeout_ms = False, None
-        if savepoint_target is None:  # savepoints are always aligned
-            unaligned = self.config.alignment == "unaligned"
+        if not kind.is_savepoint:  # savepoints are always aligned
+            unaligned = self.config.alignment is AlignmentMode.UNALIGNED
             if self.config.aligned_timeout is not None:
                 timeout_ms = int(round(self.config.aligned_timeout * 1000))
         pending = self.pending[n]
-        pending.barrier = Barrier(n, self.attempt, ts, savepoint_target, stop,
-                                  unaligned=unaligned, aligned_timeout_ms=timeout_ms,
-                                  final=final)
+        pending.barrier = Barrier(n, self.attempt, ts, kind, savepoint_target,
+                                  unaligned=unaligned, aligned_timeout_ms=timeout_ms)
         if self.operator_coordinators:  # operator coordinators first (Flink's order)
             states = self.operator_coordinators.checkpoint(n)
             try:
@@ -312,9 +324,7 @@ class CheckpointCoordinator:
 
     def _write_coordinator_states(self, n: int, states: dict[str, bytes],
                                   savepoint_target: str | None) -> dict[str, dict]:
-        storage, job_key = self.storage, self.job_key
-        if savepoint_target is not None:
-            storage, job_key = CheckpointStorage(savepoint_target), SAVEPOINT_JOB_KEY
+        storage, job_key = snapshot_destination(self.storage, self.job_key, savepoint_target)
         return {name: storage.write_state(job_key, n, f"coordinator-{index}.state",
                                           state).to_json()
                 for index, (name, state) in enumerate(sorted(states.items()))}
@@ -336,10 +346,27 @@ class CheckpointCoordinator:
 
     # -- acknowledgements -------------------------------------------------------------------
     def acknowledge(self, attempt: int, n: int, subtask: SubtaskKey, written: dict,
-                    stats: SnapshotStats) -> None:
+                    stats: SnapshotStats) -> AcknowledgeResult:
+        """Take subtask ``subtask``'s state of checkpoint ``n``; the checkpoint completes
+        with its last acknowledgement."""
+        result = self._acknowledge(attempt, n, subtask, written, stats)
+        self.acknowledgements[result] += 1
+        if result in (AcknowledgeResult.DUPLICATE, AcknowledgeResult.UNKNOWN):
+            log.warning("checkpoint %d of %s: %s acknowledgement from subtask %s", n,
+                        self.job_name, result.value, subtask)
+        return result
+
+    def _acknowledge(self, attempt: int, n: int, subtask: SubtaskKey, written: dict,
+                     stats: SnapshotStats) -> AcknowledgeResult:
         pending = self.pending.get(n)
-        if attempt != self.attempt or pending is None or subtask not in pending.waiting:
-            return  # late: aborted, subsumed or of an older attempt
+        if attempt != self.attempt or (pending is None and n <= self._last_id):
+            return AcknowledgeResult.DISCARDED
+        if pending is None:
+            return AcknowledgeResult.UNKNOWN
+        if subtask in pending.written:
+            return AcknowledgeResult.DUPLICATE
+        if subtask not in pending.waiting:
+            return AcknowledgeResult.UNKNOWN
         pending.waiting.discard(subtask)
         pending.written[subtask] = written
         if stats.watermarks is not None:
@@ -355,6 +382,7 @@ class CheckpointCoordinator:
             pending.channel_state[stats.channel_state_key] = stats.channel_state
         if not pending.waiting:
             self._complete(pending)
+        return AcknowledgeResult.SUCCESS
 
     def decline(self, attempt: int, n: int, subtask: SubtaskKey, reason: str) -> None:
         if attempt == self.attempt and n in self.pending:
@@ -369,15 +397,15 @@ class CheckpointCoordinator:
         if pending is None:
             return
         self.history[n].aborted(reason, time.monotonic() - pending.started)
-        if pending.final:
+        if pending.kind.is_final:
             self.final_checkpoint = None  # the master triggers another final checkpoint
             self._final_aborted = True
         self._aborts_log.warning("checkpoint %d of %s aborted: %s", n, self.job_name, reason)
         self._notify_aborted(n)
         self.operator_coordinators.abort(n)
-        if pending.savepoint_target is None:
+        if not pending.kind.is_savepoint:
             self._discard(n)  # files a subtask still writes later stay: the job dir is theirs
-        if failed and pending.savepoint_target is None:
+        if failed and not pending.kind.is_savepoint:
             self.failures_in_a_row += 1
             if self.failures_in_a_row > self.config.tolerable_failures:
                 raise TooManyCheckpointFailures(
@@ -410,9 +438,8 @@ class CheckpointCoordinator:
             self.abort(n, f"it references shared state files no retained checkpoint keeps "
                           f"(deleted): {', '.join(gone[:3])}", failed=False)
             return
-        storage, job_key = self.storage, self.job_key
-        if pending.savepoint_target is not None:
-            storage, job_key = CheckpointStorage(pending.savepoint_target), SAVEPOINT_JOB_KEY
+        storage, job_key = snapshot_destination(self.storage, self.job_key,
+                                                pending.savepoint_target)
         try:
             storage.write_metadata(job_key, n, metadata.to_json())
         except Exception as exc:
@@ -420,7 +447,7 @@ class CheckpointCoordinator:
             return
         del self.pending[n]
         self.history[n].completed(pending, time.monotonic() - pending.started)
-        if pending.savepoint_target is not None and not (pending.stop or pending.final):
+        if not pending.kind.commits:
             return  # a savepoint of a running job: no commit, no failover target
         self.completed.append(CompletedCheckpoint(n, metadata, storage.uri, job_key))
         self.shared_state.register(n, metadata)

@@ -114,6 +114,15 @@ class StateHandle:
         return cls(path, size, sha)
 
 
+def snapshot_destination(storage: "CheckpointStorage", job_key: str,
+                         savepoint_target: str | None) -> tuple["CheckpointStorage", str]:
+    """Where a snapshot's files go: the job's checkpoint storage, or a savepoint's own
+    directory (which the job never deletes)."""
+    if savepoint_target is None:
+        return storage, job_key
+    return CheckpointStorage(savepoint_target), SAVEPOINT_JOB_KEY
+
+
 class CorruptCheckpointError(RaystreamError):
     """A checkpoint file is missing, truncated, unparsable or fails its checksum.
 

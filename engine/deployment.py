@@ -18,8 +18,10 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from raystream.actors.liveness import NoAnswer, SubtaskLiveness
-from raystream.actors.subtask import SubtaskActor, SubtaskSpec, TerminationReport
+from raystream.actors.subtask import (SubtaskActor, SubtaskEnding, SubtaskSpec,
+                                      TerminationReport)
 from raystream.actors.subtask_checkpoints import CheckpointingSpec
+from raystream.checkpoint.config import AlignmentMode
 from raystream.checkpoint.restore import RestoreSpec
 from raystream.actors.resources import Resources
 from raystream.engine.job_events import SubtaskKey
@@ -59,7 +61,7 @@ def deployment_failure(exc: RayActorError) -> SubtaskFailure:
     """A subtask's process died while its attempt was being deployed."""
     first_line = str(exc).splitlines()[0] if str(exc) else ""
     return SubtaskFailure(TerminationReport(
-        -1, -1, "FAILED", operator="deployment",
+        -1, -1, SubtaskEnding.FAILED, operator="deployment",
         error=f"a subtask died during deployment: {type(exc).__name__}: {first_line}"))
 
 
@@ -209,7 +211,7 @@ class Deployment:
         done, not_done = ray.wait(pending, num_returns=len(pending), timeout=timeout_s)
         for ref in done:
             report = self._termination_report(ref)
-            if report.status == "FAILED":
+            if report.status == SubtaskEnding.FAILED:
                 return report
         return self._not_stopped(not_done, timeout_s) if not_done else None
 
@@ -221,7 +223,7 @@ class Deployment:
                  f"'{self.plan.vertices[vertex].name}'" for vertex, index in keys]
         vertex, index = keys[0]
         return TerminationReport(
-            vertex, index, "FAILED", operator=self.plan.vertices[vertex].name,
+            vertex, index, SubtaskEnding.FAILED, operator=self.plan.vertices[vertex].name,
             error=f"{', '.join(names)} did not stop within {timeout_s:g} s after the "
                   f"final checkpoint: its final commit is not confirmed")
 
@@ -236,7 +238,7 @@ class Deployment:
                 self.died_on.add(node)
             first_line = str(exc).splitlines()[0] if str(exc) else ""
             return TerminationReport(
-                key[0], key[1], "FAILED", operator=vertex.name,
+                key[0], key[1], SubtaskEnding.FAILED, operator=vertex.name,
                 error=f"subtask {key[1] + 1}/{vertex.parallelism} of '{vertex.name}' died: "
                       f"{type(exc).__name__}: {first_line}")
 
@@ -285,7 +287,7 @@ class Deployment:
         me = ray.get_runtime_context().current_actor
         checkpointing = None
         if options.checkpoints is not None:
-            unaligned = options.checkpoints.alignment != "aligned"
+            unaligned = options.checkpoints.alignment is not AlignmentMode.ALIGNED
             checkpointing = CheckpointingSpec(options.checkpoints.storage, self.job_id, me,
                                               UNALIGNED_SLICE_BYTES if unaligned else None,
                                               state_backend=options.checkpoints.state_backend)

@@ -39,6 +39,8 @@ from typing import Any, Callable
 import ray
 from ray.exceptions import RayActorError
 
+from raystream.actors.subtask import SubtaskEnding
+from raystream.checkpoint.barrier import SnapshotKind
 from raystream.checkpoint.restore import RestoreSpec
 from raystream.checkpoint.coordinator import CheckpointCoordinator, TooManyCheckpointFailures
 from raystream.checkpoint.coordinator_holder import CoordinatorFailure, OperatorCoordinators
@@ -445,7 +447,7 @@ class JobMaster:
             except queue.Empty:
                 event = None
         report = self.deployment.poll_termination()
-        if report is not None and report.status != "FINISHED":
+        if report is not None and report.status is not SubtaskEnding.FINISHED:
             raise SubtaskFailure(report)
         self.operator_coordinators.run_due(time.monotonic())
         if self.coordinator is not None:
@@ -506,8 +508,9 @@ class JobMaster:
                 if not coordinator.final_due(time.monotonic()):
                     return None
                 target = self.savepoints.drain_target()
-                n = coordinator.trigger(final=True, savepoint_target=target,
-                                        stop=target is not None)
+                kind = (SnapshotKind.FINAL_CHECKPOINT if target is None
+                        else SnapshotKind.DRAIN_SAVEPOINT)
+                n = coordinator.trigger(kind, savepoint_target=target)
                 self.savepoints.final_triggered(n)
                 return None
             if final not in coordinator.completed_ids():

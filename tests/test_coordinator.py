@@ -28,8 +28,9 @@ import time
 import numpy as np
 import pytest
 
+from raystream.checkpoint.barrier import SnapshotKind
 from raystream.checkpoint.restore import OperatorRestore, RestoreSpec
-from raystream.checkpoint.coordinator import CheckpointCoordinator
+from raystream.checkpoint.coordinator import AcknowledgeResult, CheckpointCoordinator
 from raystream.checkpoint.snapshot_stats import PHASES, SnapshotStats
 from raystream.checkpoint.storage import CheckpointStorage, CorruptCheckpointError, StateHandle
 from raystream.core.failpoints import Failpoint, InjectedFailure
@@ -242,6 +243,26 @@ def test_duplicate_acknowledgement_from_one_subtask_is_ignored(tmp_path):
     assert coord.history[n].size == 5
 
 
+def test_every_acknowledgement_says_what_it_did_and_is_counted(tmp_path):
+    """Flink's TaskAcknowledgeResult: a first acknowledgement succeeds, a second one of the
+    same subtask is a duplicate, one of a subtask or checkpoint the coordinator does not
+    know is unknown, one of an aborted checkpoint or an older attempt is discarded."""
+    coord, _ = make(tmp_path)
+    n = coord.trigger()
+    a, b, _c = SUBTASKS
+    results = [coord.acknowledge(0, n, a, {}, SnapshotStats()),
+               coord.acknowledge(0, n, a, {}, SnapshotStats()),
+               coord.acknowledge(0, n, (9, 9), {}, SnapshotStats()),
+               coord.acknowledge(0, n + 7, a, {}, SnapshotStats()),
+               coord.acknowledge(1, n, b, {}, SnapshotStats())]
+    coord.decline(0, n, b, "disk full")
+    results.append(coord.acknowledge(0, n, b, {}, SnapshotStats()))
+    R = AcknowledgeResult
+    assert results == [R.SUCCESS, R.DUPLICATE, R.UNKNOWN, R.UNKNOWN, R.DISCARDED, R.DISCARDED]
+    assert coord.acknowledgements == {R.SUCCESS: 1, R.DUPLICATE: 1, R.UNKNOWN: 2,
+                                      R.DISCARDED: 2}
+
+
 # -- aborts --------------------------------------------------------------------------------------
 
 
@@ -399,7 +420,7 @@ def test_ids_keep_increasing_across_a_coordinator_restart(tmp_path):
 
 def test_final_checkpoint_stops_periodic_triggers_until_aborted(tmp_path):
     coord, rec = make(tmp_path, interval_s=1.0, max_concurrent=3)
-    final = coord.trigger(final=True)
+    final = coord.trigger(SnapshotKind.FINAL_CHECKPOINT)
     assert coord.final_checkpoint == final
     tick_in(coord, 10.0)
     tick_in(coord, 1000.0)
@@ -414,7 +435,7 @@ def test_final_checkpoint_stops_periodic_triggers_until_aborted(tmp_path):
 
 def test_no_periodic_trigger_after_the_final_checkpoint_completed(tmp_path):
     coord, rec = make(tmp_path, interval_s=1.0)
-    final = coord.trigger(final=True)
+    final = coord.trigger(SnapshotKind.FINAL_CHECKPOINT)
     ack_all(coord, final)
     assert rec.completed == [final] and coord.final_checkpoint == final
     tick_in(coord, 10.0)
@@ -424,7 +445,7 @@ def test_no_periodic_trigger_after_the_final_checkpoint_completed(tmp_path):
 def test_a_failed_final_checkpoint_is_triggered_again_at_the_interval_only(tmp_path):
     coord, _ = make(tmp_path, interval_s=1000.0)
     assert coord.final_due(time.monotonic())  # the first one at once
-    final = coord.trigger(final=True)
+    final = coord.trigger(SnapshotKind.FINAL_CHECKPOINT)
     coord.decline(0, final, SUBTASKS[0], "storage is not writable")
     assert coord.final_checkpoint is None
     assert not coord.final_due(time.monotonic())  # never a busy loop of final checkpoints
@@ -433,7 +454,7 @@ def test_a_failed_final_checkpoint_is_triggered_again_at_the_interval_only(tmp_p
 
 def test_final_checkpoint_timing_out_resets_it(tmp_path):
     coord, rec = make(tmp_path, interval_s=1000.0, timeout_s=5.0)
-    final = coord.trigger(final=True)
+    final = coord.trigger(SnapshotKind.FINAL_CHECKPOINT)
     tick_in(coord, 6.0)
     assert rec.aborted == [final] and coord.final_checkpoint is None
 

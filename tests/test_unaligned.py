@@ -33,7 +33,7 @@ from raystream.actors.barrier_forwarder import BarrierForwarder
 from raystream.actors.channel_state import InputStateRecorder, OutputStateCapture
 from raystream.actors.channels import InputGate, OutputChannel
 from raystream.actors.messages import REPLAYED_SEQ, ChannelId, Envelope, Kind
-from raystream.checkpoint.barrier import Barrier
+from raystream.checkpoint.barrier import Barrier, SnapshotKind
 from raystream.actors.channel_state_file import decode_channel_state, encode_channel_state
 from raystream.checkpoint.snapshot_stats import SnapshotStats
 
@@ -403,7 +403,7 @@ def _coordinator(tmp_path, topology: str = "#0 [a] x2", **config):
 def test_barriers_carry_the_mode_and_savepoints_stay_aligned(tmp_path):
     unaligned, barriers = _coordinator(tmp_path / "u", unaligned=True)
     unaligned.trigger()
-    unaligned.trigger(savepoint_target=str(tmp_path / "sp"))
+    unaligned.trigger(SnapshotKind.SAVEPOINT, savepoint_target=str(tmp_path / "sp"))
     assert [(b.unaligned, b.aligned_timeout_ms) for b in barriers] == [(True, None),
                                                                        (False, None)]
     timeout, barriers = _coordinator(tmp_path / "t", aligned_timeout=0.25)
