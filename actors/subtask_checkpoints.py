@@ -37,8 +37,9 @@ from raystream.actors.channel_state import (InputStateRecorder, OutputStateCaptu
 from raystream.checkpoint.barrier import Barrier
 from raystream.actors.channel_state_file import (ChannelStateContents, channel_state_key,
                                                      decode_channel_state, encode_channel_state)
-from raystream.checkpoint.disk_incremental import RestoredDb, db_handle_key_groups
-from raystream.checkpoint.heap_changelog import Chain, is_heap_chain, restored_chain
+from raystream.checkpoint.disk_incremental import RestoredDb
+from raystream.checkpoint.handles import IncrementalHandle, OperatorSubtaskState
+from raystream.checkpoint.heap_changelog import Chain, restored_chain
 from raystream.checkpoint.keygroups import key_group_range
 from raystream.checkpoint.restore import OperatorRestore, RestoreSpec
 from raystream.checkpoint.sections import decode_sections, encode_sections
@@ -107,18 +108,18 @@ class SubtaskCheckpointer:
         source = CheckpointStorage(restore.storage_uri)
         for name, operator in zip(self.names, self.operators):
             files = restore.operators.get(name, OperatorRestore())
-            chains = [h for h in files.keyed_db if is_heap_chain(h)]
+            chains = [h for h in files.keyed_db if h.is_heap_chain]
             state = RestoredState(
                 restore.checkpoint_id,
-                [_read(source, h) for h in files.operator_state],
+                [source.read_state(h) for h in files.operator_state],
                 self._keyed_sections(source, files.keyed_state, chains), floors,
-                self._keyed_dbs(source, [h for h in files.keyed_db if not is_heap_chain(h)]),
+                self._keyed_dbs(source, [h for h in files.keyed_db if not h.is_heap_chain]),
                 self._continued_chain(source, chains))
             self.last_checkpoint_id = restore.checkpoint_id
             call_operator(operator, "initialize_state", state)
         if self.channel_state_key not in restore.channel_state:
             return None
-        blob = _read(source, restore.channel_state[self.channel_state_key])
+        blob = source.read_state(restore.channel_state[self.channel_state_key])
         return decode_channel_state(blob, self.attempt)
 
     def _restored_floors(self, restore: RestoreSpec | None) -> WatermarkFloors | None:
@@ -142,8 +143,8 @@ class SubtaskCheckpointer:
             return [[self.key_groups.start, self.key_groups.stop - 1, watermark]]
         return runs_of(self.key_groups, np.maximum(floors, watermark))
 
-    def _overlaps(self, handle: dict) -> bool:
-        groups, mine = db_handle_key_groups(handle), self.key_groups
+    def _overlaps(self, handle: IncrementalHandle) -> bool:
+        groups, mine = handle.key_groups, self.key_groups
         return max(mine.start, groups.start) < min(mine.stop, groups.stop)
 
     def _own_shared_dir(self, storage: CheckpointStorage) -> str | None:
@@ -151,28 +152,31 @@ class SubtaskCheckpointer:
         return (self.storage.shared_dir(self.spec.job_key)
                 if storage.uri == self.storage.uri else None)
 
-    def _keyed_dbs(self, storage: CheckpointStorage, handles: list[dict]) -> list[RestoredDb]:
+    def _keyed_dbs(self, storage: CheckpointStorage,
+                   handles: list[IncrementalHandle]) -> list[RestoredDb]:
         """The manifests of the databases whose key groups overlap ours."""
         own = self._own_shared_dir(storage)
-        return [RestoredDb.read(storage, h, own) for h in handles if self._overlaps(h)]
+        return [RestoredDb.read(storage, h.doc, own) for h in handles if self._overlaps(h)]
 
-    def _continued_chain(self, storage: CheckpointStorage, chains: list[dict]) -> Chain | None:
+    def _continued_chain(self, storage: CheckpointStorage,
+                         chains: list[IncrementalHandle]) -> Chain | None:
         """The heap chain the next checkpoint may extend: the one this subtask restores
         whole, if it is its own job's (see heap_changelog.restored_chain)."""
         mine = [chain for chain in chains if self._overlaps(chain)]
-        return (restored_chain(mine[0], key_groups=self.key_groups,
+        return (restored_chain(mine[0].doc, key_groups=self.key_groups,
                                own_shared_dir=self._own_shared_dir(storage))
                 if len(mine) == 1 else None)
 
-    def _keyed_sections(self, storage, handles: list[dict], chains: list[dict]):
+    def _keyed_sections(self, storage: CheckpointStorage, handles: list[StateHandle],
+                        chains: list[IncrementalHandle]):
         """Our key groups' sections: of the state files, then of every heap chain that
         overlaps ours, file by file in the chain's order (full, then changes)."""
         for handle in handles:
-            yield from decode_sections(_read(storage, handle), self.key_groups)
+            yield from decode_sections(storage.read_state(handle), self.key_groups)
         for chain in chains:
             if self._overlaps(chain):
-                for handle in chain["files"]:
-                    yield from decode_sections(_read(storage, handle), self.key_groups)
+                for handle in chain.files:
+                    yield from decode_sections(storage.read_state(handle), self.key_groups)
 
     # -- checkpoint n -------------------------------------------------------------------
     def checkpoint(self, barrier: Barrier, forward: bool, watermark: int, *,
@@ -221,14 +225,14 @@ class SubtaskCheckpointer:
         coordinator = self.spec.coordinator
         try:
             self.failpoints.hit("in_async_write", final=barrier.kind.is_final)
-            written: dict[str, dict] = {}
+            written: dict[str, OperatorSubtaskState] = {}
             size = 0
             for name, snapshot in snapshots:
                 if snapshot is None:
                     continue
-                entry = self._write_operator(barrier, name, snapshot)
-                size += sum(h.get("uploaded", h["size"]) for h in entry.values())
-                written[name] = entry
+                state = self._write_operator(barrier, name, snapshot)
+                size += state.uploaded
+                written[name] = state
             try:
                 channel_state = self._write_channel_state(n, input_state, output_state)
             except _ChannelStateAborted:
@@ -254,7 +258,7 @@ class SubtaskCheckpointer:
                 self.attempt, n, self.vertex_id, self.index, f"{type(exc).__name__}: {exc}")
 
     def _write_channel_state(self, n: int, input_state: InputStateRecorder | None,
-                             output_state: OutputStateCapture | None) -> dict | None:
+                             output_state: OutputStateCapture | None) -> StateHandle | None:
         """Wait for the channel state, write it; its handle, None if empty. Raises
         :class:`_ChannelStateAborted` if the checkpoint was aborted meanwhile."""
         inputs, outputs = {}, {}
@@ -271,26 +275,27 @@ class SubtaskCheckpointer:
         blob = encode_channel_state(inputs, outputs)
         handle = self.storage.write_state(self.spec.job_key, n,
                                           f"{safe_name(self.channel_state_key)}.channels", blob)
-        return handle.to_json()
+        return handle
 
     def _write_operator(self, barrier: Barrier, name: str,
-                        snapshot: OperatorSnapshot) -> dict[str, Any]:
+                        snapshot: OperatorSnapshot) -> OperatorSubtaskState:
         n, stem = barrier.checkpoint_id, f"{safe_name(name)}-{self.index}"
         state_storage, state_job = snapshot_destination(self.storage, self.spec.job_key,
                                                         barrier.savepoint_target)
         if snapshot.make_durable is not None:  # output handed over before the barrier
             snapshot.make_durable()
-        entry: dict[str, Any] = {}  # file handles by kind
+        operator_state = keyed_state = keyed_db = None
         if snapshot.operator_state is not None:
-            entry["operator_state"] = state_storage.write_state(
-                state_job, n, f"{stem}.op", snapshot.operator_state()).to_json()
+            operator_state = state_storage.write_state(state_job, n, f"{stem}.op",
+                                                       snapshot.operator_state())
         if snapshot.keyed_db is not None and not barrier.kind.is_savepoint:
             # (a savepoint: keyed_state() below writes the database whole, as sections)
-            entry["keyed_db"] = snapshot.keyed_db.upload(self.storage, self.spec.job_key, n, stem)
+            keyed_db = IncrementalHandle.from_json(
+                snapshot.keyed_db.upload(self.storage, self.spec.job_key, n, stem))
         if snapshot.keyed_state is not None:
-            entry["keyed_state"] = state_storage.write_state(
-                state_job, n, f"{stem}.keyed", encode_sections(snapshot.keyed_state())).to_json()
-        return entry
+            keyed_state = state_storage.write_state(state_job, n, f"{stem}.keyed",
+                                                    encode_sections(snapshot.keyed_state()))
+        return OperatorSubtaskState(operator_state, keyed_state, keyed_db)
 
     def notify_complete(self, checkpoint_id: int) -> None:
         for operator in self.operators:
@@ -304,6 +309,3 @@ class SubtaskCheckpointer:
         self.cancel_channel_state()
         self._writer.shutdown(wait=False, cancel_futures=True)
 
-
-def _read(storage: CheckpointStorage, handle: dict) -> bytes:
-    return storage.read_state(StateHandle.from_json(handle))

@@ -31,12 +31,13 @@ from raystream.checkpoint.barrier import Barrier, SnapshotKind
 from raystream.checkpoint.restore import OperatorRestore, RestoreSpec
 from raystream.checkpoint.config import AlignmentMode, CheckpointConfig
 from raystream.checkpoint.coordinator_holder import OperatorCoordinators
-from raystream.checkpoint.disk_incremental import db_handle_files
+from raystream.checkpoint.handles import IncrementalHandle, OperatorSubtaskState
 from raystream.checkpoint.keygroups import HASH_VERSION
 from raystream.checkpoint.metadata import CheckpointMetadata, OperatorFiles
 from raystream.checkpoint.shared_state import SharedStateRegistry
 from raystream.checkpoint.storage import (SAVEPOINT_JOB_KEY, CheckpointStorage,
-                                          CorruptCheckpointError, snapshot_destination)
+                                          CorruptCheckpointError, StateHandle,
+                                          snapshot_destination)
 from raystream.checkpoint.snapshot_stats import SnapshotStats
 from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.core.failpoints import Failpoints
@@ -80,7 +81,7 @@ class PendingCheckpoint:
     trigger_ts_ms: int
     started: float
     waiting: set[SubtaskKey]
-    written: dict[SubtaskKey, dict] = field(default_factory=dict)
+    written: dict[SubtaskKey, dict[str, OperatorSubtaskState]] = field(default_factory=dict)
     watermarks: dict[SubtaskKey, list[list[int]]] = field(default_factory=dict)  # runs per subtask
     size: int = 0
     alignment_s: float = 0.0  # the longest any subtask waited for the barrier on all inputs
@@ -89,10 +90,10 @@ class PendingCheckpoint:
     async_s: float = 0.0  # the longest asynchronous write of a subtask
     kind: SnapshotKind = SnapshotKind.CHECKPOINT
     savepoint_target: str | None = None  # a savepoint kind's directory
-    channel_state: dict[str, dict] = field(default_factory=dict)  # subtask key -> handle
+    channel_state: dict[str, StateHandle] = field(default_factory=dict)  # subtask key -> handle
     channel_state_bytes: int = 0
     unaligned: bool = False
-    coordinators: dict[str, dict] = field(default_factory=dict)  # operator name -> state handle
+    coordinators: dict[str, StateHandle] = field(default_factory=dict)  # operator -> its state
     barrier: Barrier | None = None  # not sent yet: waiting for operator events' delivery
 
 
@@ -314,7 +315,7 @@ class CheckpointCoordinator:
             states = self.operator_coordinators.checkpoint(n)
             try:
                 pending.coordinators = self._write_coordinator_states(n, states, savepoint_target)
-                pending.size += sum(handle["size"] for handle in pending.coordinators.values())
+                pending.size += sum(handle.size for handle in pending.coordinators.values())
             except Exception as exc:
                 self.abort(n, f"declined: the operator coordinators' state could not be "
                               f"written: {type(exc).__name__}: {exc}")
@@ -323,10 +324,10 @@ class CheckpointCoordinator:
         return n
 
     def _write_coordinator_states(self, n: int, states: dict[str, bytes],
-                                  savepoint_target: str | None) -> dict[str, dict]:
+                                  savepoint_target: str | None) -> dict[str, StateHandle]:
         storage, job_key = snapshot_destination(self.storage, self.job_key, savepoint_target)
         return {name: storage.write_state(job_key, n, f"coordinator-{index}.state",
-                                          state).to_json()
+                                          state)
                 for index, (name, state) in enumerate(sorted(states.items()))}
 
     def _send_barrier_when_events_are_done(self, pending: PendingCheckpoint) -> None:
@@ -345,7 +346,8 @@ class CheckpointCoordinator:
             self._send_trigger(barrier)
 
     # -- acknowledgements -------------------------------------------------------------------
-    def acknowledge(self, attempt: int, n: int, subtask: SubtaskKey, written: dict,
+    def acknowledge(self, attempt: int, n: int, subtask: SubtaskKey,
+                    written: dict[str, OperatorSubtaskState],
                     stats: SnapshotStats) -> AcknowledgeResult:
         """Take subtask ``subtask``'s state of checkpoint ``n``; the checkpoint completes
         with its last acknowledgement."""
@@ -356,7 +358,8 @@ class CheckpointCoordinator:
                         self.job_name, result.value, subtask)
         return result
 
-    def _acknowledge(self, attempt: int, n: int, subtask: SubtaskKey, written: dict,
+    def _acknowledge(self, attempt: int, n: int, subtask: SubtaskKey,
+                     written: dict[str, OperatorSubtaskState],
                      stats: SnapshotStats) -> AcknowledgeResult:
         pending = self.pending.get(n)
         if attempt != self.attempt or (pending is None and n <= self._last_id):
@@ -378,7 +381,7 @@ class CheckpointCoordinator:
         pending.async_s = max(pending.async_s, stats.async_s)
         pending.channel_state_bytes += stats.channel_state_bytes
         pending.unaligned = pending.unaligned or stats.unaligned
-        if stats.channel_state and stats.channel_state_key is not None:
+        if stats.channel_state is not None and stats.channel_state_key is not None:
             pending.channel_state[stats.channel_state_key] = stats.channel_state
         if not pending.waiting:
             self._complete(pending)
@@ -465,22 +468,24 @@ class CheckpointCoordinator:
         operators: dict[str, dict[str, list]] = {}
         handles = []
         for subtask in sorted(pending.written):
-            for name, entry in pending.written[subtask].items():
+            for name, state in pending.written[subtask].items():
                 files = operators.setdefault(name, {"operator_state": [], "keyed_state": [],
                                                     "keyed_db": []})
+                doc = state.to_json()  # the metadata file's edge: JSON from here on
                 for kind in ("operator_state", "keyed_state", "keyed_db"):
-                    if kind in entry:
-                        files[kind].append(entry[kind])
-                        handles.append(entry[kind])
-                if "keyed_db" in entry:  # the files its manifest references: verified too
-                    handles.extend(db_handle_files(entry["keyed_db"]))
+                    if kind in doc:
+                        files[kind].append(doc[kind])
+                        handles.append(doc[kind])
+                if state.keyed_db is not None:  # the files its manifest references: verified too
+                    handles.extend(f.to_json() for f in state.keyed_db.files)
         by_head: dict[str, list[list[list[int]]]] = {}
         for (vertex, _), runs in pending.watermarks.items():
             by_head.setdefault(self.vertex_heads.get(vertex, f"vertex-{vertex}"), []).append(runs)
         watermarks = {head: WatermarkFloors.combine(runs, max_parallelism=self.max_parallelism)
                       .to_json() for head, runs in by_head.items()}
-        channel_state = dict(sorted(pending.channel_state.items()))
-        handles.extend(pending.coordinators.values())
+        channel_state = {key: h.to_json() for key, h in sorted(pending.channel_state.items())}
+        coordinators = {name: h.to_json() for name, h in pending.coordinators.items()}
+        handles.extend(coordinators.values())
         handles.extend(channel_state.values())
         return CheckpointMetadata(
             job=self.job_name, checkpoint_id=pending.checkpoint_id, attempt=self.attempt,
@@ -490,7 +495,7 @@ class CheckpointCoordinator:
                                            tuple(files["keyed_state"]), tuple(files["keyed_db"]))
                        for name, files in operators.items()},
             handles=tuple(handles), watermarks=watermarks,
-            coordinators=dict(pending.coordinators), channel_state=channel_state,
+            coordinators=coordinators, channel_state=channel_state,
             topology=self.topology if channel_state else None)
 
     def _discard_beyond_retention(self) -> None:
@@ -639,11 +644,15 @@ class CheckpointCoordinator:
 def restore_spec_of(checkpoint_id: int, metadata: CheckpointMetadata,
                     storage_uri: str) -> RestoreSpec:
     return RestoreSpec(checkpoint_id, storage_uri,
-                       {name: OperatorRestore(list(files.operator_state), list(files.keyed_state),
-                                              list(files.keyed_db))
+                       {name: OperatorRestore(
+                           [StateHandle.from_json(h) for h in files.operator_state],
+                           [StateHandle.from_json(h) for h in files.keyed_state],
+                           [IncrementalHandle.from_json(h) for h in files.keyed_db])
                         for name, files in metadata.operators.items()},
-                       dict(metadata.watermarks), dict(metadata.channel_state),
-                       dict(metadata.coordinators))
+                       dict(metadata.watermarks),
+                       {key: StateHandle.from_json(h) for key, h in metadata.channel_state.items()},
+                       {name: StateHandle.from_json(h)
+                        for name, h in metadata.coordinators.items()})
 
 
 def locate_snapshot(path: str) -> tuple[str, str]:

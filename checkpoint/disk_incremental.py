@@ -50,7 +50,7 @@ from typing import Any, Callable, Mapping
 from raystream.checkpoint.storage import CheckpointStorage, CorruptCheckpointError, StateHandle
 
 __all__ = ["DbManifest", "IncrementalSnapshot", "RestoredDb", "UploadTracker",
-           "db_handle_files", "db_handle_key_groups"]
+           "db_handle_files"]
 
 MANIFEST_FORMAT = 1
 _SST = ".sst"
@@ -102,11 +102,6 @@ class DbManifest:
 def db_handle_files(handle: Mapping[str, Any]) -> list[dict]:
     """Handles (JSON) of every file a keyed-database handle references."""
     return list(handle.get("files", ()))
-
-
-def db_handle_key_groups(handle: Mapping[str, Any]) -> range:
-    start, stop = handle["key_groups"]
-    return range(start, stop)
 
 
 class UploadTracker:
@@ -216,8 +211,9 @@ class RestoredDb:
     @classmethod
     def read(cls, storage: CheckpointStorage, handle: Mapping[str, Any],
              own_shared_dir: str | None = None) -> RestoredDb:
-        """The manifest of ``handle`` (verified; ``CorruptCheckpointError`` naming it);
-        ``own_shared_dir``: the restoring job's shared directory."""
+        """The manifest of ``handle`` (the JSON :meth:`IncrementalSnapshot.upload` gave;
+        verified, ``CorruptCheckpointError`` naming it); ``own_shared_dir``: the restoring
+        job's shared directory."""
         state = StateHandle.from_json(dict(handle))
         try:
             manifest = DbManifest.from_bytes(storage.read_state(state))

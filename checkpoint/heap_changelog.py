@@ -46,12 +46,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from raystream.checkpoint.sections import encode_sections
+from raystream.checkpoint.handles import CHAIN_FORMAT
 from raystream.checkpoint.storage import CheckpointStorage
 
 __all__ = ["Chain", "ChainTracker", "ChangeLog", "Changes", "HeapIncrementalSnapshot",
            "HeapStateOptions", "is_heap_chain", "restored_chain"]
 
-CHAIN_FORMAT = "heap-chain"
 
 # entry keys changed, per state name, per key group (index into the backend's range)
 Changes = dict[str, list[set]]

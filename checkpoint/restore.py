@@ -5,14 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from raystream.checkpoint.handles import IncrementalHandle
+from raystream.checkpoint.storage import StateHandle
+
 
 @dataclass
 class OperatorRestore:
-    """The state files of one operator in the checkpoint a job restores from."""
+    """The state files of one operator in the checkpoint a job restores from (of all the
+    subtasks that wrote it)."""
 
-    operator_state: list[dict] = field(default_factory=list)  # StateHandle JSON, all old subtasks
-    keyed_state: list[dict] = field(default_factory=list)
-    keyed_db: list[dict] = field(default_factory=list)  # incremental disk-state handles
+    operator_state: list[StateHandle] = field(default_factory=list)
+    keyed_state: list[StateHandle] = field(default_factory=list)
+    keyed_db: list[IncrementalHandle] = field(default_factory=list)  # databases, heap chains
 
 
 @dataclass
@@ -24,6 +28,6 @@ class RestoreSpec:
     # runs over key groups (WatermarkFloors JSON; an int in older checkpoints)
     watermarks: dict[str, Any] = field(default_factory=dict)
     # channel state of an unaligned checkpoint: channel_state_key(chain, subtask) -> handle
-    channel_state: dict[str, dict] = field(default_factory=dict)
+    channel_state: dict[str, StateHandle] = field(default_factory=dict)
     # operator coordinators' states: operator name -> handle
-    coordinators: dict[str, dict] = field(default_factory=dict)
+    coordinators: dict[str, StateHandle] = field(default_factory=dict)

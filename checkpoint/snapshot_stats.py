@@ -1,7 +1,8 @@
 """What a subtask reports with its acknowledgement of a checkpoint.
 
-    >>> stats = SnapshotStats(size=1200, duration_s=0.05, channel_state={"path": "c", "size": 200,
-    ...                                                                   "sha256": "..."})
+    >>> from raystream.checkpoint.storage import StateHandle
+    >>> stats = SnapshotStats(size=1200, duration_s=0.05,
+    ...                       channel_state=StateHandle("c", 200, "0" * 64))
     >>> stats.channel_state_bytes
     200
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from raystream.checkpoint.storage import StateHandle
 from raystream.checkpoint.watermark_floors import Runs
 
 
@@ -28,7 +30,7 @@ class SnapshotStats:
     delay"; ``sync_s`` and ``async_s``: its synchronous snapshot (the mailbox
     paused) and the asynchronous write (until the acknowledgement) — the fields
     of :data:`PHASES`; ``unaligned``: its snapshot recorded data in flight;
-    ``channel_state``: the handle (JSON) of that recording, if it wrote one, under
+    ``channel_state``: the handle of that recording, if it wrote one, under
     ``channel_state_key``; ``watermarks``: its event time per key-group run, so a
     restore never goes back in event time.
     """
@@ -40,10 +42,10 @@ class SnapshotStats:
     sync_s: float = 0.0
     async_s: float = 0.0
     unaligned: bool = False
-    channel_state: dict | None = None
+    channel_state: StateHandle | None = None
     channel_state_key: str | None = None
     watermarks: Runs | None = field(default=None)
 
     @property
     def channel_state_bytes(self) -> int:
-        return int(self.channel_state["size"]) if self.channel_state else 0
+        return self.channel_state.size if self.channel_state is not None else 0

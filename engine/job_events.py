@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from raystream.checkpoint.handles import OperatorSubtaskState
 from raystream.checkpoint.snapshot_stats import SnapshotStats
 from raystream.engine.recovery import RecoveryStage
 SubtaskKey = tuple[int, int]  # (vertex id, subtask index)
@@ -78,12 +79,13 @@ class SubtaskFinished:
 
 @dataclass(frozen=True)
 class CheckpointAcknowledged:
-    """A subtask's snapshot of a checkpoint is written (``written``: its state handles)."""
+    """A subtask's snapshot of a checkpoint is written (``written``: its state handles by
+    operator)."""
 
     attempt: int
     checkpoint_id: int
     subtask: SubtaskKey
-    written: dict
+    written: dict[str, OperatorSubtaskState]
     stats: SnapshotStats
 
 

@@ -44,8 +44,9 @@ from raystream.checkpoint.barrier import SnapshotKind
 from raystream.checkpoint.restore import RestoreSpec
 from raystream.checkpoint.coordinator import CheckpointCoordinator, TooManyCheckpointFailures
 from raystream.checkpoint.coordinator_holder import CoordinatorFailure, OperatorCoordinators
+from raystream.checkpoint.handles import OperatorSubtaskState
 from raystream.checkpoint.snapshot_stats import SnapshotStats
-from raystream.checkpoint.storage import (CheckpointStorage, CorruptCheckpointError, StateHandle,
+from raystream.checkpoint.storage import (CheckpointStorage, CorruptCheckpointError,
                                           StorageUnavailableError)
 from raystream.checkpoint.subtask_gateway import EventDeliveryError, GatewayProtocolError
 from raystream.engine import master_journal, registry
@@ -275,7 +276,8 @@ class JobMaster:
 
     @ray.method(concurrency_group="control")
     def acknowledge_checkpoint(self, attempt: int, checkpoint_id: int, vertex: int, index: int,
-                               written: dict, stats: SnapshotStats) -> None:
+                               written: dict[str, OperatorSubtaskState],
+                               stats: SnapshotStats) -> None:
         self.events.put(CheckpointAcknowledged(attempt, checkpoint_id, (vertex, index), written,
                                                 stats))
 
@@ -676,6 +678,6 @@ class JobMaster:
         states = {}
         if restore is not None:
             storage = CheckpointStorage(restore.storage_uri)
-            states = {name: storage.read_state(StateHandle.from_json(handle))
+            states = {name: storage.read_state(handle)
                       for name, handle in restore.coordinators.items()}
         self.operator_coordinators.reset(restore.checkpoint_id if restore else None, states)

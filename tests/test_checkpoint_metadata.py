@@ -15,7 +15,8 @@ import pytest
 
 from raystream.checkpoint.coordinator import restore_spec_of
 from raystream.checkpoint.metadata import CheckpointMetadata, OperatorFiles
-from raystream.checkpoint.storage import METADATA_FORMAT, CheckpointStorage, checksummed_json
+from raystream.checkpoint.storage import (METADATA_FORMAT, CheckpointStorage, StateHandle,
+                                          checksummed_json)
 
 
 def handle(name: str, size: int = 10) -> dict:
@@ -67,7 +68,8 @@ def test_an_older_checkpoint_still_restores(committed):
     metadata = CheckpointMetadata.from_json(old)
     assert "committed" not in metadata.to_json()  # ignored: collect has a commit log now
     spec = restore_spec_of(4, metadata, "/ckpt")
-    assert spec.operators["sum"].keyed_state == [handle("sum-0.kg"), handle("sum-1.kg")]
+    assert spec.operators["sum"].keyed_state == [StateHandle.from_json(handle("sum-0.kg")),
+                                                 StateHandle.from_json(handle("sum-1.kg"))]
     assert spec.watermarks == {} and spec.channel_state == {} and spec.coordinators == {}
 
 

@@ -34,7 +34,7 @@ from raystream.checkpoint.coordinator import AcknowledgeResult, CheckpointCoordi
 from raystream.checkpoint.snapshot_stats import PHASES, SnapshotStats
 from raystream.checkpoint.storage import CheckpointStorage, CorruptCheckpointError, StateHandle
 from raystream.core.failpoints import Failpoint, InjectedFailure
-from tests.support.coordinator import JOB, SUBTASKS, ack_all, make
+from tests.support.coordinator import JOB, SUBTASKS, ack_all, make, subtask_state
 
 # -- helpers ---------------------------------------------------------------------------------
 
@@ -149,7 +149,7 @@ def test_completes_only_when_every_subtask_acknowledged(tmp_path):
     coord, rec = make(tmp_path)
     n = coord.trigger()
     handles = {s: state(coord, n, f"op-{s[0]}-{s[1]}.op", f"state of {s}".encode()) for s in SUBTASKS}
-    written = {s: {"op": {"operator_state": handles[s]}} for s in SUBTASKS}
+    written = {s: {"op": subtask_state(operator_state=handles[s])} for s in SUBTASKS}
     sizes = {s: 10 * (i + 1) for i, s in enumerate(SUBTASKS)}
 
     for s in SUBTASKS[:-1]:
@@ -229,8 +229,8 @@ def test_duplicate_acknowledgement_from_one_subtask_is_ignored(tmp_path):
     first = state(coord, n, "op-0.op", b"first")
     second = state(coord, n, "op-0.retry.op", b"second")
     a, b, c = SUBTASKS
-    coord.acknowledge(0, n, a, {"op": {"operator_state": first}}, SnapshotStats(size=5))
-    coord.acknowledge(0, n, a, {"op": {"operator_state": second}}, SnapshotStats(size=6))
+    coord.acknowledge(0, n, a, {"op": subtask_state(operator_state=first)}, SnapshotStats(size=5))
+    coord.acknowledge(0, n, a, {"op": subtask_state(operator_state=second)}, SnapshotStats(size=6))
     coord.acknowledge(0, n, (9, 9), {}, SnapshotStats(size=1))  # not a subtask of this job
     coord.acknowledge(0, n, b, {}, SnapshotStats(size=0))
     assert rec.completed == [] and coord.pending[n].waiting == {c}
@@ -386,7 +386,7 @@ def test_retention_keeps_only_the_newest_checkpoints(tmp_path):
     for i in range(4):
         n = coord.trigger()
         h = state(coord, n, "op-0.op", f"state {i}".encode())
-        ack_all(coord, n, {SUBTASKS[0]: {"op": {"operator_state": h}}})
+        ack_all(coord, n, {SUBTASKS[0]: {"op": subtask_state(operator_state=h)}})
         ids.append(n)
     assert rec.completed == ids
     assert chk_dirs(tmp_path) == ids[-2:]
@@ -473,8 +473,8 @@ def two_checkpoints(coord: CheckpointCoordinator) -> dict[int, tuple[dict, dict]
         keyed = state(coord, n, "op-1.keyed", f"keyed state {n}".encode())
         handles[n] = (op, keyed)
         try:
-            ack_all(coord, n, {a: {"op": {"operator_state": op}},
-                               b: {"op": {"keyed_state": keyed}}})
+            ack_all(coord, n, {a: {"op": subtask_state(operator_state=op)},
+                               b: {"op": subtask_state(keyed_state=keyed)}})
         except InjectedFailure:
             pass
     return handles
@@ -497,12 +497,14 @@ def test_verified_restore_spec_skips_a_corrupt_newest_checkpoint_that_committed_
     spec = coord.verified_restore_spec()  # nothing corrupt: the newest
     storage = coord.config.storage  # restored files are read from the job's checkpoint storage
     assert spec == RestoreSpec(2, storage,
-                               {"op": OperatorRestore([handles[2][0]], [handles[2][1]])})
+                               {"op": OperatorRestore([StateHandle.from_json(handles[2][0])],
+                                                     [StateHandle.from_json(handles[2][1])])})
 
     flip_first_byte(handles[2][1]["path"])
     spec = coord.verified_restore_spec()
     assert spec == RestoreSpec(1, storage,
-                               {"op": OperatorRestore([handles[1][0]], [handles[1][1]])})
+                               {"op": OperatorRestore([StateHandle.from_json(handles[1][0])],
+                                                     [StateHandle.from_json(handles[1][1])])})
     assert completed_ids(coord) == [1]
     assert coord.history[2].status == "CORRUPT"
     assert coord.history[1].status == "COMPLETED"

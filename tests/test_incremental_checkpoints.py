@@ -421,7 +421,7 @@ def test_retention_keeps_exactly_the_referenced_shared_files(ray_session, tmp_pa
 
 
 def test_the_coordinator_registers_releases_sweeps_and_refuses_deleted_files(tmp_path):
-    from tests.support.coordinator import JOB as CJOB, ack_all, make
+    from tests.support.coordinator import JOB as CJOB, ack_all, make, subtask_state
 
     coord, rec = make(tmp_path, retained=1, subtasks=[(0, 0)])
     storage = coord.storage
@@ -436,7 +436,7 @@ def test_the_coordinator_registers_releases_sweeps_and_refuses_deleted_files(tmp
         n = coord.trigger()
         manifest = storage.write_state(CJOB, n, "sum-0.keyed-db", b"{}").to_json()
         db = {**manifest, "key_groups": [0, 128], "files": files}
-        ack_all(coord, n, {(0, 0): {"sum": {"keyed_db": db}}})
+        ack_all(coord, n, {(0, 0): {"sum": subtask_state(keyed_db=db)}})
         return n
 
     def on_disk() -> set[str]:

@@ -416,21 +416,22 @@ def test_statistics_metadata_and_restore_of_channel_state(tmp_path):
     coordinator, _ = _coordinator(tmp_path, unaligned=True)
     n = coordinator.trigger()
     blob = encode_channel_state({CH: [(Kind.WATERMARK, 3, 0)]}, {})
-    handle = coordinator.storage.write_state("job", n, "a_1.channels", blob).to_json()
+    written = coordinator.storage.write_state("job", n, "a_1.channels", blob)
+    handle = written.to_json()
     coordinator.acknowledge(0, n, (0, 0), {}, SnapshotStats(alignment_s=0.5))
     coordinator.acknowledge(0, n, (0, 1), {}, SnapshotStats(
-        size=handle["size"], alignment_s=0.125, unaligned=True, channel_state=handle,
+        size=handle["size"], alignment_s=0.125, unaligned=True, channel_state=written,
         channel_state_key="a#1"))
     (stats,) = coordinator.stats()
     assert stats.status == "COMPLETED" and stats.unaligned
     assert (stats.alignment_s, stats.channel_state_bytes) == (0.5, handle["size"])
     metadata = coordinator.storage.read_metadata("job", n)
     assert metadata["channel_state"] == {"a#1": handle} and handle in metadata["handles"]
-    assert coordinator.restore_spec().channel_state == {"a#1": handle}
+    assert coordinator.restore_spec().channel_state == {"a#1": written}
 
     path = str(tmp_path / "job")
     same, _ = _coordinator(tmp_path / "other", topology="#0 [a] x2")
-    assert same.restore_from(path).channel_state == {"a#1": handle}
+    assert same.restore_from(path).channel_state == {"a#1": written}
     rescaled, _ = _coordinator(tmp_path / "other", topology="#0 [a] x3")
     with pytest.raises(ValueError, match="(?s)channel state.*same parallelism"):
         rescaled.restore_from(path)

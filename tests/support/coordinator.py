@@ -9,8 +9,9 @@ from pathlib import Path
 from raystream.checkpoint.barrier import Barrier
 from raystream.checkpoint.config import CheckpointConfig
 from raystream.checkpoint.coordinator import CheckpointCoordinator
+from raystream.checkpoint.handles import IncrementalHandle, OperatorSubtaskState
 from raystream.checkpoint.snapshot_stats import SnapshotStats
-from raystream.checkpoint.storage import CheckpointStorage
+from raystream.checkpoint.storage import CheckpointStorage, StateHandle
 from raystream.core.failpoints import Failpoints
 
 JOB = "job-1"
@@ -64,6 +65,15 @@ def make(tmp_path: Path, *, subtasks=SUBTASKS, failpoints=(), **config
         notify_aborted=rec.notify_aborted,
         failpoints=Failpoints(tuple(failpoints), "coordinator", None, 0))
     return coord, rec
+
+
+def subtask_state(*, operator_state: dict | None = None, keyed_state: dict | None = None,
+                  keyed_db: dict | None = None) -> OperatorSubtaskState:
+    """One operator's acknowledged files, from their handles' JSON."""
+    return OperatorSubtaskState(
+        None if operator_state is None else StateHandle.from_json(operator_state),
+        None if keyed_state is None else StateHandle.from_json(keyed_state),
+        None if keyed_db is None else IncrementalHandle.from_json(keyed_db))
 
 
 def ack_all(coord: CheckpointCoordinator, n: int, written: dict | None = None,
