@@ -68,6 +68,7 @@ from raystream.actors.subtask_metrics import SubtaskMetricsExporter
 from raystream.actors.vertex import JobVertex
 from raystream.checkpoint.restore import RestoreSpec
 from raystream.core.failpoints import Failpoint, Failpoints
+from raystream.actors.master_gateway import MasterGateway
 from raystream.actors.operator import (BroadcastingOutput, ChainedOutput, Operator,
                                        OperatorFailure, RoutingOutput, RuntimeContext,
                                        SinkOperator, SourceOperator, call_operator)
@@ -226,7 +227,10 @@ class Subtask:
         self.finished_reported = False
         # A recovery (every attempt after the first) is timed by stage: each subtask tells
         # the master when it has restored, a sink chain when it processed its first record
-        self.recovering = spec.attempt > 0 and spec.master is not None
+        # what this subtask tells its job master (none: a subtask run without one, in tests)
+        self.gateway = (MasterGateway(spec.master, spec.attempt, spec.vertex.id, spec.index)
+                        if spec.master is not None else None)
+        self.recovering = spec.attempt > 0 and self.gateway is not None
         self.first_record_due = self.recovering and not vertex.outputs
         self.stopped = False
         self.cancelled = False
@@ -281,9 +285,8 @@ class Subtask:
             if sides:
                 output = RoutingOutput(output, {tag: _fan_out(t) for tag, t in sides.items()})
             events = None
-            if node.coordinator is not None and spec.master is not None:
-                events = functools.partial(spec.master.operator_event.remote, spec.attempt,
-                                           node.name, spec.index)
+            if node.coordinator is not None and self.gateway is not None:
+                events = functools.partial(self.gateway.operator_event, node.name)
             ctx = RuntimeContext(spec.job_name, node.name, spec.index, vertex.parallelism,
                                  spec.max_parallelism, spec.attempt,
                                  checkpointing=spec.checkpointing is not None,
@@ -307,7 +310,8 @@ class Subtask:
                 operators=self.operators, vertex_id=vertex.id, vertex_name=vertex.name,
                 index=spec.index, parallelism=vertex.parallelism,
                 max_parallelism=spec.max_parallelism, attempt=spec.attempt,
-                failpoints=self.failpoints, forward_barrier=self._forward_barrier)
+                failpoints=self.failpoints, forward_barrier=self._forward_barrier,
+                gateway=self._gateway())
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"subtask {self.spec.actor_name}",
@@ -522,9 +526,7 @@ class Subtask:
                     with self.cond:
                         recorder.on_barrier(action.channel, action.upto)
             elif type(action) is Decline:
-                self.spec.master.decline_checkpoint.remote(
-                    self.spec.attempt, action.checkpoint_id, self.spec.vertex.id,
-                    self.spec.index, action.reason)
+                self._gateway().decline_checkpoint(action.checkpoint_id, action.reason)
             elif type(action) is CancelChannelState:
                 self._cancel_channel_state(action.checkpoint_id)
             else:
@@ -552,6 +554,12 @@ class Subtask:
         self.forwarder.cancel(checkpoint_id)
         self._checkpointing().cancel_channel_state(checkpoint_id)
 
+    def _gateway(self) -> MasterGateway:
+        """The job master's gateway, for what only a subtask of a job master does."""
+        if self.gateway is None:
+            raise RuntimeError(f"subtask {self.spec.actor_name} has no job master to report to")
+        return self.gateway
+
     def _checkpointing(self) -> SubtaskCheckpointer:
         """The checkpointer, for what only a job with checkpointing asks of a subtask."""
         if self.checkpointer is None:
@@ -568,8 +576,8 @@ class Subtask:
                                          input_state=input_state,
                                          alignment_s=snapshot.alignment_s)
         if self.coordinated:  # the synchronous snapshot is taken: reopen their gateways
-            self.spec.master.acknowledge_coordinator_checkpoint.remote(
-                self.spec.attempt, list(self.coordinated), self.spec.index, barrier.checkpoint_id)
+            self._gateway().acknowledge_coordinator_checkpoint(list(self.coordinated),
+                                                               barrier.checkpoint_id)
         if barrier.kind.stops:
             self.stopped_by = barrier.checkpoint_id
 
@@ -737,18 +745,15 @@ class Subtask:
     def _report_stage(self, stage: str) -> None:
         """Tell the master this subtask reached ``stage`` of its attempt's recovery
         (engine/recovery.py's RecoveryStage; the master times a failover by them)."""
-        assert self.spec.master is not None
-        self.spec.master.report_stage.remote(self.spec.attempt, self.spec.vertex.id,
-                                             self.spec.index, stage, time.time())
+        self._gateway().report_stage(stage)
 
     def _report_finished(self) -> None:
         self.finished_reported = True
         results = {node.transformation_id: op.final_result()
                    for node, op in zip(self.spec.vertex.nodes, self.operators)
                    if isinstance(op, SinkOperator)}
-        if self.spec.master is not None:
-            self.spec.master.report_finished.remote(self.spec.attempt, self.spec.vertex.id,
-                                                    self.spec.index, results)
+        if self.gateway is not None:
+            self.gateway.report_finished(results)
 
     # -- endings ------------------------------------------------------------------
     def _finish(self, status: SubtaskEnding) -> None:

@@ -28,13 +28,14 @@ import dataclasses
 import concurrent.futures
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
 from raystream.actors.channel_state import (InputStateRecorder, OutputStateCapture,
                                             resolve_batches)
 from raystream.checkpoint.barrier import Barrier
+from raystream.actors.master_gateway import MasterGateway
 from raystream.actors.channel_state_file import (ChannelStateContents, channel_state_key,
                                                      decode_channel_state, encode_channel_state)
 from raystream.checkpoint.disk_incremental import RestoredDb
@@ -59,7 +60,6 @@ class CheckpointingSpec:
 
     storage_uri: str
     job_key: str
-    coordinator: Any  # the job master actor
     # unaligned checkpoints: received batches are processed in slices of about this
     # many bytes, so a barrier waits for one slice, never a whole message
     slice_bytes: int | None = None
@@ -77,8 +77,10 @@ class SubtaskCheckpointer:
     def __init__(self, *, spec: CheckpointingSpec, names: list[str], operators: list[Operator],
                  vertex_id: int, vertex_name: str, index: int, parallelism: int,
                  max_parallelism: int, attempt: int, failpoints: Failpoints,
-                 forward_barrier: Callable[[Barrier, bool], OutputStateCapture | None]) -> None:
+                 forward_barrier: Callable[[Barrier, bool], OutputStateCapture | None],
+                 gateway: MasterGateway) -> None:
         self.spec = spec
+        self.gateway = gateway
         self.storage = CheckpointStorage(spec.storage_uri)
         self.names = names
         self.operators = operators
@@ -222,7 +224,6 @@ class SubtaskCheckpointer:
                                input_state: InputStateRecorder | None,
                                output_state: OutputStateCapture | None) -> None:
         n = barrier.checkpoint_id
-        coordinator = self.spec.coordinator
         try:
             self.failpoints.hit("in_async_write", final=barrier.kind.is_final)
             written: dict[str, OperatorSubtaskState] = {}
@@ -251,11 +252,9 @@ class SubtaskCheckpointer:
                 "checkpoint_alignment_s": stats.alignment_s,
                 "checkpoint_duration_s": stats.duration_s,
                 "checkpoint_sync_pause_s": self.sync_pause_s}
-            coordinator.acknowledge_checkpoint.remote(
-                self.attempt, n, self.vertex_id, self.index, written, stats)
+            self.gateway.acknowledge_checkpoint(n, written, stats)
         except Exception as exc:  # storage unwritable, serialization failed, ...
-            coordinator.decline_checkpoint.remote(
-                self.attempt, n, self.vertex_id, self.index, f"{type(exc).__name__}: {exc}")
+            self.gateway.decline_checkpoint(n, f"{type(exc).__name__}: {exc}")
 
     def _write_channel_state(self, n: int, input_state: InputStateRecorder | None,
                              output_state: OutputStateCapture | None) -> StateHandle | None:

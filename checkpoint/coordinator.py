@@ -75,8 +75,23 @@ class _ThrottledLog:
         self._last, self._left_out = now, 0
 
 
+class AcknowledgeResult(enum.Enum):
+    """What an acknowledgement did (Flink's ``TaskAcknowledgeResult``): counted by the
+    coordinator, and logged when it shows a protocol error (a duplicate, or a subtask
+    the checkpoint does not wait for)."""
+
+    SUCCESS = "success"  # the subtask's state is part of the checkpoint now
+    DUPLICATE = "duplicate"  # the subtask had acknowledged it already
+    UNKNOWN = "unknown"  # no such checkpoint, or not a subtask it waits for
+    DISCARDED = "discarded"  # the checkpoint was aborted, subsumed or completed, or of an
+    # older attempt
+
+
 @dataclass
 class PendingCheckpoint:
+    """A checkpoint triggered and not yet complete: the subtasks it waits for, what the
+    others wrote, and its figures so far."""
+
     checkpoint_id: int
     trigger_ts_ms: int
     started: float
@@ -95,6 +110,33 @@ class PendingCheckpoint:
     unaligned: bool = False
     coordinators: dict[str, StateHandle] = field(default_factory=dict)  # operator -> its state
     barrier: Barrier | None = None  # not sent yet: waiting for operator events' delivery
+
+    @property
+    def fully_acknowledged(self) -> bool:
+        return not self.waiting
+
+    def acknowledge(self, subtask: SubtaskKey, written: dict[str, OperatorSubtaskState],
+                    stats: SnapshotStats) -> AcknowledgeResult:
+        """Take ``subtask``'s state and figures (Flink's ``acknowledgeTask``): the
+        checkpoint's phases are its slowest subtask's, its sizes the sum."""
+        if subtask in self.written:
+            return AcknowledgeResult.DUPLICATE
+        if subtask not in self.waiting:
+            return AcknowledgeResult.UNKNOWN
+        self.waiting.discard(subtask)
+        self.written[subtask] = written
+        if stats.watermarks is not None:
+            self.watermarks[subtask] = stats.watermarks
+        self.size += stats.size
+        self.alignment_s = max(self.alignment_s, stats.alignment_s)
+        self.start_delay_s = max(self.start_delay_s, stats.start_delay_s)
+        self.sync_s = max(self.sync_s, stats.sync_s)
+        self.async_s = max(self.async_s, stats.async_s)
+        self.channel_state_bytes += stats.channel_state_bytes
+        self.unaligned = self.unaligned or stats.unaligned
+        if stats.channel_state is not None and stats.channel_state_key is not None:
+            self.channel_state[stats.channel_state_key] = stats.channel_state
+        return AcknowledgeResult.SUCCESS
 
 
 @dataclass(eq=False)
@@ -125,18 +167,6 @@ class CompletedCheckpoint:
 
     def restore_spec(self) -> RestoreSpec:
         return restore_spec_of(self.checkpoint_id, self.metadata, self.storage_uri)
-
-
-class AcknowledgeResult(enum.Enum):
-    """What an acknowledgement did (Flink's ``TaskAcknowledgeResult``): counted by the
-    coordinator, and logged when it shows a protocol error (a duplicate, or a subtask
-    the checkpoint does not wait for)."""
-
-    SUCCESS = "success"  # the subtask's state is part of the checkpoint now
-    DUPLICATE = "duplicate"  # the subtask had acknowledged it already
-    UNKNOWN = "unknown"  # no such checkpoint, or not a subtask it waits for
-    DISCARDED = "discarded"  # the checkpoint was aborted, subsumed or completed, or of an
-    # older attempt
 
 
 class CheckpointStatus(enum.StrEnum):
@@ -366,26 +396,10 @@ class CheckpointCoordinator:
             return AcknowledgeResult.DISCARDED
         if pending is None:
             return AcknowledgeResult.UNKNOWN
-        if subtask in pending.written:
-            return AcknowledgeResult.DUPLICATE
-        if subtask not in pending.waiting:
-            return AcknowledgeResult.UNKNOWN
-        pending.waiting.discard(subtask)
-        pending.written[subtask] = written
-        if stats.watermarks is not None:
-            pending.watermarks[subtask] = stats.watermarks
-        pending.size += stats.size
-        pending.alignment_s = max(pending.alignment_s, stats.alignment_s)
-        pending.start_delay_s = max(pending.start_delay_s, stats.start_delay_s)
-        pending.sync_s = max(pending.sync_s, stats.sync_s)
-        pending.async_s = max(pending.async_s, stats.async_s)
-        pending.channel_state_bytes += stats.channel_state_bytes
-        pending.unaligned = pending.unaligned or stats.unaligned
-        if stats.channel_state is not None and stats.channel_state_key is not None:
-            pending.channel_state[stats.channel_state_key] = stats.channel_state
-        if not pending.waiting:
+        result = pending.acknowledge(subtask, written, stats)
+        if result is AcknowledgeResult.SUCCESS and pending.fully_acknowledged:
             self._complete(pending)
-        return AcknowledgeResult.SUCCESS
+        return result
 
     def decline(self, attempt: int, n: int, subtask: SubtaskKey, reason: str) -> None:
         if attempt == self.attempt and n in self.pending:

@@ -288,7 +288,7 @@ class Deployment:
         checkpointing = None
         if options.checkpoints is not None:
             unaligned = options.checkpoints.alignment is not AlignmentMode.ALIGNED
-            checkpointing = CheckpointingSpec(options.checkpoints.storage, self.job_id, me,
+            checkpointing = CheckpointingSpec(options.checkpoints.storage, self.job_id,
                                               UNALIGNED_SLICE_BYTES if unaligned else None,
                                               state_backend=options.checkpoints.state_backend)
         specs = {(vertex.id, index): SubtaskSpec(

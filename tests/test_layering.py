@@ -119,3 +119,22 @@ def test_no_import_cycles_at_run_time():
                     seen.add(target)
                     stack.append((target, [*path, target]))
     assert not cycles, "import cycles:\n" + "\n".join(sorted(set(cycles))[:20])
+
+
+def test_the_job_master_implements_what_subtasks_call():
+    """Subtasks reach their job master only through actors/master_gateway.py: every
+    method of its JobMasterEndpoint is the job master's, with the same parameters."""
+    import inspect
+
+    from raystream.actors.master_gateway import JobMasterEndpoint
+    from raystream.engine.job_master import JobMaster
+
+    master = JobMaster.__ray_metadata__.modified_class  # the class under Ray's actor wrapper
+    methods = [n for n, v in vars(JobMasterEndpoint).items()
+               if callable(v) and not n.startswith("_")]
+    assert len(methods) == 6
+    for name in methods:
+        expected = list(inspect.signature(getattr(JobMasterEndpoint, name)).parameters)
+        got = [p for p in inspect.signature(getattr(master, name)).parameters
+               if p != "_ray_trace_ctx"]  # (Ray's tracing adds it to actor methods)
+        assert got == expected, name
