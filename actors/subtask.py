@@ -69,6 +69,7 @@ from raystream.actors.vertex import JobVertex
 from raystream.checkpoint.restore import RestoreSpec
 from raystream.core.failpoints import Failpoint, Failpoints
 from raystream.actors.master_gateway import MasterGateway
+from raystream.actors.subtask_lifecycle import Lifecycle, advance
 from raystream.actors.operator import (BroadcastingOutput, ChainedOutput, Operator,
                                        OperatorFailure, RoutingOutput, RuntimeContext,
                                        SinkOperator, SourceOperator, call_operator)
@@ -175,7 +176,7 @@ class _HandlerView:
         return self.subtask.source is not None
 
     def inputs_ended(self) -> bool:
-        return self.subtask.inputs_ended
+        return self.subtask.lifecycle.input_ended
 
     def mid_batch(self) -> bool:
         return self.subtask.in_progress is not None
@@ -223,8 +224,7 @@ class Subtask:
         self.credit_limit = None if spec.in_flight_s is None or not len(self.gate) else (
             CreditLimit(target_s=spec.in_flight_s, channels=len(self.gate), credits=spec.credits))
         self.watermark = MIN_WATERMARK
-        self.inputs_ended = False
-        self.finished_reported = False
+        self.lifecycle = Lifecycle.RUNNING
         # A recovery (every attempt after the first) is timed by stage: each subtask tells
         # the master when it has restored, a sink chain when it processed its first record
         # what this subtask tells its job master (none: a subtask run without one, in tests)
@@ -232,8 +232,6 @@ class Subtask:
                         if spec.master is not None else None)
         self.recovering = spec.attempt > 0 and self.gateway is not None
         self.first_record_due = self.recovering and not vertex.outputs
-        self.stopped = False
-        self.cancelled = False
         self.barrier_handler = BarrierHandler(_HandlerView(self))
         # unaligned checkpoints whose input in flight is still being recorded, by id
         self.input_states: dict[int, InputStateRecorder] = {}
@@ -339,8 +337,8 @@ class Subtask:
         """Under the lock: is there something to do besides control messages?"""
         if self._backlogged():
             return False
-        if self.inputs_ended:
-            return not self.finished_reported  # report once, then only control messages
+        if self.lifecycle.input_ended:  # report once, then only control messages
+            return self.lifecycle is Lifecycle.INPUT_ENDED
         if self.in_progress is not None:
             return True
         if self.source is not None:
@@ -371,7 +369,8 @@ class Subtask:
             # machine, a pause every row in flight waits out)
             gc.freeze()
             self._loop()
-            self._finish(SubtaskEnding.CANCELED if self.cancelled else SubtaskEnding.FINISHED)
+            self._finish(SubtaskEnding.CANCELED if self.lifecycle is Lifecycle.CANCELED
+                         else SubtaskEnding.FINISHED)
         except OperatorFailure as failure:
             self._fail(failure.operator, failure.cause, failure.traceback)
         except BaseException as exc:  # the runtime itself failed: still report, never hang
@@ -427,7 +426,7 @@ class Subtask:
                 self.mailbox.clear()
             for mail in mails:
                 self._handle(mail)
-            if self.cancelled or self.stopped:
+            if self.lifecycle.ends_loop:
                 return
             if any(type(mail) is Credit for mail in mails):  # rows due may go now, not
                 now = time.monotonic()  # after the source's next poll
@@ -436,7 +435,7 @@ class Subtask:
             if mails:
                 self._progress()  # an unaligned barrier goes before any more input
             with self.cond:
-                take_input = not self._backlogged() and not self.inputs_ended
+                take_input = not self._backlogged() and not self.lifecycle.input_ended
                 envelope = None
                 if take_input and self.source is None and self.in_progress is None:
                     envelope = self.gate.poll()
@@ -452,12 +451,12 @@ class Subtask:
                     self._end_of_input()
                 elif self.source.caught_up():  # its next poll may wait: do not sit on output
                     self._flush_ready_outputs()
-                if self.first_record_due and not self.inputs_ended:  # a source chained to its sink
+                if self.first_record_due and not self.lifecycle.input_ended:  # chained to a sink
                     self._report_first_record()
             self._progress()
             if self.forwarder.pending:
                 self.forwarder.settle(wall_clock_ms)
-            if self.inputs_ended and not self._backlogged() and not self.finished_reported:
+            if self.lifecycle is Lifecycle.INPUT_ENDED and not self._backlogged():
                 self._report_finished()
 
     def _handle(self, mail: Mail) -> None:
@@ -480,13 +479,15 @@ class Subtask:
                 if n == self.stopped_by:  # a failed stop resumes the sources (Flink)
                     self.stopped_by = None
             case Stop():
-                self.stopped = True
+                if not self.lifecycle.ends_loop:
+                    self._advance(Lifecycle.STOPPED)
             case Drain():  # stop-with-savepoint, draining: end the input now
-                if self.source is not None and not self.inputs_ended:
+                if self.source is not None and not self.lifecycle.input_ended:
                     call_operator(self.source, "end_input_early")
                     self._end_of_input()
             case Cancel():
-                self.cancelled = True
+                if self.lifecycle is not Lifecycle.CANCELED:
+                    self._advance(Lifecycle.CANCELED)
             case _:
                 raise TypeError(f"unknown mail {mail!r}")
 
@@ -713,7 +714,7 @@ class Subtask:
             call_operator(operator, "finish")
         for writer in self.writers:
             writer.end_input()
-        self.inputs_ended = True
+        self._advance(Lifecycle.INPUT_ENDED)
 
     def _send_credits(self, idle: bool) -> None:
         """Return credits in groups of ``credit_batch``; when idle, also to any
@@ -747,8 +748,11 @@ class Subtask:
         (engine/recovery.py's RecoveryStage; the master times a failover by them)."""
         self._gateway().report_stage(stage)
 
+    def _advance(self, lifecycle: Lifecycle) -> None:
+        self.lifecycle = advance(self.lifecycle, lifecycle)
+
     def _report_finished(self) -> None:
-        self.finished_reported = True
+        self._advance(Lifecycle.FINISHED)
         results = {node.transformation_id: op.final_result()
                    for node, op in zip(self.spec.vertex.nodes, self.operators)
                    if isinstance(op, SinkOperator)}
@@ -779,7 +783,8 @@ class Subtask:
         channels = tuple(ChannelProgress(str(c.channel), c.end_of_input is not None, c.watermark)
                          for c in list(self.gate.channels.values()) if not c.finished)
         return SubtaskLiveness(self.spec.vertex.name, self.spec.index, self.spec.attempt,
-                               self.inputs_ended, self.finished_reported, waiting, channels,
+                               self.lifecycle.input_ended,
+                               self.lifecycle is Lifecycle.FINISHED, waiting, channels,
                                source=self.source is not None)
 
     def _metrics(self) -> dict[str, float]:
