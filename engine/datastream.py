@@ -53,6 +53,7 @@ from raystream.engine.windows.stream import CountWindowedStream, WindowedStream
 
 if TYPE_CHECKING:
     from raystream.engine.environment import StreamEnvironment
+    from raystream.engine.formats import ValueFormat
     from raystream.engine.windows.assigners import WindowAssigner
 
 Row = dict[str, Any]
@@ -335,13 +336,18 @@ class DataStream:
         return ParquetSinkHandle(handle.transformation_id, handle.name, config.path)
 
     def sink_to_kafka(self, bootstrap_servers: str, topic: str, *, key: str | None = None,
-                      value_format: str = "json", delivery: str = "exactly_once",
+                      value_format: str | ValueFormat = "json", value_schema: Any = None,
+                      delivery: str = "exactly_once",
                       transactional_id_prefix: str | None = None, timeout_s: float = 30.0,
                       name: str = "kafka", **client_config: Any) -> "SinkHandle":
         """Write every row to Kafka ``topic``: as a JSON object (``value_format="json"``:
         floats in their shortest exact form, NaN and infinities as null, timestamps as
-        epoch milliseconds, see :mod:`raystream.engine.json_lines`) or column ``value``
-        (``"raw"``), keyed by column ``key`` (as a string).
+        epoch milliseconds, see :mod:`raystream.engine.json_lines`), column ``value``
+        (``"raw"``), plain Avro binary (``"avro"``, ``value_schema`` the Avro schema: a
+        dict, a JSON string or an ``.avsc`` path) or a Protobuf message
+        (``"protobuf"``, ``value_schema`` the generated message class), or a format
+        such as ``rs.formats.Avro(schema, confluent_schema_id=7)`` (see
+        :mod:`raystream.engine.formats`); keyed by column ``key`` (as a string).
 
         ``delivery="exactly_once"``: each checkpoint's rows are in one Kafka
         transaction that commits when the checkpoint completes (read them with
@@ -360,7 +366,8 @@ class DataStream:
         config = KafkaSinkConfig(
             bootstrap_servers, topic,
             transactional_id_prefix=transactional_id_prefix or f"raystream.{name}.{topic}",
-            key=key, value_format=value_format, delivery=Delivery.of(delivery),
+            key=key, value_format=value_format, value_schema=value_schema,
+            delivery=Delivery.of(delivery),
             timeout_s=timeout_s,
             client_config={k.replace("_", "."): v for k, v in client_config.items()})
         check_writable(config)
