@@ -317,7 +317,8 @@ class Avro:
     path of an ``.avsc`` file; its fields are the columns. ``confluent_schema_id``: values
     carry Confluent's 5-byte header (magic byte 0 + this id, big-endian), checked and
     stripped when read, prepended when written (no registry is asked: the schema given
-    decodes every record).
+    decodes every record). When writing, columns that are not fields of the schema are
+    not written, and a field without a column is null (if it may be) or its default.
 
         >>> import pyarrow as pa
         >>> fmt = Avro('{"type": "record", "name": "R", "fields": [{"name": "n", "type": "int"}]}',
@@ -597,8 +598,10 @@ class Protobuf:
     """Serialized messages of a generated Protobuf message class (``Protobuf(Click)``
     for ``from clicks_pb2 import Click``). Its fields are the columns: enums as their
     names, messages as structs, repeated fields as lists, maps as maps; a field with
-    presence (``optional``, a message) that is not set is null.
+    presence (``optional``, a message) that is not set is null. When writing, a null is
+    a field left unset, and columns that are not fields of the message are not written.
 
+        >>> import pyarrow as pa
         >>> from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
         >>> file = descriptor_pb2.FileDescriptorProto(name="ex.proto", package="ex", syntax="proto3")
         >>> msg = file.message_type.add(name="Click")
@@ -665,12 +668,13 @@ class Protobuf:
     def encode(self, batch: pa.RecordBatch, *, where: str) -> pa.Array:
         cls = self.message_class
         descriptor = cls.DESCRIPTOR
-        unknown = [n for n in batch.schema.names if n not in descriptor.fields_by_name]
-        if unknown:
-            raise FormatError(f"{where}: column(s) {', '.join(unknown)} are not fields of "
-                              f"Protobuf message {self.message} (fields: "
-                              f"{', '.join(f.name for f in descriptor.fields)}); select the "
-                              f"columns to write first")
+        known = [n for n in batch.schema.names if n in descriptor.fields_by_name]
+        if not known and batch.num_rows:
+            raise FormatError(f"{where}: no column is a field of Protobuf message "
+                              f"{self.message} (columns: {', '.join(batch.schema.names)}; "
+                              f"fields: {', '.join(f.name for f in descriptor.fields)}); "
+                              f"rename the columns to the message's fields")
+        batch = batch.select(known)
         rows = batch.to_pylist(maps_as_pydicts="strict")
         out, ends = io.BytesIO(), []
         for i, row in enumerate(rows):  # protobuf builds one message a call

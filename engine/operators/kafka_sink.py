@@ -111,6 +111,8 @@ class KafkaSinkConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "value_format", value_format_of(
             self.value_format, value_schema=self.value_schema, where="sink_to_kafka"))
+        object.__setattr__(self, "value_schema", None)  # the format holds it (a message
+        # class does not pickle: the format carries its descriptors instead)
         if not self.topic:
             raise ValueError("sink_to_kafka: topic must be a non-empty string")
 

@@ -172,6 +172,8 @@ class KafkaSourceConfig:
         object.__setattr__(self, "value_format", value_format_of(
             self.value_format, schema=self.schema, value_schema=self.value_schema,
             where="read_kafka"))
+        object.__setattr__(self, "value_schema", None)  # the format holds it (a message
+        # class does not pickle: the format carries its descriptors instead)
 
     @property
     def format(self) -> ValueFormat:
