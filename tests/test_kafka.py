@@ -21,6 +21,7 @@ import pyarrow as pa
 import pytest
 
 import raystream as rs
+from tests.support.docs import ROOT, example
 from tests.support.formats import (EVENT_AVRO, SUMS_AVRO, avro_decode, avro_encode,
                                    event_message, event_message_class, proto_decode)
 from tests.support.jobs import (checkpointed_env, run_through_a_kill, subtask_pid,
@@ -526,3 +527,29 @@ def test_avro_kafka_to_kafka_exactly_once_through_a_kill(ray_session, broker, tm
     values = list(broker.read(out)["value"])  # read_committed
     assert all(v[:5] == framed_out for v in values)
     assert_running_sums_exactly_once(pd.DataFrame(avro_decode(SUMS_AVRO, [v[5:] for v in values])))
+
+
+@pytest.mark.slow  # a job (~10 s here), like the round trip above
+def test_the_guides_avro_example_runs_and_its_totals_match_pandas(ray_session, broker, capsys):
+    code = example(ROOT / "docs" / "guide.md", "### Avro and Protobuf values")
+    assert '"127.0.0.1:9092"' in code
+    namespace: dict = {}
+    exec(compile(code.replace('"127.0.0.1:9092"', repr(broker.bootstrap)), "docs/guide.md",
+                 "exec"), namespace)
+    i = np.arange(1000)
+    clicks = pd.DataFrame({"user": [f"u{x}" for x in i % 10], "dwell_ms": i,
+                           "window_start": (1_700_000_000_000 + i * 100) // 10_000 * 10_000})
+    expected = clicks.groupby(["user", "window_start"])["dwell_ms"].sum().reset_index()
+    got = namespace["result"].table(namespace["sink"]).to_pandas()
+    pd.testing.assert_frame_equal(
+        got[["user", "window_start", "dwell_ms"]].sort_values(["user", "window_start"])
+        .reset_index(drop=True), expected, check_dtype=False)
+    assert "window_start" in capsys.readouterr().out
+    # the sink wrote Confluent's framing with schema id 42, then what fastavro reads
+    values = list(broker.read("totals-avro")["value"])
+    assert values and all(v[:5] == b"\x00\x00\x00\x00\x2a" for v in values)
+    totals = pd.DataFrame(avro_decode(namespace["TOTAL"], [v[5:] for v in values]))
+    totals["window_start"] = totals["window_start"].map(lambda t: int(t.timestamp() * 1000))
+    pd.testing.assert_frame_equal(
+        totals.sort_values(["user", "window_start"]).reset_index(drop=True), expected,
+        check_dtype=False)
