@@ -250,7 +250,8 @@ class StreamEnvironment:
                    errors: OnError | str = OnError.FAIL,
                    name: str = "files", watermarks: BoundedOutOfOrderness | None = None,
                    parallelism: int | None = None) -> DataStream:
-        """Parquet, CSV or JSON-lines files under ``path`` (a file per split, a Parquet
+        """Parquet, CSV, JSON-lines or Avro (container) files under ``path`` (``format``:
+        ``"parquet"``, ``"csv"``, ``"jsonl"``, ``"avro"``; a file per split, a Parquet
         file with several row groups a split per row group), handed to the subtasks as
         they ask. Bounded: the files there are at the start. With ``monitor_interval_s``,
         continuous: the directory is listed again at that interval and new files are

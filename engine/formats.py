@@ -44,7 +44,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import Any, Iterator, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -464,6 +464,70 @@ def _avro_number(column: pa.Array, avro_type: pa.DataType) -> pa.Array:
     if pa.types.is_time64(avro_type) and pa.types.is_time(t):
         return column.cast(avro_type).view(pa.int64())
     return column
+
+
+# -- Avro container files ---------------------------------------------------------------------
+class AvroFileError(pa.ArrowInvalid):
+    """An Avro container file that cannot be read; ``row`` is the 1-based record where
+    reading stopped (None: its header)."""
+
+    def __init__(self, message: str, row: int | None = None) -> None:
+        super().__init__(message)
+        self.row = row
+
+
+def _container_reader(stream: Any) -> tuple[Any, pa.Schema]:
+    import fastavro
+
+    try:
+        reader = fastavro.reader(stream)
+        raw = json.loads(reader.metadata["avro.schema"])
+    except Exception as exc:  # whatever fastavro raises on a file of another kind
+        raise AvroFileError(f"not an Avro container file ({type(exc).__name__}: {exc})") from exc
+    if not (isinstance(raw, dict) and raw.get("type") == "record"):
+        raise AvroFileError("the file's Avro schema is not a record: its values have no "
+                            "columns")
+    try:
+        column_type = _avro_types(raw, {}, raw["name"])[1]
+    except ValueError as exc:
+        raise AvroFileError(str(exc)) from exc
+    return reader, pa.schema(list(column_type))
+
+
+def avro_file_schema(stream: Any) -> pa.Schema:
+    """The columns of an Avro container file, from the schema in its header.
+
+        >>> import io, fastavro
+        >>> f = io.BytesIO()
+        >>> fastavro.writer(f, {"type": "record", "name": "R",
+        ...                     "fields": [{"name": "n", "type": "long"}]}, [{"n": 1}])
+        >>> _ = f.seek(0); avro_file_schema(f)
+        n: int64
+    """
+    return _container_reader(stream)[1]
+
+
+def avro_file_batches(stream: Any, batch_size: int) -> Iterator[pa.RecordBatch]:
+    """The records of an Avro container file (any codec fastavro reads) as batches of
+    ``batch_size`` rows: fastavro yields records one by one, each batch is one
+    conversion of its dicts. A file it cannot read raises :class:`AvroFileError`."""
+    reader, schema = _container_reader(stream)
+    struct = pa.struct(list(schema))
+    records: list = []
+    row = 0
+    try:
+        for record in reader:  # fastavro decodes a record a step
+            records.append(record)
+            if len(records) == batch_size:
+                row += len(records)
+                yield pa.RecordBatch.from_struct_array(pa.array(records, type=struct))
+                records = []
+    except AvroFileError:
+        raise
+    except Exception as exc:
+        raise AvroFileError(f"{type(exc).__name__}: {exc}", row=row + len(records) + 1) from exc
+    if records:
+        yield pa.RecordBatch.from_struct_array(pa.array(records, type=struct))
 
 
 # -- Protobuf ---------------------------------------------------------------------------------
