@@ -27,7 +27,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from raystream.engine.errors import FilePosition, FileReadError, choice
-from raystream.engine.formats import AvroFileError, avro_file_batches, avro_file_schema
+from raystream.core.avro import AvroFileError, avro_file_batches, avro_file_schema
 from raystream.engine.sources.base import Source, SplitReader
 from raystream.engine.sources.split_enumerator import SplitEnumerator, SplitEnumeratorContext
 
