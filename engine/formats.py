@@ -340,9 +340,9 @@ class Avro:
             column = column.cast(self.column_type)
         return pa.RecordBatch.from_struct_array(column), bad
 
-    def encode(self, batch: pa.RecordBatch, *, where: str) -> pa.Array:
-        from fastavro import schemaless_writer
-
+    def records(self, batch: pa.RecordBatch, *, where: str) -> list[dict]:
+        """The rows of ``batch`` as the records fastavro writes (the schema's fields only;
+        timestamps, dates and times as the numbers Avro stores, no datetime per value)."""
         names = set(batch.schema.names)
         fields = self.parsed["fields"]
         missing = [f["name"] for f in fields if f["name"] not in names and "default" not in f
@@ -352,12 +352,15 @@ class Avro:
                               f"no column (columns: {', '.join(batch.schema.names)}); add them "
                               f"or give the fields a default")
         known = [f["name"] for f in fields if f["name"] in names]
-        # timestamps and dates as the numbers Avro stores (no datetime per value)
         columns = [_avro_number(batch.column(n), self.column_type.field(n).type) for n in known]
-        rows = pa.Table.from_arrays(columns, names=known).to_pylist(maps_as_pydicts="strict")
+        return pa.Table.from_arrays(columns, names=known).to_pylist(maps_as_pydicts="strict")
+
+    def encode(self, batch: pa.RecordBatch, *, where: str) -> pa.Array:
+        from fastavro import schemaless_writer
+
         out, ends, header = io.BytesIO(), [], self.header
         schema = self.read_schema
-        for i, row in enumerate(rows):  # fastavro writes one record a call
+        for i, row in enumerate(self.records(batch, where=where)):  # one record a call
             if header is not None:
                 out.write(header)
             try:
@@ -375,7 +378,8 @@ def _avro_number(column: pa.Array, avro_type: pa.DataType) -> pa.Array:
     column as its int64/int32 in the schema's unit."""
     t = column.type
     if pa.types.is_timestamp(avro_type) and pa.types.is_timestamp(t):
-        return column.cast(pa.timestamp(avro_type.unit, t.tz)).view(pa.int64())
+        # finer than the schema's unit: truncated (as the Parquet sink truncates to us)
+        return pc.cast(column, pa.timestamp(avro_type.unit, t.tz), safe=False).view(pa.int64())
     if pa.types.is_timestamp(avro_type) and pa.types.is_integer(t):
         return column.cast(pa.int64())
     if pa.types.is_date32(avro_type) and pa.types.is_date(t):
