@@ -668,6 +668,11 @@ def value_format_of(value_format: ValueFormat | str, *, schema: pa.Schema | None
         if schema is not None and not isinstance(value_format, Json):
             raise ValueError(f"{where}: schema= (an Arrow schema) is for JSON values; the "
                              f"columns of {value_format.name} values come from its own schema")
+        if isinstance(value_format, Json) and schema is not None:
+            if value_format.schema is not None and not value_format.schema.equals(schema):
+                raise ValueError(f"{where}: two Arrow schemas, in Json(...) and schema=; "
+                                 f"give one")
+            return Json(schema)
         return value_format
     if value_format not in NAMES:
         raise ValueError(f"{where}: value_format must be one of {list(NAMES)} or a format "
