@@ -16,8 +16,9 @@ one binary value per row):
   checks and strips it, encoding prepends it. There is no Schema Registry
   client: the one schema given decodes every record, and a record framed with
   another schema id is a bad record.
-* :class:`Protobuf`: a generated message class's serialized messages (no
-  Confluent framing). Fields are columns; enums are their names (strings),
+* :class:`Protobuf`: a generated message class's serialized messages (with
+  ``confluent_schema_id=N``, in Confluent's framing: the 5 bytes above, then the
+  message's indexes in its file). Fields are columns; enums are their names (strings),
   messages structs, repeated fields lists, maps Arrow maps. The spec carries
   the message's descriptors, not the class, so a class built at run time
   travels to the workers too.
@@ -97,6 +98,46 @@ def _without(bad: list[tuple[int, str]], n: int) -> np.ndarray:
     good = np.ones(n, dtype=bool)
     good[[i for i, _ in bad]] = False
     return good
+
+
+def _unframed(values: pa.Array, header: bytes, schema_id: int) -> list[tuple[int, str]]:
+    """``(index, cause)`` of the non-null values that do not start with ``header``
+    (Confluent's wire format for ``schema_id``), found with one kernel over the batch."""
+    heads = pc.binary_slice(values, 0, len(header))
+    framed = pc.fill_null(pc.equal(heads, pa.scalar(header, pa.binary())), False)
+    return [(int(i), f"not in Confluent wire format with schema id {schema_id} "
+                     f"(header {heads[int(i)].as_py().hex()})")
+            for i in np.flatnonzero(~framed.to_numpy(zero_copy_only=False))
+            if values[int(i)].is_valid]
+
+
+def _zigzag_varint(n: int) -> bytes:
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def confluent_header(schema_id: int, message_indexes: list[int] | None = None) -> bytes:
+    """Confluent's wire-format prefix: magic byte 0, the schema id (4 bytes, big-endian)
+    and, for Protobuf, the message's indexes in its file (``[0]``, the first message, as
+    one byte 0; otherwise their count and each as zigzag varints).
+
+        >>> confluent_header(7), confluent_header(7, [0]), confluent_header(7, [1, 2])
+        (b'\\x00\\x00\\x00\\x00\\x07', b'\\x00\\x00\\x00\\x00\\x07\\x00', b'\\x00\\x00\\x00\\x00\\x07\\x04\\x02\\x04')
+    """
+    if not 0 <= schema_id < 2 ** 31:
+        raise ValueError(f"confluent_schema_id must be a schema id in [0, 2^31), not "
+                         f"{schema_id}")
+    head = b"\x00" + schema_id.to_bytes(4, "big")
+    if message_indexes is None:
+        return head
+    if message_indexes == [0]:
+        return head + b"\x00"
+    return head + b"".join(_zigzag_varint(n) for n in [len(message_indexes), *message_indexes])
 
 
 def _binary_values(values: pa.Array) -> tuple[bytes, np.ndarray]:
@@ -274,9 +315,8 @@ class Avro:
         if not (isinstance(raw, dict) and raw.get("type") == "record"):
             raise ValueError("Avro schema: the top level must be a record (its fields are "
                              "the columns); wrap the value in a record with one field")
-        if self.confluent_schema_id is not None and not 0 <= self.confluent_schema_id < 2 ** 31:
-            raise ValueError(f"Avro: confluent_schema_id must be a schema id in "
-                             f"[0, 2^31), not {self.confluent_schema_id}")
+        if self.confluent_schema_id is not None:
+            confluent_header(self.confluent_schema_id)  # a ValueError when it is not an id
         read, column = avro_types(raw, {}, raw["name"])
         for name, value in (("text", text), ("parsed", parsed),
                             ("read_schema", fastavro.parse_schema(physical(raw))),
@@ -290,7 +330,7 @@ class Avro:
     def header(self) -> bytes | None:
         if self.confluent_schema_id is None:
             return None
-        return b"\x00" + self.confluent_schema_id.to_bytes(4, "big")
+        return confluent_header(self.confluent_schema_id)
 
     @property
     def arrow_schema(self) -> pa.Schema:
@@ -303,13 +343,8 @@ class Avro:
         values = values.cast(pa.binary())
         bad = _null_values(values)
         header = self.header
-        if header is not None:
-            heads = pc.binary_slice(values, 0, 5)
-            framed = pc.fill_null(pc.equal(heads, pa.scalar(header, pa.binary())), False)
-            bad += [(int(i), f"not in Confluent wire format with schema id "
-                             f"{self.confluent_schema_id} (header {heads[int(i)].as_py().hex()})")
-                    for i in np.flatnonzero(~framed.to_numpy(zero_copy_only=False))
-                    if values[int(i)].is_valid]
+        if header is not None and self.confluent_schema_id is not None:
+            bad += _unframed(values, header, self.confluent_schema_id)
         good = _without(bad, len(values))
         data, offsets = _binary_values(values)
         starts = offsets[:-1] + (len(header) if header is not None else 0)
@@ -525,6 +560,9 @@ class Protobuf:
     names, messages as structs, repeated fields as lists, maps as maps; a field with
     presence (``optional``, a message) that is not set is null. When writing, a null is
     a field left unset, and columns that are not fields of the message are not written.
+    ``confluent_schema_id``: values carry Confluent's wire-format prefix (magic byte 0,
+    this id, the message's indexes in its file), checked and stripped when read,
+    prepended when written (no registry is asked).
 
         >>> import pyarrow as pa
         >>> from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -540,20 +578,29 @@ class Protobuf:
 
     message: str
     file_set: bytes
+    confluent_schema_id: int | None = None
     name: str = "protobuf"
 
-    def __init__(self, message_class: Any) -> None:
+    def __init__(self, message_class: Any, confluent_schema_id: int | None = None) -> None:
         descriptor = getattr(message_class, "DESCRIPTOR", None)
         if descriptor is None or not hasattr(descriptor, "full_name"):
             raise ValueError(f"Protobuf: give a generated message class (from a *_pb2 module, "
                              f"or message_factory.GetMessageClass), not {message_class!r}")
-        object.__setattr__(self, "message", descriptor.full_name)
-        object.__setattr__(self, "file_set", _file_set(descriptor))
-        object.__setattr__(self, "name", "protobuf")
+        if confluent_schema_id is not None:
+            confluent_header(confluent_schema_id)  # a ValueError when it is not an id
+        _init_protobuf(self, descriptor.full_name, _file_set(descriptor), confluent_schema_id)
         _proto_struct(descriptor)  # a message without a column type fails now
 
     def __reduce__(self) -> Any:  # the descriptors travel, the class is built where it lands
-        return (_protobuf_of, (self.message, self.file_set))
+        return (_protobuf_of, (self.message, self.file_set, self.confluent_schema_id))
+
+    @property
+    def header(self) -> bytes | None:
+        """Confluent's prefix of every value, or None."""
+        if self.confluent_schema_id is None:
+            return None
+        return confluent_header(self.confluent_schema_id,
+                                _message_indexes(self.message_class.DESCRIPTOR))
 
     @property
     def message_class(self) -> Any:
@@ -571,15 +618,20 @@ class Protobuf:
         from google.protobuf.message import DecodeError
 
         cls = self.message_class
+        values = values.cast(pa.binary())
         bad = _null_values(values)
+        header = self.header
+        if header is not None and self.confluent_schema_id is not None:
+            bad += _unframed(values, header, self.confluent_schema_id)
+        skip = len(header) if header is not None else 0
         good = _without(bad, len(values))
         messages = []
-        for i, value in enumerate(values.cast(pa.binary()).to_pylist()):
+        for i, value in enumerate(values.to_pylist()):
             if not good[i]:
                 continue
             m = cls()
             try:
-                m.ParseFromString(value)  # protobuf parses one message a call
+                m.ParseFromString(value[skip:] if skip else value)  # one message a call
             except (DecodeError, RuntimeError, ValueError) as exc:
                 bad.append((i, f"not Protobuf {self.message}: {exc}"))
                 good[i] = False
@@ -601,23 +653,49 @@ class Protobuf:
                               f"rename the columns to the message's fields")
         batch = batch.select(known)
         rows = batch.to_pylist(maps_as_pydicts="strict")
-        out, ends = io.BytesIO(), []
+        out, ends, header = io.BytesIO(), [], self.header
         for i, row in enumerate(rows):  # protobuf builds one message a call
             try:
                 m = cls(**_proto_kwargs(row, descriptor))
             except (TypeError, ValueError) as exc:
                 raise FormatError(f"{where}: row {i} does not fit Protobuf message "
                                   f"{self.message}: {exc} (row: {row})") from None
+            if header is not None:
+                out.write(header)
             out.write(m.SerializeToString())
             ends.append(out.tell())
         return _from_buffer(out.getvalue(), ends)
 
 
-def _protobuf_of(message: str, file_set: bytes) -> Protobuf:
-    spec = object.__new__(Protobuf)
-    for name, value in (("message", message), ("file_set", file_set), ("name", "protobuf")):
+def _init_protobuf(spec: Protobuf, message: str, file_set: bytes,
+                   confluent_schema_id: int | None) -> None:
+    for name, value in (("message", message), ("file_set", file_set),
+                        ("confluent_schema_id", confluent_schema_id), ("name", "protobuf")):
         object.__setattr__(spec, name, value)
+
+
+def _protobuf_of(message: str, file_set: bytes, confluent_schema_id: int | None = None
+                 ) -> Protobuf:
+    spec = object.__new__(Protobuf)
+    _init_protobuf(spec, message, file_set, confluent_schema_id)
     return spec
+
+
+def _message_indexes(descriptor: Any) -> list[int]:
+    """Where a message is declared in its file: its index among the file's messages, then
+    among each enclosing message's nested messages (what Confluent's framing carries)."""
+    from google.protobuf import descriptor_pb2
+
+    proto = descriptor_pb2.FileDescriptorProto()
+    descriptor.file.CopyToProto(proto)
+    package = descriptor.file.package
+    names = descriptor.full_name[len(package) + 1 if package else 0:].split(".")
+    indexes, declared = [], proto.message_type
+    for name in names:
+        i = [m.name for m in declared].index(name)
+        indexes.append(i)
+        declared = declared[i].nested_type
+    return indexes
 
 
 def _proto_kwargs(row: dict, descriptor: Any) -> dict:

@@ -18,7 +18,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import FieldDescriptor as F
 
 from raystream.engine.formats import (TOMBSTONE, Avro, FormatError, Json, Protobuf, Raw,
-                                      value_format_of)
+                                      confluent_header, value_format_of)
 
 UTC = datetime.timezone.utc
 SCHEMA = {
@@ -299,3 +299,29 @@ def test_protobuf_bad_records_are_named_by_index():
     assert batch["user"].to_pylist() == [3_000_009, 3_000_009, 0]  # b"": every field default
     with pytest.raises(ValueError, match="give a generated message class"):
         Protobuf(dict)
+
+
+def test_protobuf_confluent_framing_carries_the_schema_id_and_the_message_indexes():
+    """Confluent's Protobuf wire format: magic byte 0, the id (4 bytes, big-endian), then
+    the message's indexes in its file as zigzag varints, [0] as one byte 0 (the encoding of
+    confluent-kafka's ProtobufSerializer._encode_varints, written out here by hand)."""
+    Click = click_class()  # the second message of its file: indexes [1]
+    fmt = Protobuf(Click, confluent_schema_id=300)
+    header = b"\x00\x00\x00\x01\x2c" + b"\x02" + b"\x02"  # id 300; count 1, index 1
+    assert fmt.header == header
+    Where = type(Click().where)  # the first message of the file: indexes [0], one byte 0
+    assert Protobuf(Where, confluent_schema_id=300).header == b"\x00\x00\x00\x01\x2c\x00"
+    Entry = message_factory.GetMessageClass(Click.DESCRIPTOR.nested_types_by_name["CountsEntry"])
+    assert Protobuf(Entry, confluent_schema_id=300).header == (  # nested in Click: [1, 0]
+        b"\x00\x00\x00\x01\x2c" + b"\x04\x02\x00")
+    assert confluent_header(300, [1, 0]) == b"\x00\x00\x00\x01\x2c\x04\x02\x00"
+    messages = [proto_click(Click, i) for i in range(5)]
+    framed = [header + m.SerializeToString() for m in messages]
+    batch, bad = fmt.decode(pa.array(framed + [messages[0].SerializeToString()], pa.binary()))
+    assert [i for i, _ in bad] == [5]
+    assert bad[0][1].startswith("not in Confluent wire format with schema id 300")
+    assert fmt.encode(batch, where="test").to_pylist() == framed
+    back = pickle.loads(pickle.dumps(fmt))
+    assert back == fmt and back.header == header
+    with pytest.raises(ValueError, match="confluent_schema_id must be a schema id"):
+        Protobuf(Click, confluent_schema_id=-1)
