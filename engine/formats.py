@@ -25,7 +25,9 @@ one binary value per row):
 
 fastavro and protobuf decode record by record; their results become Arrow
 columns in one conversion per column (Avro: one ``pa.array`` over the batch's
-dicts; Protobuf: one per field), never by appending rows.
+dicts; Protobuf: one per field), never by appending rows. (Avro container files,
+for ``read_files(format="avro")`` and ``sink_to_avro``, are read with the same
+schema-to-Arrow mapping, in :mod:`raystream.core.avro`.)
 
     >>> import pyarrow as pa
     >>> fmt = Avro({"type": "record", "name": "Click",

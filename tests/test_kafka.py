@@ -369,7 +369,9 @@ def as_ms(rows: list[dict]) -> list[dict]:
     return [{**row, "ts": int(row["ts"].timestamp() * 1000)} for row in rows]
 
 
-@pytest.mark.slow  # ~9 s; the default tier has the reader and writer by hand below
+# slow: 4-12 s here, and a Kafka to Kafka job as the default tier's JSON one; the default
+# tier has the reader and the writer's serializing by hand below
+@pytest.mark.slow
 def test_avro_and_protobuf_values_round_trip_through_kafka_as_the_libraries_read_them(
         ray_session, broker):
     """One job: an Avro topic and a Protobuf topic (the bytes fastavro and protobuf
@@ -500,7 +502,7 @@ def test_avro_and_protobuf_bad_records_go_to_dead_letters_or_fail_naming_them(br
         read("fail")
 
 
-@pytest.mark.slow  # ~5 s: a Kafka to Kafka job through kills is in the default tier (JSON)
+@pytest.mark.slow  # 5-7 s: a Kafka to Kafka job through kills is in the default tier (JSON)
 def test_avro_kafka_to_kafka_exactly_once_through_a_kill(ray_session, broker, tmp_path):
     """The running sums of the exactly-once job, from Avro in Confluent's framing (schema
     id 11) to Avro framed with id 12, through a kill of a subtask after a checkpoint:
@@ -529,7 +531,7 @@ def test_avro_kafka_to_kafka_exactly_once_through_a_kill(ray_session, broker, tm
     assert_running_sums_exactly_once(pd.DataFrame(avro_decode(SUMS_AVRO, [v[5:] for v in values])))
 
 
-@pytest.mark.slow  # a job (~10 s here), like the round trip above
+@pytest.mark.slow  # a job of 3-14 s here, like the round trip above
 def test_the_guides_avro_example_runs_and_its_totals_match_pandas(ray_session, broker, capsys):
     code = example(ROOT / "docs" / "guide.md", "### Avro and Protobuf values")
     assert '"127.0.0.1:9092"' in code
