@@ -81,7 +81,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from kafka_to_spark import embedded_broker  # noqa: E402
 
 import raystream as rs  # noqa: E402
-from raystream.engine.sources.kafka import ValueFormat, parse_values  # noqa: E402
+from raystream.engine.formats import Json  # noqa: E402
 
 PARTITIONS, KEYS, BASE_TS = 8, 1000, 1_700_000_000_000
 SCHEMA = pa.schema([("key", pa.int64()), ("ts", pa.int64()), ("v", pa.int64())])
@@ -135,8 +135,7 @@ def client_limit(bootstrap: str, topic: str, out: str, n: int) -> tuple[float, p
         if not messages:
             continue
         read += len(messages)
-        parsed, _ = parse_values(pa.array([m.value() for m in messages], pa.binary()),
-                                 ValueFormat.JSON, SCHEMA)
+        parsed, _ = Json(SCHEMA).decode(pa.array([m.value() for m in messages], pa.binary()))
         frame = parsed.to_pandas()
         counts.append(frame.groupby(["key", frame["ts"] // 1000 * 1000]).size())
     total = pd.concat(counts).groupby(level=[0, 1]).sum()

@@ -39,6 +39,7 @@ from raystream.engine.client import JobClient, JobResult
 from raystream.engine.datastream import DataStream
 from raystream.engine import registry
 from raystream.engine.errors import InsufficientResourcesError, JobStillRunningError
+from raystream.engine.formats import ValueFormat
 from raystream.actors.resources import Resources
 from raystream.engine.graph import InputEdge, Transformation
 from raystream.engine.master_pool import MASTER_RESOURCES, MASTERS, new_job_id
@@ -249,7 +250,8 @@ class StreamEnvironment:
                    errors: OnError | str = OnError.FAIL,
                    name: str = "files", watermarks: BoundedOutOfOrderness | None = None,
                    parallelism: int | None = None) -> DataStream:
-        """Parquet, CSV or JSON-lines files under ``path`` (a file per split, a Parquet
+        """Parquet, CSV, JSON-lines or Avro (container) files under ``path`` (``format``:
+        ``"parquet"``, ``"csv"``, ``"jsonl"``, ``"avro"``; a file per split, a Parquet
         file with several row groups a split per row group), handed to the subtasks as
         they ask. Bounded: the files there are at the start. With ``monitor_interval_s``,
         continuous: the directory is listed again at that interval and new files are
@@ -274,8 +276,8 @@ class StreamEnvironment:
                    pattern: str | None = None, group_id: str | None = None,
                    starting_offsets: str | Mapping[str, int] = "earliest",
                    bounded_until: str | Mapping[tuple[str, int], int] | None = None,
-                   value_format: str = "json", schema: pa.Schema | None = None,
-                   idleness_s: float | None = None, discovery_interval_s: float | None = 10.0,
+                   value_format: str | ValueFormat = "json", schema: pa.Schema | None = None,
+                   value_schema: Any = None, idleness_s: float | None = None, discovery_interval_s: float | None = 10.0,
                    errors: OnError | str = OnError.FAIL, timeout_s: float = 10.0,
                    max_poll_records: int = 10_000, name: str = "kafka",
                    watermarks: BoundedOutOfOrderness | None = None,
@@ -287,7 +289,13 @@ class StreamEnvironment:
         ``starting_offsets``: ``"earliest"``, ``"latest"``, ``"committed"`` (of
         ``group_id``) or ``{"timestamp": ms}``; ``bounded_until``: None, ``"latest"``
         (where each partition ends at the start) or ``{(topic, partition): offset}``.
-        ``errors="dead_letter"``: a value that does not parse goes to side output
+        ``value_format``: ``"json"`` (columns typed by ``schema``, an Arrow schema, or
+        inferred), ``"raw"`` (column ``value``), ``"avro"`` (``value_schema``: the
+        Avro schema as a dict, a JSON string or an ``.avsc`` path), ``"protobuf"``
+        (``value_schema``: the generated message class), or a format such as
+        ``rs.formats.Avro(schema, confluent_schema_id=7)`` (see
+        :mod:`raystream.engine.formats`).
+        ``errors="dead_letter"``: a value that does not decode goes to side output
         ``rs.sources.DEAD_LETTERS`` instead of failing the job. Other keyword
         arguments are librdkafka settings (dots as underscores: ``security_protocol``).
         The broker and topics are checked now: an unreachable broker or a missing
@@ -300,14 +308,13 @@ class StreamEnvironment:
             ...                         watermarks=rs.BoundedOutOfOrderness("ts", 2000))
         """
         from raystream.engine.sources.kafka import (KafkaReaderOperator, KafkaSource,
-                                                    KafkaSourceConfig, ValueFormat,
-                                                    check_readable)
+                                                    KafkaSourceConfig, check_readable)
 
         config = KafkaSourceConfig(
             bootstrap_servers, topics=(topics,) if isinstance(topics, str) else tuple(topics),
             pattern=pattern, group_id=group_id, starting_offsets=starting_offsets,
-            bounded_until=bounded_until, value_format=ValueFormat.of(value_format),
-            schema=schema, idleness_s=idleness_s, discovery_interval_s=discovery_interval_s,
+            bounded_until=bounded_until, value_format=value_format,
+            schema=schema, value_schema=value_schema, idleness_s=idleness_s, discovery_interval_s=discovery_interval_s,
             max_poll_records=max_poll_records, errors=OnError.of(errors), timeout_s=timeout_s,
             client_config={k.replace("_", "."): v for k, v in client_config.items()})
         check_readable(config)

@@ -54,7 +54,8 @@ class FilePosition:
     """Where in a file a read failed, as far as the format lets us know it."""
 
     row_group: int | None = None  # Parquet
-    row: int | None = None  # CSV, 1-based, counting the header row (a record, not a line)
+    # CSV, 1-based, counting the header row (a record, not a line); Avro: the 1-based record
+    row: int | None = None
     line: int | None = None  # JSON lines, 1-based
     offset: int | None = None  # byte offset of that line
 

@@ -7,7 +7,7 @@
     10
 """
 
-from raystream import sources, spark
+from raystream import formats, sources, spark
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.checkpoint.disk_state import DiskStateOptions
 from raystream.checkpoint.heap_changelog import HeapStateOptions
@@ -67,7 +67,7 @@ __all__ = [
     "KeyedContext", "KeyedProcessFunction", "KeyedStream", "MAX_WATERMARK", "MIN_WATERMARK", "Operator", "RaystreamError",
     "OperatorCoordinator", "OperatorCoordinatorContext", "SourceOperator", "SubtaskEventGateway",
     "RuntimeContext", "SinkHandle", "StreamEnvironment", "key_group_of", "key_group_range",
-    "sources", "spark", "subtask_for_key_group",
+    "formats", "sources", "spark", "subtask_for_key_group",
     "DynamicEventTimeSessionWindows", "EventTimeSessionWindows", "GlobalWindows",
     "ProcessWindowFunction", "SlidingEventTimeWindows",
     "ContinuousEventTimeTrigger", "ContinuousProcessingTimeTrigger", "CountTrigger",

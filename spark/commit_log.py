@@ -92,7 +92,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -271,7 +271,10 @@ def read_committed(path: str, *, columns: list[str] | None = None) -> pa.Table:
     tables = []
     for f in committed_file_entries(loc):
         with loc.filesystem.open_input_file(loc.join(f["path"])) as source:
-            table = pq.ParquetFile(source).read()
+            if f["path"].endswith(".avro"):  # DataStream.sink_to_avro's files
+                table = _read_avro(source)
+            else:
+                table = pq.ParquetFile(source).read()
         table = _with_partition_columns(table, f)
         if columns is not None:
             table = table.select([c for c in columns if c in table.column_names])
@@ -280,6 +283,14 @@ def read_committed(path: str, *, columns: list[str] | None = None) -> pa.Table:
     if not tables:
         return pa.table({})
     return pa.concat_tables(tables, promote_options="default")
+
+
+def _read_avro(source: Any) -> pa.Table:
+    from raystream.core.avro import avro_file_batches, avro_file_schema
+
+    schema = avro_file_schema(source)
+    source.seek(0)
+    return pa.Table.from_batches(list(avro_file_batches(source, 1 << 16)), schema=schema)
 
 
 def _with_partition_columns(table: pa.Table, f: dict) -> pa.Table:

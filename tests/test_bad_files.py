@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import fastavro
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -181,6 +182,43 @@ def test_a_reader_raises_a_file_read_error_with_the_parse_error_as_its_cause(tmp
     assert info.value.path == str(bad)
     assert info.value.position == FilePosition(row=3)
     assert isinstance(info.value.__cause__, pa.ArrowInvalid)
+
+
+def test_a_bad_avro_file_names_itself_and_the_record_or_is_a_dead_letter(tmp_path):
+    """Avro container files by hand (no Ray): a file that is not Avro, and one cut short
+    in a later block, fail naming the file (and the record where reading stopped); under
+    errors="dead_letter" each is one dead letter and no row."""
+    schema = {"type": "record", "name": "Order", "fields": [
+        {"name": "id", "type": "long"}, {"name": "amount", "type": "long"}]}
+    with open(tmp_path / "a.avro", "wb") as f:  # fastavro's own file, blocks of ~1 KB
+        fastavro.writer(f, schema, good_table(0).to_pylist(), sync_interval=1024)
+    whole = (tmp_path / "a.avro").read_bytes()
+    (tmp_path / "b.avro").write_bytes(whole[:len(whole) // 2])
+    (tmp_path / "c.avro").write_bytes(b"id,amount\n1,2\n")
+
+    def read(path: Path, errors: str = "fail") -> tuple[pa.Table | None, object]:
+        source = Files(str(path), format="avro", errors=errors, batch_size=500)
+        reader = source.reader(source.splits()[0])
+        batches = []
+        while (batch := reader.next_batch()) is not None:
+            batches.append(batch)
+        return (pa.Table.from_batches(batches) if batches else None,
+                getattr(reader, "dead_letter", None))
+
+    table, _ = read(tmp_path / "a.avro")
+    assert table is not None and table.to_pylist() == good_table(0).to_pylist()
+    with pytest.raises(rs.FileReadError) as info:
+        read(tmp_path / "b.avro")
+    assert str(info.value).startswith(f"cannot read {tmp_path / 'b.avro'} (row ")
+    row = info.value.position.row
+    assert row is not None and 1 < row <= ROWS  # a later block: the records before it were read
+    with pytest.raises(rs.FileReadError, match="not an Avro container file") as info:
+        read(tmp_path / "c.avro")
+    assert info.value.path == str(tmp_path / "c.avro")
+    for name in ("b.avro", "c.avro"):
+        table, letter = read(tmp_path / name, errors="dead_letter")
+        assert table is None and letter is not None
+        assert letter.to_pylist()[0]["path"] == str(tmp_path / name)
 
 
 def test_errors_must_be_fail_or_dead_letter(tmp_path):

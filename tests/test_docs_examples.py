@@ -3,21 +3,11 @@ results match pandas/numpy over the same input."""
 
 from __future__ import annotations
 
-import pathlib
-
 import numpy as np
 import pandas as pd
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
-def example(path: pathlib.Path, heading: str) -> str:
-    """The first ```python block under ``heading`` in ``path``."""
-    text = path.read_text()
-    section = text[text.index(heading):]
-    start = section.index("```python\n") + len("```python\n")
-    return section[start:section.index("```", start)]
+from tests.support.docs import ROOT, example
 
 
 @pytest.mark.slow

@@ -21,7 +21,11 @@ import pyarrow as pa
 import pytest
 
 import raystream as rs
-from tests.support.jobs import checkpointed_env, subtask_pid, wait_for_checkpoint, wait_until
+from tests.support.docs import ROOT, example
+from tests.support.formats import (EVENT_AVRO, SUMS_AVRO, avro_decode, avro_encode,
+                                   event_message, event_message_class, proto_decode)
+from tests.support.jobs import (checkpointed_env, run_through_a_kill, subtask_pid,
+                                wait_for_checkpoint, wait_until)
 from tests.support.pacing import Throttle
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -351,3 +355,203 @@ def test_idle_partition_does_not_stall_windows_and_new_topics_are_read(ray_sessi
     pd.testing.assert_frame_equal(
         got[["key", "start", "count"]].sort_values(["key", "start"]).reset_index(drop=True),
         expected.astype({"count": got["count"].dtype}), check_dtype=False)
+
+
+# -- Avro and Protobuf values ------------------------------------------------------------------
+def format_event(partition: int, j: int) -> dict:
+    """An event of the exactly-once job, with a note on every third and 0-2 tags."""
+    return {**event(partition, j), "note": None if j % 3 else f"note {j} ü",
+            "tags": [f"t{x}" for x in range(j % 3)]}
+
+
+def as_ms(rows: list[dict]) -> list[dict]:
+    """fastavro's timestamp-millis (aware datetimes) as epoch milliseconds."""
+    return [{**row, "ts": int(row["ts"].timestamp() * 1000)} for row in rows]
+
+
+# slow: 4-12 s here, and a Kafka to Kafka job as the default tier's JSON one; the default
+# tier has the reader and the writer's serializing by hand below
+@pytest.mark.slow
+def test_avro_and_protobuf_values_round_trip_through_kafka_as_the_libraries_read_them(
+        ray_session, broker):
+    """One job: an Avro topic and a Protobuf topic (the bytes fastavro and protobuf
+    wrote) read into columns and written to two more topics exactly once. The columns
+    are what fastavro/protobuf read from the same bytes; what the sinks wrote reads back
+    with fastavro/protobuf as the events produced."""
+    Event = event_message_class()
+    avro_in, avro_out = broker.topic(2, "avro-in"), broker.topic(2, "avro-out")
+    proto_in, proto_out = broker.topic(2, "proto-in"), broker.topic(2, "proto-out")
+    events = {p: [format_event(p, j) for j in range(300)] for p in range(2)}
+    produced = {}
+    for p, records in events.items():
+        produced[("avro", p)] = avro_encode(EVENT_AVRO, records)
+        produced[("protobuf", p)] = [event_message(Event, r).SerializeToString()
+                                     for r in records]
+        broker.produce(avro_in, p, produced[("avro", p)])
+        broker.produce(proto_in, p, produced[("protobuf", p)])
+
+    env = rs.StreamEnvironment(parallelism=2)
+    avro = env.read_kafka(broker.bootstrap, topics=avro_in, bounded_until="latest",
+                          value_format="avro", value_schema=EVENT_AVRO, name="avro-in")
+    proto = env.read_kafka(broker.bootstrap, topics=proto_in, bounded_until="latest",
+                           value_format=rs.formats.Protobuf(Event), name="proto-in")
+    avro.sink_to_kafka(broker.bootstrap, avro_out, key="k", value_format="avro",
+                       value_schema=json.dumps(EVENT_AVRO), name="avro-out")
+    proto.sink_to_kafka(broker.bootstrap, proto_out, key="k", value_format="protobuf",
+                        value_schema=Event, name="proto-out")
+    sinks = {"avro": avro.collect(name="avro-rows"), "protobuf": proto.collect(name="proto-rows")}
+    result = env.execute("kafka-avro-protobuf")
+
+    fields = [f["name"] for f in EVENT_AVRO["fields"]]
+    for fmt, sink in sinks.items():
+        got = result.table(sink).sort_by([("partition", "ascending"), ("offset", "ascending")])
+        assert got.column_names[:len(fields)] == fields
+        assert got["offset"].to_pylist() == [j for _ in range(2) for j in range(300)]
+        values = [v for p in range(2) for v in produced[(fmt, p)]]
+        oracle = (avro_decode(EVENT_AVRO, values) if fmt == "avro"
+                  else proto_decode(Event, values))
+        assert got.select(fields).to_pylist() == oracle, fmt
+    assert result.table(sinks["avro"]).schema.field("ts").type == pa.timestamp("ms", "UTC")
+
+    every = sorted((r for records in events.values() for r in records), key=lambda r: r["i"])
+    for fmt, out in (("avro", avro_out), ("protobuf", proto_out)):
+        records = broker.read(out)  # read_committed
+        assert sorted(records["key"]) == sorted(str(r["k"]).encode() for r in every)
+        back = (as_ms(avro_decode(EVENT_AVRO, list(records["value"]))) if fmt == "avro"
+                else proto_decode(Event, list(records["value"])))
+        assert sorted(back, key=lambda r: r["i"]) == every, fmt
+
+
+def test_the_sink_config_travels_pickled_and_writes_what_the_libraries_write():
+    """What a Kafka writer serializes (its config pickled, as it travels to the subtask
+    actors: a message class built at run time does not pickle, its format does)."""
+    from ray import cloudpickle
+
+    from raystream.engine.operators.kafka_sink import KafkaSinkConfig, serialize
+
+    Event = event_message_class()
+    records = [format_event(1, j) for j in range(20)]
+    batch = pa.Table.from_pylist(records).to_batches()[0]
+    for fmt, value_schema, expected in (
+            ("avro", EVENT_AVRO, avro_encode(EVENT_AVRO, records)),
+            ("protobuf", Event, [event_message(Event, r).SerializeToString() for r in records])):
+        config = cloudpickle.loads(cloudpickle.dumps(KafkaSinkConfig(
+            "127.0.0.1:9092", "out", "tx", key="k", value_format=fmt,
+            value_schema=value_schema)))
+        keys, values = serialize(batch, key="k", value_format=config.value_format)
+        assert keys is not None and keys.to_pylist() == [str(r["k"]) for r in records]
+        assert values.to_pylist() == expected, fmt
+    with pytest.raises(ValueError, match="value_format='protobuf' needs value_schema="):
+        KafkaSinkConfig("127.0.0.1:9092", "out", "tx", value_format="protobuf")
+
+
+@pytest.mark.parametrize("fmt", ["avro", "protobuf"])
+def test_avro_and_protobuf_bad_records_go_to_dead_letters_or_fail_naming_them(broker, fmt):
+    """The reader run by hand against the broker (a job wraps its error as "operator
+    'kafka' (subtask i/n) failed: KafkaRecordError: ..."): bad values go to the dead
+    letters as JSON's do, or fail naming topic, partition and offset."""
+    from raystream.actors.operator import CollectingOutput, RuntimeContext
+    from raystream.engine.sources.kafka import KafkaReaderOperator, KafkaSource, KafkaSourceConfig
+
+    Event = event_message_class()
+    topic = broker.topic(1, f"bad-{fmt}")
+    records = [format_event(0, j) for j in range(50)]
+    values: list = (avro_encode(EVENT_AVRO, records) if fmt == "avro"
+                    else [event_message(Event, r).SerializeToString() for r in records])
+    garbage = b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"  # an unending varint
+    bad = {7: garbage, 20: None, 33: values[33][:-3] if fmt == "avro" else b"\x0a\x05ab"}
+    for i, value in bad.items():
+        values[i] = value
+    broker.produce(topic, 0, values)
+    value_schema = EVENT_AVRO if fmt == "avro" else Event
+
+    def read(errors: str) -> CollectingOutput:
+        config = KafkaSourceConfig(broker.bootstrap, topics=(topic,), bounded_until="latest",
+                                   value_format=fmt, value_schema=value_schema,
+                                   errors=rs.sources.OnError(errors))
+        reader = KafkaReaderOperator("kafka", KafkaSource(config))
+        output = CollectingOutput()
+        reader.setup(RuntimeContext("by-hand", "kafka", 0, 1, 128, 0,
+                                    coordinator_events=lambda event: None), output)
+        reader.open()
+        reader.add_split({"topic": topic, "partition": 0, "start": 0, "stop": 50})
+        try:
+            deadline = time.monotonic() + 30
+            while sum(b.num_rows for b in output.batches) + len(bad) < 50:
+                assert time.monotonic() < deadline, "the reader did not read the partition"
+                reader.emit_next()
+        finally:
+            reader.close()
+        return output
+
+    output = read("dead_letter")
+    rows = pa.Table.from_batches(output.batches)
+    assert rows["offset"].to_pylist() == [j for j in range(50) if j not in bad]
+    assert rows["i"].to_pylist() == [r["i"] for j, r in enumerate(records) if j not in bad]
+    letters = pa.Table.from_batches(output.side_batches["dead_letters"]).to_pylist()
+    assert [(r["partition"], r["offset"], r["value"]) for r in letters] == [
+        (0, i, v) for i, v in sorted(bad.items())]
+    assert letters[0]["error"].startswith(
+        f"cannot parse the Kafka record at topic '{topic}' partition 0 offset 7: not "
+        + ("Avro of schema rstest.Event" if fmt == "avro" else "Protobuf rstest.Event"))
+    assert letters[1]["error"].endswith("offset 20: no value (a tombstone?)")
+
+    with pytest.raises(rs.KafkaRecordError,
+                       match=f"^cannot parse the Kafka record at topic '{topic}' partition 0 "
+                             f"offset 7: not (Avro|Protobuf)"):
+        read("fail")
+
+
+@pytest.mark.slow  # 5-7 s: a Kafka to Kafka job through kills is in the default tier (JSON)
+def test_avro_kafka_to_kafka_exactly_once_through_a_kill(ray_session, broker, tmp_path):
+    """The running sums of the exactly-once job, from Avro in Confluent's framing (schema
+    id 11) to Avro framed with id 12, through a kill of a subtask after a checkpoint:
+    every update once, read back with fastavro."""
+    source, out = broker.topic(PARTITIONS, "avro-src"), broker.topic(2, "avro-sums")
+    framed_in, framed_out = b"\x00\x00\x00\x00\x0b", b"\x00\x00\x00\x00\x0c"
+    for p in range(PARTITIONS):
+        broker.produce(source, p, avro_encode(
+            EVENT_AVRO, [format_event(p, j) for j in range(PER_PARTITION)], framed_in))
+    env = checkpointed_env(str(tmp_path / "chk"))
+    events = env.read_kafka(broker.bootstrap, topics=[source], bounded_until="latest",
+                            value_format=rs.formats.Avro(EVENT_AVRO, confluent_schema_id=11),
+                            max_poll_records=200)
+    slow = Throttle(0.1)
+    sums = (events.map_batches(lambda b: slow(pa.record_batch(
+                {"k": b["k"], "v": b["v"], "i": b["i"], "p": b["partition"],
+                 "n": pa.array(np.ones(b.num_rows, np.int64))})), name="throttle")
+            .key_by("k").reduce(add, name="sum"))
+    sums.sink_to_kafka(broker.bootstrap, out, key="k", name="avro-out",
+                       value_format=rs.formats.Avro(SUMS_AVRO, confluent_schema_id=12),
+                       transactional_id_prefix=f"{out}-tx")
+    run_through_a_kill(env, "kafka-avro-kill", "sum")
+
+    values = list(broker.read(out)["value"])  # read_committed
+    assert all(v[:5] == framed_out for v in values)
+    assert_running_sums_exactly_once(pd.DataFrame(avro_decode(SUMS_AVRO, [v[5:] for v in values])))
+
+
+@pytest.mark.slow  # a job of 3-14 s here, like the round trip above
+def test_the_guides_avro_example_runs_and_its_totals_match_pandas(ray_session, broker, capsys):
+    code = example(ROOT / "docs" / "guide.md", "### Avro and Protobuf values")
+    assert '"127.0.0.1:9092"' in code
+    namespace: dict = {}
+    exec(compile(code.replace('"127.0.0.1:9092"', repr(broker.bootstrap)), "docs/guide.md",
+                 "exec"), namespace)
+    i = np.arange(1000)
+    clicks = pd.DataFrame({"user": [f"u{x}" for x in i % 10], "dwell_ms": i,
+                           "window_start": (1_700_000_000_000 + i * 100) // 10_000 * 10_000})
+    expected = clicks.groupby(["user", "window_start"])["dwell_ms"].sum().reset_index()
+    got = namespace["result"].table(namespace["sink"]).to_pandas()
+    pd.testing.assert_frame_equal(
+        got[["user", "window_start", "dwell_ms"]].sort_values(["user", "window_start"])
+        .reset_index(drop=True), expected, check_dtype=False)
+    assert "window_start" in capsys.readouterr().out
+    # the sink wrote Confluent's framing with schema id 42, then what fastavro reads
+    values = list(broker.read("totals-avro")["value"])
+    assert values and all(v[:5] == b"\x00\x00\x00\x00\x2a" for v in values)
+    totals = pd.DataFrame(avro_decode(namespace["TOTAL"], [v[5:] for v in values]))
+    totals["window_start"] = totals["window_start"].map(lambda t: int(t.timestamp() * 1000))
+    pd.testing.assert_frame_equal(
+        totals.sort_values(["user", "window_start"]).reset_index(drop=True), expected,
+        check_dtype=False)

@@ -1,7 +1,8 @@
-"""Sources: files (parquet, csv, jsonl), Sequence and Collection, in real Ray jobs
+"""Sources: files (parquet, csv, jsonl, avro), Sequence and Collection, in real Ray jobs
 and as split readers.
 
-Oracles: the pyarrow tables written to disk, and numpy over the same index.
+Oracles: the pyarrow tables written to disk (Avro files written by fastavro itself), and
+numpy over the same index.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 import os
 import time
 
+import fastavro
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -23,10 +25,13 @@ from raystream.sources import Collection, Files, Sequence
 
 pytestmark = pytest.mark.timeout(120)
 
-FORMATS = ("parquet", "csv", "jsonl")
+FORMATS = ("parquet", "csv", "jsonl", "avro")
 FILE_SIZES = (1, 37, 1000, 250)  # rows per file, in file-name order
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("x", pa.float64()),
                     ("flag", pa.bool_())])
+AVRO_SCHEMA = {"type": "record", "name": "Row", "fields": [
+    {"name": "id", "type": "long"}, {"name": "name", "type": "string"},
+    {"name": "x", "type": "double"}, {"name": "flag", "type": "boolean"}]}
 # (no null-like strings such as "" or "null": CSV has no way to tell them from nulls)
 NAMES = ["alice", "bob, jr.", 'say "hi"', "é日本", "line\nbreak", "tab\tsep"]
 
@@ -46,6 +51,10 @@ def _write(table: pa.Table, path: str, fmt: str) -> None:
         pq.write_table(table, path, row_group_size=100)
     elif fmt == "csv":
         pacsv.write_csv(table, path)
+    elif fmt == "avro":  # deflate, in blocks of ~1 KB: a file of many blocks
+        with open(path, "wb") as f:
+            fastavro.writer(f, AVRO_SCHEMA, table.to_pylist(), codec="deflate",
+                            sync_interval=1024)
     else:
         with open(path, "w", encoding="utf-8") as f:
             for row in table.to_pylist():
@@ -203,8 +212,9 @@ def test_reader_position_resumes_where_another_stopped(position_files):
 
 
 @pytest.mark.parametrize("fmt,zero_bytes", [("parquet", False), ("csv", False), ("csv", True),
-                                             ("jsonl", True)],
-                         ids=["parquet-0-rows", "csv-header-only", "csv-0-bytes", "jsonl-0-bytes"])
+                                             ("jsonl", True), ("avro", False), ("avro", True)],
+                         ids=["parquet-0-rows", "csv-header-only", "csv-0-bytes", "jsonl-0-bytes",
+                              "avro-0-records", "avro-0-bytes"])
 def test_empty_file_gives_no_rows(tmp_path, fmt, zero_bytes):
     """A data file without rows is a valid, empty split (an hour without events, a file
     created by ``touch``): it yields no rows and does not fail the read."""

@@ -1,6 +1,9 @@
-"""Exactly-once Parquet output on the Sink V2 API (:mod:`~raystream.engine.operators.two_phase`).
+"""Exactly-once Parquet (or Avro) output on the Sink V2 API (:mod:`~raystream.engine.operators.two_phase`).
 
-``stream.sink_to_parquet(path)`` is ``sink_exactly_once(ParquetWriter, ParquetCommitter)``:
+``stream.sink_to_parquet(path)`` is ``sink_exactly_once(ParquetWriter, ParquetCommitter)``;
+``stream.sink_to_avro(path, schema)`` is the same with Avro container files
+(``.avro``, fastavro, deflate by default) of the given record schema in place of
+Parquet files:
 
 * :class:`ParquetWriter` (at the stream's parallelism) writes incoming
   batches to Parquet files under ``path`` (a local directory or a
@@ -35,12 +38,14 @@ import os
 import posixpath
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raystream.checkpoint.storage import fsync_dir
+from raystream.engine.formats import Avro, FormatError
 from raystream.engine.sink_handle import SinkHandle
 from raystream.engine.operators.two_phase import Committer, SinkContext, SinkWriter
 from raystream.spark import commit_log
@@ -61,10 +66,16 @@ class ParquetSinkConfig:
     max_rows_per_file: int | None = None
     max_bytes_per_file: int | None = DEFAULT_MAX_BYTES_PER_FILE
     compression: str = "snappy"
+    # Avro container files of this schema instead of Parquet (sink_to_avro), with this codec
+    avro: Avro | None = None
+    avro_codec: str = "deflate"
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path:
             raise ValueError("sink_to_parquet: path must be a non-empty string")
+        if self.avro is not None and self.avro_codec not in ("null", "deflate"):
+            raise ValueError(f"sink_to_avro: codec must be 'deflate' or 'null' (the codecs "
+                             f"fastavro writes without extras), not {self.avro_codec!r}")
         for what, value in (("max_rows_per_file", self.max_rows_per_file),
                             ("max_bytes_per_file", self.max_bytes_per_file)):
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -72,9 +83,14 @@ class ParquetSinkConfig:
         if len(set(self.partition_by)) != len(self.partition_by):
             raise ValueError("sink_to_parquet: partition_by names a column twice")
 
+    @property
+    def extension(self) -> str:
+        return ".avro" if self.avro is not None else ".parquet"
+
     @classmethod
     def of(cls, path: str, partition_by: str | list[str] | tuple[str, ...] | None,
-           max_rows_per_file: int | None, max_bytes_per_file: int | None) -> "ParquetSinkConfig":
+           max_rows_per_file: int | None, max_bytes_per_file: int | None, *,
+           avro: Avro | None = None, avro_codec: str = "deflate") -> "ParquetSinkConfig":
         if partition_by is None:
             columns: tuple[str, ...] = ()
         elif isinstance(partition_by, str):
@@ -83,11 +99,12 @@ class ParquetSinkConfig:
             columns = tuple(partition_by)
         if isinstance(path, str) and path and "://" not in path:
             path = os.path.abspath(os.path.expanduser(path))  # workers may run elsewhere
-        return cls(path, columns, max_rows_per_file, max_bytes_per_file)
+        return cls(path, columns, max_rows_per_file, max_bytes_per_file, avro=avro,
+                   avro_codec=avro_codec)
 
 
 class ParquetSinkHandle(SinkHandle):
-    """Names a Parquet sink; reads what it committed."""
+    """Names a Parquet (or Avro) file sink; reads what it committed."""
 
     def __init__(self, transformation_id: int, name: str, path: str) -> None:
         super().__init__(transformation_id, name)
@@ -132,8 +149,11 @@ class _OpenFile:
 
     def flush(self) -> None:
         if self.buffered:
-            self.writer.write_table(pa.Table.from_batches(self.buffered, self.schema))
+            self.write(pa.Table.from_batches(self.buffered, self.schema))
             self.buffered, self.buffered_rows, self.buffered_bytes = [], 0, 0
+
+    def write(self, table: pa.Table) -> None:
+        self.writer.write_table(table)
 
     def size_estimate(self) -> int:
         return self.stream.tell() + self.buffered_bytes
@@ -150,6 +170,53 @@ class _OpenFile:
         """Close and delete: the file was never emitted, so it can never be committed."""
         for step in (self.writer.close, self.stream.close,
                      lambda: loc.filesystem.delete_file(self.full)):
+            try:
+                step()
+            except Exception:
+                pass
+
+
+class _OpenAvroFile(_OpenFile):
+    """One Avro container file being written (fastavro): the same buffering, each flush
+    appends the buffered rows as Avro blocks."""
+
+    def __init__(self, loc: Location, relative: str, schema: pa.Schema, checkpoint: int,
+                 partition: list, partition_schema: str | None, avro: Avro,
+                 codec: str) -> None:
+        from fastavro.write import Writer
+
+        self.relative, self.full = relative, loc.join(relative)
+        self.schema, self.checkpoint = schema, checkpoint
+        self.partition, self.partition_schema = partition, partition_schema
+        self.avro = avro
+        self.stream = loc.filesystem.open_output_stream(self.full, compression=None)
+        self.writer: Any = Writer(self.stream, avro.parsed, codec=codec)
+        self.rows = 0
+        self.buffered = []
+        self.buffered_rows = 0
+        self.buffered_bytes = 0
+
+    def write(self, table: pa.Table) -> None:
+        write = self.writer.write
+        for batch in table.to_batches():
+            for i, record in enumerate(self.avro.records(batch, where="sink_to_avro")):
+                try:
+                    write(record)  # fastavro writes a record a call
+                except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                    raise FormatError(f"sink_to_avro: a row does not fit the Avro schema "
+                                      f"{self.avro.parsed['name']}: {type(exc).__name__}: "
+                                      f"{exc} (row: {record})") from None
+        self.writer.flush()
+
+    def close(self) -> int:
+        self.flush()
+        self.writer.flush()
+        size = self.stream.tell()
+        self.stream.close()
+        return size
+
+    def abandon(self, loc: Location) -> None:
+        for step in (self.stream.close, lambda: loc.filesystem.delete_file(self.full)):
             try:
                 step()
             except Exception:
@@ -230,15 +297,20 @@ class ParquetWriter(SinkWriter):
     def _open(self, values: tuple, partition_schema: pa.Schema | None,
               schema: pa.Schema) -> _OpenFile:
         runtime, checkpoint = self.ctx.runtime, self.ctx.next_checkpoint_id
-        name = f"{checkpoint}-{runtime.subtask_index}-{runtime.attempt}-{uuid.uuid4().hex}.parquet"
+        name = (f"{checkpoint}-{runtime.subtask_index}-{runtime.attempt}-{uuid.uuid4().hex}"
+                f"{self.config.extension}")
         directory = commit_log.partition_dir(self.config.partition_by, values) if values else ""
         if directory:
             self._ensure_dir(self._location().join(directory))
         relative = posixpath.join(directory, name) if directory else name
         partition = [[c, v] for c, v in zip(self.config.partition_by, values)]
-        f = _OpenFile(self._location(), relative, schema, checkpoint, partition,
-                      commit_log.encode_schema(partition_schema) if partition_schema else None,
-                      self.config.compression)
+        encoded = commit_log.encode_schema(partition_schema) if partition_schema else None
+        if self.config.avro is not None:
+            f = _OpenAvroFile(self._location(), relative, schema, checkpoint, partition,
+                              encoded, self.config.avro, self.config.avro_codec)
+        else:
+            f = _OpenFile(self._location(), relative, schema, checkpoint, partition, encoded,
+                          self.config.compression)
         self.files[values] = f
         return f
 

@@ -14,7 +14,8 @@ its transaction committed would leave ``n``'s records in a transaction no one
 can finish. raystream closes that window with a *write-ahead* instead:
 
 * :class:`KafkaWriter` (at the stream's parallelism) serializes records
-  (vectorized: JSON lines and keys through Arrow kernels, :mod:`raystream.engine.json_lines`)
+  (:mod:`raystream.engine.formats`: JSON lines and keys through Arrow kernels,
+  :mod:`raystream.engine.json_lines`; Avro or Protobuf, one value per row)
   and, before barrier ``n``, hands them over as committables: Arrow IPC
   (zstd), base64, with the writer's checkpoint label. They travel before
   barrier ``n`` and the committer's snapshot of ``n`` holds them, so they are
@@ -63,7 +64,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from raystream.engine.errors import RaystreamError, choice
-from raystream.engine.json_lines import JsonLinesError, json_lines
+from raystream.engine.formats import FormatError, Raw, ValueFormat, value_format_of
 from raystream.engine.operators.two_phase import Committer, SinkContext, SinkWriter
 
 log = logging.getLogger(__name__)
@@ -99,15 +100,19 @@ class KafkaSinkConfig:
     topic: str
     transactional_id_prefix: str
     key: str | None = None
-    value_format: str = "json"  # "json": the row as a JSON object; "raw": column "value"
+    # "json": the row as a JSON object; "raw": column "value"; "avro", "protobuf" (with
+    # value_schema) or a format of raystream.engine.formats: held as that format once built
+    value_format: ValueFormat | str = "json"
+    value_schema: Any = None
     delivery: Delivery = Delivery.EXACTLY_ONCE
     timeout_s: float = 30.0
     client_config: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.value_format not in ("json", "raw"):
-            raise ValueError(f"sink_to_kafka: value_format must be 'json' or 'raw', not "
-                             f"{self.value_format!r}")
+        object.__setattr__(self, "value_format", value_format_of(
+            self.value_format, value_schema=self.value_schema, where="sink_to_kafka"))
+        object.__setattr__(self, "value_schema", None)  # the format holds it (a message
+        # class does not pickle: the format carries its descriptors instead)
         if not self.topic:
             raise ValueError("sink_to_kafka: topic must be a non-empty string")
 
@@ -131,8 +136,8 @@ def linger_ms(client_config: Mapping[str, Any], buffer_timeout_ms: float) -> flo
 
 
 def serialize(batch: pa.RecordBatch, *, key: str | None,
-              value_format: str) -> tuple[pa.Array | None, pa.Array]:
-    """Keys (strings, or None) and values of a batch, vectorized."""
+              value_format: ValueFormat | str) -> tuple[pa.Array | None, pa.Array]:
+    """Keys (strings, or None) and values of a batch (as ``value_format`` writes them)."""
     keys = None
     if key is not None:
         if key not in batch.schema.names:
@@ -140,13 +145,13 @@ def serialize(batch: pa.RecordBatch, *, key: str | None,
                                  f"{', '.join(batch.schema.names)})")
         column = batch.column(key)
         keys = column if pa.types.is_string(column.type) else pc.cast(column, pa.string())
-    if value_format == "raw":
-        if "value" not in batch.schema.names:
-            raise KafkaSinkError("sink_to_kafka: value_format='raw' needs a column 'value'")
-        return keys, batch.column("value")
+    fmt = value_format_of(value_format, where="sink_to_kafka") if isinstance(
+        value_format, str) else value_format
+    if isinstance(fmt, Raw) and "value" not in batch.schema.names:
+        raise KafkaSinkError("sink_to_kafka: value_format='raw' needs a column 'value'")
     try:
-        values = json_lines(batch, where="sink_to_kafka")
-    except JsonLinesError as e:
+        values = fmt.encode(batch, where="sink_to_kafka")
+    except FormatError as e:
         raise KafkaSinkError(str(e)) from None
     return keys, values
 

@@ -1,4 +1,4 @@
-"""Parquet, CSV and JSON-lines files as a split-based source, bounded or continuous.
+"""Parquet, CSV, JSON-lines and Avro files as a split-based source, bounded or continuous.
 
 Paths may be local paths or any ``pyarrow.fs`` URI (``file://``, ``s3://``,
 ``gs://``, ``hdfs://``). A file is a split; a Parquet file with several row
@@ -27,10 +27,12 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from raystream.engine.errors import FilePosition, FileReadError, choice
+from raystream.core.avro import AvroFileError, avro_file_batches, avro_file_schema
 from raystream.engine.sources.base import Source, SplitReader
 from raystream.engine.sources.split_enumerator import SplitEnumerator, SplitEnumeratorContext
 
-FORMATS = {"parquet": (".parquet", ".pq"), "csv": (".csv",), "jsonl": (".jsonl", ".json", ".ndjson")}
+FORMATS = {"parquet": (".parquet", ".pq"), "csv": (".csv",), "jsonl": (".jsonl", ".json", ".ndjson"),
+           "avro": (".avro",)}  # Avro container files (any codec fastavro reads)
 
 # What pyarrow raises for a file it cannot parse or decode (a corrupt Parquet page is an
 # OSError); MemoryError and ArrowMemoryError are not a file's fault.
@@ -70,7 +72,7 @@ class Files(Source):
     when the first files may not show every column).
 
     A file that cannot be read fails the job with a :class:`FileReadError`
-    naming it (and the row group, CSV row or JSON line where known). With
+    naming it (and the row group, CSV row, JSON line or Avro record where known). With
     ``errors="dead_letter"`` such a split is skipped whole instead: it is
     parsed completely before its first row is emitted, and one row (``path``,
     ``row_group``, ``error``) describes it on side output ``DEAD_LETTERS``.
@@ -182,6 +184,8 @@ class Files(Source):
         if self.format == "parquet":
             return pq.ParquetFile(path, filesystem=fs).schema_arrow
         with fs.open_input_stream(path) as stream:
+            if self.format == "avro":
+                return avro_file_schema(stream)
             opener = pacsv.open_csv if self.format == "csv" else pajson.open_json
             return opener(stream).schema
 
@@ -307,6 +311,9 @@ class FileReader(SplitReader):
             batches = pq.ParquetFile(self.path, filesystem=fs).iter_batches(
                 batch_size=size, row_groups=row_groups)
             return batches if schema is None else (_conform(b, schema) for b in batches)
+        if fmt == "avro":
+            batches = avro_file_batches(self._stream, size)
+            return batches if schema is None else (_conform(b, schema) for b in batches)
         if fmt == "csv":
             return iter(pacsv.open_csv(self._stream, read_options=self._csv_read_options(),
                                        convert_options=self._csv_convert_options()))
@@ -351,6 +358,8 @@ class FileReader(SplitReader):
         fs, _ = self.source._filesystem()
         if self.source.format == "csv":
             position = _csv_position(exc) or self._locate_csv_row(fs)
+        elif self.source.format == "avro":
+            position = FilePosition(row=exc.row if isinstance(exc, AvroFileError) else None)
         elif self.source.format == "jsonl":
             return FileReadError(self.path, exc, self._locate_json_line(fs) or FilePosition(),
                                  detail=JSON_BLOCK_ROW.sub("", str(exc)))

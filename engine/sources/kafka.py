@@ -19,12 +19,13 @@
   record for ``idleness_s`` does not hold the subtask's watermark back until
   records come again.
 
-Rows are Arrow batches: the parsed value (``value_format="json"``, one
-pyarrow JSON read per polled batch) or ``value`` (``"raw"``, binary), then
+Rows are Arrow batches: the decoded value's columns (:mod:`raystream.engine.formats`:
+``value_format="json"``, one pyarrow JSON read per polled batch; ``"avro"`` and
+``"protobuf"``, one column per field; ``"raw"``, the bytes as ``value``), then
 ``key``, ``topic``, ``partition``, ``offset``, ``timestamp`` (int64 ms) and
-``headers``; a parsed field of the same name as one of these wins over it.
+``headers``; a decoded field of the same name as one of these wins over it.
 
-A value that does not parse fails the job with a :class:`KafkaRecordError`
+A value that does not decode fails the job with a :class:`KafkaRecordError`
 naming topic, partition, offset and cause, or with ``errors="dead_letter"``
 goes to side output ``rs.sources.DEAD_LETTERS`` as one row (topic, partition,
 offset, key, value, error) while the rest of its batch is read on.
@@ -34,14 +35,15 @@ ListOffsets with a high watermark that lags behind what it has stored and
 serves): a bounded read to ``"latest"`` ends where a fetch says the partition
 ends (:func:`end_offsets`).
 
-Values parse in one vectorized read per batch:
+Values decode a batch at a time, with the source's format:
 
     >>> import pyarrow as pa
-    >>> parsed, bad = parse_values(pa.array([b'{"user": 1}', b'{"user": 2}']),
-    ...                            ValueFormat.JSON, pa.schema([("user", pa.int64())]))
+    >>> config = KafkaSourceConfig("127.0.0.1:9092", topics=("clicks",),
+    ...                            schema=pa.schema([("user", pa.int64())]))
+    >>> parsed, bad = config.format.decode(pa.array([b'{"user": 1}', b'{"user": 2}']))
     >>> parsed.to_pydict(), bad
     ({'user': [1, 2]}, [])
-    >>> parse_values(pa.array([b'{"user": 1}', b'{"user": ']), ValueFormat.JSON, None)[1]
+    >>> config.format.decode(pa.array([b'{"user": 1}', b'{"user": ']))[1]
     [(1, 'JSON parse error: Invalid value')]
 """
 
@@ -52,16 +54,15 @@ import re
 import time
 import zlib
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.json as pajson
 
 from raystream.actors.messages import MIN_WATERMARK
-from raystream.engine.errors import RaystreamError, choice
+from raystream.engine.errors import RaystreamError
+from raystream.engine.formats import ValueFormat, value_format_of
 from raystream.actors.operator import OperatorSnapshot
 from raystream.engine.operators.source import SourceReaderOperator
 from raystream.engine.sources.base import Source, SplitReader
@@ -93,8 +94,6 @@ EMPTY_POLL_WAIT_S = 0.01
 # than the output's buffer timeout: records wait in the consumer meanwhile, and the rows of
 # the poll before wait in the output buffer.
 POLL_LINGER_S = 0.005
-# pyarrow's "in row N" counts rows of its read, not of the batch
-JSON_BLOCK_ROW = re.compile(r"\.? in row \d+$")
 
 
 class KafkaError(RaystreamError):
@@ -102,21 +101,13 @@ class KafkaError(RaystreamError):
 
 
 class KafkaRecordError(RaystreamError):
-    """A Kafka record could not be parsed: names topic, partition, offset and the cause."""
+    """A Kafka record's value could not be decoded: names topic, partition, offset and the
+    cause."""
 
     def __init__(self, topic: str, partition: int, offset: int, cause: str) -> None:
         super().__init__(f"cannot parse the Kafka record at topic '{topic}' partition "
                          f"{partition} offset {offset}: {cause}")
         self.topic, self.partition, self.offset = topic, partition, offset
-
-
-class ValueFormat(Enum):
-    JSON = "json"  # one JSON object per record, parsed into columns
-    RAW = "raw"  # the value's bytes, as column ``value``
-
-    @classmethod
-    def of(cls, value: "ValueFormat | str") -> "ValueFormat":
-        return choice(cls, value, "value_format")
 
 
 @dataclass(frozen=True)
@@ -129,7 +120,10 @@ class KafkaSourceConfig:
     ``bounded_until``: None (unbounded), ``"latest"`` (where each partition
     ends when the job starts) or ``{(topic, partition): offset}`` (exclusive;
     a partition not named is not read; partitions are discovered until every
-    named one has appeared).
+    named one has appeared). ``value_format``: ``"json"`` (with ``schema``, an
+    Arrow schema, or inferred), ``"raw"``, ``"avro"`` or ``"protobuf"`` (with
+    ``value_schema``: the Avro schema, or the message class), or a format of
+    :mod:`raystream.engine.formats`; it is held as that format once built.
 
     >>> KafkaSourceConfig("127.0.0.1:9092", topics=("clicks",)).starting_offsets
     'earliest'
@@ -145,8 +139,9 @@ class KafkaSourceConfig:
     group_id: str | None = None
     starting_offsets: str | Mapping[str, int] = "earliest"
     bounded_until: str | Mapping[tuple[str, int], int] | None = None
-    value_format: ValueFormat = ValueFormat.JSON
+    value_format: ValueFormat | str = "json"
     schema: pa.Schema | None = None
+    value_schema: Any = None
     idleness_s: float | None = None
     discovery_interval_s: float | None = 10.0
     max_poll_records: int = 10_000
@@ -174,6 +169,18 @@ class KafkaSourceConfig:
             raise ValueError("read_kafka: discovery_interval_s must be > 0 or None")
         if self.starting_offsets == "committed" and not self.group_id:
             raise ValueError("read_kafka: starting_offsets='committed' needs a group_id")
+        object.__setattr__(self, "value_format", value_format_of(
+            self.value_format, schema=self.schema, value_schema=self.value_schema,
+            where="read_kafka"))
+        object.__setattr__(self, "value_schema", None)  # the format holds it (a message
+        # class does not pickle: the format carries its descriptors instead)
+
+    @property
+    def format(self) -> ValueFormat:
+        """The format values decode with (``value_format`` once built is one)."""
+        if isinstance(self.value_format, str):  # __post_init__ made it a format
+            raise RuntimeError("read_kafka: value_format was not resolved")
+        return self.value_format
 
     def client(self, **extra: Any) -> dict[str, Any]:
         """librdkafka settings for a client of this source."""
@@ -442,71 +449,6 @@ class KafkaSplitEnumerator(SplitEnumerator):
                 pass
 
 
-# -- parsing -----------------------------------------------------------------------------------
-def parse_values(values: pa.Array, value_format: ValueFormat,
-                 schema: pa.Schema | None) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
-    """Values (binary) as columns: one pyarrow JSON read over the whole batch. Returns
-    the rows that parsed and ``(index, cause)`` of those that did not (only then are
-    values looked at one by one, to find which)."""
-    if value_format is ValueFormat.RAW:
-        return pa.record_batch([values.cast(pa.binary())], names=["value"]), []
-    n = len(values)
-    values = values.cast(pa.binary())
-    # A raw newline is invalid inside a JSON string, so outside strings it is only
-    # whitespace: replacing it keeps one record per line.
-    # pyarrow.compute makes its kernels' functions at import: no checker sees them
-    lines = pc.replace_substring(values, "\n", " ")  # pyright: ignore[reportAttributeAccessIssue]
-    missing = pc.fill_null(pc.equal(pc.binary_length(lines), 0), True)  # pyright: ignore[reportAttributeAccessIssue]
-    bad: list[tuple[int, str]] = [(int(i), "empty value (a tombstone?)")
-                                  for i in np.flatnonzero(missing.to_numpy(zero_copy_only=False))]
-    good = np.ones(n, dtype=bool)
-    for i, _ in bad:
-        good[i] = False
-    try:
-        table = _read_json(lines.filter(pa.array(good)) if bad else lines, schema)
-        if table.num_rows != int(good.sum()):
-            raise pa.ArrowInvalid("records and parsed rows differ in number")
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-        batch_error = f"{type(exc).__name__}: {exc}"
-        for i in np.flatnonzero(good):  # the error path only: which records are bad?
-            try:
-                one = _read_json(lines.slice(int(i), 1), schema)
-                if one.num_rows != 1:
-                    raise pa.ArrowInvalid("not one JSON object")
-            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
-                bad.append((int(i), JSON_BLOCK_ROW.sub("", str(e))))
-                good[i] = False
-        if good.all():  # each parses alone, not together: the types differ between records
-            raise pa.ArrowInvalid(f"the records' JSON types differ ({batch_error}); give "
-                                  f"read_kafka a schema") from exc
-        table = _read_json(lines.filter(pa.array(good)), schema) if good.any() else None
-        bad.sort()
-    if table is None:
-        fields = schema if schema is not None else pa.schema([])
-        return pa.RecordBatch.from_pylist([], schema=fields), bad
-    return table.combine_chunks().to_batches()[0] if table.num_rows else \
-        pa.RecordBatch.from_pylist([], schema=table.schema), bad
-
-
-def _read_json(lines: pa.Array, schema: pa.Schema | None) -> pa.Table:
-    joined = _join_lines(lines)
-    options = (pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
-               if schema is not None else pajson.ParseOptions())
-    # one block for the whole batch: type inference sees every record at once
-    read = pajson.ReadOptions(use_threads=False, block_size=max(1 << 20, len(joined) + 1))
-    return pajson.read_json(pa.BufferReader(joined), parse_options=options, read_options=read)
-
-
-def _join_lines(lines: pa.Array) -> pa.Buffer:
-    """Every value followed by a newline, in one buffer (no per-value Python loop)."""
-    big = pa.large_binary()
-    terminated = pc.binary_join_element_wise(  # pyright: ignore[reportAttributeAccessIssue]
-        lines.cast(big), pa.scalar(b"", big), pa.scalar(b"\n", big))
-    offsets = np.frombuffer(terminated.buffers()[1], dtype=np.int64)[
-        terminated.offset:terminated.offset + len(terminated) + 1]
-    return terminated.buffers()[2][int(offsets[0]):int(offsets[-1])]
-
-
 # -- the reader -------------------------------------------------------------------------------
 class KafkaReaderOperator(SourceReaderOperator):
     """Reads the partitions assigned to this subtask with one consumer; see the module."""
@@ -650,7 +592,7 @@ class KafkaReaderOperator(SourceReaderOperator):
         if not messages:
             return
         values = pa.array([m.value() for m in messages], pa.binary())
-        parsed, bad = parse_values(values, self.config.value_format, self.config.schema)
+        parsed, bad = self.config.format.decode(values)
         if bad:
             self._on_bad(bad, messages, values)
             good = np.ones(len(messages), dtype=bool)
