@@ -58,7 +58,7 @@ from raystream.actors.mailbox import (BarrierReceived, Cancel, CheckpointComplet
 from raystream.actors.messages import (MAX_WATERMARK, MIN_WATERMARK, REPLAYED_SEQ, ChannelId,
                                        Envelope, Kind)
 from raystream.checkpoint.barrier import Barrier
-from raystream.actors.credit_limit import CreditLimit, initial_credits
+from raystream.actors.input_credits import InputCredits
 from raystream.actors.record_writer import RecordWriter, batch_payload
 from raystream.actors.channel_state_file import ChannelStateContents
 from raystream.checkpoint.state_backend import StateBackend
@@ -212,17 +212,8 @@ class Subtask:
         self.mailbox: collections.deque[Mail] = collections.deque()
         self.out_channels: dict[ChannelId, OutputChannel] = {}
         self.upstreams: dict[ChannelId, Any] = {}
-        # credits the sender of each channel still holds, as far as we know; the rest of
-        # its ``credits`` wait here, to be returned (the limit keeps some back at the start)
-        # (the job's settings: as many as this subtask's senders start with, and its receivers)
-        self.start_credits = start = initial_credits(spec.credits, spec.in_flight_s is not None)
-        self.sender_credits = {channel: start for channel in self.gate.channels}
-        self.pending_credits: collections.Counter[ChannelId] = collections.Counter(
-            {channel: spec.credits - start for channel in self.gate.channels
-             if spec.credits > start})
-        self.credit_batch = max(1, spec.credits // 2)
-        self.credit_limit = None if spec.in_flight_s is None or not len(self.gate) else (
-            CreditLimit(target_s=spec.in_flight_s, channels=len(self.gate), credits=spec.credits))
+        self.credits = InputCredits(self.gate.channels, credits=spec.credits,
+                                    in_flight_s=spec.in_flight_s)
         self.watermark = MIN_WATERMARK
         self.lifecycle = Lifecycle.RUNNING
         # A recovery (every attempt after the first) is timed by stage: each subtask tells
@@ -258,7 +249,7 @@ class Subtask:
             channels = []
             for channel in edge.output_channels(spec.index):
                 handle = downstream[channel]
-                out = OutputChannel(channel, attempt=spec.attempt, credits=self.start_credits,
+                out = OutputChannel(channel, attempt=spec.attempt, credits=self.credits.start,
                                     transmit=lambda env, h=handle: h.deliver.remote(env))
                 self.out_channels[channel] = out
                 channels.append(out)
@@ -640,9 +631,7 @@ class Subtask:
             self.metrics["batches_in"] += 1
             self.metrics["bytes_in"] += batch.nbytes
             if envelope.seq != REPLAYED_SEQ:  # a replayed one cost no credit
-                self.sender_credits[channel.channel] -= 1
-                if self.credit_limit is not None:
-                    self.credit_limit.consumed(batch.nbytes)
+                self.credits.consumed(channel.channel, nbytes=batch.nbytes)
             step = batch.num_rows
             if self.slice_bytes is not None and batch.nbytes > self.slice_bytes:
                 step = max(1, batch.num_rows * self.slice_bytes // batch.nbytes)
@@ -675,7 +664,7 @@ class Subtask:
         if progress.done:
             self.in_progress = None
             if progress.envelope.seq != REPLAYED_SEQ:
-                self.pending_credits[channel.channel] += 1
+                self.credits.processed(channel.channel)
 
     def _fire_processing_timers(self) -> None:
         """Fire due processing-time timers (the idle wait bounds their lateness to
@@ -717,27 +706,9 @@ class Subtask:
         self._advance(Lifecycle.INPUT_ENDED)
 
     def _send_credits(self, idle: bool) -> None:
-        """Return credits in groups of ``credit_batch``; when idle, also to any
-        sender left with fewer than that (it may be blocked, waiting for them).
-
-        Not one by one, even when idle: every return is a Ray call, and submitting
-        one cost a map subtask as much of its loop as the rows did at
-        ``buffer_timeout_ms=1`` on a busy machine (bench/latency.py under py-spy)."""
-        if not self.pending_credits:
-            return
-        limit, batch = self.credit_limit, self.credit_batch
-        if limit is not None:  # a sender holds no more than its share of the time in flight
-            limit.update(time.monotonic())
-            batch = max(1, min(batch, limit.allowed // 2))
-        for channel, n in list(self.pending_credits.items()):
-            held = self.sender_credits[channel]
-            give = n if limit is None else min(n, limit.allowed - held)
-            if give > 0 and (give >= batch or (idle and held < batch)):
-                self.upstreams[channel].add_credit.remote(channel, give, self.spec.attempt)
-                self.sender_credits[channel] += give
-                self.pending_credits[channel] -= give
-                if not self.pending_credits[channel]:
-                    del self.pending_credits[channel]
+        """Return the credits :class:`InputCredits` says are due (one Ray call each)."""
+        for channel, n in self.credits.returns(idle=idle, now=time.monotonic()):
+            self.upstreams[channel].add_credit.remote(channel, n, self.spec.attempt)
 
     def _report_first_record(self) -> None:
         self.first_record_due = False
@@ -799,8 +770,8 @@ class Subtask:
         if MIN_WATERMARK < self.watermark < MAX_WATERMARK:
             metrics["watermark_lag_ms"] = time.time() * 1000 - self.watermark
         metrics["attempt"] = self.spec.attempt
-        if self.credit_limit is not None:  # the credits each sender may hold now
-            metrics["credits_allowed"] = self.credit_limit.allowed
+        if self.credits.allowed is not None:  # the credits each sender may hold now
+            metrics["credits_allowed"] = self.credits.allowed
         if self.checkpointer is not None:
             metrics.update(self.checkpointer.last_acknowledged)
         for operator in self.operators:  # an operator may report its own figures
