@@ -299,8 +299,7 @@ class Subtask:
                 operators=self.operators, vertex_id=vertex.id, vertex_name=vertex.name,
                 index=spec.index, parallelism=vertex.parallelism,
                 max_parallelism=spec.max_parallelism, attempt=spec.attempt,
-                failpoints=self.failpoints, forward_barrier=self._forward_barrier,
-                gateway=self._gateway())
+                failpoints=self.failpoints, gateway=self._gateway())
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"subtask {self.spec.actor_name}",
@@ -563,10 +562,12 @@ class Subtask:
         barrier = snapshot.barrier
         unaligned = snapshot.alignment is Alignment.UNALIGNED
         input_state, self._recording = (self._recording if unaligned else None), None
-        self._checkpointing().checkpoint(barrier, forward=snapshot.forward,
-                                         watermark=self.watermark, unaligned=unaligned,
-                                         input_state=input_state,
-                                         alignment_s=snapshot.alignment_s)
+        checkpointer, started = self._checkpointing(), time.perf_counter()
+        checkpointer.prepare(barrier)
+        output_state = self._forward_barrier(barrier, unaligned) if snapshot.forward else None
+        checkpointer.snapshot(barrier, started=started, watermark=self.watermark,
+                              output_state=output_state, input_state=input_state,
+                              alignment_s=snapshot.alignment_s)
         if self.coordinated:  # the synchronous snapshot is taken: reopen their gateways
             self._gateway().acknowledge_coordinator_checkpoint(list(self.coordinated),
                                                                barrier.checkpoint_id)

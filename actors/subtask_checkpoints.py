@@ -28,7 +28,6 @@ import dataclasses
 import concurrent.futures
 import time
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -71,13 +70,14 @@ class _ChannelStateAborted(Exception):
 
 
 class SubtaskCheckpointer:
-    """``forward_barrier(barrier, unaligned)`` forwards the barrier and returns the
-    output channel state it captured (or None when nothing can be queued)."""
+    """A subtask's part in checkpoints: restoring its operators, and per checkpoint, the
+    operators' step before the barrier goes on (:meth:`prepare`), then their snapshot
+    and its write (:meth:`snapshot`). The subtask forwards the barrier between the two:
+    the barrier's path goes one way, subtask to checkpointer, never back."""
 
     def __init__(self, *, spec: CheckpointingSpec, names: list[str], operators: list[Operator],
                  vertex_id: int, vertex_name: str, index: int, parallelism: int,
                  max_parallelism: int, attempt: int, failpoints: Failpoints,
-                 forward_barrier: Callable[[Barrier, bool], OutputStateCapture | None],
                  gateway: MasterGateway) -> None:
         self.spec = spec
         self.gateway = gateway
@@ -92,7 +92,6 @@ class SubtaskCheckpointer:
         self.watermark_floors: np.ndarray | None = None
         self.restored_floors: WatermarkFloors | None = None  # every key group's, once restored
         self.failpoints = failpoints
-        self.forward_barrier = forward_barrier
         self.last_checkpoint_id = 0
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshot")
         self.sync_pause_s = 0.0  # the last checkpoint's synchronous part
@@ -181,25 +180,31 @@ class SubtaskCheckpointer:
                     yield from decode_sections(storage.read_state(handle), self.key_groups)
 
     # -- checkpoint n -------------------------------------------------------------------
-    def checkpoint(self, barrier: Barrier, forward: bool, watermark: int, *,
-                   unaligned: bool = False, input_state: InputStateRecorder | None = None,
-                   alignment_s: float = 0.0) -> None:
-        """Steps 1-3 on the mailbox thread; step 4 queued on the snapshot thread.
-
-        ``watermark`` is the subtask's input watermark at the barrier; it goes
-        into the checkpoint so a restored job does not go back in event time.
-        ``unaligned``: forward the barrier ahead of queued output;
-        ``input_state`` records the input in flight (unaligned at this
-        subtask); ``alignment_s``: how long the subtask waited for barriers.
-        """
-        started = time.perf_counter()
-        # the trigger's time is the coordinator's wall clock: one machine's, or synced ones'
-        since_trigger_s = time.time() - barrier.trigger_ts_ms / 1000
+    def prepare(self, barrier: Barrier) -> None:
+        """Step 1, before the barrier goes downstream: each operator's
+        ``prepare_snapshot_pre_barrier`` (Flink's), which may still emit."""
         n = barrier.checkpoint_id
         self.last_checkpoint_id = n
         for operator in self.operators:
             call_operator(operator, "prepare_snapshot_pre_barrier", n)
-        output_state = self.forward_barrier(barrier, unaligned) if forward else None
+
+    def snapshot(self, barrier: Barrier, *, started: float, watermark: int,
+                 output_state: OutputStateCapture | None,
+                 input_state: InputStateRecorder | None = None,
+                 alignment_s: float = 0.0) -> None:
+        """Step 3 on the mailbox thread, once the barrier is forwarded (step 2, the
+        subtask's: ``output_state`` is what it captured); step 4, the write and the
+        acknowledgement, queued on the snapshot thread.
+
+        ``started``: when step 1 began (the synchronous pause is timed from it);
+        ``watermark`` is the subtask's input watermark at the barrier; it goes into the
+        checkpoint so a restored job does not go back in event time. ``input_state``
+        records the input in flight (unaligned at this subtask); ``alignment_s``: how
+        long the subtask waited for barriers.
+        """
+        # the trigger's time is the coordinator's wall clock: one machine's, or synced ones'
+        since_trigger_s = time.time() - barrier.trigger_ts_ms / 1000
+        n = barrier.checkpoint_id
         parts = [p for p in (input_state, output_state) if p is not None]
         self._channel_parts = [p for p in self._channel_parts if not p.done.is_set()] + parts
         self.failpoints.hit("in_snapshot", final=barrier.kind.is_final)
