@@ -20,9 +20,12 @@ every few seconds, and it prints the address of the job's page in the web UI.
 ``raystream run`` on the cluster's head through the Ray Jobs API.
 
 The job commands connect to the Ray cluster at ``--address`` (default:
-``RAY_ADDRESS``, else the cluster running on this machine): run them on the
-head node (``ray exec cluster.yaml 'raystream list'``) or anywhere that
-reaches the cluster. ``JOB`` is a job id, a unique prefix of one, or a job
+``RAY_ADDRESS``, else the raystream cluster running on this machine: a Ray
+that has run raystream, never another Ray found here; without one they say
+so in a line, within seconds): run them on the head node (``ray exec
+cluster.yaml 'raystream list'``) or on another node of the cluster. Their
+output may go into a pipe that closes early (``| head``): they then exit 141
+without a word. ``JOB`` is a job id, a unique prefix of one, or a job
 name (the newest job of that name). With token authentication on, set
 ``RAY_AUTH_MODE=token`` and the cluster's token (``~/.ray/auth_token`` or
 ``RAY_AUTH_TOKEN_PATH``), as for any Ray client.
@@ -50,6 +53,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 PROG = "raystream"
 TERMINAL_SUBMISSION_STATUSES = {"SUCCEEDED", "FAILED", "STOPPED"}
+PIPE_CLOSED_EXIT = 141  # 128 + SIGPIPE: what a shell reports for a tool a closed pipe ended
 
 
 # -- run ---------------------------------------------------------------------------------------
@@ -106,8 +110,11 @@ class ProgressPrinter:
                 metrics = client.metrics() if progress["status"] == "RUNNING" else {}
             except Exception:  # the job ended and its master with it
                 return
-            self.out(progress_line(client.job_name, progress, metrics,
-                                   time.monotonic() - started))
+            try:
+                self.out(progress_line(client.job_name, progress, metrics,
+                                       time.monotonic() - started))
+            except BrokenPipeError:  # nobody reads the progress lines any more
+                return
 
 
 def progress_line(name: str, progress: dict, metrics: dict[str, dict[str, float]],
@@ -193,16 +200,39 @@ def follow_submission(client: Any, submission: str, poll_s: float = 1.0) -> str:
 
 # -- job commands ------------------------------------------------------------------------------------
 def connect(address: str | None) -> None:
-    """Connect to the Ray cluster (never start one): ``address``, ``RAY_ADDRESS`` or "auto"."""
+    """Connect to the Ray cluster (never start one): ``address``, else ``RAY_ADDRESS``,
+    else raystream's own cluster on this machine (:mod:`raystream.engine.cluster_discovery`:
+    found within seconds, never an unrelated Ray)."""
     import ray
 
     if ray.is_initialized():
         return
-    address = address or os.environ.get("RAY_ADDRESS") or "auto"
+    named = address or _address_in_environment()
+    if named is None:
+        from raystream.engine.cluster_discovery import find_raystream_cluster
+
+        with _captured_stderr():  # Ray's C++ warnings about the Rays that refused or hung
+            named = find_raystream_cluster()
+    _join(named)
+
+
+def _address_in_environment() -> str | None:
+    """``RAY_ADDRESS`` when it names a cluster ("auto" and "local" name none)."""
+    address = os.environ.get("RAY_ADDRESS", "").strip()
+    return None if address in ("", "auto", "local") else address
+
+
+def _join(address: str) -> None:
+    import ray
+
     # Fail within seconds when the cluster is not there or refuses the token (Ray would
     # retry for 20 s), and say why in one line instead of Ray's log of every attempt.
     os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "5")
     _check_reachable(address)
+    from raystream.core.ray_start import is_loopback_address, loopback_node
+
+    if is_loopback_address(address):
+        loopback_node()  # or Ray looks for 127.0.0.1's cluster at this machine's external IP
     with _captured_stderr() as captured:
         try:
             ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
@@ -495,12 +525,18 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("script", help="the job script; arguments after -- go to it (sys.argv)")
     submit.add_argument("--address", help="the cluster's dashboard, e.g. http://127.0.0.1:8265 "
                                           "(default: RAY_API_SERVER_ADDRESS or RAY_ADDRESS)")
-    submit.add_argument("--restore-from", metavar="PATH")
+    submit.add_argument("--restore-from", metavar="PATH",
+                        help="as for run: start the script's jobs from this savepoint or "
+                             "retained checkpoint (a path the cluster's nodes read)")
     submit.add_argument("--resume", action="store_true",
                         help="as for run: start from the newest checkpoint of the same job name")
-    submit.add_argument("--working-dir", help="directory to upload (default: the script's)")
-    submit.add_argument("--submission-id")
-    submit.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS")
+    submit.add_argument("--working-dir", metavar="DIR",
+                        help="directory to upload (default: the script's)")
+    submit.add_argument("--submission-id", metavar="ID",
+                        help="the Ray Jobs API's id for the submission (default: one Ray makes)")
+    submit.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS",
+                        help="print each running job's progress into the submission's log "
+                             "this often (0: never)")
     submit.add_argument("--wait", action="store_true",
                         help="follow the job's output until it ends; fail if it fails")
     submit.set_defaults(handler=cmd_submit)
@@ -510,12 +546,14 @@ def build_parser() -> argparse.ArgumentParser:
         command = commands.add_parser(name, help=help_text)
         if job:
             command.add_argument("job", metavar="JOB", help="job id, unique id prefix, or name")
-        command.add_argument("--address", help="the Ray cluster (default: RAY_ADDRESS or the "
-                                               "cluster on this machine)")
+        command.add_argument("--address", metavar="HOST:PORT",
+                             help="the Ray cluster's GCS address (default: RAY_ADDRESS, else "
+                                  "the raystream cluster on this machine, never another Ray)")
         if as_json:
             command.add_argument("--json", action="store_true", help="print JSON, for scripts")
         if timeout:
-            command.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS")
+            command.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                                 help="how long to wait for the job (default 300)")
         command.set_defaults(handler=handler)
         return command
 
@@ -527,14 +565,15 @@ def build_parser() -> argparse.ArgumentParser:
     savepoint = job_command("savepoint", cmd_savepoint, "savepoint a running job", timeout=True)
     savepoint.add_argument("path", metavar="PATH", help="directory or URI for the savepoint")
     stop = job_command("stop", cmd_stop, "savepoint a running job and stop it", timeout=True)
-    stop.add_argument("--savepoint", required=True, metavar="PATH")
+    stop.add_argument("--savepoint", required=True, metavar="PATH",
+                      help="directory or URI for the savepoint the job stops with")
     stop.add_argument("--drain", action="store_true",
                       help="end the input first, so every window fires")
     ui = job_command("ui", cmd_ui, "serve the web UI of the cluster's jobs", job=False)
     ui.add_argument("--host", default="127.0.0.1",
                     help="address to serve on (default 127.0.0.1; any other requires Ray's "
                          "token: RAY_AUTH_MODE=token)")
-    ui.add_argument("--port", type=int, default=8290)
+    ui.add_argument("--port", type=int, default=8290, help="port to serve on (default 8290)")
     return parser
 
 
@@ -561,7 +600,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.args = script_args
     try:
-        return args.handler(args)
+        code = args.handler(args)
+        sys.stdout.flush()  # here, so that a closed pipe is seen here and not at exit
+        return code
+    except BrokenPipeError:
+        return _pipe_closed()
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
@@ -570,6 +613,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         script = args.script if args.command == "run" else None
         print(f"{PROG} {args.command}: error: {one_line(exc, script)}", file=sys.stderr)
         return 1
+
+
+def _pipe_closed() -> int:
+    """The reader of stdout left (``raystream checkpoints JOB | head -1``): end quietly.
+
+    Exit 141 (128 + SIGPIPE), as ``cat``, ``ls`` or ``seq`` do when a pipe closes (a
+    pipeline's status stays ``head``'s unless ``set -o pipefail`` asks for every part),
+    so a script can tell cut output from a complete one. Not by restoring SIGPIPE's
+    default action instead: a write to a closed socket of Ray's would then kill the
+    process. Python flushes stdout once more at exit: it goes to /dev/null.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return PIPE_CLOSED_EXIT
 
 
 if __name__ == "__main__":

@@ -1,0 +1,168 @@
+"""Which Ray the ``raystream`` command joins when none is named: raystream's own on
+this machine, found within seconds, never an unrelated Ray that happens to run here.
+
+The candidates are the Rays of this machine's Ray temp directory (``RAY_TMPDIR``,
+else ``TMPDIR``, else ``/tmp``, then ``/ray``; as ``ray.init()`` looks there): the
+one ``ray start`` last recorded (``ray_current_cluster``), as on the head of a
+``ray up cluster.yaml`` cluster, and every raylet process of that directory, as an
+embedded Ray of a driver (``raystream run``, a notebook). Each is asked, with a
+timeout and through a GCS client only (no driver joins it), whether its key-value
+store has raystream's mark (:mod:`raystream.core.cluster_mark`). Exactly one
+marked Ray is the answer; anything else is a one-line error that says what was
+found and how to name the cluster (``--address``, ``RAY_ADDRESS``).
+
+    >>> classify_keys([b"cluster"]), classify_keys([])
+    ('raystream', 'other')
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from raystream.core.cluster_mark import KV_NAMESPACE
+from raystream.core.errors import RaystreamError
+
+PROBE_TIMEOUT_S = 3.0  # each candidate's answer; they are asked at once
+CONNECT_TIMEOUT_S = 1.0  # a GCS port that takes no TCP connection is no candidate
+HOW_TO_NAME = "name the cluster with --address HOST:PORT or RAY_ADDRESS=HOST:PORT"
+
+
+class ClusterNotFoundError(RaystreamError, ConnectionError):
+    """No single raystream cluster on this machine: the message says what was found."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a candidate Ray answered: ``raystream``, ``other`` (never ran raystream),
+    ``refused`` (its token authentication refused this client) or ``silent``."""
+
+    address: str
+    kind: str
+    detail: str = ""
+
+
+def ray_temp_dir() -> Path:
+    """Ray's temp directory on this machine, as ``ray.init()`` and ``ray start`` use it."""
+    from ray._common.utils import get_default_ray_temp_dir
+
+    return Path(get_default_ray_temp_dir())
+
+
+def candidates(temp_dir: Path) -> list[str]:
+    """GCS addresses of the Rays of ``temp_dir``: the one ``ray start`` recorded, then
+    those of the raylet processes running with that directory."""
+    found: list[str] = []
+    recorded = temp_dir / "ray_current_cluster"
+    if recorded.is_file():
+        found.append(recorded.read_text().strip())
+    for address in _raylet_gcs_addresses(temp_dir):
+        if address not in found:
+            found.append(address)
+    return [a for a in found if a]
+
+
+def _raylet_gcs_addresses(temp_dir: Path) -> list[str]:
+    import psutil
+
+    wanted = os.path.realpath(temp_dir)
+    addresses = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if not cmdline or Path(cmdline[0]).name != "raylet":
+            continue
+        flags = dict(arg.split("=", 1) for arg in cmdline[1:] if arg.startswith("--") and "=" in arg)
+        if os.path.realpath(flags.get("--temp_dir", "")) == wanted and flags.get("--gcs-address"):
+            addresses.append(flags["--gcs-address"])
+    return addresses
+
+
+def classify_keys(keys: list[bytes]) -> str:
+    """A store with any key in raystream's namespace belongs to a raystream cluster."""
+    return "raystream" if keys else "other"
+
+
+def probe(address: str) -> Probe:
+    """Ask the GCS at ``address`` for raystream's keys (a client of Ray's GCS only)."""
+    from ray._raylet import GcsClient  # pyright: ignore[reportAttributeAccessIssue] (not in Ray's stubs)
+    from ray.exceptions import AuthenticationError
+
+    if not _accepts_connections(address):
+        return Probe(address, "silent", "no answer")
+    try:
+        client = GcsClient(address=address)
+        keys = client.internal_kv_keys(b"", namespace=KV_NAMESPACE.encode(),
+                                       timeout=PROBE_TIMEOUT_S)
+    except AuthenticationError as exc:
+        return Probe(address, "refused", str(exc).split(". ")[0])
+    except Exception as exc:
+        return Probe(address, "silent", f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+    return Probe(address, classify_keys(list(keys)))
+
+
+def _accepts_connections(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def probe_all(addresses: list[str], timeout_s: float = PROBE_TIMEOUT_S + 1) -> list[Probe]:
+    """Probe every address at once; one that has not answered within ``timeout_s`` is
+    silent. (Daemon threads: a GCS client stuck on a hung server must not keep the
+    command from exiting.)"""
+    answers: dict[str, Probe] = {}
+
+    def ask(address: str) -> None:
+        answers[address] = probe(address)
+
+    threads = [threading.Thread(target=ask, args=(a,), daemon=True, name=f"probe {a}")
+               for a in addresses]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=max(0.0, timeout_s))
+    return [answers.get(a, Probe(a, "silent", f"no answer within {timeout_s:.0f} s"))
+            for a in addresses]
+
+
+def find_raystream_cluster() -> str:
+    """The GCS address of the one raystream cluster on this machine, or
+    :class:`ClusterNotFoundError` saying what runs here and how to name a cluster."""
+    temp_dir = ray_temp_dir()
+    probes = probe_all(candidates(temp_dir))
+    ours = [p.address for p in probes if p.kind == "raystream"]
+    if len(ours) == 1:
+        return ours[0]
+    raise ClusterNotFoundError(not_found_message(temp_dir, probes))
+
+
+def not_found_message(temp_dir: Path, probes: list[Probe]) -> str:
+    """One line: what was found in ``temp_dir`` and how to name the cluster.
+
+        >>> not_found_message(Path("/tmp/ray"), [])
+        'no Ray cluster runs on this machine (none in /tmp/ray): name the cluster with --address HOST:PORT or RAY_ADDRESS=HOST:PORT'
+        >>> not_found_message(Path("/tmp/ray"), [Probe("127.0.0.1:6379", "other")])
+        'no raystream cluster on this machine (the Ray at 127.0.0.1:6379 has never run raystream): name the cluster with --address HOST:PORT or RAY_ADDRESS=HOST:PORT'
+    """
+    ours = [p.address for p in probes if p.kind == "raystream"]
+    if len(ours) > 1:
+        return f"{len(ours)} raystream clusters run on this machine ({', '.join(ours)}): {HOW_TO_NAME}"
+    if not probes:
+        return f"no Ray cluster runs on this machine (none in {temp_dir}): {HOW_TO_NAME}"
+    seen = "; ".join(_seen(p) for p in probes)
+    return f"no raystream cluster on this machine ({seen}): {HOW_TO_NAME}"
+
+
+def _seen(found: Probe) -> str:
+    if found.kind == "other":
+        return f"the Ray at {found.address} has never run raystream"
+    if found.kind == "refused":
+        return (f"the Ray at {found.address} refused this client: {found.detail}; set "
+                f"RAY_AUTH_MODE=token and its token")
+    return f"the Ray at {found.address} did not answer ({found.detail})"
