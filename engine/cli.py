@@ -593,18 +593,29 @@ def one_line(exc: BaseException, script: str | None = None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    script_args: list[str] = []
-    if "--" in argv:  # what follows goes to the job script
-        argv, script_args = argv[:argv.index("--")], argv[argv.index("--") + 1:]
-    args = build_parser().parse_args(argv)
-    args.args = script_args
+    """Run the command line ``argv``; return the exit status (141 when stdout's pipe closed)."""
     try:
-        code = args.handler(args)
+        code = _run(list(sys.argv[1:] if argv is None else argv))
         sys.stdout.flush()  # here, so that a closed pipe is seen here and not at exit
         return code
     except BrokenPipeError:
         return _pipe_closed()
+
+
+def _run(argv: list[str]) -> int:
+    script_args: list[str] = []
+    if "--" in argv:  # what follows goes to the job script
+        argv, script_args = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # --help, or a usage error (argparse printed it)
+        sys.stdout.flush()
+        return exit_.code if isinstance(exit_.code, int) else 2
+    args.args = script_args
+    try:
+        return args.handler(args)
+    except BrokenPipeError:
+        raise
     except KeyboardInterrupt:
         return 130
     except Exception as exc:

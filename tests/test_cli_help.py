@@ -4,6 +4,7 @@ and every subcommand and option has help text."""
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 
@@ -64,3 +65,14 @@ def test_every_job_command_says_how_a_cluster_is_found():
                     if isinstance(a, argparse._SubParsersAction))
     for command in ("list", "status", "checkpoints", "metrics", "cancel", "savepoint", "stop", "ui"):
         assert "RAY_ADDRESS" in commands.choices[command].format_help(), command
+
+
+def test_help_into_a_closed_pipe_is_quiet():
+    read, write = os.pipe()
+    os.close(read)  # `raystream --help | head -0`: the reader left before a byte was written
+    try:
+        shown = subprocess.run([sys.executable, "-m", "raystream.cli", "--help"], stdout=write,
+                               stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert shown.returncode in (0, 141) and not shown.stderr, (shown.returncode, shown.stderr)
