@@ -9,7 +9,8 @@ embedded Ray of a driver (``raystream run``, a notebook). Each is asked, with a
 timeout and through a GCS client only (no driver joins it), whether its key-value
 store has raystream's mark (:mod:`raystream.core.cluster_mark`). Exactly one
 marked Ray is the answer; anything else is a one-line error that says what was
-found and how to name the cluster (``--address``, ``RAY_ADDRESS``).
+found and how to name the cluster (``--address``, ``RAY_ADDRESS``). Token
+authentication is on as ``ray.init()`` has it for a Ray it finds by itself.
 
     >>> classify_keys([b"cluster"]), classify_keys([])
     ('raystream', 'other')
@@ -50,6 +51,17 @@ def ray_temp_dir() -> Path:
     from ray._common.utils import get_default_ray_temp_dir
 
     return Path(get_default_ray_temp_dir())
+
+
+def use_token_if_available() -> None:
+    """Token authentication on when ``RAY_AUTH_MODE`` is unset and a token exists
+    (``~/.ray/auth_token``, ``RAY_AUTH_TOKEN_PATH``, ``RAY_AUTH_TOKEN``), as
+    ``ray.init()`` does for a Ray on this machine it finds by itself (Ray 2.60 starts
+    local Rays with token authentication on by default). It only ever turns it on."""
+    from ray._private.authentication.authentication_token_setup import (
+        maybe_enable_token_auth_if_token_available)
+
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
 def candidates(temp_dir: Path) -> list[str]:
@@ -135,6 +147,7 @@ def find_raystream_cluster() -> str:
     """The GCS address of the one raystream cluster on this machine, or
     :class:`ClusterNotFoundError` saying what runs here and how to name a cluster."""
     temp_dir = ray_temp_dir()
+    use_token_if_available()
     probes = probe_all(candidates(temp_dir))
     ours = [p.address for p in probes if p.kind == "raystream"]
     if len(ours) == 1:

@@ -248,6 +248,9 @@ def test_without_an_address_the_cli_joins_raystreams_ray_and_never_an_unrelated_
                                           "ensure_ray()", timeout=60))
         assert ok(head.run("raystream", "list", env=here, timeout=30)).strip() == (
             "no raystream jobs on this Ray cluster")
+        # with RAY_AUTH_MODE unset and a token at hand, as ray.init() finding a local Ray
+        token_at_hand = {**here, "RAY_AUTH_MODE": None}
+        assert "no raystream jobs" in ok(head.run("raystream", "list", env=token_at_hand, timeout=30))
     finally:
         head.stop()
         shutil.rmtree(head.directory, ignore_errors=True)
