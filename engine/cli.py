@@ -233,6 +233,8 @@ def _join(address: str) -> None:
 
     if is_loopback_address(address):
         loopback_node()  # or Ray looks for 127.0.0.1's cluster at this machine's external IP
+    if "://" not in address:
+        _check_a_node_here(address)
     with _captured_stderr() as captured:
         try:
             ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
@@ -243,6 +245,25 @@ def _join(address: str) -> None:
                 raise ConnectionError(_refused(address, reasons[-1])) from None
             raise ConnectionError(f"cannot connect to the Ray cluster at {address}: "
                                   f"{str(exc).splitlines()[0]}") from None
+
+
+def _check_a_node_here(address: str) -> None:
+    """A driver joins through a raylet on its own machine: from elsewhere Ray would look
+    for one for a minute, so say at once where to run the command instead."""
+    from raystream.engine.cluster_discovery import cluster_node_ids, is_a_node_here, local_raylets
+    from ray.exceptions import AuthenticationError
+
+    with _captured_stderr(), _refusal_explained(address):
+        try:
+            nodes = cluster_node_ids(address)
+        except AuthenticationError:
+            raise
+        except Exception:
+            return  # no answer in time: ray.init says what is wrong
+    if nodes and not is_a_node_here(nodes, local_raylets()):
+        raise ConnectionError(f"this machine is not a node of the Ray cluster at {address}: run "
+                              f"the command on one of its nodes, e.g. on the head: "
+                              f"ray exec cluster.yaml 'raystream ...'")
 
 
 @contextlib.contextmanager

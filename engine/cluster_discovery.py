@@ -78,18 +78,46 @@ def candidates(temp_dir: Path) -> list[str]:
 
 
 def _raylet_gcs_addresses(temp_dir: Path) -> list[str]:
+    wanted = os.path.realpath(temp_dir)
+    return [flags["--gcs-address"] for flags in local_raylets()
+            if os.path.realpath(flags.get("--temp_dir", "")) == wanted and flags.get("--gcs-address")]
+
+
+def local_raylets() -> list[dict[str, str]]:
+    """The ``--flag=value`` arguments of every raylet process on this machine."""
     import psutil
 
-    wanted = os.path.realpath(temp_dir)
-    addresses = []
+    raylets = []
     for process in psutil.process_iter(["cmdline"]):
-        cmdline = process.info["cmdline"] or []
-        if not cmdline or Path(cmdline[0]).name != "raylet":
+        try:
+            cmdline = process.info["cmdline"] or []
+        except psutil.Error:  # it ended, or is another user's
             continue
-        flags = dict(arg.split("=", 1) for arg in cmdline[1:] if arg.startswith("--") and "=" in arg)
-        if os.path.realpath(flags.get("--temp_dir", "")) == wanted and flags.get("--gcs-address"):
-            addresses.append(flags["--gcs-address"])
-    return addresses
+        if cmdline and Path(cmdline[0]).name == "raylet":
+            raylets.append(dict(arg.split("=", 1) for arg in cmdline[1:]
+                                if arg.startswith("--") and "=" in arg))
+    return raylets
+
+
+def is_a_node_here(cluster_nodes: set[str], raylets: list[dict[str, str]]) -> bool:
+    """Whether one of the cluster's nodes (hex ids) has its raylet on this machine: a
+    driver joins a cluster through a raylet of its own machine (Ray would wait a
+    minute for one before it fails).
+
+        >>> is_a_node_here({"ab12"}, [{"--node_id": "ab12"}]), is_a_node_here({"ab12"}, [])
+        (True, False)
+    """
+    return any(flags.get("--node_id") in cluster_nodes for flags in raylets)
+
+
+def cluster_node_ids(address: str) -> set[str]:
+    """The hex ids of the cluster's alive nodes, asked of its GCS (seconds at most)."""
+    from ray._raylet import GcsClient  # pyright: ignore[reportAttributeAccessIssue] (not in Ray's stubs)
+    from ray.core.generated.gcs_pb2 import GcsNodeInfo  # pyright: ignore[reportAttributeAccessIssue]
+
+    nodes = GcsClient(address=address).get_all_node_info(
+        timeout=PROBE_TIMEOUT_S, state_filter=GcsNodeInfo.GcsNodeState.ALIVE)
+    return {node_id.hex() for node_id in nodes}
 
 
 def classify_keys(keys: list[bytes]) -> str:
