@@ -20,16 +20,19 @@ import time
 KV_NAMESPACE = "raystream"
 MARK_KEY = "cluster"
 
-_marked = False  # once per process: the mark never changes
+_marked: set[str] = set()  # the clusters (GCS addresses) this process marked: once each
 
 
 def mark_cluster() -> None:
     """Write the mark into the store of the Ray this process is connected to (once)."""
-    global _marked
+    import ray
     from ray.experimental import internal_kv
 
-    if _marked or not internal_kv._internal_kv_initialized():
+    if not internal_kv._internal_kv_initialized():
+        return
+    cluster = ray.get_runtime_context().gcs_address
+    if cluster in _marked:
         return
     first = json.dumps({"pid": os.getpid(), "at": time.time()})
     internal_kv._internal_kv_put(MARK_KEY, first, overwrite=False, namespace=KV_NAMESPACE)
-    _marked = True
+    _marked.add(cluster)
