@@ -162,9 +162,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         entrypoint += ["--resume"]
     if args.args:
         entrypoint += ["--", *args.args]
-    where = args.address or "the default address"
+    address = _jobs_api_address(args.address)
+    where = address or "the default address"
     with _captured_stderr(), _refusal_explained(where):
-        client = JobSubmissionClient(args.address)
+        client = JobSubmissionClient(address)
         submission = client.submit_job(
             entrypoint=shlex.join(entrypoint), submission_id=args.submission_id,
             runtime_env={"working_dir": str(working_dir),
@@ -181,6 +182,25 @@ def cmd_submit(args: argparse.Namespace) -> int:
                            (f": {message[-1]}" if message else ""))
     print(f"submission {submission} SUCCEEDED")
     return 0
+
+
+def _jobs_api_address(address: str | None) -> str | None:
+    """Where to submit: ``--address``, else what ``RAY_API_SERVER_ADDRESS`` or
+    ``RAY_ADDRESS`` name (None: Ray reads them), else the Jobs API of raystream's
+    cluster on this machine (never Ray's guess at any Ray running here)."""
+    if address or os.environ.get("RAY_API_SERVER_ADDRESS") or _address_in_environment():
+        return address
+    from raystream.engine.cluster_discovery import dashboard_url, find_raystream_cluster
+
+    with _captured_stderr():
+        gcs = find_raystream_cluster()
+        url = dashboard_url(gcs)
+    if url is None:
+        raise ConnectionError(f"the raystream cluster at {gcs} serves no Jobs API (its Ray runs "
+                              f"without a dashboard, as an embedded Ray does): run the script "
+                              f"here with raystream run, or submit to a cluster's dashboard "
+                              f"with --address http://HEAD:8265")
+    return url
 
 
 def follow_submission(client: Any, submission: str, poll_s: float = 1.0) -> str:
@@ -544,8 +564,10 @@ def build_parser() -> argparse.ArgumentParser:
                                        f"[--working-dir DIR] [--submission-id ID] "
                                        f"[--progress-every SECONDS] [--wait] script [-- ARGS ...]")
     submit.add_argument("script", help="the job script; arguments after -- go to it (sys.argv)")
-    submit.add_argument("--address", help="the cluster's dashboard, e.g. http://127.0.0.1:8265 "
-                                          "(default: RAY_API_SERVER_ADDRESS or RAY_ADDRESS)")
+    submit.add_argument("--address", metavar="URL",
+                        help="the cluster's dashboard, e.g. http://127.0.0.1:8265 (default: "
+                             "RAY_API_SERVER_ADDRESS or RAY_ADDRESS, else the dashboard of the "
+                             "raystream cluster on this machine)")
     submit.add_argument("--restore-from", metavar="PATH",
                         help="as for run: start the script's jobs from this savepoint or "
                              "retained checkpoint (a path the cluster's nodes read)")

@@ -99,6 +99,19 @@ def local_raylets() -> list[dict[str, str]]:
     return raylets
 
 
+def dashboard_url(address: str) -> str | None:
+    """The HTTP address of the cluster's dashboard (and Jobs API), None without one
+    that answers."""
+    from ray._private import ray_constants
+    from ray._raylet import GcsClient  # pyright: ignore[reportAttributeAccessIssue] (not in Ray's stubs)
+
+    url = GcsClient(address=address).internal_kv_get(
+        ray_constants.DASHBOARD_ADDRESS.encode(), namespace=ray_constants.KV_NAMESPACE_DASHBOARD,
+        timeout=PROBE_TIMEOUT_S)
+    # a Ray started without its dashboard may still record where it would be
+    return f"http://{url.decode()}" if url and accepts_connections(url.decode()) else None
+
+
 def is_a_node_here(cluster_nodes: set[str], raylets: list[dict[str, str]]) -> bool:
     """Whether one of the cluster's nodes (hex ids) has its raylet on this machine: a
     driver joins a cluster through a raylet of its own machine (Ray would wait a
@@ -130,7 +143,7 @@ def probe(address: str) -> Probe:
     from ray._raylet import GcsClient  # pyright: ignore[reportAttributeAccessIssue] (not in Ray's stubs)
     from ray.exceptions import AuthenticationError
 
-    if not _accepts_connections(address):
+    if not accepts_connections(address):
         return Probe(address, "silent", "no answer")
     try:
         client = GcsClient(address=address)
@@ -143,7 +156,8 @@ def probe(address: str) -> Probe:
     return Probe(address, classify_keys(list(keys)))
 
 
-def _accepts_connections(address: str) -> bool:
+def accepts_connections(address: str) -> bool:
+    """Whether ``host:port`` takes a TCP connection within a second."""
     host, _, port = address.rpartition(":")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()

@@ -238,6 +238,8 @@ def test_without_an_address_the_cli_joins_raystreams_ray_and_never_an_unrelated_
         without_token = {**here, "RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN_PATH": None}
         one_line_error(head.run("raystream", "status", "some-job", env=without_token, timeout=30),
                        f"the Ray at {head.gcs_address} refused this client", "RAY_AUTH_MODE=token")
+        one_line_error(head.run("raystream", "submit", str(EXAMPLES / "meter_totals.py"), env=here,
+                                timeout=30), f"the Ray at {head.gcs_address} has never run raystream")
         empty = {**here, "RAY_TMPDIR": str(tmp_path)}
         one_line_error(head.run("raystream", "list", env=empty, timeout=30),
                        "no Ray cluster runs on this machine", "--address", "RAY_ADDRESS")
@@ -250,6 +252,11 @@ def test_without_an_address_the_cli_joins_raystreams_ray_and_never_an_unrelated_
         # with RAY_AUTH_MODE unset and a token at hand, as ray.init() finding a local Ray
         token_at_hand = {**here, "RAY_AUTH_MODE": None}
         assert "no raystream jobs" in ok(head.run("raystream", "list", env=token_at_hand, timeout=30))
+        # and submit finds its Jobs API
+        script = tmp_path / "hello.py"
+        script.write_text("print('hello from the cluster')\n")
+        submitted = ok(head.run("raystream", "submit", str(script), "--wait", env=here, timeout=120))
+        assert "hello from the cluster" in submitted and "SUCCEEDED" in submitted, submitted
     finally:
         head.stop()
         shutil.rmtree(head.directory, ignore_errors=True)
