@@ -190,11 +190,12 @@ def _jobs_api_address(address: str | None) -> str | None:
     cluster on this machine (never Ray's guess at any Ray running here)."""
     if address or os.environ.get("RAY_API_SERVER_ADDRESS") or _address_in_environment():
         return address
-    from raystream.engine.cluster_discovery import dashboard_url, find_raystream_cluster
+    from raystream.engine.cluster_discovery import (PROBE_TIMEOUT_S, dashboard_url,
+                                                    find_raystream_cluster, within)
 
     with _captured_stderr():
         gcs = find_raystream_cluster()
-        url = dashboard_url(gcs)
+        url = within(PROBE_TIMEOUT_S, lambda: dashboard_url(gcs))
     if url is None:
         raise ConnectionError(f"the raystream cluster at {gcs} serves no Jobs API (its Ray runs "
                               f"without a dashboard, as an embedded Ray does): run the script "
@@ -270,16 +271,21 @@ def _join(address: str) -> None:
 def _check_a_node_here(address: str) -> None:
     """A driver joins through a raylet on its own machine: from elsewhere Ray would look
     for one for a minute, so say at once where to run the command instead."""
-    from raystream.engine.cluster_discovery import cluster_node_ids, is_a_node_here, local_raylets
+    from raystream.engine.cluster_discovery import (PROBE_TIMEOUT_S, cluster_node_ids,
+                                                    is_a_node_here, local_raylets, within)
     from ray.exceptions import AuthenticationError
 
     with _captured_stderr(), _refusal_explained(address):
         try:
-            nodes = cluster_node_ids(address)
+            nodes = within(PROBE_TIMEOUT_S, lambda: cluster_node_ids(address))
         except AuthenticationError:
             raise
+        except TimeoutError:
+            raise ConnectionError(f"nothing at {address} answers as a Ray cluster's GCS within "
+                                  f"{PROBE_TIMEOUT_S:.0f} s: give the GCS address (port 6379 "
+                                  f"unless ray start --port said otherwise)") from None
         except Exception:
-            return  # no answer in time: ray.init says what is wrong
+            return  # ray.init says what is wrong
     if nodes and not is_a_node_here(nodes, local_raylets()):
         raise ConnectionError(f"this machine is not a node of the Ray cluster at {address}: run "
                               f"the command on one of its nodes, e.g. on the head: "
@@ -666,7 +672,17 @@ def _run(argv: list[str]) -> int:
             raise
         script = args.script if args.command == "run" else None
         print(f"{PROG} {args.command}: error: {one_line(exc, script)}", file=sys.stderr)
+        _last_word_on_stderr()
         return 1
+
+
+def _last_word_on_stderr() -> None:
+    """The error line stays the last line: what Ray's threads still log while the
+    process exits (a GCS client giving up on a server that never answered) is dropped."""
+    sys.stderr.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
 
 
 def _pipe_closed() -> int:

@@ -23,13 +23,15 @@ import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 from raystream.core.cluster_mark import KV_NAMESPACE
 from raystream.core.errors import RaystreamError
 
-PROBE_TIMEOUT_S = 3.0  # each candidate's answer; they are asked at once
+PROBE_TIMEOUT_S = 3.0  # a GCS's answer (candidates are asked at once): a live one takes ms
 CONNECT_TIMEOUT_S = 1.0  # a GCS port that takes no TCP connection is no candidate
 HOW_TO_NAME = "name the cluster with --address HOST:PORT or RAY_ADDRESS=HOST:PORT"
+T = TypeVar("T")
 
 
 class ClusterNotFoundError(RaystreamError, ConnectionError):
@@ -144,7 +146,7 @@ def probe(address: str) -> Probe:
     from ray.exceptions import AuthenticationError
 
     if not accepts_connections(address):
-        return Probe(address, "silent", "no answer")
+        return Probe(address, "silent", "nothing listens there")
     try:
         client = GcsClient(address=address)
         keys = client.internal_kv_keys(b"", namespace=KV_NAMESPACE.encode(),
@@ -166,7 +168,30 @@ def accepts_connections(address: str) -> bool:
         return False
 
 
-def probe_all(addresses: list[str], timeout_s: float = PROBE_TIMEOUT_S + 1) -> list[Probe]:
+def within(timeout_s: float, call: Callable[[], T]) -> T:
+    """``call()``'s result, or TimeoutError when it takes longer than ``timeout_s``. (A
+    daemon thread: a GCS client stuck on a server that never answers, say a port that
+    is not a GCS, must not keep the command from exiting.)"""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # handed to the caller
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, daemon=True, name="raystream gcs call")
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        raise TimeoutError(f"no answer within {timeout_s:.0f} s")
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
+
+
+def probe_all(addresses: list[str], timeout_s: float = PROBE_TIMEOUT_S) -> list[Probe]:
     """Probe every address at once; one that has not answered within ``timeout_s`` is
     silent. (Daemon threads: a GCS client stuck on a hung server must not keep the
     command from exiting.)"""

@@ -268,6 +268,9 @@ def test_errors_are_one_line(ray_head, tmp_path):
                    "no job script")
     one_line_error(ray_head.run("raystream", "list", "--address", "127.0.0.1:1"),
                    "no Ray cluster answers at 127.0.0.1:1")
+    not_a_gcs = ray_head.dashboard_url.removeprefix("http://")  # HTTP, not Ray's GCS
+    one_line_error(ray_head.run("raystream", "list", "--address", not_a_gcs, timeout=30),
+                   f"nothing at {not_a_gcs} answers as a Ray cluster's GCS")
     finished = job_id_from_list(ray_head, "meter-totals", "FINISHED")
     if finished is not None:  # after the first test
         one_line_error(ray_head.run("raystream", "savepoint", finished, str(tmp_path / "sp")),
