@@ -28,7 +28,8 @@ output may go into a pipe that closes early (``| head``): they then exit 141
 without a word. ``JOB`` is a job id, a unique prefix of one, or a job
 name (the newest job of that name). With token authentication on, set
 ``RAY_AUTH_MODE=token`` and the cluster's token (``~/.ray/auth_token`` or
-``RAY_AUTH_TOKEN_PATH``), as for any Ray client.
+``RAY_AUTH_TOKEN_PATH``), as for any Ray client (for a Ray found on this machine
+an unset ``RAY_AUTH_MODE`` with a token at hand is token mode, as for ``ray.init()``).
 
 Errors print as one line; ``RAYSTREAM_DEBUG=1`` shows the traceback.
 """
