@@ -7,11 +7,13 @@ RayDP starts Spark, so both get the same Ray: quiet unless verbose
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from typing import Any
 
 import ray
 
+from raystream.core.cluster_mark import mark_cluster
 from raystream.core.logs import quiet_ray
 
 
@@ -27,10 +29,15 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> None:
 
     Without ``address``, a ``RAY_ADDRESS`` in the environment names the cluster
     (the Jobs API sets it for the drivers it starts), as for ``ray.init()``.
-    The Ray it starts itself serves this machine only: see :func:`_embedded_on_loopback`.
+    The Ray it starts itself serves this machine only: see :func:`loopback_node`.
+    Either way the cluster is marked as raystream's (:mod:`raystream.core.cluster_mark`).
     """
-    if ray.is_initialized():
-        return
+    if not ray.is_initialized():
+        _start_or_join(address, init_kwargs)
+    mark_cluster()
+
+
+def _start_or_join(address: str | None, init_kwargs: dict[str, Any]) -> None:
     init_kwargs.setdefault("include_dashboard", False)
     quiet_ray(init_kwargs)
     if address is None and os.environ.get("RAY_ADDRESS", "local") in ("", "local"):
@@ -38,13 +45,34 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> None:
         # running on this machine (plain ray.init() would attach to that one).
         address = "local"
         init_kwargs.setdefault("_system_config", EMBEDDED_RAY_SYSTEM_CONFIG)
-        _embedded_on_loopback()
+        loopback_node()
+    elif is_loopback_address(address or os.environ.get("RAY_ADDRESS", "")):
+        loopback_node()  # or Ray looks for 127.0.0.1's cluster at this machine's external IP
     ray.init(address=address, **init_kwargs)
 
 
-def _embedded_on_loopback() -> None:
+def is_loopback_address(address: str) -> bool:
+    """Whether a ``host:port`` address is on loopback (``127.0.0.1:6379``, ``localhost:6379``).
+
+        >>> is_loopback_address("127.0.0.1:6379"), is_loopback_address("10.0.0.5:6379")
+        (True, False)
+    """
+    if "://" in address:
+        return False  # ray://... goes through the Ray Client, not a local raylet
+    host = address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def loopback_node() -> None:
     """Make the embedded Ray's node address 127.0.0.1, so that its servers (GCS,
-    raylet, object manager, workers) listen on loopback only.
+    raylet, object manager, workers) listen on loopback only; a driver that joins
+    a Ray on loopback needs the same (else Ray turns 127.0.0.1 into this machine's
+    external address, where nothing listens).
 
     Ray binds its servers to the node's IP, and on Linux it turns a loopback
     ``_node_ip_address`` into the first external interface's address, since a

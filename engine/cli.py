@@ -20,12 +20,16 @@ every few seconds, and it prints the address of the job's page in the web UI.
 ``raystream run`` on the cluster's head through the Ray Jobs API.
 
 The job commands connect to the Ray cluster at ``--address`` (default:
-``RAY_ADDRESS``, else the cluster running on this machine): run them on the
-head node (``ray exec cluster.yaml 'raystream list'``) or anywhere that
-reaches the cluster. ``JOB`` is a job id, a unique prefix of one, or a job
+``RAY_ADDRESS``, else the raystream cluster running on this machine: a Ray
+that has run raystream, never another Ray found here; without one they say
+so in a line, within seconds): run them on the head node (``ray exec
+cluster.yaml 'raystream list'``) or on another node of the cluster. Their
+output may go into a pipe that closes early (``| head``): they then exit 141
+without a word. ``JOB`` is a job id, a unique prefix of one, or a job
 name (the newest job of that name). With token authentication on, set
 ``RAY_AUTH_MODE=token`` and the cluster's token (``~/.ray/auth_token`` or
-``RAY_AUTH_TOKEN_PATH``), as for any Ray client.
+``RAY_AUTH_TOKEN_PATH``), as for any Ray client (for a Ray found on this machine
+an unset ``RAY_AUTH_MODE`` with a token at hand is token mode, as for ``ray.init()``).
 
 Errors print as one line; ``RAYSTREAM_DEBUG=1`` shows the traceback.
 """
@@ -50,6 +54,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 PROG = "raystream"
 TERMINAL_SUBMISSION_STATUSES = {"SUCCEEDED", "FAILED", "STOPPED"}
+PIPE_CLOSED_EXIT = 141  # 128 + SIGPIPE: what a shell reports for a tool a closed pipe ended
 
 
 # -- run ---------------------------------------------------------------------------------------
@@ -106,8 +111,11 @@ class ProgressPrinter:
                 metrics = client.metrics() if progress["status"] == "RUNNING" else {}
             except Exception:  # the job ended and its master with it
                 return
-            self.out(progress_line(client.job_name, progress, metrics,
-                                   time.monotonic() - started))
+            try:
+                self.out(progress_line(client.job_name, progress, metrics,
+                                       time.monotonic() - started))
+            except BrokenPipeError:  # nobody reads the progress lines any more
+                return
 
 
 def progress_line(name: str, progress: dict, metrics: dict[str, dict[str, float]],
@@ -155,9 +163,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         entrypoint += ["--resume"]
     if args.args:
         entrypoint += ["--", *args.args]
-    where = args.address or "the default address"
+    address = _jobs_api_address(args.address)
+    where = address or "the default address"
     with _captured_stderr(), _refusal_explained(where):
-        client = JobSubmissionClient(args.address)
+        client = JobSubmissionClient(address)
         submission = client.submit_job(
             entrypoint=shlex.join(entrypoint), submission_id=args.submission_id,
             runtime_env={"working_dir": str(working_dir),
@@ -174,6 +183,26 @@ def cmd_submit(args: argparse.Namespace) -> int:
                            (f": {message[-1]}" if message else ""))
     print(f"submission {submission} SUCCEEDED")
     return 0
+
+
+def _jobs_api_address(address: str | None) -> str | None:
+    """Where to submit: ``--address``, else what ``RAY_API_SERVER_ADDRESS`` or
+    ``RAY_ADDRESS`` name (None: Ray reads them), else the Jobs API of raystream's
+    cluster on this machine (never Ray's guess at any Ray running here)."""
+    if address or os.environ.get("RAY_API_SERVER_ADDRESS") or _address_in_environment():
+        return address
+    from raystream.engine.cluster_discovery import (PROBE_TIMEOUT_S, dashboard_url,
+                                                    find_raystream_cluster, within)
+
+    with _captured_stderr():
+        gcs = find_raystream_cluster()
+        url = within(PROBE_TIMEOUT_S, lambda: dashboard_url(gcs))
+    if url is None:
+        raise ConnectionError(f"the raystream cluster at {gcs} serves no Jobs API (its Ray runs "
+                              f"without a dashboard, as an embedded Ray does): run the script "
+                              f"here with raystream run, or submit to a cluster's dashboard "
+                              f"with --address http://HEAD:8265")
+    return url
 
 
 def follow_submission(client: Any, submission: str, poll_s: float = 1.0) -> str:
@@ -193,16 +222,41 @@ def follow_submission(client: Any, submission: str, poll_s: float = 1.0) -> str:
 
 # -- job commands ------------------------------------------------------------------------------------
 def connect(address: str | None) -> None:
-    """Connect to the Ray cluster (never start one): ``address``, ``RAY_ADDRESS`` or "auto"."""
+    """Connect to the Ray cluster (never start one): ``address``, else ``RAY_ADDRESS``,
+    else raystream's own cluster on this machine (:mod:`raystream.engine.cluster_discovery`:
+    found within seconds, never an unrelated Ray)."""
     import ray
 
     if ray.is_initialized():
         return
-    address = address or os.environ.get("RAY_ADDRESS") or "auto"
+    named = address or _address_in_environment()
+    if named is None:
+        from raystream.engine.cluster_discovery import find_raystream_cluster
+
+        with _captured_stderr():  # Ray's C++ warnings about the Rays that refused or hung
+            named = find_raystream_cluster()
+    _join(named)
+
+
+def _address_in_environment() -> str | None:
+    """``RAY_ADDRESS`` when it names a cluster ("auto" and "local" name none)."""
+    address = os.environ.get("RAY_ADDRESS", "").strip()
+    return None if address in ("", "auto", "local") else address
+
+
+def _join(address: str) -> None:
+    import ray
+
     # Fail within seconds when the cluster is not there or refuses the token (Ray would
     # retry for 20 s), and say why in one line instead of Ray's log of every attempt.
     os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "5")
     _check_reachable(address)
+    from raystream.core.ray_start import is_loopback_address, loopback_node
+
+    if is_loopback_address(address):
+        loopback_node()  # or Ray looks for 127.0.0.1's cluster at this machine's external IP
+    if "://" not in address:
+        _check_a_node_here(address)
     with _captured_stderr() as captured:
         try:
             ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
@@ -213,6 +267,30 @@ def connect(address: str | None) -> None:
                 raise ConnectionError(_refused(address, reasons[-1])) from None
             raise ConnectionError(f"cannot connect to the Ray cluster at {address}: "
                                   f"{str(exc).splitlines()[0]}") from None
+
+
+def _check_a_node_here(address: str) -> None:
+    """A driver joins through a raylet on its own machine: from elsewhere Ray would look
+    for one for a minute, so say at once where to run the command instead."""
+    from raystream.engine.cluster_discovery import (PROBE_TIMEOUT_S, cluster_node_ids,
+                                                    is_a_node_here, local_raylets, within)
+    from ray.exceptions import AuthenticationError
+
+    with _captured_stderr(), _refusal_explained(address):
+        try:
+            nodes = within(PROBE_TIMEOUT_S, lambda: cluster_node_ids(address))
+        except AuthenticationError:
+            raise
+        except TimeoutError:
+            raise ConnectionError(f"nothing at {address} answers as a Ray cluster's GCS within "
+                                  f"{PROBE_TIMEOUT_S:.0f} s: give the GCS address (port 6379 "
+                                  f"unless ray start --port said otherwise)") from None
+        except Exception:
+            return  # ray.init says what is wrong
+    if nodes and not is_a_node_here(nodes, local_raylets()):
+        raise ConnectionError(f"this machine is not a node of the Ray cluster at {address}: run "
+                              f"the command on one of its nodes, e.g. on the head: "
+                              f"ray exec cluster.yaml 'raystream ...'")
 
 
 @contextlib.contextmanager
@@ -493,14 +571,22 @@ def build_parser() -> argparse.ArgumentParser:
                                        f"[--working-dir DIR] [--submission-id ID] "
                                        f"[--progress-every SECONDS] [--wait] script [-- ARGS ...]")
     submit.add_argument("script", help="the job script; arguments after -- go to it (sys.argv)")
-    submit.add_argument("--address", help="the cluster's dashboard, e.g. http://127.0.0.1:8265 "
-                                          "(default: RAY_API_SERVER_ADDRESS or RAY_ADDRESS)")
-    submit.add_argument("--restore-from", metavar="PATH")
+    submit.add_argument("--address", metavar="URL",
+                        help="the cluster's dashboard, e.g. http://127.0.0.1:8265 (default: "
+                             "RAY_API_SERVER_ADDRESS or RAY_ADDRESS, else the dashboard of the "
+                             "raystream cluster on this machine)")
+    submit.add_argument("--restore-from", metavar="PATH",
+                        help="as for run: start the script's jobs from this savepoint or "
+                             "retained checkpoint (a path the cluster's nodes read)")
     submit.add_argument("--resume", action="store_true",
                         help="as for run: start from the newest checkpoint of the same job name")
-    submit.add_argument("--working-dir", help="directory to upload (default: the script's)")
-    submit.add_argument("--submission-id")
-    submit.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS")
+    submit.add_argument("--working-dir", metavar="DIR",
+                        help="directory to upload (default: the script's)")
+    submit.add_argument("--submission-id", metavar="ID",
+                        help="the Ray Jobs API's id for the submission (default: one Ray makes)")
+    submit.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS",
+                        help="print each running job's progress into the submission's log "
+                             "this often (0: never)")
     submit.add_argument("--wait", action="store_true",
                         help="follow the job's output until it ends; fail if it fails")
     submit.set_defaults(handler=cmd_submit)
@@ -510,12 +596,14 @@ def build_parser() -> argparse.ArgumentParser:
         command = commands.add_parser(name, help=help_text)
         if job:
             command.add_argument("job", metavar="JOB", help="job id, unique id prefix, or name")
-        command.add_argument("--address", help="the Ray cluster (default: RAY_ADDRESS or the "
-                                               "cluster on this machine)")
+        command.add_argument("--address", metavar="HOST:PORT",
+                             help="the Ray cluster's GCS address (default: RAY_ADDRESS, else "
+                                  "the raystream cluster on this machine, never another Ray)")
         if as_json:
             command.add_argument("--json", action="store_true", help="print JSON, for scripts")
         if timeout:
-            command.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS")
+            command.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                                 help="how long to wait for the job (default 300)")
         command.set_defaults(handler=handler)
         return command
 
@@ -527,14 +615,15 @@ def build_parser() -> argparse.ArgumentParser:
     savepoint = job_command("savepoint", cmd_savepoint, "savepoint a running job", timeout=True)
     savepoint.add_argument("path", metavar="PATH", help="directory or URI for the savepoint")
     stop = job_command("stop", cmd_stop, "savepoint a running job and stop it", timeout=True)
-    stop.add_argument("--savepoint", required=True, metavar="PATH")
+    stop.add_argument("--savepoint", required=True, metavar="PATH",
+                      help="directory or URI for the savepoint the job stops with")
     stop.add_argument("--drain", action="store_true",
                       help="end the input first, so every window fires")
     ui = job_command("ui", cmd_ui, "serve the web UI of the cluster's jobs", job=False)
     ui.add_argument("--host", default="127.0.0.1",
                     help="address to serve on (default 127.0.0.1; any other requires Ray's "
                          "token: RAY_AUTH_MODE=token)")
-    ui.add_argument("--port", type=int, default=8290)
+    ui.add_argument("--port", type=int, default=8290, help="port to serve on (default 8290)")
     return parser
 
 
@@ -554,14 +643,29 @@ def one_line(exc: BaseException, script: str | None = None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Run the command line ``argv``; return the exit status (141 when stdout's pipe closed)."""
+    try:
+        code = _run(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # here, so that a closed pipe is seen here and not at exit
+        return code
+    except BrokenPipeError:
+        return _pipe_closed()
+
+
+def _run(argv: list[str]) -> int:
     script_args: list[str] = []
     if "--" in argv:  # what follows goes to the job script
         argv, script_args = argv[:argv.index("--")], argv[argv.index("--") + 1:]
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # --help, or a usage error (argparse printed it)
+        sys.stdout.flush()
+        return exit_.code if isinstance(exit_.code, int) else 2
     args.args = script_args
     try:
         return args.handler(args)
+    except BrokenPipeError:
+        raise
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
@@ -569,7 +673,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         script = args.script if args.command == "run" else None
         print(f"{PROG} {args.command}: error: {one_line(exc, script)}", file=sys.stderr)
+        _last_word_on_stderr()
         return 1
+
+
+def _last_word_on_stderr() -> None:
+    """The error line stays the last line: what Ray's threads still log while the
+    process exits (a GCS client giving up on a server that never answered) is dropped."""
+    sys.stderr.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+
+
+def _pipe_closed() -> int:
+    """The reader of stdout left (``raystream checkpoints JOB | head -1``): end quietly.
+
+    Exit 141 (128 + SIGPIPE), as ``cat``, ``ls`` or ``seq`` do when a pipe closes (a
+    pipeline's status stays ``head``'s unless ``set -o pipefail`` asks for every part),
+    so a script can tell cut output from a complete one. Not by restoring SIGPIPE's
+    default action instead: a write to a closed socket of Ray's would then kill the
+    process. Python flushes stdout once more at exit: it goes to /dev/null.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return PIPE_CLOSED_EXIT
 
 
 if __name__ == "__main__":

@@ -23,10 +23,10 @@ from typing import Any
 
 from ray.experimental import internal_kv
 
+from raystream.core.cluster_mark import KV_NAMESPACE
 from raystream.engine.errors import JobNotFoundError
 from raystream.engine.job_status import JobStatus
 
-KV_NAMESPACE = "raystream"
 KEY_PREFIX = "job:"
 TERMINAL_STATUSES = frozenset(s for s in JobStatus if s.is_terminal)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +23,7 @@ import pytest
 
 from raystream.checkpoint.storage import SAVEPOINT_JOB_KEY, CheckpointStorage
 from raystream.spark.commit_log import read_committed
+from tests.multinode.ray_clusters import start_ray_head
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 sys.path.insert(0, str(EXAMPLES))
@@ -108,6 +111,8 @@ def test_submit_through_the_jobs_api_then_list_status_and_checkpoints(ray_head, 
 
     history = ok(ray_head.run("raystream", "checkpoints", job_id))
     assert "START DELAY" in history.splitlines()[0]  # where each checkpoint's time went
+    first = piped_into_head(ray_head, "raystream", "checkpoints", job_id)
+    assert first.stdout.splitlines() == [history.splitlines()[0]], first.stdout
     completed = completed_checkpoints(ray_head, job_id)
     retained = CheckpointStorage(str(tmp_path / "checkpoints")).completed_checkpoint_ids(job_id)
     assert retained and set(retained) <= set(completed), (retained, completed)
@@ -192,12 +197,80 @@ def test_cancel_a_running_job(ray_head, tmp_path):
     assert re.search(r"^status\s+CANCELED$", ok(ray_head.run("raystream", "status", job_id)), re.M)
 
 
+def piped_into_head(head, *command: str) -> subprocess.CompletedProcess:
+    """``COMMAND | head -1`` in bash with pipefail: the command's own exit status counts.
+    It ends quietly, with 0 (it wrote before head left) or 141 (the pipe had closed)."""
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", f"{shlex.join(command)} | head -1"],
+                            env=head.env, capture_output=True, text=True, timeout=120)
+    assert result.returncode in (0, 141), f"exit {result.returncode}\n{result.stderr}"
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
+    return result
+
+
+def into_a_closed_pipe(head, *command: str) -> subprocess.CompletedProcess:
+    """The command with its stdout a pipe whose reader left before it wrote a byte."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(list(command), env=head.env, stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=120, cwd=Path(__file__).parents[2])
+    finally:
+        os.close(write)
+
+
+def test_a_closed_pipe_ends_a_command_quietly(ray_head):
+    result = into_a_closed_pipe(ray_head, "raystream", "list", "--json")
+    assert result.returncode == 141, f"exit {result.returncode}\n{result.stderr}"
+    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr, result.stderr
+    assert piped_into_head(ray_head, "raystream", "list").stdout.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_without_an_address_the_cli_joins_raystreams_ray_and_never_an_unrelated_one(tmp_path):
+    # a plain `ray start --head` on loopback in a temp directory of its own; the commands
+    # look there (RAY_TMPDIR), not in /tmp/ray, where other Rays of this machine may run
+    head = start_ray_head(num_cpus=1)
+    try:
+        here = {"RAY_ADDRESS": None, "RAY_TMPDIR": str(head.directory)}
+        found = head.run("raystream", "list", env=here, timeout=30)
+        one_line_error(found, f"the Ray at {head.gcs_address} has never run raystream",
+                       "--address", "RAY_ADDRESS")
+        without_token = {**here, "RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN_PATH": None}
+        one_line_error(head.run("raystream", "status", "some-job", env=without_token, timeout=30),
+                       f"the Ray at {head.gcs_address} refused this client", "RAY_AUTH_MODE=token")
+        one_line_error(head.run("raystream", "submit", str(EXAMPLES / "meter_totals.py"), env=here,
+                                timeout=30), f"the Ray at {head.gcs_address} has never run raystream")
+        empty = {**here, "RAY_TMPDIR": str(tmp_path)}
+        one_line_error(head.run("raystream", "list", env=empty, timeout=30),
+                       "no Ray cluster runs on this machine", "--address", "RAY_ADDRESS")
+
+        # a raystream driver joins it (RAY_ADDRESS): from then on it is raystream's
+        ok(head.run(sys.executable, "-c", "from raystream.core.ray_start import ensure_ray; "
+                                          "ensure_ray()", timeout=60))
+        assert ok(head.run("raystream", "list", env=here, timeout=30)).strip() == (
+            "no raystream jobs on this Ray cluster")
+        # with RAY_AUTH_MODE unset and a token at hand, as ray.init() finding a local Ray
+        token_at_hand = {**here, "RAY_AUTH_MODE": None}
+        assert "no raystream jobs" in ok(head.run("raystream", "list", env=token_at_hand, timeout=30))
+        # and submit finds its Jobs API
+        script = tmp_path / "hello.py"
+        script.write_text("print('hello from the cluster')\n")
+        submitted = ok(head.run("raystream", "submit", str(script), "--wait", env=here, timeout=120))
+        assert "hello from the cluster" in submitted and "SUCCEEDED" in submitted, submitted
+    finally:
+        head.stop()
+        shutil.rmtree(head.directory, ignore_errors=True)
+
+
 def test_errors_are_one_line(ray_head, tmp_path):
     one_line_error(ray_head.run("raystream", "status", "no-such-job"), "no job 'no-such-job'")
     one_line_error(ray_head.run("raystream", "run", str(tmp_path / "missing.py")),
                    "no job script")
     one_line_error(ray_head.run("raystream", "list", "--address", "127.0.0.1:1"),
                    "no Ray cluster answers at 127.0.0.1:1")
+    not_a_gcs = ray_head.dashboard_url.removeprefix("http://")  # HTTP, not Ray's GCS
+    one_line_error(ray_head.run("raystream", "list", "--address", not_a_gcs, timeout=30),
+                   f"nothing at {not_a_gcs} answers as a Ray cluster's GCS")
     finished = job_id_from_list(ray_head, "meter-totals", "FINISHED")
     if finished is not None:  # after the first test
         one_line_error(ray_head.run("raystream", "savepoint", finished, str(tmp_path / "sp")),
