@@ -59,7 +59,11 @@ def is_loopback_address(address: str) -> bool:
     """
     if "://" in address:
         return False  # ray://... goes through the Ray Client, not a local raylet
-    host = address.rpartition(":")[0].strip("[]")
+    return is_loopback(address.rpartition(":")[0].strip("[]"))
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and ``localhost``."""
     if host == "localhost":
         return True
     try:

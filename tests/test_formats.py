@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import datetime
 import decimal
-import io
 import json
 import pickle
 
-import fastavro
 import pyarrow as pa
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -19,6 +17,7 @@ from google.protobuf.descriptor import FieldDescriptor as F
 
 from raystream.engine.formats import (TOMBSTONE, Avro, FormatError, Json, Protobuf, Raw,
                                       confluent_header, value_format_of)
+from tests.support.formats import avro_decode, avro_encode
 
 UTC = datetime.timezone.utc
 SCHEMA = {
@@ -60,23 +59,6 @@ def click(i: int) -> dict:
             "price": decimal.Decimal(i * 101) / 100}
 
 
-def written(schema: dict, records: list[dict]) -> list[bytes]:
-    """What fastavro itself writes (the oracle's bytes)."""
-    parsed = fastavro.parse_schema(schema)
-    out = []
-    for record in records:
-        buf = io.BytesIO()
-        fastavro.schemaless_writer(buf, parsed, record)
-        out.append(buf.getvalue())
-    return out
-
-
-def read_back(schema: dict, values: list[bytes]) -> list[dict]:
-    """What fastavro itself reads (the oracle's rows)."""
-    parsed = fastavro.parse_schema(schema)
-    return [fastavro.schemaless_reader(io.BytesIO(v), parsed) for v in values]
-
-
 def as_python(rows: list[dict]) -> list[dict]:
     """Arrow's maps (lists of pairs) as dicts, to compare with fastavro's rows."""
     return [{k: dict(v) if k == "counts" else v for k, v in row.items()} for row in rows]
@@ -85,7 +67,7 @@ def as_python(rows: list[dict]) -> list[dict]:
 # -- Avro -------------------------------------------------------------------------------------
 def test_avro_decodes_what_fastavro_writes_into_the_columns_fastavro_reads():
     records = [click(i) for i in range(200)]
-    values = written(SCHEMA, records)
+    values = avro_encode(SCHEMA, records)
     batch, bad = Avro(SCHEMA).decode(pa.array(values, pa.binary()))
     assert bad == []
     assert batch.schema.names == [f["name"] for f in SCHEMA["fields"]]
@@ -94,26 +76,26 @@ def test_avro_decodes_what_fastavro_writes_into_the_columns_fastavro_reads():
     assert batch.schema.field("day").type == pa.date32()
     assert batch.schema.field("price").type == pa.decimal128(9, 2)
     assert batch.schema.field("counts").type == pa.map_(pa.string(), pa.int64())
-    assert as_python(batch.to_pylist()) == read_back(SCHEMA, values)
+    assert as_python(batch.to_pylist()) == avro_decode(SCHEMA, values)
 
 
 def test_avro_writes_the_bytes_fastavro_writes():
     records = [click(i) for i in range(100)]
-    batch = Avro(SCHEMA).decode(pa.array(written(SCHEMA, records), pa.binary()))[0]
+    batch = Avro(SCHEMA).decode(pa.array(avro_encode(SCHEMA, records), pa.binary()))[0]
     values = Avro(SCHEMA).encode(batch, where="test").to_pylist()
-    assert values == written(SCHEMA, records)
+    assert values == avro_encode(SCHEMA, records)
     # timestamps as int64 ms (the engine's convention) are written as timestamp-millis too
     ts = pa.record_batch({"user": [1], "ts": pa.array([1_700_000_000_123], pa.int64())})
     small = {"type": "record", "name": "T", "fields": [
         {"name": "user", "type": "long"},
         {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}}]}
-    assert Avro(small).encode(ts, where="test").to_pylist() == written(
+    assert Avro(small).encode(ts, where="test").to_pylist() == avro_encode(
         small, [{"user": 1, "ts": 1_700_000_000_123}])
 
 
 def test_avro_bad_records_are_named_by_index_and_the_rest_decode():
     records = [click(i) for i in range(10)]
-    values: list[bytes | None] = list(written(SCHEMA, records))
+    values: list[bytes | None] = list(avro_encode(SCHEMA, records))
     values[2] = values[2][:5]  # truncated
     values[5] = values[5] + b"\x00\x01"  # bytes left over
     values[7] = None  # a tombstone
@@ -130,7 +112,7 @@ def test_avro_bad_records_are_named_by_index_and_the_rest_decode():
 def test_avro_confluent_framing_is_checked_stripped_and_prepended():
     fmt = Avro(SCHEMA, confluent_schema_id=258)
     records = [click(i) for i in range(3)]
-    plain = written(SCHEMA, records)
+    plain = avro_encode(SCHEMA, records)
     header = b"\x00\x00\x00\x01\x02"
     framed = [header + v for v in plain]
     batch = fmt.decode(pa.array(framed, pa.binary()))[0]

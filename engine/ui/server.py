@@ -22,7 +22,6 @@ sets), and refuses to start where token authentication is off.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import threading
 import time
 from importlib import resources
@@ -30,6 +29,7 @@ from typing import Any, Callable, cast
 
 from aiohttp import web
 
+from raystream.core.ray_start import is_loopback
 from raystream.engine.errors import JobNotFoundError, RaystreamError
 from raystream.engine.ui.views import (RateTracker, checkpoint_rows, failure_rows, job_row,
                                        vertex_figures)
@@ -42,16 +42,6 @@ TOKEN_COOKIE = "ray-authentication-token"  # the cookie Ray's dashboard uses, an
 
 class UIError(RaystreamError):
     """The UI cannot serve as asked (an address without token authentication, say)."""
-
-
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and ``localhost``."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def create_app(*, require_token: bool = False) -> web.Application:
