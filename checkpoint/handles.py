@@ -25,6 +25,11 @@ from raystream.checkpoint.storage import StateHandle
 CHAIN_FORMAT = "heap-chain"  # the heap backend's chains of changes (heap_changelog)
 
 
+def is_heap_chain(handle: Mapping[str, Any]) -> bool:
+    """Is this keyed-state handle of an incremental checkpoint the heap backend's?"""
+    return handle.get("format") == CHAIN_FORMAT
+
+
 @dataclass(frozen=True)
 class IncrementalHandle:
     """An incremental snapshot of one subtask's keyed state: its own file (the
@@ -58,11 +63,6 @@ class IncrementalHandle:
         return dict(self.doc)
 
     @property
-    def own(self) -> StateHandle:
-        """The snapshot's own file: the database's manifest, or the chain's newest file."""
-        return StateHandle.from_json(dict(self.doc))
-
-    @property
     def key_groups(self) -> range:
         start, stop = self.doc["key_groups"]
         return range(start, stop)
@@ -74,7 +74,7 @@ class IncrementalHandle:
 
     @property
     def is_heap_chain(self) -> bool:
-        return self.doc.get("format") == CHAIN_FORMAT
+        return is_heap_chain(self.doc)
 
 
 @dataclass(frozen=True)
@@ -90,13 +90,6 @@ class OperatorSubtaskState:
         """Bytes written for this checkpoint."""
         return sum(h.size for h in (self.operator_state, self.keyed_state) if h is not None) + (
             self.keyed_db.uploaded if self.keyed_db is not None else 0)
-
-    def handles(self) -> list[StateHandle]:
-        """Every file a restore reads (and verifies first), in the order written."""
-        out = [h for h in (self.operator_state, self.keyed_state) if h is not None]
-        if self.keyed_db is not None:
-            out += [self.keyed_db.own, *self.keyed_db.files]
-        return out
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {}

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from raystream.checkpoint.sections import encode_sections
-from raystream.checkpoint.handles import CHAIN_FORMAT
+from raystream.checkpoint.handles import CHAIN_FORMAT, is_heap_chain
 from raystream.checkpoint.storage import CheckpointStorage
 
 __all__ = ["Chain", "ChainTracker", "ChangeLog", "Changes", "HeapIncrementalSnapshot",
@@ -281,8 +281,3 @@ def restored_chain(handle: Mapping[str, Any], *, key_groups: range,
         return None
     full_entries, changed_entries = handle["entries"]
     return Chain(files, -1, int(full_entries), int(changed_entries))
-
-
-def is_heap_chain(handle: Mapping[str, Any]) -> bool:
-    """Is this keyed-state handle of an incremental checkpoint the heap backend's?"""
-    return handle.get("format") == CHAIN_FORMAT

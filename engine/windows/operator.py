@@ -159,8 +159,8 @@ class WindowOperator(KeyedOperator):
         self.trigger = default if trigger is None else trigger
         # a trigger of its own (or a global window): the triggered store
         self.triggered = isinstance(assigner, GlobalWindows) or self.trigger != default
-        self.trigger_times = self.trigger.record_times
-        if (assigner.event_time or self.trigger_times) and not timestamp and not partial_input:
+        if (assigner.event_time or self.trigger.record_times) and not timestamp \
+                and not partial_input:
             raise ValueError(f"window '{name}': event-time windows and triggers need the "
                              f"timestamp column (window(..., timestamp='ts'); a window's "
                              f"results have the default rs.WINDOW_TIME)")
@@ -275,7 +275,7 @@ class WindowOperator(KeyedOperator):
         else:
             if isinstance(self.function, BuiltinAggregates):
                 self.function.spec.check_input(batch.schema, where=f"window '{self.name}'")
-            if self.assigner.event_time or self.trigger_times:
+            if self.assigner.event_time or self.trigger.record_times:
                 if self.timestamp is None:  # __init__ requires it for event time
                     raise ValueError(f"window '{self.name}': event-time windows need the "
                                      f"timestamp column")
