@@ -472,7 +472,9 @@ class Subtask:
                 if not self.lifecycle.ends_loop:
                     self._advance(Lifecycle.STOPPED)
             case Drain():  # stop-with-savepoint, draining: end the input now
-                if self.source is not None and not self.lifecycle.input_ended:
+                # (not once stopped or canceled: the loop ends with this mail)
+                if (self.source is not None and not self.lifecycle.input_ended
+                        and not self.lifecycle.ends_loop):
                     call_operator(self.source, "end_input_early")
                     self._end_of_input()
             case Cancel():
