@@ -6,9 +6,10 @@ them. So, as Flink's changelog state backend does (FLIP-158) but at the
 granularity of entries:
 
 * While checkpoints are on, each of the backend's maps (one state, one key
-  group) records which entry keys changed since the previous snapshot: written,
-  removed, or handed to the caller as a mutable object it may change in place.
-* A snapshot's synchronous part moves those sets into the :class:`ChangeLog`,
+  group) records which entries changed since the previous snapshot: written
+  (with the value written), removed, or handed to the caller as a mutable object
+  it may change in place.
+* A snapshot's synchronous part moves those records into the :class:`ChangeLog`,
   under the snapshot's version (an O(states x key groups) swap).
 * Its asynchronous part (:meth:`HeapIncrementalSnapshot.upload`) writes either a
   *full* snapshot, or the *changes* since the newest completed checkpoint of
@@ -22,7 +23,7 @@ granularity of entries:
 * Changes are written while the chain's changes add up to no more than
   ``max_changes_ratio`` times the entries of its full snapshot; past that, the
   snapshot is full and starts a new chain. So a restore reads at most
-  ``1 + max_changes_ratio`` times the state, and the change sets held in memory
+  ``1 + max_changes_ratio`` times the state, and the changes held in memory
   stay below that share of its keys.
 * A restore reads each chain's files in order: the full sections restore, the
   changes apply (:meth:`HeapKeyedStateBackend.restore` takes both). A restore at
@@ -53,8 +54,9 @@ __all__ = ["Chain", "ChainTracker", "ChangeLog", "Changes", "HeapIncrementalSnap
            "HeapStateOptions", "is_heap_chain", "restored_chain"]
 
 
-# entry keys changed, per state name, per key group (index into the backend's range)
-Changes = dict[str, list[set]]
+# the entries changed, per state name, per key group (index into the backend's range):
+# entry key -> the value last written, or a marker of its removal (checkpoint/state.py)
+Changes = dict[str, list[dict]]
 
 
 @dataclass(frozen=True)
@@ -163,8 +165,8 @@ class ChainTracker:
 
 
 class ChangeLog:
-    """The change sets of the snapshots taken since the base, by snapshot version.
-    A set is never changed once logged (the maps record into new ones)."""
+    """The changes of the snapshots taken since the base, by snapshot version.
+    Logged changes are never changed (the maps record into new dicts)."""
 
     def __init__(self) -> None:
         self._logs: list[tuple[int, Changes]] = []
@@ -173,7 +175,7 @@ class ChangeLog:
         self._logs.append((version, changes))
 
     def since(self, version: int) -> list[Changes]:
-        """The change sets of every snapshot after ``version``."""
+        """The changes of every snapshot after ``version``."""
         return [changes for v, changes in self._logs if v > version]
 
     def size_since(self, version: int) -> int:
@@ -189,18 +191,22 @@ class ChangeLog:
 
 
 def union(logged: list[Changes]) -> Changes:
-    """One set per state and key group of every entry key changed in ``logged``."""
+    """One dict per state and key group of every entry changed in ``logged`` (oldest
+    first), with its newest change. Logged changes are never changed: one alone is
+    returned as it is."""
+    if len(logged) == 1:
+        return logged[0]
     out: Changes = {}
     for changes in logged:
-        for name, sets in changes.items():
+        for name, dicts in changes.items():
             merged = out.get(name)
             if merged is None:
-                out[name] = [set(s) for s in sets]
+                out[name] = [dict(d) for d in dicts]
                 continue
-            merged.extend(set() for _ in range(len(sets) - len(merged)))
-            for i, s in enumerate(sets):
-                if s:
-                    merged[i] |= s
+            merged.extend({} for _ in range(len(dicts) - len(merged)))
+            for i, d in enumerate(dicts):
+                if d:
+                    merged[i].update(d)
     return out
 
 

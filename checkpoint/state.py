@@ -149,16 +149,28 @@ _MISSING: Any = object()
 _NEVER = float("inf")  # floor of a map that inherited no objects
 
 
-class _Untracked(set):
-    """The change set of a map while incremental checkpoints are off: records nothing."""
+class _Removed:
+    """The change recorded for an entry removed since the last snapshot."""
 
     __slots__ = ()
 
-    def add(self, _key: Any) -> None:
+    def __repr__(self) -> str:
+        return "<removed>"
+
+
+_REMOVED = _Removed()
+
+
+class _Untracked(dict):
+    """The changes of a map while incremental checkpoints are off: records nothing."""
+
+    __slots__ = ()
+
+    def __setitem__(self, _key: Any, _value: Any) -> None:
         pass
 
 
-_UNTRACKED: set = _Untracked()
+_UNTRACKED: dict = _Untracked()
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,9 +254,12 @@ class _KGMap:
     ``fresh``: see the module docstring (objects inherited from an earlier map
     may be reachable by in-progress snapshots with version >= ``floor``;
     ``fresh`` holds the keys given a new object since ``m`` was created).
-    ``changed``: the keys written, removed or handed out mutable since the last
+    ``changed``: the entries written, removed or handed out mutable since the last
     snapshot, for incremental checkpoints (:mod:`raystream.checkpoint.heap_changelog`;
-    a set that records nothing when they are off)."""
+    a dict that records nothing when they are off). It maps each key to the value last
+    written (``_REMOVED`` once removed), so that a snapshot of immutable values takes
+    them from here instead of looking every key up again in the map; a mutable value
+    is read from the snapshot's map, which holds it as of the snapshot."""
 
     __slots__ = ("b", "m", "version", "floor", "fresh", "changed")
 
@@ -254,11 +269,11 @@ class _KGMap:
         self.version: int = backend._version
         self.floor: float = _NEVER
         self.fresh: set = set()
-        self.changed: set = set() if backend._options is not None else _UNTRACKED
+        self.changed: dict = {} if backend._options is not None else _UNTRACKED
 
-    def take_changes(self) -> set:
-        """The keys changed since the last snapshot; record into a new set from now."""
-        changed, self.changed = self.changed, set()
+    def take_changes(self) -> dict:
+        """The entries changed since the last snapshot; record into a new dict from now."""
+        changed, self.changed = self.changed, {}
         return changed
 
     def writable(self) -> dict:
@@ -276,7 +291,7 @@ class _KGMap:
     def put(self, kk: tuple, value: Any) -> None:
         """Store a new object (one no snapshot can reach) at ``kk``."""
         self.writable()[kk] = value
-        self.changed.add(kk)
+        self.changed[kk] = value
         if self.floor <= self.b._max_active:
             self.fresh.add(kk)
 
@@ -291,7 +306,7 @@ class _KGMap:
         if v is _MISSING or type(v) in _ATOMIC or _immutable(v):
             return v
         if not self.shared(kk):
-            self.changed.add(kk)  # the caller may change it in place
+            self.changed[kk] = v  # the caller may change it in place
             return v
         v = _cow_copy(v)
         self.put(kk, v)
@@ -300,7 +315,7 @@ class _KGMap:
     def remove(self, kk: tuple) -> None:
         if kk in self.m:
             del self.writable()[kk]
-            self.changed.add(kk)
+            self.changed[kk] = _REMOVED
 
     def take(self, kk: tuple) -> Any:
         """Remove the value at ``kk`` and return it, owned by the caller."""
@@ -310,7 +325,7 @@ class _KGMap:
         if self.shared(kk):
             v = _cow_copy(v)
         del self.writable()[kk]
-        self.changed.add(kk)
+        self.changed[kk] = _REMOVED
         return v
 
 
@@ -406,7 +421,7 @@ class ValueState(_State):
         kg = self._kgs[i]
         if b._max_active < 0:  # fast path: no snapshot in progress
             kg.m[b._kk] = value
-            kg.changed.add(b._kk)
+            kg.changed[b._kk] = value
         else:
             kg.put(b._kk, value)
 
@@ -901,12 +916,19 @@ class StateSnapshot:
             keys = changes.get(name)
             if keys is None or i >= len(keys) or not keys[i]:
                 continue
+            written = keys[i]
+            if name not in self._expiry and _ATOMIC.issuperset(map(type, written.values())):
+                # immutable values, none removed: what was last written is what the map
+                # held at the snapshot (a dict no one changes once logged)
+                states.append((name, kind, written))
+                removed.append([])
+                continue
             m = maps[i]
-            live = {kk: m[kk] for kk in keys[i] if kk in m}
+            live = {kk: m[kk] for kk in written if kk in m}
             if name in self._expiry:
                 live = _unexpired(kind, live, *self._expiry[name])
             states.append((name, kind, live))
-            removed.append([kk for kk in keys[i] if kk not in live])
+            removed.append([kk for kk in written if kk not in live])
         return states, removed
 
     def _section(self, kg: int, states: list[tuple[str, str, dict]],
