@@ -116,16 +116,19 @@ class TriggeredWindows:
         assigned = self.host.judge_late(batch, assigned)
         if not len(assigned):
             return
-        for part in self._rounds(assigned):
-            self._add_round(batch, part)
+        rounds, known = self._rounds(assigned)
+        for r, part in enumerate(rounds):
+            self._add_round(batch, part, known if r == 0 else None)
 
-    def _rounds(self, assigned: Assigned) -> list[Assigned]:
+    def _rounds(self, assigned: Assigned
+                ) -> tuple[list[Assigned], dict[tuple[int, int], Entry | None] | None]:
         """``assigned`` cut where a window reaches its trigger's count: round ``r`` holds
         each window's rows after its ``r``-th firing of this batch (rows keep the batch's
-        order within a window)."""
+        order within a window); and the entries read to cut them, by (key id, window
+        start), which the first round takes instead of reading them again."""
         count = getattr(_counting(self.trigger), "count", None)
         if count is None:
-            return [assigned]
+            return [assigned], None
         kids, starts = assigned.kids, assigned.starts
         order = np.lexsort((np.arange(len(kids)), starts, kids))
         k, s = kids[order], starts[order]
@@ -133,17 +136,20 @@ class TriggeredWindows:
         group = np.cumsum(first) - 1
         heads = np.flatnonzero(first)
         rank = np.arange(len(order)) - heads[group]
-        held = np.array([0 if e is None else e[0] for e in self.entries.get(
-            k[heads], s[heads], assigned.ends[order][heads])], dtype=np.int64)
+        found = self.entries.get(k[heads], s[heads], assigned.ends[order][heads])
+        held = np.array([0 if e is None else e[0] for e in found], dtype=np.int64)
         rounds = np.empty(len(order), dtype=np.int64)
         rounds[order] = (held[group] + rank) // count
-        return [assigned.where(rounds == r) for r in range(int(rounds.max()) + 1)]
+        known = dict(zip(zip(k[heads].tolist(), s[heads].tolist()), found))
+        return [assigned.where(rounds == r) for r in range(int(rounds.max()) + 1)], known
 
-    def _add_round(self, batch: pa.RecordBatch, assigned: Assigned) -> None:
+    def _add_round(self, batch: pa.RecordBatch, assigned: Assigned,
+                   known: dict[tuple[int, int], Entry | None] | None) -> None:
         host, trigger = self.host, self.trigger
         groups = accumulate(host, batch, assigned)
         kids, starts, ends = groups.kids, groups.starts, groups.ends
-        old = self.entries.get(kids, starts, ends)
+        old = (self.entries.get(kids, starts, ends) if known is None else
+               [known[w] for w in zip(kids.tolist(), starts.tolist())])
         merge = host.function.merge
         counts = np.array([0 if e is None else e[0] for e in old], dtype=np.int64) + groups.sizes
         accumulators = [acc if e is None or e[1] is None else merge(e[1], acc)

@@ -97,6 +97,31 @@ def window_emissions(events: Events, assigner, lateness: int) -> tuple[Emissions
     return emissions, late_rows
 
 
+def count_trigger_emissions(events: Events, size_ms: int, lateness: int, count: int,
+                            purging: bool) -> Emissions:
+    """Every emission per (key, tumbling window) of a count-and-sum window fired by a count
+    trigger: each ``count`` rows the window took in, in the input's order (rows of a window
+    whose cleanup time ``end - 1 + lateness`` the watermark has passed are dropped), it
+    emits the rows since it last fired (``purging``) or all so far; rows short of the next
+    count are never emitted."""
+    e = events.all()
+    wm = events.watermark_seen()
+    starts = e["ts"] // size_ms * size_ms
+    kept = ~(starts + size_ms - 1 + lateness <= wm)
+    per = collections.defaultdict(list)  # (user, window start) -> values in arrival order
+    for u, s, v in zip(*(a[kept].tolist() for a in (e["user"], starts, e["x"]))):
+        per[(u, s)].append(v)
+    emissions: Emissions = {}
+    for window, values in per.items():
+        fired = len(values) // count
+        if not fired:
+            continue
+        emissions[window] = sorted(
+            (count, sum(values[k * count:(k + 1) * count])) if purging else
+            ((k + 1) * count, sum(values[:(k + 1) * count])) for k in range(fired))
+    return emissions
+
+
 def emissions_of(rows: list[dict]) -> Emissions:
     got = collections.defaultdict(list)
     for r in rows:

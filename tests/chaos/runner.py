@@ -24,20 +24,23 @@ import pyarrow as pa
 
 import raystream as rs
 from raystream.spark.commit_log import read_committed
-from tests.chaos.model import (CountAndSum, Emissions, emission_differences, emissions_of,
-                               session_run, window_emissions, window_join_emissions)
+from tests.chaos.model import (CountAndSum, Emissions, count_trigger_emissions,
+                               emission_differences, emissions_of, session_run,
+                               window_emissions, window_join_emissions)
 from tests.support.jobs import progress, subtask_pid, wait_for_checkpoints, wait_until
 from tests.support.pacing import Brake, Throttle
-from tests.chaos.scenarios import (Alignment, Backend, Failure, FailureKind, JobKind, Path,
-                                   Scenario, Sink)
+from tests.chaos.scenarios import (TRIGGER_COUNT, Alignment, Backend, Failure, FailureKind,
+                                   JobKind, Path, Scenario, Sink)
 
 ASSIGNERS = {JobKind.TUMBLING: rs.TumblingEventTimeWindows(size_ms=1000),
+             JobKind.TRIGGERED: rs.TumblingEventTimeWindows(size_ms=1000),
              JobKind.SLIDING: rs.SlidingEventTimeWindows(size_ms=1000, slide_ms=500),
              JobKind.SESSION: rs.EventTimeSessionWindows(gap_ms=300)}
 KEYED = {JobKind.TUMBLING: "window", JobKind.SLIDING: "window", JobKind.SESSION: "window",
          JobKind.REDUCE: "sum", JobKind.PROCESS: "process", JobKind.WINDOW_JOIN: "join",
          JobKind.COUNT_WINDOW: "count-window", JobKind.INTERVAL_JOIN: "join",
-         JobKind.CO_PROCESS: "co-process", JobKind.BROADCAST: "weigh"}
+         JobKind.CO_PROCESS: "co-process", JobKind.BROADCAST: "weigh",
+         JobKind.TRIGGERED: "window"}
 CO_PROCESS_DELAY_MS = 500  # SideCounts' and Weigh's timer after a row's time
 RULES = rs.MapStateDescriptor("rules")  # Weigh's broadcast state: rule time -> weight
 RULE_EVERY = 50  # the broadcast rules: every 50th row's time (2 ms apart: one per 100 ms)
@@ -201,6 +204,14 @@ def join_windows(scenario: Scenario
     return rs.EventTimeSessionWindows(gap_ms=scenario.session_gap_ms)
 
 
+def trigger_of(scenario: Scenario) -> rs.Trigger | None:
+    """The count trigger of a TRIGGERED job (None: the window's default)."""
+    if scenario.job is not JobKind.TRIGGERED:
+        return None
+    count = rs.CountTrigger(count=TRIGGER_COUNT)
+    return rs.PurgingTrigger(count) if scenario.trigger_purges else count
+
+
 def add(acc: dict, row: dict) -> dict:
     return {**row, "x": acc["x"] + row["x"], "n": acc["n"] + row["n"]}
 
@@ -266,7 +277,7 @@ def build(scenario: Scenario, env: rs.StreamEnvironment, out: str, pace: Throttl
         windows = source("source", events.columns).key_by("user").window(
             ASSIGNERS[scenario.job], timestamp="ts", allowed_lateness_ms=scenario.lateness_ms,
             late_output="late" if scenario.path is Path.LATE_OUTPUT else None,
-            pre_aggregate=scenario.path is Path.PRE_AGGREGATED)
+            pre_aggregate=scenario.path is Path.PRE_AGGREGATED, trigger=trigger_of(scenario))
         if scenario.path is Path.GENERIC:
             result = windows.aggregate(CountAndSum(), name="window")
         elif scenario.path is Path.PROCESS_WINDOW:
@@ -574,6 +585,12 @@ def compare(scenario: Scenario, rows: list[dict], late_rows: list, reference_dir
         return differences
     if job is JobKind.SESSION:
         return session_differences(scenario, rows, late_rows)
+    if job is JobKind.TRIGGERED:
+        assigner = ASSIGNERS[job]
+        assert isinstance(assigner, rs.TumblingEventTimeWindows)
+        return emission_differences(emissions_of(rows), count_trigger_emissions(
+            scenario.events, assigner.size_ms, scenario.lateness_ms, TRIGGER_COUNT,
+            scenario.trigger_purges))
     if job is JobKind.WINDOW_JOIN:
         events, half = scenario.events, np.arange(scenario.events.n // 2)
         expected = window_join_emissions(

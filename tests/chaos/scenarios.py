@@ -39,6 +39,9 @@ class JobKind(enum.Enum):
                                  # both inputs, event-time timers; no row beyond the bound
     BROADCAST = "broadcast"      # a KeyedBroadcastProcessFunction: keyed rows weighed at
                                  # event-time timers by the broadcast rules up to that time
+    TRIGGERED = "triggered"      # count and sum per (key, 1 s window), fired by a count
+                                 # trigger every TRIGGER_COUNT rows of the window (purging
+                                 # them, or not: then each firing holds all so far)
 
 
 FIRST_JOBS = [JobKind.TUMBLING, JobKind.SLIDING, JobKind.SESSION, JobKind.REDUCE,
@@ -113,7 +116,8 @@ DISK_WINDOWS_FROM_SEED = 9000
 DISK_WINDOW_JOBS = (JobKind.TUMBLING, JobKind.SLIDING, JobKind.SESSION)
 # Seeds from here on may run count windows and joins on the disk backend too (drawn apart).
 DISK_JOINS_FROM_SEED = 10000
-DISK_JOIN_JOBS = (JobKind.COUNT_WINDOW, JobKind.WINDOW_JOIN, JobKind.INTERVAL_JOIN)
+DISK_JOIN_JOBS = (JobKind.COUNT_WINDOW, JobKind.WINDOW_JOIN, JobKind.INTERVAL_JOIN,
+                  JobKind.TRIGGERED)  # (triggered windows come from later seeds only)
 # Seeds from here on may compute their time windows with a ProcessWindowFunction (drawn
 # apart; on either backend, as DISK_WINDOW_JOBS holds every time window's path).
 PROCESS_WINDOWS_FROM_SEED = 11000
@@ -125,6 +129,11 @@ SESSION_JOINS_FROM_SEED = 12000
 # 19 a side over up to 861 ms (the same sessions from 78 to 95 ms; from 96 ms on, a key's
 # rows make one 20 s session). Hundreds of sessions take rows of two batches at each gap.
 SESSION_JOIN_GAPS_MS = (10, 30, 86)
+# Seeds from here on may run a window with a count trigger instead (drawn apart; on
+# either backend, along any of the window paths but the pre-aggregated one).
+TRIGGERS_FROM_SEED = 13000
+TRIGGER_COUNT = 2  # a window holds 21 or 22 on-time rows of a key: one within the lateness
+                   # makes about half of them fire once more
 # Seeds from here on may run the two-input process function instead (drawn apart, likewise),
 # and from 6000 on the broadcast one.
 CO_PROCESS_FROM_SEED = 5000
@@ -172,6 +181,7 @@ class Scenario:
     max_concurrent: int = 1
     backend: Backend = Backend.HEAP
     session_gap_ms: int | None = None  # WINDOW_JOIN: sessions with this gap, not 1 s windows
+    trigger_purges: bool = False  # TRIGGERED: the count trigger purges what it fires
 
     @property
     def windowed(self) -> bool:
@@ -187,6 +197,9 @@ class Scenario:
                              for f in self.failures) or "none"
         return (f"seed {self.seed}: {self.job.value}"
                 + (f"/{self.path.value}, lateness {self.lateness_ms}" if self.windowed else "")
+                + (f" ({'purging ' if self.trigger_purges else ''}count trigger "
+                   f"{TRIGGER_COUNT})/{self.path.value}, lateness {self.lateness_ms}"
+                   if self.job is JobKind.TRIGGERED else "")
                 + (f" over sessions (gap {self.session_gap_ms} ms)"
                    if self.session_gap_ms is not None else "")
                 + f", {'string' if self.events.string_keys else 'int'} keys, "
@@ -239,6 +252,7 @@ def generate(seed: int) -> Scenario:
     scenario = _with_broadcast(scenario, random.Random(f"{seed}/broadcast"))
     scenario = _with_process_window(scenario, random.Random(f"{seed}/process_window"))
     scenario = _with_session_join(scenario, random.Random(f"{seed}/session_join"))
+    scenario = _with_trigger(scenario, random.Random(f"{seed}/trigger"))
     scenario = _with_backend(scenario, random.Random(f"{seed}/backend"))
     scenario = _with_incremental(scenario, random.Random(f"{seed}/incremental"))
     return _with_master_kill(scenario, random.Random(f"{seed}/master"))
@@ -311,6 +325,19 @@ def _with_session_join(scenario: Scenario, rng: random.Random) -> Scenario:
             or rng.random() >= 2 / 3):
         return scenario
     return dataclasses.replace(scenario, session_gap_ms=rng.choice(SESSION_JOIN_GAPS_MS))
+
+
+def _with_trigger(scenario: Scenario, rng: random.Random) -> Scenario:
+    """Later seeds run a tumbling window with a count trigger instead about a quarter of
+    the time: purging or not, along one of the paths that take a trigger, with or without
+    allowed lateness (one reader: the order of a key's rows, which the count follows, is
+    the input's)."""
+    if scenario.seed < TRIGGERS_FROM_SEED or rng.random() >= 0.25:
+        return scenario
+    return dataclasses.replace(
+        scenario, job=JobKind.TRIGGERED, trigger_purges=rng.random() < 0.5,
+        path=rng.choice([Path.DENSE, Path.GENERIC, Path.PROCESS_WINDOW]),
+        lateness_ms=rng.choice([0, 2500]), session_gap_ms=None)
 
 
 def _with_incremental(scenario: Scenario, rng: random.Random) -> Scenario:

@@ -18,8 +18,8 @@ import pytest
 
 from tests.chaos.runner import run_scenario
 from tests.chaos.scenarios import (DISK_WINDOW_JOBS, PROCESS_WINDOWS_FROM_SEED,
-                                   SESSION_JOIN_GAPS_MS, SESSION_JOINS_FROM_SEED, Backend,
-                                   JobKind, Path, generate)
+                                   SESSION_JOIN_GAPS_MS, SESSION_JOINS_FROM_SEED,
+                                   TRIGGERS_FROM_SEED, Backend, JobKind, Path, generate)
 
 # Chosen to cover every job kind and window path, aligned, unaligned and timed-out
 # alignment, one and two concurrent checkpoints, and every failure kind, in about
@@ -49,9 +49,12 @@ from tests.chaos.scenarios import (DISK_WINDOW_JOBS, PROCESS_WINDOWS_FROM_SEED,
 # window join over sessions of up to 861 ms (gap 86 ms) on incremental disk state at p=3,
 # the join killed, then failing right after its restore; 12989 one over sessions of a
 # row or two a side (gap 10 ms, half of them one-sided) on disk, the join killed while
-# deploying, failing in its processing, then killed after checkpoints.
+# deploying, failing in its processing, then killed after checkpoints; 13019 tumbling
+# windows of a user function fired by a purging count trigger on incremental disk state,
+# unaligned, with lateness, a kill while deploying and the master killed while the job
+# restores.
 CI_SEEDS = [1, 3, 6, 43, 64, 71, 1004, 1005, 2049, 4002, 5000, 6055, 7164, 8007, 8022, 9025,
-            9161, 9168, 10001, 10008, 10228, 11380, 11403, 12158, 12989]
+            9161, 9168, 10001, 10008, 10228, 11380, 11403, 12158, 12989, 13019]
 # The default tier's slice (the rest run with ./dev test --all): the failure kinds the
 # rest of the default tier does not place, in four jobs — 43 late data with lateness;
 # 1004 a kill while deploying, a stop restored at p=1 and a kill; 2049 disk state through
@@ -108,3 +111,13 @@ def test_session_joins_are_drawn_for_window_joins_on_every_backend():
     assert {(s.session_gap_ms, s.backend) for s in drawn} == {
         (gap, backend) for gap in SESSION_JOIN_GAPS_MS for backend in Backend}
     assert all(s.session_gap_ms is None for s in map(generate, range(SESSION_JOINS_FROM_SEED)))
+
+
+def test_count_triggers_are_drawn_on_every_backend_path_and_purging():
+    drawn = [s for s in map(generate, range(TRIGGERS_FROM_SEED, TRIGGERS_FROM_SEED + 2000))
+             if s.job is JobKind.TRIGGERED]
+    assert {(s.backend, s.path, s.trigger_purges) for s in drawn} == {
+        (backend, path, purges) for backend in Backend
+        for path in (Path.DENSE, Path.GENERIC, Path.PROCESS_WINDOW) for purges in (False, True)}
+    assert {s.lateness_ms for s in drawn} == {0, 2500}
+    assert all(s.job is not JobKind.TRIGGERED for s in map(generate, range(TRIGGERS_FROM_SEED)))
