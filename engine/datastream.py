@@ -26,6 +26,7 @@ from raystream.actors.record_writer import check_buffer_timeout
 from raystream.checkpoint.operator_coordinator import OperatorCoordinator
 from raystream.actors.partitioners import PartitionSpec
 from raystream.actors.resources import Resources
+from raystream.engine.columns import described, require
 from raystream.engine.graph import InputEdge, Transformation
 from raystream.engine.keys import KeySelector, KeySpec
 from raystream.actors.operator import Operator, SinkOperator
@@ -80,6 +81,19 @@ class DataStream:
         self.transformation = transformation
         self.partitioning = partitioning
         self.side_output_tag = side_output
+
+    @property
+    def columns(self) -> tuple[str, ...] | None:
+        """The names of this stream's columns where known when the job is built (its
+        source declares them, and every operator since keeps them or declares its own),
+        else None; names a job uses are checked against them (:mod:`raystream.engine.columns`).
+
+            >>> import raystream as rs
+            >>> env = rs.StreamEnvironment()
+            >>> env.from_collection([{"user": "a", "ts": 5}]).filter(lambda r: True).columns
+            ('user', 'ts')
+        """
+        return None if self.side_output_tag is not None else self.transformation.columns
 
     def side_output(self, tag: str) -> "DataStream":
         """The records this stream's operator emits on side output ``tag`` (e.g. late
@@ -151,6 +165,9 @@ class DataStream:
         Every key goes to exactly one subtask, chosen by its key group.
         """
         selector = KeySelector.of(key, where=f"key_by after '{self.transformation.name}'")
+        if selector.columns is not None:
+            require(selector.columns, self.columns, call=f"key_by({described(selector.columns)})",
+                    stream=self.transformation.name)
         keyed = KeyedStream(self.env, self.transformation, selector, self.side_output_tag)
         if self.side_output_tag is None:  # a side output has rows of another kind
             keyed.default_timestamp = self.default_timestamp
@@ -175,6 +192,8 @@ class DataStream:
         """
         tagged = self.map_batches(_with_all_key, name="window_all-key",
                                   parallelism=self.transformation.parallelism)
+        tagged.transformation.columns = None if self.columns is None else (*self.columns,
+                                                                           ALL_KEY)
         keyed = KeyedStream(self.env, tagged.transformation, KeySelector.of(ALL_KEY),
                             None)
         if self.side_output_tag is None:
@@ -188,32 +207,36 @@ class DataStream:
     def _add(self, kind: str, default_name: str, create: Callable[[str], Operator], *,
              name: str | None = None, parallelism: int | None = None,
              inputs: list[InputEdge] | None = None,
-             coordinator: Callable[[Any], Any] | None = None) -> "DataStream":
+             coordinator: Callable[[Any], Any] | None = None,
+             columns: tuple[str, ...] | None = None) -> "DataStream":
+        """A new operator fed by this stream (or ``inputs``); ``columns``: those of its
+        output, if known."""
         op_name = self.env._unique_name(name or default_name)
         t = self.env._add_transformation(
             kind, op_name, lambda: create(op_name),
             parallelism or self.env.parallelism,
             inputs if inputs is not None else [self._edge()], coordinator=coordinator)
+        t.columns = columns
         return DataStream(self.env, t)
 
     def map(self, fn: Callable[[Row], Row], *, name: str | None = None,
             schema: pa.Schema | None = None, parallelism: int | None = None) -> "DataStream":
         """Apply ``fn`` to every row (a dict) and emit the dict it returns."""
         return self._add("operator", "map", lambda n: MapOperator(n, [fn], schema=schema),
-                         name=name, parallelism=parallelism)
+                         name=name, parallelism=parallelism, columns=_names(schema))
 
     def flat_map(self, fn: Callable[[Row], Iterable[Row]], *, name: str | None = None,
                  schema: pa.Schema | None = None, parallelism: int | None = None) -> "DataStream":
         """Apply ``fn`` to every row and emit each row of the iterable it returns."""
         return self._add("operator", "flat_map",
                          lambda n: FlatMapOperator(n, [fn], schema=schema),
-                         name=name, parallelism=parallelism)
+                         name=name, parallelism=parallelism, columns=_names(schema))
 
     def filter(self, fn: Callable[[Row], bool], *, name: str | None = None,
                parallelism: int | None = None) -> "DataStream":
         """Keep the rows for which ``fn(row)`` is true."""
         return self._add("operator", "filter", lambda n: FilterOperator(n, [fn]),
-                         name=name, parallelism=parallelism)
+                         name=name, parallelism=parallelism, columns=self.columns)
 
     def map_batches(self, fn: Callable[[pa.RecordBatch], Any], *, name: str | None = None,
                     parallelism: int | None = None) -> "DataStream":
@@ -225,7 +248,7 @@ class DataStream:
                        parallelism: int | None = None) -> "DataStream":
         """Keep the rows where the boolean mask ``fn(batch)`` is true."""
         return self._add("operator", "filter_batches", lambda n: FilterBatchesOperator(n, [fn]),
-                         name=name, parallelism=parallelism)
+                         name=name, parallelism=parallelism, columns=self.columns)
 
     def transform(self, name: str, create_operator: Callable[[str], Operator], *,
                   parallelism: int | None = None,
@@ -241,7 +264,9 @@ class DataStream:
     def union(self, *others: "DataStream") -> "DataStream":
         """One stream of the records of this and ``others`` (schemas should match)."""
         inputs = [s._edge() for s in (self, *others)]
-        return self._add("operator", "union", lambda n: _UnionOperator(n), inputs=inputs)
+        known = {s.columns for s in (self, *others)}
+        return self._add("operator", "union", lambda n: _UnionOperator(n), inputs=inputs,
+                         columns=known.pop() if len(known) == 1 else None)
 
     @overload
     def connect(self, other: "BroadcastStream") -> "BroadcastConnectedStream": ...
@@ -473,7 +498,7 @@ class KeyedStream(DataStream):
         keys = self.keys
         return self._add("operator", "reduce",
                          lambda n: ReduceOperator(n, fn, keys, schema=schema),
-                         name=name, parallelism=parallelism)
+                         name=name, parallelism=parallelism, columns=_names(schema))
 
     def process(self, fn: KeyedProcessFunction, *, name: str | None = None,
                 schema: pa.Schema | None = None, parallelism: int | None = None) -> DataStream:
@@ -485,7 +510,7 @@ class KeyedStream(DataStream):
         keys = self.keys
         return self._add("operator", "process",
                          lambda n: KeyedProcessOperator(n, fn, keys, schema=schema),
-                         name=name, parallelism=parallelism)
+                         name=name, parallelism=parallelism, columns=_names(schema))
 
     def interval_join(self, other: "KeyedStream", *, timestamp: str | None = None,
                       left_timestamp: str | None = None,
@@ -663,3 +688,5 @@ class _UnionOperator(Operator):
         self.output.emit(batch)
 
 
+def _names(schema: pa.Schema | None) -> tuple[str, ...] | None:
+    return None if schema is None else tuple(schema.names)

@@ -56,6 +56,7 @@ from raystream.engine.sources.collection import Collection
 from raystream.engine.sources.files import Files, OnError
 from raystream.engine.sources.sequence import Sequence
 from raystream.engine.watermarks import BoundedOutOfOrderness
+from raystream.engine.columns import require
 
 # The job master (and its checkpoint coordinator) needs no CPU of its own and runs on
 # the head node, which lives as long as the cluster: losing a worker node loses
@@ -187,9 +188,16 @@ class StreamEnvironment:
                     watermarks: BoundedOutOfOrderness | None = None,
                     parallelism: int | None = None) -> DataStream:
         """A stream read from ``source``'s splits, with optional event-time watermarks."""
-        return self.add_source(lambda op_name: SourceReaderOperator(op_name, source, watermarks),
-                               name=name, parallelism=parallelism,
-                               coordinator=functools.partial(SourceCoordinator, source=source))
+        stream = self.add_source(
+            lambda op_name: SourceReaderOperator(op_name, source, watermarks), name=name,
+            parallelism=parallelism, coordinator=functools.partial(SourceCoordinator,
+                                                                   source=source))
+        columns = stream.transformation.columns = source.produced_columns()
+        if watermarks is not None:
+            require([watermarks.timestamp_column], columns,
+                    call=f"watermarks=BoundedOutOfOrderness({watermarks.timestamp_column!r})",
+                    stream=stream.transformation.name)
+        return stream
 
     def add_source(self, create_operator: Callable[[str], SourceOperator], *,
                    name: str = "source", parallelism: int | None = None,

@@ -49,6 +49,16 @@ class BadRecordError(RaystreamError, ValueError):
         self.record = record
 
 
+class SchemaError(RaystreamError, ValueError):
+    """A job's definition names a column its stream does not have (found when the job is
+    built, before anything runs). ``column``: the missing name; ``columns``: the stream's."""
+
+    def __init__(self, message: str, *, column: str, columns: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.column = column
+        self.columns = columns
+
+
 @dataclass(frozen=True)
 class FilePosition:
     """Where in a file a read failed, as far as the format lets us know it."""

@@ -35,6 +35,8 @@ class Transformation:
     # creates the operator's coordinator in the job master: ``coordinator(context)``
     coordinator: Callable[[Any], Any] | None = None
     buffer_timeout_ms: float | None = None  # of its output edges; None: the job's
+    # the columns of its output, where known when the job is built (engine/columns.py)
+    columns: tuple[str, ...] | None = None
 
     @property
     def is_source(self) -> bool:

@@ -24,7 +24,7 @@ from raystream.engine.environment import StreamEnvironment
 from raystream.engine.errors import (BadRecordError, FileReadError, InsufficientResourcesError,
                                      JobFailedError, JobNotFoundError, JobNotRunningError,
                                      JobStillRunningError,
-                                     RaystreamError)
+                                     RaystreamError, SchemaError)
 from raystream.checkpoint.operator_coordinator import (OperatorCoordinator,
                                                         OperatorCoordinatorContext,
                                                         SubtaskEventGateway)
@@ -66,7 +66,8 @@ __all__ = [
     "JobNotRunningError", "JobResult", "JobStillRunningError",
     "KeyedContext", "KeyedProcessFunction", "KeyedStream", "MAX_WATERMARK", "MIN_WATERMARK", "Operator", "RaystreamError",
     "OperatorCoordinator", "OperatorCoordinatorContext", "SourceOperator", "SubtaskEventGateway",
-    "RuntimeContext", "SinkHandle", "StreamEnvironment", "key_group_of", "key_group_range",
+    "RuntimeContext", "SchemaError", "SinkHandle", "StreamEnvironment", "key_group_of",
+    "key_group_range",
     "formats", "sources", "spark", "subtask_for_key_group",
     "DynamicEventTimeSessionWindows", "EventTimeSessionWindows", "GlobalWindows",
     "ProcessWindowFunction", "SlidingEventTimeWindows",

@@ -37,6 +37,9 @@ class ArrowTable(Source):
         self._table: pa.Table | None = whole
         self._ref: ray.ObjectRef[pa.Table] | None = None
 
+    def produced_columns(self) -> tuple[str, ...]:
+        return tuple(self.schema.names)
+
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         if self._ref is None:

@@ -75,6 +75,12 @@ class Source:
     def split_id(self, split: Any) -> str:
         return str(split)
 
+    def produced_columns(self) -> tuple[str, ...] | None:
+        """The columns of every batch it reads, if known before it runs (Flink's
+        ``getProducedType``): the job checks the names it uses against them when it is
+        built. None (the default): not known."""
+        return None
+
     def create_enumerator(self, context: Any, state: Any | None) -> Any:
         """The :class:`~raystream.engine.sources.split_enumerator.SplitEnumerator` that
         hands out the splits, restored from ``state`` (None at the start)."""

@@ -35,6 +35,16 @@ class Collection(Source):
     def split_id(self, split) -> str:
         return range_split_id(split)
 
+    def produced_columns(self) -> tuple[str, ...] | None:
+        """The schema's names, or every key of any row (a row without one has it null);
+        None for no rows (no batch ever fails then)."""
+        if self.schema is not None:
+            return tuple(self.schema.names)
+        try:
+            return tuple(dict.fromkeys(k for row in self.rows for k in row)) or None
+        except TypeError:  # a row that is no mapping: its batch reports it, naming it
+            return None
+
 
 class CollectionReader(RangeSplitReader):
     def __init__(self, source: Collection, split: tuple[int, int], position: int) -> None:

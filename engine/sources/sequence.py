@@ -54,6 +54,16 @@ class Sequence(Source):
     def split_id(self, split) -> str:
         return range_split_id(split)
 
+    def produced_columns(self) -> tuple[str, ...] | None:
+        """The names ``columns`` gives an empty index (a pure function of the index names
+        the same ones for any); None if it fails on one."""
+        if self.columns is _identity_columns:
+            return ("id",)
+        try:
+            return tuple(self.columns(np.arange(0, dtype=np.int64)))
+        except Exception:  # it indexes its input, say: checked at its first batch instead
+            return None
+
 
 class SequenceReader(RangeSplitReader):
     def __init__(self, source: Sequence, split: tuple[int, int], position: int) -> None:

@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from raystream.checkpoint.state import AggregateFunction
 from raystream.actors.partitioners import PartitionSpec
+from raystream.engine.columns import require
 from raystream.engine.graph import InputEdge
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.assigners import (DynamicEventTimeSessionWindows, GlobalWindows,
@@ -178,8 +179,9 @@ class WindowedStream(_Shorthands):
         name = name or ("window_all" if self.all_windows else "window")
         parallelism = 1 if self.all_windows else None
         timestamp, columns = self.timestamp, keys.columns
+        self._check_columns(function, spec)
+        emitted_keys = [] if self.all_windows else list(columns or ["key"])
         if spec is not None:
-            emitted_keys = [] if self.all_windows else list(columns or ["key"])
             spec.check_outputs([*emitted_keys, "window_start", "window_end"],
                                where=f"{name} aggregates")
         if (spec is not None and self.pre_aggregate and assigner.event_time
@@ -209,7 +211,22 @@ class WindowedStream(_Shorthands):
                                 parallelism=parallelism)
         if assigner.event_time:  # results carry event time window_end - 1 (Flink's)
             result.default_timestamp = WINDOW_TIME
+        result.transformation.columns = (
+            (*emitted_keys, "window_start", "window_end", *(a.output for a in spec.aggregates))
+            if spec is not None else None if schema is None else tuple(schema.names))
         return result
+
+    def _check_columns(self, function: WindowFunction, spec: AggregateSpec | None) -> None:
+        """The event-time column and the aggregates' columns are the stream's, where its
+        columns are known."""
+        keyed, stream = self.keyed, self.keyed.transformation.name
+        if self.timestamp is not None:
+            require(_time_columns(self.timestamp), keyed.columns,
+                    call=f"window(timestamp={self.timestamp!r})", stream=stream)
+        if spec is not None:
+            for a in spec.aggregates:
+                require([c for c in (a.column, a.by) if c is not None], keyed.columns,
+                        call=f"agg({a.output}=({a.kind!r}, {a.column!r}))", stream=stream)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from raystream.engine.datastream import DataStream
 from raystream.engine.environment import StreamEnvironment
 from raystream.engine.sources.base import Source, SplitReader
 from raystream.engine.watermarks import BoundedOutOfOrderness
-from raystream.nexmark.generator import EventKind, NexmarkConfig, generate_numbers
+from raystream.nexmark.generator import SCHEMAS, EventKind, NexmarkConfig, generate_numbers
 
 TIMESTAMP = "date_time"  # every Nexmark event's event-time column (int64 ms)
 
@@ -75,6 +75,9 @@ class NexmarkSource(Source):
         if self.events < 0 or self.num_splits <= 0 or self.batch_size <= 0:
             raise ValueError(f"NexmarkSource({self.kind.value}) needs events >= 0, "
                              f"num_splits > 0 and batch_size > 0")
+
+    def produced_columns(self) -> tuple[str, ...]:
+        return tuple(SCHEMAS[self.kind].names)
 
     def splits(self) -> list[tuple[int, int, int, int]]:
         block = self.config.total_proportion
