@@ -148,6 +148,9 @@ class TerminationReport:
     operator: str | None = None
     traceback: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    # the qualified names of the exception's classes, most derived first (the driver
+    # raises a user's data error as its own type: engine/errors.job_failed_error)
+    error_types: tuple[str, ...] = ()
 
 
 class NullOutput:
@@ -747,7 +750,8 @@ class Subtask:
         self.report = TerminationReport(vertex.id, self.spec.index, SubtaskEnding.FAILED,
                                         error=message,
                                         operator=operator, traceback=traceback_text,
-                                        metrics=self._metrics())
+                                        metrics=self._metrics(),
+                                        error_types=qualified_names(type(cause)))
         self.exporter.export(self.report.metrics)
 
     def _liveness(self) -> SubtaskLiveness:
@@ -913,3 +917,12 @@ class SubtaskActor:
         if subtask.report is None:
             raise RuntimeError(f"subtask {subtask.spec.actor_name} ended without a report")
         return subtask.report
+
+
+def qualified_names(kind: type) -> tuple[str, ...]:
+    """``module.Class`` of ``kind`` and of every class it derives from, most derived first.
+
+        >>> qualified_names(KeyError)[:2]
+        ('builtins.KeyError', 'builtins.LookupError')
+    """
+    return tuple(f"{k.__module__}.{k.__qualname__}" for k in kind.__mro__)

@@ -13,7 +13,7 @@ from raystream.checkpoint.coordinator import CheckpointStats
 from raystream.engine import registry
 from raystream.engine.sink_handle import SinkHandle
 from raystream.engine.diagnosis import JobDiagnosis
-from raystream.engine.errors import JobFailedError, JobNotFoundError, JobNotRunningError
+from raystream.engine.errors import JobNotFoundError, JobNotRunningError, job_failed_error
 from raystream.engine.job_master import NAMESPACE, JobOutcome, master_actor_name
 from raystream.engine.job_options import RESUME_HINT
 from raystream.engine.job_report import outcome_of_summary
@@ -131,7 +131,9 @@ class JobClient:
         return ray.get(self._master.get_status.remote())
 
     def wait(self, timeout_s: float | None = None) -> JobResult:
-        """Block until the job ends; raise :class:`JobFailedError` if it failed."""
+        """Block until the job ends; raise a :class:`~raystream.JobFailedError` if it failed
+        (a :class:`~raystream.JobFailedOnBadRecord` or :class:`~raystream.JobFailedOnFileRead`
+        if a user's data failed it)."""
         if self._outcome is None:
             try:
                 # JobMaster.wait's type (ray.get of an actor call is typed List[Any])
@@ -157,8 +159,9 @@ class JobClient:
                     f"  {f}" for f in outcome.failures[:-1])
             if outcome.traceback:
                 message += "\n\nOriginal traceback:\n" + outcome.traceback
-            raise JobFailedError(message, operator=outcome.operator, subtask=outcome.subtask,
-                                 traceback=outcome.traceback)
+            raise job_failed_error(message, error_types=outcome.error_types,
+                                   operator=outcome.operator, subtask=outcome.subtask,
+                                   traceback=outcome.traceback)
         return JobResult(self.job_name, outcome, self.plan)
 
     def cancel(self) -> None:

@@ -15,7 +15,9 @@ class JobFailedError(RaystreamError):
 
     def __init__(self, message: str, *, operator: str | None = None, subtask: int | None = None,
                  traceback: str | None = None) -> None:
-        super().__init__(message)
+        # not super(): in a JobFailedOn... class the next base is the data error's, whose
+        # arguments stayed in the subtask
+        RaystreamError.__init__(self, message)
         self.operator = operator
         self.subtask = subtask
         self.traceback = traceback
@@ -92,6 +94,50 @@ class FileReadError(RaystreamError):
         self.path = path
         self.position = position
         self.__cause__ = cause
+
+
+class JobFailedOnBadRecord(JobFailedError, BadRecordError):
+    """The job failed on a record that does not fit an operator: ``except
+    rs.BadRecordError`` and ``except rs.JobFailedError`` both catch it (``column`` and
+    ``record`` stay in the subtask: the message names them)."""
+
+    def __init__(self, message: str, **where: Any) -> None:
+        JobFailedError.__init__(self, message, **where)
+        self.column = self.record = None
+
+
+class JobFailedOnFileRead(JobFailedError, FileReadError):
+    """The job failed on a file it could not read: ``except rs.FileReadError`` and ``except
+    rs.JobFailedError`` both catch it (the message names the file and where in it)."""
+
+    def __init__(self, message: str, **where: Any) -> None:
+        JobFailedError.__init__(self, message, **where)
+        self.path, self.position = None, FilePosition()
+
+
+# a user's data errors, by the qualified name a subtask reports them under
+_DATA_ERRORS: dict[str, type[JobFailedError]] = {
+    f"{__name__}.BadRecordError": JobFailedOnBadRecord,
+    f"{__name__}.FileReadError": JobFailedOnFileRead,
+}
+
+
+def job_failed_error(message: str, *, error_types: tuple[str, ...] = (),
+                     operator: str | None = None, subtask: int | None = None,
+                     traceback: str | None = None) -> JobFailedError:
+    """The error ``execute()`` raises for a failed job: of the type of the user's data
+    error that failed it too, where ``error_types`` (the classes of the exception, most
+    derived first) hold one.
+
+        >>> e = job_failed_error("job 'j' failed: ...", error_types=(
+        ...     "raystream.engine.errors.BadRecordError", "builtins.ValueError"))
+        >>> isinstance(e, BadRecordError), isinstance(e, JobFailedError)
+        (True, True)
+        >>> type(job_failed_error("job 'j' failed: ...")).__name__
+        'JobFailedError'
+    """
+    kind = next((_DATA_ERRORS[t] for t in error_types if t in _DATA_ERRORS), JobFailedError)
+    return kind(message, operator=operator, subtask=subtask, traceback=traceback)
 
 
 def describe_record(record: Any, limit: int = 300) -> str:

@@ -36,6 +36,7 @@ class Failure:
     operator: str | None = None
     subtask: int | None = None
     traceback: str | None = None
+    error_types: tuple[str, ...] = ()  # the exception's classes (TerminationReport's)
 
     @property
     def message(self) -> str:
@@ -68,6 +69,7 @@ class FailJob:
     operator: str | None = None
     subtask: int | None = None
     traceback: str | None = None
+    error_types: tuple[str, ...] = ()
 
 
 Decision = Restart | FailJob
@@ -131,4 +133,5 @@ class Failover:
     @staticmethod
     def _fail(failure: Failure, why: str) -> FailJob:
         return FailJob((failure.error or "") + why, operator=failure.operator,
-                       subtask=failure.subtask, traceback=failure.traceback)
+                       subtask=failure.subtask, traceback=failure.traceback,
+                       error_types=failure.error_types)

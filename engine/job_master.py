@@ -107,7 +107,7 @@ def _failure_of(exc: Exception) -> Failure:
     if isinstance(exc, SubtaskFailure):
         report = exc.report
         return Failure(report.error, report.operator, report.index if report.index >= 0 else None,
-                       report.traceback)
+                       report.traceback, report.error_types)
     if isinstance(exc, (CoordinatorFailure, EventDeliveryError, GatewayProtocolError)):
         return Failure(str(exc), getattr(exc, "operator", "coordinator"))
     return Failure(f"checkpoint coordinator: {exc}", "coordinator")
@@ -600,6 +600,7 @@ class JobMaster:
     @staticmethod
     def _failed(decision: FailJob) -> JobOutcome:
         return JobOutcome(JobStatus.FAILED, error=decision.error, operator=decision.operator,
+                          error_types=decision.error_types,
                           subtask=decision.subtask, traceback=decision.traceback)
 
     # -- deployment -------------------------------------------------------------------------------

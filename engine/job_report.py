@@ -38,6 +38,7 @@ class JobOutcome:
     restores: list[dict] = field(default_factory=list)  # per failover: attempt, checkpoint, seconds
     checkpoints: list[Any] = field(default_factory=list)
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    error_types: tuple[str, ...] = ()  # of a FAILED job's exception (engine/errors.job_failed_error)
 
 
 def outcome_of_summary(summary: Mapping[str, Any]) -> JobOutcome:

@@ -22,7 +22,8 @@ from raystream.engine.datastream import (BroadcastConnectedStream, BroadcastStre
 from raystream.engine.sink_handle import SinkHandle
 from raystream.engine.environment import StreamEnvironment
 from raystream.engine.errors import (BadRecordError, FileReadError, InsufficientResourcesError,
-                                     JobFailedError, JobNotFoundError, JobNotRunningError,
+                                     JobFailedError, JobFailedOnBadRecord, JobFailedOnFileRead,
+                                     JobNotFoundError, JobNotRunningError,
                                      JobStillRunningError,
                                      RaystreamError, SchemaError)
 from raystream.checkpoint.operator_coordinator import (OperatorCoordinator,
@@ -62,7 +63,8 @@ __all__ = [
     "ConnectedStreams", "DiskStateOptions", "HeapStateOptions", "SinkContext", "SinkWriter",
     "DataStream", "Failpoint", "RestartStrategy",
     "HASH_VERSION", "InsufficientResourcesError", "KafkaError", "KafkaRecordError",
-    "KafkaSinkError", "JobClient", "JobFailedError", "JobNotFoundError",
+    "KafkaSinkError", "JobClient", "JobFailedError", "JobFailedOnBadRecord",
+    "JobFailedOnFileRead", "JobNotFoundError",
     "JobNotRunningError", "JobResult", "JobStillRunningError",
     "KeyedContext", "KeyedProcessFunction", "KeyedStream", "MAX_WATERMARK", "MIN_WATERMARK", "Operator", "RaystreamError",
     "OperatorCoordinator", "OperatorCoordinatorContext", "SourceOperator", "SubtaskEventGateway",

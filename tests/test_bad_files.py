@@ -49,10 +49,13 @@ def write_lines(path: Path, lines: list[str]) -> Path:
 
 
 def job_failure(env: rs.StreamEnvironment, stream: rs.DataStream) -> str:
-    """The first line of the error of a job that must fail (what the CLI and logs show)."""
+    """The first line of the error of a job that must fail (what the CLI and logs show):
+    a file it cannot read fails it with an error both ``except rs.FileReadError`` and
+    ``except rs.JobFailedError`` catch."""
     stream.collect()
-    with pytest.raises(rs.JobFailedError) as info:
+    with pytest.raises(rs.FileReadError) as info:
         env.execute("bad-files")
+    assert isinstance(info.value, rs.JobFailedError)
     return str(info.value).splitlines()[0]
 
 

@@ -101,6 +101,8 @@ def test_the_columns_a_stream_knows_are_those_it_emits(ray_session):
         "chained": windows.sum("x").key_by("user").window(
             rs.TumblingEventTimeWindows(size_ms=4000)).count(),
         "all": events.window_all(TUMBLING, timestamp="ts").count(),
+        "count_window": events.key_by("user").count_window(5).agg(n=("count", None),
+                                                                  top=("max", "x")),
         "union": events.union(events.filter(lambda r: r["user"] == 1)),
     }
     sinks = {name: s.collect(name=f"out-{name}") for name, s in streams.items()}

@@ -92,8 +92,9 @@ def test_key_by_on_missing_key_names_column_and_record(ray_session, batch_size):
     sink = env.from_collection(rows, batch_size=batch_size).key_by("user").reduce(
         lambda acc, row: {"user": row["user"], "amount": acc["amount"] + row["amount"]},
         name="sum").collect()
-    with pytest.raises(rs.JobFailedError) as info:
+    with pytest.raises(rs.BadRecordError) as info:  # a user's data error keeps its type
         env.execute("null-key")
+    assert isinstance(info.value, rs.JobFailedError)
     message = str(info.value)
     assert "'user'" in message  # the key column
     assert "'amount': 777" in message  # the record without a key
@@ -194,26 +195,44 @@ WINDOW_ROWS = [{"user": "a", "ts": 1, "amount": 1, "note": "x"},
                {"user": "b", "ts": 2, "amount": 2, "note": "y"}]
 
 
-@pytest.mark.parametrize("shape", ["pre-aggregated", "window", "session", "count-window"])
+def windowed_rows(shape: str, rows: list[dict] = WINDOW_ROWS, *, known: bool = True):
+    """``rows`` keyed by user in windows of ``shape`` (their columns not known when the job
+    is built unless ``known``) and its environment."""
+    env = rs.StreamEnvironment(parallelism=1)
+    stream = env.from_collection(rows)
+    if not known:
+        stream = stream.map_batches(lambda batch: batch, name="as-is")
+    keyed = stream.key_by("user")
+    if shape == "count-window":
+        return env, keyed.count_window(2)
+    assigner = (rs.EventTimeSessionWindows(gap_ms=10) if shape == "session"
+                else rs.TumblingEventTimeWindows(size_ms=10))
+    return env, keyed.window(assigner, timestamp="ts", pre_aggregate=shape == "pre-aggregated")
+
+
+SHAPES = ["pre-aggregated", "window", "session", "count-window"]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("column, cause", [("note", "numeric column, 'note' is string"),
                                            ("nope", "needs column 'nope'")])
 def test_built_in_aggregate_of_a_text_or_missing_column_names_operator_and_column(
         ray_session, shape, column, cause):
-    env = rs.StreamEnvironment(parallelism=1)
-    keyed = env.from_collection(WINDOW_ROWS).key_by("user")
-    if shape == "count-window":
-        windowed = keyed.count_window(2)
-    else:
-        assigner = (rs.EventTimeSessionWindows(gap_ms=10) if shape == "session"
-                    else rs.TumblingEventTimeWindows(size_ms=10))
-        windowed = keyed.window(assigner, timestamp="ts",
-                                pre_aggregate=shape == "pre-aggregated")
+    env, windowed = windowed_rows(shape, known=False)  # a missing column: at the first batch
     sink = windowed.sum(column, name="totals").collect()
     with pytest.raises(rs.JobFailedError) as info:
         env.execute(f"aggregate-{column}-{shape}")
     message = str(info.value)
     assert "totals" in message and cause in message
     del sink
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_missing_aggregate_column_of_known_columns_fails_when_the_job_is_built(shape):
+    _, windowed = windowed_rows(shape)
+    with pytest.raises(rs.SchemaError, match=r"^agg\(nope=\('sum', 'nope'\)\): the stream from "
+                                             r"'collection' has no column 'nope'"):
+        windowed.sum("nope", name="totals")
 
 
 @pytest.mark.parametrize("build", [

@@ -60,9 +60,12 @@ class Sequence(Source):
         if self.columns is _identity_columns:
             return ("id",)
         try:
-            return tuple(self.columns(np.arange(0, dtype=np.int64)))
+            columns = self.columns(np.arange(0, dtype=np.int64))
         except Exception:  # it indexes its input, say: checked at its first batch instead
             return None
+        if not isinstance(columns, Mapping) or not all(isinstance(k, str) for k in columns):
+            return None  # (its first batch says what is wrong with it)
+        return tuple(columns)
 
 
 class SequenceReader(RangeSplitReader):

@@ -179,7 +179,7 @@ class WindowedStream(_Shorthands):
         name = name or ("window_all" if self.all_windows else "window")
         parallelism = 1 if self.all_windows else None
         timestamp, columns = self.timestamp, keys.columns
-        self._check_columns(function, spec)
+        self._check_columns(spec)
         emitted_keys = [] if self.all_windows else list(columns or ["key"])
         if spec is not None:
             spec.check_outputs([*emitted_keys, "window_start", "window_end"],
@@ -216,7 +216,7 @@ class WindowedStream(_Shorthands):
             if spec is not None else None if schema is None else tuple(schema.names))
         return result
 
-    def _check_columns(self, function: WindowFunction, spec: AggregateSpec | None) -> None:
+    def _check_columns(self, spec: AggregateSpec | None) -> None:
         """The event-time column and the aggregates' columns are the stream's, where its
         columns are known."""
         keyed, stream = self.keyed, self.keyed.transformation.name
@@ -224,9 +224,7 @@ class WindowedStream(_Shorthands):
             require(_time_columns(self.timestamp), keyed.columns,
                     call=f"window(timestamp={self.timestamp!r})", stream=stream)
         if spec is not None:
-            for a in spec.aggregates:
-                require([c for c in (a.column, a.by) if c is not None], keyed.columns,
-                        call=f"agg({a.output}=({a.kind!r}, {a.column!r}))", stream=stream)
+            _require_aggregated(spec, keyed)
 
 
 @dataclass(frozen=True)
@@ -244,6 +242,14 @@ class KeepColumns:
     def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         present = set(batch.schema.names)
         return batch.select([n for n in self.names if n in present])
+
+
+def _require_aggregated(spec: AggregateSpec, keyed: "KeyedStream") -> None:
+    """The columns ``spec``'s aggregates read are ``keyed``'s, where its columns are known."""
+    for a in spec.aggregates:
+        require([c for c in (a.column, a.by) if c is not None], keyed.columns,
+                call=f"agg({a.output}=({a.kind!r}, {a.column!r}))",
+                stream=keyed.transformation.name)
 
 
 def _time_columns(timestamp: str | None) -> list[str]:
@@ -282,6 +288,9 @@ class CountWindowedStream(_Shorthands):
         spec = AggregateSpec.of(named)
         keys, size, slide = self.keyed.keys, self.size, self.slide
         spec.check_outputs(keys.columns or ["key"], where=f"{name or 'count_window'} aggregates")
+        _require_aggregated(spec, self.keyed)
         return self.keyed._add("operator", name or "count_window",
                                lambda n: CountWindowOperator(n, keys, size=size, slide=slide,
-                                                             spec=spec))
+                                                             spec=spec),
+                               columns=(*(keys.columns or ["key"]),
+                                        *(a.output for a in spec.aggregates)))
