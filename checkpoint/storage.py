@@ -195,11 +195,12 @@ class CheckpointStorage:
     def _metadata_path(self, job_key: str, checkpoint_id: int) -> str:
         return self._join(self.checkpoint_dir(job_key, checkpoint_id), METADATA_FILE)
 
-    def check_writable(self, job_key: str) -> None:
-        """Create the job's directory and a probe file in it, then delete the probe;
-        raises ``OSError`` naming the path and the cause where that fails (checked
-        when a job starts, so it fails at once rather than at every checkpoint)."""
-        job_dir = self.job_dir(job_key)
+    def check_writable(self, job_key: str | None = None) -> None:
+        """Create the job's directory (None: the storage's own) and a probe file in it,
+        then delete the probe; raises ``OSError`` naming the path and the cause where that
+        fails (checked when a job starts, so it fails at once rather than at every
+        checkpoint)."""
+        job_dir = self.root if job_key is None else self.job_dir(job_key)
         probe = self._join(job_dir, f".write-probe-{uuid.uuid4().hex}")
         try:
             self.filesystem.create_dir(job_dir, recursive=True)

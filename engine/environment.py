@@ -32,7 +32,7 @@ from raystream.actors.record_writer import DEFAULT_BUFFER_TIMEOUT_MS, check_buff
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.checkpoint.keygroups import DEFAULT_MAX_PARALLELISM
 from raystream.checkpoint.storage import CheckpointStorage
-from raystream.engine import actor_pool, progress
+from raystream.engine import actor_pool, preflight, progress
 from raystream.core.failpoints import Failpoint
 from raystream.core.ray_start import ensure_ray
 from raystream.engine.client import JobClient, JobResult
@@ -193,6 +193,7 @@ class StreamEnvironment:
             parallelism=parallelism, coordinator=functools.partial(SourceCoordinator,
                                                                    source=source))
         columns = stream.transformation.columns = source.produced_columns()
+        stream.transformation.preflight = source.preflight
         if watermarks is not None:
             require([watermarks.timestamp_column], columns,
                     call=f"watermarks=BoundedOutOfOrderness({watermarks.timestamp_column!r})",
@@ -378,6 +379,10 @@ class StreamEnvironment:
             raise ValueError("restore_from and resume need checkpoints: pass StreamEnvironment("
                              "checkpoints=rs.CheckpointConfig(...))")
         plan = self.plan()
+        if preflight.runs_here(self.address):  # (on a cluster the job master checks them)
+            preflight.check([t.preflight for t in self.transformations if t.preflight],
+                            storage=self.checkpoints.storage if self.checkpoints else None,
+                            restore_from=restore_from)
         ensure_ray(self.address, **self.ray_init_kwargs)
         if resume and self.checkpoints is not None:  # (without checkpoints: raised above)
             restore_from = resume_point(self.checkpoints.storage, name)

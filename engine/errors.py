@@ -51,6 +51,13 @@ class BadRecordError(RaystreamError, ValueError):
         self.record = record
 
 
+class JobSetupError(RaystreamError, ValueError):
+    """A job cannot start as configured: a path it reads does not exist, its checkpoint
+    storage is not writable, what it restores from is no savepoint or checkpoint. Raised
+    by ``execute()`` before Ray starts when the job runs on this machine
+    (:mod:`raystream.engine.preflight`)."""
+
+
 class SchemaError(RaystreamError, ValueError):
     """A job's definition names a column its stream does not have (found when the job is
     built, before anything runs). ``column``: the missing name; ``columns``: the stream's."""

@@ -37,6 +37,8 @@ class Transformation:
     buffer_timeout_ms: float | None = None  # of its output edges; None: the job's
     # the columns of its output, where known when the job is built (engine/columns.py)
     columns: tuple[str, ...] | None = None
+    # checks on the driver before the job starts (a source's: engine/preflight.py)
+    preflight: Callable[[], None] | None = None
 
     @property
     def is_source(self) -> bool:

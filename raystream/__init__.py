@@ -23,7 +23,7 @@ from raystream.engine.sink_handle import SinkHandle
 from raystream.engine.environment import StreamEnvironment
 from raystream.engine.errors import (BadRecordError, FileReadError, InsufficientResourcesError,
                                      JobFailedError, JobFailedOnBadRecord, JobFailedOnFileRead,
-                                     JobNotFoundError, JobNotRunningError,
+                                     JobNotFoundError, JobNotRunningError, JobSetupError,
                                      JobStillRunningError,
                                      RaystreamError, SchemaError)
 from raystream.checkpoint.operator_coordinator import (OperatorCoordinator,
@@ -64,7 +64,7 @@ __all__ = [
     "DataStream", "Failpoint", "RestartStrategy",
     "HASH_VERSION", "InsufficientResourcesError", "KafkaError", "KafkaRecordError",
     "KafkaSinkError", "JobClient", "JobFailedError", "JobFailedOnBadRecord",
-    "JobFailedOnFileRead", "JobNotFoundError",
+    "JobFailedOnFileRead", "JobNotFoundError", "JobSetupError",
     "JobNotRunningError", "JobResult", "JobStillRunningError",
     "KeyedContext", "KeyedProcessFunction", "KeyedStream", "MAX_WATERMARK", "MIN_WATERMARK", "Operator", "RaystreamError",
     "OperatorCoordinator", "OperatorCoordinatorContext", "SourceOperator", "SubtaskEventGateway",

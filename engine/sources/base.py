@@ -75,6 +75,12 @@ class Source:
     def split_id(self, split: Any) -> str:
         return str(split)
 
+    def preflight(self) -> None:
+        """Raise :class:`~raystream.engine.errors.JobSetupError` if it cannot start as
+        configured (a path that does not exist, say); called on the driver before Ray
+        starts, where the job runs on the same machine (:mod:`raystream.engine.preflight`).
+        By default it checks nothing."""
+
     def produced_columns(self) -> tuple[str, ...] | None:
         """The columns of every batch it reads, if known before it runs (Flink's
         ``getProducedType``): the job checks the names it uses against them when it is

@@ -26,7 +26,7 @@ import pyarrow.fs as pafs
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from raystream.engine.errors import FilePosition, FileReadError, choice
+from raystream.engine.errors import FilePosition, FileReadError, JobSetupError, choice
 from raystream.core.avro import AvroFileError, avro_file_batches, avro_file_schema
 from raystream.engine.sources.base import Source, SplitReader
 from raystream.engine.sources.split_enumerator import SplitEnumerator, SplitEnumeratorContext
@@ -99,6 +99,17 @@ class Files(Source):
     def _filesystem(self) -> tuple[pafs.FileSystem, str]:
         return pafs.FileSystem.from_uri(self.path) if "://" in self.path else (
             pafs.LocalFileSystem(), self.path)
+
+    def preflight(self) -> None:
+        """The path exists (a directory that is monitored too: Flink's continuous file
+        source fails likewise)."""
+        fs, root = self._filesystem()
+        try:
+            missing = fs.get_file_info(root).type == pafs.FileType.NotFound
+        except OSError as exc:
+            raise JobSetupError(f"read_files({self.path!r}): {type(exc).__name__}: {exc}") from exc
+        if missing:
+            raise JobSetupError(f"read_files({self.path!r}): {self.path} does not exist")
 
     def list_files(self) -> list[str]:
         """The files of ``format`` under ``path`` now, in name order."""
