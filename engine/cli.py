@@ -46,7 +46,6 @@ import shlex
 import socket
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -59,7 +58,6 @@ PIPE_CLOSED_EXIT = 141  # 128 + SIGPIPE: what a shell reports for a tool a close
 
 # -- run ---------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    from raystream.engine import progress
     from raystream.engine.environment import run_defaults
     from raystream.core.logs import set_verbose
 
@@ -68,69 +66,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     script = Path(args.script)
     if not script.is_file():
         raise FileNotFoundError(f"no job script {script}")
-    # on a terminal env.execute draws the progress line itself; lines are for logs
-    printing = args.progress_every > 0 and not progress.enabled()
-    watch = ProgressPrinter(args.progress_every).watch if printing else None
     sys.argv = [str(script), *args.args]
     sys.path.insert(0, str(script.resolve().parent))  # as `python job.py` does
     if args.resume and args.restore_from:
         raise ValueError("--resume and --restore-from both name where to start: pass one")
-    with run_defaults(restore_from=args.restore_from, on_start=watch, resume=args.resume,
-                      detach=args.detach):
+    # env.execute shows the progress: in place on a terminal, else a line every so often
+    with run_defaults(restore_from=args.restore_from, progress_every=args.progress_every,
+                      resume=args.resume, detach=args.detach):
         try:
             runpy.run_path(str(script), run_name="__main__")
         except SystemExit as exit_:
             return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     return 0
-
-
-class ProgressPrinter:
-    """Prints a line about each running job every ``every_s`` seconds until it ends."""
-
-    def __init__(self, every_s: float, out: Callable[[str], None] = print) -> None:
-        self.every_s = every_s
-        self.out = out
-
-    def watch(self, client: Any) -> None:
-        from raystream.engine.environment import job_page
-
-        page = job_page(client)
-        if page is not None:
-            self.out(f"raystream: job {client.job_id}: {page}")
-        threading.Thread(target=self._loop, args=(client,), name="raystream progress",
-                         daemon=True).start()
-
-    def _loop(self, client: Any) -> None:
-        started = time.monotonic()
-        while True:
-            time.sleep(self.every_s)
-            try:
-                progress = client.progress()
-                if progress["status"] in ("FINISHED", "FAILED", "CANCELED"):
-                    return
-                metrics = client.metrics() if progress["status"] == "RUNNING" else {}
-            except Exception:  # the job ended and its master with it
-                return
-            try:
-                self.out(progress_line(client.job_name, progress, metrics,
-                                       time.monotonic() - started))
-            except BrokenPipeError:  # nobody reads the progress lines any more
-                return
-
-
-def progress_line(name: str, progress: dict, metrics: dict[str, dict[str, float]],
-                  elapsed_s: float) -> str:
-    read = sum(v for m in metrics.values() for k, v in m.items() if k.endswith(".records_read"))
-    parts = [f"[{elapsed_s:6.0f} s] {name} {progress['status']}",
-             f"read {read:,.0f} rows ({read / max(elapsed_s, 1e-9):,.0f}/s this attempt)"]
-    completed = [c for c in progress["checkpoints"] if _field(c, "status") == "COMPLETED"]
-    if completed:
-        last = completed[-1]
-        parts.append(f"checkpoints {len(completed)} (last #{_field(last, 'checkpoint_id')}: "
-                     f"{_field(last, 'duration_s'):.2f} s, {_bytes(_field(last, 'size'))})")
-    if progress["attempt"]:
-        parts.append(f"restarts {progress['attempt']}")
-    return " | ".join(parts)
 
 
 # -- ui ----------------------------------------------------------------------------------------------
@@ -513,10 +460,6 @@ def _table(header: list[str], rows: list[list[str]], indent: str = "") -> None:
         print(indent + "  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
 
 
-def _field(record: Any, name: str) -> Any:
-    return record[name] if isinstance(record, dict) else getattr(record, name)
-
-
 def _bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
@@ -561,7 +504,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--restore-from", metavar="PATH",
                      help="start the script's jobs from this savepoint or retained checkpoint")
     run.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS",
-                     help="print each running job's progress this often (0: never)")
+                     help="print each running job's progress this often where the output "
+                          "is not a terminal (0: never; a terminal's line is redrawn in place)")
     run.add_argument("--verbose", action="store_true",
                      help="show Ray's and Spark's own log lines too (RAYSTREAM_LOG=debug)")
     run.set_defaults(handler=cmd_run)

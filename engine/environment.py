@@ -32,7 +32,8 @@ from raystream.actors.record_writer import DEFAULT_BUFFER_TIMEOUT_MS, check_buff
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.checkpoint.keygroups import DEFAULT_MAX_PARALLELISM
 from raystream.checkpoint.storage import CheckpointStorage
-from raystream.engine import actor_pool, preflight, progress
+from raystream.engine import actor_pool, preflight
+from raystream.engine import progress as progress_display
 from raystream.core.failpoints import Failpoint
 from raystream.core.ray_start import ensure_ray
 from raystream.engine.client import JobClient, JobResult
@@ -69,7 +70,8 @@ class RunDefaults:
     """What ``raystream run`` sets for the jobs of the script it runs (Flink: ``flink run -s``)."""
 
     restore_from: str | None = None  # for every job that does not name its own
-    on_start: Callable[[JobClient], None] | None = None  # called with each started job's client
+    # seconds between progress lines off a terminal (raystream run --progress-every)
+    progress_every: float | None = None
     resume: bool = False  # every job resumes from its newest checkpoint (raystream run --resume)
     detach: bool = False  # every job outlives its driver (raystream run --detach)
 
@@ -79,17 +81,17 @@ log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def run_defaults(restore_from: str | None = None,
-                 on_start: Callable[[JobClient], None] | None = None,
+def run_defaults(restore_from: str | None = None, progress_every: float | None = None,
                  resume: bool = False, detach: bool = False) -> Iterator[None]:
-    """Within the block, jobs restore from ``restore_from`` (or ``resume``) and ``on_start``
-    sees their clients.
+    """Within the block, jobs restore from ``restore_from`` (or ``resume``) and show their
+    progress every ``progress_every`` seconds off a terminal.
 
         >>> with run_defaults(restore_from="/savepoints/sp1"):  # doctest: +SKIP
         ...     env.execute("orders")   # as env.execute("orders", restore_from="/savepoints/sp1")
     """
     global _run_defaults
-    previous, _run_defaults = _run_defaults, RunDefaults(restore_from, on_start, resume, detach)
+    previous, _run_defaults = _run_defaults, RunDefaults(restore_from, progress_every, resume,
+                                                         detach)
     try:
         yield
     finally:
@@ -422,23 +424,22 @@ class StreamEnvironment:
                 name=master_actor_name(job_id), namespace=NAMESPACE, scheduling_strategy=head,
                 lifetime="detached" if detach else None, **master_restarts(options),
                 **MASTER_RESOURCES.ray_options()).remote(assignment)
-        client = JobClient(job_id, name, master, plan, leased=leased)
-        if _run_defaults.on_start is not None:
-            _run_defaults.on_start(client)
-        return client
+        return JobClient(job_id, name, master, plan, leased=leased)
 
     def execute(self, name: str = "job", *, restore_from: str | None = None,
-                resume: bool = False, detach: bool = False) -> JobResult:
+                resume: bool = False, detach: bool = False,
+                progress: bool | None = None) -> JobResult:
         """Run the job until it ends and return its result (raises JobFailedError on failure).
         ``restore_from``, ``resume`` and ``detach`` as for :meth:`execute_async`.
 
-        On a terminal, its progress is drawn on one line of stderr meanwhile
-        (:mod:`raystream.engine.progress`), below the address of the job's page in
-        the web UI; redirected output gets neither."""
+        The address of the job's page in the web UI goes to stderr, and below it the job's
+        progress (:mod:`raystream.engine.progress`): redrawn in place on a terminal, a
+        line every few seconds elsewhere (a notebook, a log). ``progress``: False hides
+        it, True shows it even with ``RAYSTREAM_PROGRESS=0``."""
         client = self._deploy(name, restore_from, resume, detach)
-        if progress.is_terminal():
-            _announce_page(client)
-        with progress.shown(client, self.transformations):
+        _announce_page(client)
+        with progress_display.shown(client, self.transformations, show=progress,
+                                    every_s=_run_defaults.progress_every):
             return client.wait()
 
 
@@ -467,8 +468,8 @@ def resume_point(storage: str, name: str) -> str | None:
 
 
 def _announce_page(client: JobClient) -> None:
-    """The job's page on stderr, unless ``raystream run`` prints it with its progress."""
-    page = job_page(client) if _run_defaults.on_start is None else None
+    """The job's page on stderr (none with ``RAYSTREAM_UI=0``)."""
+    page = job_page(client)
     if page is not None:
         print(f"raystream: job {client.job_id}: {page}", file=sys.stderr, flush=True)
 

@@ -1,11 +1,15 @@
-"""A job's progress on the terminal, updated in place on one line of stderr.
+"""A job's progress on stderr: one line updated in place on a terminal, a line every few
+seconds elsewhere.
 
 A bounded job (every source knows its end) shows a bar of rows read of rows
 known, when its sources know how many rows they have (a sequence, a collection,
 an Arrow table), and otherwise the rows read; an unbounded one shows its rate
-and latest checkpoint. ``env.execute`` and ``raystream run`` show it when stderr
-is a terminal; redirected output (a file, a pipe, CI) gets none of it, and
-``RAYSTREAM_PROGRESS=0`` turns it off. When the job ends the line is cleared.
+and latest checkpoint. On a terminal ``env.execute`` (and ``raystream run``) redraws
+the line in place and clears it when the job ends; output that is not a terminal (a
+notebook, a file, a pipe, CI logs) gets the same line, prefixed with the seconds since
+the start, every ``RAYSTREAM_PROGRESS_EVERY`` seconds (5; ``raystream run
+--progress-every``). ``execute(progress=False)`` or ``RAYSTREAM_PROGRESS=0`` turns it off,
+``progress=True`` on.
 
     >>> extent = Extent(bounded=True, rows=1_000_000)
     >>> render(Snapshot("clicks", "RUNNING", rows_read=250_000, rate=50_000.0,
@@ -33,6 +37,9 @@ from dataclasses import dataclass
 from typing import Any, Iterator, TextIO
 
 REFRESH_S = 0.5
+LOG_EVERY_S = 5.0  # between the lines of output that is not a terminal
+LOG_WIDTH = 200
+STOP_WAIT_S = 2.0  # for the last poll, once the job has ended
 BAR_WIDTH = 30
 CLEAR_LINE = "\r\x1b[K"
 
@@ -118,11 +125,14 @@ def render(snapshot: Snapshot, extent: Extent, width: int) -> str:
 
 
 class ProgressLine:
-    """Polls a running job's client and redraws its progress line on ``stream``."""
+    """Polls a running job's client and redraws its progress line on ``stream`` (``in_place``:
+    a terminal's; else a new line each time, after the seconds since it started)."""
 
     def __init__(self, client: Any, extent: Extent, stream: TextIO,
-                 every_s: float = REFRESH_S) -> None:
+                 every_s: float = REFRESH_S, *, in_place: bool = True) -> None:
         self.client, self.extent, self.stream, self.every_s = client, extent, stream, every_s
+        self.in_place = in_place
+        self._started = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="raystream progress line",
                                         daemon=True)
@@ -135,9 +145,11 @@ class ProgressLine:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
-        self.stream.write(CLEAR_LINE)
-        self.stream.flush()
+        # a poll may wait on a job master that is restarting: the job's end does not
+        self._thread.join(timeout=STOP_WAIT_S)
+        if self.in_place:
+            self.stream.write(CLEAR_LINE)
+            self.stream.flush()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every_s):
@@ -145,9 +157,19 @@ class ProgressLine:
                 snapshot = self.snapshot()
             except Exception:  # the job ended (its master with it): the caller stops us
                 continue
-            width = shutil.get_terminal_size((100, 24)).columns
-            self.stream.write(CLEAR_LINE + render(snapshot, self.extent, width))
-            self.stream.flush()
+            if self._stop.is_set():  # it ended while we asked
+                return
+            try:
+                if self.in_place:
+                    width = shutil.get_terminal_size((100, 24)).columns
+                    self.stream.write(CLEAR_LINE + render(snapshot, self.extent, width))
+                else:
+                    elapsed = time.monotonic() - self._started
+                    self.stream.write(f"raystream: [{elapsed:5.0f} s] "
+                                      f"{render(snapshot, self.extent, LOG_WIDTH)}\n")
+                self.stream.flush()
+            except (BrokenPipeError, ValueError):  # nobody reads it any more, or closed
+                return
 
     def snapshot(self) -> Snapshot:
         progress = self.client.progress()
@@ -174,12 +196,6 @@ def _field(record: Any, name: str) -> Any:
     return record[name] if isinstance(record, dict) else getattr(record, name)
 
 
-def enabled(stream: TextIO | None = None) -> bool:
-    """True when the progress line is drawn: ``stream`` (stderr) is a terminal and
-    ``RAYSTREAM_PROGRESS`` is not ``0``."""
-    return os.environ.get("RAYSTREAM_PROGRESS", "1") != "0" and is_terminal(stream)
-
-
 def is_terminal(stream: TextIO | None = None) -> bool:
     """True when ``stream`` (stderr) is a terminal."""
     stream = sys.stderr if stream is None else stream
@@ -192,19 +208,27 @@ def is_terminal(stream: TextIO | None = None) -> bool:
 
 
 @contextlib.contextmanager
-def shown(client: Any, transformations: list[Any], stream: TextIO | None = None
-          ) -> Iterator[None]:
-    """Within the block, draw ``client``'s progress on ``stream`` (stderr) if it is a
-    terminal; the line is cleared at the end.
+def shown(client: Any, transformations: list[Any], stream: TextIO | None = None, *,
+          show: bool | None = None, every_s: float | None = None) -> Iterator[None]:
+    """Within the block, show ``client``'s progress on ``stream`` (stderr): in place on a
+    terminal (cleared at the end), else a line every ``every_s`` seconds (None:
+    ``RAYSTREAM_PROGRESS_EVERY``, else 5; 0: none). ``show``: None shows it unless
+    ``RAYSTREAM_PROGRESS=0``; True or False decide.
 
         >>> with shown(client, env.transformations):  # doctest: +SKIP
         ...     result = client.wait()
     """
     stream = sys.stderr if stream is None else stream
-    if stream is None or not enabled(stream):
+    if show is None:
+        show = os.environ.get("RAYSTREAM_PROGRESS", "1") != "0"
+    in_place = is_terminal(stream)
+    if every_s is None:
+        every_s = float(os.environ.get("RAYSTREAM_PROGRESS_EVERY", LOG_EVERY_S))
+    if stream is None or not show or (not in_place and every_s <= 0):
         yield
         return
-    line = ProgressLine(client, input_extent(transformations), stream)
+    line = ProgressLine(client, input_extent(transformations), stream,
+                        REFRESH_S if in_place else every_s, in_place=in_place)
     line.start()
     try:
         yield

@@ -1,5 +1,6 @@
 """The progress line: drawn in place on a terminal (a real pty, a real job in a child
-process), absent from redirected output; the job's output checked against numpy."""
+process), a line every so often in redirected output; the job's output checked against
+numpy."""
 
 from __future__ import annotations
 
@@ -55,9 +56,13 @@ JOB_SCRIPT = textwrap.dedent("""
 """ % N)
 
 
+LOG_EVERY_S = 0.5  # between the progress lines of redirected output (the default is 5 s)
+
+
 def _child_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAYSTREAM_PROGRESS")}
     env["COLUMNS"] = "150"
+    env["RAYSTREAM_PROGRESS_EVERY"] = str(LOG_EVERY_S)
     return env
 
 
@@ -156,12 +161,19 @@ def test_unbounded_job_shows_rate_and_latest_checkpoint(runs):
 
 
 @pytest.mark.slow
-def test_redirected_output_has_no_progress(runs):
+def test_redirected_output_gets_the_page_and_a_progress_line_every_so_often(runs):
     stdout, err = runs["redirected"]
     ids = np.arange(N)
     assert _result(stdout, "bounded") == (len(ids), int(ids.sum()), len(np.unique(ids)))
-    assert "\r" not in err and "rows/s" not in err and "\x1b[" not in err
-    assert "http://" not in err  # the job's page is announced on a terminal only
+    assert "\r" not in err and "\x1b[" not in err  # nothing drawn in place
+    assert re.search(r"^raystream: job progress-bounded-\w+: http://127\.0\.0\.1:\d+/#job=",
+                     err, re.M)  # the job's page in the web UI, as on a terminal
+    lines = re.findall(r"^raystream: \[ *(\d+) s\] progress-bounded \[[#-]+\] +\d+% "
+                       r"([\d,]+)/([\d,]+) rows \| [\d,-]+ rows/s \| checkpoints \d+$", err, re.M)
+    assert len(lines) >= 2, err[-2000:]  # a few seconds of a job, a line every 0.5 s
+    read = [int(r.replace(",", "")) for _, r, _ in lines]
+    assert {int(n.replace(",", "")) for _, _, n in lines} == {N}
+    assert read == sorted(read) and read[-1] <= N  # progress never goes back
 
 
 def test_render_never_wraps_and_says_status_while_restarting():
