@@ -72,7 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ValueError("--resume and --restore-from both name where to start: pass one")
     # env.execute shows the progress: in place on a terminal, else a line every so often
     with run_defaults(restore_from=args.restore_from, progress_every=args.progress_every,
-                      resume=args.resume, detach=args.detach):
+                      resume=args.resume, detach=args.detach, progress_to=sys.stdout):
         try:
             runpy.run_path(str(script), run_name="__main__")
         except SystemExit as exit_:

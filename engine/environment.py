@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence as SequenceT
+from typing import Any, Callable, Iterator, Mapping, Sequence as SequenceT, TextIO
 
 import numpy as np
 import pyarrow as pa
@@ -72,6 +72,9 @@ class RunDefaults:
     restore_from: str | None = None  # for every job that does not name its own
     # seconds between progress lines off a terminal (raystream run --progress-every)
     progress_every: float | None = None
+    # where the job's page and progress lines go off a terminal (None: stderr; raystream
+    # run: stdout, its report, leaving stderr to errors)
+    progress_to: TextIO | None = None
     resume: bool = False  # every job resumes from its newest checkpoint (raystream run --resume)
     detach: bool = False  # every job outlives its driver (raystream run --detach)
 
@@ -82,7 +85,8 @@ log = logging.getLogger(__name__)
 
 @contextlib.contextmanager
 def run_defaults(restore_from: str | None = None, progress_every: float | None = None,
-                 resume: bool = False, detach: bool = False) -> Iterator[None]:
+                 resume: bool = False, detach: bool = False,
+                 progress_to: TextIO | None = None) -> Iterator[None]:
     """Within the block, jobs restore from ``restore_from`` (or ``resume``) and show their
     progress every ``progress_every`` seconds off a terminal.
 
@@ -90,8 +94,9 @@ def run_defaults(restore_from: str | None = None, progress_every: float | None =
         ...     env.execute("orders")   # as env.execute("orders", restore_from="/savepoints/sp1")
     """
     global _run_defaults
-    previous, _run_defaults = _run_defaults, RunDefaults(restore_from, progress_every, resume,
-                                                         detach)
+    previous, _run_defaults = _run_defaults, RunDefaults(
+        restore_from=restore_from, progress_every=progress_every, progress_to=progress_to,
+        resume=resume, detach=detach)
     try:
         yield
     finally:
@@ -438,8 +443,8 @@ class StreamEnvironment:
         it, True shows it even with ``RAYSTREAM_PROGRESS=0``."""
         client = self._deploy(name, restore_from, resume, detach)
         _announce_page(client)
-        with progress_display.shown(client, self.transformations, show=progress,
-                                    every_s=_run_defaults.progress_every):
+        with progress_display.shown(client, self.transformations, _progress_stream(),
+                                    show=progress, every_s=_run_defaults.progress_every):
             return client.wait()
 
 
@@ -468,10 +473,18 @@ def resume_point(storage: str, name: str) -> str | None:
 
 
 def _announce_page(client: JobClient) -> None:
-    """The job's page on stderr (none with ``RAYSTREAM_UI=0``)."""
+    """The job's page on stderr (off a terminal under ``raystream run``: stdout; none with
+    ``RAYSTREAM_UI=0``)."""
     page = job_page(client)
     if page is not None:
-        print(f"raystream: job {client.job_id}: {page}", file=sys.stderr, flush=True)
+        print(f"raystream: job {client.job_id}: {page}", file=_progress_stream(), flush=True)
+
+
+def _progress_stream() -> TextIO:
+    """stderr, a terminal's or not; off a terminal where ``raystream run`` says (stdout)."""
+    if progress_display.is_terminal() or _run_defaults.progress_to is None:
+        return sys.stderr
+    return _run_defaults.progress_to
 
 
 def job_page(client: JobClient) -> str | None:

@@ -207,6 +207,26 @@ def is_terminal(stream: TextIO | None = None) -> bool:
         return False
 
 
+def log_every_s(environ: Any = os.environ) -> float:
+    """Seconds between the progress lines of output that is not a terminal:
+    ``RAYSTREAM_PROGRESS_EVERY``, else 5.
+
+        >>> log_every_s({}), log_every_s({"RAYSTREAM_PROGRESS_EVERY": "0.5"})
+        (5.0, 0.5)
+        >>> log_every_s({"RAYSTREAM_PROGRESS_EVERY": "often"})
+        Traceback (most recent call last):
+        ValueError: RAYSTREAM_PROGRESS_EVERY='often': seconds between progress lines, such as 5 or 0.5 (0: none)
+    """
+    text = environ.get("RAYSTREAM_PROGRESS_EVERY")
+    if text is None:
+        return LOG_EVERY_S
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"RAYSTREAM_PROGRESS_EVERY={text!r}: seconds between progress lines, "
+                         f"such as 5 or 0.5 (0: none)") from None
+
+
 @contextlib.contextmanager
 def shown(client: Any, transformations: list[Any], stream: TextIO | None = None, *,
           show: bool | None = None, every_s: float | None = None) -> Iterator[None]:
@@ -223,7 +243,7 @@ def shown(client: Any, transformations: list[Any], stream: TextIO | None = None,
         show = os.environ.get("RAYSTREAM_PROGRESS", "1") != "0"
     in_place = is_terminal(stream)
     if every_s is None:
-        every_s = float(os.environ.get("RAYSTREAM_PROGRESS_EVERY", LOG_EVERY_S))
+        every_s = log_every_s()
     if stream is None or not show or (not in_place and every_s <= 0):
         yield
         return
