@@ -386,7 +386,8 @@ class StreamEnvironment:
             raise ValueError("restore_from and resume need checkpoints: pass StreamEnvironment("
                              "checkpoints=rs.CheckpointConfig(...))")
         plan = self.plan()
-        if preflight.runs_here(self.address):  # (on a cluster the job master checks them)
+        # (on a cluster, the job master checks them)
+        if preflight.runs_here(self.address, connected_gcs=preflight.connected_gcs()):
             preflight.check([t.preflight for t in self.transformations if t.preflight],
                             storage=self.checkpoints.storage if self.checkpoints else None,
                             restore_from=restore_from)

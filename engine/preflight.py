@@ -11,6 +11,8 @@ left to the job master there (:func:`runs_here`).
 
     >>> runs_here(None, environ={}), runs_here("10.0.0.5:6379", environ={})
     (True, False)
+    >>> runs_here(None, environ={}, connected_gcs="10.0.0.5:6379")  # a Ray joined already
+    False
 """
 
 from __future__ import annotations
@@ -24,11 +26,29 @@ from raystream.core.ray_start import is_loopback_address
 from raystream.engine.errors import JobSetupError
 
 
-def runs_here(address: str | None, *, environ: Mapping[str, str] = os.environ) -> bool:
+def runs_here(address: str | None, *, environ: Mapping[str, str] = os.environ,
+              connected_gcs: str | None = None) -> bool:
     """Whether a job of a driver joining ``address`` runs on this machine: the embedded
-    Ray (no address, none in ``RAY_ADDRESS``), or one on loopback."""
+    Ray (no address, none in ``RAY_ADDRESS``), or one on loopback. ``connected_gcs``: the
+    GCS of the Ray this process is connected to already (``""``: one of unknown address),
+    which decides instead (the embedded one serves loopback: core/ray_start.py)."""
+    if connected_gcs is not None:
+        return bool(connected_gcs) and is_loopback_address(connected_gcs)
     address = address or environ.get("RAY_ADDRESS") or None
     return address in (None, "local") or is_loopback_address(address)
+
+
+def connected_gcs() -> str | None:
+    """The GCS address of the Ray this process is connected to, ``""`` if it cannot say
+    (the Ray Client), None if Ray is not up here."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    try:
+        return str(ray.get_runtime_context().gcs_address)
+    except Exception:  # (the Ray Client has no GCS address to give)
+        return ""
 
 
 def check(source_checks: Iterable[Callable[[], None]], *, storage: str | None,

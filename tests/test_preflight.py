@@ -68,6 +68,10 @@ def test_a_job_on_a_cluster_leaves_the_checks_to_its_master():
     assert runs_here(None, environ={"RAY_ADDRESS": "127.0.0.1:6379"})
     assert not runs_here(None, environ={"RAY_ADDRESS": "10.1.2.3:6379"})
     assert not runs_here("ray://head:10001", environ={})
+    # a Ray this process joined already decides: the embedded one is on loopback
+    assert runs_here(None, environ={}, connected_gcs="127.0.0.1:6379")
+    assert not runs_here(None, environ={}, connected_gcs="10.1.2.3:6379")
+    assert not runs_here(None, environ={}, connected_gcs="")
 
 
 def test_a_setup_error_is_a_value_error_of_raystream():
