@@ -380,7 +380,12 @@ def wait_live(client: rs.JobClient) -> rs.JobResult:
             pass
         try:
             diagnosis = client.diagnosis()
-        except Exception:  # the job ended meanwhile (its master is gone): wait says how
+        except Exception as exc:  # the job ended meanwhile (its master is gone): wait says
+            # how; or a master that runs no job answers nothing: the deadline still holds
+            if time.monotonic() > given_up:
+                raise TimeoutError(f"the job had not ended after {TIMEOUT_S} s, and its "
+                                   f"master gives no diagnosis: {type(exc).__name__}: "
+                                   f"{exc}") from exc
             continue
         newest = diagnosis.newest_completed or 0
         if read is None or read[0] != diagnosis.attempt:
