@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping
 
+import ray
+
 from raystream.checkpoint.coordinator import locate_snapshot
 from raystream.checkpoint.storage import CheckpointStorage
 from raystream.core.ray_start import is_loopback_address
@@ -41,8 +43,6 @@ def runs_here(address: str | None, *, environ: Mapping[str, str] = os.environ,
 def connected_gcs() -> str | None:
     """The GCS address of the Ray this process is connected to, ``""`` if it cannot say
     (the Ray Client), None if Ray is not up here."""
-    import ray
-
     if not ray.is_initialized():
         return None
     try:

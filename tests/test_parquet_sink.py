@@ -73,6 +73,16 @@ def build_job(env: rs.StreamEnvironment, out: str, **sink_options):
     return source.map_batches(throttle, name="throttle").sink_to_parquet(out, **sink_options)
 
 
+def run_killing_the_writer(env: rs.StreamEnvironment, name: str, *, writer: str) -> None:
+    """Run the job, killing the first subtask of ``writer`` (the sink's writer operator)
+    after its first checkpoint: it must restart once, for that death."""
+    client = env.execute_async(name)
+    wait_for_checkpoint(client)
+    ray.kill(client.subtask_actor(writer, 0))
+    result = client.wait(timeout_s=120)
+    assert result.restarts == 1 and "died" in result.failures[0], result.failures
+
+
 def parquet_files_on_disk(out: str) -> set[str]:
     return {os.path.join(root, f) for root, _, files in os.walk(out) for f in files
             if f.endswith(".parquet")}
@@ -118,11 +128,7 @@ def test_kill_of_a_writer_after_a_checkpoint_is_exactly_once(ray_session, tmp_pa
     out = str(tmp_path / "out")
     env = checkpointed_env(str(tmp_path / "chk"))
     build_job(env, out)
-    client = env.execute_async("parquet-kill")
-    wait_for_checkpoint(client)
-    ray.kill(client.subtask_actor("parquet", 0))
-    result = client.wait(timeout_s=120)
-    assert result.restarts == 1 and "died" in result.failures[0], result.failures
+    run_killing_the_writer(env, "parquet-kill", writer="parquet")
     assert_exactly_once(read_committed(out))
     committed, on_disk = set(committed_files(out)), parquet_files_on_disk(out)
     assert committed <= on_disk
@@ -396,11 +402,7 @@ def test_kill_of_an_avro_writer_after_a_checkpoint_is_exactly_once(ray_session, 
     env = checkpointed_env(str(tmp_path / "chk"))
     source = env.from_sequence(N, rows, batch_size=200, num_splits=SPLITS, name="numbers")
     sink = source.map_batches(throttle, name="throttle").sink_to_avro(out, ROWS_AVRO)
-    client = env.execute_async("avro-kill")
-    wait_for_checkpoint(client)
-    ray.kill(client.subtask_actor("avro", 0))
-    result = client.wait(timeout_s=120)
-    assert result.restarts == 1 and "died" in result.failures[0], result.failures
+    run_killing_the_writer(env, "avro-kill", writer="avro")
     assert_exactly_once(read_committed(out))
     assert_exactly_once(sink.read())
     # the committed files, as fastavro reads them, are every row once too
