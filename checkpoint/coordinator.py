@@ -169,6 +169,17 @@ class CompletedCheckpoint:
         return restore_spec_of(self.checkpoint_id, self.metadata, self.storage_uri)
 
 
+@dataclass(frozen=True)
+class CommittedSavepoint:
+    """A stop savepoint whose completion was notified (its output may be committed):
+    checkpoint ``checkpoint_id`` of the savepoint directory ``location``. A successor of
+    the job's master restores it (:meth:`CheckpointCoordinator.take_over`) if it is newer
+    than the job's newest checkpoint: it is not among the job's checkpoints."""
+
+    checkpoint_id: int
+    location: str
+
+
 class CheckpointStatus(enum.StrEnum):
     """Where a checkpoint is (a StrEnum: JSON and command-line output stay plain text)."""
 
@@ -621,25 +632,37 @@ class CheckpointCoordinator:
         self.initial_restore = restore_spec_of(n, metadata, storage_uri)
         return self.initial_restore
 
-    def take_over(self) -> RestoreSpec | None:
+    def take_over(self, savepoint: CommittedSavepoint | None = None) -> RestoreSpec | None:
         """The job's master died and this coordinator is its successor's: the job's newest
         completed checkpoint becomes this coordinator's latest (retention covers it, and so
-        does the registry of shared files) and is what the job restores. None: the job has
+        does the registry of shared files) and is what the job restores — or ``savepoint``,
+        the stop savepoint the dead master committed, if it is newer. None: the job has
         none.
 
         Whether the dead master notified its completion (and a sink committed its output)
         is unknown, so it is taken as notified: if it is corrupt, this raises
         :class:`CorruptCheckpointError` instead of going back past it. New checkpoint
-        ids continue above every ``chk-<id>`` directory (see ``__init__``)."""
+        ids continue above every ``chk-<id>`` directory (see ``__init__``) and above
+        ``savepoint``."""
         completed = set(self.storage.completed_checkpoint_ids(self.job_key))
         found = self.storage.latest_valid_checkpoint(self.job_key,
                                                      must_not_skip=completed.__contains__)
-        if found is None:
+        location = None
+        if savepoint is not None and (found is None or savepoint.checkpoint_id > found[0]):
+            location, job_key = savepoint.location, SAVEPOINT_JOB_KEY
+            storage = CheckpointStorage(location)
+            found = savepoint.checkpoint_id, storage.verified_metadata(job_key,
+                                                                       savepoint.checkpoint_id)
+        elif found is None:
             return None
+        else:
+            storage, job_key = self.storage, self.job_key
         n, metadata = found[0], CheckpointMetadata.from_json(found[1])
-        self.completed.append(CompletedCheckpoint(n, metadata, self.storage.uri, self.job_key))
+        self._last_id = max(self._last_id, n)
+        self.completed.append(CompletedCheckpoint(n, metadata, storage.uri, job_key))
         self.shared_state.register(n, metadata)
-        self.history[n] = CheckpointStats(n, metadata.trigger_ts_ms, CheckpointStatus.COMPLETED)
+        self.history[n] = CheckpointStats(n, metadata.trigger_ts_ms, CheckpointStatus.COMPLETED,
+                                          savepoint=location)
         self.committed_upto = n
         return self.completed[-1].restore_spec()
 

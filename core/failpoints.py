@@ -12,6 +12,10 @@ and before anyone is told; it always raises, which fails the job over),
 ``mid_commit`` (a committer, between its files; the Kafka committer between
 producing and committing its transaction), ``after_complete_before_commit``
 (the Kafka committer: a checkpoint completed, its transaction not begun).
+The job master's own: ``master_stopping`` (a stop savepoint is complete and
+committed, the subtasks not stopped yet) and ``master_ended`` (the job is over
+and its actors are handed back, its outcome not published yet); ``exit`` ends
+the master's process there, which Ray restarts (a successor takes the job over).
 
 ``final=True``: only in the snapshot (``in_snapshot``, ``in_async_write``) of
 the final checkpoint, the one after every subtask's end of input (FLIP-147).
@@ -27,7 +31,9 @@ import os
 from dataclasses import dataclass
 
 POINTS = ("in_processing", "in_snapshot", "in_async_write", "right_after_restore",
-          "after_metadata_before_notify", "mid_commit", "after_complete_before_commit")
+          "after_metadata_before_notify", "mid_commit", "after_complete_before_commit",
+          "master_stopping", "master_ended")
+MASTER_POINTS = ("master_stopping", "master_ended")
 
 
 class InjectedFailure(RuntimeError):
@@ -61,7 +67,8 @@ class Failpoint:
 
 
 class Failpoints:
-    """The failpoints of one place (a subtask or the coordinator) in one attempt."""
+    """The failpoints of one place (a subtask, the coordinator or the job master) in one
+    attempt."""
 
     def __init__(self, failpoints: tuple[Failpoint, ...], chain: str, subtask: int | None,
                  attempt: int) -> None:

@@ -27,7 +27,10 @@ The keeper also holds what the driver's warm job masters run
 (:mod:`~raystream.engine.master_pool`): a warm master notes its job there
 before it starts it (:func:`remember_assignment`), and its successor, after
 Ray restarted it, learns the job there (:func:`assignment_of`), as a master
-created for its job has it in its constructor's arguments.
+created for its job has it in its constructor's arguments. The master tells
+the keeper to forget it (:func:`forget_assignment`) only once the job's outcome
+is published, so a successor always learns the job: to run it on, or to answer
+with the outcome its predecessor published.
 
 Only subtasks with the default resources run on pooled actors; a vertex that
 asks for CPUs, memory or accelerators gets actors of its own, as before.
@@ -99,7 +102,6 @@ class _Keeper:
         """A job ended: ``actors`` are idle again; the actors ``gone`` (ids) died or were
         killed, and are forgotten. Beyond ``max_idle``, the oldest idle ones are killed."""
         self.leases.pop(job_id, None)
-        self.assignments = {m: a for m, a in self.assignments.items() if a[0] != job_id}
         for actor_id in gone:
             self.owned.pop(actor_id, None)
         self.idle.extend(actors)
@@ -118,6 +120,13 @@ class _Keeper:
     def assignment(self, master: str) -> list[Any]:
         """What ``assign`` was told for ``master`` (empty if nothing, or its job ended)."""
         return self.assignments.get(master, ("", []))[1]
+
+    def forget(self, master: str) -> None:
+        """The job of ``master`` has ended and its outcome is published: a successor of
+        ``master`` would have nothing to take over. (Not at ``give_back``: a master that
+        dies between giving its actors back and publishing its outcome has a successor,
+        which must learn the job to end it.)"""
+        self.assignments.pop(master, None)
 
     def sizes(self) -> tuple[int, int]:
         """(idle, owned): for tests and diagnostics."""
@@ -180,6 +189,15 @@ def assignment_of(keeper: str, master: str) -> Any:
     except (ValueError, ray.exceptions.RayActorError):
         return None
     return ray.get(held[0]) if held else None
+
+
+def forget_assignment(keeper: str, master: str) -> None:
+    """Tell the keeper that the job of the warm job master named ``master`` is over (a
+    no-op if the keeper is gone)."""
+    try:
+        ray.get_actor(keeper, namespace=NAMESPACE).forget.remote(master)
+    except ValueError:
+        pass
 
 
 def keeper_name(ray_job_id: str, pid: int) -> str:

@@ -42,7 +42,8 @@ from ray.exceptions import RayActorError
 from raystream.actors.subtask import SubtaskEnding
 from raystream.checkpoint.barrier import SnapshotKind
 from raystream.checkpoint.restore import RestoreSpec
-from raystream.checkpoint.coordinator import CheckpointCoordinator, TooManyCheckpointFailures
+from raystream.checkpoint.coordinator import (CheckpointCoordinator, CommittedSavepoint,
+                                              TooManyCheckpointFailures)
 from raystream.checkpoint.coordinator_holder import CoordinatorFailure, OperatorCoordinators
 from raystream.checkpoint.handles import OperatorSubtaskState
 from raystream.checkpoint.snapshot_stats import SnapshotStats
@@ -50,13 +51,13 @@ from raystream.checkpoint.storage import (CheckpointStorage, CorruptCheckpointEr
                                           StorageUnavailableError)
 from raystream.checkpoint.subtask_gateway import EventDeliveryError, GatewayProtocolError
 from raystream.engine import master_journal, registry
-from raystream.engine.actor_pool import assignment_of, remember_assignment
+from raystream.engine.actor_pool import assignment_of, forget_assignment, remember_assignment
 from raystream.engine.deployment import (NAMESPACE, SUBTASK_SCHEDULING, Deployment,
                                          SubtaskFailure, deployment_failure)
 from raystream.engine.diagnosis import JobDiagnosis, PendingCheckpointView
 from raystream.engine.errors import JobNotFoundError, JobNotRunningError
 from raystream.engine.failover import Failover, Failure, FailJob, Restart
-from raystream.core.failpoints import Failpoints, InjectedFailure
+from raystream.core.failpoints import MASTER_POINTS, Failpoints, InjectedFailure
 from raystream.engine.job_events import (CancelRequested, CheckpointAcknowledged,
                                          CheckpointDeclined, GatewayAcknowledged, JobEvent,
                                          OperatorEventReceived, Reply, SavepointMode,
@@ -189,6 +190,14 @@ class JobMaster:
         self.started_at = time.time()
         self.exporter = JobMetricsExporter(job_name, job_id)
         self._published: tuple[float, str] = (float("-inf"), "")  # when, what
+        # the stop savepoint that ended the job: answered once the outcome is published
+        self._stopped_by: SavepointRequest | None = None
+        # the newest stop savepoint this master (or a predecessor) committed
+        self._committed_savepoint: CommittedSavepoint | None = None
+        if successor:
+            self.outcome = self._ended_before()
+            if self.outcome is not None:  # before any call is taken: a retried one hears it
+                self.done.set()
         self._thread = threading.Thread(target=self._run, name="job master", daemon=True)
         self._thread.start()
 
@@ -211,6 +220,8 @@ class JobMaster:
                   timeout_s: float | None = None) -> str:
         """Take a savepoint to ``path``; with ``stop`` the job ends after it (FINISHED)."""
         if self.done.is_set():  # the event loop has ended: nothing would answer
+            if stop and self._stopped_with(path):  # a predecessor's stop, retried by Ray
+                return path
             raise JobNotRunningError(f"job {self.job_id} is {self.status}")
         mode = (SavepointMode.DRAIN if drain else SavepointMode.STOP if stop
                 else SavepointMode.KEEP_RUNNING)
@@ -298,13 +309,19 @@ class JobMaster:
         self.events.put(GatewayAcknowledged(attempt, tuple(operators), index, checkpoint_id))
 
     # -- the event thread ------------------------------------------------------------------------
+    def _stopped_with(self, path: str) -> bool:
+        """The job ended FINISHED by a stop savepoint to ``path``."""
+        outcome = self.outcome
+        return outcome is not None and outcome.status is JobStatus.FINISHED and any(
+            c.savepoint == path and c.status == "COMPLETED" for c in outcome.checkpoints)
+
     def _run(self) -> None:
-        outcome = self._ended_before() if self.successor else None
-        if outcome is None:
-            outcome = self._run_job()
-        self.outcome = outcome
+        if self.outcome is None:  # (else a predecessor had published it)
+            self.outcome = self._run_job()
         master_journal.forget(self.job_id)
         self.done.set()
+        if self.keeper is not None:  # only now: a successor must learn the job until here
+            forget_assignment(self.keeper, _own_name())
         if self.options.detached:  # no driver may be left to end it
             time.sleep(DETACHED_LINGER_S)
             ray.kill(ray.get_runtime_context().current_actor)
@@ -335,9 +352,14 @@ class JobMaster:
         outcome.failures = list(self.failover.failures)
         outcome.restores = self._restore_rows()
         outcome.checkpoints = self.coordinator.stats() if self.coordinator else []
+        self._master_failpoints().hit("master_ended")
         self.outcome = outcome
         self._set_status(outcome.status)
         self._publish()
+        if self._stopped_by is not None:
+            # Answered only now: had the master died before publishing, its successor
+            # would run the job on, and Ray retries this call on it (a new stop).
+            self._stopped_by.reply.set(self._stopped_by.path)
         return outcome
 
     def _start(self) -> JobOutcome | None:
@@ -355,7 +377,7 @@ class JobMaster:
             if isinstance(decision, FailJob):
                 return self._failed(decision)
             assert coordinator is not None  # a master without checkpoints is not restarted
-            restore = coordinator.take_over()
+            restore = coordinator.take_over(self._committed_savepoint)
             self._recovering(Recovery.detected(attempt=self.attempt, failure=MASTER_DIED,
                                                at=restarted).restoring(
                 restore.checkpoint_id if restore else None, ()))
@@ -394,9 +416,12 @@ class JobMaster:
             self.started_at = noted.started_at
             self.failover.carry_on(noted.failures)
             self.recoveries = [Recovery.from_dict(row) for row in noted.restores]
+            self._committed_savepoint = noted.savepoint
         assert self.options.checkpoints is not None
         storage = CheckpointStorage(self.options.checkpoints.storage)
         completed = storage.completed_checkpoint_ids(self.job_id)
+        if self._committed_savepoint is not None:
+            completed = sorted({*completed, self._committed_savepoint.checkpoint_id})
         decision = self.failover.on_failure(Failure(MASTER_DIED, "job master"), completed,
                                             at=time.time())
         if isinstance(decision, Restart):
@@ -413,7 +438,7 @@ class JobMaster:
         if self.options.may_restart:
             master_journal.note(self.job_id, JournalEntry(
                 self.attempt, self.started_at, tuple(self.failover.failure_details),
-                tuple(self._restore_rows())))
+                tuple(self._restore_rows()), self._committed_savepoint))
 
     def _set_status(self, status: JobStatus) -> None:
         """Every status change goes through here (checked against the transition table)."""
@@ -463,15 +488,17 @@ class JobMaster:
 
     def _end_after_savepoint(self, request: SavepointRequest) -> JobOutcome:
         """End the job after its completed stop savepoint. The caller hears of success once
-        every subtask has stopped; if one fails instead, the job fails over to the savepoint
-        (its output is committed: never rolled back) and the caller is told so."""
+        every subtask has stopped and the outcome is published; if a subtask fails instead,
+        the job fails over to the savepoint (its output is committed: never rolled back)
+        and the caller is told so."""
+        self._master_failpoints().hit("master_stopping")
         try:
             outcome = self._end(JobStatus.FINISHED)
         except SubtaskFailure as failure:
             request.reply.set(error=f"savepoint {request.path} is complete, but the job did not "
                                     f"stop ({failure}); it goes on from that savepoint")
             raise
-        request.reply.set(request.path)
+        self._stopped_by = request
         return outcome
 
     def _handle(self, event: JobEvent) -> JobOutcome | None:
@@ -646,6 +673,19 @@ class JobMaster:
     def _restore_rows(self) -> list[dict[str, Any]]:
         return [r.as_dict() for r in self.recoveries]
 
+    def _notify_complete(self, n: int) -> None:
+        """Checkpoint ``n`` completed: its subtasks are told (committers commit it)."""
+        latest = self.coordinator.latest() if self.coordinator is not None else None
+        if latest is not None and latest.checkpoint_id == n and latest.is_savepoint:
+            # noted before anything is committed: a successor must not restore past it
+            self._committed_savepoint = CommittedSavepoint(n, latest.storage_uri)
+            self._note()
+        self.deployment.notify_checkpoint_complete(n, self.attempt)
+
+    def _master_failpoints(self) -> Failpoints:
+        return Failpoints(tuple(f for f in self.options.failpoints if f.point in MASTER_POINTS),
+                          "job master", None, self.attempt)
+
     def _coordinator_failpoints(self) -> Failpoints:
         # The coordinator's failpoints always raise: ending the master's process
         # would end the job, not fail it over.
@@ -666,7 +706,7 @@ class JobMaster:
             vertex_heads={v.id: v.nodes[0].name for v in self.plan.vertices},
             topology=self.plan.describe(),
             send_trigger=deployment.trigger_checkpoint,
-            notify_complete=lambda n: deployment.notify_checkpoint_complete(n, self.attempt),
+            notify_complete=self._notify_complete,
             notify_aborted=lambda n: deployment.notify_checkpoint_aborted(n, self.attempt),
             failpoints=self._coordinator_failpoints(),
             operator_coordinators=self.operator_coordinators)

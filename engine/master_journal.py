@@ -12,10 +12,14 @@ master cannot find in the checkpoints is here, in the GCS key-value store:
   named by attempt;
 * the failures so far, which the restart strategy counts (a master's death is
   one more), and the restores they led to;
-* when the job started, for its summary.
+* when the job started, for its summary;
+* the newest stop savepoint whose completion it notified: it committed output,
+  so a restore must not go back past it, and it lies in the savepoint's
+  directory, where the job's checkpoints are not looked for.
 
     >>> entry = JournalEntry(attempt=2, started_at=0.0, failures=({"error": "boom"},) * 2,
-    ...                      restores=({"attempt": 1}, {"attempt": 2}))
+    ...                      restores=({"attempt": 1}, {"attempt": 2}),
+    ...                      savepoint=CommittedSavepoint(7, "/tmp/sp"))
     >>> JournalEntry.from_json(entry.to_json()) == entry
     True
 """
@@ -28,6 +32,7 @@ from typing import Any
 
 from ray.experimental import internal_kv
 
+from raystream.checkpoint.coordinator import CommittedSavepoint
 from raystream.engine.registry import KV_NAMESPACE
 
 KEY_PREFIX = "master:"
@@ -41,17 +46,25 @@ class JournalEntry:
     started_at: float
     failures: tuple[dict[str, Any], ...]  # Failover.failure_details, oldest first
     restores: tuple[dict[str, Any], ...]  # the job master's restores, oldest first
+    savepoint: CommittedSavepoint | None = None
 
     def to_json(self) -> str:
+        savepoint = self.savepoint
         return json.dumps({"attempt": self.attempt, "started_at": self.started_at,
-                           "failures": list(self.failures), "restores": list(self.restores)},
+                           "failures": list(self.failures), "restores": list(self.restores),
+                           "savepoint": None if savepoint is None else
+                           {"checkpoint_id": savepoint.checkpoint_id,
+                            "location": savepoint.location}},
                           default=str)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> JournalEntry:
         raw = json.loads(text)
+        savepoint = raw.get("savepoint")
         return cls(raw["attempt"], raw["started_at"], tuple(raw["failures"]),
-                   tuple(raw["restores"]))
+                   tuple(raw["restores"]),
+                   None if savepoint is None else CommittedSavepoint(
+                       int(savepoint["checkpoint_id"]), str(savepoint["location"])))
 
 
 def note(job_id: str, entry: JournalEntry) -> None:

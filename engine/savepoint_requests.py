@@ -4,8 +4,8 @@ The job master's event thread hands each :class:`SavepointRequest` to
 :class:`SavepointRequests`, which asks the checkpoint coordinator for it and
 answers the client once its checkpoint completes or fails. A *stop* savepoint
 ends the job once complete; a *drain* one is the final checkpoint taken after
-the sources ended their input. Both are answered by the job master when the
-job has stopped (:meth:`SavepointRequests.answer_stopped`).
+the sources ended their input. Both are answered by the job master once the
+job has stopped and its outcome is published.
 """
 
 from __future__ import annotations

@@ -239,3 +239,36 @@ def test_a_failure_at_each_step_of_a_stop_leaves_one_exact_output(ray_session, t
         assert savepoint.status == "ABORTED"
         assert result.restores[0]["checkpoint_id"] is None
     assert_exactly_once(result.table(sink))  # exactly the files in the commit log
+
+
+@pytest.mark.parametrize("point", ["master_stopping", "master_ended"])
+def test_a_job_master_dying_at_the_end_of_a_stop_is_succeeded_by_one_that_stops_the_job(
+        ray_session, tmp_path, point):
+    # The stop savepoint is complete and committed when the master's process dies: right
+    # after (master_stopping) or once the subtasks have stopped and the actors are handed
+    # back, the outcome not published yet (master_ended). Its successor learns the job,
+    # restores that savepoint (never an older checkpoint: its output is committed), and
+    # takes the stop Ray retries on it. A job restored from the savepoint commits the rest.
+    storage, savepoint = str(tmp_path / "chk"), str(tmp_path / "sp")
+
+    def env_at(parallelism: int, failpoints: list[rs.Failpoint]) -> rs.StreamEnvironment:
+        return rs.StreamEnvironment(
+            parallelism=parallelism, failpoints=failpoints,
+            checkpoints=rs.CheckpointConfig(interval_s=600, storage=storage),
+            restart=rs.RestartStrategy.fixed_delay(3, 0.1))
+
+    env = env_at(2, [rs.Failpoint(point, attempt=0)])
+    sink = build_job(env)
+    client = env.execute_async(f"master-dies-at-{point}")
+    wait_for_records(client, "sum", N // 10)
+    stopped = client.stop_with_savepoint(savepoint, timeout_s=120)
+    assert stopped.status == "FINISHED"
+    assert stopped.restarts == 1 and "job master" in stopped.failures[0], stopped.failures
+    first, second = sorted(c.checkpoint_id for c in stopped.checkpoints
+                           if c.savepoint == savepoint and c.status == "COMPLETED")
+    assert stopped.restores[0]["checkpoint_id"] == first  # not from the beginning
+    rest = env_at(3, [])
+    rest_sink = build_job(rest)
+    restored = rest.execute(f"after-{point}", restore_from=savepoint)
+    assert min(c.checkpoint_id for c in restored.checkpoints) > second
+    assert_exactly_once(pa.concat_tables([stopped.table(sink), restored.table(rest_sink)]))
