@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 import pyarrow as pa
 
-from raystream.actors.messages import MAX_WATERMARK
+from raystream.actors.messages import MAX_WATERMARK, MIN_WATERMARK
 from raystream.actors.record_writer import DEFAULT_BUFFER_TIMEOUT_MS
 from raystream.checkpoint.disk_incremental import IncrementalSnapshot, RestoredDb
 from raystream.checkpoint.heap_changelog import Chain, HeapIncrementalSnapshot
@@ -275,6 +275,34 @@ class SourceOperator(Operator):
     def end_input_early(self) -> None:
         """Stop-with-savepoint with drain: stop reading and advance event time to the end."""
         self.output.emit_watermark(MAX_WATERMARK)
+
+    @property
+    def emitted_watermark(self) -> int:
+        """The watermark it emitted last (its subtask's, in the metrics: a source has no
+        input watermark); MIN_WATERMARK if it does not say."""
+        return MIN_WATERMARK
+
+
+class CountsReadRows:
+    """A source's count of the rows it read in this attempt. Its subtask hands the count
+    at each barrier to the checkpoint (``SnapshotStats.records_read``), so the job knows
+    how many rows it had read at the checkpoint a restore goes back to."""
+
+    records_read: int = 0
+
+
+class CountsWrittenRows:
+    """A data sink's count of the rows it took, which its subtask's metrics carry as
+    ``<operator>.records_written`` (a job's rows written, in its progress). Call
+    :meth:`counted` from ``process_batch``."""
+
+    records_written: int = 0
+
+    def counted(self, batch: pa.RecordBatch) -> None:
+        self.records_written += batch.num_rows
+
+    def metrics(self) -> dict[str, float] | None:
+        return {"records_written": float(self.records_written)}
 
 
 class SinkOperator(Operator):

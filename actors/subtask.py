@@ -773,9 +773,11 @@ class Subtask:
         metrics["backpressure"] = metrics["backpressured_s"] / max(
             time.monotonic() - self.created, 1e-9)
         metrics["pid"] = os.getpid()
-        metrics["watermark"] = self.watermark
-        if MIN_WATERMARK < self.watermark < MAX_WATERMARK:
-            metrics["watermark_lag_ms"] = time.time() * 1000 - self.watermark
+        # a source's subtask has no input: the watermark its source emitted stands for it
+        watermark = self.watermark if self.source is None else self.source.emitted_watermark
+        metrics["watermark"] = watermark
+        if MIN_WATERMARK < watermark < MAX_WATERMARK:
+            metrics["watermark_lag_ms"] = time.time() * 1000 - watermark
         metrics["attempt"] = self.spec.attempt
         if self.credits.allowed is not None:  # the credits each sender may hold now
             metrics["credits_allowed"] = self.credits.allowed

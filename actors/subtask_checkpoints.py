@@ -41,6 +41,7 @@ from raystream.checkpoint.disk_incremental import RestoredDb
 from raystream.checkpoint.handles import IncrementalHandle, OperatorSubtaskState
 from raystream.checkpoint.heap_changelog import Chain, restored_chain
 from raystream.checkpoint.keygroups import key_group_range
+from raystream.checkpoint.metadata import RowCounts
 from raystream.checkpoint.restore import OperatorRestore, RestoreSpec
 from raystream.checkpoint.sections import decode_sections, encode_sections
 from raystream.checkpoint.snapshot_stats import SnapshotStats
@@ -49,7 +50,7 @@ from raystream.checkpoint.storage import (CheckpointStorage, StateHandle, safe_n
                                           snapshot_destination)
 from raystream.checkpoint.watermark_floors import WatermarkFloors, runs_of
 from raystream.core.failpoints import Failpoints
-from raystream.actors.operator import (Operator, OperatorSnapshot, RestoredState,
+from raystream.actors.operator import (CountsReadRows, CountsWrittenRows, Operator, OperatorSnapshot, RestoredState,
                                        call_operator)
 
 
@@ -213,9 +214,16 @@ class SubtaskCheckpointer:
         self.sync_pause_s = time.perf_counter() - started
         stats = SnapshotStats(watermarks=self._watermark_runs(watermark), alignment_s=alignment_s,
                               start_delay_s=max(0.0, since_trigger_s - alignment_s),
-                              sync_s=self.sync_pause_s)
+                              sync_s=self.sync_pause_s, rows=self._row_counts())
         self._writer.submit(self._write_and_acknowledge, barrier, snapshots, started, stats,
                             input_state, output_state)
+
+    def _row_counts(self) -> RowCounts:
+        """What its sources read and its data sinks took in this attempt, now."""
+        return RowCounts(
+            read=sum(op.records_read for op in self.operators if isinstance(op, CountsReadRows)),
+            written=sum(op.records_written for op in self.operators
+                        if isinstance(op, CountsWrittenRows)))
 
     def cancel_channel_state(self, upto: int | None = None) -> None:
         """Checkpoints up to ``upto`` (all: None) were aborted: stop waiting for their

@@ -33,7 +33,7 @@ from raystream.checkpoint.config import AlignmentMode, CheckpointConfig
 from raystream.checkpoint.coordinator_holder import OperatorCoordinators
 from raystream.checkpoint.handles import IncrementalHandle, OperatorSubtaskState
 from raystream.checkpoint.keygroups import HASH_VERSION
-from raystream.checkpoint.metadata import CheckpointMetadata, OperatorFiles
+from raystream.checkpoint.metadata import CheckpointMetadata, OperatorFiles, RowCounts
 from raystream.checkpoint.shared_state import SharedStateRegistry
 from raystream.checkpoint.storage import (SAVEPOINT_JOB_KEY, CheckpointStorage,
                                           CorruptCheckpointError, StateHandle,
@@ -108,6 +108,7 @@ class PendingCheckpoint:
     channel_state: dict[str, StateHandle] = field(default_factory=dict)  # subtask key -> handle
     channel_state_bytes: int = 0
     unaligned: bool = False
+    rows: RowCounts = RowCounts()  # the attempt's sources' and sinks' at their barriers
     coordinators: dict[str, StateHandle] = field(default_factory=dict)  # operator -> its state
     barrier: Barrier | None = None  # not sent yet: waiting for operator events' delivery
 
@@ -133,6 +134,7 @@ class PendingCheckpoint:
         self.sync_s = max(self.sync_s, stats.sync_s)
         self.async_s = max(self.async_s, stats.async_s)
         self.channel_state_bytes += stats.channel_state_bytes
+        self.rows += stats.rows
         self.unaligned = self.unaligned or stats.unaligned
         if stats.channel_state is not None and stats.channel_state_key is not None:
             self.channel_state[stats.channel_state_key] = stats.channel_state
@@ -259,6 +261,7 @@ class CheckpointCoordinator:
         # files of incremental checkpoints shared between checkpoints: who uses which
         self.shared_state = SharedStateRegistry(self.storage, job_key)
         self.history: dict[int, CheckpointStats] = {}
+        self._rows_before = RowCounts()  # at the checkpoint this attempt restored
         self.failures_in_a_row = 0
         # The newest checkpoint whose completion was notified: its output may be committed
         # (what a committer did with the notification is not visible here).
@@ -440,11 +443,14 @@ class CheckpointCoordinator:
                     f"{self.failures_in_a_row} checkpoints failed in a row (tolerable: "
                     f"{self.config.tolerable_failures}); the last: {reason}")
 
-    def start_attempt(self, attempt: int, failpoints: Failpoints) -> None:
+    def start_attempt(self, attempt: int, failpoints: Failpoints,
+                      rows: RowCounts = RowCounts()) -> None:
         """A failover redeploys the job as ``attempt``: acknowledgements of older
         attempts are ignored from now on, and the final checkpoint (FLIP-147) is
-        taken again once the restored subtasks finish."""
+        taken again once the restored subtasks finish. ``rows``: read and written at
+        the checkpoint the attempt restores (its checkpoints add the attempt's)."""
         self.attempt, self.failpoints = attempt, failpoints
+        self._rows_before = rows
         self.final_checkpoint = None
         # the restored subtasks have input to read again, and their final checkpoint is a
         # first one (a final checkpoint of the attempt before failed with it)
@@ -521,7 +527,8 @@ class CheckpointCoordinator:
                        for name, files in operators.items()},
             handles=tuple(handles), watermarks=watermarks,
             coordinators=coordinators, channel_state=channel_state,
-            topology=self.topology if channel_state else None)
+            topology=self.topology if channel_state else None,
+            rows=self._rows_before + pending.rows)
 
     def _discard_beyond_retention(self) -> None:
         while len(self.completed) > self.config.retained:
@@ -689,7 +696,8 @@ def restore_spec_of(checkpoint_id: int, metadata: CheckpointMetadata,
                        dict(metadata.watermarks),
                        {key: StateHandle.from_json(h) for key, h in metadata.channel_state.items()},
                        {name: StateHandle.from_json(h)
-                        for name, h in metadata.coordinators.items()})
+                        for name, h in metadata.coordinators.items()},
+                       rows=metadata.rows)
 
 
 def locate_snapshot(path: str) -> tuple[str, str]:

@@ -38,6 +38,32 @@ class OperatorFiles:
 
 
 @dataclass(frozen=True)
+class RowCounts:
+    """Rows read by a job's sources and taken by its data sinks: one subtask's in one
+    attempt at its barrier (``SnapshotStats``), or the job's at a checkpoint, over every
+    attempt before it (``CheckpointMetadata``), from which a restored attempt counts on.
+
+        >>> RowCounts(read=10, written=4) + RowCounts(read=5, written=1)
+        RowCounts(read=15, written=5)
+        >>> RowCounts.from_json(RowCounts(3, 2).to_json())
+        RowCounts(read=3, written=2)
+    """
+
+    read: int = 0
+    written: int = 0
+
+    def __add__(self, other: RowCounts) -> RowCounts:
+        return RowCounts(self.read + other.read, self.written + other.written)
+
+    def to_json(self) -> dict[str, int]:
+        return {"read": self.read, "written": self.written}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> RowCounts:
+        return cls(int(doc.get("read", 0)), int(doc.get("written", 0)))
+
+
+@dataclass(frozen=True)
 class CheckpointMetadata:
     job: str
     checkpoint_id: int
@@ -54,6 +80,7 @@ class CheckpointMetadata:
     # unaligned checkpoints: in-flight data by channel_state_key, and the plan it fits
     channel_state: Mapping[str, HandleJson] = field(default_factory=dict)
     topology: str | None = None
+    rows: RowCounts = RowCounts()  # read and written at the checkpoint, over every attempt
 
     def to_json(self) -> dict[str, Any]:
         """The ``_metadata`` payload (keys are sorted when written: order is free here)."""
@@ -67,6 +94,8 @@ class CheckpointMetadata:
                           for name, files in self.operators.items()},
             "handles": list(self.handles),
             "watermarks": dict(self.watermarks)}
+        if self.rows != RowCounts():  # (written by raystream since it counts rows)
+            doc["rows"] = self.rows.to_json()
         if self.coordinators:
             doc["coordinators"] = dict(self.coordinators)
         if self.channel_state:
@@ -90,6 +119,6 @@ class CheckpointMetadata:
                 watermarks=dict(doc.get("watermarks", {})),
                 coordinators=dict(doc.get("coordinators", {})),
                 channel_state=dict(doc.get("channel_state", {})),
-                topology=doc.get("topology"))
+                topology=doc.get("topology"), rows=RowCounts.from_json(doc.get("rows", {})))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not checkpoint metadata ({type(exc).__name__}: {exc})") from None

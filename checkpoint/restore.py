@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raystream.checkpoint.handles import IncrementalHandle
+from raystream.checkpoint.metadata import RowCounts
 from raystream.checkpoint.storage import StateHandle
 
 
@@ -31,3 +32,4 @@ class RestoreSpec:
     channel_state: dict[str, StateHandle] = field(default_factory=dict)
     # operator coordinators' states: operator name -> handle
     coordinators: dict[str, StateHandle] = field(default_factory=dict)
+    rows: RowCounts = RowCounts()  # read and written when it was taken (the job's progress)

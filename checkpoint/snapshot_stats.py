@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from raystream.checkpoint.metadata import RowCounts
 from raystream.checkpoint.storage import StateHandle
 from raystream.checkpoint.watermark_floors import Runs
 
@@ -45,6 +46,7 @@ class SnapshotStats:
     channel_state: StateHandle | None = None
     channel_state_key: str | None = None
     watermarks: Runs | None = field(default=None)
+    rows: RowCounts = RowCounts()  # its sources' and sinks' in this attempt, at the barrier
 
     @property
     def channel_state_bytes(self) -> int:

@@ -204,7 +204,16 @@ class JobClient:
         return actor
 
     def progress(self) -> dict[str, Any]:
-        """Status, attempt, failures so far and checkpoint history of a running job."""
+        """A running job's status, attempt, failures so far and checkpoint history, with
+        its progress (the fields of :class:`~raystream.engine.job_progress.JobProgress`:
+        rows read and written and their rates, the share of a bounded input read, the
+        watermark at the sinks and its lag, and what it does in words). Counts never go
+        back, through restarts too.
+
+            >>> p = client.progress()  # doctest: +SKIP
+            >>> p["phase"], p["rows_read"], p["fraction_read"], p["watermark_lag_s"]  # doctest: +SKIP
+            ('running', 55750, 0.46, 118.2)
+        """
         return ray.get(self._master.progress.remote())
 
     def diagnosis(self) -> JobDiagnosis:

@@ -415,7 +415,8 @@ class StreamEnvironment:
                              submission_id=_submission_id(),
                              pool_keeper=actor_pool.POOL.keeper_name() if leased or warm
                              else None,
-                             detached=detach)
+                             detached=detach,
+                             input_extent=progress_display.input_extent(self.transformations))
         assignment = MasterAssignment(job_id, name, plan, options)
         master = None
         if warm is not None:

@@ -46,6 +46,7 @@ from raystream.checkpoint.coordinator import (CheckpointCoordinator, CommittedSa
                                               TooManyCheckpointFailures)
 from raystream.checkpoint.coordinator_holder import CoordinatorFailure, OperatorCoordinators
 from raystream.checkpoint.handles import OperatorSubtaskState
+from raystream.checkpoint.metadata import RowCounts
 from raystream.checkpoint.snapshot_stats import SnapshotStats
 from raystream.checkpoint.storage import (CheckpointStorage, CorruptCheckpointError,
                                           StorageUnavailableError)
@@ -63,6 +64,7 @@ from raystream.engine.job_events import (CancelRequested, CheckpointAcknowledged
                                          OperatorEventReceived, Reply, SavepointMode,
                                          SavepointRequest, SavepointRequested, SubtaskFinished,
                                          SubtaskKey, SubtaskReachedStage)
+from raystream.engine.job_progress import JobProgress, ProgressTracker, phase_of
 from raystream.engine.job_options import (DETACHED_LINGER_S, RESUME_HINT, JobOptions,
                                           MasterAssignment)
 from raystream.engine.job_report import JobOutcome, job_summary, outcome_of_summary, sink_results
@@ -81,6 +83,7 @@ log = logging.getLogger(__name__)
 POLL_S = 0.05
 MASTER_DIED = "the job master's process died"
 PUBLISH_EVERY_S = 1.0  # how often a changed job summary goes to the cluster's job directory
+SAMPLE_EVERY_S = 1.0  # how often a running job's subtask metrics go to its progress
 # what fails the job over when the event thread meets it
 _FAILURES = (SubtaskFailure, InjectedFailure, TooManyCheckpointFailures, CoordinatorFailure,
              EventDeliveryError, GatewayProtocolError)
@@ -194,12 +197,16 @@ class JobMaster:
         self._stopped_by: SavepointRequest | None = None
         # the newest stop savepoint this master (or a predecessor) committed
         self._committed_savepoint: CommittedSavepoint | None = None
+        self.progress_tracker = ProgressTracker(options.input_extent)
         if successor:
             self.outcome = self._ended_before()
             if self.outcome is not None:  # before any call is taken: a retried one hears it
                 self.done.set()
         self._thread = threading.Thread(target=self._run, name="job master", daemon=True)
         self._thread.start()
+        # a thread of its own: a subtask slow to answer must not hold the event thread
+        threading.Thread(target=self._sample_progress, name="job progress",
+                         daemon=True).start()
 
     # -- client calls ----------------------------------------------------------------------
     @ray.method(concurrency_group="client")
@@ -251,11 +258,31 @@ class JobMaster:
         if self.assignment is None:  # a warm master, waiting for its job
             return {"status": self.status, "master_pid": os.getpid()}
         coordinator = self.coordinator
+        figures = self._progress()
         return {"status": self.status, "attempt": self.attempt,
                 "failures": list(self.failover.failures),
                 "restores": self._restore_rows(), "master_pid": os.getpid(),
                 "completed_checkpoints": coordinator.completed_ids() if coordinator else [],
-                "checkpoints": coordinator.stats() if coordinator else []}
+                "checkpoints": coordinator.stats() if coordinator else [],
+                **figures.as_dict()}
+
+    def _progress(self) -> JobProgress:
+        return self.progress_tracker.progress(phase=self._phase(), now_ms=time.time() * 1000)
+
+    def _phase(self) -> str:
+        """What the job does now, in words (asked on client threads)."""
+        coordinator = self.coordinator
+        final = coordinator.final_checkpoint if coordinator is not None else None
+        return phase_of(self.status.value, ended=len(self.finished),
+                        subtasks=len(self.deployment.actors), checkpoints=coordinator is not None,
+                        final=final, final_complete=coordinator is not None
+                        and final in coordinator.completed_ids(),
+                        failures=len(self.failover.failures))
+
+    def _sample_progress(self) -> None:
+        while not self.done.wait(SAMPLE_EVERY_S):
+            if self.status is JobStatus.RUNNING:
+                self.progress_tracker.sample(time.monotonic(), self.deployment.metrics())
 
     @ray.method(concurrency_group="client")
     def diagnosis(self) -> JobDiagnosis:
@@ -352,6 +379,7 @@ class JobMaster:
         outcome.failures = list(self.failover.failures)
         outcome.restores = self._restore_rows()
         outcome.checkpoints = self.coordinator.stats() if self.coordinator else []
+        self.progress_tracker.sample(time.monotonic(), outcome.metrics)  # the final figures
         self._master_failpoints().hit("master_ended")
         self.outcome = outcome
         self._set_status(outcome.status)
@@ -578,7 +606,8 @@ class JobMaster:
             attempt=self.attempt, submission_id=self.options.submission_id,
             started_at=self.started_at, plan=self.plan, failover=self.failover,
             restores=self._restore_rows(), placement=self.deployment.placement,
-            checkpoints=checkpoints, outcome=self.outcome)
+            checkpoints=checkpoints, outcome=self.outcome,
+            progress=None if self.outcome is None else self._progress().as_dict())
         text = json.dumps({k: v for k, v in summary.items() if k != "ended_at"}, default=str)
         if text == self._published[1]:
             self._published = (time.monotonic(), text)
@@ -645,7 +674,10 @@ class JobMaster:
         coordinators to its subtasks."""
         self.finished = {}
         if self.coordinator is not None:
-            self.coordinator.start_attempt(self.attempt, self._coordinator_failpoints())
+            self.coordinator.start_attempt(self.attempt, self._coordinator_failpoints(),
+                                           rows=restore.rows if restore else RowCounts())
+        self.progress_tracker.attempt_started(self.attempt,
+                                              rows=restore.rows if restore else RowCounts())
         self._note()
         deployed = self.deployment.deploy(self.attempt, restore, avoid_nodes or [])
         self._timed(lambda clock: clock.deployed(cancelled_at=deployed.cancelled_at,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.core.failpoints import Failpoint
+from raystream.engine.job_progress import Extent
 from raystream.engine.plan import JobPlan
 
 
@@ -26,6 +27,8 @@ class JobOptions:
     # a detached job master outlives its driver, and ends itself DETACHED_LINGER_S after
     # the job ended (time for a client to fetch the outcome) unless a client ends it first
     detached: bool = False
+    # what the driver knows of the input (for the job's progress: the share read)
+    input_extent: Extent = Extent(bounded=False, rows=None)
 
     @property
     def may_restart(self) -> bool:

@@ -83,9 +83,10 @@ def graph(plan: JobPlan) -> list[dict[str, Any]]:
 def job_summary(*, job_id: str, job_name: str, status: JobStatus, attempt: int,
                 submission_id: str | None, started_at: float, plan: JobPlan,
                 failover: Failover, restores: Sequence[dict], placement: Mapping[str, str],
-                checkpoints: Sequence[CheckpointStats],
-                outcome: JobOutcome | None) -> dict[str, Any]:
-    """What the cluster's job directory shows of a job (``raystream list``, the web UI)."""
+                checkpoints: Sequence[CheckpointStats], outcome: JobOutcome | None,
+                progress: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What the cluster's job directory shows of a job (``raystream list``, the web UI);
+    ``progress``: an ended job's final figures (a running one's are its master's)."""
     summary = {
         "job_id": job_id, "name": job_name, "status": status,
         "attempt": attempt, "submission_id": submission_id,
@@ -98,5 +99,6 @@ def job_summary(*, job_id: str, job_name: str, status: JobStatus, attempt: int,
     }
     if outcome is not None:
         summary.update(ended_at=time.time(), error=outcome.error, metrics=outcome.metrics,
-                       deploy_s=outcome.deploy_s, run_s=outcome.run_s)
+                       deploy_s=outcome.deploy_s, run_s=outcome.run_s,
+                       progress=dict(progress or {}))
     return summary

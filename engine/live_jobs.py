@@ -8,10 +8,14 @@ driver, and says so.
 
 from __future__ import annotations
 
-from typing import cast
+import dataclasses
+from typing import Any, cast
 
 from raystream.engine.job_master import NAMESPACE, master_actor_name
+from raystream.engine.job_progress import JobProgress
 from raystream.engine.registry import TERMINAL_STATUSES
+
+PROGRESS_FIELDS = tuple(f.name for f in dataclasses.fields(JobProgress))
 
 
 def live_masters() -> set[str]:
@@ -28,6 +32,20 @@ def status_of(job: dict, live: set[str]) -> str:
     if job["status"] in TERMINAL_STATUSES or master_actor_name(job["job_id"]) in live:
         return job["status"]
     return f"LOST (was {job['status']}; its driver exited)"
+
+
+def progress_of(job: dict, live: set[str]) -> dict[str, Any]:
+    """A running job's progress (``JobClient.progress()``'s figures of
+    :class:`~raystream.engine.job_progress.JobProgress`), the final one of an ended job."""
+    from raystream.engine.client import JobClient
+
+    if job["status"] not in TERMINAL_STATUSES and master_actor_name(job["job_id"]) in live:
+        try:
+            progress = JobClient.attach(job["job_id"]).progress()
+            return {key: progress.get(key) for key in PROGRESS_FIELDS}
+        except Exception:
+            pass  # it just ended: its summary has the final figures
+    return job.get("progress") or {}
 
 
 def metrics_of(job: dict, live: set[str]) -> dict[str, dict[str, float]]:

@@ -19,6 +19,10 @@ the start, every ``RAYSTREAM_PROGRESS_EVERY`` seconds (5; ``raystream run
     ...                 checkpoints=7, last_checkpoint=(7, 0.05), restarts=1),
     ...        Extent(bounded=False, rows=None), width=100)
     'clicks RUNNING | 50,000 rows/s | 250,000 rows | latest checkpoint #7 (0.05 s) | restarts 1'
+    >>> render(Snapshot("clicks", "RUNNING", rows_read=1_000_000, rate=0.0, checkpoints=3,
+    ...                 last_checkpoint=(3, 0.1), restarts=0,
+    ...                 phase="input read; final checkpoint 4 in progress"), extent, width=160)
+    'clicks [##############################] 100% 1,000,000/1,000,000 rows | input read; final checkpoint 4 in progress | 0 rows/s | checkpoints 3'
 
 The renderer is our own (this module): the line mixes a bar with job facts that
 change while it runs, and must stay a pure function to test; ``tqdm`` and ``rich``
@@ -36,20 +40,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, TextIO
 
+from raystream.engine.job_progress import Extent
+
 REFRESH_S = 0.5
 LOG_EVERY_S = 5.0  # between the lines of output that is not a terminal
 LOG_WIDTH = 200
 STOP_WAIT_S = 2.0  # for the last poll, once the job has ended
 BAR_WIDTH = 30
 CLEAR_LINE = "\r\x1b[K"
-
-
-@dataclass(frozen=True)
-class Extent:
-    """What the driver knows of a job's input before it runs."""
-
-    bounded: bool  # every source ends by itself
-    rows: int | None  # rows of all sources, when every source knows its count
 
 
 @dataclass(frozen=True)
@@ -63,6 +61,7 @@ class Snapshot:
     checkpoints: int  # completed so far
     last_checkpoint: tuple[int, float] | None  # (id, duration in seconds)
     restarts: int
+    phase: str = "running"  # what the job does, in words (JobProgress.phase)
 
 
 def input_extent(transformations: list[Any]) -> Extent:
@@ -112,6 +111,8 @@ def render(snapshot: Snapshot, extent: Extent, width: int) -> str:
             parts = [f"{snapshot.job} {snapshot.status}", f"{snapshot.rows_read:,} rows"]
         if snapshot.status != "RUNNING" and extent.rows:
             parts.append(snapshot.status)
+        elif snapshot.phase != "running":  # the final phase: what it waits for
+            parts.append(snapshot.phase)
         parts += [f"{rate} rows/s", f"checkpoints {snapshot.checkpoints}"]
     else:
         parts = [f"{snapshot.job} {snapshot.status}", f"{rate} rows/s",
@@ -137,8 +138,6 @@ class ProgressLine:
         self._thread = threading.Thread(target=self._loop, name="raystream progress line",
                                         daemon=True)
         self._read = 0
-        self._rate: float | None = None
-        self._sample: tuple[float, int] | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -172,24 +171,16 @@ class ProgressLine:
                 return
 
     def snapshot(self) -> Snapshot:
-        progress = self.client.progress()
-        status = str(progress["status"])
-        metrics = self.client.metrics() if status == "RUNNING" else {}
-        read = sum(v for m in metrics.values() for k, v in m.items()
-                   if k.endswith(".records_read"))
-        # a restarted job's new subtasks count from their checkpoint's position: what
-        # they read again is no progress, so the count never goes back
-        self._read = max(self._read, int(read))
-        now = time.monotonic()
-        if self._sample is not None and now > self._sample[0]:
-            rate = (self._read - self._sample[1]) / (now - self._sample[0])
-            self._rate = rate if self._rate is None else 0.5 * self._rate + 0.5 * rate
-        self._sample = (now, self._read)
+        progress = self.client.progress()  # its figures: engine.job_progress.JobProgress
+        # the master's count never goes back, nor this one when a new master takes over
+        self._read = max(self._read, int(progress.get("rows_read", 0)))
         completed = [c for c in progress["checkpoints"] if str(_field(c, "status")) == "COMPLETED"]
         last = completed[-1] if completed else None
-        return Snapshot(self.client.job_name, status, self._read, self._rate, len(completed),
+        return Snapshot(self.client.job_name, str(progress["status"]), self._read,
+                        progress.get("read_per_s"), len(completed),
                         (_field(last, "checkpoint_id"), _field(last, "duration_s"))
-                        if last is not None else None, progress["attempt"])
+                        if last is not None else None, progress["attempt"],
+                        progress.get("phase", "running"))
 
 
 def _field(record: Any, name: str) -> Any:

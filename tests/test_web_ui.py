@@ -104,6 +104,12 @@ def wait_for(driver, condition, what: str):
         lambda d: condition(d), message=f"the page never showed {what}")
 
 
+DURATION = re.compile(r"\d+(\.\d)? (ms|s|min|h|days|years)")
+PROGRESS = re.compile(r"(?P<phase>[^·]+) · read (?P<read>[\d,]+) of (?P<total>[\d,]+) rows "
+                      r"\(\d+%\) · [\d,]+ rows/s · written [\d,]+ rows · "
+                      r"watermark \d{4}-\d\d-\d\dT")
+
+
 def number(value: str) -> float | None:
     try:
         return float(value.replace(",", ""))
@@ -159,10 +165,18 @@ def test_watch_and_stop_a_running_job(ray_session, browser, tmp_path):
         "css selector", '#checkpoints tr[data-status="COMPLETED"]'), "a completed checkpoint")
     assert browser.find_elements("css selector", "#chart-time canvas")
     assert text(browser, "#job-status") == "RUNNING"
-    # the watermark lag of the chains with an input watermark (a source has none)
-    lags = [number(text(browser, f'.vertex[data-vertex="{v.name}"] .lag').removesuffix(" ms"))
+    # the watermark lag of each chain with an input: a duration, its milliseconds in data-ms
+    lags = [browser.find_element("css selector", f'.vertex[data-vertex="{v.name}"] .lag')
             for v in plan.vertices if v.inputs]
-    assert lags and all(lag is not None and lag >= 0 for lag in lags), lags
+    assert lags and all((number(lag.get_attribute("data-ms") or "") or -1) >= 0
+                        and DURATION.fullmatch(lag.text) for lag in lags), [
+        (lag.text, lag.get_attribute("data-ms")) for lag in lags]
+    # the job's progress: its phase, the share of its bounded input read, its watermark
+    line = wait_for(browser, lambda d: PROGRESS.search(text(d, "#job-progress")),
+                    "the job's progress")
+    assert line["phase"].startswith("running") and 0 < int(line["read"].replace(",", "")) <= N, line
+    assert int(line["total"].replace(",", "")) == N
+    assert DURATION.fullmatch(text(browser, "#job-lag")), text(browser, "#job-lag")
 
     # the savepoint button: JobClient.savepoint, as `raystream savepoint`; the job runs on
     path = browser.find_element("css selector", "#savepoint-path")

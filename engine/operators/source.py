@@ -20,7 +20,8 @@ import json
 from typing import Any
 
 from raystream.actors.messages import MAX_WATERMARK, MIN_WATERMARK
-from raystream.actors.operator import OperatorSnapshot, RestoredState, SourceOperator
+from raystream.actors.operator import (CountsReadRows, OperatorSnapshot, RestoredState,
+                                       SourceOperator)
 from raystream.engine.sources.base import DEAD_LETTERS, Source, SplitReader
 from raystream.engine.sources.split_enumerator import (EnumeratorEvent, NoMoreSplits,
                                                        ReaderRegistered, SourceEvent,
@@ -28,7 +29,7 @@ from raystream.engine.sources.split_enumerator import (EnumeratorEvent, NoMoreSp
 from raystream.engine.watermarks import BoundedOutOfOrderness
 
 
-class SourceReaderOperator(SourceOperator):
+class SourceReaderOperator(CountsReadRows, SourceOperator):
     """The reader of a split-based :class:`Source` in one subtask (Flink FLIP-27
     ``SourceReader``): it registers with the source's enumerator, reads the splits the
     enumerator assigns (see the module docstring), asks for more when it has none, and
@@ -135,6 +136,10 @@ class SourceReaderOperator(SourceOperator):
             self.requested = True
             self.ctx.send_event_to_coordinator(SplitRequested())
         return True
+
+    @property
+    def emitted_watermark(self) -> int:
+        return self._watermark
 
     def metrics(self) -> dict[str, float]:
         return {"records_read": self.records_read, "splits_open": len(self.readers),

@@ -54,8 +54,8 @@ from typing import Callable
 
 import pyarrow as pa
 
-from raystream.actors.operator import (Operator, OperatorSnapshot, RestoredState,
-                                       RuntimeContext, SinkOperator)
+from raystream.actors.operator import (CountsWrittenRows, Operator, OperatorSnapshot,
+                                       RestoredState, RuntimeContext, SinkOperator)
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class Committer:
         return str(committable["id"])
 
 
-class SinkWriterOperator(Operator):
+class SinkWriterOperator(CountsWrittenRows, Operator):
     def __init__(self, name: str, writer: SinkWriter) -> None:
         super().__init__(name)
         self.writer = writer
@@ -161,6 +161,7 @@ class SinkWriterOperator(Operator):
     def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
         if batch.num_rows or self.writer.writes_empty_batches:
             self.writer.write(batch)
+            self.counted(batch)
 
     def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot | None:
         durable = self.writer.make_durable()

@@ -31,8 +31,8 @@ from aiohttp import web
 
 from raystream.core.ray_start import is_loopback
 from raystream.engine.errors import JobNotFoundError, RaystreamError
-from raystream.engine.ui.views import (RateTracker, checkpoint_rows, failure_rows, job_row,
-                                       vertex_figures)
+from raystream.engine.ui.views import (MIN_SAMPLE_GAP_S, RateTracker, checkpoint_rows,
+                                       failure_rows, job_row, vertex_figures)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8290
@@ -127,20 +127,25 @@ class JobsView:
 
     def job(self, job: str) -> dict[str, Any]:
         from raystream.engine import registry
-        from raystream.engine.live_jobs import live_masters, metrics_of, status_of
+        from raystream.engine.live_jobs import live_masters, metrics_of, progress_of, status_of
 
         summary = registry.find_job(job)
         live = live_masters()
         status = status_of(summary, live)
         metrics = metrics_of(summary, live)
         running = status == "RUNNING"
-        tracker = self._rates.setdefault(summary["job_id"], RateTracker())
-        rates = tracker.update(metrics, time.monotonic()) if running else {}
+        tracker = self._rates.get(summary["job_id"])
+        if tracker is None and running:  # a job's first view: two samples, so it has rates
+            tracker = self._rates[summary["job_id"]] = RateTracker()
+            tracker.update(metrics, time.monotonic())
+            time.sleep(MIN_SAMPLE_GAP_S)
+            metrics = metrics_of(summary, live)
+        rates = tracker.update(metrics, time.monotonic()) if running and tracker else {}
         return {**job_row(summary, status), "plan": summary.get("plan", ""),
                 "error": summary.get("error"),
                 "graph": vertex_figures(summary.get("graph") or [], metrics, rates),
                 "checkpoints": checkpoint_rows(summary), "failures": failure_rows(summary),
-                "live": running}
+                "progress": progress_of(summary, live), "live": running}
 
     @staticmethod
     def client(job: str) -> Any:

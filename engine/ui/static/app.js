@@ -32,7 +32,20 @@ function bytes(n) {
 const seconds = (s) => (s === null || s === undefined ? "-" : `${s.toFixed(3)} s`);
 const when = (epochS) => (epochS ? new Date(epochS * 1000).toLocaleString() : "-");
 const percent = (r) => (r === null || r === undefined ? "-" : `${(r * 100).toFixed(0)}%`);
-const lag = (ms) => (ms === null || ms === undefined ? "-" : `${num(ms)} ms`);
+// a duration in the unit that reads best: "850 ms", "1.2 s", "4.5 min", "3.0 years"
+const DURATION_UNITS = [[365.25 * 86400e3, "years"], [86400e3, "days"], [3600e3, "h"],
+                        [60e3, "min"], [1e3, "s"]];
+function duration(ms) {
+  if (ms === null || ms === undefined) return "-";
+  for (const [size, unit] of DURATION_UNITS) {
+    if (Math.abs(ms) >= size) return `${(ms / size).toFixed(1)} ${unit}`;
+  }
+  return `${Math.round(ms)} ms`;
+}
+function showLag(node, ms) {  // the figure as a duration; the milliseconds in data-ms
+  node.textContent = duration(ms);
+  node.dataset.ms = ms === null || ms === undefined ? "" : String(ms);
+}
 
 async function getJSON(url) {
   const response = await fetch(url, {credentials: "same-origin"});
@@ -67,6 +80,7 @@ async function pollJob() {
                                        job.status));
   $("#job-summary").textContent = `${job.job_id} · started ${when(job.started_at)}` +
     ` · restarts ${job.restarts}` + (job.error ? ` · ${job.error.split("\n")[0]}` : "");
+  drawProgress(job.progress || {});
   for (const id of ["#savepoint-button", "#stop-button", "#cancel-button"]) {
     $(id).disabled = !job.live;
   }
@@ -79,6 +93,24 @@ async function pollJob() {
   chartedJob = job.job_id;
   drawCheckpoints(job.checkpoints);
   drawFailures(job.failures);
+}
+
+// -- the job's progress: JobClient.progress()'s figures, from the job master ---------------------
+function drawProgress(p) {
+  const parts = [];
+  if (p.phase) parts.push(p.phase);
+  if (p.rows_read !== undefined && p.rows_read !== null) {
+    parts.push(p.rows_total ? `read ${num(p.rows_read)} of ${num(p.rows_total)} rows ` +
+                              `(${percent(p.fraction_read)})` : `read ${num(p.rows_read)} rows`);
+    if (p.read_per_s !== null) parts.push(`${num(p.read_per_s)} rows/s`);
+    parts.push(`written ${num(p.rows_written)} rows`);
+  }
+  if (p.watermark_ms !== null && p.watermark_ms !== undefined) {
+    parts.push(`watermark ${new Date(p.watermark_ms).toISOString()}`);
+  }
+  $("#job-progress").textContent = parts.join(" · ");
+  showLag($("#job-lag"), p.watermark_lag_s === null || p.watermark_lag_s === undefined
+    ? null : p.watermark_lag_s * 1000);
 }
 
 // -- the job graph: chains in columns by depth, edges with their partitioning --------------------
@@ -97,7 +129,7 @@ function drawGraph(job) {
     box.querySelector(".rate-out").textContent = num(v.records_out_per_s);
     box.querySelector(".records-out").textContent = num(v.records_out);
     box.querySelector(".backpressure").textContent = percent(v.backpressure);
-    box.querySelector(".lag").textContent = lag(v.watermark_lag_ms);
+    showLag(box.querySelector(".lag"), v.watermark_lag_ms);
     box.classList.toggle("busy", (v.backpressure || 0) > 0.5);
   }
 }
@@ -115,36 +147,9 @@ function layOut(graph) {
   };
   const columns = [];
   for (const v of graph) (columns[depthOf(v)] = columns[depthOf(v)] || []).push(v);
-  const pos = {};
-  columns.forEach((column, x) => column.forEach((v, y) => {
-    pos[v.id] = {x: x * (BOX_W + GAP_X), y: y * (BOX_H + GAP_Y)};
-  }));
   const container = $("#graph");
-  const width = columns.length * (BOX_W + GAP_X);
-  const height = Math.max(...columns.map((c) => c.length)) * (BOX_H + GAP_Y);
-  container.style.height = `${height}px`;
-  const svgNS = "http://www.w3.org/2000/svg";
-  const svg = document.createElementNS(svgNS, "svg");
-  svg.setAttribute("width", width);
-  svg.setAttribute("height", height);
   const boxes = graph.map((v) => {
-    for (const input of v.inputs) {
-      const a = pos[input.from], b = pos[v.id];
-      const line = document.createElementNS(svgNS, "line");
-      const [x1, y1, x2, y2] = [a.x + BOX_W, a.y + BOX_H / 2, b.x, b.y + BOX_H / 2];
-      Object.entries({x1, y1, x2, y2, stroke: "#3b6ea5", "stroke-width": 2})
-        .forEach(([k, val]) => line.setAttribute(k, val));
-      const label = document.createElementNS(svgNS, "text");
-      label.setAttribute("x", (x1 + x2) / 2 - 30);
-      label.setAttribute("y", (y1 + y2) / 2 - 6);
-      label.setAttribute("font-size", "11");
-      label.setAttribute("class", "partitioning");
-      label.textContent = input.partitioning;
-      svg.append(line, label);
-    }
     const box = el("div", {class: "vertex", "data-vertex": v.name});
-    box.style.left = `${pos[v.id].x}px`;
-    box.style.top = `${pos[v.id].y}px`;
     box.append(el("div", {class: "name"}, `${v.name} ×${v.parallelism}`),
                el("div", {class: "ops"}, v.operators.join(" → ")));
     const figures = el("dl");
@@ -155,7 +160,39 @@ function layOut(graph) {
     box.append(figures);
     return box;
   });
-  container.replaceChildren(svg, ...boxes);
+  container.replaceChildren(...boxes);
+  // rows are spaced by the tallest box (a long chain's operators wrap): none is clipped
+  const boxH = Math.max(BOX_H, ...boxes.map((box) => box.offsetHeight));
+  const pos = {};
+  columns.forEach((column, x) => column.forEach((v, y) => {
+    pos[v.id] = {x: x * (BOX_W + GAP_X), y: y * (boxH + GAP_Y)};
+  }));
+  const width = columns.length * (BOX_W + GAP_X);
+  const height = Math.max(...columns.map((c) => c.length)) * (boxH + GAP_Y);
+  container.style.height = `${height}px`;
+  const svgNS = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(svgNS, "svg");
+  svg.setAttribute("width", width);
+  svg.setAttribute("height", height);
+  graph.forEach((v, i) => {
+    for (const input of v.inputs) {
+      const a = pos[input.from], b = pos[v.id];
+      const line = document.createElementNS(svgNS, "line");
+      const [x1, y1, x2, y2] = [a.x + BOX_W, a.y + boxH / 2, b.x, b.y + boxH / 2];
+      Object.entries({x1, y1, x2, y2, stroke: "#3b6ea5", "stroke-width": 2})
+        .forEach(([k, val]) => line.setAttribute(k, val));
+      const label = document.createElementNS(svgNS, "text");
+      label.setAttribute("x", (x1 + x2) / 2 - 30);
+      label.setAttribute("y", (y1 + y2) / 2 - 6);
+      label.setAttribute("font-size", "11");
+      label.setAttribute("class", "partitioning");
+      label.textContent = input.partitioning;
+      svg.append(line, label);
+    }
+    boxes[i].style.left = `${pos[v.id].x}px`;
+    boxes[i].style.top = `${pos[v.id].y}px`;
+  });
+  container.prepend(svg);
 }
 
 // -- checkpoints ------------------------------------------------------------------------------------
