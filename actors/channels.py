@@ -27,7 +27,7 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from raystream.actors.messages import MIN_WATERMARK, ChannelId, Envelope, Kind
+from raystream.actors.messages import ChannelId, Envelope, Kind
 
 
 @dataclass(slots=True)
@@ -36,7 +36,6 @@ class InputChannel:
     input_index: int  # which logical input of the subtask's head operator (0 or 1)
     next_seq: int = 0
     pending: dict[int, Envelope] = field(default_factory=dict)  # out-of-order arrivals
-    watermark: int = MIN_WATERMARK
     finished: bool = False
     # (checkpoint_id, upto) of barriers announced on this channel, oldest first
     barriers: collections.deque = field(default_factory=collections.deque)

@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from collections.abc import Sequence
 from typing import Any
 
-import pyarrow as pa
 import ray
 
 from raystream.actors.barrier_forwarder import BarrierForwarder
@@ -55,14 +54,14 @@ from raystream.actors.channels import InputGate, OutputChannel
 from raystream.actors.liveness import ChannelProgress, SubtaskLiveness
 from raystream.actors.mailbox import (BarrierReceived, Cancel, CheckpointCompleted, Credit,
                                       Drain, Mail, OperatorEvent, Stop)
-from raystream.actors.messages import (MAX_WATERMARK, MIN_WATERMARK, REPLAYED_SEQ, ChannelId,
+from raystream.actors.messages import (MAX_WATERMARK, MIN_WATERMARK, ChannelId,
                                        Envelope, Kind)
 from raystream.checkpoint.barrier import Barrier
 from raystream.actors.input_credits import InputCredits
+from raystream.actors.stream_input import InputStep, StreamInput
 from raystream.actors.record_writer import RecordWriter, batch_payload
 from raystream.actors.channel_state_file import ChannelStateContents
 from raystream.checkpoint.state_backend import StateBackend
-from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.actors.subtask_checkpoints import CheckpointingSpec, SubtaskCheckpointer
 from raystream.actors.subtask_metrics import SubtaskMetricsExporter
 from raystream.actors.vertex import JobVertex
@@ -101,32 +100,6 @@ class SubtaskSpec:
 
 def subtask_actor_name(job_id: str, vertex_name: str, index: int, attempt: int) -> str:
     return f"raystream/{job_id}/{vertex_name}/{index}@{attempt}"
-
-
-@dataclass
-class _InProgress:
-    """A received batch handed to the chain slice by slice."""
-
-    envelope: Envelope
-    batch: pa.RecordBatch
-    step: int  # rows per slice
-    offset: int = 0  # rows handed over so far
-
-    def next_slice(self) -> pa.RecordBatch:
-        part = self.batch if self.step >= self.batch.num_rows else self.batch.slice(
-            self.offset, self.step)
-        self.offset += part.num_rows
-        return part
-
-    @property
-    def done(self) -> bool:
-        return self.offset >= self.batch.num_rows
-
-    def remainder(self) -> Envelope:
-        """The rows not handed over yet, as a replayable message."""
-        rest = self.batch.slice(self.offset)
-        return Envelope(self.envelope.channel, REPLAYED_SEQ, self.envelope.attempt, Kind.DATA,
-                        [rest], rest.num_rows)
 
 
 class SubtaskEnding(enum.Enum):
@@ -182,7 +155,7 @@ class _HandlerView:
         return self.subtask.lifecycle.input_ended
 
     def mid_batch(self) -> bool:
-        return self.subtask.in_progress is not None
+        return self.subtask.input.in_progress is not None
 
     def backlogged(self) -> bool:
         return self.subtask._backlogged()
@@ -217,7 +190,11 @@ class Subtask:
         self.upstreams: dict[ChannelId, Any] = {}
         self.credits = InputCredits(self.gate.channels, credits=spec.credits,
                                     in_flight_s=spec.in_flight_s)
-        self.watermark = MIN_WATERMARK
+        self.failpoints = Failpoints(spec.failpoints, vertex.name, spec.index, spec.attempt)
+        self.input = StreamInput(
+            self.gate, self.credits, self.operators[0], failpoints=self.failpoints,
+            slice_bytes=spec.checkpointing.slice_bytes if spec.checkpointing else None,
+            fetch=ray.get)
         self.lifecycle = Lifecycle.RUNNING
         # A recovery (every attempt after the first) is timed by stage: each subtask tells
         # the master when it has restored, a sink chain when it processed its first record
@@ -232,16 +209,12 @@ class Subtask:
         self._recording: InputStateRecorder | None = None  # started for the next snapshot
         # stop-with-savepoint: emit nothing after this savepoint's barrier, unless it aborts
         self.stopped_by: int | None = None
-        self.failpoints = Failpoints(spec.failpoints, vertex.name, spec.index, spec.attempt)
         self.checkpointer: SubtaskCheckpointer | None = None
         self.report: TerminationReport | None = None
         self.done = threading.Event()
-        self.metrics = {"records_in": 0, "batches_in": 0, "bytes_in": 0, "backpressured_s": 0.0}
+        self.backpressured_s = 0.0  # waiting for credit
         self.created = time.monotonic()
         self.exporter = SubtaskMetricsExporter(spec.job_name, spec.job_id, vertex.name, spec.index)
-        # a received batch being processed in slices (unaligned checkpoints)
-        self.in_progress: _InProgress | None = None
-        self.slice_bytes = spec.checkpointing.slice_bytes if spec.checkpointing else None
         self._thread: threading.Thread | None = None
 
     # -- wiring ---------------------------------------------------------------
@@ -291,7 +264,6 @@ class Subtask:
         self.timed_operators = [op for op in self.operators
                                 if type(op).next_processing_time is not Operator.next_processing_time]
         head = self.operators[0]
-        self.head_inputs = {i: ChainedOutput(head, i) for i in {e.input_index for e in vertex.inputs}}
         self.source = head if isinstance(head, SourceOperator) else None
         # operators with an operator coordinator, by name: they receive its events
         self.coordinated = {node.name: op for node, op in zip(vertex.nodes, self.operators)
@@ -332,7 +304,7 @@ class Subtask:
             return False
         if self.lifecycle.input_ended:  # report once, then only control messages
             return self.lifecycle is Lifecycle.INPUT_ENDED
-        if self.in_progress is not None:
+        if self.input.in_progress is not None:
             return True
         if self.source is not None:
             return self.stopped_by is None and self.source.is_available()
@@ -343,7 +315,8 @@ class Subtask:
             if self.checkpointer is not None:
                 channel_state = self.checkpointer.restore(self.spec.restore)
                 if self.checkpointer.restored_floors is not None:
-                    self._restore_watermark(self.checkpointer.restored_floors)
+                    # the lowest any key group had reached: keyed operators keep their own
+                    self.input.restore_watermark(self.checkpointer.restored_floors.minimum())
                 self.barrier_handler.last_taken = self.checkpointer.last_checkpoint_id
                 if self.spec.restore is not None:
                     self.failpoints.hit("right_after_restore")
@@ -413,7 +386,7 @@ class Subtask:
                         if self.exporter.due(time.monotonic()):
                             break  # an idle subtask's metrics (watermark lag) still go out
                 if self._backlogged():
-                    self.metrics["backpressured_s"] += time.perf_counter() - waited_from
+                    self.backpressured_s += time.perf_counter() - waited_from
             with self.cond:
                 mails = list(self.mailbox)
                 self.mailbox.clear()
@@ -430,12 +403,12 @@ class Subtask:
             with self.cond:
                 take_input = not self._backlogged() and not self.lifecycle.input_ended
                 envelope = None
-                if take_input and self.source is None and self.in_progress is None:
+                if take_input and self.source is None and self.input.in_progress is None:
                     envelope = self.gate.poll()
             if take_input:
                 self._fire_processing_timers()
-            if take_input and self.in_progress is not None:
-                self._process_slice()
+            if take_input and self.input.in_progress is not None:
+                self.input.process_slice()
             elif envelope is not None:
                 self._process(envelope)
             elif (take_input and self.source is not None and self.stopped_by is None
@@ -533,8 +506,9 @@ class Subtask:
         for older in [m for m in self.input_states if m < n]:
             self.input_states.pop(older).cancel()  # one unaligned checkpoint at a time
         partial = {}
-        if self.in_progress is not None:  # the rest of the batch is input in flight
-            partial[self.in_progress.envelope.channel] = self.in_progress.remainder()
+        in_progress = self.input.in_progress
+        if in_progress is not None:  # the rest of the batch is input in flight
+            partial[in_progress.envelope.channel] = in_progress.remainder()
         with self.cond:
             recorder = InputStateRecorder(n, self.gate, partial)
             if not recorder.done.is_set():
@@ -570,7 +544,7 @@ class Subtask:
         checkpointer, started = self._checkpointing(), time.perf_counter()
         checkpointer.prepare(barrier)
         output_state = self._forward_barrier(barrier, unaligned) if snapshot.forward else None
-        checkpointer.snapshot(barrier, started=started, watermark=self.watermark,
+        checkpointer.snapshot(barrier, started=started, watermark=self.input.watermark,
                               output_state=output_state, input_state=input_state,
                               alignment_s=snapshot.alignment_s)
         if self.coordinated:  # the synchronous snapshot is taken: reopen their gateways
@@ -626,51 +600,11 @@ class Subtask:
                 out.send(envelope.kind, payload, envelope.rows)
 
     def _process(self, envelope: Envelope) -> None:
-        channel = self.gate.channels[envelope.channel]
-        if envelope.kind == Kind.DATA:
-            self.failpoints.hit("in_processing")
-            batch = envelope.payload[0]
-            if not isinstance(batch, pa.RecordBatch):
-                ref: ray.ObjectRef[pa.RecordBatch] = batch
-                batch = ray.get(ref)
-            self.metrics["records_in"] += batch.num_rows
-            self.metrics["batches_in"] += 1
-            self.metrics["bytes_in"] += batch.nbytes
-            if envelope.seq != REPLAYED_SEQ:  # a replayed one cost no credit
-                self.credits.consumed(channel.channel, nbytes=batch.nbytes)
-            step = batch.num_rows
-            if self.slice_bytes is not None and batch.nbytes > self.slice_bytes:
-                step = max(1, batch.num_rows * self.slice_bytes // batch.nbytes)
-            self.in_progress = _InProgress(envelope, batch, step)
-            self._process_slice()
-            if self.first_record_due:
-                self._report_first_record()
-        elif envelope.kind == Kind.WATERMARK:
-            channel.watermark = max(channel.watermark, envelope.payload)
-            self._advance_watermark()
-        elif envelope.kind == Kind.END_OF_INPUT:
-            channel.finished = True
-            channel.watermark = MAX_WATERMARK  # an ended channel holds nothing back
-            self._advance_watermark()
-            index = channel.input_index
-            if all(c.finished for c in self.gate if c.input_index == index):
-                call_operator(self.operators[0], "end_input", index)
-            if self.gate.all_finished():
-                self._end_of_input()
-
-    def _process_slice(self) -> None:
-        """Hand the next slice of the batch in progress to the chain; its credit goes
-        back once the whole batch is processed."""
-        progress = self.in_progress
-        if progress is None:
-            raise RuntimeError("no received batch is in progress")
-        part = progress.next_slice()
-        channel = self.gate.channels[progress.envelope.channel]
-        self.head_inputs[channel.input_index].emit(part)
-        if progress.done:
-            self.in_progress = None
-            if progress.envelope.seq != REPLAYED_SEQ:
-                self.credits.processed(channel.channel)
+        step = self.input.process(envelope)
+        if step is InputStep.DATA and self.first_record_due:
+            self._report_first_record()
+        elif step is InputStep.ENDED:
+            self._end_of_input()
 
     def _fire_processing_timers(self) -> None:
         """Fire due processing-time timers (the idle wait bounds their lateness to
@@ -684,22 +618,6 @@ class Subtask:
                 now = now or int(time.time() * 1000)
                 if due <= now:
                     call_operator(operator, "on_processing_time", now)
-
-    def _restore_watermark(self, floors: WatermarkFloors) -> None:
-        """Start every input channel at the checkpoint's watermark: event time never
-        goes back, so a restored job does not re-open what it already fired."""
-        if len(self.gate):
-            # the lowest any key group had reached: keyed operators keep each group's own
-            restored = floors.minimum()
-            for channel in self.gate:
-                channel.watermark = max(channel.watermark, restored)
-            self.watermark = max(self.watermark, restored)
-
-    def _advance_watermark(self) -> None:
-        combined = min(c.watermark for c in self.gate)
-        if combined > self.watermark:
-            self.watermark = combined
-            call_operator(self.operators[0], "process_watermark", combined)
 
     def _end_of_input(self) -> None:
         """Every input ended: finish the chain head to tail, then end every output."""
@@ -758,7 +676,8 @@ class Subtask:
         """Where this subtask stands on its way to the end of its input (read from the
         control lane while the mailbox loop runs: plain reads of its fields)."""
         waiting = tuple(note for op in self.operators if (note := op.waiting_for()) is not None)
-        channels = tuple(ChannelProgress(str(c.channel), c.end_of_input is not None, c.watermark)
+        channels = tuple(ChannelProgress(str(c.channel), c.end_of_input is not None,
+                                         self.input.valve.of(c.channel))
                          for c in list(self.gate.channels.values()) if not c.finished)
         return SubtaskLiveness(self.spec.vertex.name, self.spec.index, self.spec.attempt,
                                self.lifecycle.input_ended,
@@ -766,7 +685,10 @@ class Subtask:
                                source=self.source is not None)
 
     def _metrics(self) -> dict[str, float]:
-        metrics = dict(self.metrics)
+        metrics: dict[str, float] = {"records_in": self.input.records_in,
+                                     "batches_in": self.input.batches_in,
+                                     "bytes_in": self.input.bytes_in,
+                                     "backpressured_s": self.backpressured_s}
         metrics["records_out"] = sum(c.rows_sent for c in self.out_channels.values())
         metrics["batches_out"] = sum(c.batches_sent for c in self.out_channels.values())
         metrics["bytes_out"] = sum(c.bytes_sent for c in self.out_channels.values())
@@ -774,7 +696,8 @@ class Subtask:
             time.monotonic() - self.created, 1e-9)
         metrics["pid"] = os.getpid()
         # a source's subtask has no input: the watermark its source emitted stands for it
-        watermark = self.watermark if self.source is None else self.source.emitted_watermark
+        watermark = (self.input.watermark if self.source is None
+                     else self.source.emitted_watermark)
         metrics["watermark"] = watermark
         if MIN_WATERMARK < watermark < MAX_WATERMARK:
             metrics["watermark_lag_ms"] = time.time() * 1000 - watermark
