@@ -4,7 +4,7 @@ A job ends once every subtask has reported *finished* and the final checkpoint
 is committed (FLIP-147). When a job does not end, the question is which subtask
 has not reported, and what it waits for: a source reader for splits or the
 enumerator's no-more-splits, any other subtask for the end of input on some of
-its channels. :meth:`SubtaskActor.liveness <raystream.actors.subtask.SubtaskActor.liveness>`
+its channels. :meth:`SubtaskActor.liveness <raystream.actors.subtask_actor.SubtaskActor.liveness>`
 answers with a :class:`SubtaskLiveness`, read on the subtask's control lane (it
 never waits behind data), and the job master gathers them for the subtasks that
 have not finished (``JobClient.diagnosis``).

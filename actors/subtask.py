@@ -1,12 +1,5 @@
-"""The subtask actor: one parallel instance of an operator chain.
-
-Calls reach a subtask on two Ray concurrency groups (see docs/architecture.md,
-"The data plane"): the *data* lane (``deliver``) only enqueues into the input gate and
-returns; the *control* lane (credits, checkpoint triggers, barriers,
-checkpoint notifications, stop, cancel) only enqueues into the mailbox and
-returns. A third group, *monitor*, holds the one long call
-``await_termination`` through which the job master learns how the subtask
-ended (or that its process died).
+"""A subtask: one parallel instance of an operator chain, hosted by a Ray actor
+(:mod:`raystream.actors.subtask_actor`, whose methods only enqueue or report).
 
 All processing happens on one thread, the mailbox loop (Flink's
 ``MailboxProcessor``): it takes control messages first, then — unless an
@@ -276,6 +269,10 @@ class Subtask:
                 max_parallelism=spec.max_parallelism, attempt=spec.attempt,
                 failpoints=self.failpoints, gateway=self._gateway())
 
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"subtask {self.spec.actor_name}",
                                         daemon=True)
@@ -361,7 +358,7 @@ class Subtask:
     def _loop(self) -> None:
         while True:
             now = time.monotonic()
-            self.exporter.maybe_export(now, self._metrics)
+            self.exporter.maybe_export(now, self.metrics)
             for writer in self.writers:
                 writer.flush_if_due(now)
             self._send_credits(idle=False)
@@ -657,7 +654,7 @@ class Subtask:
     # -- endings ------------------------------------------------------------------
     def _finish(self, status: SubtaskEnding) -> None:
         self.report = TerminationReport(self.spec.vertex.id, self.spec.index, status,
-                                        metrics=self._metrics())
+                                        metrics=self.metrics())
         self.exporter.export(self.report.metrics)
 
     def _fail(self, operator: str, cause: BaseException, traceback_text: str) -> None:
@@ -668,11 +665,11 @@ class Subtask:
         self.report = TerminationReport(vertex.id, self.spec.index, SubtaskEnding.FAILED,
                                         error=message,
                                         operator=operator, traceback=traceback_text,
-                                        metrics=self._metrics(),
+                                        metrics=self.metrics(),
                                         error_types=qualified_names(type(cause)))
         self.exporter.export(self.report.metrics)
 
-    def _liveness(self) -> SubtaskLiveness:
+    def liveness(self) -> SubtaskLiveness:
         """Where this subtask stands on its way to the end of its input (read from the
         control lane while the mailbox loop runs: plain reads of its fields)."""
         waiting = tuple(note for op in self.operators if (note := op.waiting_for()) is not None)
@@ -684,7 +681,8 @@ class Subtask:
                                self.lifecycle is Lifecycle.FINISHED, waiting, channels,
                                source=self.source is not None)
 
-    def _metrics(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, float]:
+        """Its figures now (read from the control lane while the mailbox loop runs)."""
         metrics: dict[str, float] = {"records_in": self.input.records_in,
                                      "batches_in": self.input.batches_in,
                                      "bytes_in": self.input.bytes_in,
@@ -710,138 +708,6 @@ class Subtask:
             for name, value in (operator.metrics() or {}).items():
                 metrics[f"{operator.name}.{name}"] = value
         return metrics
-
-
-HOST_STOP_TIMEOUT_S = 10.0
-
-
-# ray's typed overloads of remote() lack concurrency_groups
-@ray.remote(concurrency_groups={"data": 1, "control": 1, "monitor": 1},  # pyright: ignore[reportCallIssue]
-            max_restarts=0, max_task_retries=0)
-class SubtaskActor:
-    """Ray actor hosting one :class:`Subtask` (its methods only enqueue or report).
-
-    Created with a spec, or empty as a warm spare; :meth:`host` swaps in the
-    subtask of a new attempt. Failover reuses live actors that way: a new
-    attempt need not wait for new worker processes to start and import.
-    """
-
-    def __init__(self, spec: SubtaskSpec | None = None) -> None:
-        # pyarrow imports pandas at the first Arrow -> numpy conversion, about half a second
-        # of a subtask's first batch; importing it here puts that into the process start,
-        # before the actor reports ready (and keeps it out of the job master and the driver)
-        import pandas  # noqa: F401
-
-        self.subtask = Subtask(spec) if spec is not None else None
-
-    def _hosted(self) -> Subtask:
-        if self.subtask is None:
-            raise RuntimeError("this actor hosts no subtask yet (a warm spare): host() one first")
-        return self.subtask
-
-    def ready(self) -> str:
-        """Answered once the actor is up: the id of the Ray node it runs on."""
-        return ray.get_runtime_context().get_node_id()
-
-    @ray.method(concurrency_group="control")
-    def host(self, spec: SubtaskSpec) -> str:
-        """Cancel the current subtask, wait until it has stopped, and host ``spec``'s."""
-        old = self.subtask
-        if old is not None and old._thread is not None:
-            old.post(Cancel())
-            if not old.done.wait(HOST_STOP_TIMEOUT_S):
-                raise RuntimeError(f"subtask {old.spec.actor_name} did not stop within "
-                                   f"{HOST_STOP_TIMEOUT_S:.0f} s")
-        self.subtask = Subtask(spec)
-        return spec.actor_name
-
-    @ray.method(concurrency_group="control")
-    def connect(self, downstream: dict, upstream: dict) -> None:
-        self._hosted().connect(downstream, upstream)
-
-    @ray.method(concurrency_group="control")
-    def start(self) -> None:
-        self._hosted().start()
-
-    @ray.method(concurrency_group="data")
-    def deliver(self, envelope: Envelope) -> None:
-        subtask = self.subtask
-        if subtask is not None:
-            subtask.deliver(envelope)
-
-    @ray.method(concurrency_group="control")
-    def add_credit(self, channel: ChannelId, n: int, attempt: int) -> None:
-        subtask = self.subtask
-        if subtask is not None and attempt == subtask.spec.attempt:
-            subtask.post(Credit(channel, n))
-
-    @ray.method(concurrency_group="control")
-    def handle_operator_event(self, attempt: int, operator: str, event: Any) -> None:
-        """An event from ``operator``'s coordinator: queued in the mailbox, in order."""
-        subtask = self.subtask
-        if subtask is not None and attempt == subtask.spec.attempt:
-            subtask.post(OperatorEvent(operator, event))
-
-    @ray.method(concurrency_group="control")
-    def trigger_checkpoint(self, barrier: Barrier) -> None:
-        subtask = self.subtask
-        if subtask is not None and barrier.attempt == subtask.spec.attempt:
-            subtask.post(TriggerReceived(barrier))
-
-    @ray.method(concurrency_group="control")
-    def receive_barrier(self, channel: ChannelId, barrier: Barrier, upto: int,
-                        index: int) -> None:
-        subtask = self.subtask
-        if subtask is not None and barrier.attempt == subtask.spec.attempt:
-            subtask.post(BarrierReceived(channel, barrier, upto, index))
-
-    @ray.method(concurrency_group="control")
-    def notify_checkpoint_complete(self, checkpoint_id: int, attempt: int) -> None:
-        subtask = self.subtask
-        if subtask is not None and attempt == subtask.spec.attempt:
-            subtask.post(CheckpointCompleted(checkpoint_id))
-
-    @ray.method(concurrency_group="control")
-    def notify_checkpoint_aborted(self, checkpoint_id: int, attempt: int) -> None:
-        subtask = self.subtask
-        if subtask is not None and attempt == subtask.spec.attempt:
-            subtask.post(CheckpointAborted(checkpoint_id))
-
-    @ray.method(concurrency_group="control")
-    def drain(self) -> None:
-        """A source ends its input at once (stop-with-savepoint with drain)."""
-        self._hosted().post(Drain())
-
-    @ray.method(concurrency_group="control")
-    def stop(self) -> None:
-        """End a finished subtask (after the final checkpoint)."""
-        self._hosted().post(Stop())
-
-    @ray.method(concurrency_group="control")
-    def cancel(self) -> None:
-        self._hosted().post(Cancel())
-
-    @ray.method(concurrency_group="control")
-    def running(self) -> bool:
-        """Does this actor run a subtask now (not: idle, or its subtask has ended)?"""
-        return self.subtask is not None and not self.subtask.done.is_set()
-
-    @ray.method(concurrency_group="control")
-    def metrics(self) -> dict[str, float]:
-        return self._hosted()._metrics()
-
-    @ray.method(concurrency_group="control")
-    def liveness(self) -> SubtaskLiveness:
-        """What the hosted subtask still waits for before it can end."""
-        return self._hosted()._liveness()
-
-    @ray.method(concurrency_group="monitor")
-    def await_termination(self) -> TerminationReport:
-        subtask = self._hosted()  # the one hosted now, even if host() swaps it meanwhile
-        subtask.done.wait()
-        if subtask.report is None:
-            raise RuntimeError(f"subtask {subtask.spec.actor_name} ended without a report")
-        return subtask.report
 
 
 def qualified_names(kind: type) -> tuple[str, ...]:

@@ -58,7 +58,7 @@ def _subtask_metrics() -> dict[str, Any]:
 
 
 class SubtaskMetricsExporter:
-    """Exports one subtask's figures (the dict of ``Subtask._metrics()``) to Ray's metrics."""
+    """Exports one subtask's figures (the dict of ``Subtask.metrics()``) to Ray's metrics."""
 
     def __init__(self, job: str, job_id: str, operator: str, subtask: int,
                  every_s: float = EXPORT_EVERY_S) -> None:

@@ -45,7 +45,7 @@ from typing import Any
 import ray
 import ray.exceptions
 
-from raystream.actors.subtask import SubtaskActor
+from raystream.actors.subtask_actor import SubtaskActor
 from raystream.actors.resources import Resources
 from raystream.engine.deployment import NAMESPACE, SUBTASK_SCHEDULING
 

@@ -18,8 +18,8 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from raystream.actors.liveness import NoAnswer, SubtaskLiveness
-from raystream.actors.subtask import (SubtaskActor, SubtaskEnding, SubtaskSpec,
-                                      TerminationReport)
+from raystream.actors.subtask import SubtaskEnding, SubtaskSpec, TerminationReport
+from raystream.actors.subtask_actor import SubtaskActor
 from raystream.actors.subtask_checkpoints import CheckpointingSpec
 from raystream.checkpoint.config import AlignmentMode
 from raystream.checkpoint.restore import RestoreSpec
