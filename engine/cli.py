@@ -312,13 +312,16 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from raystream.engine import registry
-    from raystream.engine.live_jobs import live_masters, metrics_of, status_of
+    from raystream.engine.job_progress import progress_lines
+    from raystream.engine.live_jobs import live_masters, metrics_of, progress_of, status_of
 
     connect(args.address)
     job = registry.find_job(args.job)
     live = live_masters()
+    progress = progress_of(job, live)
     if args.json:
-        return _print_json({**job, "status": status_of(job, live), "metrics": metrics_of(job, live)})
+        return _print_json({**job, "status": status_of(job, live), "metrics": metrics_of(job, live),
+                            "progress": progress})
     checkpoints = job["checkpoints"]
     completed = [c for c in checkpoints if c["status"] == "COMPLETED"]
     lines = [("job", f"{job['job_id']} ({job['name']})"),
@@ -327,6 +330,7 @@ def cmd_status(args: argparse.Namespace) -> int:
              ("started", f"{_when(job['started_at'])} ({_duration(job)})"),
              ("checkpoints", f"{len(completed)} completed of {len(checkpoints)}"
                              + (f", latest #{completed[-1]['checkpoint_id']}" if completed else ""))]
+    lines += progress_lines(progress)
     if job.get("submission_id"):
         lines.append(("submission", job["submission_id"]))
     placement = dict(job.get("placement") or {})

@@ -36,6 +36,7 @@ stays there and its rate is 0: they are no progress.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import threading
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -175,3 +176,48 @@ class ProgressTracker:
                 fraction_read=min(read.value / total, 1.0) if total else None,
                 watermark_ms=watermark,
                 watermark_lag_s=None if watermark is None else (now_ms - watermark) / 1000)
+
+
+_DURATION_UNITS = ((365.25 * 86400, "years"), (86400, "days"), (3600, "h"), (60, "min"),
+                   (1, "s"))
+
+
+def duration_text(seconds: float) -> str:
+    """A duration in the unit that reads best (the web UI writes them the same way).
+
+        >>> duration_text(0.85), duration_text(72), duration_text(3 * 365.25 * 86400)
+        ('850 ms', '1.2 min', '3.0 years')
+    """
+    for size, unit in _DURATION_UNITS:
+        if abs(seconds) >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds * 1000:.0f} ms"
+
+
+def progress_lines(progress: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``raystream status``'s lines for a job's progress (``JobProgress.as_dict()``).
+
+        >>> progress_lines({"phase": "running", "rows_read": 500, "rows_total": 2000,
+        ...                 "fraction_read": 0.25, "read_per_s": 100.0, "rows_written": 480,
+        ...                 "written_per_s": 90.0, "watermark_ms": 0, "watermark_lag_s": 1.5})
+        [('phase', 'running'), ('read', '500 of 2,000 rows (25%), 100 rows/s'), ('written', '480 rows, 90 rows/s'), ('watermark', '1970-01-01T00:00:00.000Z (lag 1.5 s)')]
+    """
+    if not progress:
+        return []
+    lines = [("phase", str(progress.get("phase")))]
+
+    def rate(key: str) -> str:
+        value = progress.get(key)
+        return "" if value is None else f", {value:,.0f} rows/s"
+
+    total, read = progress.get("rows_total"), progress.get("rows_read", 0)
+    lines.append(("read", (f"{read:,} of {total:,} rows ({progress.get('fraction_read', 0):.0%})"
+                           if total else f"{read:,} rows") + rate("read_per_s")))
+    lines.append(("written", f"{progress.get('rows_written', 0):,} rows" + rate("written_per_s")))
+    watermark = progress.get("watermark_ms")
+    if watermark is not None:
+        when = datetime.datetime.fromtimestamp(watermark / 1000, datetime.timezone.utc)
+        lag = progress.get("watermark_lag_s")
+        lines.append(("watermark", when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+                      + ("" if lag is None else f" (lag {duration_text(lag)})")))
+    return lines

@@ -105,6 +105,9 @@ def test_submit_through_the_jobs_api_then_list_status_and_checkpoints(ray_head, 
     status = ok(ray_head.run("raystream", "status", job_id))
     assert re.search(r"^status\s+FINISHED$", status, re.M)
     assert re.search(rf"^submission\s+{submission}$", status, re.M)
+    # its final progress: every reading read, of as many as the source had
+    assert re.search(r"^phase\s+finished$", status, re.M), status
+    assert re.search(rf"^read\s+{readings:,} of {readings:,} rows \(100%\)", status, re.M), status
     # every reading reached the keyed operator, in subtasks of the same chain
     metrics = json.loads(ok(ray_head.run("raystream", "metrics", job_id, "--json")))
     keyed = [m for name, m in metrics.items() if name.startswith("per-meter")]
