@@ -27,6 +27,7 @@ the final checkpoint, the one after every subtask's end of input (FLIP-147).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -76,6 +77,20 @@ class Failpoints:
                        or f.operator in chain.split(" -> ")]
         self._chain, self._subtask, self._attempt = chain, subtask, attempt
         self._hits: dict[Failpoint, int] = {}
+
+    @classmethod
+    def of_job_master(cls, failpoints: tuple[Failpoint, ...], attempt: int) -> Failpoints:
+        """The job master's own points (:data:`MASTER_POINTS`) in ``attempt``."""
+        return cls(tuple(f for f in failpoints if f.point in MASTER_POINTS), "job master", None,
+                   attempt)
+
+    @classmethod
+    def of_coordinator(cls, failpoints: tuple[Failpoint, ...], attempt: int) -> Failpoints:
+        """The checkpoint coordinator's point in ``attempt``. It always raises: ending the
+        master's process would end the job, not fail it over."""
+        return cls(tuple(dataclasses.replace(f, action="raise") for f in failpoints
+                         if f.point == "after_metadata_before_notify"), "coordinator", None,
+                   attempt)
 
     def hit(self, point: str, *, final: bool = False) -> None:
         """Pass through ``point`` (``final``: in the final checkpoint's snapshot)."""

@@ -27,14 +27,13 @@ This module is the actor and its event loop; the parts live beside it:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 import queue
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 import ray
 from ray.exceptions import RayActorError
@@ -58,7 +57,7 @@ from raystream.engine.deployment import (NAMESPACE, SUBTASK_SCHEDULING, Deployme
 from raystream.engine.diagnosis import JobDiagnosis, PendingCheckpointView
 from raystream.engine.errors import JobNotFoundError, JobNotRunningError
 from raystream.engine.failover import Failover, Failure, FailJob, Restart
-from raystream.core.failpoints import MASTER_POINTS, Failpoints, InjectedFailure
+from raystream.core.failpoints import Failpoints, InjectedFailure
 from raystream.engine.job_events import (CancelRequested, CheckpointAcknowledged,
                                          CheckpointDeclined, GatewayAcknowledged, JobEvent,
                                          OperatorEventReceived, Reply, SavepointMode,
@@ -71,7 +70,7 @@ from raystream.engine.job_report import JobOutcome, job_summary, outcome_of_summ
 from raystream.engine.job_status import JobStatus, check_transition
 from raystream.engine.master_journal import JournalEntry
 from raystream.engine.metrics import JobMetricsExporter
-from raystream.engine.recovery import Recovery, RecoveryClock, RecoveryStage
+from raystream.engine.recovery import Recovery, RecoveryLog, RecoveryStage
 from raystream.engine.savepoint_requests import SavepointRequests
 
 # what other modules import from here (the deployment's names for the actor pool)
@@ -184,8 +183,7 @@ class JobMaster:
         self.deployment = Deployment(job_id, job_name, plan, options)
         self.finished: dict[SubtaskKey, dict] = {}  # this attempt's finished subtasks' results
         self.failover = Failover(options.restart)
-        self.recoveries: list[Recovery] = []  # one per failover, oldest first
-        self._recovery: RecoveryClock | None = None  # times the latest one's stages
+        self.recoveries = RecoveryLog(subtasks=plan.num_subtasks())  # one per failover
         self.coordinator: CheckpointCoordinator | None = None
         # the operator coordinators (split enumerators, ...) with their subtask gateways
         self.operator_coordinators = OperatorCoordinators([])  # created by the event thread
@@ -261,7 +259,7 @@ class JobMaster:
         figures = self._progress()
         return {"status": self.status, "attempt": self.attempt,
                 "failures": list(self.failover.failures),
-                "restores": self._restore_rows(), "master_pid": os.getpid(),
+                "restores": self.recoveries.rows(), "master_pid": os.getpid(),
                 "completed_checkpoints": coordinator.completed_ids() if coordinator else [],
                 "checkpoints": coordinator.stats() if coordinator else [],
                 **figures.as_dict()}
@@ -377,7 +375,7 @@ class JobMaster:
         outcome.run_s = time.perf_counter() - started - deploy_s
         outcome.restarts = self.attempt
         outcome.failures = list(self.failover.failures)
-        outcome.restores = self._restore_rows()
+        outcome.restores = self.recoveries.rows()
         outcome.checkpoints = self.coordinator.stats() if self.coordinator else []
         self.progress_tracker.sample(time.monotonic(), outcome.metrics)  # the final figures
         self._master_failpoints().hit("master_ended")
@@ -406,7 +404,7 @@ class JobMaster:
                 return self._failed(decision)
             assert coordinator is not None  # a master without checkpoints is not restarted
             restore = coordinator.take_over(self._committed_savepoint)
-            self._recovering(Recovery.detected(attempt=self.attempt, failure=MASTER_DIED,
+            self.recoveries.begin(Recovery.detected(attempt=self.attempt, failure=MASTER_DIED,
                                                at=restarted).restoring(
                 restore.checkpoint_id if restore else None, ()))
         if restore is None and self.options.restore_from is not None:
@@ -443,7 +441,8 @@ class JobMaster:
         if noted is not None:
             self.started_at = noted.started_at
             self.failover.carry_on(noted.failures)
-            self.recoveries = [Recovery.from_dict(row) for row in noted.restores]
+            self.recoveries = RecoveryLog(self.plan.num_subtasks(),
+                                          (Recovery.from_dict(row) for row in noted.restores))
             self._committed_savepoint = noted.savepoint
         assert self.options.checkpoints is not None
         storage = CheckpointStorage(self.options.checkpoints.storage)
@@ -466,7 +465,7 @@ class JobMaster:
         if self.options.may_restart:
             master_journal.note(self.job_id, JournalEntry(
                 self.attempt, self.started_at, tuple(self.failover.failure_details),
-                tuple(self._restore_rows()), self._committed_savepoint))
+                tuple(self.recoveries.rows()), self._committed_savepoint))
 
     def _set_status(self, status: JobStatus) -> None:
         """Every status change goes through here (checked against the transition table)."""
@@ -546,7 +545,7 @@ class JobMaster:
             case GatewayAcknowledged(attempt, operators, index, n) if attempt == self.attempt:
                 self.operator_coordinators.acknowledge(list(operators), index, n)
             case SubtaskReachedStage(attempt, subtask, stage, at) if attempt == self.attempt:
-                self._timed(lambda clock: clock.reached(stage, subtask, at=at))
+                self.recoveries.timed(attempt, lambda clock: clock.reached(stage, subtask, at=at))
             case CheckpointAcknowledged(attempt, n, subtask, written, stats) if (
                     coordinator is not None):
                 coordinator.acknowledge(attempt, n, subtask, written, stats)
@@ -605,7 +604,7 @@ class JobMaster:
             job_id=self.job_id, job_name=self.job_name, status=self.status,
             attempt=self.attempt, submission_id=self.options.submission_id,
             started_at=self.started_at, plan=self.plan, failover=self.failover,
-            restores=self._restore_rows(), placement=self.deployment.placement,
+            restores=self.recoveries.rows(), placement=self.deployment.placement,
             checkpoints=checkpoints, outcome=self.outcome,
             progress=None if self.outcome is None else self._progress().as_dict())
         text = json.dumps({k: v for k, v in summary.items() if k != "ended_at"}, default=str)
@@ -644,7 +643,7 @@ class JobMaster:
             return self._failed(Failover.cannot_restore(failure, str(exc)))
         try:
             self._reset_operator_coordinators(restore)
-            self._recovering(recovery.restoring(restore.checkpoint_id if restore else None,
+            self.recoveries.begin(recovery.restoring(restore.checkpoint_id if restore else None,
                                                 tuple(lost_nodes)))
             self._deploy(restore=restore, avoid_nodes=lost_nodes)
             self._note()
@@ -680,30 +679,10 @@ class JobMaster:
                                               rows=restore.rows if restore else RowCounts())
         self._note()
         deployed = self.deployment.deploy(self.attempt, restore, avoid_nodes or [])
-        self._timed(lambda clock: clock.deployed(cancelled_at=deployed.cancelled_at,
-                                                 deployed_at=deployed.started_at))
+        self.recoveries.timed(self.attempt, lambda clock: clock.deployed(
+            cancelled_at=deployed.cancelled_at, deployed_at=deployed.started_at))
         if self.operator_coordinators:
             self.operator_coordinators.bind(self.deployment.event_transport(self.attempt))
-
-    # -- recoveries ---------------------------------------------------------------------------
-    def _recovering(self, recovery: Recovery) -> None:
-        """``recovery`` is under way: the attempt it deploys is timed by stage from now on."""
-        self.recoveries.append(recovery)
-        self._recovery = RecoveryClock(recovery, subtasks=sum(
-            vertex.parallelism for vertex in self.plan.vertices))
-
-    def _timed(self, change: Callable[[RecoveryClock], None]) -> None:
-        """Apply what the deployment or a subtask reported to the recovery under way."""
-        clock = self._recovery
-        if clock is None or clock.recovery.attempt != self.attempt:
-            return  # the first attempt, or a report of an attempt nobody recovers
-        change(clock)
-        self.recoveries[-1] = clock.recovery
-        if clock.recovery.complete:
-            self._recovery = None
-
-    def _restore_rows(self) -> list[dict[str, Any]]:
-        return [r.as_dict() for r in self.recoveries]
 
     def _notify_complete(self, n: int) -> None:
         """Checkpoint ``n`` completed: its subtasks are told (committers commit it)."""
@@ -715,16 +694,10 @@ class JobMaster:
         self.deployment.notify_checkpoint_complete(n, self.attempt)
 
     def _master_failpoints(self) -> Failpoints:
-        return Failpoints(tuple(f for f in self.options.failpoints if f.point in MASTER_POINTS),
-                          "job master", None, self.attempt)
+        return Failpoints.of_job_master(self.options.failpoints, self.attempt)
 
     def _coordinator_failpoints(self) -> Failpoints:
-        # The coordinator's failpoints always raise: ending the master's process
-        # would end the job, not fail it over.
-        return Failpoints(tuple(dataclasses.replace(f, action="raise")
-                                for f in self.options.failpoints
-                                if f.point == "after_metadata_before_notify"),
-                          "coordinator", None, self.attempt)
+        return Failpoints.of_coordinator(self.options.failpoints, self.attempt)
 
     def _create_coordinator(self) -> CheckpointCoordinator | None:
         config = self.options.checkpoints

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Iterable
 
 
 class RecoveryStage(enum.Enum):
@@ -167,6 +167,42 @@ class RecoveryClock:
         if (self.recovery.next_stage is RecoveryStage.FIRST_RECORD
                 and self._first_record_at is not None):
             self._reach(RecoveryStage.FIRST_RECORD, self._first_record_at)
+
+
+class RecoveryLog:
+    """A job's recoveries, oldest first, with the clock of the one under way.
+
+    >>> log = RecoveryLog(subtasks=1)
+    >>> log.begin(Recovery.detected(attempt=1, failure="x", at=10.0))
+    >>> log.timed(1, lambda clock: clock.deployed(cancelled_at=10.1, deployed_at=10.2))
+    >>> log.timed(0, lambda clock: clock.deployed(cancelled_at=99, deployed_at=99))  # no one's
+    >>> [round(s, 2) for s in log.recoveries[-1].stages]
+    [0.0, 0.1, 0.2]
+    """
+
+    def __init__(self, subtasks: int, recoveries: Iterable[Recovery] = ()) -> None:
+        self.subtasks = subtasks
+        self.recoveries = list(recoveries)
+        self._clock: RecoveryClock | None = None
+
+    def begin(self, recovery: Recovery) -> None:
+        """``recovery`` is under way: the attempt it deploys is timed by stage from now on."""
+        self.recoveries.append(recovery)
+        self._clock = RecoveryClock(recovery, self.subtasks)
+
+    def timed(self, attempt: int, change: Callable[[RecoveryClock], None]) -> None:
+        """Apply what ``attempt``'s deployment or a subtask reported to the recovery under
+        way (nothing if none, or it is another attempt's: the first one is no recovery)."""
+        clock = self._clock
+        if clock is None or clock.recovery.attempt != attempt:
+            return
+        change(clock)
+        self.recoveries[-1] = clock.recovery
+        if clock.recovery.complete:
+            self._clock = None
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [r.as_dict() for r in self.recoveries]
 
 
 def describe(row: dict[str, Any]) -> str:
