@@ -409,13 +409,14 @@ class DataStream:
         ``raystream.<name>.<topic>``) must be unique among the jobs writing at
         once. ``"at_least_once"``: produced at once, flushed before every barrier.
         Other keyword arguments are librdkafka settings (dots as underscores). See
-        :mod:`raystream.engine.operators.kafka_sink`.
+        :mod:`raystream.engine.operators.kafka_sink`. ``execute()`` checks that the broker
+        answers and the topic is there (or that the broker creates it, as it would for
+        the first record) before the job starts, where the job runs on this machine.
 
             >>> totals.sink_to_kafka("127.0.0.1:9092", "totals", key="user")    # doctest: +SKIP
         """
         from raystream.engine.operators.kafka_sink import (Delivery, KafkaCommitter,
-                                                           KafkaSinkConfig, KafkaWriter,
-                                                           check_writable)
+                                                           KafkaSinkConfig, KafkaWriter)
 
         config = KafkaSinkConfig(
             bootstrap_servers, topic,
@@ -424,8 +425,11 @@ class DataStream:
             delivery=Delivery.of(delivery),
             timeout_s=timeout_s,
             client_config={k.replace("_", "."): v for k, v in client_config.items()})
-        check_writable(config)
-        return self.sink_exactly_once(KafkaWriter(config), KafkaCommitter(config), name=name)
+        handle = self.sink_exactly_once(KafkaWriter(config), KafkaCommitter(config), name=name)
+        # checked by execute() before the job starts (engine/preflight.py)
+        next(t for t in self.env.transformations
+             if t.id == handle.transformation_id).preflight = config.preflight
+        return handle
 
     def sink_exactly_once(self, writer: SinkWriter, committer: Committer, *,
                           name: str = "sink", parallelism: int | None = None) -> "SinkHandle":

@@ -314,8 +314,9 @@ class StreamEnvironment:
         ``errors="dead_letter"``: a value that does not decode goes to side output
         ``rs.sources.DEAD_LETTERS`` instead of failing the job. Other keyword
         arguments are librdkafka settings (dots as underscores: ``security_protocol``).
-        The broker and topics are checked now: an unreachable broker or a missing
-        topic raises here, in one line.
+        ``execute()`` checks that the broker answers and the topics are there before
+        the job starts (where the job runs on this machine: :mod:`raystream.engine.preflight`),
+        each a one-line :class:`~raystream.engine.errors.JobSetupError`.
 
             >>> import raystream as rs
             >>> env = rs.StreamEnvironment(parallelism=2)                        # doctest: +SKIP
@@ -324,7 +325,7 @@ class StreamEnvironment:
             ...                         watermarks=rs.BoundedOutOfOrderness("ts", 2000))
         """
         from raystream.engine.sources.kafka import (KafkaReaderOperator, KafkaSource,
-                                                    KafkaSourceConfig, check_readable)
+                                                    KafkaSourceConfig)
 
         config = KafkaSourceConfig(
             bootstrap_servers, topics=(topics,) if isinstance(topics, str) else tuple(topics),
@@ -333,11 +334,12 @@ class StreamEnvironment:
             schema=schema, value_schema=value_schema, idleness_s=idleness_s, discovery_interval_s=discovery_interval_s,
             max_poll_records=max_poll_records, errors=OnError.of(errors), timeout_s=timeout_s,
             client_config={k.replace("_", "."): v for k, v in client_config.items()})
-        check_readable(config)
         source = KafkaSource(config)
-        return self.add_source(lambda op_name: KafkaReaderOperator(op_name, source, watermarks),
-                               name=name, parallelism=parallelism,
-                               coordinator=functools.partial(SourceCoordinator, source=source))
+        stream = self.add_source(lambda op_name: KafkaReaderOperator(op_name, source, watermarks),
+                                 name=name, parallelism=parallelism,
+                                 coordinator=functools.partial(SourceCoordinator, source=source))
+        stream.transformation.preflight = source.preflight
+        return stream
 
     # -- running -------------------------------------------------------------------------
     def plan(self) -> JobPlan:

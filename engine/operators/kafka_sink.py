@@ -65,6 +65,7 @@ import pyarrow.compute as pc
 
 from raystream.engine.errors import RaystreamError, choice
 from raystream.engine.formats import FormatError, Raw, ValueFormat, value_format_of
+from raystream.engine.kafka_client import BrokerCheck, client_config, serve_logs
 from raystream.engine.operators.two_phase import Committer, SinkContext, SinkWriter
 
 log = logging.getLogger(__name__)
@@ -117,9 +118,29 @@ class KafkaSinkConfig:
             raise ValueError("sink_to_kafka: topic must be a non-empty string")
 
     def client(self, **extra: Any) -> dict[str, Any]:
-        return {"bootstrap.servers": self.bootstrap_servers, "log_level": 3,
-                "linger.ms": LINGER_MS, "queue.buffering.max.messages": 1_000_000,
-                **dict(self.client_config), **extra}
+        """librdkafka settings for a client of this sink (its log lines to the logger of
+        :mod:`raystream.engine.kafka_client`)."""
+        return client_config({"bootstrap.servers": self.bootstrap_servers, "log_level": 3,
+                              "linger.ms": LINGER_MS, "queue.buffering.max.messages": 1_000_000,
+                              **dict(self.client_config), **extra})
+
+    def preflight(self) -> None:
+        """Before the job starts: the broker answers and the topic is there, or the broker
+        creates it now (``auto.create.topics.enable``), as it would for the sink's first
+        record: this asks for the topic's metadata as the sink's producer will, as Flink's
+        KafkaSink relies on the broker to create a topic it writes to."""
+        from confluent_kafka import Producer
+
+        check = BrokerCheck(f"sink_to_kafka({self.bootstrap_servers!r}, {self.topic!r})",
+                            self.bootstrap_servers, self.timeout_s)
+        metadata = check.metadata(lambda settings: Producer(self.client(**settings)),
+                                  topic=self.topic)
+        topic = metadata.topics.get(self.topic)
+        if topic is None or topic.error is not None:
+            why = topic.error.str() if topic is not None and topic.error else "no answer"
+            raise check.missing_topic(self.topic, metadata,
+                                      f"does not exist, and the broker did not create it "
+                                      f"({why})")
 
 
 def linger_ms(client_config: Mapping[str, Any], buffer_timeout_ms: float) -> float:
@@ -320,8 +341,10 @@ class KafkaCommitter(Committer):
         if incarnation not in self.markers:
             from confluent_kafka import TopicPartition
 
-            (tp,) = self._group(incarnation).committed([TopicPartition(self.config.topic, 0)],
-                                                       timeout=self.config.timeout_s)
+            group = self._group(incarnation)
+            (tp,) = group.committed([TopicPartition(self.config.topic, 0)],
+                                    timeout=self.config.timeout_s)
+            serve_logs(group)  # (it is assigned no partition: it only keeps the marker)
             self.markers[incarnation] = tp.offset if tp.offset >= 0 else -1
         return self.markers[incarnation]
 
@@ -371,20 +394,3 @@ class KafkaCommitter(Committer):
                                  f"'{self.config.topic}' failed: {exc.args[0].str()}") from None
         self.delivery.check()
         self.markers[incarnation] = checkpoint_id
-
-
-def check_writable(config: KafkaSinkConfig) -> None:
-    """Fail at once, in one line, when the broker does not answer or the topic is missing."""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient(config.client())
-    try:
-        metadata = admin.list_topics(timeout=min(config.timeout_s, 10.0))
-    except KafkaException as exc:
-        raise KafkaSinkError(f"kafka sink: cannot reach the broker at {config.bootstrap_servers}: "
-                             f"{exc.args[0].str()}") from None
-    topic = metadata.topics.get(config.topic)
-    if topic is None or topic.error is not None:
-        raise KafkaSinkError(f"kafka sink: topic '{config.topic}' does not exist on "
-                             f"{config.bootstrap_servers}")

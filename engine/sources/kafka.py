@@ -63,6 +63,7 @@ import pyarrow.compute as pc
 from raystream.actors.messages import MIN_WATERMARK
 from raystream.engine.errors import RaystreamError
 from raystream.engine.formats import ValueFormat, value_format_of
+from raystream.engine.kafka_client import BrokerCheck, client_config, serve_logs
 from raystream.actors.operator import OperatorSnapshot
 from raystream.engine.operators.source import SourceReaderOperator
 from raystream.engine.sources.base import Source, SplitReader
@@ -183,10 +184,18 @@ class KafkaSourceConfig:
         return self.value_format
 
     def client(self, **extra: Any) -> dict[str, Any]:
-        """librdkafka settings for a client of this source."""
-        return {"bootstrap.servers": self.bootstrap_servers, "log_level": 3,
-                "socket.connection.setup.timeout.ms": int(self.timeout_s * 1000),
-                **dict(self.client_config), **extra}
+        """librdkafka settings for a client of this source (its log lines to the logger
+        of :mod:`raystream.engine.kafka_client`)."""
+        return client_config({"bootstrap.servers": self.bootstrap_servers, "log_level": 3,
+                              "socket.connection.setup.timeout.ms": int(self.timeout_s * 1000),
+                              **dict(self.client_config), **extra})
+
+    @property
+    def call(self) -> str:
+        """The user's call, for messages."""
+        what = (f"topics={list(self.topics)!r}" if self.topics
+                else f"pattern={self.pattern!r}")
+        return f"read_kafka({self.bootstrap_servers!r}, {what})"
 
 
 def split_id(topic: str, partition: int) -> str:
@@ -203,7 +212,7 @@ def owner_of(topic: str, partition: int, parallelism: int) -> int:
     return (zlib.crc32(topic.encode()) + partition) % parallelism
 
 
-# -- talking to the broker (enumerator worker threads, the driver) -----------------------------
+# -- talking to the broker (enumerator worker threads) -----------------------------
 def list_partitions(config: KafkaSourceConfig, consumer: Any) -> list[tuple[str, int]]:
     """Every (topic, partition) the source reads now; a named topic that does not exist,
     or a broker that does not answer, is a :class:`KafkaError`."""
@@ -309,17 +318,6 @@ def resolve_splits(config: KafkaSourceConfig, partitions: list[tuple[str, int]],
              "stop": int(stops[(t, p)]) if (t, p) in stops else None} for t, p in partitions]
 
 
-def check_readable(config: KafkaSourceConfig) -> None:
-    """Fail at once, in one line, when the broker does not answer or a topic is missing."""
-    from confluent_kafka import Consumer
-
-    consumer = Consumer(config.client(**{"group.id": config.group_id or "raystream-check"}))
-    try:
-        list_partitions(config, consumer)
-    finally:
-        consumer.close()
-
-
 # -- the source ---------------------------------------------------------------------------------
 class KafkaSource(Source):
     """Topic partitions as splits ``{"topic", "partition", "start", "stop"}``."""
@@ -329,6 +327,23 @@ class KafkaSource(Source):
 
     def split_id(self, split: dict) -> str:
         return split_id(split["topic"], split["partition"])
+
+    def preflight(self) -> None:
+        """The broker answers and every topic named is there (a pattern may match none
+        yet: its topics are discovered while the job runs, as in Flink)."""
+        from confluent_kafka import Consumer
+
+        config = self.config
+        check = BrokerCheck(config.call, config.bootstrap_servers, config.timeout_s)
+        # a consumer's metadata request never creates a topic
+        metadata = check.metadata(lambda settings: Consumer(config.client(**{
+            "group.id": config.group_id or "raystream-preflight", **settings})))
+        for name in config.topics:
+            topic = metadata.topics.get(name)
+            if topic is None or topic.error is not None or not topic.partitions:
+                why = (f"is not readable ({topic.error.str()})" if topic is not None
+                       and topic.error is not None else "does not exist")
+                raise check.missing_topic(name, metadata, why)
 
     def create_enumerator(self, context: SplitEnumeratorContext, state: Any | None) -> SplitEnumerator:
         return KafkaSplitEnumerator(context, self.config, state)
@@ -394,7 +409,10 @@ class KafkaSplitEnumerator(SplitEnumerator):
         def new_splits() -> list[dict]:  # on a worker thread
             consumer = self._client()
             found = [tp for tp in list_partitions(config, consumer) if split_id(*tp) not in seen]
-            return resolve_splits(config, found, consumer, initial=initial)
+            try:
+                return resolve_splits(config, found, consumer, initial=initial)
+            finally:
+                serve_logs(consumer)  # (assigned nothing: resolve_splits unassigns)
         self.context.call_async(new_splits, self._on_discovered)
 
     def _on_discovered(self, splits: list[dict] | None, error: BaseException | None) -> None:
