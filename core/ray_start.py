@@ -14,7 +14,7 @@ from typing import Any
 import ray
 
 from raystream.core.cluster_mark import mark_cluster
-from raystream.core.logs import quiet_ray
+from raystream.core.logs import quiet_ray, quiet_raylet_messages
 
 
 # Ray deletes released objects in periodic batches (1 s by default), so a
@@ -48,6 +48,8 @@ def _start_or_join(address: str | None, init_kwargs: dict[str, Any]) -> None:
         loopback_node()
     elif is_loopback_address(address or os.environ.get("RAY_ADDRESS", "")):
         loopback_node()  # or Ray looks for 127.0.0.1's cluster at this machine's external IP
+    if init_kwargs.get("log_to_driver") is False:  # (else the caller asked for Ray's output)
+        quiet_raylet_messages()  # before its printing thread starts
     ray.init(address=address, **init_kwargs)
 
 

@@ -1,11 +1,15 @@
 """Spark's and RayDP's start-up output.
 
-Spark's JVM prints log4j warnings about the host name and native Hadoop, and
-the INFO lines Ray's C++ code prints before its logging is set up (in RayDP's
-JVM, which writes to this process's stderr). None of it is about the job.
-Unless ``RAYSTREAM_LOG=debug`` (:func:`verbose`), a Spark session gets a
-quieter log4j configuration, and those INFO lines are filtered out of the
-JVM's stderr. Ray's own settings, and :func:`verbose`, are in :mod:`raystream.core.logs`.
+Spark's JVM prints log4j warnings about the host name and native Hadoop, about
+a streaming query's temporary checkpoint directory (``ResolveWriteToStream``),
+and the INFO lines Ray's C++ code prints before its logging is set up (in
+RayDP's JVM, which writes to this process's stderr). None of it is about the
+job. Unless ``RAYSTREAM_LOG=debug`` (:func:`verbose`), a Spark session gets a
+log4j configuration that writes Spark's warnings to a file beside Ray's logs
+(:func:`spark_log_file`: ``/tmp/ray/session_latest/logs/raystream-spark-driver-<pid>.log``)
+and only its errors to stderr too, and those INFO lines are filtered out of
+the JVM's stderr. Ray's own settings, and :func:`verbose`, are in
+:mod:`raystream.core.logs`.
 
     >>> import os
     >>> os.environ.pop("RAYSTREAM_LOG", None) and None
@@ -20,7 +24,7 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from raystream.core.logs import verbose
 
@@ -30,13 +34,47 @@ SPARK_LOG4J_FILE = Path(__file__).resolve().parent / "log4j2-quiet.properties"
 
 
 def quiet_spark(configs: dict[str, str]) -> None:
-    """Before a Spark session starts: a log4j configuration without the start-up noise,
-    and the loopback address Spark would otherwise warn it picked instead of the host
-    name (the session binds to 127.0.0.1 anyway), unless verbose or set by the caller."""
+    """Before a Spark session starts (Ray is up): a log4j configuration that keeps Spark's
+    lines in :func:`spark_log_file` (errors on stderr too), and the loopback address
+    Spark would otherwise warn it picked instead of the host name (the session binds to
+    127.0.0.1 anyway), unless verbose or set by the caller."""
     if verbose():
         return
-    configs.setdefault("spark.log4j.config.file.name", str(SPARK_LOG4J_FILE))
+    if "spark.log4j.config.file.name" not in configs:
+        configs["spark.log4j.config.file.name"] = str(SPARK_LOG4J_FILE)
+        # (RayDP adds its own options to the driver's)
+        configs["spark.driver.extraJavaOptions"] = " ".join(filter(None, [
+            configs.get("spark.driver.extraJavaOptions"),
+            f"-Draystream.spark.log={spark_log_file()}"]))
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def requiet_spark(spark: Any, configs: dict[str, str]) -> None:
+    """Once the session is up: load raystream's log4j configuration again, unless verbose
+    or the caller gave one. Ray's Java runtime, started by RayDP in the driver JVM,
+    replaced it with a console logger at WARN (Ray's ``LoggingUtil``), which printed
+    Spark's warnings (``ResolveWriteToStream``) between the job's lines."""
+    if verbose() or configs.get("spark.log4j.config.file.name") != str(SPARK_LOG4J_FILE):
+        return
+    jvm = spark.sparkContext._jvm
+    jvm.org.apache.logging.log4j.core.config.Configurator.reconfigure(
+        jvm.java.io.File(str(SPARK_LOG4J_FILE)).toURI())
+
+
+def spark_log_file() -> Path:
+    """Where the Spark driver of this process writes its log: in the log directory of the
+    Ray session it runs on, else the temporary directory."""
+    import tempfile
+
+    from ray._private import worker  # (Ray has no public name for its session's logs)
+
+    name = f"raystream-spark-driver-{os.getpid()}.log"
+    try:
+        logs = Path(worker._global_node.get_logs_dir_path())  # pyright: ignore
+        logs.mkdir(parents=True, exist_ok=True)
+        return logs / name
+    except Exception:  # (no node of its own: a Ray Client, say)
+        return Path(tempfile.gettempdir()) / name
 
 
 

@@ -14,7 +14,7 @@ import sys
 from typing import Any, Mapping
 
 from raystream.core.ray_start import ensure_ray
-from raystream.spark.quiet import children_stderr_without_ray_info, quiet_spark
+from raystream.spark.quiet import children_stderr_without_ray_info, quiet_spark, requiet_spark
 from raystream.spark.extra import require_spark
 
 LAPTOP_CONFIGS = {
@@ -56,6 +56,7 @@ def session(app_name: str = "raystream", *, address: str | None = None, num_exec
         _session = raydp.init_spark(app_name, num_executors=num_executors,
                                     executor_cores=executor_cores,
                                     executor_memory=executor_memory, configs=merged)
+    requiet_spark(_session, merged)
     return _session
 
 
