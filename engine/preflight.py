@@ -2,12 +2,14 @@
 machine: each a one-line :class:`~raystream.engine.errors.JobSetupError` naming what is
 wrong, in a second rather than after the job's actors started.
 
-* every source's own checks (a path ``read_files`` reads exists: :meth:`Source.preflight`);
+* every source's and sink's own checks (a path ``read_files`` reads exists:
+  :meth:`Source.preflight`; a Kafka source's or sink's broker answers and has its topics:
+  :mod:`raystream.engine.kafka_client`);
 * the checkpoint storage is writable (a probe file is created in it and deleted);
 * ``restore_from`` holds a complete savepoint or checkpoint (its metadata).
 
-On a cluster the driver may see other paths than the job's actors, so these checks are
-left to the job master there (:func:`runs_here`).
+On a cluster the driver may see other paths (and reach other brokers) than the job's
+actors, so these checks are left to the job master there (:func:`runs_here`).
 
     >>> runs_here(None, environ={}), runs_here("10.0.0.5:6379", environ={})
     (True, False)
