@@ -191,6 +191,15 @@ class CheckpointStatus(enum.StrEnum):
     CORRUPT = "CORRUPT"  # completed, then found damaged at a restore: never restored
 
 
+class AbortCause(enum.StrEnum):
+    """Why a checkpoint was aborted (a StrEnum: it goes to JSON with its stats)."""
+
+    DECLINED = "DECLINED"  # by a subtask, the operator coordinators, or the storage
+    TIMED_OUT = "TIMED_OUT"
+    SUBSUMED = "SUBSUMED"  # a later checkpoint completed first
+    FAILOVER = "FAILOVER"  # cut short by a failover
+
+
 @dataclass
 class CheckpointStats:
     """One row of a job's checkpoint history."""
@@ -201,6 +210,7 @@ class CheckpointStats:
     duration_s: float = 0.0  # trigger to completion (or abort)
     size: int = 0  # bytes written: operator state and channel state
     reason: str = ""
+    abort_cause: AbortCause | None = None  # of an aborted one
     savepoint: str | None = None  # the savepoint's location, for savepoints
     alignment_s: float = 0.0  # longest time a subtask waited for barriers to align
     # the longest of any subtask (Flink's checkpoint details): from the trigger until its
@@ -213,9 +223,12 @@ class CheckpointStats:
 
     def __post_init__(self) -> None:  # read back from JSON (the job directory): plain text
         self.status = CheckpointStatus(self.status)
+        if self.abort_cause is not None:
+            self.abort_cause = AbortCause(self.abort_cause)
 
-    def aborted(self, reason: str, duration_s: float) -> None:
+    def aborted(self, reason: str, cause: AbortCause, duration_s: float) -> None:
         self.status, self.reason, self.duration_s = CheckpointStatus.ABORTED, reason, duration_s
+        self.abort_cause = cause
 
     def completed(self, pending: PendingCheckpoint, duration_s: float) -> None:
         self.status, self.duration_s = CheckpointStatus.COMPLETED, duration_s
@@ -286,7 +299,8 @@ class CheckpointCoordinator:
         events, timeouts."""
         for n, pending in list(self.pending.items()):
             if now - pending.started > self.config.timeout_s:
-                self.abort(n, f"timed out after {self.config.timeout_s:g} s")
+                self.abort(n, f"timed out after {self.config.timeout_s:g} s",
+                           cause=AbortCause.TIMED_OUT)
             elif pending.barrier is not None:
                 self._send_barrier_when_events_are_done(pending)
         self._trigger_queued_savepoints()
@@ -419,7 +433,8 @@ class CheckpointCoordinator:
         if attempt == self.attempt and n in self.pending:
             self.abort(n, f"declined by subtask {subtask}: {reason}")
 
-    def abort(self, n: int, reason: str, *, failed: bool = True) -> None:
+    def abort(self, n: int, reason: str, *, failed: bool = True,
+              cause: AbortCause = AbortCause.DECLINED) -> None:
         """Abort pending checkpoint ``n``. A *failed* one (declined, timed out,
         not writable) counts toward ``tolerable_failures``; a subsumed one, one
         cut short by a failover, or a savepoint (its failure goes to whoever asked
@@ -427,7 +442,7 @@ class CheckpointCoordinator:
         pending = self.pending.pop(n, None)
         if pending is None:
             return
-        self.history[n].aborted(reason, time.monotonic() - pending.started)
+        self.history[n].aborted(reason, cause, time.monotonic() - pending.started)
         if pending.kind.is_final:
             self.final_checkpoint = None  # the master triggers another final checkpoint
             self._final_aborted = True
@@ -461,7 +476,7 @@ class CheckpointCoordinator:
         dropped (whoever asked for them hears of the failover from the master)."""
         self._queued_savepoints.clear()
         for n in sorted(self.pending):
-            self.abort(n, reason, failed=False)
+            self.abort(n, reason, failed=False, cause=AbortCause.FAILOVER)
 
     # -- completion ---------------------------------------------------------------------------
     def _complete(self, pending: PendingCheckpoint) -> None:
@@ -488,7 +503,8 @@ class CheckpointCoordinator:
         self._last_completion = time.monotonic()
         self.failures_in_a_row = 0
         for older in [m for m in self.pending if m < n]:
-            self.abort(older, f"subsumed by checkpoint {n}", failed=False)
+            self.abort(older, f"subsumed by checkpoint {n}", failed=False,
+                       cause=AbortCause.SUBSUMED)
         self._discard_beyond_retention()
         self.failpoints.hit("after_metadata_before_notify")
         self.committed_upto = n

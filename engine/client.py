@@ -19,6 +19,7 @@ from raystream.engine.job_options import RESUME_HINT
 from raystream.engine.job_report import outcome_of_summary
 from raystream.engine.job_status import JobStatus
 from raystream.engine.plan import JobPlan
+from raystream.engine.savepoint_failure import SavepointFailure, SavepointFailureCause
 
 
 
@@ -169,25 +170,50 @@ class JobClient:
         if self._outcome is None:
             ray.get(self._master.cancel.remote())
 
-    def savepoint(self, path: str, *, timeout_s: float | None = 300) -> str:
+    def savepoint(self, path: str, *, timeout_s: float | None = 300, retry: int = 0) -> str:
         """Take a savepoint to ``path`` (a directory or URI) while the job keeps running.
 
         Always aligned; it commits no side effects and is never used for
-        failover; it is never deleted automatically. Returns ``path``.
+        failover; it is never deleted automatically. Returns ``path``. A savepoint that
+        fails raises :class:`~raystream.SavepointFailedError`; one that may succeed if
+        asked again (declined, timed out, cut short by a failover) is asked again up to
+        ``retry`` times first.
         """
-        return ray.get(self._master.savepoint.remote(path, False, False, timeout_s))
+        return self._savepoint(path, stop=False, drain=False, timeout_s=timeout_s, retry=retry)
 
     def stop_with_savepoint(self, path: str, *, drain: bool = False,
-                            timeout_s: float | None = 300) -> JobResult:
+                            timeout_s: float | None = 300, retry: int = 0) -> JobResult:
         """Stop the sources, take a savepoint to ``path``, commit, and end the job.
 
         With ``drain`` the sources end their input first (event time advances
         to the end, so every window fires) and the final checkpoint is the
         savepoint. Restore it with ``env.execute(..., restore_from=path)``,
-        at any parallelism.
+        at any parallelism. A stop that fails raises
+        :class:`~raystream.SavepointFailedError` (the job goes on); ``retry`` as for
+        :meth:`savepoint`.
         """
-        ray.get(self._master.savepoint.remote(path, True, drain, timeout_s))
+        self._savepoint(path, stop=True, drain=drain, timeout_s=timeout_s, retry=retry)
         return self.wait(timeout_s)
+
+    def _savepoint(self, path: str, *, stop: bool, drain: bool, timeout_s: float | None,
+                   retry: int) -> str:
+        if retry < 0:
+            raise ValueError(f"retry must be 0 or more, not {retry}")
+        retried = 0
+        while True:
+            try:
+                # JobMaster.savepoint's type (ray.get of an actor call is typed List[Any])
+                answer = cast(str | SavepointFailure,
+                              ray.get(self._master.savepoint.remote(path, stop, drain, timeout_s)))
+            except RayActorError as exc:  # the master is gone for good (else Ray retried)
+                answer = SavepointFailure(SavepointFailureCause.JOB_ENDED, path,
+                                          f"its job master died ({type(exc).__name__})",
+                                          job_still_running=False)
+            if isinstance(answer, str):
+                return answer
+            if not answer.retryable or retried == retry:
+                raise answer.error()
+            retried += 1
 
     def subtask_actor(self, operator_name: str, index: int) -> Any:
         """The Ray actor running subtask ``index`` of the chain holding ``operator_name``

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 # the base of every error here, raised by lower layers too (re-exported)
 from raystream.core.errors import RaystreamError as RaystreamError
+
+if TYPE_CHECKING:  # (it raises this module's SavepointFailedError)
+    from raystream.engine.savepoint_failure import SavepointFailureCause
 
 
 class JobFailedError(RaystreamError):
@@ -33,6 +36,22 @@ class JobNotRunningError(RaystreamError):
 
 class JobStillRunningError(RaystreamError):
     """A job cannot resume while a run of the same name is still running."""
+
+
+class SavepointFailedError(RaystreamError):
+    """A savepoint (or a stop with one) did not complete, or completed without stopping the
+    job. The message says why, whether the job is still running and whether a retry makes
+    sense; ``path``, ``cause`` (a ``SavepointFailureCause``), ``job_still_running`` and
+    ``retryable`` say it to code."""
+
+    def __init__(self, message: str, *, path: str, cause: SavepointFailureCause,
+                 job_still_running: bool,
+                 retryable: bool) -> None:
+        super().__init__(message)
+        self.path = path
+        self.cause = cause
+        self.job_still_running = job_still_running
+        self.retryable = retryable
 
 
 class InsufficientResourcesError(RaystreamError):

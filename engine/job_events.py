@@ -20,27 +20,26 @@ from typing import Any
 from raystream.checkpoint.handles import OperatorSubtaskState
 from raystream.checkpoint.snapshot_stats import SnapshotStats
 from raystream.engine.recovery import RecoveryStage
+from raystream.engine.savepoint_failure import SavepointFailure
 SubtaskKey = tuple[int, int]  # (vertex id, subtask index)
 
 
 class Reply:
-    """A client call waiting for the event thread's answer (a value or an error)."""
+    """A client's savepoint waiting for the event thread's answer: the savepoint's path, or
+    why it failed (a value, not an exception: it reaches the client typed)."""
 
     def __init__(self) -> None:
         self._done = threading.Event()
-        self.value: Any = None
-        self.error: str | None = None
+        self.answer: str | SavepointFailure | None = None
 
-    def set(self, value: Any = None, error: str | None = None) -> None:
-        self.value, self.error = value, error
+    def set(self, answer: str | SavepointFailure) -> None:
+        self.answer = answer
         self._done.set()
 
-    def wait(self, timeout_s: float | None) -> Any:
-        if not self._done.wait(timeout_s):
-            raise TimeoutError(f"no answer within {timeout_s} s")
-        if self.error is not None:
-            raise RuntimeError(self.error)
-        return self.value
+    def wait(self, timeout_s: float | None) -> str | SavepointFailure | None:
+        """The answer, or None if none came within ``timeout_s``."""
+        self._done.wait(timeout_s)
+        return self.answer
 
 
 class SavepointMode(Enum):

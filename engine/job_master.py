@@ -55,7 +55,7 @@ from raystream.engine.actor_pool import assignment_of, forget_assignment, rememb
 from raystream.engine.deployment import (NAMESPACE, SUBTASK_SCHEDULING, Deployment,
                                          SubtaskFailure, deployment_failure)
 from raystream.engine.diagnosis import JobDiagnosis, PendingCheckpointView
-from raystream.engine.errors import JobNotFoundError, JobNotRunningError
+from raystream.engine.errors import JobNotFoundError
 from raystream.engine.failover import Failover, Failure, FailJob, Restart
 from raystream.core.failpoints import Failpoints, InjectedFailure
 from raystream.engine.job_events import (CancelRequested, CheckpointAcknowledged,
@@ -71,6 +71,7 @@ from raystream.engine.job_status import JobStatus, check_transition
 from raystream.engine.master_journal import JournalEntry
 from raystream.engine.metrics import JobMetricsExporter
 from raystream.engine.recovery import Recovery, RecoveryLog, RecoveryStage
+from raystream.engine.savepoint_failure import SavepointFailure, SavepointFailureCause
 from raystream.engine.savepoint_requests import SavepointRequests
 
 # what other modules import from here (the deployment's names for the actor pool)
@@ -222,17 +223,24 @@ class JobMaster:
 
     @ray.method(concurrency_group="client")
     def savepoint(self, path: str, stop: bool = False, drain: bool = False,
-                  timeout_s: float | None = None) -> str:
-        """Take a savepoint to ``path``; with ``stop`` the job ends after it (FINISHED)."""
+                  timeout_s: float | None = None) -> str | SavepointFailure:
+        """Take a savepoint to ``path``; with ``stop`` the job ends after it (FINISHED).
+        Its path, or why it failed (returned, not raised: the client gets it typed)."""
         if self.done.is_set():  # the event loop has ended: nothing would answer
             if stop and self._stopped_with(path):  # a predecessor's stop, retried by Ray
                 return path
-            raise JobNotRunningError(f"job {self.job_id} is {self.status}")
+            return SavepointFailure(SavepointFailureCause.JOB_ENDED, path,
+                                    f"job {self.job_id} is {self.status}",
+                                    job_still_running=False)
         mode = (SavepointMode.DRAIN if drain else SavepointMode.STOP if stop
                 else SavepointMode.KEEP_RUNNING)
         request = SavepointRequest(path, mode, Reply())
         self.events.put(SavepointRequested(request))
-        return request.reply.wait(timeout_s)
+        answer = request.reply.wait(timeout_s)
+        if answer is None:
+            return SavepointFailure(SavepointFailureCause.NO_ANSWER, path,
+                                    f"no answer within {timeout_s} s")
+        return answer
 
     @ray.method(concurrency_group="client")
     def subtask_actors(self) -> dict[str, list[Any]]:
@@ -366,7 +374,8 @@ class JobMaster:
             outcome = JobOutcome(JobStatus.FAILED, error=f"job '{self.job_name}' could not run: "
                                                  f"{type(exc).__name__}: {exc}")
         finally:
-            self.savepoints.answer_open(self.coordinator, "the job ended before it")
+            self.savepoints.answer_open(self.coordinator, SavepointFailureCause.JOB_ENDED,
+                                        "the job ended before it", job_still_running=False)
             self.operator_coordinators.close()
             self.deployment.release()
         if outcome.status is JobStatus.CANCELED:  # its subtasks have ended: no more commits
@@ -521,9 +530,9 @@ class JobMaster:
         self._master_failpoints().hit("master_stopping")
         try:
             outcome = self._end(JobStatus.FINISHED)
-        except SubtaskFailure as failure:
-            request.reply.set(error=f"savepoint {request.path} is complete, but the job did not "
-                                    f"stop ({failure}); it goes on from that savepoint")
+        except SubtaskFailure:
+            # the failover answers it (complete, not stopped), knowing whether the job goes on
+            self.savepoints.did_not_stop(request)
             raise
         self._stopped_by = request
         return outcome
@@ -623,7 +632,12 @@ class JobMaster:
         coordinator, detected = self.coordinator, time.time()
         decision = self.failover.on_failure(
             failure, coordinator.completed_ids() if coordinator else None, at=detected)
-        self.savepoints.answer_open(coordinator, f"the job failed over after: {failure.error}")
+        restarts = not isinstance(decision, FailJob)
+        self.savepoints.answer_open(
+            coordinator, SavepointFailureCause.FAILOVER if restarts
+            else SavepointFailureCause.JOB_ENDED,
+            f"the job {'failed over' if restarts else 'failed'} after: {failure.error}",
+            job_still_running=restarts)
         if isinstance(decision, FailJob):
             self.deployment.cancel()
             return self._failed(decision)

@@ -5,14 +5,19 @@ The job master's event thread hands each :class:`SavepointRequest` to
 answers the client once its checkpoint completes or fails. A *stop* savepoint
 ends the job once complete; a *drain* one is the final checkpoint taken after
 the sources ended their input. Both are answered by the job master once the
-job has stopped and its outcome is published.
+job has stopped and its outcome is published. A failure is answered as a typed
+:class:`~raystream.engine.savepoint_failure.SavepointFailure`.
 """
 
 from __future__ import annotations
 
-from raystream.checkpoint.coordinator import (CheckpointCoordinator, CheckpointStatus,
-                                              SavepointTicket)
+from raystream.checkpoint.coordinator import (AbortCause, CheckpointCoordinator,
+                                              CheckpointStatus, SavepointTicket)
 from raystream.engine.job_events import SavepointMode, SavepointRequest
+from raystream.engine.savepoint_failure import SavepointFailure, SavepointFailureCause as Cause
+
+# a savepoint whose checkpoint the coordinator aborted: why (any other abort: declined)
+_ABORTED = {AbortCause.TIMED_OUT: Cause.TIMED_OUT, AbortCause.FAILOVER: Cause.FAILOVER}
 
 
 class SavepointRequests:
@@ -21,14 +26,15 @@ class SavepointRequests:
         # asked for, waiting in the coordinator for a free checkpoint slot
         self.queued: list[tuple[SavepointTicket, SavepointRequest]] = []
         self.draining: SavepointRequest | None = None  # its savepoint is the final checkpoint
+        # complete stop savepoints after which the job failed to stop: answered at failover
+        self.unstopped: list[SavepointRequest] = []
 
     def request(self, request: SavepointRequest, coordinator: CheckpointCoordinator | None) -> bool:
         """Ask for ``request``'s savepoint. True: it drains the job (the sources are to end
         their input; the final checkpoint goes to its path). An exception of the
         coordinator is answered, then raised (the job fails over)."""
         if coordinator is None:
-            request.reply.set(
-                error="savepoints need checkpoints: StreamEnvironment(checkpoints=...)")
+            request.reply.set(SavepointFailure(Cause.NO_CHECKPOINTS, request.path))
             return False
         if request.mode is SavepointMode.DRAIN:
             self.draining = request
@@ -37,8 +43,8 @@ class SavepointRequests:
             ticket = coordinator.request_savepoint(request.path,
                                                    stop=request.mode is SavepointMode.STOP)
         except Exception as exc:  # the job may fail over: the caller still hears
-            request.reply.set(error=f"savepoint to {request.path} failed: "
-                                    f"{type(exc).__name__}: {exc}")
+            request.reply.set(SavepointFailure(Cause.FAILOVER, request.path,
+                                               f"{type(exc).__name__}: {exc}"))
             raise
         self.queued.append((ticket, request))
         return False
@@ -73,31 +79,47 @@ class SavepointRequests:
                 continue
             del self.by_checkpoint[n]
             if stats is None or stats.status is not CheckpointStatus.COMPLETED:
-                reason = stats.reason if stats is not None else "no record of it is left"
-                request.reply.set(error=f"savepoint {n} failed: {reason}")
+                if stats is None or stats.abort_cause is None:
+                    failure = SavepointFailure(Cause.DECLINED, request.path,
+                                               f"checkpoint {n}: no record of it is left")
+                else:
+                    failure = SavepointFailure(_ABORTED.get(stats.abort_cause, Cause.DECLINED),
+                                               request.path, f"checkpoint {n} {stats.reason}")
+                request.reply.set(failure)
                 if request is self.draining:  # the input has ended: a checkpoint ends the job
                     self.draining = None
             elif request.mode is SavepointMode.KEEP_RUNNING:
-                request.reply.set(stats.savepoint)
+                request.reply.set(stats.savepoint or request.path)
             elif request.mode is SavepointMode.STOP:
                 return request
         return None
 
-    def answer_open(self, coordinator: CheckpointCoordinator | None, reason: str) -> None:
-        """A failover or the end of the job: every savepoint not answered yet is answered
-        now (a completed one that was to stop the job did not stop it)."""
+    def did_not_stop(self, request: SavepointRequest) -> None:
+        """``request``'s stop savepoint is complete, but a subtask failed before the job
+        stopped: the failover that follows answers it."""
+        self.unstopped.append(request)
+
+    def answer_open(self, coordinator: CheckpointCoordinator | None, cause: Cause, reason: str,
+                    *, job_still_running: bool) -> None:
+        """A failover (``cause`` FAILOVER) or the end of the job (JOB_ENDED): every
+        savepoint not answered yet is answered now (a completed one that was to stop the
+        job did not stop it)."""
         open_requests: list[tuple[int | None, SavepointRequest]] = list(self.by_checkpoint.items())
         open_requests += [(ticket.checkpoint_id, request) for ticket, request in self.queued]
         if self.draining is not None and self.draining not in self.by_checkpoint.values():
             open_requests.append((None, self.draining))
-        self.by_checkpoint, self.queued, self.draining = {}, [], None
+        for request in self.unstopped:
+            request.reply.set(SavepointFailure(Cause.NOT_STOPPED, request.path, reason,
+                                               job_still_running))
+        self.by_checkpoint, self.queued, self.draining, self.unstopped = {}, [], None, []
         for n, request in open_requests:
             stats = coordinator.checkpoint_stats(n) if coordinator and n else None
             if stats is not None and stats.status is CheckpointStatus.COMPLETED:
                 if request.mode is SavepointMode.KEEP_RUNNING:
-                    request.reply.set(stats.savepoint)
+                    request.reply.set(stats.savepoint or request.path)
                 else:
-                    request.reply.set(error=f"savepoint {request.path} is complete, but the job "
-                                            f"did not stop: {reason}")
+                    request.reply.set(SavepointFailure(Cause.NOT_STOPPED, request.path, reason,
+                                                       job_still_running))
             else:
-                request.reply.set(error=f"savepoint to {request.path} failed: {reason}")
+                request.reply.set(SavepointFailure(cause, request.path, reason,
+                                                   job_still_running))

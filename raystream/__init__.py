@@ -25,7 +25,7 @@ from raystream.engine.errors import (BadRecordError, FileReadError, Insufficient
                                      JobFailedError, JobFailedOnBadRecord, JobFailedOnFileRead,
                                      JobNotFoundError, JobNotRunningError, JobSetupError,
                                      JobStillRunningError,
-                                     RaystreamError, SchemaError)
+                                     RaystreamError, SavepointFailedError, SchemaError)
 from raystream.checkpoint.operator_coordinator import (OperatorCoordinator,
                                                         OperatorCoordinatorContext,
                                                         SubtaskEventGateway)
@@ -68,7 +68,7 @@ __all__ = [
     "JobNotRunningError", "JobResult", "JobStillRunningError",
     "KeyedContext", "KeyedProcessFunction", "KeyedStream", "MAX_WATERMARK", "MIN_WATERMARK", "Operator", "RaystreamError",
     "OperatorCoordinator", "OperatorCoordinatorContext", "SourceOperator", "SubtaskEventGateway",
-    "RuntimeContext", "SchemaError", "SinkHandle", "StreamEnvironment", "key_group_of",
+    "RuntimeContext", "SavepointFailedError", "SchemaError", "SinkHandle", "StreamEnvironment", "key_group_of",
     "key_group_range",
     "formats", "sources", "spark", "subtask_for_key_group",
     "DynamicEventTimeSessionWindows", "EventTimeSessionWindows", "GlobalWindows",

@@ -21,6 +21,7 @@ import pytest
 
 import raystream as rs
 from raystream.actors.operator import Operator
+from raystream.engine.savepoint_failure import SavepointFailureCause
 from tests.support.functions import add
 from tests.support.inputs import N, numbers
 from tests.support.jobs import checkpointed_env, wait_for_checkpoint
@@ -60,7 +61,8 @@ def test_a_savepoint_whose_trigger_fails_is_answered_with_the_error(ray_session,
     client = env.execute_async("savepoint-trigger-fails")
     wait_for_checkpoint(client)
     asked = time.monotonic()
-    with pytest.raises(Exception, match="savepoint .* failed.*a-file"):
+    with pytest.raises(rs.SavepointFailedError, match="savepoint .* failed.*a-file.*still "
+                                                      "running"):
         client.savepoint(str(blocked / "sp"), timeout_s=30)
     assert time.monotonic() - asked < 20  # answered, not timed out
     result = client.wait(timeout_s=240)
@@ -165,8 +167,11 @@ def test_a_stop_with_savepoint_that_times_out_resumes_the_sources(ray_session, t
     client = env.execute_async("stop-times-out")
     wait_for_checkpoint(client)
     open(flag, "w").close()  # the savepoint's barrier cannot pass 'sum -> held' now
-    with pytest.raises(Exception, match="savepoint .* failed: timed out"):
+    with pytest.raises(rs.SavepointFailedError, match=r"savepoint .* failed: checkpoint \d+ "
+                                                      r"timed out") as raised:
         client.stop_with_savepoint(str(tmp_path / "sp"), timeout_s=60)
+    assert raised.value.job_still_running and raised.value.retryable
+    assert raised.value.cause is SavepointFailureCause.TIMED_OUT
     os.unlink(flag)
     result = client.wait(timeout_s=120)  # the sources went on: the job ends by itself
     assert result.restarts == 0, result.failures
@@ -225,8 +230,11 @@ def test_a_failure_at_each_step_of_a_stop_leaves_one_exact_output(ray_session, t
     client = env.execute_async(f"fails-at-{step}")
     wait_for_records(client, "sum", N // 10)  # none committed yet: no checkpoint so far
     told = "is complete, but the job did not stop" if where.completes else "failed"
-    with pytest.raises(Exception, match=told):
+    with pytest.raises(rs.SavepointFailedError, match=told) as raised:
         client.stop_with_savepoint(str(tmp_path / "sp"), timeout_s=60)
+    assert raised.value.job_still_running and "still running" in str(raised.value)
+    # the same stop again: sensible unless its path holds the complete savepoint
+    assert raised.value.retryable is not where.completes
     result = client.wait(timeout_s=240)  # it went on, to the end of its input
     assert result.restarts == 1, result.failures
     assert (where.point if action == "raise" else "died") in result.failures[0]
@@ -239,6 +247,38 @@ def test_a_failure_at_each_step_of_a_stop_leaves_one_exact_output(ray_session, t
         assert savepoint.status == "ABORTED"
         assert result.restores[0]["checkpoint_id"] is None
     assert_exactly_once(result.table(sink))  # exactly the files in the commit log
+
+
+def test_a_stop_a_failover_cut_short_is_retried_and_then_refused_once_the_job_ended(
+        ray_session, tmp_path):
+    # The keyed operator's process dies in the stop savepoint's snapshot: the savepoint is
+    # aborted and the job fails over. retry=1 asks again; the restored job stops with it.
+    env = rs.StreamEnvironment(
+        parallelism=2,
+        failpoints=[rs.Failpoint("in_snapshot", operator="sum", attempt=0, hit=1,
+                                 action="exit")],
+        checkpoints=rs.CheckpointConfig(interval_s=600, storage=str(tmp_path / "chk")),
+        restart=rs.RestartStrategy.fixed_delay(3, 0.1))
+    sink = build_job(env)
+    client = env.execute_async("stop-retried")
+    wait_for_records(client, "sum", N // 10)
+    savepoint = str(tmp_path / "sp")
+    stopped = client.stop_with_savepoint(savepoint, timeout_s=120, retry=1)
+    assert stopped.status == "FINISHED"
+    assert stopped.restarts == 1 and "died" in stopped.failures[0], stopped.failures
+    tries = [c.status for c in stopped.checkpoints if c.savepoint == savepoint]
+    assert tries == ["ABORTED", "COMPLETED"], stopped.checkpoints
+    with pytest.raises(rs.SavepointFailedError, match="no longer running") as raised:
+        client.savepoint(str(tmp_path / "after"), retry=3)
+    assert not raised.value.job_still_running and not raised.value.retryable
+    rest = rs.StreamEnvironment(
+        parallelism=3, checkpoints=rs.CheckpointConfig(interval_s=600,
+                                                       storage=str(tmp_path / "chk")))
+    rest_sink = build_job(rest)
+    restored = rest.execute("stop-retried-rest", restore_from=savepoint)
+    # (the retry may come as soon as the restored subtasks run: the stop committed nothing)
+    parts = [stopped.table(sink), restored.table(rest_sink)]
+    assert_exactly_once(pa.concat_tables([p for p in parts if p.num_columns]))
 
 
 @pytest.mark.parametrize("point", ["master_stopping", "master_ended"])
