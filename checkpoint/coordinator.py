@@ -39,6 +39,7 @@ from raystream.checkpoint.storage import (SAVEPOINT_JOB_KEY, CheckpointStorage,
                                           CorruptCheckpointError, StateHandle,
                                           snapshot_destination)
 from raystream.checkpoint.snapshot_stats import SnapshotStats
+from raystream.checkpoint.state_backend import is_disk
 from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.core.failpoints import Failpoints
 
@@ -544,7 +545,8 @@ class CheckpointCoordinator:
             handles=tuple(handles), watermarks=watermarks,
             coordinators=coordinators, channel_state=channel_state,
             topology=self.topology if channel_state else None,
-            rows=self._rows_before + pending.rows)
+            rows=self._rows_before + pending.rows,
+            state_backend="disk" if is_disk(self.config.state_backend) else "heap")
 
     def _discard_beyond_retention(self) -> None:
         while len(self.completed) > self.config.retained:
@@ -713,7 +715,7 @@ def restore_spec_of(checkpoint_id: int, metadata: CheckpointMetadata,
                        {key: StateHandle.from_json(h) for key, h in metadata.channel_state.items()},
                        {name: StateHandle.from_json(h)
                         for name, h in metadata.coordinators.items()},
-                       rows=metadata.rows)
+                       rows=metadata.rows, state_backend=metadata.state_backend)
 
 
 def locate_snapshot(path: str) -> tuple[str, str]:

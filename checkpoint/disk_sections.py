@@ -139,16 +139,18 @@ def section_state_kinds(group: int, section: bytes, max_parallelism: int) -> lis
     return [str(kind) for _, _, kind in unpack_value(bytes(body[SECTION_LENGTH.size:SECTION_LENGTH.size + n]))]
 
 
-def section_entries(kg: int, body: memoryview) -> Iterator[tuple[str, str, Any, Any, Any]]:
+def section_entries(kg: int, body: memoryview, skip_kinds: tuple[str, ...] = ()
+                    ) -> Iterator[tuple[str, str, Any, Any, Any]]:
     """``(state name, kind, key, namespace, value)`` of every entry of a disk section's
     body (after its envelope, which the caller checked), deserialized (a value of a
     state with a TTL as the heap backend stores it, with its timestamps): how the heap
-    backend restores a disk backend's savepoint."""
+    backend restores a disk backend's savepoint. Entries whose kind starts with one of
+    ``skip_kinds`` (an operator's own layouts, which it moves itself) are left out."""
     directory, entries = parse_body(kg, body)
     for sid, suffix, value in entries:
         name, kind = directory[sid]
-        if kind == TIMERS_KIND:  # timers: section_timer_entries
-            continue
+        if kind == TIMERS_KIND or (skip_kinds and kind.startswith(skip_kinds)):
+            continue  # timers: section_timer_entries
         (n,) = SECTION_LENGTH.unpack_from(suffix, 0)
         ns = suffix[4 + n:]
         base = ttl_base(kind)

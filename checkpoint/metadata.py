@@ -81,6 +81,9 @@ class CheckpointMetadata:
     channel_state: Mapping[str, HandleJson] = field(default_factory=dict)
     topology: str | None = None
     rows: RowCounts = RowCounts()  # read and written at the checkpoint, over every attempt
+    # the state backend that wrote the keyed state ("heap" or "disk"; None: older ones), so
+    # a job of the other backend knows before it deploys what it restores
+    state_backend: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ``_metadata`` payload (keys are sorted when written: order is free here)."""
@@ -96,6 +99,8 @@ class CheckpointMetadata:
             "watermarks": dict(self.watermarks)}
         if self.rows != RowCounts():  # (written by raystream since it counts rows)
             doc["rows"] = self.rows.to_json()
+        if self.state_backend is not None:
+            doc["state_backend"] = self.state_backend
         if self.coordinators:
             doc["coordinators"] = dict(self.coordinators)
         if self.channel_state:
@@ -119,6 +124,7 @@ class CheckpointMetadata:
                 watermarks=dict(doc.get("watermarks", {})),
                 coordinators=dict(doc.get("coordinators", {})),
                 channel_state=dict(doc.get("channel_state", {})),
-                topology=doc.get("topology"), rows=RowCounts.from_json(doc.get("rows", {})))
+                topology=doc.get("topology"), rows=RowCounts.from_json(doc.get("rows", {})),
+                state_backend=doc.get("state_backend"))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not checkpoint metadata ({type(exc).__name__}: {exc})") from None

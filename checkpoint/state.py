@@ -1234,11 +1234,12 @@ class HeapKeyedStateBackend:
     def snapshots_in_progress(self) -> int:
         return len(self._active)
 
-    def restore(self, sections: Iterable[tuple[int, bytes | memoryview]] | Mapping[int, bytes]
-                ) -> None:
+    def restore(self, sections: Iterable[tuple[int, bytes | memoryview]] | Mapping[int, bytes],
+                *, skip_kinds: tuple[str, ...] = ()) -> None:
         """Load snapshot sections, keeping only key groups in ``self.key_groups``.
         May be called several times (e.g. with the sections of several old
-        subtasks); a key group's section must not be given twice."""
+        subtasks); a key group's section must not be given twice. A disk backend's
+        section's states of ``skip_kinds`` (prefixes) are left to the operator."""
         if isinstance(sections, Mapping):  # the Mapping[int, bytes] of the union
             sections = cast(Mapping[int, bytes], sections).items()
         # Unpickling allocates many containers at once; with the cyclic GC on,
@@ -1247,12 +1248,13 @@ class HeapKeyedStateBackend:
         gc_enabled = gc.isenabled()
         gc.disable()
         try:
-            self._restore(sections)
+            self._restore(sections, skip_kinds)
         finally:
             if gc_enabled:
                 gc.enable()
 
-    def _restore(self, sections: Iterable[tuple[int, bytes | memoryview]]) -> None:
+    def _restore(self, sections: Iterable[tuple[int, bytes | memoryview]],
+                 skip_kinds: tuple[str, ...]) -> None:
         for kg, data in sections:
             if kg not in self.key_groups:
                 continue
@@ -1264,7 +1266,7 @@ class HeapKeyedStateBackend:
             if kg in self._restored:
                 raise ValueError(f"key group {kg} restored twice")
             if envelope.kind is SectionKind.DISK_STATE:  # a job switching backends
-                self._restore_disk_section(kg, body)
+                self._restore_disk_section(kg, body, skip_kinds)
             else:
                 self._restore_heap_section(kg, body)
             self._restored.add(kg)
@@ -1296,9 +1298,10 @@ class HeapKeyedStateBackend:
             for kk in removed:
                 m.pop(kk, None)
 
-    def _restore_disk_section(self, kg: int, body: memoryview) -> None:
+    def _restore_disk_section(self, kg: int, body: memoryview,
+                              skip_kinds: tuple[str, ...]) -> None:
         i = kg - self._kg_start
-        for name, kind, key, namespace, value in section_entries(kg, body):
+        for name, kind, key, namespace, value in section_entries(kg, body, skip_kinds):
             self._table(name, kind).kgs[i].put(_entry_key(key, namespace), value)
 
     def __repr__(self) -> str:

@@ -232,8 +232,8 @@ def test_disk_snapshot_restores_at_other_parallelism(size, slide):
     assert (heap_before, heap_whole) == (before, whole)
     assert restore_and_finish(StateBackend.DISK, size, slide, heap_sections, rest, 2) == after
 
-    with pytest.raises(ValueError, match="count window 'c': the checkpoint keeps this "
-                                         "count window's state in the disk state backend.*"
+    with pytest.raises(ValueError, match="count window 'c': the checkpoint keeps its "
+                                         "count window state in the disk state backend.*"
                                          "state_backend='disk'"):
         restore_and_finish(StateBackend.HEAP, size, slide, sections, rest, 1)
 

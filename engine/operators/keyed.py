@@ -46,6 +46,7 @@ from raystream.actors.operator import (Operator, OperatorSnapshot, RestoredState
                                        RuntimeContext)
 from raystream.engine.batches import capture_row, rows_to_batch
 from raystream.engine.operators.functions import call_user, close_function, emit_rows
+from raystream.engine.operators.moved_disk_state import MovedDiskState
 from raystream.timers.disk_service import DiskTimerService, restore_heap_timers
 from raystream.timers.protocol import Timers
 from raystream.timers.service import TimerService
@@ -202,9 +203,14 @@ class KeyedOperator(Operator):
                 f"operator '{self.name}' ({type(self).__name__}) keeps state of its own beside "
                 f"the keyed state backend, so it cannot run on the disk state backend; run "
                 f"this job with CheckpointConfig(state_backend='heap')")
+        # a disk savepoint's layouts of this operator, for a heap job: moved by the subclass
+        self.moved_disk_state: MovedDiskState | None = None
+        moves = False  # does this heap job restore layouts of ours from a disk savepoint?
         if restored is not None and self.disk_only_kinds and not is_disk(ctx.state_backend):
             restored = replace(restored, keyed_sections=list(restored.keyed_sections))
-            self._refuse_disk_only_state(restored)
+            moves = self._holds_disk_only_state(restored)
+            if moves and self.heap_unreadable_disk_layout() is not None:
+                self._refuse_disk_only_state()
         self.backend = create_keyed_state_backend(ctx.state_backend,
                                                   max_parallelism=ctx.max_parallelism,
                                                   key_groups=groups,
@@ -244,26 +250,47 @@ class KeyedOperator(Operator):
                                                 key_groups=groups)
             timers.restore(timer_sections)  # first: it builds the key table
             restore_heap_timers(timers, state)  # a disk job's savepoint: in its entries
-            self.backend.restore(state)
+            if moves:  # the subclass moves them (restore_keyed_parts)
+                self.moved_disk_state = MovedDiskState.load(
+                    state, max_parallelism=ctx.max_parallelism, key_groups=groups)
+            assert isinstance(self.backend, HeapKeyedStateBackend)
+            self.backend.restore(state, skip_kinds=self.disk_only_kinds)
             if restored is not None and restored.heap_chain is not None:
                 assert isinstance(self.backend, HeapKeyedStateBackend)
                 self.backend.extend_restored(restored.heap_chain)
         if restored is not None:
-            self.restore_keyed_parts(parts)
+            try:
+                self.restore_keyed_parts(parts)
+            finally:
+                if self.moved_disk_state is not None:
+                    self.moved_disk_state.close()
+                    self.moved_disk_state = None
 
-    def _refuse_disk_only_state(self, restored: RestoredState) -> None:
-        """A heap job cannot restore the layouts of :attr:`disk_only_kinds`: say so, naming
-        the operator."""
+    def heap_unreadable_disk_layout(self) -> str | None:
+        """What of this operator's state a disk savepoint holds that a heap job cannot read
+        (said in a message: "its window partials"), None if a heap job reads all of it. The
+        job master asks before it deploys a heap job restoring a disk savepoint."""
+        return f"its {self.label} state" if self.disk_only_kinds else None
+
+    def _holds_disk_only_state(self, restored: RestoredState) -> bool:
+        """Do ``restored``'s sections hold layouts of :attr:`disk_only_kinds`?"""
         for group, section in restored.keyed_sections:
             state = section if is_keyed_state(section) else decode_parts(section).get("state")
             if state is not None and any(
                     kind.startswith(self.disk_only_kinds)
                     for kind in section_state_kinds(group, state, self.ctx.max_parallelism)):
-                raise ValueError(
-                    f"{self.label} '{self.name}': the checkpoint keeps this {self.label}'s "
-                    f"state in the disk state backend, which only that backend restores; "
-                    f"restore with CheckpointConfig(state_backend='disk') (a heap savepoint "
-                    f"restores into either backend)")
+                return True
+        return False
+
+    def _refuse_disk_only_state(self) -> None:
+        """A heap job cannot restore this operator's layout of a disk savepoint (an older
+        savepoint, whose metadata does not say its backend, gets here; others are refused
+        before deployment): say so, naming the operator."""
+        raise ValueError(
+            f"{self.label} '{self.name}': the checkpoint keeps {self.heap_unreadable_disk_layout()} "
+            f"in the disk state backend's layout, which the heap state backend cannot read; "
+            f"restore with CheckpointConfig(state_backend='disk') (a heap savepoint restores "
+            f"into either backend)")
 
     def advance_watermark(self, watermark: int) -> None:
         """The operator's event time moves to ``watermark`` (never back)."""

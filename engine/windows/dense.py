@@ -18,13 +18,14 @@ and a window of a million keys costs at most ``max_parallelism`` timers.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
 
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.disk_panes import DiskPanes
+from raystream.timers.disk_service import DiskTimerService
 from raystream.engine.windows.store import (WINDOW_START, Assigned, DenseRows, DueTimers,
                                             WindowHost, WindowSection, by_key_group,
                                             no_sections, rows_of)
@@ -259,6 +260,11 @@ class HeapDenseWindows:
                 {n: np.concatenate(c) for n, c in columns.items()})
 
 
+def _size_of(host: WindowHost) -> int:
+    """The size of ``host``'s fixed windows: a window ends that long after its start."""
+    return int(host.window_ends(np.zeros(1, np.int64))[0])
+
+
 class DiskDenseWindows:
     """Dense windows in the disk backend (:class:`~raystream.engine.windows.disk_panes.
     DiskPanes`); the operator's checkpoint part holds none of them."""
@@ -328,6 +334,27 @@ class DiskDenseWindows:
 
     def capture(self) -> Callable[[], dict[int, WindowSection]]:
         return no_sections
+
+    def export(self, timers: DiskTimerService) -> Iterator[tuple[int, WindowSection]]:
+        """Every key group's windows as the heap store's sections, ``timers`` naming the
+        keys: how a heap job restores a disk savepoint (through a scratch database, see
+        :mod:`~raystream.engine.operators.moved_disk_state`). One range scan per key
+        group and window, as a firing reads them."""
+        panes, size = self.panes, _size_of(self.host)
+        if not panes.timed:
+            return
+        for group in np.flatnonzero(np.logical_or.reduce(list(panes.timed.values()))).tolist():
+            ends = [end for end, timed in panes.timed.items() if timed[group]]
+            found = [(end, *panes.read(end, [group])) for end in sorted(ends)]
+            found = [(end, kids, values) for end, kids, values in found if len(kids)]
+            if not found:
+                continue
+            kids = np.concatenate([k for _, k, _ in found])
+            yield group, WindowSection(dense=DenseRows(
+                np.concatenate([np.full(len(k), end - size, np.int64) for end, k, _ in found]),
+                timers.keys(kids),
+                {name: np.concatenate([v[name] for _, _, v in found])
+                 for name in self.spec.partial_columns}))
 
     def restore(self, group: int, section: WindowSection) -> None:
         """A heap savepoint's windows into RocksDB (their timers are restored already)."""

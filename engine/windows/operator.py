@@ -469,6 +469,18 @@ class WindowOperator(KeyedOperator):
                                     for group, section in capture().items()}
         return parts
 
+    def heap_unreadable_disk_layout(self) -> str | None:
+        # the dense layout moves from a disk savepoint into a heap job (DiskDenseWindows.export)
+        if self._dense():
+            return None
+        return ("its session windows" if self.assigner.merging else
+                "its windows of a trigger of its own" if self.triggered else
+                "its windows of a user function")
+
+    def _dense(self) -> bool:
+        return (not self.triggered and not self.assigner.merging
+                and isinstance(self.function, BuiltinAggregates))
+
     def restore_keyed_parts(self, parts) -> None:
         blobs = parts.pop("windows", [])
         super().restore_keyed_parts(parts)
@@ -476,4 +488,12 @@ class WindowOperator(KeyedOperator):
         where = f"window '{self.name}'"
         for group, blob in blobs:
             store.restore(group, WindowSection.decode(blob, group=group, where=where))
+        moved = self.moved_disk_state
+        if moved is not None:  # a disk savepoint's windows, for this heap job
+            assert self._dense() and isinstance(self.function, BuiltinAggregates)
+            spec = self.function.spec
+            disk = DiskDenseWindows(self, spec, DiskPanes(moved.backend, spec, moved.timers,
+                                                          where=where))
+            for group, section in disk.export(moved.timers):
+                store.restore(group, section)
         store.restored()

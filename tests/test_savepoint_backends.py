@@ -1,0 +1,73 @@
+"""Savepoints restored with the other state backend, on real Ray: a job stopped with a
+savepoint at parallelism 2 on one backend, restored at 3 on the other.
+
+Oracle: the output of both runs together equals, window by window and exactly once,
+what pandas computes over the whole input (``user_window_sums`` of
+tests/support/oracles.py). What cannot move yet (a disk job's sessions into a heap job)
+is refused before the restored job deploys, naming the operator.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+import raystream as rs
+from tests.support.inputs import user_events
+from tests.support.jobs import rescaled_run, wait_for_checkpoint
+from tests.support.oracles import user_window_rows, user_window_sums
+from tests.support.pacing import Throttle
+
+throttle = Throttle(0.03)
+N = 30_000
+
+
+def env_on(backend: str, parallelism: int, storage: str) -> rs.StreamEnvironment:
+    return rs.StreamEnvironment(
+        parallelism=parallelism,
+        checkpoints=rs.CheckpointConfig(interval_s=0.2, storage=storage, state_backend=backend))
+
+
+def source(env: rs.StreamEnvironment, parallelism: int):
+    src = env.from_sequence(N, user_events, batch_size=250,
+                            watermarks=rs.BoundedOutOfOrderness("ts", bound_ms=500))
+    # the first run is stopped midway; the restored one need not wait
+    return src.map_batches(throttle, name="throttle") if parallelism == 2 else src
+
+
+@pytest.mark.parametrize("before, after", [("disk", "heap"), ("heap", "disk")])
+def test_tumbling_windows_move_between_backends_at_another_parallelism(ray_session, tmp_path,
+                                                                       before, after):
+    def job(parallelism: int):
+        backend = before if parallelism == 2 else after
+        env = env_on(backend, parallelism, str(tmp_path / f"chk{parallelism}"))
+        windowed = source(env, parallelism).key_by("user").window(
+            rs.TumblingEventTimeWindows(size_ms=1000), timestamp="ts",
+            allowed_lateness_ms=300).agg(n=("count", None), total=("sum", "x"))
+        return env, windowed.collect()
+
+    got = user_window_rows(rescaled_run(job, tmp_path, f"{before}-to-{after}"))
+    assert not got.duplicated(["user", "window_start"]).any()  # no window emitted twice
+    pd.testing.assert_frame_equal(got, user_window_sums(user_events, N, 1000),
+                                  check_dtype=False)
+
+
+def test_a_disk_session_savepoint_is_refused_by_a_heap_job_before_it_deploys(ray_session,
+                                                                            tmp_path):
+    def sessions(env: rs.StreamEnvironment, parallelism: int) -> rs.SinkHandle:
+        return source(env, parallelism).key_by("user").window(
+            rs.EventTimeSessionWindows(gap_ms=50), timestamp="ts").agg(
+            n=("count", None), name="sessions").collect()
+
+    env = env_on("disk", 2, str(tmp_path / "chk2"))
+    sessions(env, 2)
+    client = env.execute_async("disk-sessions")
+    wait_for_checkpoint(client, after=1)
+    client.stop_with_savepoint(str(tmp_path / "sp"))
+    heap = env_on("heap", 3, str(tmp_path / "chk3"))
+    sessions(heap, 3)
+    with pytest.raises(rs.JobFailedError, match=r"could not run: JobSetupError: cannot restore "
+                                                r".*window 'sessions' keeps its session windows"
+                                                r".*state_backend='disk'") as raised:
+        heap.execute("heap-sessions", restore_from=str(tmp_path / "sp"))
+    assert raised.value.subtask is None  # the job master's refusal, no subtask's failure
