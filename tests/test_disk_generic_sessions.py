@@ -376,7 +376,8 @@ def test_snapshots_restore_at_1_then_2_then_3_and_heap_snapshots_move_in(kind):
     got, _ = run(StateBackend.HEAP)  # a heap snapshot at p=1 into disk subtasks
     pd.testing.assert_frame_equal(results(got), want, check_dtype=False)
     with pytest.raises(ValueError, match="window 'w': the checkpoint keeps its session "
-                                         "windows in the disk state backend.*"
+                                         "windows of a user function in the disk state "
+                                         "backend.*"
                                          "state_backend='disk'"):
         start(StateBackend.HEAP, kind, disk_sections, 0, 1, floors[1])
 

@@ -2,20 +2,22 @@
 savepoint at parallelism 2 on one backend, restored at 3 on the other.
 
 Oracle: the output of both runs together equals, window by window and exactly once,
-what pandas computes over the whole input (``user_window_sums`` of
-tests/support/oracles.py). What cannot move yet (a disk job's sessions into a heap job)
-is refused before the restored job deploys, naming the operator.
+what pandas computes over the whole input (``user_window_sums`` and
+``user_sessions_oracle`` of tests/support/oracles.py). What cannot move yet (a disk
+job's count windows into a heap job) is refused before the restored job deploys,
+naming the operator.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
 import raystream as rs
 from tests.support.inputs import user_events
 from tests.support.jobs import rescaled_run, wait_for_checkpoint
-from tests.support.oracles import user_window_rows, user_window_sums
+from tests.support.oracles import user_sessions_oracle, user_window_rows, user_window_sums
 from tests.support.pacing import Throttle
 
 throttle = Throttle(0.03)
@@ -52,22 +54,43 @@ def test_tumbling_windows_move_between_backends_at_another_parallelism(ray_sessi
                                   check_dtype=False)
 
 
-def test_a_disk_session_savepoint_is_refused_by_a_heap_job_before_it_deploys(ray_session,
-                                                                            tmp_path):
-    def sessions(env: rs.StreamEnvironment, parallelism: int) -> rs.SinkHandle:
-        return source(env, parallelism).key_by("user").window(
-            rs.EventTimeSessionWindows(gap_ms=50), timestamp="ts").agg(
-            n=("count", None), name="sessions").collect()
+@pytest.mark.parametrize("before, after", [("disk", "heap"), ("heap", "disk")])
+def test_session_windows_move_between_backends_at_another_parallelism(ray_session, tmp_path,
+                                                                      before, after):
+    gap = 200  # a user's rows are 185 ms apart on average: sessions of several rows
+
+    def job(parallelism: int):
+        backend = before if parallelism == 2 else after
+        env = env_on(backend, parallelism, str(tmp_path / f"chk{parallelism}"))
+        sessions = source(env, parallelism).key_by("user").window(
+            rs.EventTimeSessionWindows(gap_ms=gap), timestamp="ts").agg(n=("count", None))
+        return env, sessions.collect()
+
+    table = rescaled_run(job, tmp_path, f"sessions-{before}-to-{after}")
+    got = (table.to_pandas().rename(columns={"user": "k", "n": "rows"})
+           [["k", "window_start", "window_end", "rows"]]
+           .sort_values(["k", "window_start"]).reset_index(drop=True))
+    rows = pd.DataFrame(user_events(np.arange(N))).rename(columns={"user": "k"})
+    want = user_sessions_oracle(rows, "aggregate", gap)[["k", "window_start", "window_end",
+                                                         "rows"]]
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)
+
+
+def test_a_disk_count_window_savepoint_is_refused_by_a_heap_job_before_it_deploys(
+        ray_session, tmp_path):
+    def counts(env: rs.StreamEnvironment, parallelism: int) -> rs.SinkHandle:
+        return source(env, parallelism).key_by("user").count_window(10).agg(
+            n=("count", None), name="tens").collect()
 
     env = env_on("disk", 2, str(tmp_path / "chk2"))
-    sessions(env, 2)
-    client = env.execute_async("disk-sessions")
+    counts(env, 2)
+    client = env.execute_async("disk-count-windows")
     wait_for_checkpoint(client, after=1)
     client.stop_with_savepoint(str(tmp_path / "sp"))
     heap = env_on("heap", 3, str(tmp_path / "chk3"))
-    sessions(heap, 3)
+    counts(heap, 3)
     with pytest.raises(rs.JobFailedError, match=r"could not run: JobSetupError: cannot restore "
-                                                r".*window 'sessions' keeps its session windows"
-                                                r".*state_backend='disk'") as raised:
-        heap.execute("heap-sessions", restore_from=str(tmp_path / "sp"))
+                                                r".*count window 'tens' keeps its count window "
+                                                r"state.*state_backend='disk'") as raised:
+        heap.execute("heap-count-windows", restore_from=str(tmp_path / "sp"))
     assert raised.value.subtask is None  # the job master's refusal, no subtask's failure

@@ -55,13 +55,16 @@ rescaling carry them like any keyed state.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
+from raystream.checkpoint.disk_layout import KEYED_PREFIX
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend, partials_record
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.disk_records import PartialsState
 from raystream.engine.windows.sessions import Merged, SessionStore
+from raystream.engine.windows.store import SessionRows
 from raystream.timers.disk_service import DiskTimerService
 
 STATE_NAME = "__session_windows"
@@ -168,6 +171,25 @@ class DiskSessions(PartialsState):
                 else self.entry_keys(distinct))
         self.write(distinct, keys, loaded.store)
         return merged
+
+    def export(self) -> Iterator[tuple[int, SessionRows]]:
+        """Each key group's open sessions as the heap store's rows (a disk savepoint
+        restored into a heap job): one range scan per key group, one ``frombuffer``."""
+        record, kind = self.record, self._backend.state_kind(STATE_NAME)
+        if record is None or kind is None:
+            return
+        width, decode = record.itemsize, DiskKeyedStateBackend.decode_key
+        for group, entries in self._backend.raw_state_entries(STATE_NAME, kind):
+            sizes = np.array([len(v) for _, v in entries], dtype=np.int64)
+            if np.any(sizes % width):
+                raise ValueError(f"{self._where}: a stored key's sessions are not whole "
+                                 f"records of {width} bytes (state written by another version?)")
+            records = np.frombuffer(b"".join([v for _, v in entries]), dtype=record)
+            keys = [decode(k[KEYED_PREFIX.size:]) for k, _ in entries]  # one per stored key
+            yield group, SessionRows(
+                [keys[i] for i in np.repeat(np.arange(len(keys)), sizes // width).tolist()],
+                records[_START].astype(np.int64), records[_END].astype(np.int64),
+                {n: np.ascontiguousarray(records[n]) for n in self._columns})
 
     def restore_heap(self, kids: np.ndarray, starts: np.ndarray, ends: np.ndarray,
                      partials: dict[str, np.ndarray]) -> None:

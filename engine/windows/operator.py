@@ -470,16 +470,16 @@ class WindowOperator(KeyedOperator):
         return parts
 
     def heap_unreadable_disk_layout(self) -> str | None:
-        # the dense layout moves from a disk savepoint into a heap job (DiskDenseWindows.export)
-        if self._dense():
+        # built-in aggregates' layouts move from a disk savepoint into a heap job (their
+        # disk stores' export); a user function's and a trigger's not yet
+        if self._moves_from_disk():
             return None
-        return ("its session windows" if self.assigner.merging else
-                "its windows of a trigger of its own" if self.triggered else
+        return ("its windows of a trigger of its own" if self.triggered else
+                "its session windows of a user function" if self.assigner.merging else
                 "its windows of a user function")
 
-    def _dense(self) -> bool:
-        return (not self.triggered and not self.assigner.merging
-                and isinstance(self.function, BuiltinAggregates))
+    def _moves_from_disk(self) -> bool:
+        return not self.triggered and isinstance(self.function, BuiltinAggregates)
 
     def restore_keyed_parts(self, parts) -> None:
         blobs = parts.pop("windows", [])
@@ -490,10 +490,12 @@ class WindowOperator(KeyedOperator):
             store.restore(group, WindowSection.decode(blob, group=group, where=where))
         moved = self.moved_disk_state
         if moved is not None:  # a disk savepoint's windows, for this heap job
-            assert self._dense() and isinstance(self.function, BuiltinAggregates)
+            assert isinstance(self.function, BuiltinAggregates) and not self.triggered
             spec = self.function.spec
-            disk = DiskDenseWindows(self, spec, DiskPanes(moved.backend, spec, moved.timers,
-                                                          where=where))
-            for group, section in disk.export(moved.timers):
+            sections = (DiskSessionWindows(self, spec, DiskSessions(
+                moved.backend, spec, moved.timers, where=where)).export()
+                if self.assigner.merging else DiskDenseWindows(self, spec, DiskPanes(
+                    moved.backend, spec, moved.timers, where=where)).export(moved.timers))
+            for group, section in sections:
                 store.restore(group, section)
         store.restored()

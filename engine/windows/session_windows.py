@@ -17,7 +17,7 @@ is a stale one and does nothing.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -160,6 +160,12 @@ class DiskSessionWindows:
 
     def capture(self) -> Callable[[], dict[int, WindowSection]]:
         return no_sections
+
+    def export(self) -> Iterator[tuple[int, WindowSection]]:
+        """Every key group's open sessions as the heap store's sections (a disk savepoint
+        restored into a heap job, through a scratch database)."""
+        for group, rows in self.disk.export():
+            yield group, WindowSection(sessions=rows)
 
     def restore(self, group: int, section: WindowSection) -> None:
         """A heap checkpoint's open sessions into RocksDB (their timers are restored
