@@ -41,8 +41,8 @@ from ray.exceptions import RayActorError
 from raystream.actors.subtask import SubtaskEnding
 from raystream.checkpoint.barrier import SnapshotKind
 from raystream.checkpoint.restore import RestoreSpec
-from raystream.checkpoint.coordinator import (CheckpointCoordinator, CommittedSavepoint,
-                                              TooManyCheckpointFailures)
+from raystream.checkpoint.coordinator import (CheckpointCoordinator, CheckpointStatus,
+                                              CommittedSavepoint, TooManyCheckpointFailures)
 from raystream.checkpoint.coordinator_holder import CoordinatorFailure, OperatorCoordinators
 from raystream.checkpoint.handles import OperatorSubtaskState
 from raystream.checkpoint.metadata import RowCounts
@@ -347,7 +347,8 @@ class JobMaster:
         """The job ended FINISHED by a stop savepoint to ``path``."""
         outcome = self.outcome
         return outcome is not None and outcome.status is JobStatus.FINISHED and any(
-            c.savepoint == path and c.status == "COMPLETED" for c in outcome.checkpoints)
+            c.savepoint == path and c.status is CheckpointStatus.COMPLETED
+            for c in outcome.checkpoints)
 
     def _run(self) -> None:
         if self.outcome is None:  # (else a predecessor had published it)
@@ -414,8 +415,8 @@ class JobMaster:
                 return self._failed(decision)
             assert coordinator is not None  # a master without checkpoints is not restarted
             restore = coordinator.take_over(self._committed_savepoint)
-            self.recoveries.begin(Recovery.detected(attempt=self.attempt, failure=MASTER_DIED,
-                                               at=restarted).restoring(
+            detected = Recovery.detected(attempt=self.attempt, failure=MASTER_DIED, at=restarted)
+            self.recoveries.begin(detected.restoring(
                 restore.checkpoint_id if restore else None, ()))
         if restore is None and self.options.restore_from is not None:
             if coordinator is None:
