@@ -251,11 +251,12 @@ def restore_and_finish(backend: StateBackend, bounds, sections, watermark: int,
     return sorted(got)
 
 
-def test_heap_buffers_move_into_a_disk_job_and_a_heap_job_refuses_disk_sections():
-    """A heap snapshot's buffers move into a disk job's RocksDB: restored into 2 disk
-    subtasks, the pairs after the snapshot are the uninterrupted disk run's; a heap job
-    refuses disk sections. (A disk snapshot restored into 1, 2 and 3 disk subtasks:
-    tests/test_joins.py, parametrized over the backends.)"""
+def test_buffers_move_between_the_backends():
+    """A heap snapshot's buffers move into a disk job's RocksDB, and a disk snapshot's
+    rows into heap buffers (read back through a scratch database): restored into 2 and
+    3 subtasks of the other backend, the pairs after the snapshot are the uninterrupted
+    run's. (A disk snapshot restored into 1, 2 and 3 disk subtasks: tests/test_joins.py,
+    parametrized over the backends.)"""
     bounds = IntervalBounds(-40, 40)
     events = make_events(5, 1600, keys=60, disorder=30)
     half = 800
@@ -267,8 +268,9 @@ def test_heap_buffers_move_into_a_disk_job_and_a_heap_job_refuses_disk_sections(
     assert heap_expected == expected and heap_watermark == watermark
     assert restore_and_finish(StateBackend.DISK, bounds, heap_sections, watermark, rest,
                               2) == expected
-    with pytest.raises(ValueError, match="interval join 'join': .*state_backend='disk'"):
-        restore_and_finish(StateBackend.HEAP, bounds, sections, watermark, rest, 1)
+    for parallelism in (1, 3):
+        assert restore_and_finish(StateBackend.HEAP, bounds, sections, watermark, rest,
+                                  parallelism) == expected, parallelism
 
 
 def test_restored_rows_keep_their_bucket_width():
@@ -325,8 +327,8 @@ def test_disk_window_join_equals_heap_and_pandas(assigner, kind):
 
 def test_disk_window_join_restores_at_other_parallelism():
     """A snapshot with windows open, restored into 1, 2 and 3 disk subtasks, from disk
-    and from heap sections: the windows fire as in the uninterrupted run; a heap job
-    refuses the disk sections."""
+    and from heap sections, and into 1 and 3 heap subtasks from disk sections: the
+    windows fire as in the uninterrupted run."""
     frame = join_input(np.random.default_rng(3), 1200, keys=40, disorder=0)
     half = 600
     outputs = {}
@@ -350,17 +352,19 @@ def test_disk_window_join_restores_at_other_parallelism():
     expected = sorted(oracle_pairs(frame.loc[frame["side"] == 0],
                                    frame.loc[frame["side"] == 1], JOIN_SLIDING))
     floors = WatermarkFloors.from_json(watermark, max_parallelism=MAXP)
-    for source, parallelism in [(StateBackend.DISK, 1), (StateBackend.DISK, 2),
-                                (StateBackend.DISK, 3), (StateBackend.HEAP, 2)]:
+    for source, target, parallelism in [
+            (StateBackend.DISK, StateBackend.DISK, 1), (StateBackend.DISK, StateBackend.DISK, 2),
+            (StateBackend.DISK, StateBackend.DISK, 3), (StateBackend.HEAP, StateBackend.DISK, 2),
+            (StateBackend.DISK, StateBackend.HEAP, 1), (StateBackend.DISK, StateBackend.HEAP, 3)]:
         sections, got = outputs[source][0], list(before)
         for index in range(parallelism):
             groups = rs.key_group_range(index, parallelism, MAXP)
-            op = window_join_operator(StateBackend.DISK, JOIN_SLIDING, index=index,
+            op = window_join_operator(target, JOIN_SLIDING, index=index,
                                       parallelism=parallelism)
             op.initialize_state(RestoredState(1, [], [(g, s) for g, s in sections.items()
                                                       if g in groups], floors))
             op.open()
-            assert op.disk_rows is not None
+            assert (op.disk_rows is not None) == (target is StateBackend.DISK)
             for side in (0, 1):
                 mine = np.array([rs.key_group_of(k, MAXP) in groups for k in rest["k"].tolist()])
                 part = rest.loc[(rest["side"] == side).to_numpy() & mine]
@@ -369,11 +373,7 @@ def test_disk_window_join_restores_at_other_parallelism():
                         part[["id", "k", "ts"]], preserve_index=False), side)
             op.process_watermark(rs.MAX_WATERMARK)
             got += window_pairs_of(output_of(op))
-        assert sorted(got) == expected, (source, parallelism)
-    heap = window_join_operator(StateBackend.HEAP, JOIN_SLIDING)
-    with pytest.raises(ValueError, match="window join 'wjoin': .*state_backend='disk'"):
-        heap.initialize_state(RestoredState(1, [], list(outputs[StateBackend.DISK][0].items()),
-                                            floors))
+        assert sorted(got) == expected, (source, target, parallelism)
 
 
 # -- jobs on Ray ----------------------------------------------------------------------------

@@ -2,10 +2,10 @@
 savepoint at parallelism 2 on one backend, restored at 3 on the other.
 
 Oracle: the output of both runs together equals, window by window and exactly once,
-what pandas computes over the whole input (``user_window_sums`` and
-``user_sessions_oracle`` of tests/support/oracles.py). What cannot move yet (a disk
-job's count windows into a heap job) is refused before the restored job deploys,
-naming the operator.
+what pandas computes over the whole input (``user_window_sums``,
+``user_sessions_oracle`` and ``expected_pairs`` of tests/support/oracles.py), or per
+user in sequence order for count windows. What cannot move yet (a disk job's windows of a user function into a
+heap job) is refused before the restored job deploys, naming the operator.
 """
 
 from __future__ import annotations
@@ -17,8 +17,11 @@ import pytest
 import raystream as rs
 from tests.support.inputs import user_events
 from tests.support.jobs import rescaled_run, wait_for_checkpoint
-from tests.support.oracles import user_sessions_oracle, user_window_rows, user_window_sums
+from tests.support.operators import pairs_of
+from tests.support.oracles import (expected_pairs, user_sessions_oracle, user_window_rows,
+                                    user_window_sums)
 from tests.support.pacing import Throttle
+from tests.support.pipelines import join_job
 
 throttle = Throttle(0.06)  # about 3.6 s of input: a loaded machine still stops it midway
 N = 30_000
@@ -76,21 +79,68 @@ def test_session_windows_move_between_backends_at_another_parallelism(ray_sessio
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
 
 
-def test_a_disk_count_window_savepoint_is_refused_by_a_heap_job_before_it_deploys(
+@pytest.mark.parametrize("before, after", [("disk", "heap"), ("heap", "disk")])
+def test_count_windows_move_between_backends_at_another_parallelism(ray_session, tmp_path,
+                                                                    before, after):
+    size = 10
+
+    def job(parallelism: int):
+        backend = before if parallelism == 2 else after
+        env = env_on(backend, parallelism, str(tmp_path / f"chk{parallelism}"))
+        # one split: each user's rows reach its subtask in sequence order in both runs
+        src = env.from_sequence(N, user_events, batch_size=250, num_splits=1)
+        if parallelism == 2:
+            src = src.map_batches(throttle, name="throttle")
+        tens = src.key_by("user").count_window(size).agg(
+            n=("count", None), total=("sum", "x"), name="tens")
+        return env, tens.collect()
+
+    table = rescaled_run(job, tmp_path, f"count-{before}-to-{after}")
+    got = table.to_pandas().sort_values(["user", "total"]).reset_index(drop=True)
+    rows = pd.DataFrame(user_events(np.arange(N)))
+    rows["window"] = rows.groupby("user").cumcount() // size
+    want = rows.groupby(["user", "window"]).agg(n=("x", "size"), total=("x", "sum"))
+    want = (want[want["n"] == size].reset_index()[["user", "n", "total"]]
+            .sort_values(["user", "total"]).reset_index(drop=True))
+    pd.testing.assert_frame_equal(got[["user", "n", "total"]], want, check_dtype=False)
+
+
+
+@pytest.mark.parametrize("before, after", [("disk", "heap"), ("heap", "disk")])
+def test_interval_join_rows_move_between_backends_at_another_parallelism(ray_session, tmp_path,
+                                                                         before, after):
+    n, lower, upper = 12_000, -10, 60
+
+    def job(parallelism: int):
+        backend = before if parallelism == 2 else after
+        env = env_on(backend, parallelism, str(tmp_path / f"chk{parallelism}"))
+        return env, join_job(env, n, lower, upper, pace=throttle if parallelism == 2 else None)
+
+    got = pairs_of(rescaled_run(job, tmp_path, f"join-{before}-to-{after}"))
+    assert len(got) == len(set(got))  # no pair twice
+    assert set(got) == expected_pairs(n, lower, upper)
+
+class RowCount(rs.ProcessWindowFunction):
+    def process(self, key, window, rows):
+        yield {"user": key, "window_start": window.start, "n": rows.num_rows}
+
+
+def test_a_disk_savepoint_of_user_function_windows_is_refused_by_a_heap_job_before_it_deploys(
         ray_session, tmp_path):
     def counts(env: rs.StreamEnvironment, parallelism: int) -> rs.SinkHandle:
-        return source(env, parallelism).key_by("user").count_window(10).agg(
-            n=("count", None), name="tens").collect()
+        return source(env, parallelism).key_by("user").window(
+            rs.TumblingEventTimeWindows(size_ms=1000), timestamp="ts").process(
+            RowCount(), name="rows").collect()
 
     env = env_on("disk", 2, str(tmp_path / "chk2"))
     counts(env, 2)
-    client = env.execute_async("disk-count-windows")
+    client = env.execute_async("disk-user-windows")
     wait_for_checkpoint(client, after=1)
     client.stop_with_savepoint(str(tmp_path / "sp"))
     heap = env_on("heap", 3, str(tmp_path / "chk3"))
     counts(heap, 3)
     with pytest.raises(rs.JobFailedError, match=r"could not run: JobSetupError: cannot restore "
-                                                r".*count window 'tens' keeps its count window "
-                                                r"state.*state_backend='disk'") as raised:
-        heap.execute("heap-count-windows", restore_from=str(tmp_path / "sp"))
+                                                r".*window 'rows' keeps its windows of a user "
+                                                r"function.*state_backend='disk'") as raised:
+        heap.execute("heap-user-windows", restore_from=str(tmp_path / "sp"))
     assert raised.value.subtask is None  # the job master's refusal, no subtask's failure

@@ -44,8 +44,9 @@ Window join: a window fires with one range scan per key group and side holding i
 then one range deletion each.
 
 Entries start with their key group, so the backend's full and incremental
-snapshots, restores and rescaling carry them as they are; a heap job refuses them
-(their state kinds are the join operators' ``disk_only_kinds``).
+snapshots, restores and rescaling carry them as they are; a heap job restoring them
+reads them back with ``export`` (one range scan per key group and side) from a scratch
+database (their state kinds are the join operators' ``disk_only_kinds``).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -232,6 +233,24 @@ class _DiskRows:
         table = concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
         return table, np.concatenate(stored_kids)
 
+    def _side_rows(self, side: JoinSide) -> Iterator[tuple[pa.Table, np.ndarray]]:
+        """Each key group's rows of ``side`` with each row's bucket: one range scan per
+        key group (a disk savepoint read back for a heap job)."""
+        backend, sid = self._backend, self._sids[side]
+        for group in backend.key_groups:
+            read_options = backend.read_options(state_prefix(group, sid + 1))
+            found: dict[bytes, tuple[list[bytes], list[int], int]] = {}
+            buckets: list[int] = []
+            for key, value in backend.raw_db.items(from_key=state_prefix(group, sid),
+                                                   read_opt=read_options):
+                entry = found.setdefault(value[:_FP], ([], [], group))
+                entry[0].append(value[_FP:])
+                entry[1].append(len(buckets))
+                buckets.append(ORDERED.unpack_from(key)[2] - SIGN)
+            if found:
+                table, entry_of_row = self._tables(found)
+                yield table, np.asarray(buckets, np.int64)[entry_of_row]
+
     def stored_entries(self) -> int:
         """How many entries both sides hold (tests; a full scan)."""
         backend = self._backend
@@ -263,6 +282,13 @@ class DiskJoinRows(_DiskRows):
         self._high = [np.full(len(groups), _EMPTY_HIGH, np.int64) for _ in JoinSide]
         if restored:
             self._find_buckets()
+
+    def export(self) -> Iterator[tuple[JoinSide, pa.Table, np.ndarray]]:
+        """Both sides' rows with their times, key group by key group (a disk savepoint
+        restored into a heap job)."""
+        for side in JoinSide:
+            for table, _ in self._side_rows(side):
+                yield side, table, self._timestamps(side, table)
 
     def _find_buckets(self) -> None:
         """After a restore: each key group's lowest and highest bucket per side (two
@@ -395,6 +421,13 @@ class DiskWindowRows(_DiskRows):
         self.windows: dict[int, np.ndarray] = {}
         if restored:
             self._find_windows()
+
+    def export(self) -> Iterator[tuple[JoinSide, pa.Table, np.ndarray]]:
+        """Both sides' rows with their windows' starts, key group by key group (a disk
+        savepoint restored into a heap job)."""
+        for side in JoinSide:
+            for table, starts in self._side_rows(side):
+                yield side, table, starts
 
     def _held(self, start: int) -> np.ndarray:
         held = self.windows.get(start)

@@ -60,6 +60,7 @@ from raystream.engine.operators.keyed_rows import (BufferedJoinOperator, JoinSid
                                                    joined_names)
 from raystream.engine.operators.keyed_rows import KeyedRows as _Rows
 from raystream.engine.watermarks import MAX_SPAN_MS, timestamps_ms
+from raystream.timers.disk_service import DiskTimerService
 
 @dataclass(frozen=True)
 class IntervalBounds:
@@ -274,7 +275,7 @@ class IntervalJoinOperator(BufferedJoinOperator):
     buffer_type = _Buffer
     buffers: tuple[_Buffer, _Buffer]
     supports_disk_state = True  # the buffers in RocksDB (DiskJoinRows)
-    disk_only_kinds = (disk_join.KIND,)
+    disk_only_kinds = (disk_join.KIND, disk_join.SCHEMA_KIND)  # rows and their formats
     label = "interval join"
     disk_rows: DiskJoinRows | None
 
@@ -289,11 +290,10 @@ class IntervalJoinOperator(BufferedJoinOperator):
         self.schema = schema
 
     # -- lifecycle -----------------------------------------------------------------
-    def open_disk_rows(self) -> DiskJoinRows | None:
-        if not isinstance(self.backend, DiskKeyedStateBackend):
-            return None
+    def disk_rows_over(self, backend: DiskKeyedStateBackend, timers: DiskTimerService
+                       ) -> DiskJoinRows:
         bounds = self.spec.bounds
-        return DiskJoinRows(self.backend, self.disk_timers, self._stored_timestamps,
+        return DiskJoinRows(backend, timers, self._stored_timestamps,
                             bucket_ms=max(MIN_BUCKET_MS, bounds.upper - bounds.lower + 1))
 
     def _stored_timestamps(self, side: JoinSide, table: pa.Table) -> np.ndarray:

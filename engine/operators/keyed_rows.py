@@ -23,9 +23,12 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 
-from raystream.checkpoint.sections import decode_parts, encode_parts
+from raystream.actors.messages import MAX_WATERMARK
 from raystream.actors.operator import RestoredState
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
+from raystream.checkpoint.sections import decode_parts, encode_parts
 from raystream.engine.operators.keyed import KeyedOperator
+from raystream.timers.disk_service import DiskTimerService
 
 
 class JoinSide(enum.IntEnum):
@@ -115,8 +118,9 @@ class BufferedJoinOperator(KeyedOperator):
     :meth:`restore_side`. Counts the rows it drops as late per side.
 
     On the disk state backend a subclass may keep the rows in RocksDB instead
-    (``self.disk_rows``, from :meth:`open_disk_rows`), carried by that backend's
-    snapshots; a heap job then refuses them, naming the operator."""
+    (``self.disk_rows``, from :meth:`disk_rows_over`), carried by that backend's
+    snapshots; a heap job restoring them reads them back through a scratch database
+    (the store's ``export``)."""
 
     STATE_VERSION = b"\x01"  # first byte of a key group's "join" part
     buffer_type: type[RowBuffer] = RowBuffer
@@ -134,14 +138,18 @@ class BufferedJoinOperator(KeyedOperator):
         super().initialize_state(restored)  # a heap snapshot's buffers may move to disk rows
         self._disk_rows()
 
-    def open_disk_rows(self) -> Any:
-        """The rows in the disk backend (None: on the heap), once its state is restored."""
-        return None
+    def disk_rows_over(self, backend: DiskKeyedStateBackend, timers: DiskTimerService) -> Any:
+        """The rows this operator keeps in ``backend`` (its disk layout's store)."""
+        raise NotImplementedError
 
     def _disk_rows(self) -> Any:
-        if self.disk_rows is None:
-            self.disk_rows = self.open_disk_rows()
+        """The rows in the disk backend (None: on the heap), once its state is restored."""
+        if self.disk_rows is None and isinstance(self.backend, DiskKeyedStateBackend):
+            self.disk_rows = self.disk_rows_over(self.backend, self.disk_timers)
         return self.disk_rows
+
+    def heap_unreadable_disk_layout(self) -> str | None:
+        return None  # a disk savepoint's rows move (their store's export)
 
     def release_key_ids(self) -> bool:
         """On disk the rows are in RocksDB under their encoded keys and no key id outlives
@@ -155,9 +163,10 @@ class BufferedJoinOperator(KeyedOperator):
                 "buffered_left": sum(len(c.ts) for c in list(self.buffers[0].chunks)),
                 "buffered_right": sum(len(c.ts) for c in list(self.buffers[1].chunks))}
 
-    def snapshot_table(self, rows: KeyedRows) -> pa.Table:
-        """What of buffered rows a snapshot keeps (default: the rows as they came)."""
-        return rows.table
+    def snapshot_table(self, table: pa.Table, ts: np.ndarray) -> pa.Table:
+        """What a snapshot keeps of buffered rows ``table`` with their ``ts`` (default: the
+        rows as they came)."""
+        return table
 
     def restore_side(self, side: JoinSide, table: pa.Table) -> None:
         """Buffer again the rows :meth:`snapshot_table` kept of ``side``."""
@@ -171,8 +180,9 @@ class BufferedJoinOperator(KeyedOperator):
         chunks = {side.name.lower(): list(buffer.chunks)
                   for side, buffer in zip(JoinSide, self.buffers)}
         key_groups_of = self.timers.key_groups_of
-        parts["join"] = lambda: side_sections(chunks, key_groups_of, self.STATE_VERSION,
-                                              self.snapshot_table)
+        parts["join"] = lambda: side_sections(
+            chunks, key_groups_of, self.STATE_VERSION,
+            lambda rows: self.snapshot_table(rows.table, rows.ts))
         return parts
 
     def restore_keyed_parts(self, parts: dict[str, list[tuple[int, bytes]]]) -> None:
@@ -182,6 +192,13 @@ class BufferedJoinOperator(KeyedOperator):
                                     where=f"operator '{self.name}'")
         for side_name, table in tables.items():
             self.restore_side(JoinSide[side_name.upper()], table)
+        moved = self.moved_disk_state
+        if moved is not None:  # a disk savepoint's rows, for this heap job
+            # the heap path fires by its buffers' times, with no timers: a disk layout's
+            # timers (the session join's, at each session's end) are dropped
+            self.timers.advance_watermark(MAX_WATERMARK)
+            for side, table, ts in self.disk_rows_over(moved.backend, moved.timers).export():
+                self.restore_side(side, self.snapshot_table(table, ts))
 
 
 def side_sections(sides: dict[str, list[KeyedRows]], key_groups_of: Callable[[np.ndarray], np.ndarray],

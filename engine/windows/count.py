@@ -19,9 +19,8 @@ count and pending rows are one entry of the operator instance's RocksDB
 (:mod:`raystream.engine.windows.disk_count`): a batch reads its distinct keys'
 entries with one multi-get and writes them back with one write batch, and the
 backend's full or incremental snapshots carry them (no part of their own). A
-heap checkpoint restores into a disk job (its pending rows move into RocksDB);
-a heap job refuses a checkpoint whose count windows are on disk, naming the
-window.
+savepoint of either backend restores into a job of the other: pending rows move
+into RocksDB, or out of it through a scratch database (``DiskCountState.export``).
 
     >>> import pyarrow as pa
     >>> from raystream.engine.keys import KeySelector
@@ -185,6 +184,9 @@ class CountWindowOperator(KeyedOperator):
             self.pending[kid] = (int(counts[index]), kept_table.slice(a, b - a))
 
     # -- state ---------------------------------------------------------------------------
+    def heap_unreadable_disk_layout(self) -> str | None:
+        return None  # a disk savepoint's count windows move (DiskCountState.export)
+
     def keyed_snapshot_parts(self):
         parts = super().keyed_snapshot_parts()
         if self.disk_state is not None:  # its entries are in the backend's sections
@@ -206,6 +208,16 @@ class CountWindowOperator(KeyedOperator):
         sections = parts.pop("count_windows", [])
         super().restore_keyed_parts(parts)
         self._open_disk_state()  # the backend is restored: its count windows, if any
+        moved = self.moved_disk_state
+        if moved is not None:  # a disk savepoint's count windows, for this heap job
+            exported = DiskCountState(moved.backend, where=f"count window '{self.name}'")
+            for group, keys, stored in exported.export():
+                rows = stored.rows.append_column(  # the heap layout's row-count column
+                    _ONE, pa.array(np.ones(int(stored.lengths.sum()), dtype=np.int8)))
+                edges = np.concatenate([[0], np.cumsum(stored.lengths)]).tolist()
+                for i, (key, count) in enumerate(zip(keys, stored.counts.tolist())):
+                    self.pending[self.timers.key_id(key, group)] = (
+                        count, rows.slice(edges[i], edges[i + 1] - edges[i]))
         for group, blob in sections:
             version, entries = pickle.loads(blob)  # this job's own checkpoint file
             if version != _COUNT_STATE_VERSION:

@@ -43,12 +43,13 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from raystream.checkpoint.disk_layout import KEYED_PREFIX
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend, record_fields, record_kind
 
 STATE_NAME = "__count_windows"
@@ -168,6 +169,25 @@ class DiskCountState:
         for i, (key, a, b) in enumerate(zip(keys, edges[:-1].tolist(), edges[1:].tolist())):
             put(key, heads[8 * i:8 * i + 8] + data[a * width:b * width])
         self._backend.raw_db.write(batch)
+
+    def export(self) -> Iterator[tuple[int, list[Any], Stored]]:
+        """Each key group's keys with their counts and pending rows (a disk savepoint
+        restored into a heap job): one range scan per key group, one ``frombuffer`` over
+        its values."""
+        kind = self._backend.state_kind(STATE_NAME)
+        if kind is None:  # no count-window state was ever written
+            return
+        head, width = _COUNT.size, self._record.itemsize
+        decode = DiskKeyedStateBackend.decode_key
+        for group, entries in self._backend.raw_state_entries(STATE_NAME, kind):
+            sizes = np.array([len(v) - head for _, v in entries], dtype=np.int64)
+            if np.any(sizes % width):
+                raise ValueError(f"{self._where}: a stored key's pending rows are not whole "
+                                 f"records of {width} bytes (state written by another version?)")
+            counts = np.frombuffer(b"".join([v[:head] for _, v in entries]), dtype="<i8")
+            records = np.frombuffer(b"".join([v[head:] for _, v in entries]), dtype=self._record)
+            yield group, [decode(k[KEYED_PREFIX.size:]) for k, _ in entries], Stored(
+                counts.astype(np.int64), sizes // width, self._table(records))
 
     def restore_heap(self, group: int, entries: list[tuple[Any, int, pa.Table]]) -> None:
         """Move a heap checkpoint's key group of count-window state (key, count, pending

@@ -73,7 +73,7 @@ state, so restoring it looks for no such entries.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -301,6 +301,21 @@ class DiskSessionRows:
         due_kids = distinct[due_keys]
         return (_fired(fired[0], due_kids, s_start, s_end),
                 _fired(fired[1], due_kids, s_start, s_end))
+
+    def export(self) -> Iterator[tuple[JoinSide, pa.Table, np.ndarray]]:
+        """Both sides' rows with their times, key group by key group (a disk savepoint
+        restored into a heap job, whose buffers are the rows): one range scan per key
+        group."""
+        for group, entries in self._backend.raw_state_entries(CHUNKS_NAME, CHUNKS_KIND):
+            found: dict[tuple[int, bytes], list[bytes]] = {}
+            for key, value in entries:
+                if not is_header(key):
+                    side, fp = _CHUNK.unpack_from(value)
+                    found.setdefault((side, fp), []).append(value[_CHUNK.size:])
+            for (side, fp), payloads in sorted(found.items()):
+                table, _ = self._formats.get(fp, group).table(payloads)
+                yield (JoinSide(side), table.drop_columns([TS]),
+                       table[TS].to_numpy().astype(np.int64))
 
     def chunks_of(self, kids: np.ndarray) -> list[int]:
         """How many chunks each of the key ids ``kids`` holds (0: none): one multi-get."""

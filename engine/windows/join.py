@@ -96,6 +96,7 @@ from raystream.engine.windows.disk_session_join import DiskSessionRows
 from raystream.engine.windows.functions import Window
 from raystream.engine.windows.sessions import Windows, late_for_sessions
 from raystream.engine.windows.operator import LATE_LOG_INTERVAL_S, WINDOW_TIME, event_times
+from raystream.timers.disk_service import DiskTimerService
 
 if TYPE_CHECKING:
     from raystream.engine.datastream import DataStream
@@ -207,7 +208,7 @@ class WindowJoinOperator(BufferedJoinOperator):
     # on the disk backend the rows are in RocksDB: by window (DiskWindowRows), or for
     # sessions (merging) by key (DiskSessionRows)
     supports_disk_state = True
-    disk_only_kinds = (disk_join.WINDOW_KIND, disk_session_join.KIND)
+    disk_only_kinds = (disk_join.WINDOW_KIND, disk_session_join.KIND, disk_join.SCHEMA_KIND)
     label = "window join"
     disk_rows: DiskWindowRows | DiskSessionRows | None
 
@@ -228,13 +229,12 @@ class WindowJoinOperator(BufferedJoinOperator):
         self.schemas: list[pa.Schema | None] = [None, None]
 
     # -- lifecycle -----------------------------------------------------------------------
-    def open_disk_rows(self) -> DiskWindowRows | DiskSessionRows | None:
-        if not isinstance(self.backend, DiskKeyedStateBackend):
-            return None
+    def disk_rows_over(self, backend: DiskKeyedStateBackend, timers: DiskTimerService
+                       ) -> DiskWindowRows | DiskSessionRows:
         assigner = self.spec.windows
         if isinstance(assigner, EventTimeSessionWindows):
-            return DiskSessionRows(self.backend, self.disk_timers, assigner.gap_ms)
-        return DiskWindowRows(self.backend, self.disk_timers)
+            return DiskSessionRows(backend, timers, assigner.gap_ms)
+        return DiskWindowRows(backend, timers)
 
     def open(self) -> None:
         if self.fn is not None:
@@ -496,8 +496,8 @@ class WindowJoinOperator(BufferedJoinOperator):
         self.output.emit(batch)
 
     # -- state ---------------------------------------------------------------------------
-    def snapshot_table(self, rows: KeyedRows) -> pa.Table:
-        return rows.table.append_column(_START, pa.array(rows.ts))
+    def snapshot_table(self, table: pa.Table, ts: np.ndarray) -> pa.Table:
+        return table.append_column(_START, pa.array(ts))
 
     def restore_side(self, side: JoinSide, table: pa.Table) -> None:
         self.schemas[side] = table.schema.remove(table.schema.get_field_index(_START))
