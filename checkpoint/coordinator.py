@@ -715,7 +715,7 @@ def restore_spec_of(checkpoint_id: int, metadata: CheckpointMetadata,
                        {key: StateHandle.from_json(h) for key, h in metadata.channel_state.items()},
                        {name: StateHandle.from_json(h)
                         for name, h in metadata.coordinators.items()},
-                       rows=metadata.rows, state_backend=metadata.state_backend)
+                       rows=metadata.rows)
 
 
 def locate_snapshot(path: str) -> tuple[str, str]:

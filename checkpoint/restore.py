@@ -33,4 +33,3 @@ class RestoreSpec:
     # operator coordinators' states: operator name -> handle
     coordinators: dict[str, StateHandle] = field(default_factory=dict)
     rows: RowCounts = RowCounts()  # read and written when it was taken (the job's progress)
-    state_backend: str | None = None  # that wrote the keyed state: "heap", "disk" (None: not known)

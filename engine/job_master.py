@@ -52,7 +52,6 @@ from raystream.checkpoint.storage import (CheckpointStorage, CorruptCheckpointEr
 from raystream.checkpoint.subtask_gateway import EventDeliveryError, GatewayProtocolError
 from raystream.engine import master_journal, registry
 from raystream.engine.actor_pool import assignment_of, forget_assignment, remember_assignment
-from raystream.engine.backend_switch import refuse_unreadable_state
 from raystream.engine.deployment import (NAMESPACE, SUBTASK_SCHEDULING, Deployment,
                                          SubtaskFailure, deployment_failure)
 from raystream.engine.diagnosis import JobDiagnosis, PendingCheckpointView
@@ -423,9 +422,6 @@ class JobMaster:
                 raise ValueError("restore_from needs checkpoints: "
                                  "StreamEnvironment(checkpoints=...)")
             restore = coordinator.restore_from(self.options.restore_from)
-            assert self.options.checkpoints is not None  # (there is a coordinator)
-            refuse_unreadable_state(self.plan, restore, self.options.checkpoints.state_backend,
-                                    self.options.restore_from)
             self.failover.started_from(restore.checkpoint_id)
         self.operator_coordinators.start()
         if restore is not None:

@@ -498,15 +498,13 @@ def test_verified_restore_spec_skips_a_corrupt_newest_checkpoint_that_committed_
     storage = coord.config.storage  # restored files are read from the job's checkpoint storage
     assert spec == RestoreSpec(2, storage,
                                {"op": OperatorRestore([StateHandle.from_json(handles[2][0])],
-                                                     [StateHandle.from_json(handles[2][1])])},
-                               state_backend="heap")  # the backend that wrote it
+                                                     [StateHandle.from_json(handles[2][1])])})
 
     flip_first_byte(handles[2][1]["path"])
     spec = coord.verified_restore_spec()
     assert spec == RestoreSpec(1, storage,
                                {"op": OperatorRestore([StateHandle.from_json(handles[1][0])],
-                                                     [StateHandle.from_json(handles[1][1])])},
-                               state_backend="heap")  # the backend that wrote it
+                                                     [StateHandle.from_json(handles[1][1])])})
     assert completed_ids(coord) == [1]
     assert coord.history[2].status == "CORRUPT"
     assert coord.history[1].status == "COMPLETED"

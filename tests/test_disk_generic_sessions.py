@@ -10,7 +10,7 @@ batches, feed one open session of a ``ProcessWindowFunction`` by many batches (o
 chunk each, the header of constant size, no chunk rewritten, the rows fired in
 arrival order), use string keys with nulls, restore snapshots at parallelism 1, then
 2, then 3, move a heap snapshot into a disk job, restore an older checkpoint's
-single-entry keys as headers and chunks and refuse disk sections in a heap job; Ray
+single-entry keys as headers and chunks and move disk sections into heap subtasks; Ray
 jobs run through a subtask kill with full and incremental checkpoints.
 """
 
@@ -329,8 +329,8 @@ def outputs_of(ops: list[WindowOperator]) -> pd.DataFrame:
 @pytest.mark.parametrize("kind", KINDS)
 def test_snapshots_restore_at_1_then_2_then_3_and_heap_snapshots_move_in(kind):
     """A snapshot at parallelism 1 (sessions open on disk) restored at 2, a snapshot of
-    those restored at 3: every session fires once, as pandas says; a heap snapshot
-    restores into disk subtasks; a heap job refuses the disk sections."""
+    those restored at 3: every session fires once, as pandas says; the same from a heap
+    snapshot at 1, and from a disk snapshot at 1 into heap subtasks at 2 and 3."""
     rng = np.random.default_rng(2)
     n = 900
     frame = pd.DataFrame({"k": rng.integers(0, 40, n), "ts": np.sort(rng.integers(0, 6 * n, n)),
@@ -338,7 +338,7 @@ def test_snapshots_restore_at_1_then_2_then_3_and_heap_snapshots_move_in(kind):
     thirds = [frame.iloc[:300], frame.iloc[300:600], frame.iloc[600:]]
     floors = [int(third["ts"].max()) - 40 for third in thirds[:2]]
 
-    def run(first: StateBackend) -> tuple[pd.DataFrame, dict]:
+    def run(first: StateBackend, after: StateBackend = StateBackend.DISK) -> pd.DataFrame:
         op = user_operator(first, SESSIONS, kind)
         op.initialize_state(None)
         op.open()
@@ -352,34 +352,31 @@ def test_snapshots_restore_at_1_then_2_then_3_and_heap_snapshots_move_in(kind):
             assert stored_sessions(op)  # sessions open at the snapshot
             assert not any("windows" in decode_parts(s) for s in snapshot.values()
                            if not is_keyed_state(s))  # the sessions are keyed state
-        ops = [start(StateBackend.DISK, kind, snapshot, i, 2, floors[0]) for i in range(2)]
+        ops = [start(after, kind, snapshot, i, 2, floors[0]) for i in range(2)]
         snapshots = {}
         for op in ops:
-            assert not getattr(op.store, "entries", None) and stored_sessions(op)  # restored into RocksDB
+            if after is StateBackend.DISK:  # restored into RocksDB
+                assert not getattr(op.store, "entries", None) and stored_sessions(op)
             feed(op, thirds[1])
             op.process_watermark(floors[1])
             taken = op.snapshot_state(2).keyed_state
             assert taken is not None
             snapshots.update(taken())
         parts.append(outputs_of(ops))
-        ops = [start(StateBackend.DISK, kind, snapshots, i, 3, floors[1]) for i in range(3)]
+        ops = [start(after, kind, snapshots, i, 3, floors[1]) for i in range(3)]
         for op in ops:
             feed(op, thirds[2])
             op.process_watermark(rs.MAX_WATERMARK)
-            assert stored_sessions(op) == {}
+            if after is StateBackend.DISK:
+                assert stored_sessions(op) == {}
         parts.append(outputs_of(ops))
-        return pd.concat(parts, ignore_index=True), snapshot
+        return pd.concat(parts, ignore_index=True)
 
     want = user_sessions_oracle(frame, kind, GAP)
-    got, disk_sections = run(StateBackend.DISK)
-    pd.testing.assert_frame_equal(results(got), want, check_dtype=False)
-    got, _ = run(StateBackend.HEAP)  # a heap snapshot at p=1 into disk subtasks
-    pd.testing.assert_frame_equal(results(got), want, check_dtype=False)
-    with pytest.raises(ValueError, match="window 'w': the checkpoint keeps its session "
-                                         "windows of a user function in the disk state "
-                                         "backend.*"
-                                         "state_backend='disk'"):
-        start(StateBackend.HEAP, kind, disk_sections, 0, 1, floors[1])
+    for first, after in [(StateBackend.DISK, StateBackend.DISK),
+                         (StateBackend.HEAP, StateBackend.DISK),  # heap at p=1 into disk
+                         (StateBackend.DISK, StateBackend.HEAP)]:  # disk at p=1 into heap
+        pd.testing.assert_frame_equal(results(run(first, after)), want, check_dtype=False)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -3,7 +3,7 @@
 Operator-level tests drive a heap and a disk :class:`IntervalJoinOperator` with the
 same batches and watermarks (disorder, rows beyond the bound, hot keys, a lagging
 side) and check both against ``pd.merge`` plus the interval filter; snapshot tests
-move a heap snapshot's buffers into disk subtasks and check the refusals (disk sections
+move a heap snapshot's buffers into disk subtasks and a disk one's into heap subtasks (disk sections
 restored at other parallelisms, and the savepoint chain at parallelism 1, 2 and 3 on
 either backend, are in tests/test_joins.py); job tests run real Ray jobs on the disk
 backend through a subtask kill with full and incremental checkpoints.

@@ -33,7 +33,8 @@ from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.engine.operators.disk_join import RowFormats
 from raystream.engine.windows import disk_session_join
-from raystream.engine.windows.disk_session_join import DiskSessionRows, is_header
+from raystream.engine.windows.disk_entries import is_header
+from raystream.engine.windows.disk_session_join import DiskSessionRows
 from raystream.engine.windows.join import WindowJoinKind, WindowJoinOperator
 from tests.support.disk import appended_one_chunk, own_entries, restore_moving_nothing
 from tests.support.functions import Average, co_groups

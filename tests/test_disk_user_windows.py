@@ -5,8 +5,8 @@ accumulators in RocksDB (:mod:`raystream.engine.windows.disk_entries`). Operator
 tests drive a heap and a disk :class:`WindowOperator` with the same batches and
 watermarks (disorder, allowed lateness, a late side output) and check both against a
 pandas oracle; a real Ray job runs through a subtask kill with incremental checkpoints.
-Snapshots restored at parallelisms 1, 2 and 3, a heap snapshot into a disk job and the
-refusal of disk sections in a heap job are in tests/test_windows.py, over both backends.
+Snapshots restored at parallelisms 1, 2 and 3, a heap snapshot into a disk job and disk
+sections into a heap job are in tests/test_windows.py, over both backends.
 """
 
 from __future__ import annotations

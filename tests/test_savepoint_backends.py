@@ -4,8 +4,7 @@ savepoint at parallelism 2 on one backend, restored at 3 on the other.
 Oracle: the output of both runs together equals, window by window and exactly once,
 what pandas computes over the whole input (``user_window_sums``,
 ``user_sessions_oracle`` and ``expected_pairs`` of tests/support/oracles.py), or per
-user in sequence order for count windows. What cannot move yet (a disk job's windows of a user function into a
-heap job) is refused before the restored job deploys, naming the operator.
+user in sequence order for count windows.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import pytest
 
 import raystream as rs
 from tests.support.inputs import user_events
-from tests.support.jobs import rescaled_run, wait_for_checkpoint
+from tests.support.jobs import rescaled_run
 from tests.support.operators import pairs_of
 from tests.support.oracles import (expected_pairs, user_sessions_oracle, user_window_rows,
                                     user_window_sums)
@@ -122,25 +121,24 @@ def test_interval_join_rows_move_between_backends_at_another_parallelism(ray_ses
 
 class RowCount(rs.ProcessWindowFunction):
     def process(self, key, window, rows):
-        yield {"user": key, "window_start": window.start, "n": rows.num_rows}
+        yield {"user": key, "window_start": window.start, "n": rows.num_rows,
+               "total": float(np.sum(rows["x"].to_numpy()))}
 
 
-def test_a_disk_savepoint_of_user_function_windows_is_refused_by_a_heap_job_before_it_deploys(
-        ray_session, tmp_path):
-    def counts(env: rs.StreamEnvironment, parallelism: int) -> rs.SinkHandle:
-        return source(env, parallelism).key_by("user").window(
+@pytest.mark.parametrize("before, after", [("disk", "heap"), ("heap", "disk")])
+def test_windows_of_a_user_function_move_between_backends_at_another_parallelism(
+        ray_session, tmp_path, before, after):
+    def job(parallelism: int):
+        backend = before if parallelism == 2 else after
+        env = env_on(backend, parallelism, str(tmp_path / f"chk{parallelism}"))
+        windowed = source(env, parallelism).key_by("user").window(
             rs.TumblingEventTimeWindows(size_ms=1000), timestamp="ts").process(
-            RowCount(), name="rows").collect()
+            RowCount(), name="rows")
+        return env, windowed.collect()
 
-    env = env_on("disk", 2, str(tmp_path / "chk2"))
-    counts(env, 2)
-    client = env.execute_async("disk-user-windows")
-    wait_for_checkpoint(client, after=1)
-    client.stop_with_savepoint(str(tmp_path / "sp"))
-    heap = env_on("heap", 3, str(tmp_path / "chk3"))
-    counts(heap, 3)
-    with pytest.raises(rs.JobFailedError, match=r"could not run: JobSetupError: cannot restore "
-                                                r".*window 'rows' keeps its windows of a user "
-                                                r"function.*state_backend='disk'") as raised:
-        heap.execute("heap-user-windows", restore_from=str(tmp_path / "sp"))
-    assert raised.value.subtask is None  # the job master's refusal, no subtask's failure
+    got = user_window_rows(rescaled_run(job, tmp_path, f"rows-{before}-to-{after}"))
+    assert not got.duplicated(["user", "window_start"]).any()  # no window emitted twice
+    want = user_window_sums(user_events, N, 1000)
+    pd.testing.assert_frame_equal(got[["user", "window_start", "n", "total"]],
+                                  want[["user", "window_start", "n", "total"]],
+                                  check_dtype=False)

@@ -498,7 +498,7 @@ def test_count_trigger_matches_the_oracle(backend, purging, case):
 def test_count_trigger_restores_at_other_parallelisms(backend, parallelism):
     """A snapshot midway restored into 1, 2 or 3 subtasks: what they emit after it, with
     what came before, is what the uninterrupted run emitted (each key's count goes on
-    where it was); a heap snapshot restores into a disk subtask too."""
+    where it was); the other backend's snapshot restores into these subtasks too."""
     frame = random_input(3)
     half = len(frame) // 2
     trigger = rs.PurgingTrigger(rs.CountTrigger(count=4))
@@ -509,11 +509,11 @@ def test_count_trigger_restores_at_other_parallelisms(backend, parallelism):
     feed(whole, frame.iloc[half:], batch=13, lag=150)
     expected = whole.output()
     snapshots = {backend: sections}
-    if backend is not StateBackend.HEAP:  # a heap snapshot moves into this backend too
-        heap = Harness(StateBackend.HEAP, rs.GlobalWindows(), trigger)
-        feed(heap, frame.iloc[:half], batch=13, lag=150)
-        assert heap.output() == before
-        snapshots[StateBackend.HEAP] = heap.snapshot()
+    other = StateBackend.DISK if backend is StateBackend.HEAP else StateBackend.HEAP
+    moving = Harness(other, rs.GlobalWindows(), trigger)  # its snapshot moves in
+    feed(moving, frame.iloc[:half], batch=13, lag=150)
+    assert moving.output() == before
+    snapshots[other] = moving.snapshot()
     for sections in snapshots.values():
         after: Counter = Counter()
         for index in range(parallelism):

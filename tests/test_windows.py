@@ -367,7 +367,7 @@ def test_snapshot_restore_at_other_parallelism_gives_the_same_results(backend, f
     into 1, 2 and 3 subtasks by key group: every window still open at the snapshot fires
     once, as in the uninterrupted run; those that fired before it do not fire again. On
     disk the state travels in the backend's sections (none a heap part of windows), a
-    heap snapshot restores into disk subtasks and a heap job refuses disk sections."""
+    heap snapshot restores into disk subtasks and the disk sections into heap ones."""
     seed, n, keys = data
     key, ts, x = make_input(seed=seed, n=n, keys=keys, disorder=0)
     half = n // 2

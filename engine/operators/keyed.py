@@ -209,8 +209,6 @@ class KeyedOperator(Operator):
         if restored is not None and self.disk_only_kinds and not is_disk(ctx.state_backend):
             restored = replace(restored, keyed_sections=list(restored.keyed_sections))
             moves = self._holds_disk_only_state(restored)
-            if moves and self.heap_unreadable_disk_layout() is not None:
-                self._refuse_disk_only_state()
         self.backend = create_keyed_state_backend(ctx.state_backend,
                                                   max_parallelism=ctx.max_parallelism,
                                                   key_groups=groups,
@@ -266,12 +264,6 @@ class KeyedOperator(Operator):
                     self.moved_disk_state.close()
                     self.moved_disk_state = None
 
-    def heap_unreadable_disk_layout(self) -> str | None:
-        """What of this operator's state a disk savepoint holds that a heap job cannot read
-        (said in a message: "its window partials"), None if a heap job reads all of it. The
-        job master asks before it deploys a heap job restoring a disk savepoint."""
-        return f"its {self.label} state" if self.disk_only_kinds else None
-
     def _holds_disk_only_state(self, restored: RestoredState) -> bool:
         """Do ``restored``'s sections hold layouts of :attr:`disk_only_kinds`?"""
         for group, section in restored.keyed_sections:
@@ -281,16 +273,6 @@ class KeyedOperator(Operator):
                     for kind in section_state_kinds(group, state, self.ctx.max_parallelism)):
                 return True
         return False
-
-    def _refuse_disk_only_state(self) -> None:
-        """A heap job cannot restore this operator's layout of a disk savepoint (an older
-        savepoint, whose metadata does not say its backend, gets here; others are refused
-        before deployment): say so, naming the operator."""
-        raise ValueError(
-            f"{self.label} '{self.name}': the checkpoint keeps {self.heap_unreadable_disk_layout()} "
-            f"in the disk state backend's layout, which the heap state backend cannot read; "
-            f"restore with CheckpointConfig(state_backend='disk') (a heap savepoint restores "
-            f"into either backend)")
 
     def advance_watermark(self, watermark: int) -> None:
         """The operator's event time moves to ``watermark`` (never back)."""

@@ -148,9 +148,6 @@ class BufferedJoinOperator(KeyedOperator):
             self.disk_rows = self.disk_rows_over(self.backend, self.disk_timers)
         return self.disk_rows
 
-    def heap_unreadable_disk_layout(self) -> str | None:
-        return None  # a disk savepoint's rows move (their store's export)
-
     def release_key_ids(self) -> bool:
         """On disk the rows are in RocksDB under their encoded keys and no key id outlives
         a batch or a firing, so the timer service empties a full key table here."""

@@ -184,9 +184,6 @@ class CountWindowOperator(KeyedOperator):
             self.pending[kid] = (int(counts[index]), kept_table.slice(a, b - a))
 
     # -- state ---------------------------------------------------------------------------
-    def heap_unreadable_disk_layout(self) -> str | None:
-        return None  # a disk savepoint's count windows move (DiskCountState.export)
-
     def keyed_snapshot_parts(self):
         parts = super().keyed_snapshot_parts()
         if self.disk_state is not None:  # its entries are in the backend's sections

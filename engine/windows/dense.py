@@ -25,7 +25,6 @@ import pyarrow as pa
 
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.disk_panes import DiskPanes
-from raystream.timers.disk_service import DiskTimerService
 from raystream.engine.windows.store import (WINDOW_START, Assigned, DenseRows, DueTimers,
                                             WindowHost, WindowSection, by_key_group,
                                             no_sections, rows_of)
@@ -335,12 +334,13 @@ class DiskDenseWindows:
     def capture(self) -> Callable[[], dict[int, WindowSection]]:
         return no_sections
 
-    def export(self, timers: DiskTimerService) -> Iterator[tuple[int, WindowSection]]:
-        """Every key group's windows as the heap store's sections, ``timers`` naming the
-        keys: how a heap job restores a disk savepoint (through a scratch database, see
+    def export(self) -> Iterator[tuple[int, WindowSection]]:
+        """Every key group's windows as the heap store's sections: how a heap job restores
+        a disk savepoint (through a scratch database, see
         :mod:`~raystream.engine.operators.moved_disk_state`). One range scan per key
         group and window, as a firing reads them."""
         panes, size = self.panes, _size_of(self.host)
+        timers = panes.timers
         if not panes.timed:
             return
         for group in np.flatnonzero(np.logical_or.reduce(list(panes.timed.values()))).tolist():

@@ -83,14 +83,15 @@ rescaling carry them like any keyed state.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from raystream.checkpoint.disk_layout import (ORDERED, SEQUENCE, ordered, pack_value, state_id_of,
-                                             state_prefix, unpack_value)
+from raystream.checkpoint.disk_layout import (KEYED_PREFIX, ORDERED, SEQUENCE, ordered, ordered_value,
+                                             pack_value, state_id_of, state_prefix,
+                                             unpack_value)
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.timers.disk_service import DiskTimerService
 
@@ -110,6 +111,7 @@ class DiskEntries:
                  name: str = STATE_NAME, kind: str = KIND) -> None:
         self._backend = backend
         self._timers = timers
+        self._name, self._kind = name, kind
         self._sid = state_id_of(backend.raw_state_id(name, kind))
 
     def entry_keys(self, kids: np.ndarray, ends: np.ndarray) -> list[bytes]:
@@ -156,6 +158,19 @@ class DiskEntries:
         self.delete(keys)
         return entries
 
+    def export(self) -> Iterator[tuple[int, list[tuple[Any, int, int, Any]]]]:
+        """Each key group's windows as ``(key, start, end, value)``: one range scan per key
+        group (a disk savepoint restored into a heap job, from a scratch database)."""
+        decode = DiskKeyedStateBackend.decode_key
+        for group, entries in self._backend.raw_state_entries(self._name, self._kind):
+            keys = self._window_keys(entries)
+            yield group, [(decode(key[ORDERED.size:]), found[0], ordered_value(key), found[1])
+                          for key, found in zip(keys, self.get(keys)) if found is not None]
+
+    def _window_keys(self, entries: list[tuple[bytes, bytes]]) -> list[bytes]:
+        """The keys of the windows among a key group's ``entries`` (in key order)."""
+        return [key for key, _ in entries]
+
 
 class DiskChunks(DiskEntries):
     """The rows of a ``ProcessWindowFunction``'s (key, window)s, appended chunk by chunk
@@ -170,6 +185,16 @@ class DiskChunks(DiskEntries):
         super().__init__(backend, timers, name=CHUNKS_NAME, kind=CHUNKS_KIND)
         if older:
             self._move_in_entries()
+
+    def _window_keys(self, entries: list[tuple[bytes, bytes]]) -> list[bytes]:
+        # a marker's chunks follow it in key order, each its key and 8 bytes of seq (no
+        # encoded key is a prefix of another's entries): every other entry is a marker
+        markers: list[bytes] = []
+        for key, _ in entries:
+            if not (markers and len(key) == len(markers[-1]) + SEQUENCE.size
+                    and key.startswith(markers[-1])):
+                markers.append(key)
+        return markers
 
     def _markers(self, keys: list[bytes]) -> list[tuple[int, int] | None]:
         raws = list(self._backend.raw_db[keys]) if keys else []  # one multi-get
@@ -260,6 +285,12 @@ def chunk_key(key: bytes, seq: int) -> bytes:
     :mod:`~raystream.engine.windows.disk_generic_sessions`): its chunks follow it in seq
     order."""
     return key + SEQUENCE.pack(seq)
+
+
+def is_header(key: bytes) -> bool:
+    """Whether stored ``key`` is a header in the backend's keyed layout (``kg | sid |
+    len(key) | key``), not one of its chunks (:func:`chunk_key`)."""
+    return len(key) == KEYED_PREFIX.size + KEYED_PREFIX.unpack_from(key)[2]
 
 
 def ipc_bytes(rows: Sequence[pa.RecordBatch]) -> bytes:

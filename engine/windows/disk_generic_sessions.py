@@ -94,9 +94,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from raystream.checkpoint.disk_layout import pack_value, unpack_value
+from raystream.checkpoint.disk_layout import KEYED_PREFIX, pack_value, unpack_value
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
-from raystream.engine.windows.disk_entries import chunk_key, ipc_batches, ipc_bytes
+from raystream.engine.windows.disk_entries import chunk_key, ipc_batches, ipc_bytes, is_header
 from raystream.timers.disk_service import DiskTimerService
 
 # A checkpoint written before chunks holds each key as one entry of this state; its kind
@@ -292,6 +292,25 @@ class DiskGenericSessions:
                 by_load.setdefault(id(acc.chunks), (acc.chunks, []))[1].extend(acc.wanted())
         for chunks, wanted in by_load.values():
             chunks.read(wanted)
+
+    def export(self) -> Iterator[tuple[int, list[tuple[Any, int, int, Any]]]]:
+        """Each key group's open sessions as ``(key, start, end, accumulator)``, a
+        ``ProcessWindowFunction``'s rows read from their chunks: one range scan per key
+        group (a disk savepoint restored into a heap job, from a scratch database)."""
+        decode = DiskKeyedStateBackend.decode_key
+        for group, entries in self._backend.raw_state_entries(CHUNKS_NAME, CHUNKS_KIND):
+            chunks = dict(entries)  # the group's headers and chunks, read once
+            out = []
+            for key, raw in entries:
+                if not is_header(key):
+                    continue  # a chunk, read through its header's runs
+                for start, end, how, acc in unpack_value(raw)[1]:
+                    if how == _CHUNKED:
+                        acc = tuple(batch for first, n in zip(acc[::2], acc[1::2])
+                                    for seq in range(first, first + n)
+                                    for batch in ipc_batches(chunks[chunk_key(key, seq)]))
+                    out.append((decode(key[KEYED_PREFIX.size:]), start, end, acc))
+            yield group, out
 
     def move_in(self, entries: Entries, sessions: Sessions) -> None:
         """A heap checkpoint's sessions (restored into ``entries`` and ``sessions``) into

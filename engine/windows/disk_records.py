@@ -34,6 +34,11 @@ class PartialsState:
         if restored is not None:  # the record comes with the state
             self._use(np.dtype(record_fields(kind, restored)), restored)
 
+    @property
+    def timers(self) -> DiskTimerService:
+        """The timer service whose key ids name this state's keys."""
+        return self._timers
+
     def _use(self, record: np.dtype, kind: str) -> None:
         """Fix the state's record (first partials or restore) and the columns it holds."""
         self.record = record

@@ -78,11 +78,11 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from raystream.checkpoint.disk_layout import KEYED_PREFIX, group_bound
+from raystream.checkpoint.disk_layout import group_bound
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.engine.operators.disk_join import RowFormat, RowFormats
 from raystream.engine.operators.keyed_rows import JoinSide, KeyedRows, concat_tables
-from raystream.engine.windows.disk_entries import chunk_key
+from raystream.engine.windows.disk_entries import chunk_key, is_header
 from raystream.engine.windows.sessions import (Windows, late_for_sessions,
                                               session_at_or_before, session_breaks)
 from raystream.timers.disk_service import DiskTimerService
@@ -354,9 +354,6 @@ class DiskSessionRows:
             backend.raw_db.write(writes)
 
 
-def is_header(key: bytes) -> bool:
-    """Whether stored ``key`` is a header (``kg | sid | len(key) | key``), not a chunk."""
-    return len(key) == KEYED_PREFIX.size + KEYED_PREFIX.unpack_from(key)[2]
 
 
 def _one_batch(table: pa.Table) -> pa.RecordBatch:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -248,6 +248,11 @@ class DiskGenericSessionWindows(HeapGenericWindows):
         """A heap checkpoint's sessions (restored into the dicts) into RocksDB."""
         self.disk.move_in(self.entries, self.sessions)
 
+    def export(self) -> Iterator[tuple[int, WindowSection]]:
+        """Every key group's open sessions as the heap store's sections (a disk savepoint
+        restored into a heap job, through a scratch database)."""
+        yield from _generic_sections(self.host, self.disk.export())
+
     def _emit(self, fired: list[tuple[int, int, int, Any]]) -> None:
         self.disk.read_ahead([acc for *_, acc in fired])  # their stored rows: one multi-get
         super()._emit(fired)
@@ -320,6 +325,11 @@ class DiskGenericWindows:
     def capture(self) -> Callable[[], dict[int, WindowSection]]:
         return no_sections
 
+    def export(self) -> Iterator[tuple[int, WindowSection]]:
+        """Every key group's windows as the heap store's sections (a disk savepoint
+        restored into a heap job, through a scratch database)."""
+        yield from _generic_sections(self.host, self.disk.export())
+
     def restore(self, group: int, section: WindowSection) -> None:
         """A heap checkpoint's (key, window) accumulators into RocksDB (a
         ``ProcessWindowFunction``'s rows as one chunk per window; their timers are
@@ -336,3 +346,15 @@ class DiskGenericWindows:
 
     def restored(self) -> None:
         pass
+
+
+def _generic_sections(host: WindowHost, windows: Iterator[tuple[int, list[tuple[Any, int, int,
+                                                                               Any]]]]
+                      ) -> Iterator[tuple[int, WindowSection]]:
+    """The heap store's sections of a disk store's exported ``(key, start, end,
+    accumulator)`` windows, key group by key group (accumulators frozen, as a heap
+    snapshot keeps them)."""
+    freeze = host.function.frozen
+    for group, found in windows:
+        yield group, WindowSection(generic=[(key, start, end, freeze(acc))
+                                            for key, start, end, acc in found])

@@ -62,13 +62,14 @@ from raystream.engine.windows.generic import (DiskGenericSessionWindows, DiskGen
                                               HeapGenericWindows)
 from raystream.engine.windows.session_windows import DiskSessionWindows, HeapSessionWindows
 from raystream.engine.windows.sessions import Windows, late_for_sessions
-from raystream.engine.windows.store import (WINDOW_START, Assigned, DueTimers, WindowSection,
-                                            WindowStore)
+from raystream.engine.windows.store import (WINDOW_START, Assigned, DiskWindowStore, DueTimers,
+                                            WindowSection, WindowStore)
 from raystream.engine.windows.triggered import (KIND as TRIGGERED_KIND,
                                                 STATE_NAME as TRIGGERED_STATE,
                                                 DiskTriggerEntries, HeapTriggerEntries,
                                                 TriggeredWindows)
 from raystream.engine.windows.triggers import Trigger, default_trigger
+from raystream.timers.disk_service import DiskTimerService
 from raystream.timers.protocol import Popped, TimeDomain
 
 WINDOW_TIME = "window_end - 1"
@@ -217,19 +218,25 @@ class WindowOperator(KeyedOperator):
     def open_store(self) -> WindowStore:
         """The store for this window's layout and backend: once the backend's state is
         restored (a disk store finds its entries in it)."""
-        fn, merging = self.function, self.assigner.merging
         backend = self.backend
+        if isinstance(backend, DiskKeyedStateBackend):
+            return self.disk_store_over(backend, self.disk_timers)
         if self.triggered:
-            if not isinstance(backend, DiskKeyedStateBackend):
-                return TriggeredWindows(self, self.trigger, HeapTriggerEntries())
+            return TriggeredWindows(self, self.trigger, HeapTriggerEntries())
+        fn = self.function
+        if isinstance(fn, BuiltinAggregates):
+            return (HeapSessionWindows(self, fn.spec) if self.assigner.merging
+                    else HeapDenseWindows(self, fn.spec))
+        return HeapGenericWindows(self)
+
+    def disk_store_over(self, backend: DiskKeyedStateBackend, timers: DiskTimerService
+                        ) -> DiskWindowStore:
+        """The disk store of this window's layout over ``backend`` (this subtask's, or a
+        scratch database holding a disk savepoint for a heap job)."""
+        fn, merging, where = self.function, self.assigner.merging, f"window '{self.name}'"
+        if self.triggered:
             return TriggeredWindows(self, self.trigger, DiskTriggerEntries(DiskEntries(
-                backend, self.disk_timers, name=TRIGGERED_STATE, kind=TRIGGERED_KIND)))
-        if not isinstance(backend, DiskKeyedStateBackend):
-            if isinstance(fn, BuiltinAggregates):
-                return (HeapSessionWindows(self, fn.spec) if merging
-                        else HeapDenseWindows(self, fn.spec))
-            return HeapGenericWindows(self)
-        timers, where = self.disk_timers, f"window '{self.name}'"
+                backend, timers, name=TRIGGERED_STATE, kind=TRIGGERED_KIND)))
         if isinstance(fn, BuiltinAggregates):
             if merging:
                 return DiskSessionWindows(self, fn.spec,
@@ -469,18 +476,6 @@ class WindowOperator(KeyedOperator):
                                     for group, section in capture().items()}
         return parts
 
-    def heap_unreadable_disk_layout(self) -> str | None:
-        # built-in aggregates' layouts move from a disk savepoint into a heap job (their
-        # disk stores' export); a user function's and a trigger's not yet
-        if self._moves_from_disk():
-            return None
-        return ("its windows of a trigger of its own" if self.triggered else
-                "its session windows of a user function" if self.assigner.merging else
-                "its windows of a user function")
-
-    def _moves_from_disk(self) -> bool:
-        return not self.triggered and isinstance(self.function, BuiltinAggregates)
-
     def restore_keyed_parts(self, parts) -> None:
         blobs = parts.pop("windows", [])
         super().restore_keyed_parts(parts)
@@ -490,12 +485,6 @@ class WindowOperator(KeyedOperator):
             store.restore(group, WindowSection.decode(blob, group=group, where=where))
         moved = self.moved_disk_state
         if moved is not None:  # a disk savepoint's windows, for this heap job
-            assert isinstance(self.function, BuiltinAggregates) and not self.triggered
-            spec = self.function.spec
-            sections = (DiskSessionWindows(self, spec, DiskSessions(
-                moved.backend, spec, moved.timers, where=where)).export()
-                if self.assigner.merging else DiskDenseWindows(self, spec, DiskPanes(
-                    moved.backend, spec, moved.timers, where=where)).export(moved.timers))
-            for group, section in sections:
+            for group, section in self.disk_store_over(moved.backend, moved.timers).export():
                 store.restore(group, section)
         store.restored()

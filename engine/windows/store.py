@@ -35,7 +35,8 @@ A store reaches the operator only through :class:`WindowHost`, so it never impor
 A heap store's sections are pickled in the operator's checkpoint part ``"windows"``; a
 disk store keeps everything in the backend's database (its sections are empty) and
 restores a heap store's sections into it, so a heap savepoint restores into either
-backend.
+backend; a disk store also exports its windows as heap sections
+(:class:`DiskWindowStore`), so a disk savepoint restores into either backend too.
 """
 
 from __future__ import annotations
@@ -238,6 +239,14 @@ class WindowStore(Protocol):
     def restore(self, group: int, section: WindowSection) -> None: ...
 
     def restored(self) -> None: ...
+
+
+class DiskWindowStore(WindowStore, Protocol):
+    """A store in the disk backend's database, which also gives its windows back as the
+    heap stores' sections: how a heap job restores a disk savepoint (the store opened
+    over a scratch database, see :mod:`~raystream.engine.operators.moved_disk_state`)."""
+
+    def export(self) -> Iterator[tuple[int, WindowSection]]: ...
 
 
 def no_sections() -> dict[int, WindowSection]:

@@ -30,7 +30,7 @@ their default trigger (a window merge would have to merge trigger state).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -102,6 +102,11 @@ class DiskTriggerEntries:
 
     def delete(self, kids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
         self.disk.delete(self.disk.entry_keys(kids, ends))
+
+    def export(self) -> Iterator[tuple[int, list[tuple[Any, int, int, int, Any]]]]:
+        """Each key group's entries as ``(key, start, end, count, accumulator)``."""
+        for group, found in self.disk.export():
+            yield group, [(key, start, end, *entry) for key, start, end, entry in found]
 
 
 class TriggeredWindows:
@@ -293,6 +298,18 @@ class TriggeredWindows:
 
     def restored(self) -> None:
         pass
+
+    def export(self) -> Iterator[tuple[int, WindowSection]]:
+        """Every key group's entries as the heap store's sections (a disk savepoint
+        restored into a heap job, through a scratch database)."""
+        entries = self.entries
+        if not isinstance(entries, DiskTriggerEntries):
+            raise TypeError(f"window '{self.host.name}': only windows on disk export")
+        freeze = self.host.function.frozen
+        for group, found in entries.export():
+            yield group, WindowSection(triggered=[
+                (key, start, end, count, None if acc is None else freeze(acc))
+                for key, start, end, count, acc in found])
 
 
 def _counting(trigger: Trigger) -> Trigger:

@@ -10,7 +10,6 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pytest
 
 import raystream as rs
 from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
@@ -161,15 +160,12 @@ def check_restores_at_other_parallelism(assigner, key, ts, x, half: int, *,
                                         normal: Callable[[pd.DataFrame], pd.DataFrame],
                                         make: Callable[..., WindowOperator] = window_operator,
                                         backend: StateBackend = StateBackend.DISK,
-                                        refusal: str = "window 'w': .*state_backend='disk'"
                                         ) -> tuple[dict[int, bytes], pd.DataFrame]:
     """Snapshot a run on ``backend`` midway and restore it into 1, 2 and 3 subtasks of
     ``backend``: the windows open at the snapshot fire once, as in the uninterrupted run
     (rows compared after ``normal``). On disk, a heap run's snapshot restores into 2 disk
-    subtasks too, and the disk sections into 1 and 3 heap subtasks where the layout moves
-    (else a heap job refuses them: ``refusal``). Returns the
-    sections and the uninterrupted run's results (normalized) that were open at the
-    snapshot."""
+    subtasks too, and the disk sections into 1 and 3 heap subtasks. Returns the sections
+    and the uninterrupted run's results (normalized) that were open at the snapshot."""
     sections, whole = snapshot_midway(backend, assigner, key, ts, x, half, make=make)
     open_at_snapshot = normal(whole[whole["window_end"] - 1 > int(ts[:half].max()) - 100])
     assert len(open_at_snapshot)
@@ -187,16 +183,10 @@ def check_restores_at_other_parallelism(assigner, key, ts, x, half: int, *,
                              make=make)
     pd.testing.assert_frame_equal(normal(got), open_at_snapshot)
 
-    if make(StateBackend.HEAP, assigner).heap_unreadable_disk_layout() is None:
-        # the disk sections move into heap subtasks, at 1 and 3 of them
-        for parallelism in (1, 3):
-            got = restore_and_finish(StateBackend.HEAP, assigner, sections, key, ts, x, half,
-                                     parallelism, make=make)
-            pd.testing.assert_frame_equal(normal(got), open_at_snapshot)
-    else:
-        with pytest.raises(ValueError, match=refusal):
-            restore_and_finish(StateBackend.HEAP, assigner, sections, key, ts, x, half, 1,
-                               make=make)
+    for parallelism in (1, 3):  # the disk sections move into heap subtasks
+        got = restore_and_finish(StateBackend.HEAP, assigner, sections, key, ts, x, half,
+                                 parallelism, make=make)
+        pd.testing.assert_frame_equal(normal(got), open_at_snapshot)
     return sections, open_at_snapshot
 
 
