@@ -72,9 +72,11 @@ class BadRecordError(RaystreamError, ValueError):
 
 class JobSetupError(RaystreamError, ValueError):
     """A job cannot start as configured: a path it reads does not exist, its checkpoint
-    storage is not writable, what it restores from is no savepoint or checkpoint. Raised
-    by ``execute()`` before Ray starts when the job runs on this machine
-    (:mod:`raystream.engine.preflight`)."""
+    storage is not writable, what it restores from is no savepoint or checkpoint, a Kafka
+    broker of its source or sink does not answer or lacks its topic. Raised by
+    ``execute()`` before Ray starts when the job runs on this machine
+    (:mod:`raystream.engine.preflight`, the Kafka check in
+    :mod:`raystream.engine.kafka_client`)."""
 
 
 class SchemaError(RaystreamError, ValueError):
