@@ -24,13 +24,11 @@ master stops it.
 from __future__ import annotations
 
 import collections
-import enum
 import functools
 import gc
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,68 +53,17 @@ from raystream.actors.stream_input import InputStep, StreamInput
 from raystream.actors.record_writer import RecordWriter, batch_payload
 from raystream.actors.channel_state_file import ChannelStateContents
 from raystream.checkpoint.state_backend import StateBackend
-from raystream.actors.subtask_checkpoints import CheckpointingSpec, SubtaskCheckpointer
+from raystream.actors.subtask_checkpoints import SubtaskCheckpointer
 from raystream.actors.subtask_metrics import SubtaskMetricsExporter
-from raystream.actors.vertex import JobVertex
-from raystream.checkpoint.restore import RestoreSpec
-from raystream.core.failpoints import Failpoint, Failpoints
+from raystream.core.failpoints import Failpoints
 from raystream.actors.master_gateway import MasterGateway
+from raystream.actors.subtask_spec import SubtaskEnding, SubtaskSpec, TerminationReport
 from raystream.actors.subtask_lifecycle import Lifecycle, advance
 from raystream.actors.operator import (BroadcastingOutput, ChainedOutput, Operator,
                                        OperatorFailure, RoutingOutput, RuntimeContext,
                                        SinkOperator, SourceOperator, call_operator)
 
 IDLE_WAIT_S = 0.05
-
-
-@dataclass
-class SubtaskSpec:
-    job_id: str
-    job_name: str
-    attempt: int
-    vertex: JobVertex
-    index: int
-    max_parallelism: int
-    credits: int
-    master: Any = None  # the job master actor: finished reports, checkpoint acknowledgements
-    checkpointing: CheckpointingSpec | None = None
-    restore: RestoreSpec | None = None
-    failpoints: tuple[Failpoint, ...] = ()
-    # how long the data in flight on the input may take to process (actors/credit_limit.py);
-    # None: every sender holds all its credits
-    in_flight_s: float | None = None
-
-    @property
-    def actor_name(self) -> str:
-        return subtask_actor_name(self.job_id, self.vertex.name, self.index, self.attempt)
-
-
-def subtask_actor_name(job_id: str, vertex_name: str, index: int, attempt: int) -> str:
-    return f"raystream/{job_id}/{vertex_name}/{index}@{attempt}"
-
-
-class SubtaskEnding(enum.Enum):
-    """How a subtask's run ended."""
-
-    FINISHED = "finished"  # stopped after its input ended and its output was committed
-    FAILED = "failed"
-    CANCELED = "canceled"
-
-
-@dataclass
-class TerminationReport:
-    """How a subtask ended, returned to the job master."""
-
-    vertex_id: int
-    index: int
-    status: SubtaskEnding
-    error: str | None = None
-    operator: str | None = None
-    traceback: str | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    # the qualified names of the exception's classes, most derived first (the driver
-    # raises a user's data error as its own type: engine/errors.job_failed_error)
-    error_types: tuple[str, ...] = ()
 
 
 class NullOutput:
@@ -666,7 +613,7 @@ class Subtask:
                                         error=message,
                                         operator=operator, traceback=traceback_text,
                                         metrics=self.metrics(),
-                                        error_types=qualified_names(type(cause)))
+                                        error_types=TerminationReport.error_types_of(cause))
         self.exporter.export(self.report.metrics)
 
     def liveness(self) -> SubtaskLiveness:
@@ -708,12 +655,3 @@ class Subtask:
             for name, value in (operator.metrics() or {}).items():
                 metrics[f"{operator.name}.{name}"] = value
         return metrics
-
-
-def qualified_names(kind: type) -> tuple[str, ...]:
-    """``module.Class`` of ``kind`` and of every class it derives from, most derived first.
-
-        >>> qualified_names(KeyError)[:2]
-        ('builtins.KeyError', 'builtins.LookupError')
-    """
-    return tuple(f"{k.__module__}.{k.__qualname__}" for k in kind.__mro__)

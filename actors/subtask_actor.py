@@ -19,7 +19,8 @@ from raystream.actors.liveness import SubtaskLiveness
 from raystream.actors.mailbox import (BarrierReceived, Cancel, CheckpointCompleted, Credit,
                                       Drain, OperatorEvent, Stop)
 from raystream.actors.messages import ChannelId, Envelope
-from raystream.actors.subtask import Subtask, SubtaskSpec, TerminationReport
+from raystream.actors.subtask import Subtask
+from raystream.actors.subtask_spec import SubtaskSpec, TerminationReport
 from raystream.checkpoint.barrier import Barrier
 
 HOST_STOP_TIMEOUT_S = 10.0

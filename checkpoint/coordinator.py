@@ -24,7 +24,7 @@ import collections
 import enum
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from raystream.checkpoint.barrier import Barrier, SnapshotKind
@@ -34,6 +34,7 @@ from raystream.checkpoint.coordinator_holder import OperatorCoordinators
 from raystream.checkpoint.handles import IncrementalHandle, OperatorSubtaskState
 from raystream.checkpoint.keygroups import HASH_VERSION
 from raystream.checkpoint.metadata import CheckpointMetadata, OperatorFiles, RowCounts
+from raystream.checkpoint.pending_checkpoint import AcknowledgeResult, PendingCheckpoint, SubtaskKey
 from raystream.checkpoint.shared_state import SharedStateRegistry
 from raystream.checkpoint.storage import (SAVEPOINT_JOB_KEY, CheckpointStorage,
                                           CorruptCheckpointError, StateHandle,
@@ -44,9 +45,6 @@ from raystream.checkpoint.watermark_floors import WatermarkFloors
 from raystream.core.failpoints import Failpoints
 
 log = logging.getLogger(__name__)
-
-SubtaskKey = tuple[int, int]  # (vertex id, subtask index)
-
 
 ABORT_LOG_EVERY_S = 5.0  # at most one "checkpoint aborted" line per job this often
 HISTORY_RETAINED = 1000  # rows of checkpoint history a job keeps (progress(), result.checkpoints)
@@ -74,72 +72,6 @@ class _ThrottledLog:
             message, args = message + " (%d more since the last such line)", (*args, self._left_out)
         self.logger.warning(message, *args)
         self._last, self._left_out = now, 0
-
-
-class AcknowledgeResult(enum.Enum):
-    """What an acknowledgement did (Flink's ``TaskAcknowledgeResult``): counted by the
-    coordinator, and logged when it shows a protocol error (a duplicate, or a subtask
-    the checkpoint does not wait for)."""
-
-    SUCCESS = "success"  # the subtask's state is part of the checkpoint now
-    DUPLICATE = "duplicate"  # the subtask had acknowledged it already
-    UNKNOWN = "unknown"  # no such checkpoint, or not a subtask it waits for
-    DISCARDED = "discarded"  # the checkpoint was aborted, subsumed or completed, or of an
-    # older attempt
-
-
-@dataclass
-class PendingCheckpoint:
-    """A checkpoint triggered and not yet complete: the subtasks it waits for, what the
-    others wrote, and its figures so far."""
-
-    checkpoint_id: int
-    trigger_ts_ms: int
-    started: float
-    waiting: set[SubtaskKey]
-    written: dict[SubtaskKey, dict[str, OperatorSubtaskState]] = field(default_factory=dict)
-    watermarks: dict[SubtaskKey, list[list[int]]] = field(default_factory=dict)  # runs per subtask
-    size: int = 0
-    alignment_s: float = 0.0  # the longest any subtask waited for the barrier on all inputs
-    start_delay_s: float = 0.0  # the longest from the trigger to a subtask's first barrier
-    sync_s: float = 0.0  # the longest synchronous snapshot of a subtask
-    async_s: float = 0.0  # the longest asynchronous write of a subtask
-    kind: SnapshotKind = SnapshotKind.CHECKPOINT
-    savepoint_target: str | None = None  # a savepoint kind's directory
-    channel_state: dict[str, StateHandle] = field(default_factory=dict)  # subtask key -> handle
-    channel_state_bytes: int = 0
-    unaligned: bool = False
-    rows: RowCounts = RowCounts()  # the attempt's sources' and sinks' at their barriers
-    coordinators: dict[str, StateHandle] = field(default_factory=dict)  # operator -> its state
-    barrier: Barrier | None = None  # not sent yet: waiting for operator events' delivery
-
-    @property
-    def fully_acknowledged(self) -> bool:
-        return not self.waiting
-
-    def acknowledge(self, subtask: SubtaskKey, written: dict[str, OperatorSubtaskState],
-                    stats: SnapshotStats) -> AcknowledgeResult:
-        """Take ``subtask``'s state and figures (Flink's ``acknowledgeTask``): the
-        checkpoint's phases are its slowest subtask's, its sizes the sum."""
-        if subtask in self.written:
-            return AcknowledgeResult.DUPLICATE
-        if subtask not in self.waiting:
-            return AcknowledgeResult.UNKNOWN
-        self.waiting.discard(subtask)
-        self.written[subtask] = written
-        if stats.watermarks is not None:
-            self.watermarks[subtask] = stats.watermarks
-        self.size += stats.size
-        self.alignment_s = max(self.alignment_s, stats.alignment_s)
-        self.start_delay_s = max(self.start_delay_s, stats.start_delay_s)
-        self.sync_s = max(self.sync_s, stats.sync_s)
-        self.async_s = max(self.async_s, stats.async_s)
-        self.channel_state_bytes += stats.channel_state_bytes
-        self.rows += stats.rows
-        self.unaligned = self.unaligned or stats.unaligned
-        if stats.channel_state is not None and stats.channel_state_key is not None:
-            self.channel_state[stats.channel_state_key] = stats.channel_state
-        return AcknowledgeResult.SUCCESS
 
 
 @dataclass(eq=False)

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from raystream.checkpoint.operator_coordinator import OperatorCoordinator
+from raystream.checkpoint.restore import RestoreSpec
+from raystream.checkpoint.storage import CheckpointStorage
 from raystream.checkpoint.subtask_gateway import Delivery, SubtaskGateway
 
 # (operator name, subtask index) -> a function that transmits one event to that subtask
@@ -153,6 +155,19 @@ class OperatorCoordinators:
         for holder in self._holders.values():
             for i, gateway in enumerate(holder.gateways):
                 holder.call("subtask_ready", i, _GatewayHandle(gateway))
+
+    def reset_to(self, restore: RestoreSpec | None) -> None:
+        """Global failover (or a start from a savepoint): every coordinator goes back to
+        the state ``restore`` holds of it (read from its storage), or to its start without
+        one."""
+        if not self._holders:
+            return
+        states = {}
+        if restore is not None:
+            storage = CheckpointStorage(restore.storage_uri)
+            states = {name: storage.read_state(handle)
+                      for name, handle in restore.coordinators.items()}
+        self.reset(restore.checkpoint_id if restore else None, states)
 
     def reset(self, checkpoint_id: int | None, states: dict[str, bytes]) -> None:
         """Global failover to ``checkpoint_id`` (None: the start): held and undelivered

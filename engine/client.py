@@ -14,7 +14,8 @@ from raystream.engine import registry
 from raystream.engine.sink_handle import SinkHandle
 from raystream.engine.diagnosis import JobDiagnosis
 from raystream.engine.errors import JobNotFoundError, JobNotRunningError, job_failed_error
-from raystream.engine.job_master import NAMESPACE, JobOutcome, master_actor_name
+from raystream.engine.job_master import NAMESPACE, JobOutcome
+from raystream.engine.job_options import master_actor_name
 from raystream.engine.job_options import RESUME_HINT
 from raystream.engine.job_report import outcome_of_summary
 from raystream.engine.job_status import JobStatus

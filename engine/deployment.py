@@ -18,12 +18,15 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from raystream.actors.liveness import NoAnswer, SubtaskLiveness
-from raystream.actors.subtask import SubtaskEnding, SubtaskSpec, TerminationReport
+from raystream.actors.subtask_spec import SubtaskEnding, SubtaskSpec, TerminationReport
 from raystream.actors.subtask_actor import SubtaskActor
 from raystream.actors.subtask_checkpoints import CheckpointingSpec
 from raystream.checkpoint.config import AlignmentMode
+from raystream.checkpoint.coordinator_holder import CoordinatorFailure
 from raystream.checkpoint.restore import RestoreSpec
+from raystream.checkpoint.subtask_gateway import EventDeliveryError, GatewayProtocolError
 from raystream.actors.resources import Resources
+from raystream.engine.failover import Failure
 from raystream.engine.job_events import SubtaskKey
 from raystream.engine.job_options import JobOptions
 from raystream.engine.plan import JobPlan
@@ -63,6 +66,17 @@ def deployment_failure(exc: RayActorError) -> SubtaskFailure:
     return SubtaskFailure(TerminationReport(
         -1, -1, SubtaskEnding.FAILED, operator="deployment",
         error=f"a subtask died during deployment: {type(exc).__name__}: {first_line}"))
+
+
+def failure_of(exc: Exception) -> Failure:
+    """What the failover is told of an exception met by the event thread."""
+    if isinstance(exc, SubtaskFailure):
+        report = exc.report
+        return Failure(report.error, report.operator, report.index if report.index >= 0 else None,
+                       report.traceback, report.error_types)
+    if isinstance(exc, (CoordinatorFailure, EventDeliveryError, GatewayProtocolError)):
+        return Failure(str(exc), getattr(exc, "operator", "coordinator"))
+    return Failure(f"checkpoint coordinator: {exc}", "coordinator")
 
 
 class _RayDelivery:

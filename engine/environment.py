@@ -44,8 +44,9 @@ from raystream.engine.formats import ValueFormat
 from raystream.actors.resources import Resources
 from raystream.engine.graph import InputEdge, Transformation
 from raystream.engine.master_pool import MASTER_RESOURCES, MASTERS, new_job_id
-from raystream.engine.job_master import (NAMESPACE, JobMaster, JobOptions, MasterAssignment,
-                                         master_actor_name, master_restarts)
+from raystream.engine.job_master import NAMESPACE, JobMaster
+from raystream.engine.job_options import (JobOptions, MasterAssignment, master_actor_name,
+                                          master_restarts)
 from raystream.checkpoint.operator_coordinator import OperatorCoordinator
 from raystream.actors.operator import SourceOperator
 from raystream.engine.operators.source import SourceReaderOperator

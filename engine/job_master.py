@@ -27,7 +27,6 @@ This module is the actor and its event loop; the parts live beside it:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -38,7 +37,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from raystream.actors.subtask import SubtaskEnding
+from raystream.actors.subtask_spec import SubtaskEnding
 from raystream.checkpoint.barrier import SnapshotKind
 from raystream.checkpoint.restore import RestoreSpec
 from raystream.checkpoint.coordinator import (CheckpointCoordinator, CheckpointStatus,
@@ -53,7 +52,7 @@ from raystream.checkpoint.subtask_gateway import EventDeliveryError, GatewayProt
 from raystream.engine import master_journal, registry
 from raystream.engine.actor_pool import assignment_of, forget_assignment, remember_assignment
 from raystream.engine.deployment import (NAMESPACE, SUBTASK_SCHEDULING, Deployment,
-                                         SubtaskFailure, deployment_failure)
+                                         SubtaskFailure, deployment_failure, failure_of)
 from raystream.engine.diagnosis import JobDiagnosis, PendingCheckpointView
 from raystream.engine.errors import JobNotFoundError
 from raystream.engine.failover import Failover, Failure, FailJob, Restart
@@ -76,7 +75,7 @@ from raystream.engine.savepoint_requests import SavepointRequests
 
 # what other modules import from here (the deployment's names for the actor pool)
 __all__ = ["NAMESPACE", "SUBTASK_SCHEDULING", "JobMaster", "JobOptions", "JobOutcome",
-           "MasterAssignment", "master_actor_name"]
+           "MasterAssignment"]
 
 log = logging.getLogger(__name__)
 
@@ -89,48 +88,17 @@ _FAILURES = (SubtaskFailure, InjectedFailure, TooManyCheckpointFailures, Coordin
              EventDeliveryError, GatewayProtocolError)
 
 
-def master_actor_name(job_id: str) -> str:
-    """The Ray actor name (in namespace ``raystream``) of a job's master: named by the
-    suffix of the job id (``<name>-<hex>``), which a warm master is created with before
-    its job is known (:mod:`raystream.engine.master_pool`).
-
-        >>> master_actor_name("clicks-0a1b2c3d")
-        'raystream/master/0a1b2c3d'
-    """
-    return f"raystream/master/{job_id.rsplit('-', 1)[-1]}"
-
-
 def _own_name() -> str:
     name = ray.get_runtime_context().get_actor_name()
     assert name is not None, "a warm job master is a named actor"
     return name
 
 
-def _failure_of(exc: Exception) -> Failure:
-    """What the failover is told of an exception met by the event thread."""
-    if isinstance(exc, SubtaskFailure):
-        report = exc.report
-        return Failure(report.error, report.operator, report.index if report.index >= 0 else None,
-                       report.traceback, report.error_types)
-    if isinstance(exc, (CoordinatorFailure, EventDeliveryError, GatewayProtocolError)):
-        return Failure(str(exc), getattr(exc, "operator", "coordinator"))
-    return Failure(f"checkpoint coordinator: {exc}", "coordinator")
-
-
-def master_restarts(options: JobOptions) -> dict[str, int]:
-    """Ray's restart options for the master of a job: one that fails over is restarted
-    when its process dies (at most as often as the job may restart; each restart is a
-    failover), and the calls clients and subtasks had made to it go to its successor."""
-    if not options.may_restart:
-        return {"max_restarts": 0, "max_task_retries": 0}
-    return {"max_restarts": options.restart.attempts, "max_task_retries": -1}
-
-
 @ray.remote(  # pyright: ignore[reportCallIssue] (Ray's stubs know no concurrency_groups)
     concurrency_groups={"client": 8, "control": 1}, max_restarts=0, max_task_retries=0)
 class JobMaster:
     """The job master: of ``assignment``'s job (its Ray options per job:
-    :func:`master_restarts`), or, without one, a warm master whose job comes with
+    :func:`~raystream.engine.job_options.master_restarts`), or, without one, a warm master whose job comes with
     :meth:`run` (:mod:`raystream.engine.master_pool`). ``keeper``: the actor name of
     the driver's pool keeper, which tells a warm master Ray restarted what job its
     predecessor was given."""
@@ -191,7 +159,7 @@ class JobMaster:
         self.savepoints = SavepointRequests()
         self.started_at = time.time()
         self.exporter = JobMetricsExporter(job_name, job_id)
-        self._published: tuple[float, str] = (float("-inf"), "")  # when, what
+        self.publisher = registry.SummaryPublisher(every_s=PUBLISH_EVERY_S)
         # the stop savepoint that ended the job: answered once the outcome is published
         self._stopped_by: SavepointRequest | None = None
         # the newest stop savepoint this master (or a predecessor) committed
@@ -425,7 +393,7 @@ class JobMaster:
             self.failover.started_from(restore.checkpoint_id)
         self.operator_coordinators.start()
         if restore is not None:
-            self._reset_operator_coordinators(restore)
+            self.operator_coordinators.reset_to(restore)
         return self._deploy_first(restore)
 
     def _ended_before(self) -> JobOutcome | None:
@@ -488,7 +456,7 @@ class JobMaster:
                 if outcome is not None:
                     return outcome
             except _FAILURES as failure:
-                outcome = self._failover(_failure_of(failure))
+                outcome = self._failover(failure_of(failure))
                 if outcome is not None:
                     return outcome
 
@@ -519,7 +487,7 @@ class JobMaster:
             stop = self.savepoints.answer(self.coordinator)
             if stop is not None:
                 return self._end_after_savepoint(stop)
-        if time.monotonic() - self._published[0] >= PUBLISH_EVERY_S:
+        if self.publisher.due():
             self._publish()
         return self._maybe_finish()
 
@@ -617,15 +585,7 @@ class JobMaster:
             restores=self.recoveries.rows(), placement=self.deployment.placement,
             checkpoints=checkpoints, outcome=self.outcome,
             progress=None if self.outcome is None else self._progress().as_dict())
-        text = json.dumps({k: v for k, v in summary.items() if k != "ended_at"}, default=str)
-        if text == self._published[1]:
-            self._published = (time.monotonic(), text)
-            return
-        try:
-            registry.publish(summary)
-            self._published = (time.monotonic(), text)
-        except Exception as exc:  # the directory is for people watching, not for the job
-            log.warning("could not publish the summary of %s: %s", self.job_id, exc)
+        self.publisher.publish(summary)
 
     # -- failover ---------------------------------------------------------------------------------
     def _failover(self, failure: Failure) -> JobOutcome | None:
@@ -657,13 +617,13 @@ class JobMaster:
         except (CorruptCheckpointError, OSError, RuntimeError) as exc:  # nowhere to go back to
             return self._failed(Failover.cannot_restore(failure, str(exc)))
         try:
-            self._reset_operator_coordinators(restore)
+            self.operator_coordinators.reset_to(restore)
             self.recoveries.begin(recovery.restoring(restore.checkpoint_id if restore else None,
                                                 tuple(lost_nodes)))
             self._deploy(restore=restore, avoid_nodes=lost_nodes)
             self._note()
         except RayActorError as exc:  # a subtask died while being wired: fail over again
-            return self._failover(_failure_of(deployment_failure(exc)))
+            return self._failover(failure_of(deployment_failure(exc)))
         self._set_status(JobStatus.RUNNING)
         return None
 
@@ -680,7 +640,7 @@ class JobMaster:
         try:
             self._deploy(restore=restore)
         except RayActorError as exc:
-            return self._failover(_failure_of(deployment_failure(exc)))
+            return self._failover(failure_of(deployment_failure(exc)))
         return None
 
     def _deploy(self, restore: RestoreSpec | None, avoid_nodes: list[str] | None = None) -> None:
@@ -730,15 +690,3 @@ class JobMaster:
             notify_aborted=lambda n: deployment.notify_checkpoint_aborted(n, self.attempt),
             failpoints=self._coordinator_failpoints(),
             operator_coordinators=self.operator_coordinators)
-
-    def _reset_operator_coordinators(self, restore: RestoreSpec | None) -> None:
-        """Global failover (or a start from a savepoint): every operator coordinator goes
-        back to the restored checkpoint's state, or to its start without one."""
-        if not self.operator_coordinators:
-            return
-        states = {}
-        if restore is not None:
-            storage = CheckpointStorage(restore.storage_uri)
-            states = {name: storage.read_state(handle)
-                      for name, handle in restore.coordinators.items()}
-        self.operator_coordinators.reset(restore.checkpoint_id if restore else None, states)

@@ -1,4 +1,5 @@
-"""How a job runs: the options its driver hands to the job master (no Ray here)."""
+"""How a job runs: the options its driver hands to the job master, the master's actor
+name and its Ray restart options (no Ray here)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,23 @@ RESUME_HINT = ("resume it from its newest completed checkpoint with env.execute(
                "resume=True) or raystream run --resume")
 
 DETACHED_LINGER_S = 600.0
+
+
+def master_actor_name(job_id: str) -> str:
+    """The Ray actor name (in namespace ``raystream``) of a job's master: named by the
+    suffix of the job id (``<name>-<hex>``), which a warm master is created with before
+    its job is known (:mod:`raystream.engine.master_pool`).
+
+        >>> master_actor_name("clicks-0a1b2c3d")
+        'raystream/master/0a1b2c3d'
+    """
+    return f"raystream/master/{job_id.rsplit('-', 1)[-1]}"
+
+
+def master_restarts(options: JobOptions) -> dict[str, int]:
+    """Ray's restart options for the master of a job: one that fails over is restarted
+    when its process dies (at most as often as the job may restart; each restart is a
+    failover), and the calls clients and subtasks had made to it go to its successor."""
+    if not options.may_restart:
+        return {"max_restarts": 0, "max_task_retries": 0}
+    return {"max_restarts": options.restart.attempts, "max_task_retries": -1}

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, cast
 
-from raystream.engine.job_master import NAMESPACE, master_actor_name
+from raystream.engine.job_master import NAMESPACE
+from raystream.engine.job_options import master_actor_name
 from raystream.engine.job_progress import JobProgress
 from raystream.engine.registry import TERMINAL_STATUSES
 

@@ -10,7 +10,7 @@ subtask actors over (:mod:`~raystream.engine.actor_pool`).
 
 * A warm master is named ``raystream/master/<hex>`` before its job is known;
   the job that takes it gets the id ``<name>-<hex>``
-  (:func:`~raystream.engine.job_master.master_actor_name`).
+  (:func:`~raystream.engine.job_options.master_actor_name`).
 * Ray restarts a warm master whenever its process dies, and retries the calls
   made to it: its job's restart strategy is applied by the successor, which
   fails a job that may not restart with the error its driver would have
@@ -34,7 +34,8 @@ import ray
 
 from raystream.actors.resources import Resources
 from raystream.engine import actor_pool
-from raystream.engine.job_master import NAMESPACE, JobMaster, MasterAssignment, master_actor_name
+from raystream.engine.job_master import NAMESPACE, JobMaster, MasterAssignment
+from raystream.engine.job_options import master_actor_name
 
 MASTER_RESOURCES = Resources(num_cpus=0)
 # a warm master is restarted whenever its process dies: its successor decides, by the

@@ -19,6 +19,8 @@ cluster, for running and for finished jobs. Commands that act on a job
 from __future__ import annotations
 
 import json
+import logging
+import time
 from typing import Any
 
 from ray.experimental import internal_kv
@@ -26,6 +28,8 @@ from ray.experimental import internal_kv
 from raystream.core.cluster_mark import KV_NAMESPACE
 from raystream.engine.errors import JobNotFoundError
 from raystream.engine.job_status import JobStatus
+
+log = logging.getLogger(__name__)
 
 KEY_PREFIX = "job:"
 TERMINAL_STATUSES = frozenset(s for s in JobStatus if s.is_terminal)
@@ -35,6 +39,34 @@ def publish(summary: dict[str, Any]) -> None:
     """Store (replace) the summary of job ``summary["job_id"]``."""
     internal_kv._internal_kv_put(KEY_PREFIX + summary["job_id"], json.dumps(summary, default=str),
                                  overwrite=True, namespace=KV_NAMESPACE)
+
+
+class SummaryPublisher:
+    """A job master's publishing of its job's summary: stored only when it changed (the
+    end time aside), due again every ``every_s``; a failure to store it is logged, never
+    raised (the directory is for people watching, not for the job).
+
+        >>> publisher = SummaryPublisher(every_s=1.0)
+        >>> publisher.due()
+        True
+    """
+
+    def __init__(self, *, every_s: float) -> None:
+        self.every_s = every_s
+        self._at, self._text = float("-inf"), ""  # when, what was last stored
+
+    def due(self) -> bool:
+        return time.monotonic() - self._at >= self.every_s
+
+    def publish(self, summary: dict[str, Any]) -> None:
+        text = json.dumps({k: v for k, v in summary.items() if k != "ended_at"}, default=str)
+        if text != self._text:
+            try:
+                publish(summary)
+            except Exception as exc:
+                log.warning("could not publish the summary of %s: %s", summary["job_id"], exc)
+                return
+        self._at, self._text = time.monotonic(), text
 
 
 def all_jobs() -> list[dict[str, Any]]:

@@ -9,7 +9,8 @@ import pytest
 
 import raystream as rs
 from raystream.actors.record_writer import DEFAULT_BUFFER_TIMEOUT_MS
-from raystream.actors.subtask import Subtask, SubtaskSpec
+from raystream.actors.subtask import Subtask
+from raystream.actors.subtask_spec import SubtaskSpec
 
 N, KEYS = 60_000, 13
 

@@ -30,7 +30,8 @@ import pytest
 
 from raystream.checkpoint.barrier import SnapshotKind
 from raystream.checkpoint.restore import OperatorRestore, RestoreSpec
-from raystream.checkpoint.coordinator import AcknowledgeResult, CheckpointCoordinator
+from raystream.checkpoint.coordinator import CheckpointCoordinator
+from raystream.checkpoint.pending_checkpoint import AcknowledgeResult
 from raystream.checkpoint.snapshot_stats import PHASES, SnapshotStats
 from raystream.checkpoint.storage import CheckpointStorage, CorruptCheckpointError, StateHandle
 from raystream.core.failpoints import Failpoint, InjectedFailure
