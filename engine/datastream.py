@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterable, overload
 
-import numpy as np
 import pyarrow as pa
 
 from raystream.actors.record_writer import check_buffer_timeout
@@ -30,9 +29,10 @@ from raystream.engine.columns import described, require
 from raystream.engine.graph import InputEdge, Transformation
 from raystream.engine.keys import KeySelector, KeySpec
 from raystream.actors.operator import Operator, SinkOperator
+from raystream.engine.operators.async_io import AsyncRetry, AsyncWaitOperator
 from raystream.engine.operators.functions import (FilterBatchesOperator, FilterOperator,
                                                   FlatMapOperator, MapBatchesOperator,
-                                                  MapOperator)
+                                                  MapOperator, UnionOperator)
 from raystream.engine.operators.keyed import (KeyedProcessFunction, KeyedProcessOperator,
                                               ReduceOperator)
 from raystream.engine.operators.broadcast import (BroadcastProcessFunction,
@@ -50,7 +50,8 @@ from raystream.engine.operators.two_phase import (Committer, CommitterOperator, 
                                                   SinkWriterOperator)
 from raystream.engine.sink_handle import SinkHandle
 from raystream.engine.windows.join import TwoStreams, WindowJoinKind
-from raystream.engine.windows.stream import CountWindowedStream, WindowedStream
+from raystream.engine.windows.stream import (ALL_KEY, CountWindowedStream, WindowedStream,
+                                             with_all_key)
 
 if TYPE_CHECKING:
     from raystream.engine.environment import StreamEnvironment
@@ -190,7 +191,7 @@ class DataStream:
             >>> sorted(env.execute("all").table(per_second.collect()).to_pylist(), key=str)  # doctest: +SKIP
             [{'window_start': 0, 'window_end': 1000, 'count': 2}]
         """
-        tagged = self.map_batches(_with_all_key, name="window_all-key",
+        tagged = self.map_batches(with_all_key, name="window_all-key",
                                   parallelism=self.transformation.parallelism)
         tagged.transformation.columns = None if self.columns is None else (*self.columns,
                                                                            ALL_KEY)
@@ -244,6 +245,20 @@ class DataStream:
         return self._add("operator", "map_batches", lambda n: MapBatchesOperator(n, [fn]),
                          name=name, parallelism=parallelism)
 
+    def map_async(self, fn: Callable[[Any], Any], *, capacity: int = 100,
+                  timeout_s: float | None = None, ordered: bool = True,
+                  retry: AsyncRetry | None = None, on_timeout: Callable[[Any], Any] | None = None,
+                  batch: bool = False, name: str | None = None, schema: pa.Schema | None = None,
+                  parallelism: int | None = None) -> "DataStream":
+        """Await ``async def fn(row)`` (``batch=True``: ``fn(batch)``) for every row, at most
+        ``capacity`` calls in flight per subtask, each giving a dict, a list of dicts or
+        None (a batch, with ``batch=True``); see :mod:`raystream.engine.operators.async_io`
+        for ``ordered``, ``timeout_s``, ``on_timeout`` and ``retry``."""
+        return self._add("operator", "map_async", AsyncWaitOperator.factory(
+            fn, capacity=capacity, timeout_s=timeout_s, ordered=ordered, retry=retry,
+            on_timeout=on_timeout, batch=batch, schema=schema), name=name,
+            parallelism=parallelism, columns=_names(schema))
+
     def filter_batches(self, fn: Callable[[pa.RecordBatch], Any], *, name: str | None = None,
                        parallelism: int | None = None) -> "DataStream":
         """Keep the rows where the boolean mask ``fn(batch)`` is true."""
@@ -265,7 +280,7 @@ class DataStream:
         """One stream of the records of this and ``others`` (schemas should match)."""
         inputs = [s._edge() for s in (self, *others)]
         known = {s.columns for s in (self, *others)}
-        return self._add("operator", "union", lambda n: _UnionOperator(n), inputs=inputs,
+        return self._add("operator", "union", UnionOperator, inputs=inputs,
                          columns=known.pop() if len(known) == 1 else None)
 
     @overload
@@ -678,18 +693,6 @@ class BroadcastConnectedStream:
         return self.stream._add("operator", "broadcast_process", create, name=name,
                                 parallelism=parallelism, inputs=inputs)
 
-
-ALL_KEY = "__window_all"  # the constant key column window_all adds (never in its results)
-
-
-def _with_all_key(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """``batch`` with the constant key column of ``window_all``."""
-    return batch.append_column(ALL_KEY, pa.array(np.zeros(batch.num_rows, dtype=np.int64)))
-
-
-class _UnionOperator(Operator):
-    def process_batch(self, batch, input_index=0):
-        self.output.emit(batch)
 
 
 def _names(schema: pa.Schema | None) -> tuple[str, ...] | None:

@@ -79,6 +79,15 @@ class JobSetupError(RaystreamError, ValueError):
     :mod:`raystream.engine.kafka_client`)."""
 
 
+class AsyncTimeoutError(RaystreamError, TimeoutError):
+    """A call of ``map_async`` gave no result within its ``timeout_s`` (retries included)
+    and the operator has no ``on_timeout``. ``record``: the input, described."""
+
+    def __init__(self, message: str, *, record: str) -> None:
+        super().__init__(message)
+        self.record = record
+
+
 class SchemaError(RaystreamError, ValueError):
     """A job's definition names a column its stream does not have (found when the job is
     built, before anything runs). ``column``: the missing name; ``columns``: the stream's."""

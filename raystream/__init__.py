@@ -21,7 +21,7 @@ from raystream.engine.datastream import (BroadcastConnectedStream, BroadcastStre
                                          IntervalJoined, KeyedStream)
 from raystream.engine.sink_handle import SinkHandle
 from raystream.engine.environment import StreamEnvironment
-from raystream.engine.errors import (BadRecordError, FileReadError, InsufficientResourcesError,
+from raystream.engine.errors import (AsyncTimeoutError, BadRecordError, FileReadError, InsufficientResourcesError,
                                      JobFailedError, JobFailedOnBadRecord, JobFailedOnFileRead,
                                      JobNotFoundError, JobNotRunningError, JobSetupError,
                                      JobStillRunningError,
@@ -38,6 +38,7 @@ from raystream.engine.operators.broadcast import (
     BroadcastContext, BroadcastProcessFunction, BroadcastState, KeyedBroadcastContext,
     KeyedBroadcastProcessFunction, KeyedReadOnlyContext, MapStateDescriptor,
     ReadOnlyBroadcastState, ReadOnlyContext)
+from raystream.engine.operators.async_io import AsyncRetry
 from raystream.engine.operators.two_phase import Committer, SinkContext, SinkWriter
 from raystream.engine.operators.kafka_sink import KafkaSinkError
 from raystream.engine.sources.kafka import KafkaError, KafkaRecordError
@@ -59,7 +60,7 @@ from raystream.engine.windows.stream import CountWindowedStream, WindowedStream
 from raystream.actors.messages import MAX_WATERMARK, MIN_WATERMARK
 
 __all__ = [
-    "BadRecordError", "BoundedOutOfOrderness", "FileReadError", "CheckpointConfig", "Committer",
+    "AsyncRetry", "AsyncTimeoutError", "BadRecordError", "BoundedOutOfOrderness", "FileReadError", "CheckpointConfig", "Committer",
     "ConnectedStreams", "DiskStateOptions", "HeapStateOptions", "SinkContext", "SinkWriter",
     "DataStream", "Failpoint", "RestartStrategy",
     "HASH_VERSION", "InsufficientResourcesError", "KafkaError", "KafkaRecordError",

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 import raystream as rs
-from raystream.engine.datastream import ALL_KEY, _with_all_key
+from raystream.engine.windows.stream import ALL_KEY, with_all_key
 from raystream.engine.keys import KeySelector
 from raystream.actors.operator import CollectingOutput, RestoredState, RuntimeContext
 from raystream.engine.windows.aggregates import AggregateSpec
@@ -139,7 +139,7 @@ def test_window_all_equals_pandas_with_late_rows_and_a_user_aggregate():
             self.op = op
 
         def process_batch(self, batch):
-            self.op.process_batch(_with_all_key(batch))
+            self.op.process_batch(with_all_key(batch))
 
         def process_watermark(self, wm):
             self.op.process_watermark(wm)

@@ -147,3 +147,10 @@ class FilterBatchesOperator(_FunctionOperator):
             raise ValueError(f"filter_batches '{self.name}': mask has {len(mask)} values for "
                              f"{batch.num_rows} rows")
         self._emit_batch(batch.filter(mask))
+
+
+class UnionOperator(Operator):
+    """Forwards the batches of every input (``union``)."""
+
+    def process_batch(self, batch, input_index=0):
+        self.output.emit(batch)

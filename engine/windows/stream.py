@@ -29,6 +29,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 
 from raystream.checkpoint.state import AggregateFunction
@@ -48,6 +49,13 @@ from raystream.engine.windows.triggers import Trigger, default_trigger
 
 if TYPE_CHECKING:
     from raystream.engine.datastream import DataStream, KeyedStream
+
+ALL_KEY = "__window_all"  # the constant key column window_all adds (never in its results)
+
+
+def with_all_key(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with the constant key column of ``window_all``."""
+    return batch.append_column(ALL_KEY, pa.array(np.zeros(batch.num_rows, dtype=np.int64)))
 
 
 class _Shorthands(ABC):
