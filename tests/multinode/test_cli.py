@@ -85,6 +85,7 @@ def completed_checkpoints(head, job: str) -> list[int]:
     return [c["checkpoint_id"] for c in history if c["status"] == "COMPLETED"]
 
 
+@pytest.mark.deadline(270)  # a submission and seven commands, each seconds on a busy machine
 def test_submit_through_the_jobs_api_then_list_status_and_checkpoints(ray_head, tmp_path):
     readings = 100_000  # at 20,000 rows/s: long enough to show progress
     submitted = ray_head.run(
