@@ -408,11 +408,15 @@ class Subtask:
         """A barrier announcement (again when its sender turned it unaligned)."""
         # One lock for all of it: the gate and its recorders are shared with the data
         # lane, and a recorder completed by this announcement must already be bounded
-        # by it when the snapshot thread reads it.
+        # by it when the snapshot thread reads it. So the bound first, then the count:
+        # noting the announcement can complete a recorder (the messages its sender sent
+        # after it may have arrived already), which then takes no bound any more. A
+        # re-announced barrier (turned unaligned at its sender) moves the bound back,
+        # and the messages past it are the sender's output channel state.
         with self.cond:
-            self.gate.note_announcement(mail.channel, mail.index)
             self._carry_out(self.barrier_handler.handle(
                 BarrierAnnounced(mail.channel, mail.barrier, mail.upto)))
+            self.gate.note_announcement(mail.channel, mail.index)
 
     def _progress(self) -> None:
         """Once per loop round: take a checkpoint if one is due."""
