@@ -38,7 +38,8 @@ from raystream.actors.channel_state_file import decode_channel_state
 from raystream.actors.channels import OutputChannel
 from raystream.actors.mailbox import BarrierReceived, Cancel, Credit
 from raystream.actors.messages import Envelope, Kind
-from raystream.actors.subtask import Subtask, SubtaskSpec
+from raystream.actors.subtask import Subtask
+from raystream.actors.subtask_spec import SubtaskSpec
 from raystream.actors.subtask_checkpoints import CheckpointingSpec
 from raystream.checkpoint.barrier import Barrier
 from raystream.checkpoint.storage import CheckpointStorage
