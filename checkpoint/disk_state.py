@@ -156,7 +156,8 @@ from raystream.checkpoint.disk_sections import (NEVER_EXPIRES, SECTION_LENGTH, T
 from raystream.checkpoint.disk_incremental import IncrementalSnapshot, RestoredDb, UploadTracker
 from raystream.checkpoint.entry_keys import EntryKeys
 from raystream.checkpoint.envelope import KEYED_STATE, Envelope, SectionKind, is_keyed_state, read
-from raystream.checkpoint.state import HeapKeyedStateBackend, key_and_namespace
+from raystream.checkpoint.heap_backend import HeapKeyedStateBackend
+from raystream.checkpoint.state import key_and_namespace
 from raystream.checkpoint.keygroups import check_key_group_range, key_group_of
 from raystream.checkpoint.ttl import (StateTtlConfig, TtlAggregatingOps,
                                       TtlHandle, TtlMapReads, TtlReducingOps, TtlSingle,
@@ -968,7 +969,7 @@ def partials_record(prefix: str, partials: Mapping[str, Any], *, where: str,
 class DiskKeyedStateBackend:
     """Keyed state of one operator instance in RocksDB, for the key groups ``key_groups``.
 
-    Same protocol as :class:`~raystream.checkpoint.state.HeapKeyedStateBackend`
+    Same protocol as :class:`~raystream.checkpoint.heap_backend.HeapKeyedStateBackend`
     (see the module docstring for the layout, serialization and snapshots).
     Threading: all state access, ``snapshot`` and ``restore`` happen on the
     subtask's processing thread; only a :class:`DiskStateSnapshot` runs elsewhere.

@@ -4,7 +4,7 @@ and what it was written for, checked in one place before a section's body is rea
 Layout (16 bytes, big-endian ``struct(">4sHHII")``): the kind's magic bytes,
 the kind's format version, the key-group hash version
 (``keygroups.HASH_VERSION``), max_parallelism and the key group. The body
-that follows is the kind's own (see :mod:`raystream.checkpoint.state`,
+that follows is the kind's own (see :mod:`raystream.checkpoint.heap_backend`,
 :mod:`raystream.checkpoint.disk_state` and :mod:`raystream.timers.service`).
 
     >>> envelope = Envelope.current(SectionKind.TIMERS, max_parallelism=128, key_group=5)

@@ -39,9 +39,10 @@ import enum
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend, DiskStateOptions
+from raystream.checkpoint.heap_backend import HeapKeyedStateBackend
 from raystream.checkpoint.heap_changelog import HeapStateOptions
 from raystream.checkpoint.ttl import StateTtlConfig
-from raystream.checkpoint.state import AggregateFunction, HeapKeyedStateBackend
+from raystream.checkpoint.state import AggregateFunction
 
 
 class StateBackend(enum.StrEnum):

@@ -73,7 +73,7 @@ def state_backends(max_parallelism: int = 16):
     backend of ``kind`` (one of :data:`BACKENDS`) with that TTL clock; the disk ones (8 MB
     of memory each) are closed on exit. For a test that makes backends per example."""
     from raystream.checkpoint.disk_state import DiskKeyedStateBackend, DiskStateOptions
-    from raystream.checkpoint.state import HeapKeyedStateBackend
+    from raystream.checkpoint.heap_backend import HeapKeyedStateBackend
 
     made = []
 

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import raystream as rs
 from raystream.checkpoint.disk_state import (DiskKeyedStateBackend, DiskStateOptions,
                                              DiskTtlValueState)
-from raystream.checkpoint.state import HeapKeyedStateBackend
+from raystream.checkpoint.heap_backend import HeapKeyedStateBackend
 from tests.conftest import BACKENDS, state_backends
 from tests.support.ttl import (CONFIGS, MAXP, OPS, PROBE_SCHEMA, TTL, Clock, dump, handles, pause,
                                run_model, stored_values)

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from raystream.checkpoint.heap_changelog import HeapStateOptions, restored_chain
 from raystream.checkpoint.sections import decode_sections
-from raystream.checkpoint.state import HeapKeyedStateBackend
+from raystream.checkpoint.heap_backend import HeapKeyedStateBackend
 from raystream.checkpoint.storage import CheckpointStorage, StateHandle
 from raystream.checkpoint.keygroups import key_group_range
 
@@ -243,7 +243,7 @@ def test_after_a_failover_the_next_checkpoint_extends_the_restored_chain(tmp_pat
 
 
 def test_off_or_without_checkpoints_every_snapshot_is_full():
-    from raystream.checkpoint.state import StateSnapshot
+    from raystream.checkpoint.heap_backend import StateSnapshot
     from raystream.checkpoint.state_backend import create_keyed_state_backend
 
     off = create_keyed_state_backend(HeapStateOptions(incremental=False), max_parallelism=MAXP,

@@ -27,7 +27,7 @@ from raystream.checkpoint.heap_changelog import is_heap_chain
 from raystream.checkpoint.keygroups import key_group_range
 from raystream.checkpoint.metadata import CheckpointMetadata, OperatorFiles
 from raystream.checkpoint.shared_state import SharedStateRegistry
-from raystream.checkpoint.state import HeapKeyedStateBackend
+from raystream.checkpoint.heap_backend import HeapKeyedStateBackend
 from raystream.checkpoint.storage import CheckpointStorage, CorruptCheckpointError
 from tests.support.pacing import Throttle
 

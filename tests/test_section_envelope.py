@@ -17,7 +17,7 @@ from raystream.checkpoint.disk_state import DiskKeyedStateBackend, DiskStateOpti
 from raystream.checkpoint.envelope import (KEYED_STATE, Envelope, SectionKind, is_keyed_state,
                                            read)
 from raystream.checkpoint.keygroups import HASH_VERSION, key_group_of
-from raystream.checkpoint.state import HeapKeyedStateBackend
+from raystream.checkpoint.heap_backend import HeapKeyedStateBackend
 from raystream.timers import TimerService
 
 MAXP = 8

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raystream.checkpoint.keygroups import key_group_of, key_group_range
-from raystream.checkpoint.state import HeapKeyedStateBackend
+from raystream.checkpoint.heap_backend import HeapKeyedStateBackend
 from tests.support.functions import Avg
 
 MAXP = 128
@@ -804,7 +804,7 @@ def test_synchronous_part_does_not_depend_on_the_amount_of_state():
 
 
 def test_large_key_group_is_written_in_chunks_and_restored_exactly():
-    from raystream.checkpoint.state import CHUNK_ENTRIES
+    from raystream.checkpoint.heap_backend import CHUNK_ENTRIES
 
     b = HeapKeyedStateBackend(max_parallelism=MAXP, key_groups=range(MAXP))
     v, m = b.value_state("v"), b.map_state("m")

@@ -66,7 +66,7 @@ from typing import Iterable, cast
 import numpy as np
 
 from raystream.checkpoint.envelope import Envelope, SectionKind, read
-from raystream.checkpoint.state import CHUNK_ENTRIES
+from raystream.checkpoint.heap_backend import CHUNK_ENTRIES
 from raystream.timers.heap import TimerHeap
 from raystream.timers.key_table import KeyTable
 

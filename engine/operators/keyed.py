@@ -34,10 +34,11 @@ from raystream.checkpoint.disk_sections import section_state_kinds
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.checkpoint.entry_keys import EntryKeys
 from raystream.checkpoint.envelope import is_keyed_state
+from raystream.checkpoint.heap_backend import HeapKeyedStateBackend
 from raystream.checkpoint.heap_changelog import HeapIncrementalSnapshot
 from raystream.checkpoint.keygroups import key_group_range
 from raystream.checkpoint.sections import decode_parts, encode_parts
-from raystream.checkpoint.state import AggregateFunction, HeapKeyedStateBackend
+from raystream.checkpoint.state import AggregateFunction
 from raystream.checkpoint.state_backend import create_keyed_state_backend, is_disk
 from raystream.checkpoint.ttl import StateTtlConfig
 from raystream.engine.errors import BadRecordError, describe_record

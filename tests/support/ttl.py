@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import raystream as rs
 from raystream.checkpoint.disk_sections import section_entries
 from raystream.checkpoint.envelope import KEYED_STATE, SectionKind, read
-from raystream.checkpoint.state import HeapKeyedStateBackend
+from raystream.checkpoint.heap_backend import HeapKeyedStateBackend
 from tests.support.functions import Avg
 
 MAXP = 16  # the max parallelism of the make_backend fixture's backends
