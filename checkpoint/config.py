@@ -27,7 +27,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
-from raystream.checkpoint.disk_state import DiskStateOptions
+from raystream.checkpoint.disk_db import DiskStateOptions
 from raystream.checkpoint.heap_changelog import HeapStateOptions
 from raystream.checkpoint.state_backend import normalize_state_backend
 

@@ -26,24 +26,31 @@ key group too. After the prefix:
     True
     >>> unpack_value(pack_value((1, ["a", None])))
     (1, ['a', None])
+
+A window layout whose values are fixed-width numpy records names their fields in its
+state kind (:func:`record_kind`, :func:`partials_record`), so a restored job decodes them
+before any record arrives.
 """
 
 from __future__ import annotations
 
+import json
 import pickle
 import struct
 import threading
-from typing import Any
+from typing import Any, Iterable, Mapping, Sequence
 
 import msgpack
 import numpy as np
 
 from raystream.checkpoint.keygroups import canonical_key
 
-__all__ = ["KEY_GROUP", "KEYED_PREFIX", "KEYED_HEAD", "MAX_ORDERED", "ORDERED", "SEQUENCE", "SIGN", "STATE_ID",
-           "STATE_PREFIX", "PLAIN_KEY_TYPES", "encode_key", "group_bound", "ordered", "ordered_key",
-           "ordered_array", "ordered_value", "pack_value", "state_id_of", "state_prefix", "unordered_array", "unpack_value",
-           "unpack_values", "value_packer"]
+__all__ = ["KEY_GROUP", "KEYED_PREFIX", "KEYED_HEAD", "MAX_ORDERED", "ORDERED",
+           "SEQUENCE", "SIGN", "STATE_ID", "STATE_PREFIX", "PLAIN_KEY_TYPES",
+           "encode_key", "group_bound", "ordered", "ordered_key", "ordered_array",
+           "ordered_value", "pack_value", "partials_record", "record_fields",
+           "record_kind", "state_id_of", "state_prefix", "unordered_array",
+           "unpack_value", "unpack_values", "value_packer"]
 
 KEY_GROUP = struct.Struct(">H")  # a key group alone: the bound of a range of key groups
 STATE_ID = KEY_GROUP  # a state id, as the backend hands it out (raw_state_id)
@@ -190,3 +197,43 @@ def encode_key(key: Any) -> bytes:
     if type(key) in PLAIN_KEY_TYPES:  # the common keys: nothing to convert
         return pack_value(key)
     return pack_value(_canonical_key(key))
+
+
+def record_kind(prefix: str, fields: Iterable[tuple[str, np.dtype]]) -> str:
+    """A state kind that carries the fields of its values' fixed-width numpy records, so
+    a restored job decodes them before any record arrives (:func:`record_fields`).
+
+    >>> kind = record_kind("panes", [("n", np.dtype("<i8"))])
+    >>> kind, record_fields("panes", kind)
+    ('panes [["n", "<i8"]]', [('n', dtype('int64'))])
+    """
+    return f"{prefix} {json.dumps([[name, np.dtype(dtype).str] for name, dtype in fields])}"
+
+
+def record_fields(prefix: str, kind: str) -> list[tuple[str, np.dtype]]:
+    """The record fields a :func:`record_kind` carries."""
+    return [(name, np.dtype(dtype)) for name, dtype in json.loads(kind[len(prefix) + 1:])]
+
+
+def partials_record(prefix: str, partials: Mapping[str, Any], *, where: str,
+                    first: Sequence[tuple[str, str]] = (), last: Sequence[tuple[str, str]] = ()
+                    ) -> tuple[np.dtype, str]:
+    """A window layout's value record, its fields ``first``, the partial columns of dtypes
+    ``partials`` and its fields ``last``, all little-endian, and the :func:`record_kind`
+    of ``prefix`` that carries it; ``where`` (the operator) names partials that are not
+    fixed-width (objects).
+
+    >>> import numpy as np
+    >>> record, kind = partials_record("panes", {"n": np.dtype(">i4")}, where="w",
+    ...                                last=[("__kid", "<i8")])
+    >>> record.descr, kind
+    ([('n', '<i4'), ('__kid', '<i8')], 'panes [["n", "<i4"], ["__kid", "<i8"]]')
+    """
+    record = np.dtype([*first, *((n, np.dtype(d).newbyteorder("<")) for n, d in partials.items()),
+                       *last])
+    if record.hasobject:
+        raise ValueError(f"{where}: partials of type "
+                         f"{', '.join(str(np.dtype(d)) for d in partials.values())} cannot be "
+                         f"kept in the disk state backend (fixed-width numeric partials only); "
+                         f"run this job with CheckpointConfig(state_backend='heap')")
+    return record, record_kind(prefix, [(n, record[n]) for n in record.names or ()])

@@ -38,7 +38,8 @@ from __future__ import annotations
 import enum
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 
-from raystream.checkpoint.disk_state import DiskKeyedStateBackend, DiskStateOptions
+from raystream.checkpoint.disk_db import DiskStateOptions
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.checkpoint.heap_backend import HeapKeyedStateBackend
 from raystream.checkpoint.heap_changelog import HeapStateOptions
 from raystream.checkpoint.ttl import StateTtlConfig

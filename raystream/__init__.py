@@ -9,7 +9,7 @@
 
 from raystream import formats, sources, spark
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
-from raystream.checkpoint.disk_state import DiskStateOptions
+from raystream.checkpoint.disk_db import DiskStateOptions
 from raystream.checkpoint.heap_changelog import HeapStateOptions
 from raystream.core.failpoints import Failpoint
 from raystream.checkpoint.keygroups import (HASH_VERSION, key_group_of, key_group_range,

@@ -72,7 +72,8 @@ def state_backends(max_parallelism: int = 16):
     """``make(kind, ttl_time_provider, key_groups=range(max_parallelism))``: a keyed-state
     backend of ``kind`` (one of :data:`BACKENDS`) with that TTL clock; the disk ones (8 MB
     of memory each) are closed on exit. For a test that makes backends per example."""
-    from raystream.checkpoint.disk_state import DiskKeyedStateBackend, DiskStateOptions
+    from raystream.checkpoint.disk_db import DiskStateOptions
+    from raystream.checkpoint.disk_state import DiskKeyedStateBackend
     from raystream.checkpoint.heap_backend import HeapKeyedStateBackend
 
     made = []

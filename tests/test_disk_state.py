@@ -22,8 +22,8 @@ import pytest
 
 import raystream as rs
 from raystream.checkpoint.disk_layout import encode_key
-from raystream.checkpoint.disk_state import (DiskKeyedStateBackend, DiskStateOptions,
-                                             NATIVE_METRICS)
+from raystream.checkpoint.disk_db import DiskStateOptions
+from raystream.checkpoint.disk_state import NATIVE_METRICS, DiskKeyedStateBackend
 from raystream.checkpoint.keygroups import key_group_of, key_group_range
 from raystream.checkpoint.state_backend import (StateBackend, create_keyed_state_backend,
                                                 is_disk)

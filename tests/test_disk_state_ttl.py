@@ -24,8 +24,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import raystream as rs
-from raystream.checkpoint.disk_state import (DiskKeyedStateBackend, DiskStateOptions,
-                                             DiskTtlValueState)
+from raystream.checkpoint.disk_db import DiskStateOptions
+from raystream.checkpoint.disk_handles import DiskTtlValueState
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.checkpoint.heap_backend import HeapKeyedStateBackend
 from tests.conftest import BACKENDS, state_backends
 from tests.support.ttl import (CONFIGS, MAXP, OPS, PROBE_SCHEMA, TTL, Clock, dump, handles, pause,

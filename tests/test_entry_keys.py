@@ -5,7 +5,8 @@ with them against a dict."""
 import numpy as np
 import pytest
 
-from raystream.checkpoint.disk_state import DiskKeyedStateBackend, DiskStateOptions
+from raystream.checkpoint.disk_db import DiskStateOptions
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.checkpoint.entry_keys import EntryKeys
 from raystream.checkpoint.keygroups import key_group_of
 

@@ -22,7 +22,8 @@ import pytest
 
 import raystream as rs
 from raystream.checkpoint.disk_incremental import RestoredDb, db_handle_files
-from raystream.checkpoint.disk_state import DiskKeyedStateBackend, DiskStateOptions
+from raystream.checkpoint.disk_db import DiskStateOptions
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.checkpoint.heap_changelog import is_heap_chain
 from raystream.checkpoint.keygroups import key_group_range
 from raystream.checkpoint.metadata import CheckpointMetadata, OperatorFiles

@@ -13,7 +13,8 @@ import struct
 
 import pytest
 
-from raystream.checkpoint.disk_state import DiskKeyedStateBackend, DiskStateOptions
+from raystream.checkpoint.disk_db import DiskStateOptions
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.checkpoint.envelope import (KEYED_STATE, Envelope, SectionKind, is_keyed_state,
                                            read)
 from raystream.checkpoint.keygroups import HASH_VERSION, key_group_of

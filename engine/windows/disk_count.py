@@ -50,7 +50,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from raystream.checkpoint.disk_layout import KEYED_PREFIX
-from raystream.checkpoint.disk_state import DiskKeyedStateBackend, record_fields, record_kind
+from raystream.checkpoint.disk_layout import record_fields, record_kind
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 
 STATE_NAME = "__count_windows"
 KIND = "count-windows"

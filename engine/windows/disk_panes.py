@@ -69,7 +69,8 @@ import numpy as np
 from raystream.checkpoint.disk_layout import (MAX_ORDERED, ORDERED, group_bound, ordered,
                                              ordered_key, ordered_value, state_id_of,
                                              state_prefix)
-from raystream.checkpoint.disk_state import DiskKeyedStateBackend, partials_record
+from raystream.checkpoint.disk_layout import partials_record
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.disk_records import PartialsState
 from raystream.timers.disk_service import DiskTimerService

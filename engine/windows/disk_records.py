@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from raystream.checkpoint.disk_state import DiskKeyedStateBackend, record_fields
+from raystream.checkpoint.disk_layout import record_fields
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.timers.disk_service import DiskTimerService
 
 

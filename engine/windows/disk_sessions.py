@@ -60,7 +60,8 @@ from typing import Iterator
 import numpy as np
 
 from raystream.checkpoint.disk_layout import KEYED_PREFIX
-from raystream.checkpoint.disk_state import DiskKeyedStateBackend, partials_record
+from raystream.checkpoint.disk_layout import partials_record
+from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.engine.windows.aggregates import AggregateSpec
 from raystream.engine.windows.disk_records import PartialsState
 from raystream.engine.windows.sessions import Merged, SessionStore

@@ -9,7 +9,7 @@ from typing import Iterator
 import pyarrow as pa
 
 import raystream as rs
-from raystream.checkpoint.disk_state import DiskValueState
+from raystream.checkpoint.disk_handles import DiskValueState
 from raystream.checkpoint.state import ValueState
 
 # -- windows ----------------------------------------------------------------------------------
