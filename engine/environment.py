@@ -301,7 +301,7 @@ class StreamEnvironment:
                    parallelism: int | None = None, **client_config: Any) -> DataStream:
         """Records of Kafka topics: one split per partition, positions in checkpoints,
         watermarks per partition (an idle one, no record for ``idleness_s``, does not
-        hold them back). See :mod:`raystream.engine.sources.kafka` for the columns.
+        hold them back). See :mod:`raystream.engine.sources.kafka_reader` for the columns.
 
         ``starting_offsets``: ``"earliest"``, ``"latest"``, ``"committed"`` (of
         ``group_id``) or ``{"timestamp": ms}``; ``bounded_until``: None, ``"latest"``
@@ -325,8 +325,8 @@ class StreamEnvironment:
             ...                         schema=CLICKS, idleness_s=5.0,
             ...                         watermarks=rs.BoundedOutOfOrderness("ts", 2000))
         """
-        from raystream.engine.sources.kafka import (KafkaReaderOperator, KafkaSource,
-                                                    KafkaSourceConfig)
+        from raystream.engine.sources.kafka import KafkaSource, KafkaSourceConfig
+        from raystream.engine.sources.kafka_reader import KafkaReaderOperator
 
         config = KafkaSourceConfig(
             bootstrap_servers, topics=(topics,) if isinstance(topics, str) else tuple(topics),

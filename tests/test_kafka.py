@@ -141,7 +141,8 @@ def test_bad_records_go_to_dead_letters_or_fail_the_job_naming_them(ray_session,
     # errors="fail" (the default): the reader itself, run by hand (a failing job wraps
     # this error as "operator 'kafka' (subtask i/n) failed: KafkaRecordError: ...")
     from raystream.actors.operator import CollectingOutput, RuntimeContext
-    from raystream.engine.sources.kafka import KafkaReaderOperator, KafkaSource, KafkaSourceConfig
+    from raystream.engine.sources.kafka import KafkaSource, KafkaSourceConfig
+    from raystream.engine.sources.kafka_reader import KafkaReaderOperator
 
     config = KafkaSourceConfig(broker.bootstrap, topics=(topic,), bounded_until="latest",
                                schema=schema)
@@ -439,7 +440,8 @@ def test_avro_and_protobuf_bad_records_go_to_dead_letters_or_fail_naming_them(br
     'kafka' (subtask i/n) failed: KafkaRecordError: ..."): bad values go to the dead
     letters as JSON's do, or fail naming topic, partition and offset."""
     from raystream.actors.operator import CollectingOutput, RuntimeContext
-    from raystream.engine.sources.kafka import KafkaReaderOperator, KafkaSource, KafkaSourceConfig
+    from raystream.engine.sources.kafka import KafkaSource, KafkaSourceConfig
+    from raystream.engine.sources.kafka_reader import KafkaReaderOperator
 
     Event = event_message_class()
     topic = broker.topic(1, f"bad-{fmt}")
