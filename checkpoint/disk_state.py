@@ -104,7 +104,8 @@ class DiskKeyedStateBackend:
     """Keyed state of one operator instance in RocksDB, for the key groups ``key_groups``.
 
     Same protocol as :class:`~raystream.checkpoint.heap_backend.HeapKeyedStateBackend`
-    (see the module docstring for the layout, serialization and snapshots).
+    (see the module docstring for the key layout, :mod:`raystream.checkpoint.disk_handles`
+    for serialization and :mod:`raystream.checkpoint.disk_snapshot` for snapshots).
     Threading: all state access, ``snapshot`` and ``restore`` happen on the
     subtask's processing thread; only a :class:`DiskStateSnapshot` runs elsewhere.
 
