@@ -98,6 +98,20 @@ class SchemaError(RaystreamError, ValueError):
         self.columns = columns
 
 
+class SqlError(RaystreamError, ValueError):
+    """A SQL statement does not parse, or uses something raystream's SQL does not have (an
+    unknown column type, a metadata column). The message is one line and names where:
+    ``line`` and ``column`` (1-based, of the text given to ``parse``; None when the error
+    is not at one place)."""
+
+    def __init__(self, message: str, *, line: int | None = None,
+                 column: int | None = None) -> None:
+        where = f"line {line}, column {column}: " if line is not None else ""
+        super().__init__(f"{where}{message}")
+        self.line = line
+        self.column = column
+
+
 @dataclass(frozen=True)
 class FilePosition:
     """Where in a file a read failed, as far as the format lets us know it."""
