@@ -111,31 +111,64 @@ def _get(q: queue.Queue, what: str):
         raise AssertionError(f"no {what} within {WAIT_S} s") from None
 
 
-@pytest.fixture
-def receiver(tmp_path):
+def _start(tmp_path, vertex_name: str, build):
+    """Subtask 0 of ``vertex_name`` of the job ``build(env)`` makes, started with the test's
+    stand-ins around it: (subtask, its input channels, master, upstream, downstream)."""
     env = rs.StreamEnvironment(parallelism=1, checkpoints=rs.CheckpointConfig(
         interval_s=3600, storage=str(tmp_path), aligned_timeout=0.05))
-    env.from_sequence(10, lambda i: {"id": i}, batch_size=1, name="numbers").rebalance() \
-        .map_batches(lambda batch: batch, name="m").rebalance().discard(name="out")
+    build(env)
     plan = env.plan()
-    vertex = next(v for v in plan.vertices if v.name == "m")
+    vertex = next(v for v in plan.vertices if v.name == vertex_name)
     master, upstream, downstream = _Master(), _Upstream(), _Downstream()
     spec = SubtaskSpec("job-id", "job", 0, vertex, 0, plan.max_parallelism, credits=1,
                        master=master,
                        checkpointing=CheckpointingSpec(tmp_path.as_uri(), "job-id", 32 * 1024))
     subtask = Subtask(spec)
     downstream.receiver = subtask
-    (in_channel, _), = vertex.input_channels(0)
+    in_channels = [channel for channel, _ in vertex.input_channels(0)]
     out_channels = [c for e in vertex.outputs for c in e.output_channels(0)]
-    subtask.connect({c: downstream for c in out_channels}, {in_channel: upstream})
+    subtask.connect({c: downstream for c in out_channels}, {c: upstream for c in in_channels})
     subtask.start()
-    yield subtask, in_channel, master, upstream, downstream
-    subtask.post(Cancel())
-    subtask.done.wait(WAIT_S)
+    return subtask, in_channels, master, upstream, downstream
 
 
-def test_a_message_sent_after_the_reannouncement_is_in_one_part_only(receiver, tmp_path):
-    subtask, channel, master, upstream, downstream = receiver
+def _numbers(env, name: str):
+    return env.from_sequence(10, lambda i: {"id": i}, batch_size=1, name=name)
+
+
+@pytest.fixture
+def started():
+    subtasks = []
+
+    def start(*args):
+        result = _start(*args)
+        subtasks.append(result[0])
+        return result
+
+    yield start
+    for subtask in subtasks:
+        subtask.post(Cancel())
+        subtask.done.wait(WAIT_S)
+
+
+def _batch(i: int) -> list[pa.RecordBatch]:
+    return [pa.RecordBatch.from_pydict({"id": [i]})]
+
+
+def _input_state(master: _Master, tmp_path):
+    """The channel state of the checkpoint the subtask acknowledged first."""
+    n, stats = _get(master.acknowledged, "acknowledgement of checkpoint 1")
+    assert n == 1 and master.declined.empty()
+    if stats.channel_state is None:  # none was written: nothing was in flight
+        return {}
+    return decode_channel_state(CheckpointStorage(tmp_path.as_uri()).read_state(
+        stats.channel_state)).inputs
+
+
+def test_a_message_sent_after_the_reannouncement_is_in_one_part_only(started, tmp_path):
+    subtask, (channel,), master, upstream, downstream = started(
+        tmp_path, "m", lambda env: _numbers(env, "numbers").rebalance()
+        .map_batches(lambda batch: batch, name="m").rebalance().discard(name="out"))
     net: list[Envelope] = []  # the receiver's data lane, in the order the test delivers
     announcements: list[BarrierReceived] = []  # its control lane
     out = OutputChannel(channel, attempt=0, credits=1, transmit=net.append)
@@ -147,7 +180,7 @@ def test_a_message_sent_after_the_reannouncement_is_in_one_part_only(receiver, t
     emitted = []
     for i in range(3):
         emitted.append(i)
-        out.send(Kind.DATA, [pa.RecordBatch.from_pydict({"id": [i]})], rows=1)
+        out.send(Kind.DATA, _batch(i), rows=1)
     assert [e.seq for e in net] == [0]  # seq 1 and 2 wait for credit
     # 1. aligned barrier 1 after seq 2, its timeout already over (the receiver's clock)
     barrier = Barrier(1, attempt=0, trigger_ts_ms=int(time.time() * 1000) - 60_000,
@@ -173,11 +206,44 @@ def test_a_message_sent_after_the_reannouncement_is_in_one_part_only(receiver, t
     assert [e.seq for e in net] == [2]
     subtask.deliver(net.pop(0))
     subtask.post(announcements.pop(0))
-    n, stats = _get(master.acknowledged, "acknowledgement of checkpoint 1")
-    assert n == 1 and master.declined.empty()
-    contents = decode_channel_state(CheckpointStorage(tmp_path.as_uri()).read_state(
-        stats.channel_state))
-    input_state = _ids(contents.inputs.get(channel, []))
+    input_state = _ids(_input_state(master, tmp_path).get(channel, []))
     assert processed_before + input_state + output_state == emitted, (
         f"processed before the snapshot {processed_before}, input state {input_state}, "
         f"the sender's output state {output_state}")
+
+
+def test_a_message_after_the_barrier_is_in_no_part_when_its_sender_ended_since(started,
+                                                                            tmp_path):
+    """Two inputs. Channel A's unaligned barrier makes the receiver snapshot and record
+    what is in flight on B until B's barrier comes, or B's END_OF_INPUT. B's sender had
+    announced barrier 1 aligned, with nothing before it, then sent seq 0 and ended (seq 1);
+    both arrive before B's announcement. Seq 0 follows the barrier: it is no part of the
+    checkpoint (B's sender emits it again after a restore)."""
+    subtask, (a, b), master, upstream, downstream = started(
+        tmp_path, "union", lambda env: _numbers(env, "a").union(_numbers(env, "b"))
+        .rebalance().map_batches(lambda batch: batch, name="m").rebalance()
+        .discard(name="out"))
+    now = int(time.time() * 1000)
+    announcements: list[BarrierReceived] = []
+    net_b: list[Envelope] = []
+    out_b = OutputChannel(b, attempt=0, credits=1, transmit=net_b.append)
+
+    def announce_b(out_channel: OutputChannel, barrier: Barrier, upto: int) -> None:
+        announcements.append(BarrierReceived(b, barrier, upto, out_channel.announce()))
+
+    capture_b = BarrierForwarder({b: out_b}, announce_b).forward(
+        Barrier(1, attempt=0, trigger_ts_ms=now, aligned_timeout_ms=600_000), unaligned=False)
+    assert capture_b.done.is_set() and announcements[0].upto == -1  # nothing before it
+    out_b.send(Kind.DATA, _batch(0), rows=1)  # after barrier 1
+    out_b.send(Kind.END_OF_INPUT)
+    subtask.post(BarrierReceived(a, Barrier(1, attempt=0, trigger_ts_ms=now, unaligned=True),
+                                 -1, 1))
+    forwarded, _ = _get(downstream.barriers, "barrier from the receiver")
+    assert forwarded.checkpoint_id == 1 and forwarded.unaligned
+    processed_before = _ids(downstream.data)
+    for envelope in net_b:
+        subtask.deliver(envelope)
+    subtask.post(announcements.pop(0))
+    inputs = _input_state(master, tmp_path)
+    assert processed_before + _ids(inputs.get(b, [])) + _ids(capture_b.entries.get(b, [])) == []
+    assert _ids(inputs.get(a, [])) == []
