@@ -53,6 +53,7 @@ from raystream.engine.operators.source import SourceReaderOperator
 from raystream.engine.plan import JobPlan, build_plan
 from raystream.engine.sources.base import Source
 from raystream.engine.sources.split_enumerator import SourceCoordinator
+from raystream.engine.sql.session import SqlResult, SqlSession, Table
 from raystream.engine.sources.arrow import ArrowTable
 from raystream.engine.sources.collection import Collection
 from raystream.engine.sources.files import Files, OnError
@@ -171,6 +172,7 @@ class StreamEnvironment:
         self.ray_init_kwargs = dict(ray_init_kwargs or {})
         self.transformations: list[Transformation] = []
         self._names: set[str] = set()
+        self._sql: SqlSession | None = None
 
     # -- graph building (used by DataStream) ---------------------------------------------
     def _unique_name(self, name: str) -> str:
@@ -341,6 +343,31 @@ class StreamEnvironment:
                                  coordinator=functools.partial(SourceCoordinator, source=source))
         stream.transformation.preflight = source.preflight
         return stream
+
+    # -- SQL -----------------------------------------------------------------------------
+    def sql(self, text: str) -> SqlResult:
+        """Run Flink SQL statements (docs/sql.md): DDL at once, ``INSERT INTO`` (or a
+        statement set of them) added to this job, to run with :meth:`execute`; the result
+        names each INSERT's sink (``job_result.table(result["table"])`` for a ``collect``
+        table). A statement that does not plan raises ``SqlError`` and adds nothing."""
+        return self._sql_session().execute(text)
+
+    def sql_query(self, text: str) -> Table:
+        """A SELECT's rows as a :class:`~raystream.engine.sql.session.Table`
+        (``.to_stream()`` to go on with them, ``.explain()`` for the plan)."""
+        return self._sql_session().query(text)
+
+    def create_temporary_view(self, name: str, stream: DataStream, *, schema: pa.Schema,
+                              rowtime: str | None = None) -> None:
+        """Make ``stream`` a table SQL can read as ``name``: ``schema`` its columns' types,
+        ``rowtime`` the column holding its event time (the stream's watermarks are the
+        table's), for window table functions."""
+        self._sql_session().register_stream(name, stream, schema, rowtime)
+
+    def _sql_session(self) -> SqlSession:
+        if self._sql is None:
+            self._sql = SqlSession(self)
+        return self._sql
 
     # -- running -------------------------------------------------------------------------
     def plan(self) -> JobPlan:

@@ -25,7 +25,7 @@ from raystream.engine.errors import (AsyncTimeoutError, BadRecordError, FileRead
                                      JobFailedError, JobFailedOnBadRecord, JobFailedOnFileRead,
                                      JobNotFoundError, JobNotRunningError, JobSetupError,
                                      JobStillRunningError,
-                                     RaystreamError, SavepointFailedError, SchemaError)
+                                     RaystreamError, SavepointFailedError, SchemaError, SqlError)
 from raystream.checkpoint.operator_coordinator import (OperatorCoordinator,
                                                         OperatorCoordinatorContext,
                                                         SubtaskEventGateway)
@@ -69,7 +69,7 @@ __all__ = [
     "JobNotRunningError", "JobResult", "JobStillRunningError",
     "KeyedContext", "KeyedProcessFunction", "KeyedStream", "MAX_WATERMARK", "MIN_WATERMARK", "Operator", "RaystreamError",
     "OperatorCoordinator", "OperatorCoordinatorContext", "SourceOperator", "SubtaskEventGateway",
-    "RuntimeContext", "SavepointFailedError", "SchemaError", "SinkHandle", "StreamEnvironment", "key_group_of",
+    "RuntimeContext", "SavepointFailedError", "SchemaError", "SqlError", "SinkHandle", "StreamEnvironment", "key_group_of",
     "key_group_range",
     "formats", "sources", "spark", "subtask_for_key_group",
     "DynamicEventTimeSessionWindows", "EventTimeSessionWindows", "GlobalWindows",
@@ -87,3 +87,6 @@ __all__ = [
     "KeyedBroadcastProcessFunction", "KeyedReadOnlyContext", "MapStateDescriptor",
     "ReadOnlyBroadcastState", "ReadOnlyContext",
 ]
+
+# last: it reads the names above (raystream.nexmark's queries use the public API)
+from raystream.nexmark import sql_connector as _nexmark_sql  # noqa: F401  (registers SQL's nexmark connector)

@@ -1,0 +1,448 @@
+"""SELECT statements into plans (:mod:`~raystream.engine.sql.plan`): names bound against
+the catalog, views inlined, conditions pushed into the scans that take them, window
+aggregations recognised (the window table functions ``TUMBLE``, ``HOP`` and ``SESSION``
+with ``GROUP BY window_start, window_end``, and the group windows ``GROUP BY
+TUMBLE(ts, ...)`` with ``TUMBLE_START``/``TUMBLE_END``), expressions compiled.
+
+What raystream's SQL does not have yet is a ``SqlError`` that says so (a join, a GROUP BY
+without a window, which makes an updating result, ...), raised at planning.
+
+    >>> import pyarrow as pa, raystream as rs
+    >>> env = rs.StreamEnvironment()
+    >>> clicks = env.from_collection([{"user": "a", "ts": 1000}])
+    >>> env.create_temporary_view("clicks", clicks, schema=pa.schema(
+    ...     [("user", pa.string()), ("ts", pa.timestamp("ms"))]), rowtime="ts")
+    >>> print(env.sql_query('''SELECT user, COUNT(*) AS n, window_end FROM TABLE(
+    ...     TUMBLE(TABLE clicks, DESCRIPTOR(ts), INTERVAL '1' MINUTE))
+    ...     GROUP BY user, window_start, window_end''').explain())
+    Calc(select=[user, __a0 AS n, window_end])
+      WindowAggregate(groupBy=[user], window=[TUMBLE(ts, size=60000 ms)], select=[COUNT(*) AS __a0])
+        Calc(select=[user, ts])
+          DataStreamScan(table=[clicks], fields=[user, ts])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+# its kernels' functions are made at import, so pyright sees none: ignored where used
+import pyarrow.compute as pc
+from sqlglot import exp
+
+from raystream.engine.errors import SqlError
+from raystream.engine.sql.arrow_types import is_numeric, is_temporal, type_name, value_type
+from raystream.engine.sql.ast import WindowKind, WindowTvf
+from raystream.engine.sql.catalog import Catalog, StreamEntry, TableEntry, ViewEntry
+from raystream.engine.sql.compiled import Compiled, Evaluate, column_ref, sql_text
+from raystream.engine.sql.connectors import connector_of
+from raystream.engine.sql.dialect import WindowTableFunction
+from raystream.engine.sql.expressions import Scope, compile_expression
+from raystream.engine.sql.intervals import interval_ms
+from raystream.engine.sql.plan import (AggregateCall, AggregateKind, Calc, Node, Scan,
+                                       StreamScan, Union, WindowAggregate, WindowSpec)
+from raystream.engine.sql.schema import Field, RelSchema
+
+WINDOW_COLUMNS = ("window_start", "window_end", "window_time")
+_AGGREGATES = {exp.Count: AggregateKind.COUNT, exp.Sum: AggregateKind.SUM,
+               exp.Min: AggregateKind.MIN, exp.Max: AggregateKind.MAX,
+               exp.Avg: AggregateKind.MEAN}
+_GROUP_WINDOWS = {"TUMBLE": WindowKind.TUMBLE, "HOP": WindowKind.HOP,
+                  "SESSION": WindowKind.SESSION}
+
+
+@dataclass(frozen=True)
+class _From:
+    """A FROM clause planned: its node, the names it may be qualified by, and its window
+    table function, if it is one."""
+
+    node: Node
+    aliases: frozenset[str]
+    window: WindowTvf | None = None
+
+
+class Planner:
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+
+    def query(self, query: exp.Expr) -> Node:
+        """The plan of a SELECT (or a UNION ALL of them)."""
+        if isinstance(query, exp.Union):
+            if query.args.get("distinct"):
+                raise SqlError(f"{_short(query)}: UNION (distinct) makes an updating result; "
+                               f"raystream's SQL has UNION ALL")
+            inputs = (self.query(query.this), self.query(query.expression))
+            left, right = (i.schema for i in inputs)
+            if [value_type(f.type) for f in left.fields] != [value_type(f.type) for f in right.fields]:
+                raise SqlError(f"{_short(query)}: UNION ALL's inputs have different columns "
+                               f"({_columns(left)} and {_columns(right)})")
+            return Union(inputs, RelSchema(tuple(Field(f.name, f.type) for f in left.fields)))
+        if isinstance(query, exp.Subquery):
+            return self.query(query.this)
+        if not isinstance(query, exp.Select):
+            raise SqlError(f"{_short(query)}: raystream's SQL has no {type(query).__name__} query")
+        return self._select(query)
+
+    # -- SELECT ---------------------------------------------------------------------------
+    def _select(self, select: exp.Select) -> Node:
+        for unsupported in ("joins", "order", "limit", "qualify", "windows"):
+            if select.args.get(unsupported):
+                what = {"joins": "a JOIN", "order": "ORDER BY", "limit": "LIMIT",
+                        "qualify": "QUALIFY", "windows": "WINDOW"}[unsupported]
+                raise SqlError(f"{_short(select)}: raystream's SQL has no {what} yet")
+        if select.args.get("distinct"):
+            raise SqlError(f"{_short(select)}: SELECT DISTINCT makes an updating result, which "
+                           f"raystream's SQL does not have yet")
+        where = select.args.get("where")
+        conditions = tuple(_conjuncts(where.this)) if where is not None else ()
+        source = self._from(select.args.get("from_") or select.args.get("from"), conditions)
+        scope = Scope(source.node.schema, source.aliases, self.catalog.functions)
+        node = source.node
+        if where is not None:
+            condition = _predicate(where.this, scope)
+            if not (condition.is_constant and condition.constant is True):
+                node = Calc(node, condition, _identity(node.schema), node.schema)
+        group = select.args.get("group")
+        aggregates = [a for e in select.expressions for a in e.find_all(exp.AggFunc)]
+        group_window = _group_window(group, source.node.schema) if group is not None else None
+        if source.window is not None and (group is not None or aggregates):
+            return self._window_aggregate(select, node, source, _window_spec(
+                source.window, source.node.schema), group, tvf=True)
+        if group_window is not None:
+            return self._window_aggregate(select, node, source, group_window, group, tvf=False)
+        if group is not None or aggregates:
+            raise SqlError(f"{_short(select)}: a GROUP BY without a window makes an updating "
+                           f"result, which raystream's SQL does not have yet (group by "
+                           f"window_start, window_end of a TUMBLE, HOP or SESSION)")
+        if select.args.get("having") is not None:
+            raise SqlError(f"{_short(select)}: HAVING needs a GROUP BY")
+        if source.window is not None:
+            raise SqlError(f"{_short(select)}: a window table function without a GROUP BY "
+                           f"is not in raystream's SQL yet")
+        scope = Scope(node.schema, source.aliases, self.catalog.functions)
+        projections = _projections(select.expressions, scope)
+        return Calc(node, None, projections,
+                    _schema(projections, _kept_rowtime(select.expressions, node.schema)))
+
+    def _from(self, from_: exp.From | None, conditions: tuple[exp.Expr, ...]) -> _From:
+        if from_ is None:
+            raise SqlError("a SELECT without FROM is not in raystream's SQL")
+        item = from_.this
+        if isinstance(item, WindowTableFunction):
+            window = item.window
+            inner = self._table(window.table, conditions)
+            alias = item.args.get("alias")
+            names = {window.table, *([alias.name] if alias is not None else [])}
+            return _From(inner, frozenset(names), window)
+        if isinstance(item, exp.Subquery):
+            alias = item.alias
+            return _From(self.query(item.this), frozenset([alias] if alias else []))
+        if isinstance(item, exp.Table):
+            name = ".".join(p.name for p in item.parts)
+            names = {name, *([item.alias] if item.alias else [])}
+            return _From(self._table(name, conditions), frozenset(names))
+        raise SqlError(f"FROM {sql_text(item)}: raystream's SQL reads tables, views and subqueries")
+
+    def _table(self, name: str, conditions: tuple[exp.Expr, ...]) -> Node:
+        entry = self.catalog.get(name)
+        if isinstance(entry, ViewEntry):
+            return self.query(entry.query)
+        if isinstance(entry, StreamEntry):
+            return StreamScan(entry)
+        assert isinstance(entry, TableEntry)
+        return Scan(name, connector_of(entry).scan(entry, conditions))
+
+    # -- window aggregation -----------------------------------------------------------------
+    def _window_aggregate(self, select: exp.Select, node: Node, source: _From,
+                          window: WindowSpec, group: exp.Group | None, *, tvf: bool) -> Node:
+        scope = Scope(node.schema, source.aliases, self.catalog.functions)
+        group_exprs = list(group.expressions) if group is not None else []
+        if tvf:
+            named = {e.name for e in group_exprs if isinstance(e, exp.Column)}
+            if not {"window_start", "window_end"} <= named and window.kind is not WindowKind.SESSION:
+                raise SqlError(f"{_short(select)}: a window aggregation groups by window_start "
+                               f"and window_end")
+            keys = [e for e in group_exprs
+                    if not (isinstance(e, exp.Column) and e.name in WINDOW_COLUMNS)]
+        else:
+            keys = [e for e in group_exprs if _group_window_call(e) is None]
+        # the aggregate's input: the keys, the aggregated values, the rowtime
+        pre: list[tuple[str, Compiled]] = []
+        key_names: list[str] = []
+        rewrites: dict[str, exp.Expr] = {}
+        for key in keys:
+            compiled = compile_expression(key, scope)
+            name = key.name if isinstance(key, exp.Column) and key.name not in WINDOW_COLUMNS \
+                else f"__k{len(key_names)}"
+            if name in key_names:
+                continue
+            pre.append((name, compiled))
+            key_names.append(name)
+            rewrites[_normal(key, source.aliases)] = column_ref(name)
+        calls: list[AggregateCall] = []
+        having = select.args.get("having")
+        found = [a for e in [*select.expressions, *([having.this] if having is not None else [])]
+                 for a in _aggregate_calls(e)]
+        for call in found:
+            normal = _normal(call, source.aliases)
+            if normal in rewrites:
+                continue
+            output = f"__a{len(calls)}"
+            column, kind, result = _aggregate_input(call, scope, f"{output}_in")
+            if column is not None:
+                pre.append(column)
+            calls.append(AggregateCall(output, kind, column[0] if column else None, result,
+                                       sql_text(call)))
+            rewrites[normal] = column_ref(output)
+        pre.append((window.time, compile_expression(column_ref(window.time), scope)))
+        pre_schema = _schema(tuple(pre), window.time)
+        pre_node = Calc(node, None, tuple(pre), pre_schema)
+        fields = [Field(k, pre_schema.field(k).type) for k in key_names]
+        fields += [Field(c, pa.timestamp("ms")) for c in WINDOW_COLUMNS]
+        fields += [Field(c.output, c.type) for c in calls]
+        aggregated = WindowAggregate(pre_node, window, tuple(key_names), tuple(calls),
+                                     RelSchema(tuple(fields), rowtime="window_time"))
+        # the SELECT list over the aggregate's rows
+        if not tvf:  # TUMBLE_START(ts, ...) and the like: the window's columns
+            for e in [*select.expressions, *([having.this] if having is not None else [])]:
+                for call in e.find_all(exp.Anonymous):
+                    column = _window_function_column(call)
+                    if column is not None:
+                        rewrites[_normal(call, source.aliases)] = exp.column(column)
+        post_scope = Scope(aggregated.schema, frozenset(), self.catalog.functions)
+        expressions = [_rewritten(e, rewrites, source.aliases) for e in select.expressions]
+        for original, e in zip(select.expressions, expressions):
+            _check_grouped(original, e, aggregated.schema)
+        projections = _projections(expressions, post_scope, originals=select.expressions)
+        condition = None
+        if having is not None:
+            condition = _predicate(_rewritten(having.this, rewrites, source.aliases), post_scope)
+        return Calc(aggregated, condition, projections,
+                    _schema(projections, None))
+
+
+def _function_name(call: exp.Expr) -> str:
+    return call.sql_name() if isinstance(call, exp.Func) else type(call).__name__.upper()
+
+
+def _aggregate_calls(expr: exp.Expr) -> list[exp.Expr]:
+    """The aggregate calls in ``expr``, outermost first: ``COUNT(*) FILTER (WHERE ...)`` is
+    one call (the FILTER with its aggregate)."""
+    if isinstance(expr, exp.Filter) and isinstance(expr.this, exp.AggFunc) or isinstance(
+            expr, exp.AggFunc):
+        return [expr]
+    return [call for child in expr.iter_expressions() for call in _aggregate_calls(child)]
+
+
+def _aggregate_input(call: exp.Expr, scope: Scope, name: str
+                     ) -> tuple[tuple[str, Compiled] | None, AggregateKind, pa.DataType]:
+    """The column an aggregate call reads (computed into the aggregate's input as ``name``;
+    None for COUNT(*)), its kind, and its result's type (Flink's)."""
+    where = None
+    if isinstance(call, exp.Filter):  # COUNT(*) FILTER (WHERE ...): rows without it are NULL
+        where, call = call.expression.this, call.this
+    kind = _AGGREGATES.get(type(call))
+    if kind is None:
+        raise SqlError(f"{sql_text(call)}: raystream's SQL has no aggregate {_function_name(call)} yet")
+    argument = call.this
+    if isinstance(argument, exp.Distinct):
+        raise SqlError(f"{sql_text(call)}: COUNT(DISTINCT ...) is not in raystream's SQL yet")
+    star = isinstance(argument, exp.Star) or argument is None
+    if kind is AggregateKind.COUNT and star and where is None:
+        return None, kind, pa.int64()
+    if kind is AggregateKind.COUNT:  # rows with a value (where the FILTER holds): a sum of 1s
+        value: exp.Expr = exp.Literal.number(1) if star else exp.If(
+            this=exp.Not(this=exp.Is(this=argument, expression=exp.Null())),
+            true=exp.Literal.number(1), false=exp.Literal.number(0))
+        if where is not None:
+            value = exp.If(this=where, true=value, false=exp.Literal.number(0))
+        compiled = compile_expression(exp.Cast(this=value, to=exp.DataType.build("BIGINT")), scope)
+        return (name, compiled), AggregateKind.SUM, pa.int64()
+    if where is not None:
+        argument = exp.If(this=where, true=argument, false=exp.Null())
+    if argument is None:
+        raise SqlError(f"{sql_text(call)}: {_function_name(call)} takes a column")
+    compiled = compile_expression(argument, scope)
+    operand = value_type(compiled.type)
+    if kind in (AggregateKind.SUM, AggregateKind.MEAN) and not is_numeric(operand):
+        raise SqlError(f"{sql_text(call)}: {_function_name(call)} takes a number, not {type_name(operand)}")
+    if pa.types.is_decimal(operand) and kind in (AggregateKind.SUM, AggregateKind.MEAN):
+        compiled = Compiled(pa.float64(), _as_double(compiled), compiled.sql)
+        operand = pa.float64()  # (the window aggregates sum in numpy: DOUBLE)
+    if kind is AggregateKind.SUM:
+        result = pa.int64() if pa.types.is_integer(operand) else pa.float64()
+    elif kind is AggregateKind.MEAN:  # Flink's AVG has its operand's type
+        result = operand if pa.types.is_integer(operand) or pa.types.is_floating(operand) else pa.float64()
+    else:
+        if not (is_numeric(operand) or is_temporal(operand)):
+            raise SqlError(f"{sql_text(call)}: {_function_name(call)} takes a number or a time here, "
+                           f"not {type_name(operand)}")
+        result = operand
+    return (name, compiled), kind, result
+
+
+def _as_double(compiled: Compiled) -> Evaluate:
+    inner = compiled.evaluate
+    return lambda batch: pc.cast(inner(batch), pa.float64())  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def _window_spec(tvf: WindowTvf, schema: RelSchema) -> WindowSpec:
+    _check_rowtime(tvf.time_column, schema, f"{tvf.kind.value}(... DESCRIPTOR({tvf.time_column}))")
+    if tvf.kind is WindowKind.CUMULATE:
+        raise SqlError("CUMULATE windows are not in raystream's SQL yet (TUMBLE, HOP and SESSION are)")
+    return WindowSpec(tvf.kind, tvf.time_column, size_ms=tvf.size_ms, slide_ms=tvf.slide_ms,
+                      gap_ms=tvf.gap_ms, offset_ms=tvf.offset_ms)
+
+
+def _check_rowtime(column: str, schema: RelSchema, where: str) -> None:
+    if column != schema.rowtime:
+        have = f"its rowtime is {schema.rowtime!r}" if schema.rowtime else "it has no rowtime (no WATERMARK)"
+        raise SqlError(f"{where}: {column!r} is not the table's rowtime attribute ({have})")
+
+
+def _group_window_call(expr: exp.Expr) -> exp.Expr | None:
+    name = expr.name.upper() if isinstance(expr, exp.Anonymous) else (
+        "SESSION" if type(expr).__name__ == "Session" else None)
+    return expr if name in _GROUP_WINDOWS else None
+
+
+def _group_window(group: exp.Group, schema: RelSchema) -> WindowSpec | None:
+    """The group window of ``GROUP BY ..., TUMBLE(ts, INTERVAL ...)`` (or HOP, SESSION)."""
+    calls = [e for e in group.expressions if _group_window_call(e) is not None]
+    if not calls:
+        return None
+    if len(calls) > 1:
+        raise SqlError(f"GROUP BY {sql_text(group)}: one group window at most")
+    call = calls[0]
+    name = call.name.upper() if isinstance(call, exp.Anonymous) else "SESSION"
+    arguments = list(call.expressions) if isinstance(call, exp.Anonymous) else [
+        call.this, *call.expressions]
+    time = arguments[0]
+    if not isinstance(time, exp.Column):
+        raise SqlError(f"{sql_text(call)}: the first argument is the rowtime column")
+    durations = [interval_ms(a) for a in arguments[1:] if isinstance(a, exp.Interval)]
+    kind = _GROUP_WINDOWS[name]
+    _check_rowtime(time.name, schema, sql_text(call))
+    if kind is WindowKind.HOP:
+        if len(durations) != 2:
+            raise SqlError(f"{sql_text(call)}: HOP takes the rowtime, a slide and a size")
+        return WindowSpec(kind, time.name, slide_ms=durations[0], size_ms=durations[1])
+    if len(durations) != 1:
+        raise SqlError(f"{sql_text(call)}: {name} takes the rowtime and an interval")
+    if kind is WindowKind.SESSION:
+        return WindowSpec(kind, time.name, gap_ms=durations[0])
+    return WindowSpec(kind, time.name, size_ms=durations[0])
+
+
+def _window_function_column(call: exp.Anonymous) -> str | None:
+    """The window column ``TUMBLE_START(...)``, ``SESSION_END(...)`` and the like read."""
+    name = call.name.upper()
+    for prefix in _GROUP_WINDOWS:
+        if name == f"{prefix}_START":
+            return "window_start"
+        if name == f"{prefix}_END":
+            return "window_end"
+        if name == f"{prefix}_ROWTIME":
+            return "window_time"
+    return None
+
+
+# -- expressions and names --------------------------------------------------------------------
+def _conjuncts(expr: exp.Expr) -> list[exp.Expr]:
+    if isinstance(expr, exp.And):
+        return [*_conjuncts(expr.this), *_conjuncts(expr.expression)]
+    if isinstance(expr, exp.Paren):
+        return _conjuncts(expr.this)
+    return [expr]
+
+
+def _predicate(expr: exp.Expr, scope: Scope) -> Compiled:
+    compiled = compile_expression(expr, scope)
+    if value_type(compiled.type) not in (pa.bool_(), pa.null()):
+        raise SqlError(f"WHERE {sql_text(expr)}: a condition must be BOOLEAN, not "
+                       f"{type_name(compiled.type)}")
+    return compiled
+
+
+def _identity(schema: RelSchema) -> tuple[tuple[str, Compiled], ...]:
+    scope = Scope(schema)
+    return tuple((f.name, compile_expression(column_ref(f.name), scope))
+                 for f in schema.fields)
+
+
+def _output_name(expr: exp.Expr, index: int) -> str:
+    if isinstance(expr, exp.Alias):
+        return expr.alias
+    if isinstance(expr, (exp.Column, exp.Dot)):
+        return expr.name
+    return f"EXPR${index}"
+
+
+def _projections(expressions: list[exp.Expr], scope: Scope, *,
+                 originals: list[exp.Expr] | None = None) -> tuple[tuple[str, Compiled], ...]:
+    out: list[tuple[str, Compiled]] = []
+    for index, (expr, original) in enumerate(zip(expressions, originals or expressions)):
+        if isinstance(expr, exp.Star) or (isinstance(expr, exp.Column) and isinstance(expr.this, exp.Star)):
+            out += [(f.name, compile_expression(column_ref(f.name), scope))
+                    for f in scope.schema.fields]
+            continue
+        name = _output_name(original, index)
+        if any(name == n for n, _ in out):
+            raise SqlError(f"{sql_text(original)}: the SELECT has two columns named {name!r} "
+                           f"(name one with AS)")
+        out.append((name, compile_expression(expr, scope)))
+    return tuple(out)
+
+
+def _schema(projections: tuple[tuple[str, Compiled], ...], rowtime: str | None) -> RelSchema:
+    return RelSchema(tuple(Field(name, c.type) for name, c in projections), rowtime=rowtime)
+
+
+def _kept_rowtime(expressions: list[exp.Expr], source: RelSchema) -> str | None:
+    """The output name of the source's rowtime, where the SELECT keeps it as it is."""
+    for index, expr in enumerate(expressions):
+        inner = expr.this if isinstance(expr, exp.Alias) else expr
+        if isinstance(inner, exp.Column) and inner.name == source.rowtime:
+            return _output_name(expr, index)
+        if isinstance(inner, exp.Star) or (isinstance(inner, exp.Column)
+                                           and isinstance(inner.this, exp.Star)):
+            if source.rowtime is not None:
+                return source.rowtime
+    return None
+
+
+def _normal(expr: exp.Expr, aliases: frozenset[str]) -> str:
+    """``expr`` as text without table qualifiers that are ``aliases`` (``B.bidder`` and
+    ``bidder`` are one group key)."""
+    def strip(node: exp.Expr) -> exp.Expr:
+        if isinstance(node, exp.Column) and node.table in aliases:
+            return column_ref(node.name)
+        if isinstance(node, exp.Column):
+            return exp.column(node.name, table=node.table or None, quoted=not node.name.isidentifier())
+        return node
+    return expr.copy().transform(strip).sql()
+
+
+def _rewritten(expr: exp.Expr, rewrites: dict[str, exp.Expr], aliases: frozenset[str]) -> exp.Expr:
+    def replace(node: exp.Expr) -> exp.Expr:
+        if isinstance(node, exp.Alias):
+            return node
+        target = rewrites.get(_normal(node, aliases))
+        return target.copy() if target is not None else node
+    return expr.copy().transform(replace)
+
+
+def _check_grouped(original: exp.Expr, rewritten: exp.Expr, schema: RelSchema) -> None:
+    for column in rewritten.find_all(exp.Column):
+        if not schema.has(column.name) and column.name not in WINDOW_COLUMNS:
+            raise SqlError(f"{sql_text(original)}: {sql_text(column)} is neither grouped by nor "
+                           f"aggregated")
+
+
+def _columns(schema: RelSchema) -> str:
+    return ", ".join(f"{f.name} {type_name(f.type)}" for f in schema.fields)
+
+
+def _short(expr: exp.Expr) -> str:
+    text = " ".join(sql_text(expr).split())
+    return text if len(text) <= 60 else text[:57] + "..."
