@@ -86,6 +86,10 @@ def oracle(name: str, b: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame({"auction": b["auction"], "bidder": b["bidder"], "price": b["price"],
                              "channel": b["channel"], "dir1": pick[0], "dir2": pick[1],
                              "dir3": pick[2]})
+    if name == "by_channel":  # a dictionary column as a group key
+        w = b.assign(window_start=b["date_time"] // 10_000 * 10_000, channel=b["channel"].astype(str))
+        df = w.groupby(["channel", "window_start"]).size().rename("n").reset_index()
+        return df.assign(window_start=ms(df["window_start"]))[["channel", "n", "window_start"]]
     if name == "q11":  # sessions of 10 s gaps per bidder
         out = []
         for bidder, group in b.groupby("bidder"):
@@ -104,9 +108,10 @@ NEXMARK = ("q0", "q1", "q2", "q11", "q21", "q22")
 @pytest.mark.parametrize("killed", [False, True], ids=["plain", "killed"])
 def test_nexmark_sql_files_as_published_equal_pandas(ray_session, tmp_path, killed):
     """Every query of NEXMARK through env.sql, unchanged but for the sink's connector, in
-    one job at parallelism 2; ``killed``: with checkpoints, the process of q11's window
-    exits midway (as after a SIGKILL: no clean-up), then q1's calc's as it restores."""
-    failpoints = [rs.Failpoint("in_processing", operator="nexmark_q11.window", subtask=0, hit=6),
+    one job at parallelism 2; ``killed``: with checkpoints, the process of q11's committer
+    exits in its second commit (as after a SIGKILL: no clean-up), then q1's calc's as it
+    restores. Both kills come after a completed checkpoint, so both always happen."""
+    failpoints = [rs.Failpoint("mid_commit", operator="nexmark_q11-committer", hit=2),
                   rs.Failpoint("right_after_restore", operator="nexmark_q1.calc", subtask=1,
                                attempt=1)] if killed else []
     env = rs.StreamEnvironment(
@@ -115,6 +120,10 @@ def test_nexmark_sql_files_as_published_equal_pandas(ray_session, tmp_path, kill
         if killed else None, restart=rs.RestartStrategy.fixed_delay(3, 0.1) if killed else None)
     env.sql(nexmark_ddl(batch_size=2_048 if killed else None))  # (many failure points)
     sinks = {name: env.sql(query(name))[f"nexmark_{name}"] for name in NEXMARK}
+    sinks["by_channel"] = env.sql_query("""
+        SELECT channel, COUNT(*) AS n, window_start
+        FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(`dateTime`), INTERVAL '10' SECOND))
+        GROUP BY channel, window_start, window_end""").to_stream().collect()
     result = env.execute("nexmark-sql")
     if killed:
         assert result.restarts == 2

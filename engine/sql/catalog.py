@@ -71,7 +71,7 @@ def table_entry(definition: CreateTable) -> TableEntry:
     computed: list[ComputedColumn] = []
     for column in definition.columns:
         if isinstance(column, PhysicalColumn):
-            fields.append(Field(column.name, arrow_type(column.type)))
+            fields.append(Field(column.name, arrow_type(column.type), nullable=column.nullable))
         else:
             computed.append(column)
     seen: set[str] = set()
@@ -81,7 +81,8 @@ def table_entry(definition: CreateTable) -> TableEntry:
         seen.add(f.name)
     for column in computed:  # typed over the physical columns (Flink: they read only those)
         scope = Scope(RelSchema(tuple(fields)))
-        fields.append(Field(column.name, compile_expression(column.expression, scope).type))
+        compiled = compile_expression(column.expression, scope)
+        fields.append(Field(column.name, compiled.type, nullable=compiled.nullable))
     schema = RelSchema(tuple(fields))
     delay = None
     if definition.watermark is not None:

@@ -34,12 +34,14 @@ NO_VALUE = object()
 @dataclass(frozen=True)
 class Compiled:
     """An expression ready to run: ``evaluate(batch)`` is an array of ``batch``'s length
-    or a scalar; ``constant`` is its value where it is known (``NO_VALUE`` if not)."""
+    or a scalar; ``constant`` is its value where it is known (``NO_VALUE`` if not);
+    ``nullable``: False where it is never NULL."""
 
     type: pa.DataType
     evaluate: Evaluate
     sql: str
     constant: Any = NO_VALUE
+    nullable: bool = True
 
     @property
     def is_constant(self) -> bool:
@@ -68,7 +70,7 @@ def as_array(value: Value, length: int) -> pa.Array | pa.ChunkedArray:
 
 def literal(value: Any, type_: pa.DataType, sql: str) -> Compiled:
     scalar = pa.scalar(value, type_)
-    return Compiled(type_, lambda batch: scalar, sql, value)
+    return Compiled(type_, lambda batch: scalar, sql, value, nullable=value is None)
 
 
 def plain(value: Value) -> Value:
@@ -91,15 +93,17 @@ def field_of(compiled: Compiled, name: str, sql: str) -> Compiled:
         raise SqlError(f"{sql}: {compiled.sql} has no field {name!r} (its fields: "
                        f"{', '.join(f.name for f in struct)})")
     field_type = struct.field(index).type
+    nullable = compiled.nullable or struct.field(index).nullable
     if compiled.is_constant:
         value = None if compiled.constant is None else compiled.constant.get(name)
         return literal(value, field_type, sql)
     outer = compiled.evaluate
-    return Compiled(field_type, lambda batch: pc.struct_field(outer(batch), [index]), sql)  # pyright: ignore[reportAttributeAccessIssue]
+    return Compiled(field_type, lambda batch: pc.struct_field(outer(batch), [index]), sql,
+                    nullable=nullable)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def require(expr: exp.Expr, what: str, kinds: str, *operands: Compiled,
-             test: Callable[[pa.DataType], bool]) -> None:
+            test: Callable[[pa.DataType], bool]) -> None:
     if not all(test(o.type) or value_type(o.type) == pa.null() for o in operands):
         types = " and ".join(type_name(o.type) for o in operands)
         raise SqlError(f"{sql_text(expr)}: {what} takes {kinds}, not {types}")
@@ -147,7 +151,7 @@ def common_type(expr: exp.Expr, types: list[pa.DataType]) -> pa.DataType:
 
 
 def cast_to(compiled: Compiled, target: pa.DataType, *, sql: str | None = None,
-             explicit: bool = False) -> Compiled:
+            explicit: bool = False) -> Compiled:
     source = compiled.type
     if value_type(source) == target and not explicit:
         return compiled
@@ -169,7 +173,7 @@ def cast_to(compiled: Compiled, target: pa.DataType, *, sql: str | None = None,
 
 
 def combine(expr: exp.Expr, kernel: Callable[..., Value], *operands: Compiled,
-             sql: str | None = None) -> Compiled:
+            sql: str | None = None, nullable: bool | None = None) -> Compiled:
     """``kernel`` over ``operands``' values (dictionaries decoded), typed by trying it on
     empty arrays; folded when every operand is a constant."""
     sql = sql or sql_text(expr)
@@ -185,7 +189,9 @@ def combine(expr: exp.Expr, kernel: Callable[..., Value], *operands: Compiled,
 
     def evaluate(batch: pa.RecordBatch) -> Value:
         return kernel(*[plain(e(batch)) for e in evaluates])
-    return Compiled(probe.type, evaluate, sql)
+    # (a NULL in, a NULL out: most kernels; those that make NULLs of values say so)
+    nulls = any(o.nullable for o in operands) if nullable is None else nullable
+    return Compiled(probe.type, evaluate, sql, nullable=nulls)
 
 
 def probed(compiled: Compiled, schema: RelSchema) -> Compiled:

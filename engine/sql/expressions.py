@@ -99,7 +99,8 @@ class _Compiler:
         if column.is_constant:
             compiled = literal(column.constant, column.type, written)
         else:
-            compiled = Compiled(column.type, lambda batch: batch.column(name), written)
+            compiled = Compiled(column.type, lambda batch: batch.column(name), written,
+                                nullable=column.nullable)
         for part in parts[1:]:
             compiled = field_of(compiled, part, f"{compiled.sql}.{part}")
         return compiled
@@ -242,7 +243,7 @@ class _Compiler:
         if not isinstance(expr.expression, exp.Null):
             raise SqlError(f"{sql_text(expr)}: IS takes NULL (IS TRUE and the others: not yet)")
         operand = self.compile(expr.this)
-        return combine(expr, lambda a: pc.is_null(a), operand)  # pyright: ignore[reportAttributeAccessIssue]
+        return combine(expr, lambda a: pc.is_null(a), operand, nullable=False)  # pyright: ignore[reportAttributeAccessIssue]
 
     def _in(self, expr: exp.In) -> Compiled:
         operand = self.compile(expr.this)

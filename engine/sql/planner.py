@@ -76,7 +76,9 @@ class Planner:
             if [value_type(f.type) for f in left.fields] != [value_type(f.type) for f in right.fields]:
                 raise SqlError(f"{_short(query)}: UNION ALL's inputs have different columns "
                                f"({_columns(left)} and {_columns(right)})")
-            return Union(inputs, RelSchema(tuple(Field(f.name, f.type) for f in left.fields)))
+            return Union(inputs, RelSchema(tuple(
+                Field(f.name, f.type, nullable=f.nullable or g.nullable)
+                for f, g in zip(left.fields, right.fields))))
         if isinstance(query, exp.Subquery):
             return self.query(query.this)
         if not isinstance(query, exp.Select):
@@ -197,9 +199,12 @@ class Planner:
         pre.append((window.time, compile_expression(column_ref(window.time), scope)))
         pre_schema = _schema(tuple(pre), window.time)
         pre_node = Calc(node, None, tuple(pre), pre_schema)
-        fields = [Field(k, pre_schema.field(k).type) for k in key_names]
-        fields += [Field(c, pa.timestamp("ms")) for c in WINDOW_COLUMNS]
-        fields += [Field(c.output, c.type) for c in calls]
+        fields = [Field(k, pre_schema.field(k).type, nullable=pre_schema.field(k).nullable)
+                  for k in key_names]
+        fields += [Field(c, pa.timestamp("ms"), nullable=False) for c in WINDOW_COLUMNS]
+        fields += [Field(c.output, c.type, nullable=c.kind not in (AggregateKind.COUNT,
+                                                                   AggregateKind.SUM))
+                   for c in calls]
         aggregated = WindowAggregate(pre_node, window, tuple(key_names), tuple(calls),
                                      RelSchema(tuple(fields), rowtime="window_time"))
         # the SELECT list over the aggregate's rows
@@ -395,7 +400,8 @@ def _projections(expressions: list[exp.Expr], scope: Scope, *,
 
 
 def _schema(projections: tuple[tuple[str, Compiled], ...], rowtime: str | None) -> RelSchema:
-    return RelSchema(tuple(Field(name, c.type) for name, c in projections), rowtime=rowtime)
+    return RelSchema(tuple(Field(name, c.type, nullable=c.nullable) for name, c in projections),
+                     rowtime=rowtime)
 
 
 def _kept_rowtime(expressions: list[exp.Expr], source: RelSchema) -> str | None:

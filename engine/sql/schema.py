@@ -29,12 +29,14 @@ class ChangelogMode(Enum):
 @dataclass(frozen=True)
 class Field:
     """A column; ``constant``: the value every row has, where the planner knows it (as a
-    Python value; None is SQL NULL only with ``is_constant``)."""
+    Python value; None is SQL NULL only with ``is_constant``); ``nullable``: False where
+    no row can be NULL (a NOT NULL column, a connector's promise)."""
 
     name: str
     type: pa.DataType
     constant: Any = None
     is_constant: bool = False
+    nullable: bool = True
 
 
 @dataclass(frozen=True)

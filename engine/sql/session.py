@@ -157,7 +157,7 @@ class SqlSession:
         fields = []
         for f in schema:
             sql_type_of(f.type, column=f.name)  # (a type SQL has no name for is refused)
-            fields.append(Field(f.name, f.type))
+            fields.append(Field(f.name, f.type, nullable=f.nullable))
         if rowtime is not None and rowtime not in schema.names:
             raise SqlError(f"create_temporary_view({name!r}, rowtime={rowtime!r}): the schema "
                            f"has no column {rowtime!r} (its columns: {', '.join(schema.names)})")
@@ -198,4 +198,4 @@ def _cast_to_table(node: Node, table: TableEntry, columns: tuple[str, ...]) -> N
             projections.append((target.name, cast_to(literal(None, pa.null(), "NULL"),
                                                      target.type)))
     return Calc(node, None, tuple(projections),
-                RelSchema(tuple(Field(n, c.type) for n, c in projections)))
+                RelSchema(tuple(Field(n, c.type, nullable=c.nullable) for n, c in projections)))

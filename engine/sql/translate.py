@@ -72,21 +72,25 @@ def _zero(type_: pa.DataType) -> pa.Scalar:
 @dataclass(frozen=True)
 class NullSafeKeys:
     """SQL groups NULL keys together; the DataStream API's keys are never null. So each
-    key column goes to the shuffle with its NULLs as a zero and a flag column beside it
-    (``key$null``), which :class:`WindowColumns` turns back into NULLs; a dictionary key
-    goes decoded."""
+    ``nullable`` key column goes to the shuffle with its NULLs as a zero and a flag column
+    beside it (``key$null``), which :class:`WindowColumns` turns back into NULLs; a
+    ``dictionary`` key goes decoded."""
 
-    keys: tuple[str, ...]
+    nullable: tuple[str, ...]
+    dictionary: tuple[str, ...]
 
     def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        for key in self.keys:
+        for key in dict.fromkeys((*self.dictionary, *self.nullable)):
             index = batch.schema.get_field_index(key)
             column = batch.column(index)
             if pa.types.is_dictionary(column.type):
                 column = column.dictionary_decode()
-            flag = column.is_null()
-            filled = pc.fill_null(column, _zero(column.type)) if column.null_count else column  # pyright: ignore[reportAttributeAccessIssue]
-            batch = batch.set_column(index, key, filled).append_column(null_flag(key), flag)
+            if key in self.nullable:
+                flag = column.is_null()
+                if column.null_count:
+                    column = pc.fill_null(column, _zero(column.type))  # pyright: ignore[reportAttributeAccessIssue]
+                batch = batch.append_column(null_flag(key), flag)
+            batch = batch.set_column(index, key, column)
         return batch
 
 
@@ -144,17 +148,23 @@ class Translator:
     def _window(self, node: WindowAggregate) -> "DataStream":
         stream = self.stream(node.input)
         assigner = _assigner(node.window)
+        schema = node.input.schema
+        nullable = tuple(k for k in node.keys if schema.field(k).nullable)
+        dictionary = tuple(k for k in node.keys if pa.types.is_dictionary(schema.field(k).type))
         if node.keys:
-            safe = stream.map_batches(NullSafeKeys(node.keys), name=f"{self.prefix}.keys")
-            keys = [k for key in node.keys for k in (key, null_flag(key))]
-            windowed = safe.key_by(keys).window(assigner, timestamp=node.window.time)
+            if nullable or dictionary:
+                stream = stream.map_batches(NullSafeKeys(nullable, dictionary),
+                                            name=f"{self.prefix}.keys")
+            keys = [k for key in node.keys
+                    for k in ((key, null_flag(key)) if key in nullable else (key,))]
+            windowed = stream.key_by(keys).window(assigner, timestamp=node.window.time)
         else:
             windowed = stream.window_all(assigner, timestamp=node.window.time)
         aggregates = {a.output: (a.kind.value, a.column) for a in node.aggregates}
         result = windowed.agg(name=f"{self.prefix}.window", **aggregates)
         fields = node.schema.fields
         return result.map_batches(WindowColumns(tuple(f.name for f in fields),
-                                                tuple(f.type for f in fields), node.keys),
+                                                tuple(f.type for f in fields), nullable),
                                   name=f"{self.prefix}.window-output")
 
 

@@ -103,7 +103,9 @@ def _physical(table: TableEntry) -> RelSchema:
             for child in f.type:
                 made = generated.field(_snake(child.name)).type
                 keep = pa.types.is_dictionary(made) and pa.types.is_string(child.type)
-                children.append(pa.field(child.name, made if keep else child.type))
+                # (the generator makes no NULL)
+                children.append(pa.field(child.name, made if keep else child.type,
+                                         nullable=False))
             f = Field(f.name, pa.struct(children))
         fields.append(f)
     return RelSchema(tuple(fields))
@@ -194,13 +196,15 @@ def _shape(table: TableEntry, code: int, *, constant: bool) -> _Shape:
             f = Field(f.name, f.type, code, True)
         elif constant and f.name != KINDS[code].value:
             f = Field(f.name, f.type, None, True)
+        elif constant:  # the kind read: never NULL
+            f = Field(f.name, f.type, nullable=False)
         fields.append(f)
     computed = []
     for column in table.definition.columns:
         if isinstance(column, ComputedColumn):
             compiled = compile_expression(column.expression, Scope(RelSchema(tuple(fields))))
             computed.append((column.name, compiled))
-            fields.append(Field(column.name, compiled.type))
+            fields.append(Field(column.name, compiled.type, nullable=compiled.nullable))
     schema = RelSchema(tuple(fields), rowtime=table.schema.rowtime)
     produced = RelSchema(tuple(f for f in fields if not f.is_constant), rowtime=schema.rowtime)
     return _Shape(KINDS[code], code, physical, produced, tuple(computed), schema)
