@@ -54,6 +54,7 @@ from raystream.engine.plan import JobPlan, build_plan
 from raystream.engine.sources.base import Source
 from raystream.engine.sources.split_enumerator import SourceCoordinator
 from raystream.engine.sql.session import SqlResult, SqlSession, Table
+from raystream.engine.sql.udf import ScalarFunction
 from raystream.engine.sources.arrow import ArrowTable
 from raystream.engine.sources.collection import Collection
 from raystream.engine.sources.files import Files, OnError
@@ -363,6 +364,11 @@ class StreamEnvironment:
         ``rowtime`` the column holding its event time (the stream's watermarks are the
         table's), for window table functions."""
         self._sql_session().register_stream(name, stream, schema, rowtime)
+
+    def create_temporary_function(self, name: str, function: ScalarFunction) -> None:
+        """Make ``function`` (a vectorized ``@rs.udf(result_type=...)`` function) one SQL
+        calls as ``name``."""
+        self._sql_session().add_function(name, function)
 
     def _sql_session(self) -> SqlSession:
         if self._sql is None:

@@ -43,6 +43,7 @@ from raystream.engine.operators.two_phase import Committer, SinkContext, SinkWri
 from raystream.engine.operators.kafka_sink import KafkaSinkError
 from raystream.engine.sources.kafka import KafkaError, KafkaRecordError
 from raystream.engine.watermarks import BoundedOutOfOrderness
+from raystream.engine.sql.udf import udf
 from raystream.engine.windows.assigners import (DynamicEventTimeSessionWindows,
                                                 EventTimeSessionWindows, GlobalWindows,
                                                 SlidingEventTimeWindows,
@@ -69,7 +70,7 @@ __all__ = [
     "JobNotRunningError", "JobResult", "JobStillRunningError",
     "KeyedContext", "KeyedProcessFunction", "KeyedStream", "MAX_WATERMARK", "MIN_WATERMARK", "Operator", "RaystreamError",
     "OperatorCoordinator", "OperatorCoordinatorContext", "SourceOperator", "SubtaskEventGateway",
-    "RuntimeContext", "SavepointFailedError", "SchemaError", "SqlError", "SinkHandle", "StreamEnvironment", "key_group_of",
+    "RuntimeContext", "SavepointFailedError", "SchemaError", "SqlError", "SinkHandle", "StreamEnvironment", "key_group_of", "udf",
     "key_group_range",
     "formats", "sources", "spark", "subtask_for_key_group",
     "DynamicEventTimeSessionWindows", "EventTimeSessionWindows", "GlobalWindows",

@@ -38,8 +38,11 @@ def nexmark_ddl(batch_size: int | None = None) -> str:
 
 
 def query(name: str) -> str:
-    """A query file with its sink's connector made ``collect``, the one change."""
-    return (QUERIES / f"{name}.sql").read_text().replace("'blackhole'", "'collect'")
+    """A query file with its sink's connector made ``collect``, the one change (and q14's
+    Java function the Python one, ``LANGUAGE PYTHON``, as the issue of SQL allows)."""
+    return (QUERIES / f"{name}.sql").read_text().replace("'blackhole'", "'collect'").replace(
+        "'com.github.nexmark.flink.udf.CountChar'",
+        "'raystream.nexmark.udfs.count_char' LANGUAGE PYTHON")
 
 
 def bids() -> pd.DataFrame:
@@ -86,6 +89,15 @@ def oracle(name: str, b: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame({"auction": b["auction"], "bidder": b["bidder"], "price": b["price"],
                              "channel": b["channel"], "dir1": pick[0], "dir2": pick[1],
                              "dir3": pick[2]})
+    if name == "q14":
+        euro = b["price"].map(lambda p: Decimal(int(p)) * Decimal("0.908"))
+        hour = when.dt.hour
+        kind = np.where((hour >= 8) & (hour <= 18), "dayTime",
+                        np.where((hour <= 6) | (hour >= 20), "nightTime", "otherTime"))
+        df = pd.DataFrame({"auction": b["auction"], "bidder": b["bidder"], "price": euro,
+                           "bidTimeType": kind, "dateTime": when, "extra": b["extra"],
+                           "c_counts": b["extra"].str.count("c")})
+        return df[(df["price"] > 1_000_000) & (df["price"] < 50_000_000)]
     if name == "by_channel":  # a dictionary column as a group key
         w = b.assign(window_start=b["date_time"] // 10_000 * 10_000, channel=b["channel"].astype(str))
         df = w.groupby(["channel", "window_start"]).size().rename("n").reset_index()
@@ -102,7 +114,7 @@ def oracle(name: str, b: pd.DataFrame) -> pd.DataFrame:
     raise KeyError(name)
 
 
-NEXMARK = ("q0", "q1", "q2", "q11", "q21", "q22")
+NEXMARK = ("q0", "q1", "q2", "q11", "q14", "q21", "q22")
 
 
 @pytest.mark.parametrize("killed", [False, True], ids=["plain", "killed"])
@@ -260,6 +272,11 @@ GEN = ("CREATE TABLE gen (event_type INT, bid ROW<auction BIGINT, price BIGINT, 
     ("INSERT INTO sink SELECT bid.price FROM gen", "the query has 1 columns, the table takes 2"),
     ("INSERT INTO sink SELECT CAST(bid.price AS STRING), bid.price FROM gen",
      "column a is BIGINT; the query's EXPR$0 is STRING"),
+    ("CREATE FUNCTION f AS 'com.example.F'", "raystream runs Python functions (LANGUAGE "
+     "PYTHON), not JAVA"),
+    ("CREATE FUNCTION f AS 'no_such_module.f' LANGUAGE PYTHON", "cannot import it"),
+    ("CREATE FUNCTION f AS 'raystream.nexmark.udfs._count_char' LANGUAGE PYTHON",
+     "is not a SQL function; make it one with @raystream.udf(result_type=...)"),
 ])
 def test_a_statement_that_cannot_run_is_refused_at_planning(statement, message):
     env = rs.StreamEnvironment()
@@ -270,3 +287,20 @@ def test_a_statement_that_cannot_run_is_refused_at_planning(statement, message):
         else:
             env.sql(statement)
     assert env.transformations == []  # nothing was added to the job
+
+
+def test_a_user_function_that_returns_too_few_values_fails_the_job_naming_it(ray_session):
+    @rs.udf(result_type="BIGINT")
+    def first_only(values: pa.Array) -> pa.Array:
+        return values.slice(0, 1)
+
+    env = rs.StreamEnvironment()
+    table = pa.table({"a": pa.array([1, 2, 3], pa.int64())})
+    env.create_temporary_view("t", env.from_arrow(table, num_splits=1), schema=table.schema)
+    env.create_temporary_function("first_only", first_only)
+    sink = env.sql_query("SELECT first_only(a) AS b FROM t").to_stream().collect()
+    with pytest.raises(rs.JobFailedError, match=re.escape(
+            "FIRST_ONLY(a): first_only returned 1 values for a batch of 3 rows")) as failure:
+        env.execute("udf")
+    assert "query-1.calc" in str(failure.value)  # the operator
+    del sink

@@ -98,8 +98,8 @@ def field_of(compiled: Compiled, name: str, sql: str) -> Compiled:
         value = None if compiled.constant is None else compiled.constant.get(name)
         return literal(value, field_type, sql)
     outer = compiled.evaluate
-    return Compiled(field_type, lambda batch: pc.struct_field(outer(batch), [index]), sql,
-                    nullable=nullable)  # pyright: ignore[reportAttributeAccessIssue]
+    return Compiled(field_type, lambda batch: pc.struct_field(outer(batch), [index]),  # pyright: ignore[reportAttributeAccessIssue]
+                    sql, nullable=nullable)
 
 
 def require(expr: exp.Expr, what: str, kinds: str, *operands: Compiled,

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
-from raystream.engine.errors import SqlError
+from raystream.engine.errors import BadRecordError, SqlError
 from raystream.engine.sql.arrow_types import (arrow_type, is_numeric, is_string, is_temporal,
                                               type_name, value_type)
 from raystream.engine.sql.column_types import sql_type
@@ -45,6 +45,7 @@ from raystream.engine.sql.compiled import (Compiled, Value, as_array, cast_to, c
 from raystream.engine.sql.functions import scalar_function
 from raystream.engine.sql.intervals import interval_ms
 from raystream.engine.sql.schema import RelSchema
+from raystream.engine.sql.udf import ScalarFunction
 
 @dataclass(frozen=True)
 class Scope:
@@ -66,6 +67,8 @@ class _Compiler:
         self.scope = scope
 
     def compile(self, expr: exp.Expr) -> Compiled:
+        if isinstance(expr, exp.Anonymous) and expr.name.lower() in self.scope.functions:
+            return self._user_function(self.scope.functions[expr.name.lower()], expr)
         method = getattr(self, f"_{type(expr).__name__.lower()}", None)
         if method is None:
             function = scalar_function(expr)
@@ -73,6 +76,22 @@ class _Compiler:
                 raise SqlError(f"{sql_text(expr)}: raystream's SQL has no {_what(expr)}")
             return function(self.compile, expr)
         return method(expr)
+
+    def _user_function(self, function: ScalarFunction, expr: exp.Anonymous) -> Compiled:
+        arguments = [self.compile(a) for a in expr.expressions]
+        result_type, sql = function.result_type, sql_text(expr)
+
+        def evaluate(batch: pa.RecordBatch) -> Value:
+            n = batch.num_rows
+            out = function(*[plain(as_array(a.evaluate(batch), n)) for a in arguments])
+            if not isinstance(out, (pa.Array, pa.ChunkedArray)) or len(out) != n:
+                what = f"{len(out)} values" if isinstance(out, (pa.Array, pa.ChunkedArray)) \
+                    else f"a {type(out).__name__}"
+                raise BadRecordError(f"{sql}: {function.name} returned {what} for a batch of "
+                                     f"{n} rows; it must return a pyarrow array of one value "
+                                     f"per row")
+            return out if out.type == result_type else pc.cast(out, result_type)  # pyright: ignore[reportAttributeAccessIssue]
+        return Compiled(result_type, evaluate, sql)
 
     # -- names ------------------------------------------------------------------------------
     def _column(self, expr: exp.Column) -> Compiled:

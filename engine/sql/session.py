@@ -28,8 +28,8 @@ import pyarrow as pa
 
 from raystream.engine.errors import SqlError
 from raystream.engine.sql.arrow_types import assignable, sql_type_of, type_name
-from raystream.engine.sql.ast import (CreateFunction, CreateTable, CreateView, Explain, Insert,
-                                      Query, Statement, StatementSet)
+from raystream.engine.sql.ast import (CreateFunction, CreateTable, CreateView, Explain,
+                                      FunctionLanguage, Insert, Query, Statement, StatementSet)
 from raystream.engine.sql.catalog import Catalog, StreamEntry, TableEntry, ViewEntry, table_entry
 from raystream.engine.sql.compiled import cast_to, column_ref, literal
 from raystream.engine.sql.connectors import connector_of
@@ -39,6 +39,7 @@ from raystream.engine.sql.plan import Calc, Node, Sink, explain
 from raystream.engine.sql.planner import Planner
 from raystream.engine.sql.schema import Field, RelSchema
 from raystream.engine.sql.translate import Translator
+from raystream.engine.sql.udf import ScalarFunction, imported
 
 if TYPE_CHECKING:
     from raystream.engine.datastream import DataStream
@@ -120,8 +121,11 @@ class SqlSession:
             self.catalog.add(ViewEntry(statement.name, statement.query),
                              if_not_exists=statement.if_not_exists)
         elif isinstance(statement, CreateFunction):
-            raise SqlError(f"CREATE FUNCTION {statement.name}: user functions are not in "
-                           f"raystream's SQL yet")
+            if statement.language is not FunctionLanguage.PYTHON:
+                raise SqlError(f"CREATE FUNCTION {statement.name}: raystream runs Python "
+                               f"functions (LANGUAGE PYTHON), not {statement.language.value}")
+            self.add_function(statement.name, imported(statement.target, statement.name),
+                              if_not_exists=statement.if_not_exists)
         elif isinstance(statement, Query):
             raise SqlError("a SELECT on its own: use env.sql_query(...) for its rows, or "
                            "INSERT INTO a table")
@@ -151,6 +155,16 @@ class SqlSession:
         connector = connector_of(entry)
         node = self.planner.query(insert.query)
         return Sink(entry, connector, _cast_to_table(node, entry, insert.columns))
+
+    def add_function(self, name: str, function: ScalarFunction, *,
+                     if_not_exists: bool = False) -> None:
+        if not isinstance(function, ScalarFunction):
+            raise SqlError(f"function {name!r}: make it a SQL function with "
+                           f"@raystream.udf(result_type=...)")
+        key = name.lower()  # (function names are not case-sensitive)
+        if key in self.catalog.functions and not if_not_exists:
+            raise SqlError(f"a function named {name!r} exists already")
+        self.catalog.functions.setdefault(key, function)
 
     def register_stream(self, name: str, stream: "DataStream", schema: pa.Schema,
                         rowtime: str | None) -> None:
