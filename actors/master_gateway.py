@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from raystream.checkpoint.handles import OperatorSubtaskState
+from raystream.checkpoint.local_recovery import StateOrigin
 from raystream.checkpoint.snapshot_stats import SnapshotStats
 
 
@@ -26,7 +27,7 @@ class JobMasterEndpoint(Protocol):
         ...
 
     def report_stage(self, attempt: int, vertex: int, index: int, stage: str,
-                     at: float) -> None: ...
+                     at: float, origin: StateOrigin | None = None) -> None: ...
 
     def acknowledge_checkpoint(self, attempt: int, checkpoint_id: int, vertex: int, index: int,
                                written: dict[str, OperatorSubtaskState],
@@ -55,10 +56,11 @@ class MasterGateway:
         """Its input ended and its output is sent; ``results`` per sink operator."""
         self.master.report_finished.remote(self.attempt, self.vertex, self.index, results)
 
-    def report_stage(self, stage: str) -> None:
-        """It reached ``stage`` of its attempt's recovery (engine/recovery.py), now."""
+    def report_stage(self, stage: str, origin: StateOrigin | None = None) -> None:
+        """It reached ``stage`` of its attempt's recovery (engine/recovery.py), now;
+        ``origin``: at "restored", where its state came from."""
         self.master.report_stage.remote(self.attempt, self.vertex, self.index, stage,
-                                        time.time())
+                                        time.time(), origin)
 
     def acknowledge_checkpoint(self, checkpoint_id: int, written: dict[str, OperatorSubtaskState],
                                stats: SnapshotStats) -> None:

@@ -52,6 +52,7 @@ from raystream.actors.input_credits import InputCredits
 from raystream.actors.stream_input import InputStep, StreamInput
 from raystream.actors.record_writer import RecordWriter, batch_payload
 from raystream.actors.channel_state_file import ChannelStateContents
+from raystream.checkpoint.local_recovery import StateOrigin
 from raystream.checkpoint.state_backend import StateBackend
 from raystream.actors.subtask_checkpoints import SubtaskCheckpointer
 from raystream.actors.subtask_metrics import SubtaskMetricsExporter
@@ -272,7 +273,8 @@ class Subtask:
             for operator in self.operators:
                 call_operator(operator, "open")
             if self.recovering:
-                self._report_stage("restored")
+                self._report_stage("restored", self.checkpointer.restored_from
+                                   if self.checkpointer is not None else None)
             # What exists now (modules, operators, restored state) lives as long as the
             # subtask: out of the collector's way, a full collection scans only what the loop
             # made since (one of a map subtask's whole heap took ~100 ms on a busy 2-core
@@ -586,10 +588,11 @@ class Subtask:
         self.first_record_due = False
         self._report_stage("first_record")
 
-    def _report_stage(self, stage: str) -> None:
+    def _report_stage(self, stage: str, origin: StateOrigin | None = None) -> None:
         """Tell the master this subtask reached ``stage`` of its attempt's recovery
-        (engine/recovery.py's RecoveryStage; the master times a failover by them)."""
-        self._gateway().report_stage(stage)
+        (engine/recovery.py's RecoveryStage; the master times a failover by them), and at
+        "restored" where its state came from."""
+        self._gateway().report_stage(stage, origin)
 
     def _advance(self, lifecycle: Lifecycle) -> None:
         self.lifecycle = advance(self.lifecycle, lifecycle)
@@ -655,6 +658,8 @@ class Subtask:
             metrics["credits_allowed"] = self.credits.allowed
         if self.checkpointer is not None:
             metrics.update(self.checkpointer.last_acknowledged)
+            metrics["restored_locally"] = float(
+                self.checkpointer.restored_from is StateOrigin.LOCAL)
         for operator in self.operators:  # an operator may report its own figures
             for name, value in (operator.metrics() or {}).items():
                 metrics[f"{operator.name}.{name}"] = value

@@ -41,6 +41,8 @@ from raystream.checkpoint.disk_incremental import RestoredDb
 from raystream.checkpoint.handles import IncrementalHandle, OperatorSubtaskState
 from raystream.checkpoint.heap_changelog import Chain, restored_chain
 from raystream.checkpoint.keygroups import key_group_range
+from raystream.checkpoint.local_recovery import (PROCESS_COPY, LocalStateCopy, RecordingStorage,
+                                                 StateOrigin, SubtaskIdentity)
 from raystream.checkpoint.metadata import RowCounts
 from raystream.checkpoint.restore import OperatorRestore, RestoreSpec
 from raystream.checkpoint.sections import decode_sections, encode_sections
@@ -79,15 +81,23 @@ class SubtaskCheckpointer:
     def __init__(self, *, spec: CheckpointingSpec, names: list[str], operators: list[Operator],
                  vertex_id: int, vertex_name: str, index: int, parallelism: int,
                  max_parallelism: int, attempt: int, failpoints: Failpoints,
-                 gateway: MasterGateway) -> None:
+                 gateway: MasterGateway, local_copy: LocalStateCopy = PROCESS_COPY) -> None:
         self.spec = spec
         self.gateway = gateway
-        self.storage = CheckpointStorage(spec.storage_uri)
         self.names = names
         self.operators = operators
         self.vertex_id, self.index, self.attempt = vertex_id, index, attempt
         self.channel_state_key = channel_state_key(vertex_name, index)
         self.key_groups = key_group_range(index, parallelism, max_parallelism)
+        # local recovery: what this subtask writes is also kept in its process, for the
+        # next attempt on the same actor (checkpoint/local_recovery.py)
+        self.local_copy = local_copy
+        local_copy.bind(SubtaskIdentity(spec.storage_uri, spec.job_key, vertex_name, index,
+                                        self.key_groups))
+        self.storage: CheckpointStorage = RecordingStorage(spec.storage_uri, local_copy)
+        self.restored_from = StateOrigin.NONE
+        self._local_files: frozenset[str] = frozenset()  # own files of the restore, kept here
+        self.bytes_from_storage = 0  # what the restore read from storage
         self.max_parallelism = max_parallelism
         # restored watermarks of our key groups that our own watermark has not passed yet
         self.watermark_floors: np.ndarray | None = None
@@ -108,21 +118,56 @@ class SubtaskCheckpointer:
                 call_operator(operator, "initialize_state", None)
             return None
         source = CheckpointStorage(restore.storage_uri)
+        self._local_files = self._local_restore(restore)
         for name, operator in zip(self.names, self.operators):
             files = restore.operators.get(name, OperatorRestore())
             chains = [h for h in files.keyed_db if h.is_heap_chain]
             state = RestoredState(
                 restore.checkpoint_id,
-                [source.read_state(h) for h in files.operator_state],
+                [self._read(source, h) for h in files.operator_state],
                 self._keyed_sections(source, files.keyed_state, chains), floors,
                 self._keyed_dbs(source, [h for h in files.keyed_db if not h.is_heap_chain]),
                 self._continued_chain(source, chains))
             self.last_checkpoint_id = restore.checkpoint_id
             call_operator(operator, "initialize_state", state)
-        if self.channel_state_key not in restore.channel_state:
-            return None
-        blob = source.read_state(restore.channel_state[self.channel_state_key])
-        return decode_channel_state(blob, self.attempt)
+        contents = None
+        if self.channel_state_key in restore.channel_state:
+            blob = self._read(source, restore.channel_state[self.channel_state_key])
+            contents = decode_channel_state(blob, self.attempt)
+        local = bool(self._local_files)
+        self.restored_from = StateOrigin.LOCAL if local else StateOrigin.STORAGE
+        self.local_copy.restored(restore.checkpoint_id, local)
+        return contents
+
+    def _local_restore(self, restore: RestoreSpec) -> frozenset[str]:
+        """This subtask's own files of ``restore`` if the local copy has them all and may
+        serve it (its own storage, every file of the restore checksummed as kept here;
+        the copy is bound to this subtask's key groups): empty if not. A RocksDB database
+        restores from its files, never from here."""
+        if restore.storage_uri != self.spec.storage_uri or any(
+                not h.is_heap_chain for files in restore.operators.values()
+                for h in files.keyed_db if self._overlaps(h)):
+            return frozenset()
+        own = self.local_copy.own_files(restore.checkpoint_id)
+        if not own:
+            return frozenset()
+        handles = {h.path: h for files in restore.operators.values()
+                   for h in (*files.operator_state, *files.keyed_state,
+                             *(f for c in files.keyed_db for f in c.files))}
+        handles.update((h.path, h) for h in restore.channel_state.values())
+        if not all(path in handles and self.local_copy.lookup(handles[path]) is not None
+                   for path in own):
+            return frozenset()  # another checkpoint's files than the copy's, or changed
+        return own
+
+    def _read(self, storage: CheckpointStorage, handle: StateHandle) -> bytes:
+        """A restored file: this subtask's own from the local copy, others' from storage."""
+        if handle.path in self._local_files:
+            data = self.local_copy.lookup(handle)
+            if data is not None:
+                return data
+        self.bytes_from_storage += handle.size
+        return storage.read_state(handle)
 
     def _restored_floors(self, restore: RestoreSpec | None) -> WatermarkFloors | None:
         """The chain's watermark per key group at the restored checkpoint (all operators
@@ -174,11 +219,11 @@ class SubtaskCheckpointer:
         """Our key groups' sections: of the state files, then of every heap chain that
         overlaps ours, file by file in the chain's order (full, then changes)."""
         for handle in handles:
-            yield from decode_sections(storage.read_state(handle), self.key_groups)
+            yield from decode_sections(self._read(storage, handle), self.key_groups)
         for chain in chains:
             if self._overlaps(chain):
                 for handle in chain.files:
-                    yield from decode_sections(storage.read_state(handle), self.key_groups)
+                    yield from decode_sections(self._read(storage, handle), self.key_groups)
 
     # -- checkpoint n -------------------------------------------------------------------
     def prepare(self, barrier: Barrier) -> None:
@@ -265,6 +310,8 @@ class SubtaskCheckpointer:
                 "checkpoint_alignment_s": stats.alignment_s,
                 "checkpoint_duration_s": stats.duration_s,
                 "checkpoint_sync_pause_s": self.sync_pause_s}
+            if not barrier.kind.is_savepoint:
+                self.local_copy.acknowledged(n, own_handles(written, channel_state))
             self.gateway.acknowledge_checkpoint(n, written, stats)
         except Exception as exc:  # storage unwritable, serialization failed, ...
             self.gateway.decline_checkpoint(n, f"{type(exc).__name__}: {exc}")
@@ -310,6 +357,7 @@ class SubtaskCheckpointer:
         return OperatorSubtaskState(operator_state, keyed_state, keyed_db)
 
     def notify_complete(self, checkpoint_id: int) -> None:
+        self.local_copy.completed(checkpoint_id)
         for operator in self.operators:
             call_operator(operator, "notify_checkpoint_complete", checkpoint_id)
 
@@ -321,3 +369,14 @@ class SubtaskCheckpointer:
         self.cancel_channel_state()
         self._writer.shutdown(wait=False, cancel_futures=True)
 
+
+
+def own_handles(written: dict[str, OperatorSubtaskState],
+                channel_state: StateHandle | None) -> list[StateHandle]:
+    """The files a checkpoint's state of one subtask needs (a heap chain's earlier ones
+    too): what its local copy keeps once the checkpoint completes."""
+    handles = [h for state in written.values() for h in (
+        state.operator_state, state.keyed_state) if h is not None]
+    handles += [f for state in written.values() if state.keyed_db is not None
+                and state.keyed_db.is_heap_chain for f in state.keyed_db.files]
+    return handles + ([channel_state] if channel_state is not None else [])

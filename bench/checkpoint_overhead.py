@@ -323,6 +323,7 @@ class Recovery:
     total_s: float  # from the kill until caught up, measured here
     in_flight: int  # rows the sources had emitted that the sinks had not seen, at the kill
     replayed: int  # rows from the restored source positions to the offsets at the kill
+    local: str  # subtasks that restored their state locally, of all ("3/4")
 
     def stage_s(self, stage: str) -> float:
         """Seconds from the previous stage to ``stage`` (detect: from the kill)."""
@@ -442,11 +443,13 @@ def measure_recovery(keys: int, batch_size: int, kills: int, seed: int, restart_
                 victim=f"sum/{victim}", delay_s=delay, detect_s=row["at"] - killed_at,
                 stages=row["stages"], total_s=caught_up_s,
                 in_flight=sum(o - s for o, s in zip(offsets, seen)),
-                replayed=sum(o - s + 1 for o, s in zip(offsets, starts)))
+                replayed=sum(o - s + 1 for o, s in zip(offsets, starts)),
+                local=local_restores(row))
             recoveries.append(recovery)
             progress(f"kill {attempt + 1}/{kills} of {recovery.victim}: recovered in "
                      f"{recovery.total_s:.2f} s ("
-                     + ", ".join(f"{n} {recovery.stage_s(n):.2f}" for n in STAGE_NAMES) + ")")
+                     + ", ".join(f"{n} {recovery.stage_s(n):.2f}" for n in STAGE_NAMES)
+                     + f"; restored locally {recovery.local})")
     finally:
         client.cancel()
         try:
@@ -455,6 +458,12 @@ def measure_recovery(keys: int, batch_size: int, kills: int, seed: int, restart_
             progress(f"recovery job did not end cleanly: {exc}")
         shutil.rmtree(storage, ignore_errors=True)
     return recoveries
+
+
+def local_restores(row: dict[str, Any]) -> str:
+    """How many subtasks of a recovery row restored locally, of all: "3/4"."""
+    origins = list(row.get("restored_from", {}).values())
+    return f"{origins.count('local')}/{len(origins)}"
 
 
 # -- reporting -----------------------------------------------------------------------------
@@ -507,15 +516,15 @@ def print_recoveries(recoveries: list[Recovery]) -> None:
     med = statistics.median
     rows = [(str(k + 1), r.victim, f"{r.delay_s:.2f}",
              *(f"{r.stage_s(n):.2f}" for n in STAGE_NAMES), f"{r.total_s:.2f}",
-             f"{r.in_flight:,}", f"{r.replayed:,}")
+             f"{r.in_flight:,}", f"{r.replayed:,}", r.local)
             for k, r in enumerate(recoveries)]
     rows.append(("median", "", "", *(f"{med(r.stage_s(n) for r in recoveries):.2f}"
                                      for n in STAGE_NAMES),
                  f"{med(r.total_s for r in recoveries):.2f}",
                  f"{med(r.in_flight for r in recoveries):,.0f}",
-                 f"{med(r.replayed for r in recoveries):,.0f}"))
+                 f"{med(r.replayed for r in recoveries):,.0f}", ""))
     print_table(("kill", "victim", "delay s", *(f"{n.replace('_', ' ')} s" for n in STAGE_NAMES),
-                 "recovery s", "in flight rows", "replayed rows"), rows)
+                 "recovery s", "in flight rows", "replayed rows", "restored locally"), rows)
 
 
 def main() -> None:

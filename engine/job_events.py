@@ -18,6 +18,7 @@ from enum import Enum
 from typing import Any
 
 from raystream.checkpoint.handles import OperatorSubtaskState
+from raystream.checkpoint.local_recovery import StateOrigin
 from raystream.checkpoint.snapshot_stats import SnapshotStats
 from raystream.engine.recovery import RecoveryStage
 from raystream.engine.savepoint_failure import SavepointFailure
@@ -126,6 +127,7 @@ class SubtaskReachedStage:
     subtask: SubtaskKey
     stage: RecoveryStage
     at: float
+    origin: StateOrigin | None = None  # at RESTORED: where its state came from
 
 
 JobEvent = (CancelRequested | SavepointRequested | SubtaskFinished | CheckpointAcknowledged

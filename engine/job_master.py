@@ -69,7 +69,8 @@ from raystream.engine.job_report import JobOutcome, job_summary, outcome_of_summ
 from raystream.engine.job_status import JobStatus, check_transition
 from raystream.engine.master_journal import JournalEntry
 from raystream.engine.metrics import JobMetricsExporter
-from raystream.engine.recovery import Recovery, RecoveryLog, RecoveryStage
+from raystream.checkpoint.local_recovery import StateOrigin
+from raystream.engine.recovery import Recovery, RecoveryLog, RecoveryStage, RestoredFrom
 from raystream.engine.savepoint_failure import SavepointFailure, SavepointFailureCause
 from raystream.engine.savepoint_requests import SavepointRequests
 
@@ -282,9 +283,11 @@ class JobMaster:
         self.events.put(SubtaskFinished(attempt, (vertex, index), results))
 
     @ray.method(concurrency_group="control")
-    def report_stage(self, attempt: int, vertex: int, index: int, stage: str, at: float) -> None:
+    def report_stage(self, attempt: int, vertex: int, index: int, stage: str, at: float,
+                     origin: StateOrigin | None = None) -> None:
         """A subtask reached ``stage`` (a :class:`RecoveryStage` value) of its attempt."""
-        self.events.put(SubtaskReachedStage(attempt, (vertex, index), RecoveryStage(stage), at))
+        self.events.put(SubtaskReachedStage(attempt, (vertex, index), RecoveryStage(stage), at,
+                                            origin))
 
     @ray.method(concurrency_group="control")
     def acknowledge_checkpoint(self, attempt: int, checkpoint_id: int, vertex: int, index: int,
@@ -522,8 +525,10 @@ class JobMaster:
                 self.operator_coordinators.handle_event_from_subtask(operator, index, payload)
             case GatewayAcknowledged(attempt, operators, index, n) if attempt == self.attempt:
                 self.operator_coordinators.acknowledge(list(operators), index, n)
-            case SubtaskReachedStage(attempt, subtask, stage, at) if attempt == self.attempt:
-                self.recoveries.timed(attempt, lambda clock: clock.reached(stage, subtask, at=at))
+            case SubtaskReachedStage(attempt, subtask, stage, at, origin) if attempt == self.attempt:
+                came = origin and RestoredFrom(self.deployment.subtask_name(subtask), origin)
+                self.recoveries.timed(attempt, lambda clock: clock.reached(stage, subtask, at=at,
+                                                                           restored_from=came))
             case CheckpointAcknowledged(attempt, n, subtask, written, stats) if (
                     coordinator is not None):
                 coordinator.acknowledge(attempt, n, subtask, written, stats)

@@ -11,7 +11,9 @@ in order, timed in seconds since the master detected the failure:
   subtask (a dead one is replaced);
 * ``DEPLOYED``: every subtask of the new attempt is wired to its neighbours
   and started;
-* ``RESTORED``: every subtask has restored its state and opened its operators;
+* ``RESTORED``: every subtask has restored its state and opened its operators
+  (each says where its state came from: its process's local copy or checkpoint
+  storage, :class:`~raystream.checkpoint.local_recovery.StateOrigin`);
 * ``FIRST_RECORD``: a sink of the new attempt processed its first record.
 
 A stage reached out of order is a bug of the caller and raises. The master
@@ -36,6 +38,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from raystream.checkpoint.local_recovery import StateOrigin
+
 
 class RecoveryStage(enum.Enum):
     """The stages of a recovery, in the order they are reached."""
@@ -51,6 +55,14 @@ STAGES = tuple(RecoveryStage)
 
 
 @dataclass(frozen=True)
+class RestoredFrom:
+    """Where one subtask's restored state came from (``subtask``: ``chain[index]``)."""
+
+    subtask: str
+    origin: StateOrigin
+
+
+@dataclass(frozen=True)
 class Recovery:
     """One failover: the failure, the checkpoint restored, and the stages reached."""
 
@@ -60,6 +72,7 @@ class Recovery:
     checkpoint_id: int | None = None
     lost_nodes: tuple[str, ...] = ()
     stages: tuple[float, ...] = (0.0,)  # seconds since detection, one per stage reached
+    restored_from: tuple[RestoredFrom, ...] = ()  # by subtask, in the order they reported
 
     @classmethod
     def detected(cls, *, attempt: int, failure: str, at: float) -> Recovery:
@@ -86,6 +99,16 @@ class Recovery:
     def restoring(self, checkpoint_id: int | None, lost_nodes: tuple[str, ...]) -> Recovery:
         return dataclasses.replace(self, checkpoint_id=checkpoint_id, lost_nodes=lost_nodes)
 
+    def restored(self, subtask: str, origin: StateOrigin) -> Recovery:
+        """This recovery with ``subtask``'s state restored from ``origin``."""
+        return dataclasses.replace(
+            self, restored_from=(*self.restored_from, RestoredFrom(subtask, origin)))
+
+    @property
+    def restored_locally(self) -> tuple[str, ...]:
+        """The subtasks that restored their state from their process's local copy."""
+        return tuple(r.subtask for r in self.restored_from if r.origin is StateOrigin.LOCAL)
+
     def seconds(self, stage: RecoveryStage) -> float | None:
         """When ``stage`` was reached, in seconds since detection (None: not yet)."""
         index = STAGES.index(stage)
@@ -101,7 +124,8 @@ class Recovery:
         return {"attempt": self.attempt, "failure": self.failure, "at": self.at,
                 "checkpoint_id": self.checkpoint_id, "lost_nodes": list(self.lost_nodes),
                 "restore_s": self.restore_s,
-                "stages": {s.value: t for s, t in zip(STAGES, self.stages)}}
+                "stages": {s.value: t for s, t in zip(STAGES, self.stages)},
+                "restored_from": {r.subtask: r.origin.value for r in self.restored_from}}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Recovery:
@@ -113,8 +137,10 @@ class Recovery:
             times = (0.0,) if restore_s is None else (0.0, restore_s, restore_s)
         else:
             times = tuple(stages[s.value] for s in STAGES if s.value in stages)
+        restored_from = tuple(RestoredFrom(subtask, StateOrigin(origin))
+                              for subtask, origin in raw.get("restored_from", {}).items())
         return cls(raw["attempt"], raw["failure"], raw.get("at", 0.0), raw.get("checkpoint_id"),
-                   tuple(raw.get("lost_nodes", ())), times)
+                   tuple(raw.get("lost_nodes", ())), times, restored_from)
 
 
 class RecoveryClock:
@@ -147,10 +173,15 @@ class RecoveryClock:
         self._reach(RecoveryStage.DEPLOYED, deployed_at)
         self._settle()
 
-    def reached(self, stage: RecoveryStage, subtask: tuple[int, int], *, at: float) -> None:
-        """``subtask`` reported ``stage``: RESTORED (its state restored, its operators open)
-        or FIRST_RECORD (a sink processed its first record)."""
+    def reached(self, stage: RecoveryStage, subtask: tuple[int, int], *, at: float,
+                restored_from: RestoredFrom | None = None) -> None:
+        """``subtask`` reported ``stage``: RESTORED (its state restored, its operators open;
+        ``restored_from``: where its state came from) or FIRST_RECORD (a sink processed its
+        first record)."""
         if stage is RecoveryStage.RESTORED:
+            if subtask not in self._opened and restored_from is not None:
+                self.recovery = self.recovery.restored(restored_from.subtask,
+                                                       restored_from.origin)
             self._opened.setdefault(subtask, at)
         elif stage is RecoveryStage.FIRST_RECORD:
             if self._first_record_at is None or at < self._first_record_at:
@@ -219,4 +250,8 @@ def describe(row: dict[str, Any]) -> str:
                for stage in STAGES[1:] if stage.value in stages]
     pending = next((s for s in STAGES if s.value not in stages), None)
     waiting = "" if pending is None else f" ({pending.value.replace('_', ' ')}: not yet)"
-    return f"attempt {row['attempt']} from {where}: {', '.join(reached) or 'detected'}{waiting}"
+    origins = list((row.get("restored_from") or {}).values())
+    local = (f"; {origins.count(StateOrigin.LOCAL.value)} of {len(origins)} subtasks restored "
+             f"locally" if origins else "")
+    return (f"attempt {row['attempt']} from {where}: {', '.join(reached) or 'detected'}"
+            f"{waiting}{local}")

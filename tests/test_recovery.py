@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from raystream.checkpoint.local_recovery import StateOrigin
 from raystream.engine.recovery import (STAGES, Recovery, RecoveryClock, RecoveryStage,
                                        describe)
 
@@ -75,8 +76,11 @@ def test_a_stage_out_of_order_is_refused_naming_it():
 def test_rows_round_trip_and_rows_of_older_masters_still_read():
     recovery = (Recovery.detected(attempt=4, failure="node lost", at=12.5)
                 .restoring(7, ("node-a",))
-                .reached(RecoveryStage.CANCELLED, 0.1).reached(RecoveryStage.DEPLOYED, 0.3))
+                .reached(RecoveryStage.CANCELLED, 0.1).reached(RecoveryStage.DEPLOYED, 0.3)
+                .restored("sum[0]", StateOrigin.LOCAL).restored("sum[1]", StateOrigin.STORAGE))
     row = recovery.as_dict()
+    assert row["restored_from"] == {"sum[0]": "local", "sum[1]": "storage"}
+    assert recovery.restored_locally == ("sum[0]",)
     assert row["restore_s"] == 0.3 and row["stages"] == {"detected": 0.0, "cancelled": 0.1,
                                                          "deployed": 0.3}
     assert Recovery.from_dict(row) == recovery
@@ -84,4 +88,4 @@ def test_rows_round_trip_and_rows_of_older_masters_still_read():
                                 "restore_s": 0.8, "lost_nodes": []})
     assert older.restore_s == 0.8 and older.next_stage is RecoveryStage.RESTORED
     assert describe(row) == ("attempt 4 from checkpoint 7: cancelled 0.10 s, deployed 0.30 s "
-                             "(restored: not yet)")
+                             "(restored: not yet); 1 of 2 subtasks restored locally")

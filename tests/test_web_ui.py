@@ -148,6 +148,8 @@ def test_watch_and_stop_a_running_job(ray_session, browser, tmp_path):
     summary = text(browser, "#failures summary")
     assert re.search(r"cancelled [\d.]+ s, deployed [\d.]+ s, restored [\d.]+ s, "
                      r"first record [\d.]+ s", summary), summary
+    # the failure raised: every actor lived, and every subtask restored its own state locally
+    assert re.search(r"; (\d+) of \1 subtasks restored locally", summary), summary
     assert "in running-sum" in summary and "InjectedFailure" in summary, summary
     trace = browser.find_element("css selector", "#failures pre").get_attribute("textContent")
     assert "Traceback (most recent call last)" in trace and "InjectedFailure" in trace, trace

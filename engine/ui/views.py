@@ -110,7 +110,8 @@ def failure_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append({**failure, "restarted": restore is not None,
                      "restored_checkpoint": restore.get("checkpoint_id") if restore else None,
                      "restore_s": restore.get("restore_s") if restore else None,
-                     "stages": restore.get("stages") if restore else None})
+                     "stages": restore.get("stages") if restore else None,
+                     "restored_from": restore.get("restored_from") if restore else None})
     return rows
 
 

@@ -246,6 +246,13 @@ function stagesOf(stages) {
   return reached.length ? `: ${reached.join(", ")}` : "";
 }
 
+// How many subtasks restored their state from their process's local copy (local recovery).
+function localOf(restoredFrom) {
+  const origins = Object.values(restoredFrom || {});
+  if (!origins.length) return "";
+  return `; ${origins.filter((o) => o === "local").length} of ${origins.length} subtasks restored locally`;
+}
+
 function drawFailures(failures) {
   const box = $("#failures");
   if (!failures.length) { box.textContent = "none"; return; }
@@ -255,7 +262,8 @@ function drawFailures(failures) {
     const then = f.restarted
       ? `restarted from checkpoint ${f.restored_checkpoint ?? "none (from the start)"}` +
         (f.stages ? stagesOf(f.stages)
-                  : f.restore_s !== null ? ` in ${f.restore_s.toFixed(2)} s` : "")
+                  : f.restore_s !== null ? ` in ${f.restore_s.toFixed(2)} s` : "") +
+        localOf(f.restored_from)
       : "not restarted";
     item.append(el("summary", {}, `failure ${i + 1}${where}: ${f.error.split("\n")[0]} — ${then}`),
                 el("pre", {}, f.traceback || f.error));
