@@ -151,6 +151,7 @@ class Subtask:
         # stop-with-savepoint: emit nothing after this savepoint's barrier, unless it aborts
         self.stopped_by: int | None = None
         self.checkpointer: SubtaskCheckpointer | None = None
+        self.source: SourceOperator | None = None  # the head, if a source (set by connect)
         self.report: TerminationReport | None = None
         self.done = threading.Event()
         self.backpressured_s = 0.0  # waiting for credit

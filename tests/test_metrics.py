@@ -107,3 +107,18 @@ def test_live_metrics_of_a_running_job(ray_session):
     assert 0 < paced[0]["records_in"] < n
     client.cancel()
     assert client.wait().status == "CANCELED"
+
+
+def test_a_subtask_answers_for_its_metrics_before_it_is_wired():
+    """A failover hosts a subtask before it connects it; a client asking for its metrics
+    meanwhile (the recovery bench does) gets its figures, not an AttributeError."""
+    from raystream.actors.subtask import Subtask
+    from raystream.actors.subtask_spec import SubtaskSpec
+
+    env = rs.StreamEnvironment(parallelism=1)
+    env.from_sequence(10, lambda i: {"x": i}, name="numbers").discard(name="out")
+    plan = env.plan()
+    (vertex,) = plan.vertices
+    metrics = Subtask(SubtaskSpec("job-id", "job", 1, vertex, 0, plan.max_parallelism,
+                                  credits=1)).metrics()
+    assert metrics["records_in"] == 0 and metrics["attempt"] == 1
