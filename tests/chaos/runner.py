@@ -5,14 +5,18 @@ Oracles: for windows over tumbling, sliding and session assigners, for running
 sums and for window joins (over 1 s windows or sessions), the numpy, pandas and
 plain-Python models of :mod:`tests.chaos.model`; for the process function, the
 same job run once without failures (its own output is checked against invariants
-of the model: every input row counted once). Every
-difference is returned as a line of text; none means the run was exactly once.
+of the model: every input row counted once). After each SIGKILL of a subtask
+after checkpoints, local recovery is checked too: the killed subtask's replacement
+restored from storage, and on the heap backend some survivor from its process's
+copy. Every difference is returned as a line of text; none means the run was
+exactly once.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import re
 import signal
 import threading
 import time
@@ -52,6 +56,7 @@ INTERVAL_S = 0.15  # the jobs' checkpoint interval
 RESTART_S = 10.0
 LIVENESS_S = 3 * INTERVAL_S + RESTART_S
 DIAGNOSE_EVERY_S = 0.5
+DIED = re.compile(r"subtask (\d+)/\d+ of '([^']+)' died")  # a subtask's failure, as reported
 
 
 class NotLive(AssertionError):
@@ -327,6 +332,7 @@ def _run(scenario: Scenario, work: FsPath, placed: list[str]) -> list[str]:
         client = env.execute_async(f"chaos-{scenario.seed}-{number}", restore_from=restore_from)
         result = None
         attempt = 0
+        kills: list[Failure] = []  # SIGKILLs after checkpoints, placed in this run
         for failure in phase:
             if failure.stops:
                 savepoint = str(work / f"savepoint-{number}")
@@ -338,6 +344,8 @@ def _run(scenario: Scenario, work: FsPath, placed: list[str]) -> list[str]:
                     restore_from, parallelism = savepoint, failure.new_parallelism
             else:
                 placed.append(place(scenario, client, failure, attempt, parallelism, storage))
+                if placed[-1].endswith(" after checkpoints") and failure.kind is FailureKind.SIGKILL:
+                    kills.append(failure)
                 # a subtask's kill, then the master's (whose successor deploys the next)
                 attempt += counts_an_attempt(failure) * (
                     2 if failure.kind is FailureKind.MASTER_KILL_IN_RESTORE else 1)
@@ -357,13 +365,45 @@ def _run(scenario: Scenario, work: FsPath, placed: list[str]) -> list[str]:
             tables.append(result.table(sink))
         if late is not None:
             late_tables.append(result.table(late))
-        placed.append(f"run {number}: {result.restarts} restarts")
+        local_differences = local_recovery_differences(scenario, result, kills, parallelism)
+        if local_differences:
+            return local_differences
+        origins = [o for row in result.restores for o in row.get("restored_from", {}).values()]
+        placed.append(f"run {number}: {result.restarts} restarts, "
+                      f"{origins.count('local')} of {len(origins)} subtask restores local")
         number += 1
     if scenario.sink is Sink.PARQUET:
         tables = [read_committed(out)]
     rows = [r for t in tables for r in t.to_pylist()]
     late_rows = sorted((r["user"], r["ts"]) for t in late_tables for r in t.to_pylist())
     return compare(scenario, rows, late_rows, str(work / "reference"))
+
+
+def local_recovery_differences(scenario: Scenario, result: rs.JobResult, kills: list[Failure],
+                               parallelism: int) -> list[str]:
+    """Local recovery after each SIGKILL after checkpoints: the killed subtask's
+    replacement (a new process) read storage, never a local copy; on the heap backend
+    some survivor restored from its own process's copy (each survivor acknowledged a
+    checkpoint of this attempt that has completed since)."""
+    differences = []
+    for failure in kills:
+        operator = operator_of(scenario, failure)
+        subtask = failure.subtask % parallelism if failure.target == "keyed" else 0
+        rows = [(row, died) for row in result.restores
+                if (died := DIED.search(row["failure"])) is not None
+                and int(died[1]) == subtask + 1 and operator in died[2].split(" -> ")]
+        if not rows:
+            continue  # (its death may have been seen as a deployment's or a master's)
+        row, died = rows[0]
+        origins = row.get("restored_from", {})
+        if origins.get(f"{died[2]}[{subtask}]") == "local":
+            differences.append(f"local recovery: the killed {operator}[{subtask}] reports a "
+                               f"local restore: {origins}")
+        if (scenario.backend is Backend.HEAP and row["checkpoint_id"] is not None
+                and "local" not in origins.values()):
+            differences.append(f"local recovery: no survivor of the SIGKILL of "
+                               f"{operator}[{subtask}] restored locally: {origins}")
+    return differences
 
 
 def wait_live(client: rs.JobClient) -> rs.JobResult:
