@@ -22,6 +22,7 @@ from raystream.actors.messages import ChannelId, Envelope
 from raystream.actors.subtask import Subtask
 from raystream.actors.subtask_spec import SubtaskSpec, TerminationReport
 from raystream.checkpoint.barrier import Barrier
+from raystream.checkpoint import local_recovery
 
 HOST_STOP_TIMEOUT_S = 10.0
 
@@ -145,6 +146,17 @@ class SubtaskActor:
     def liveness(self) -> SubtaskLiveness:
         """What the hosted subtask still waits for before it can end."""
         return self._hosted().liveness()
+
+    @ray.method(concurrency_group="control")
+    def forget_job(self) -> None:
+        """The job is over and this actor goes back to the driver's pool: drop the local
+        copy of its subtask's state (checkpoint/local_recovery.py)."""
+        local_recovery.PROCESS_COPY.clear()  # (through the module: Ray pickles this class)
+
+    @ray.method(concurrency_group="control")
+    def local_copy_bytes(self) -> int:
+        """Bytes of checkpoint files this process keeps for local recovery."""
+        return local_recovery.PROCESS_COPY.size
 
     @ray.method(concurrency_group="monitor")
     def await_termination(self) -> TerminationReport:

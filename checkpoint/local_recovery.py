@@ -20,7 +20,8 @@ process, beside the subtask, in one :class:`LocalStateCopy` per process:
   the copy's (:meth:`~LocalStateCopy.lookup`): the bytes are then those the checkpoint
   holds, whichever attempt wrote them. It uses the copy only where the subtask is the
   same one (job, chain, index, storage) with the same key groups; a rescaled restore
-  or another job's reads storage, and the copy is dropped.
+  or another job's reads storage, and the copy is dropped. So is the copy of a job
+  that ended, when its actors go back to the driver's pool (:meth:`~LocalStateCopy.clear`).
 
 What a survivor processed after the checkpoint is never restored: the next attempt's
 operators are new, and the copy holds files, as of a checkpoint. Files of a
@@ -95,6 +96,13 @@ class LocalStateCopy:
 
     def _clear(self) -> None:
         self._files, self._written, self._own, self._completed = {}, {}, {}, None
+
+    def clear(self) -> None:
+        """The job is over: hold nothing (an idle actor of the driver's pool keeps no
+        state of a job that ended)."""
+        with self._lock:
+            self._clear()
+            self._identity = None
 
     def record(self, checkpoint_id: int, handle: StateHandle,
                data: bytes | bytearray | memoryview) -> None:

@@ -482,6 +482,8 @@ class Deployment:
         idle_ids |= {a._actor_id for a in [*self.pooled, self.spare] if a is not None}
         back = {a._actor_id: a for a in actors
                 if a._actor_id in self._pooled_ids and a._actor_id in idle_ids}
+        for actor in back.values():  # an idle actor keeps no state of this job
+            actor.forget_job.remote()
         if self._keeper is not None:  # (also when none was leased: it forgets the job)
             self._keeper.give_back.remote(
                 self.job_id, list(back.values()), [i.hex() for i in self._pooled_ids if i not in back])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import time
 
 import raystream as rs
 from raystream.checkpoint.local_recovery import LocalStateCopy, SubtaskIdentity
@@ -118,6 +119,8 @@ def test_a_survivor_of_a_sigkill_restores_its_state_locally(ray_session, tmp_pat
     sink = running_sum(env)
     client = env.execute_async("local-recovery-kill")
     completed = wait_for_checkpoint(client, after=wait_for_checkpoint(client))
+    survivor = client.subtask_actor("sum", 0)
+    assert ray.get(survivor.local_copy_bytes.remote(), timeout=30) > 0
     pid = ray.get(client.subtask_actor("sum", 1).metrics.remote(), timeout=30)["pid"]
     os.kill(pid, signal.SIGKILL)
     result = client.wait(timeout_s=240)
@@ -129,6 +132,18 @@ def test_a_survivor_of_a_sigkill_restores_its_state_locally(ray_session, tmp_pat
     assert all(origin == "local" for name, origin in result.restores[0]["restored_from"].items()
                if not name.startswith("sum")), result.restores  # the sources' actors lived
     assert_exactly_once(result.table(sink))
+    # the job is over: its actor went back to the driver's pool, holding no copy of it
+    assert poll(lambda: ray.get(survivor.local_copy_bytes.remote(), timeout=30) == 0)
+
+
+def poll(condition, timeout_s: float = 60.0) -> bool:
+    """True once ``condition()`` holds (False if it never did within ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def test_a_survivor_ahead_of_the_checkpoint_restores_the_completed_one(ray_session, tmp_path):
