@@ -10,6 +10,7 @@
     raystream savepoint JOB PATH                          savepoint a running job (it keeps running)
     raystream stop JOB --savepoint PATH [--drain]         savepoint it and stop it
     raystream ui [--host 127.0.0.1] [--port 8290]         the web UI of the cluster's jobs
+    raystream sql -f job.sql | -e "INSERT ..."            run a SQL script as a job
 
 A job script builds a job and runs it with ``env.execute(...)``, like
 ``examples/meter_totals.py``. ``raystream run`` runs it with Ray in this
@@ -50,6 +51,8 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
+
+from raystream.engine import sql_command
 
 PROG = "raystream"
 TERMINAL_SUBMISSION_STATUSES = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -538,6 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--wait", action="store_true",
                         help="follow the job's output until it ends; fail if it fails")
     submit.set_defaults(handler=cmd_submit)
+    sql_command.add_parser(commands)
 
     def job_command(name: str, handler: Callable, help_text: str, *, job: bool = True,
                     timeout: bool = False, as_json: bool = False) -> argparse.ArgumentParser:

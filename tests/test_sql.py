@@ -364,3 +364,24 @@ def test_a_sql_job_stopped_at_parallelism_2_restores_at_3_exactly_once(ray_sessi
         ["k", "n", "total", "window_start"]]
     committed = [t for t in (before, after) if t.num_columns]  # (none may have fired before)
     assert rows(pa.concat_tables(committed)) == rows(expected)  # each window once
+
+
+def test_raystream_sql_runs_a_script_as_a_job_and_prints_its_collected_rows(
+        ray_session, tmp_path, capsys):
+    from raystream.engine.cli import build_parser
+
+    script = tmp_path / "counts.sql"
+    script.write_text(nexmark_ddl() + """;
+        CREATE TABLE counts (auction BIGINT, bids BIGINT) WITH ('connector' = 'collect');
+        INSERT INTO counts SELECT auction, COUNT(*) FROM TABLE(
+            TUMBLE(TABLE bid, DESCRIPTOR(`dateTime`), INTERVAL '60' SECOND))
+        WHERE auction < 1003 GROUP BY auction, window_start, window_end;""")
+    args = build_parser().parse_args(["sql", "-f", str(script), "--parallelism", "2",
+                                      "--checkpoint-storage", str(tmp_path / "chk")])
+    assert args.handler(args) == 0
+    printed = capsys.readouterr().out
+    b = bids()
+    counts = b[b["auction"] < 1003].groupby("auction").size()  # (40 s: one window)
+    assert f"counts: {len(counts)} rows" in printed
+    for auction, n in counts.items():
+        assert re.search(rf"^\s*{auction}\s+{n}\s*$", printed, re.M), printed

@@ -55,6 +55,7 @@ class SqlResult:
 
     sinks: Mapping[str, "SinkHandle"] = field(default_factory=dict)
     explained: str | None = None
+    collected: tuple[str, ...] = ()  # the sinks' tables whose rows go to Python (collect)
 
     def __getitem__(self, table: str) -> "SinkHandle":
         try:
@@ -97,6 +98,7 @@ class SqlSession:
 
     def execute(self, text: str) -> SqlResult:
         sinks: dict[str, SinkHandle] = {}
+        collected: list[str] = []
         explained = None
         for statement in parse(text):
             if isinstance(statement, Explain):
@@ -107,9 +109,11 @@ class SqlSession:
                 plans = [self.plan_insert(i) for i in inserts]  # all planned before any is added
                 for plan in plans:
                     sinks[plan.table.name] = Translator(self.env, plan.table.name).sink(plan)
+                    if plan.connector.name == "collect":
+                        collected.append(plan.table.name)
             else:
                 self.define(statement)
-        return SqlResult(sinks, explained)
+        return SqlResult(sinks, explained, tuple(collected))
 
     def define(self, statement: Statement) -> None:
         if isinstance(statement, CreateTable):
