@@ -385,3 +385,32 @@ def test_raystream_sql_runs_a_script_as_a_job_and_prints_its_collected_rows(
     assert f"counts: {len(counts)} rows" in printed
     for auction, n in counts.items():
         assert re.search(rf"^\s*{auction}\s+{n}\s*$", printed, re.M), printed
+
+
+# -- the documentation's SQL examples, run as written --------------------------------------------
+
+def test_the_readme_sql_quickstart_and_the_sql_guide_example_run_and_match_pandas(
+        ray_session, capsys):
+    from tests.support.docs import ROOT, example
+
+    namespace: dict = {}
+    exec(compile(example(ROOT / "README.md", "### The same job in SQL"), "README.md", "exec"),
+         namespace)
+    i = np.arange(200_000)
+    clicks = pd.DataFrame({"user": i % 100, "ts": 1_700_000_000_000 + i * 10,
+                           "dwell_ms": i * 7 % 30_000})
+    engaged = clicks[clicks.dwell_ms > 1000].assign(window_start=lambda d: d.ts // 60_000 * 60_000)
+    expected = (engaged.groupby(["user", "window_start"])
+                .agg(clicks=("ts", "size"), dwell_ms=("dwell_ms", "sum")).reset_index())
+    expected = expected.assign(window_start=ms(expected["window_start"]))
+    got = namespace["job"].table(namespace["result"]["per_minute"])
+    assert rows(got) == rows(expected[["user", "window_start", "clicks", "dwell_ms"]])
+
+    guide: dict = {}
+    exec(compile(example(ROOT / "docs" / "sql.md", "## Running statements"), "sql.md", "exec"),
+         guide)
+    b = generate(EventKind.BID, 0, 100_000, NexmarkConfig()).to_pandas()
+    windows = b.assign(end=b["date_time"] // 10_000 * 10_000 + 10_000).groupby(
+        ["auction", "end"]).size()
+    assert guide["job"].table(guide["result"]["counts"]).num_rows == len(windows)
+    assert f"{len(windows)}\n" in capsys.readouterr().out
