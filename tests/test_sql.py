@@ -414,3 +414,27 @@ def test_the_readme_sql_quickstart_and_the_sql_guide_example_run_and_match_panda
         ["auction", "end"]).size()
     assert guide["job"].table(guide["result"]["counts"]).num_rows == len(windows)
     assert f"{len(windows)}\n" in capsys.readouterr().out
+
+
+def test_a_statement_set_plans_all_its_inserts_or_adds_none_and_explain_prints_the_plan(capsys):
+    env = rs.StreamEnvironment()
+    env.sql(GEN + "; CREATE TABLE a (x BIGINT) WITH ('connector' = 'collect');"
+                  "CREATE TABLE b (y BIGINT) WITH ('connector' = 'blackhole')")
+    with pytest.raises(rs.SqlError, match="no column 'nope'"):
+        env.sql("EXECUTE STATEMENT SET BEGIN INSERT INTO a SELECT bid.price FROM gen; "
+                "INSERT INTO b SELECT nope FROM gen; END")
+    assert env.transformations == []  # the first INSERT was not added either
+    result = env.sql("EXECUTE STATEMENT SET BEGIN INSERT INTO a SELECT bid.price FROM gen "
+                     "WHERE event_type = 2; INSERT INTO b SELECT bid.auction FROM gen; END")
+    assert list(result.sinks) == ["a", "b"] and result.collected == ("a",)
+    names = [t.name for t in env.transformations]
+    assert "a" in names and "b" in names  # one job with both sinks
+
+    explained = env.sql("EXPLAIN INSERT INTO a SELECT bid.price FROM gen WHERE event_type = 2")
+    assert capsys.readouterr().out.strip() == explained.explained
+    assert explained.explained.splitlines() == [  # (event_type = 2: pushed down, folded)
+        "Sink(table=[a], connector=[collect])",
+        "  Calc(select=[price AS x])",
+        "    Calc(select=[bid.price AS price])",
+        "      TableSourceScan(table=[gen], nexmark gen (bid; 1000 events), "
+        "fields=[event_type, bid, ts])"]
