@@ -52,8 +52,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import raystream as rs
-    from raystream.engine.environment import run_defaults
+    from raystream.checkpoint.config import CheckpointConfig
+    from raystream.engine.environment import StreamEnvironment, run_defaults
 
     if args.file:
         script = Path(args.file)
@@ -64,9 +64,9 @@ def run(args: argparse.Namespace) -> int:
         text, name = args.execute, args.name or "sql"
     if args.resume and args.restore_from:
         raise ValueError("--resume and --restore-from both name where to start: pass one")
-    checkpoints = None if args.checkpoint_storage is None else rs.CheckpointConfig(
+    checkpoints = None if args.checkpoint_storage is None else CheckpointConfig(
         interval_s=args.checkpoint_interval, storage=args.checkpoint_storage)
-    env = rs.StreamEnvironment(parallelism=args.parallelism, checkpoints=checkpoints)
+    env = StreamEnvironment(parallelism=args.parallelism, checkpoints=checkpoints)
     statements = env.sql(text)
     if not statements.sinks:
         return 0
