@@ -41,8 +41,7 @@ from raystream.engine.operators.broadcast import (BroadcastProcessFunction,
                                                   KeyedBroadcastProcessOperator,
                                                   MapStateDescriptor)
 from raystream.engine.operators.co_process import KeyedCoProcessFunction, KeyedCoProcessOperator
-from raystream.engine.operators.interval_join import (IntervalBounds, IntervalJoinOperator,
-                                                      IntervalJoinSpec, ProcessJoinFunction)
+from raystream.engine.interval_join_stream import IntervalJoin
 from raystream.engine.operators.sinks import CollectSink, DiscardSink, PrintSink
 from raystream.engine.operators.file_sink import (ParquetCommitter, ParquetSinkConfig,
                                                   ParquetSinkHandle, ParquetWriter)
@@ -553,57 +552,6 @@ class KeyedStream(DataStream):
             raise ValueError("interval_join: name the event-time column of both sides "
                              "(timestamp=..., or left_timestamp=... and right_timestamp=...)")
         return IntervalJoin(self, other, (left_ts, right_ts))
-
-
-class IntervalJoin:
-    """``left.interval_join(right)`` waiting for its interval: call :meth:`between`."""
-
-    def __init__(self, left: KeyedStream, right: KeyedStream, timestamps: tuple[str, str]) -> None:
-        self.left, self.right, self.timestamps = left, right, timestamps
-
-    def between(self, lower_ms: int, upper_ms: int, *, lower_inclusive: bool = True,
-                upper_inclusive: bool = True) -> "IntervalJoined":
-        """Right rows join a left row at ``ts`` when their timestamp lies in
-        ``[ts + lower_ms, ts + upper_ms]`` (an end excluded when its flag is False)."""
-        bounds = IntervalBounds(lower_ms, upper_ms, lower_inclusive, upper_inclusive)
-        return IntervalJoined(self, bounds)
-
-
-class IntervalJoined:
-    """An interval join with its bounds: emit pairs with :meth:`join` (vectorized) or
-    run a :class:`~raystream.ProcessJoinFunction` on them with :meth:`process`."""
-
-    def __init__(self, join: IntervalJoin, bounds: IntervalBounds) -> None:
-        self._join = join
-        self.bounds = bounds
-
-    def _add(self, default_name: str, fn: ProcessJoinFunction | None, right_suffix: str,
-             name: str | None, schema: pa.Schema | None, parallelism: int | None) -> DataStream:
-        join = self._join
-        spec = IntervalJoinSpec(self.bounds, (join.left.keys, join.right.keys), join.timestamps,
-                                right_suffix)
-        inputs = [join.left._edge(0), join.right._edge(1)]
-        return join.left._add("operator", default_name,
-                              lambda n: IntervalJoinOperator(n, spec, fn, schema=schema),
-                              name=name, parallelism=parallelism, inputs=inputs)
-
-    def join(self, *, right_suffix: str = "_right", name: str | None = None,
-             parallelism: int | None = None) -> DataStream:
-        """Every joined pair as one row: the left columns, then the right columns, a right
-        column named like a left one (the key, the timestamp, ...) suffixed with
-        ``right_suffix``. Vectorized: no Python per record."""
-        if not right_suffix:
-            raise ValueError("interval join: right_suffix must not be empty")
-        return self._add("interval_join", None, right_suffix, name, None, parallelism)
-
-    def process(self, fn: ProcessJoinFunction, *, name: str | None = None,
-                schema: pa.Schema | None = None, parallelism: int | None = None) -> DataStream:
-        """Call ``fn.process_element(left, right, ctx)`` on every joined pair (dict rows)
-        and emit what it returns or yields."""
-        if not isinstance(fn, ProcessJoinFunction):
-            raise TypeError(f"interval_join(...).process needs a rs.ProcessJoinFunction, "
-                            f"got {type(fn).__name__}")
-        return self._add("interval_join", fn, "_right", name, schema, parallelism)
 
 
 class ConnectedStreams:

@@ -17,8 +17,8 @@ from raystream.checkpoint.keygroups import (HASH_VERSION, key_group_of, key_grou
 from raystream.engine.client import JobClient, JobResult
 from raystream.checkpoint.ttl import StateTtlConfig, TtlUpdate, TtlVisibility
 from raystream.engine.datastream import (BroadcastConnectedStream, BroadcastStream,
-                                         ConnectedStreams, DataStream, IntervalJoin,
-                                         IntervalJoined, KeyedStream)
+                                         ConnectedStreams, DataStream, KeyedStream)
+from raystream.engine.interval_join_stream import IntervalJoin, IntervalJoined
 from raystream.engine.sink_handle import SinkHandle
 from raystream.engine.environment import StreamEnvironment
 from raystream.engine.errors import (AsyncTimeoutError, BadRecordError, FileReadError, InsufficientResourcesError,
