@@ -49,8 +49,8 @@ from raystream.engine.errors import AsyncTimeoutError, BadRecordError, describe_
 from raystream.engine.operators.async_queue import AsyncQueue, Watermark
 from raystream.engine.operators.functions import (as_record_batch, close_function, emit_rows,
                                                   open_function)
+from raystream.engine.operators.pending_inputs import decode_pending, encode_pending
 
-_STATE_VERSION = b"\x01"  # first byte of the operator state: then Arrow IPC streams
 _POLL_MS = 2  # how soon the subtask looks again for completed calls while any is in flight
 _WAIT_S = 0.05  # how long a full queue waits for a completion before looking again
 
@@ -134,7 +134,7 @@ class AsyncWaitOperator(Operator):
             ctx = self.ctx
             for j, state in enumerate(restored.operator_states):
                 if j % ctx.parallelism == ctx.subtask_index:  # round-robin over the subtasks
-                    self._restored.extend(_decode(state, where=f"map_async '{self.name}'"))
+                    self._restored.extend(decode_pending(state, where=f"map_async '{self.name}'"))
 
     def open(self) -> None:
         open_function(self.fn, self.ctx)
@@ -196,7 +196,8 @@ class AsyncWaitOperator(Operator):
     def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
         pending = [value for _, value in self.queue.pending()]  # batches, immutable
         # a row's one-row slices are written as a few batches; a batch's call stays one
-        return OperatorSnapshot(operator_state=lambda: _encode(pending, combine=not self.batch))
+        return OperatorSnapshot(
+            operator_state=lambda: encode_pending(pending, combine=not self.batch))
 
     # -- calls -------------------------------------------------------------------------
     def _issue(self, batch: pa.RecordBatch) -> None:
@@ -335,37 +336,3 @@ async def _cancel_tasks() -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _encode(pending: list[pa.RecordBatch], *, combine: bool) -> bytes:
-    """Pending inputs as Arrow IPC streams, one per run of inputs with one schema (their
-    batches ``combine`` d into as few as it takes)."""
-    out = [_STATE_VERSION]
-    run: list[pa.RecordBatch] = []
-    for batch in [*pending, None]:
-        if run and (batch is None or not batch.schema.equals(run[0].schema)):
-            sink = pa.BufferOutputStream()
-            if combine:
-                run = pa.Table.from_batches(run).combine_chunks().to_batches()
-            with pa.ipc.new_stream(sink, run[0].schema) as writer:
-                for part in run:
-                    writer.write_batch(part)
-            data = sink.getvalue().to_pybytes()
-            out.append(len(data).to_bytes(8, "little") + data)
-            run = []
-        if batch is not None:
-            run.append(batch)
-    return b"".join(out)
-
-
-def _decode(state: bytes, *, where: str) -> list[pa.RecordBatch]:
-    """The pending inputs :func:`_encode` wrote."""
-    if state[:1] != _STATE_VERSION:
-        raise ValueError(f"{where}: operator state of unknown version {state[:1]!r} (this "
-                         f"raystream writes {_STATE_VERSION!r})")
-    batches, at = [], 1
-    while at < len(state):
-        size = int.from_bytes(state[at:at + 8], "little")
-        batches.extend(pa.ipc.open_stream(pa.py_buffer(state[at + 8:at + 8 + size])))
-        at += 8 + size
-    return batches
