@@ -33,6 +33,7 @@ from raystream.engine.operators.async_io import AsyncRetry, AsyncWaitOperator
 from raystream.engine.operators.functions import (FilterBatchesOperator, FilterOperator,
                                                   FlatMapOperator, MapBatchesOperator,
                                                   MapOperator, UnionOperator)
+from raystream.engine.operators.pool_map import map_batches_operator
 from raystream.engine.operators.keyed import (KeyedProcessFunction, KeyedProcessOperator,
                                               ReduceOperator)
 from raystream.engine.operators.broadcast import (BroadcastProcessFunction,
@@ -238,11 +239,37 @@ class DataStream:
         return self._add("operator", "filter", lambda n: FilterOperator(n, [fn]),
                          name=name, parallelism=parallelism, columns=self.columns)
 
-    def map_batches(self, fn: Callable[[pa.RecordBatch], Any], *, name: str | None = None,
-                    parallelism: int | None = None) -> "DataStream":
-        """Apply ``fn`` to whole batches (returns a RecordBatch, a Table or a dict of columns)."""
-        return self._add("operator", "map_batches", lambda n: MapBatchesOperator(n, [fn]),
-                         name=name, parallelism=parallelism)
+    def map_batches(self, fn: Callable[[pa.RecordBatch], Any] | type, *,
+                    name: str | None = None, parallelism: int | None = None,
+                    concurrency: int | tuple[int, int] | None = None,
+                    num_cpus: float | None = None, num_gpus: float | None = None,
+                    resources: dict[str, float] | None = None, batch_size: int | None = None,
+                    constructor_args: tuple[Any, ...] | None = None,
+                    constructor_kwargs: dict[str, Any] | None = None,
+                    batch_format: str | None = None, ordered: bool | None = None,
+                    max_in_flight: int | None = None) -> "DataStream":
+        """Apply ``fn`` to whole batches (returns a RecordBatch, a Table or a dict of columns).
+
+        ``fn`` a class (Ray Data's callable class): a pool of Ray actors per subtask, each
+        building one ``fn(*constructor_args, **constructor_kwargs)`` and calling it on
+        batches of at most ``batch_size`` rows (``batch_format`` "pyarrow" or "numpy"),
+        exactly once, in input order unless ``ordered=False``; ``concurrency`` actors or
+        ``(min, max)``, each asking Ray for ``num_cpus`` (default 1), ``num_gpus`` and
+        ``resources``; at most ``max_in_flight`` batches queued per subtask. See
+        :mod:`raystream.engine.operators.pool_map`.
+
+            >>> import raystream as rs
+            >>> class Model:
+            ...     def __call__(self, batch): return {"y": batch["x"] * 2}
+            >>> env = rs.StreamEnvironment()
+            >>> scored = env.from_sequence(10, lambda i: {"x": i}).map_batches(
+            ...     Model, concurrency=(1, 2), num_cpus=0.1, batch_format="numpy")
+        """
+        return self._add("operator", "map_batches", map_batches_operator(
+            fn, concurrency=concurrency, num_cpus=num_cpus, num_gpus=num_gpus,
+            resources=resources, batch_size=batch_size, constructor_args=constructor_args,
+            constructor_kwargs=constructor_kwargs, batch_format=batch_format, ordered=ordered,
+            max_in_flight=max_in_flight), name=name, parallelism=parallelism)
 
     def map_async(self, fn: Callable[[Any], Any], *, capacity: int = 100,
                   timeout_s: float | None = None, ordered: bool = True,

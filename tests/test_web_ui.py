@@ -368,6 +368,12 @@ def test_rates_restart_with_new_subtasks_and_failures_pair_with_restarts():
     assert figures["src"]["records_out_per_s"] == 100.0  # src/1 has no earlier sample
     assert figures["src"]["backpressure"] == 0.7 and figures["src"]["records_out"] == 260
     assert figures["sum"]["watermark_lag_ms"] is None and figures["sum"]["records_in"] == 5
+    assert figures["src"]["pools"] == []  # no model pool in the chain
+    pooled = {"sum/0": {"sum.pool_size": 3, "sum.pool_queue": 2, "sum.pool_busy_s": 1.5,
+                        "sum.pool_batch_latency_ms": 80.0}}
+    (pool,) = {v["name"]: v for v in vertex_figures(graph, pooled, {})}["sum"]["pools"]
+    assert pool == {"operator": "sum", "actors": 3, "queue": 2, "busy_s": 1.5,
+                    "latency_ms": 80.0}
 
     summary = {"failures": ["boom", "bang"],
                "failure_details": [{"attempt": 0, "at": 1.0, "error": "boom", "operator": "sum",

@@ -75,8 +75,33 @@ def vertex_figures(graph: list[dict[str, Any]], metrics: dict[str, dict[str, flo
         figures["backpressure"] = _worst(live, "backpressure")
         figures["watermark_lag_ms"] = _worst(live, "watermark_lag_ms")
         figures["subtasks_running"] = len(live)
+        figures["pools"] = pool_figures(vertex["operators"], live)
         out.append(figures)
     return out
+
+
+def pool_figures(operators: list[str], live: list[dict[str, float]]) -> list[dict[str, Any]]:
+    """The model pools (``map_batches`` with a class) among a chain's ``operators``, each
+    over the chain's subtasks: actors and batches queued (summed), the actors' busy time
+    (summed) and the mean latency of a batch (the worst subtask's).
+
+        >>> live = [{"score.pool_size": 2, "score.pool_queue": 1, "score.pool_busy_s": 3.0,
+        ...          "score.pool_batch_latency_ms": 40.0},
+        ...         {"score.pool_size": 3, "score.pool_queue": 0, "score.pool_busy_s": 1.0,
+        ...          "score.pool_batch_latency_ms": 55.0}]
+        >>> pool_figures(["source", "score"], live)
+        [{'operator': 'score', 'actors': 5, 'queue': 1, 'busy_s': 4.0, 'latency_ms': 55.0}]
+    """
+    pools = []
+    for name in operators:
+        mine = [m for m in live if f"{name}.pool_size" in m]
+        if mine:
+            total = lambda key: sum(m.get(f"{name}.{key}", 0) for m in mine)  # noqa: E731
+            pools.append({"operator": name, "actors": total("pool_size"),
+                          "queue": total("pool_queue"), "busy_s": total("pool_busy_s"),
+                          "latency_ms": max(m.get(f"{name}.pool_batch_latency_ms", 0.0)
+                                            for m in mine)})
+    return pools
 
 
 def _worst(live: list[dict[str, float]], key: str) -> float | None:

@@ -117,7 +117,9 @@ function drawProgress(p) {
 const BOX_W = 220, BOX_H = 120, GAP_X = 90, GAP_Y = 24;
 
 function drawGraph(job) {
-  const key = job.job_id + JSON.stringify(job.graph.map((v) => [v.name, v.parallelism, v.inputs]));
+  // laid out again when a model pool first reports: its box gets a line per pool
+  const key = job.job_id + JSON.stringify(job.graph.map((v) => [v.name, v.parallelism, v.inputs,
+                                                                 (v.pools || []).length]));
   if (key !== graphKey) {
     graphKey = key;
     layOut(job.graph);
@@ -131,6 +133,14 @@ function drawGraph(job) {
     box.querySelector(".backpressure").textContent = percent(v.backpressure);
     showLag(box.querySelector(".lag"), v.watermark_lag_ms);
     box.classList.toggle("busy", (v.backpressure || 0) > 0.5);
+    (v.pools || []).forEach((pool, i) => {
+      const line = box.querySelectorAll(".pool")[i];
+      if (line) {
+        line.textContent = `${pool.operator}: ${num(pool.actors)} actors, ` +
+          `${num(pool.queue)} queued, ${num(pool.latency_ms)} ms/batch, ` +
+          `busy ${num(pool.busy_s, 1)} s`;
+      }
+    });
   }
 }
 
@@ -158,6 +168,9 @@ function layOut(graph) {
       figures.append(el("dt", {}, label), el("dd", {class: cls}, "-"));
     }
     box.append(figures);
+    for (const pool of v.pools || []) {  // a model pool's actors (map_batches with a class)
+      box.append(el("div", {class: "pool", title: `model pool of ${pool.operator}`}, "-"));
+    }
     return box;
   });
   container.replaceChildren(...boxes);
