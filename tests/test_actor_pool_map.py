@@ -369,6 +369,11 @@ def test_a_subtask_killed_with_batches_in_flight_restores_them_exactly_once(
     assert result.restores[0]["checkpoint_id"] >= completed
     got = result.table(sink).to_pandas().sort_values("i").reset_index(drop=True)
     pd.testing.assert_frame_equal(got[["i", "y"]], oracle(N), check_dtype=False)
+    # the killed subtask's pool died with it, the others' were stopped when they closed
+    deadline = time.monotonic() + 60
+    while alive_pool_pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive_pool_pids()
 
 
 def test_the_guides_example_scores_every_reading_once(ray_session):
