@@ -85,7 +85,9 @@ class PoolOptions:
 
     def __post_init__(self) -> None:
         where = f"map_batches({getattr(self.model, '__name__', self.model)!r})"
-        if not isinstance(self.model, type) or not callable(getattr(self.model, "__call__")):
+        # (every class is callable, through type.__call__: look for its instances' own)
+        if not isinstance(self.model, type) or not any(
+                "__call__" in vars(k) for k in self.model.__mro__[:-1]):
             raise TypeError(f"{where}: the model must be a class with __call__(batch)")
         PoolSize.of(self.concurrency)  # raises on a bad one
         choice(BatchFormat, self.batch_format, "batch_format")
