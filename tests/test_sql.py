@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 import time
 from decimal import Decimal
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -17,47 +16,7 @@ import pytest
 
 import raystream as rs
 from raystream.nexmark import EventKind, NexmarkConfig, generate
-
-QUERIES = Path(__file__).parent / "sql" / "nexmark"
-EVENTS = 40_000
-RATE = 1_000  # events per second of event time: 40 s, so the 10 s sessions of q11 are many
-CONFIG = NexmarkConfig(first_event_rate=RATE)
-
-
-def nexmark_ddl(batch_size: int | None = None) -> str:
-    """ddl_gen.sql and ddl_views.sql with their placeholders filled; ``batch_size``: and
-    raystream's option for the span of a source batch added."""
-    text = (QUERIES / "ddl_gen.sql").read_text()
-    if batch_size is not None:
-        text = text.replace("'connector' = 'nexmark',",
-                            f"'connector' = 'nexmark', 'batch-size' = '{batch_size}',")
-    for key, value in {"TPS": RATE, "EVENTS_NUM": EVENTS, "PERSON_PROPORTION": 1,
-                       "AUCTION_PROPORTION": 3, "BID_PROPORTION": 46}.items():
-        text = text.replace("${" + key + "}", str(value))
-    return text + ";\n" + (QUERIES / "ddl_views.sql").read_text().replace(
-        "${NEXMARK_TABLE}", "datagen")
-
-
-def query(name: str) -> str:
-    """A query file with its sink's connector made ``collect``, the one change (and q14's
-    Java function the Python one, ``LANGUAGE PYTHON``, as the issue of SQL allows)."""
-    return (QUERIES / f"{name}.sql").read_text().replace("'blackhole'", "'collect'").replace(
-        "'com.github.nexmark.flink.udf.CountChar'",
-        "'raystream.nexmark.udfs.count_char' LANGUAGE PYTHON")
-
-
-def bids() -> pd.DataFrame:
-    return generate(EventKind.BID, 0, EVENTS, CONFIG).to_pandas()
-
-
-def rows(table: pa.Table | pd.DataFrame) -> list[tuple]:
-    df = table.to_pandas() if isinstance(table, pa.Table) else table
-    return sorted(df.itertuples(index=False, name=None), key=repr)
-
-
-def ms(values) -> pd.Series:
-    return pd.to_datetime(pd.Series(values), unit="ms")
-
+from tests.support.nexmark_sql import bids, ms, nexmark_ddl, query, rows
 
 # -- oracles over the generated bids, in pandas -----------------------------------------------
 

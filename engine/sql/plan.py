@@ -18,7 +18,7 @@ from raystream.engine.sql.ast import WindowKind
 from raystream.engine.sql.catalog import StreamEntry, TableEntry
 from raystream.engine.sql.compiled import Compiled
 from raystream.engine.sql.connector_base import Connector, ScanSpec
-from raystream.engine.sql.schema import RelSchema
+from raystream.engine.sql.schema import RelSchema, WindowAttributes
 
 
 @dataclass(frozen=True)
@@ -96,16 +96,78 @@ class WindowSpec:
 
 
 @dataclass(frozen=True)
+class InputWindows:
+    """The windows the input's rows have already (columns ``start`` and ``end``): a
+    window aggregation over a window aggregation's or a window join's rows (Flink's
+    cascading window aggregation)."""
+
+    start: str
+    end: str
+
+    def describe(self) -> str:
+        return f"WINDOWED(start={self.start}, end={self.end})"
+
+
+@dataclass(frozen=True)
 class WindowAggregate:
     """Per ``keys`` (columns of ``input``) and window, ``aggregates``; the rows are the
     keys, ``window_start``, ``window_end``, ``window_time`` (``window_end`` - 1 ms, the
     rowtime) and the aggregates, in ``schema``."""
 
     input: Node
-    window: WindowSpec
+    window: WindowSpec | InputWindows
     keys: tuple[str, ...]
     aggregates: tuple[AggregateCall, ...]
     schema: RelSchema
+
+
+JOIN_KEY_PREFIX = "__jk"  # a join input's key columns: __jk0, __jk1, ...
+
+
+class JoinKind(Enum):
+    """How a join keeps its state (see :mod:`~raystream.engine.sql.joins`)."""
+
+    REGULAR = "regular"
+    INTERVAL = "interval"
+    WINDOW = "window"
+
+
+@dataclass(frozen=True)
+class Interval:
+    """An interval join's bounds on right rowtime - left rowtime, in ms."""
+
+    lower_ms: int
+    upper_ms: int
+    lower_inclusive: bool = True
+    upper_inclusive: bool = True
+
+    def describe(self) -> str:
+        return (f"{'[' if self.lower_inclusive else '('}{self.lower_ms} ms, "
+                f"{self.upper_ms} ms{']' if self.upper_inclusive else ')'}")
+
+
+@dataclass(frozen=True)
+class Join:
+    """An inner join of two insert-only inputs on equal ``keys`` (pairs of a left and a
+    right column), per window (``windows``: each input's window columns) or within
+    ``interval`` or regular; the rows are the left input's columns, then the right's
+    (the key columns left out), in ``schema``."""
+
+    left: Node
+    right: Node
+    kind: JoinKind
+    keys: tuple[tuple[str, str], ...]
+    interval: Interval | None
+    windows: tuple[WindowAttributes, WindowAttributes] | None
+    schema: RelSchema
+    described: tuple[str, ...] = ()
+
+    def columns(self) -> list[tuple[int, str, str]]:
+        """(input 0 or 1, its column, the result's name) of each column of the result:
+        the inputs' columns but their key columns, in order."""
+        data = [(i, name) for i, side in enumerate((self.left, self.right))
+                for name in side.schema.names if not name.startswith(JOIN_KEY_PREFIX)]
+        return [(i, name, f.name) for (i, name), f in zip(data, self.schema.fields)]
 
 
 @dataclass(frozen=True)
@@ -116,7 +178,7 @@ class Union:
     schema: RelSchema
 
 
-Node = Scan | StreamScan | Calc | WindowAggregate | Union
+Node = Scan | StreamScan | Calc | WindowAggregate | Join | Union
 
 
 @dataclass(frozen=True)
@@ -156,6 +218,12 @@ def explain(node: Node | Sink, depth: int = 0) -> str:
         aggs = ", ".join(f"{a.sql} AS {a.output}" for a in node.aggregates)
         line = (f"{pad}WindowAggregate(groupBy=[{', '.join(node.keys)}], "
                 f"window=[{node.window.describe()}], select=[{aggs}])")
+    elif isinstance(node, Join):
+        extra = f", interval=[{node.interval.describe()}]" if node.interval else ""
+        if node.windows is not None:
+            extra += f", window=[{node.windows[0].start}, {node.windows[0].end}]"
+        line = f"{pad}Join(kind=[{node.kind.value}], keys=[{', '.join(node.described)}]{extra})"
+        return "\n".join([line, explain(node.left, depth + 1), explain(node.right, depth + 1)])
     else:
         line = f"{pad}Union(all=[true], fields=[{fields}])"
         return "\n".join([line, *(explain(i, depth + 1) for i in node.inputs)])

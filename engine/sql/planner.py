@@ -1,11 +1,12 @@
 """SELECT statements into plans (:mod:`~raystream.engine.sql.plan`): names bound against
 the catalog, views inlined, conditions pushed into the scans that take them, window
 aggregations recognised (the window table functions ``TUMBLE``, ``HOP`` and ``SESSION``
-with ``GROUP BY window_start, window_end``, and the group windows ``GROUP BY
-TUMBLE(ts, ...)`` with ``TUMBLE_START``/``TUMBLE_END``), expressions compiled.
+with ``GROUP BY window_start, window_end``, the group windows ``GROUP BY
+TUMBLE(ts, ...)`` with ``TUMBLE_START``/``TUMBLE_END``, and a GROUP BY of rows' own
+window columns), joins handed to :mod:`~raystream.engine.sql.joins`, expressions compiled.
 
-What raystream's SQL does not have yet is a ``SqlError`` that says so (a join, a GROUP BY
-without a window, which makes an updating result, ...), raised at planning.
+What raystream's SQL does not have yet is a ``SqlError`` that says so (an outer join, a
+GROUP BY without a window, which makes an updating result, ...), raised at planning.
 
     >>> import pyarrow as pa, raystream as rs
     >>> env = rs.StreamEnvironment()
@@ -39,9 +40,10 @@ from raystream.engine.sql.connectors import connector_of
 from raystream.engine.sql.dialect import WindowTableFunction
 from raystream.engine.sql.expressions import Scope, compile_expression
 from raystream.engine.sql.intervals import interval_ms
-from raystream.engine.sql.plan import (AggregateCall, AggregateKind, Calc, Node, Scan,
-                                       StreamScan, Union, WindowAggregate, WindowSpec)
-from raystream.engine.sql.schema import Field, RelSchema
+from raystream.engine.sql.joins import JoinInput, conjuncts, plan_join
+from raystream.engine.sql.plan import (AggregateCall, AggregateKind, Calc, InputWindows, Node,
+                                       Scan, StreamScan, Union, WindowAggregate, WindowSpec)
+from raystream.engine.sql.schema import Field, RelSchema, WindowAttributes
 
 WINDOW_COLUMNS = ("window_start", "window_end", "window_time")
 _AGGREGATES = {exp.Count: AggregateKind.COUNT, exp.Sum: AggregateKind.SUM,
@@ -87,17 +89,22 @@ class Planner:
 
     # -- SELECT ---------------------------------------------------------------------------
     def _select(self, select: exp.Select) -> Node:
-        for unsupported in ("joins", "order", "limit", "qualify", "windows"):
+        for unsupported in ("order", "limit", "qualify", "windows"):
             if select.args.get(unsupported):
-                what = {"joins": "a JOIN", "order": "ORDER BY", "limit": "LIMIT",
+                what = {"order": "ORDER BY", "limit": "LIMIT",
                         "qualify": "QUALIFY", "windows": "WINDOW"}[unsupported]
                 raise SqlError(f"{_short(select)}: raystream's SQL has no {what} yet")
         if select.args.get("distinct"):
             raise SqlError(f"{_short(select)}: SELECT DISTINCT makes an updating result, which "
                            f"raystream's SQL does not have yet")
         where = select.args.get("where")
-        conditions = tuple(_conjuncts(where.this)) if where is not None else ()
-        source = self._from(select.args.get("from_") or select.args.get("from"), conditions)
+        conditions = tuple(conjuncts(where.this)) if where is not None else ()
+        from_ = select.args.get("from_") or select.args.get("from")
+        if select.args.get("joins"):
+            source, select = self._joined(select, from_, list(conditions))
+            where = None  # (the join took its conjuncts)
+        else:
+            source = self._from(from_, conditions)
         scope = Scope(source.node.schema, source.aliases, self.catalog.functions)
         node = source.node
         if where is not None:
@@ -112,6 +119,12 @@ class Planner:
                 source.window, source.node.schema), group, tvf=True)
         if group_window is not None:
             return self._window_aggregate(select, node, source, group_window, group, tvf=False)
+        windows = node.schema.window
+        if group is not None and windows is not None and {windows.start, windows.end} <= {
+                e.name for e in group.expressions if isinstance(e, exp.Column)}:
+            return self._window_aggregate(select, node, source,
+                                          InputWindows(windows.start, windows.end), group,
+                                          tvf=True)
         if group is not None or aggregates:
             raise SqlError(f"{_short(select)}: a GROUP BY without a window makes an updating "
                            f"result, which raystream's SQL does not have yet (group by "
@@ -124,12 +137,43 @@ class Planner:
         scope = Scope(node.schema, source.aliases, self.catalog.functions)
         projections = _projections(select.expressions, scope)
         return Calc(node, None, projections,
-                    _schema(projections, _kept_rowtime(select.expressions, node.schema)))
+                    _schema(projections, select.expressions, node.schema))
+
+    def _joined(self, select: exp.Select, from_: exp.From | None, where: list[exp.Expr]
+                ) -> tuple[_From, exp.Select]:
+        """The FROM's join, and the SELECT over the joined rows' names."""
+        if from_ is None:
+            raise SqlError("a SELECT without FROM is not in raystream's SQL")
+        joins = select.args["joins"]
+        if len(joins) > 1:
+            raise SqlError(f"{_short(select)}: one JOIN per SELECT in raystream's SQL for now "
+                           f"(join the result of a subquery with a JOIN in it)")
+        left, right = self._from_item(from_.this, ()), self._from_item(joins[0].this, ())
+        for side in (left, right):
+            if side.window is not None:
+                raise SqlError(f"JOIN {sql_text(joins[0].this)}: join a window table "
+                               f"function's rows through a subquery that aggregates them")
+        planned = plan_join(JoinInput(left.node, left.aliases), JoinInput(right.node, right.aliases),
+                            joins[0], where, self.catalog.functions)
+        rewritten = select.copy()
+        rewritten.set("joins", None)
+        rewritten.set("where", None)
+        for e in rewritten.expressions:
+            if isinstance(e, exp.Column) and isinstance(e.this, exp.Star) and e.table:
+                raise SqlError(f"{sql_text(e)}: name the columns (a qualified * over a join is "
+                               f"not in raystream's SQL yet)")
+        rewritten.set("expressions", [planned.rewrite(e) for e in rewritten.expressions])
+        for part in ("group", "having"):
+            if rewritten.args.get(part) is not None:
+                rewritten.set(part, planned.rewrite(rewritten.args[part]))
+        return _From(planned.node, frozenset()), rewritten
 
     def _from(self, from_: exp.From | None, conditions: tuple[exp.Expr, ...]) -> _From:
         if from_ is None:
             raise SqlError("a SELECT without FROM is not in raystream's SQL")
-        item = from_.this
+        return self._from_item(from_.this, conditions)
+
+    def _from_item(self, item: exp.Expr, conditions: tuple[exp.Expr, ...]) -> _From:
         if isinstance(item, WindowTableFunction):
             window = item.window
             inner = self._table(window.table, conditions)
@@ -156,10 +200,17 @@ class Planner:
 
     # -- window aggregation -----------------------------------------------------------------
     def _window_aggregate(self, select: exp.Select, node: Node, source: _From,
-                          window: WindowSpec, group: exp.Group | None, *, tvf: bool) -> Node:
+                          window: WindowSpec | InputWindows, group: exp.Group | None, *,
+                          tvf: bool) -> Node:
         scope = Scope(node.schema, source.aliases, self.catalog.functions)
         group_exprs = list(group.expressions) if group is not None else []
-        if tvf:
+        rewrites: dict[str, exp.Expr] = {}
+        if isinstance(window, InputWindows):  # its columns become the aggregate's own
+            own = (window.start, window.end)
+            keys = [e for e in group_exprs if not (isinstance(e, exp.Column) and e.name in own)]
+            for name, target in zip(own, WINDOW_COLUMNS):
+                rewrites[_normal(column_ref(name), source.aliases)] = column_ref(target)
+        elif tvf:
             named = {e.name for e in group_exprs if isinstance(e, exp.Column)}
             if not {"window_start", "window_end"} <= named and window.kind is not WindowKind.SESSION:
                 raise SqlError(f"{_short(select)}: a window aggregation groups by window_start "
@@ -171,7 +222,6 @@ class Planner:
         # the aggregate's input: the keys, the aggregated values, the rowtime
         pre: list[tuple[str, Compiled]] = []
         key_names: list[str] = []
-        rewrites: dict[str, exp.Expr] = {}
         for key in keys:
             compiled = compile_expression(key, scope)
             name = key.name if isinstance(key, exp.Column) and key.name not in WINDOW_COLUMNS \
@@ -196,8 +246,10 @@ class Planner:
             calls.append(AggregateCall(output, kind, column[0] if column else None, result,
                                        sql_text(call)))
             rewrites[normal] = column_ref(output)
-        pre.append((window.time, compile_expression(column_ref(window.time), scope)))
-        pre_schema = _schema(tuple(pre), window.time)
+        times = (window.start, window.end) if isinstance(window, InputWindows) else (window.time,)
+        pre += [(t, compile_expression(column_ref(t), scope)) for t in times]
+        pre_schema = RelSchema(tuple(Field(name, c.type, nullable=c.nullable) for name, c in pre),
+                               rowtime=None if isinstance(window, InputWindows) else window.time)
         pre_node = Calc(node, None, tuple(pre), pre_schema)
         fields = [Field(k, pre_schema.field(k).type, nullable=pre_schema.field(k).nullable)
                   for k in key_names]
@@ -206,7 +258,9 @@ class Planner:
                                                                    AggregateKind.SUM))
                    for c in calls]
         aggregated = WindowAggregate(pre_node, window, tuple(key_names), tuple(calls),
-                                     RelSchema(tuple(fields), rowtime="window_time"))
+                                     RelSchema(tuple(fields), rowtime="window_time",
+                                               window=WindowAttributes("window_start",
+                                                                       "window_end")))
         # the SELECT list over the aggregate's rows
         if not tvf:  # TUMBLE_START(ts, ...) and the like: the window's columns
             for e in [*select.expressions, *([having.this] if having is not None else [])]:
@@ -223,7 +277,8 @@ class Planner:
         if having is not None:
             condition = _predicate(_rewritten(having.this, rewrites, source.aliases), post_scope)
         return Calc(aggregated, condition, projections,
-                    _schema(projections, None))
+                    _schema(projections, expressions, aggregated.schema,
+                            originals=select.expressions))
 
 
 def _function_name(call: exp.Expr) -> str:
@@ -353,14 +408,6 @@ def _window_function_column(call: exp.Anonymous) -> str | None:
 
 
 # -- expressions and names --------------------------------------------------------------------
-def _conjuncts(expr: exp.Expr) -> list[exp.Expr]:
-    if isinstance(expr, exp.And):
-        return [*_conjuncts(expr.this), *_conjuncts(expr.expression)]
-    if isinstance(expr, exp.Paren):
-        return _conjuncts(expr.this)
-    return [expr]
-
-
 def _predicate(expr: exp.Expr, scope: Scope) -> Compiled:
     compiled = compile_expression(expr, scope)
     if value_type(compiled.type) not in (pa.bool_(), pa.null()):
@@ -399,21 +446,30 @@ def _projections(expressions: list[exp.Expr], scope: Scope, *,
     return tuple(out)
 
 
-def _schema(projections: tuple[tuple[str, Compiled], ...], rowtime: str | None) -> RelSchema:
+def _schema(projections: tuple[tuple[str, Compiled], ...], expressions: list[exp.Expr],
+            source: RelSchema, *, originals: list[exp.Expr] | None = None) -> RelSchema:
+    """The SELECT's rows: the rowtime and the window columns of ``source`` go on as
+    such where the SELECT keeps them as they are (renamed or not); ``originals``: the
+    expressions as written, where ``expressions`` are them over an aggregate's rows."""
+    named = originals or expressions
+    window = None
+    if source.window is not None:
+        start, end = (_kept(expressions, named, c) for c in (source.window.start, source.window.end))
+        window = WindowAttributes(start, end) if start and end else None
+    rowtime = _kept(expressions, named, source.rowtime) if source.rowtime else None
     return RelSchema(tuple(Field(name, c.type, nullable=c.nullable) for name, c in projections),
-                     rowtime=rowtime)
+                     rowtime=rowtime, window=window)
 
 
-def _kept_rowtime(expressions: list[exp.Expr], source: RelSchema) -> str | None:
-    """The output name of the source's rowtime, where the SELECT keeps it as it is."""
-    for index, expr in enumerate(expressions):
+def _kept(expressions: list[exp.Expr], named: list[exp.Expr], column: str) -> str | None:
+    """The output name of ``column``, where the SELECT keeps it as it is."""
+    for index, (expr, original) in enumerate(zip(expressions, named)):
         inner = expr.this if isinstance(expr, exp.Alias) else expr
-        if isinstance(inner, exp.Column) and inner.name == source.rowtime:
-            return _output_name(expr, index)
+        if isinstance(inner, exp.Column) and inner.name == column:
+            return _output_name(original, index)
         if isinstance(inner, exp.Star) or (isinstance(inner, exp.Column)
                                            and isinstance(inner.this, exp.Star)):
-            if source.rowtime is not None:
-                return source.rowtime
+            return column
     return None
 
 

@@ -40,10 +40,21 @@ class Field:
 
 
 @dataclass(frozen=True)
+class WindowAttributes:
+    """The columns that hold each row's window (Flink's window properties): the rows of
+    a window aggregation, and what keeps both columns of them. A GROUP BY or a JOIN on
+    them is per window: it fires when the window ends."""
+
+    start: str
+    end: str
+
+
+@dataclass(frozen=True)
 class RelSchema:
     fields: tuple[Field, ...]
     rowtime: str | None = None
     changelog: ChangelogMode = ChangelogMode.INSERT_ONLY
+    window: WindowAttributes | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -63,3 +74,6 @@ class RelSchema:
 
     def with_rowtime(self, rowtime: str | None) -> "RelSchema":
         return replace(self, rowtime=rowtime)
+
+    def with_window(self, window: WindowAttributes | None) -> "RelSchema":
+        return replace(self, window=window)

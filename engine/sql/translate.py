@@ -3,7 +3,21 @@
 Consecutive Calcs become one ``map_batches`` (a view's projection and the query's run
 as one function over each batch, chained to the operator before them); a window
 aggregate becomes the DataStream API's window with built-in aggregates, pre-aggregated
-before the shuffle. Operator names come from the sink's table and the node's place in
+before the shuffle. A join becomes the DataStream API's joins, its inputs' columns
+renamed by position first (``__l0``, ``__r3``: no input column can clash with what the
+join operator adds) and named as the plan says after:
+
+* a window join: a window join over windows of 1 ms at each row's ``window_end - 1``,
+  keyed by the join keys and ``window_start``: a pair meets in the window of its own
+  window's end, which fires when the watermark passes that end, as Flink's does;
+* an interval join: the interval join on the inputs' rowtimes;
+* a regular join: the interval join with every row at one time, ``REGULAR_TIME``, and
+  the interval [0, 0], so every pair of equal keys joins and no watermark while
+  there is input reaches that time and clears a row (the end of input does).
+
+A window aggregation over rows that have their windows already (``InputWindows``)
+is a window of 1 ms at ``window_end - 1`` too, keyed by the group keys and
+``window_start``. Operator names come from the sink's table and the node's place in
 the plan, so the same statement gives the same names (a savepoint of a SQL job restores
 into the same statement run again).
 """
@@ -19,8 +33,8 @@ import pyarrow.compute as pc
 
 from raystream.engine.sql.ast import WindowKind
 from raystream.engine.sql.compiled import Compiled, as_array
-from raystream.engine.sql.plan import (Calc, Node, Scan, Sink, StreamScan, WindowAggregate,
-                                       WindowSpec)
+from raystream.engine.sql.plan import (Calc, InputWindows, Join, JoinKind, Node, Scan, Sink,
+                                       StreamScan, WindowAggregate, WindowSpec)
 from raystream.engine.windows.assigners import (EventTimeSessionWindows, SlidingEventTimeWindows,
                                                 TumblingEventTimeWindows)
 
@@ -48,8 +62,56 @@ class CalcStep:
 
 
 @dataclass(frozen=True)
+class Renamed:
+    """The batch's columns under ``names``, in order (a join's input by position)."""
+
+    names: tuple[str, ...]
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        return batch.rename_columns(list(self.names))
+
+
+# a regular join's rows' time: above every watermark while there is input (they are
+# event times in ms, ~2^40 today), with room below int64's end for the join's sums
+REGULAR_TIME = 1 << 62
+JOIN_TIME = "__t"
+
+
+@dataclass(frozen=True)
+class JoinTime:
+    """The join time column ``__t``: ``end - 1`` of the column ``end`` (the row's window's
+    last ms), or ``REGULAR_TIME`` with ``end`` None."""
+
+    end: str | None
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        if self.end is None:
+            column = pa.repeat(pa.scalar(REGULAR_TIME, pa.int64()), batch.num_rows)
+        else:
+            end = batch.column(self.end)
+            column = pc.subtract(end.cast(pa.int64()) if pa.types.is_timestamp(end.type)  # pyright: ignore[reportAttributeAccessIssue]
+                                 else end, 1)
+        return batch.append_column(JOIN_TIME, column)
+
+
+@dataclass(frozen=True)
+class Selected:
+    """The columns ``sources`` of the batch, named ``names``."""
+
+    sources: tuple[str, ...]
+    names: tuple[str, ...]
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        return pa.RecordBatch.from_arrays([batch.column(s) for s in self.sources],
+                                          names=list(self.names))
+
+
+Step = CalcStep | Renamed | JoinTime
+
+
+@dataclass(frozen=True)
 class CalcChain:
-    steps: tuple[CalcStep, ...]
+    steps: tuple[Step, ...]
 
     def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         for step in self.steps:
@@ -103,12 +165,15 @@ class WindowColumns:
     names: tuple[str, ...]
     types: tuple[pa.DataType, ...]
     keys: tuple[str, ...]
+    start: str = "window_start"  # (the input's own column, for InputWindows)
 
     def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         columns = []
         for name, type_ in zip(self.names, self.types):
             if name == "window_time":
                 column = pc.subtract(batch.column("window_end"), 1)  # pyright: ignore[reportAttributeAccessIssue]
+            elif name == "window_start":
+                column = batch.column(self.start)
             elif name in self.keys:
                 column = pc.if_else(batch.column(null_flag(name)),  # pyright: ignore[reportAttributeAccessIssue]
                                     pa.scalar(None, batch.column(name).type), batch.column(name))
@@ -123,48 +188,102 @@ class Translator:
 
     def __init__(self, env: "StreamEnvironment", prefix: str) -> None:
         self.env, self.prefix = env, prefix
+        # a table read twice the same way (q5's bids) is one source feeding both
+        self._scans: dict[tuple, "DataStream"] = {}
 
     def sink(self, sink: Sink) -> "SinkHandle":
         return sink.connector.sink(sink.table, self.stream(sink.input))
 
     def stream(self, node: Node) -> "DataStream":
         if isinstance(node, Scan):
-            return node.spec.build(self.env)
+            key = (node.table, node.spec.description, node.schema)
+            if key not in self._scans:
+                self._scans[key] = node.spec.build(self.env)
+            return self._scans[key]
         if isinstance(node, StreamScan):
             return node.entry.stream
         if isinstance(node, Calc):
-            steps: list[CalcStep] = []
-            below: Node = node
-            while isinstance(below, Calc):
-                steps.insert(0, CalcStep(below.condition, below.projections))
-                below = below.input
-            return self.stream(below).map_batches(CalcChain(tuple(steps)),
-                                                  name=f"{self.prefix}.calc")
+            return self._calcs(node, ())
         if isinstance(node, WindowAggregate):
             return self._window(node)
+        if isinstance(node, Join):
+            return self._join(node)
         streams = [self.stream(i) for i in node.inputs]
         return streams[0].union(*streams[1:])
 
+    def _calcs(self, node: Node, after: tuple[Step, ...]) -> "DataStream":
+        """``node`` with ``after`` run on its rows: one ``map_batches`` with the Calcs
+        it ends in."""
+        steps: list[Step] = list(after)
+        below: Node = node
+        while isinstance(below, Calc):
+            steps.insert(0, CalcStep(below.condition, below.projections))
+            below = below.input
+        return self.stream(below).map_batches(CalcChain(tuple(steps)), name=f"{self.prefix}.calc")
+
+    def _join(self, node: Join) -> "DataStream":
+        sides = (node.left, node.right)
+        names = [tuple(f"__{p}{i}" for i in range(len(s.schema.fields))) for p, s in zip("lr", sides)]
+        position = [dict(zip(s.schema.names, n)) for s, n in zip(sides, names)]
+        keys = [[position[i][pair[i]] for pair in node.keys] for i in (0, 1)]
+        if node.kind is JoinKind.WINDOW:
+            assert node.windows is not None
+            times = [JoinTime(position[i][node.windows[i].end]) for i in (0, 1)]
+            keys = [[*keys[i], position[i][node.windows[i].start]] for i in (0, 1)]
+        else:
+            times = [JoinTime(None)] * 2
+        left, right = (self._calcs(s, (Renamed(n), t)) for s, n, t in zip(sides, names, times))
+        if not keys[0]:  # (no equality: every row of a side has the same key)
+            keys = [[JOIN_TIME], [JOIN_TIME]]
+        if node.kind is JoinKind.WINDOW:
+            joined = left.join(right).where(keys[0]).equal_to(keys[1]).window(
+                TumblingEventTimeWindows(size_ms=1), timestamp=JOIN_TIME).join(
+                    name=f"{self.prefix}.window-join")
+        else:
+            interval = node.interval
+            stamps = ((position[0][sides[0].schema.rowtime or ""], position[1][sides[1].schema.rowtime or ""])
+                      if interval is not None else (JOIN_TIME, JOIN_TIME))
+            joined = left.key_by(keys[0]).interval_join(
+                right.key_by(keys[1]), left_timestamp=stamps[0], right_timestamp=stamps[1]
+            ).between(interval.lower_ms if interval else 0, interval.upper_ms if interval else 0,
+                      lower_inclusive=interval.lower_inclusive if interval else True,
+                      upper_inclusive=interval.upper_inclusive if interval else True
+                      ).join(name=f"{self.prefix}.{node.kind.value}-join")
+        columns = node.columns()
+        return joined.map_batches(Selected(tuple(position[i][c] for i, c, _ in columns),
+                                           tuple(name for _, _, name in columns)),
+                                  name=f"{self.prefix}.join-output")
+
     def _window(self, node: WindowAggregate) -> "DataStream":
         stream = self.stream(node.input)
-        assigner = _assigner(node.window)
         schema = node.input.schema
+        window = node.window
+        if isinstance(window, InputWindows):
+            stream = stream.map_batches(JoinTime(window.end), name=f"{self.prefix}.windows")
+            assigner, time = TumblingEventTimeWindows(size_ms=1), JOIN_TIME
+        else:
+            assigner, time = _assigner(window), window.time
         nullable = tuple(k for k in node.keys if schema.field(k).nullable)
         dictionary = tuple(k for k in node.keys if pa.types.is_dictionary(schema.field(k).type))
         if node.keys:
             if nullable or dictionary:
                 stream = stream.map_batches(NullSafeKeys(nullable, dictionary),
                                             name=f"{self.prefix}.keys")
-            keys = [k for key in node.keys
-                    for k in ((key, null_flag(key)) if key in nullable else (key,))]
-            windowed = stream.key_by(keys).window(assigner, timestamp=node.window.time)
+        keys = [k for key in node.keys
+                for k in ((key, null_flag(key)) if key in nullable else (key,))]
+        if isinstance(window, InputWindows):
+            keys.append(window.start)
+        if keys:
+            windowed = stream.key_by(keys).window(assigner, timestamp=time)
         else:
-            windowed = stream.window_all(assigner, timestamp=node.window.time)
-        aggregates = {a.output: (a.kind.value, a.column) for a in node.aggregates}
+            windowed = stream.window_all(assigner, timestamp=time)
+        aggregates = {a.output: (a.kind.value, a.column) for a in node.aggregates} or {
+            "__rows": ("count", None)}  # (a GROUP BY without aggregates: its groups)
         result = windowed.agg(name=f"{self.prefix}.window", **aggregates)
         fields = node.schema.fields
+        start = window.start if isinstance(window, InputWindows) else "window_start"
         return result.map_batches(WindowColumns(tuple(f.name for f in fields),
-                                                tuple(f.type for f in fields), nullable),
+                                                tuple(f.type for f in fields), nullable, start),
                                   name=f"{self.prefix}.window-output")
 
 
