@@ -16,6 +16,7 @@ import pytest
 
 import raystream as rs
 from raystream.nexmark import EventKind
+from tests.support.jobs import disk_env
 from tests.support.nexmark_sql import events, ms, nexmark_ddl, query, rows
 
 JOINS = ("q3", "q5", "q7", "q8", "q20")
@@ -66,6 +67,7 @@ def oracle(name: str) -> pd.DataFrame:
     raise KeyError(name)
 
 
+@pytest.mark.timeout(420)  # (about 2 minutes alone on 2 cores: 59 operators deploy thrice)
 def test_nexmark_join_queries_as_published_equal_pandas_through_kills(ray_session, tmp_path):
     """q3, q5, q7, q8 and q20 unchanged but for the sink's connector, in one job at
     parallelism 2 with checkpoints: the process of q5's window join exits in its second
@@ -145,9 +147,13 @@ TUMBLE_10 = "TUMBLE(TABLE {table}, DESCRIPTOR(ts), INTERVAL '10' SECOND)"
 HOP_5_10 = "HOP(TABLE {table}, DESCRIPTOR(ts), INTERVAL '5' SECOND, INTERVAL '10' SECOND)"
 
 
-def test_interval_and_window_joins_over_views_equal_pandas(ray_session):
+@pytest.mark.parametrize("backend", ["heap", "disk"])
+def test_interval_window_and_regular_joins_over_views_equal_pandas(ray_session, tmp_path,
+                                                                   backend):
+    """On the disk backend, with checkpoints: the joins' rows live in RocksDB."""
     orders, payments = payments_input("amount", 1), payments_input("paid", 2)
-    env = rs.StreamEnvironment(parallelism=2)
+    env = rs.StreamEnvironment(parallelism=2) if backend == "heap" else disk_env(
+        str(tmp_path / "chk"))
     view(env, "orders", orders, "amount")
     view(env, "payments", payments, "paid")
     interval = env.sql_query("""
@@ -168,7 +174,11 @@ def test_interval_and_window_joins_over_views_equal_pandas(ray_session):
         FROM {windowed("orders", "amount", TUMBLE_10)} o
         JOIN {windowed("payments", "paid", HOP_5_10)} p
         ON o.user = p.user AND o.window_start = p.window_start AND o.window_end = p.window_end""")
-    sinks = [t.to_stream().collect() for t in (interval, same, mixed)]
+    # a regular join has no late rows: an hour late joins as well as on time
+    regular = env.sql_query("""
+        SELECT o.user, o.ts, p.ts AS pts FROM orders o, payments p
+        WHERE o.user = p.user AND o.amount = p.paid""")
+    sinks = [t.to_stream().collect() for t in (interval, same, mixed, regular)]
     result = env.execute("sql-joins")
 
     o, p = (df[~df["late"] & df["user"].notna()] for df in (orders, payments))
@@ -182,6 +192,14 @@ def test_interval_and_window_joins_over_views_equal_pandas(ray_session):
     def sums(df: pd.DataFrame, value: str, starts: list[int]) -> pd.DataFrame:
         parts = [df.assign(ws=(df["ts"] - s) // 10_000 * 10_000 + s) for s in starts]
         return pd.concat(parts).groupby(["user", "ws"])[value].sum().reset_index()
+
+    both = orders[orders["user"].notna()].merge(payments[payments["user"].notna()],
+                                                left_on=["user", "amount"],
+                                                right_on=["user", "paid"], suffixes=("", "_p"))
+    expected = pd.DataFrame({"user": both["user"].astype(np.int64), "ts": ms(both["ts"]),
+                             "pts": ms(both["ts_p"])})
+    assert (both["late"] | both["late_p"]).any()
+    assert rows(result.table(sinks[3])) == rows(expected)
 
     tumbled = sums(o, "amount", [0])
     for sink, starts in ((sinks[1], [0]), (sinks[2], [0, 5_000])):

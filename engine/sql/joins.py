@@ -139,21 +139,21 @@ def plan_join(left: JoinInput, right: JoinInput, join: exp.Join,
     columns decide, on the joined rows where both inputs' do)."""
     side = join.args.get("side") or ""
     kind = join.args.get("kind") or ""
+    if kind.upper() == "CROSS":
+        raise SqlError("CROSS JOIN: a cross join is not in raystream's SQL (join on an "
+                       "equality or a time bound)")
     if side or kind.upper() not in ("", "INNER"):
         what = " ".join(p for p in (side, kind) if p).upper()
         raise SqlError(f"{what} JOIN: raystream's SQL has inner joins; an outer join makes "
                        f"an updating result, which it does not have yet")
     if join.args.get("using"):
         raise SqlError("JOIN ... USING: write the condition with ON")
-    on = join.args.get("on")
-    if on is None:
-        raise SqlError(f"JOIN {sql_text(join.this)}: a join needs ON with an equality or a "
-                       f"time bound (a cross join is not in raystream's SQL)")
+    on = join.args.get("on")  # (None: FROM a, b WHERE ...)
     names = JoinedNames(left, right)
     pushed: tuple[list[exp.Expr], list[exp.Expr]] = ([], [])
     pairs: list[tuple[exp.Expr, exp.Expr]] = []
     both: list[exp.Expr] = []
-    for conjunct in [*conjuncts(on), *where]:
+    for conjunct in [*(conjuncts(on) if on is not None else []), *where]:
         sides = names.sides_of(conjunct)
         if len(sides) == 1:
             pushed[sides.pop()].append(names.local(conjunct))
@@ -169,7 +169,8 @@ def plan_join(left: JoinInput, right: JoinInput, join: exp.Join,
     if windows is None:
         interval, both = _interval(both, names, schemas)
     if windows is None and interval is None and not pairs:
-        raise SqlError(f"JOIN ... ON {sql_text(on)}: a join needs an equality of the two "
+        condition = sql_text(on) if on is not None else "(no condition)"
+        raise SqlError(f"JOIN ... ON {condition}: a join needs an equality of the two "
                        f"inputs' columns, a time bound or a window (a cross join is not "
                        f"in raystream's SQL)")
     kind_ = JoinKind.WINDOW if windows else JoinKind.INTERVAL if interval else JoinKind.REGULAR

@@ -86,7 +86,7 @@ class Table:
 
     def to_stream(self) -> "DataStream":
         """The rows as a DataStream (of Arrow batches with the table's columns)."""
-        return Translator(self._session.env, self._name).stream(self._node)
+        return Translator(self._session.env, self._name, self._session.scans).stream(self._node)
 
 
 class SqlSession:
@@ -95,6 +95,7 @@ class SqlSession:
         self.catalog = Catalog()
         self.planner = Planner(self.catalog)
         self._queries = 0
+        self.scans: dict[tuple, DataStream] = {}  # (the job's sources, see Translator)
 
     def execute(self, text: str) -> SqlResult:
         sinks: dict[str, SinkHandle] = {}
@@ -108,7 +109,8 @@ class SqlSession:
                 inserts = statement.inserts if isinstance(statement, StatementSet) else (statement,)
                 plans = [self.plan_insert(i) for i in inserts]  # all planned before any is added
                 for plan in plans:
-                    sinks[plan.table.name] = Translator(self.env, plan.table.name).sink(plan)
+                    sinks[plan.table.name] = Translator(self.env, plan.table.name,
+                                                        self.scans).sink(plan)
                     if plan.connector.name == "collect":
                         collected.append(plan.table.name)
             else:

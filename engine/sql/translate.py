@@ -186,10 +186,12 @@ class WindowColumns:
 class Translator:
     """Adds a plan's operators to ``env``; ``prefix`` names them (the sink table)."""
 
-    def __init__(self, env: "StreamEnvironment", prefix: str) -> None:
+    def __init__(self, env: "StreamEnvironment", prefix: str,
+                 scans: dict[tuple, "DataStream"] | None = None) -> None:
         self.env, self.prefix = env, prefix
-        # a table read twice the same way (q5's bids) is one source feeding both
-        self._scans: dict[tuple, "DataStream"] = {}
+        # a table read twice the same way (q5's bids, or the same view in two INSERTs of
+        # one job) is one source feeding both: ``scans`` is the job's, by table and read
+        self._scans = {} if scans is None else scans
 
     def sink(self, sink: Sink) -> "SinkHandle":
         return sink.connector.sink(sink.table, self.stream(sink.input))
