@@ -25,9 +25,9 @@ Only inner joins of insert-only inputs are planned, so the result is insert-only
     >>> print(env.sql_query("SELECT a.k, x, y FROM a JOIN b ON a.k = b.k WHERE y > 1").explain())
     Calc(select=[k, x, y])
       Join(kind=[regular], keys=[a.k = b.k])
-        Calc(select=[k, x, k AS __jk0], where=[k IS NOT NULL])
+        Calc(select=[k, x, k AS __jk0], where=[NOT k IS NULL])
           DataStreamScan(table=[a], fields=[k, x])
-        Calc(select=[k, y, k AS __jk0], where=[y > 1 AND k IS NOT NULL])
+        Calc(select=[k, y, k AS __jk0], where=[y > 1 AND NOT k IS NULL])
           DataStreamScan(table=[b], fields=[k, y])
 """
 
@@ -37,14 +37,12 @@ import difflib
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
-# its kernels' functions are made at import, so pyright sees none: ignored where used
-import pyarrow.compute as pc
 from sqlglot import exp
 
 from raystream.engine.errors import SqlError
 from raystream.engine.sql.arrow_types import type_name, value_type
-from raystream.engine.sql.compiled import (Compiled, cast_to, column_ref, common_type,
-                                           literal, sql_text)
+from raystream.engine.sql.compiled import (Compiled, cast_to, column_ref, common_type, plain,
+                                           sql_text)
 from raystream.engine.sql.expressions import Scope, compile_expression
 from raystream.engine.sql.intervals import interval_ms
 from raystream.engine.sql.plan import JOIN_KEY_PREFIX, Calc, Interval, Join, JoinKind, Node
@@ -209,7 +207,7 @@ def _keyed_side(side: JoinInput, keys: list[exp.Expr], pushed: list[exp.Expr],
     scope = Scope(schema, frozenset(), functions)
     other_scope = Scope(other_schema, frozenset(), functions)
     projections = [(f.name, compile_expression(column_ref(f.name), scope)) for f in schema.fields]
-    conditions = [compile_expression(c, scope) for c in pushed]
+    conditions = list(pushed)
     for i, (key, theirs) in enumerate(zip(keys, other)):
         mine = compile_expression(key, scope)
         target = common_type(key, [mine.type, compile_expression(theirs, other_scope).type])
@@ -220,10 +218,8 @@ def _keyed_side(side: JoinInput, keys: list[exp.Expr], pushed: list[exp.Expr],
                            f"{type_name(target)}")
         projections.append((f"{JOIN_KEY_PREFIX}{i}", _decoded(cast_to(mine, target))))
         if mine.nullable:
-            conditions.append(_not_null(mine))
-    condition = None
-    for c in conditions:
-        condition = c if condition is None else _both(condition, c)
+            conditions.append(exp.Not(this=exp.Is(this=key.copy(), expression=exp.Null())))
+    condition = compile_expression(_and(conditions), scope) if conditions else None
     fields = [*schema.fields, *(Field(n, value_type(c.type), nullable=False)
                                 for n, c in projections[len(schema.fields):])]
     return Calc(side.node, condition, tuple(projections), replace(schema, fields=tuple(fields)))
@@ -361,26 +357,8 @@ def _decoded(compiled: Compiled) -> Compiled:
     if not pa.types.is_dictionary(compiled.type):
         return compiled
     inner = compiled.evaluate
-
-    def evaluate(batch: pa.RecordBatch):
-        value = inner(batch)
-        return value.dictionary_decode() if isinstance(value, pa.DictionaryArray) else \
-            pc.cast(value, compiled.type.value_type)  # pyright: ignore[reportAttributeAccessIssue]
-    return Compiled(compiled.type.value_type, evaluate, compiled.sql, nullable=compiled.nullable)
-
-
-def _not_null(compiled: Compiled) -> Compiled:
-    inner = compiled.evaluate
-    if compiled.is_constant:
-        return literal(compiled.constant is not None, pa.bool_(), f"{compiled.sql} IS NOT NULL")
-    return Compiled(pa.bool_(), lambda batch: pc.is_valid(inner(batch)),  # pyright: ignore[reportAttributeAccessIssue]
-                    f"{compiled.sql} IS NOT NULL", nullable=False)
-
-
-def _both(a: Compiled, b: Compiled) -> Compiled:
-    fa, fb = a.evaluate, b.evaluate
-    return Compiled(pa.bool_(), lambda batch: pc.and_kleene(fa(batch), fb(batch)),  # pyright: ignore[reportAttributeAccessIssue]
-                    f"{a.sql} AND {b.sql}")
+    return Compiled(compiled.type.value_type, lambda batch: plain(inner(batch)), compiled.sql,
+                    nullable=compiled.nullable)
 
 
 def _data_names(schema: RelSchema) -> list[str]:
