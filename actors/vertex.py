@@ -33,6 +33,7 @@ class ChainNode:
     side_chained_outputs: list[tuple[str, int]] = field(default_factory=list)
     side_network_outputs: list[tuple[str, int]] = field(default_factory=list)
     is_sink: bool = False
+    committer: bool = False  # an exactly-once sink's committer (engine/regions.py)
     coordinator: Callable[[Any], Any] | None = None  # the operator coordinator's factory
     # how long its output may wait in a buffer before it is sent (-1: until full)
     buffer_timeout_ms: float = DEFAULT_BUFFER_TIMEOUT_MS

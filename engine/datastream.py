@@ -485,6 +485,7 @@ class DataStream:
                            parallelism=parallelism or self.transformation.parallelism)
         sink = stream._add("sink", f"{stream.transformation.name}-committer",
                            lambda n: CommitterOperator(n, committer), parallelism=1)
+        sink.transformation.committer = True
         return SinkHandle(sink.transformation.id, sink.transformation.name)
 
 

@@ -39,6 +39,9 @@ class Transformation:
     columns: tuple[str, ...] | None = None
     # checks on the driver before the job starts (a source's: engine/preflight.py)
     preflight: Callable[[], None] | None = None
+    # the committer of an exactly-once sink: it outlives a restart of a writer's region
+    # (engine/regions.py)
+    committer: bool = False
 
     @property
     def is_source(self) -> bool:

@@ -65,7 +65,7 @@ def build_plan(transformations: list[Transformation], max_parallelism: int, *,
     for t in sorted((by_id[i] for i in needed), key=lambda t: t.id):
         check_max_parallelism(t.parallelism, max_parallelism)
         node = ChainNode(t.id, t.name, t.create_operator, is_sink=t.is_sink,
-                         coordinator=t.coordinator,
+                         committer=t.committer, coordinator=t.coordinator,
                          buffer_timeout_ms=(buffer_timeout_ms if t.buffer_timeout_ms is None
                                             else t.buffer_timeout_ms))
         resolved = [(e, _resolve(e.partitioning, by_id[e.upstream], t)) for e in t.inputs]
