@@ -16,7 +16,8 @@ right after its synchronous snapshot of ``n``. On failover
 :meth:`OperatorCoordinators.reset` drops held events and resets every
 coordinator to the restored checkpoint; :meth:`OperatorCoordinators.bind`
 then connects the gateways to the new attempt's subtasks and tells each
-coordinator that they are ready.
+coordinator that they are ready. A region failover resets only the region's
+subtasks (:meth:`OperatorCoordinators.subtask_reset`) and binds only them.
 
 Everything runs on the job master's one event thread. A coordinator that
 raises fails the job over (:class:`CoordinatorFailure`).
@@ -143,18 +144,36 @@ class OperatorCoordinators:
         for holder in self._holders.values():
             holder.call("start")
 
-    def bind(self, transport: Transport) -> None:
-        """The subtasks of a new attempt run: connect the gateways and call ``subtask_ready``."""
+    def bind(self, transport: Transport, only: set[tuple[str, int]] | None = None) -> None:
+        """The subtasks of a new attempt run (``only``: these (operator, index) alone, a
+        region's): connect the gateways and call ``subtask_ready``."""
         for holder in self._holders.values():
             if not holder.gateways:
                 holder.gateways = [SubtaskGateway(i, transport(holder.name, i), operator=holder.name)
                                    for i in range(holder.parallelism)]
             else:
                 for i, gateway in enumerate(holder.gateways):
-                    gateway.reset(transport(holder.name, i))
+                    if only is None or (holder.name, i) in only:
+                        gateway.reset(transport(holder.name, i))
         for holder in self._holders.values():
             for i, gateway in enumerate(holder.gateways):
-                holder.call("subtask_ready", i, _GatewayHandle(gateway))
+                if only is None or (holder.name, i) in only:
+                    holder.call("subtask_ready", i, _GatewayHandle(gateway))
+
+    def support_subtask_reset(self) -> bool:
+        """Can every coordinator restore one of its subtasks alone (a region failover)?"""
+        return all(holder.call("supports_subtask_reset") for holder in self._holders.values())
+
+    def subtask_reset(self, subtasks: set[tuple[str, int]], checkpoint_id: int | None) -> None:
+        """Region failover: the (operator, index) ``subtasks`` alone restore
+        ``checkpoint_id``. Their gateways drop what they held or had in flight (the
+        subtasks' failed attempt is gone), and their coordinators are told; everything
+        else goes on. :meth:`bind` connects them once their new attempt runs."""
+        for holder in self._holders.values():
+            for i, gateway in enumerate(holder.gateways):
+                if (holder.name, i) in subtasks:
+                    gateway.reset()
+                    holder.call("subtask_reset", i, checkpoint_id)
 
     def reset_to(self, restore: RestoreSpec | None) -> None:
         """Global failover (or a start from a savepoint): every coordinator goes back to

@@ -101,9 +101,16 @@ class OperatorCoordinator:
         as :meth:`checkpoint_coordinator` returned it), or to the initial state when
         the job restarts without a checkpoint (both None)."""
 
+    def supports_subtask_reset(self) -> bool:
+        """Can :meth:`subtask_reset` restore one subtask alone? False (the default): every
+        failover of the job is global (:meth:`reset_to_checkpoint`)."""
+        return False
+
     def subtask_reset(self, subtask: int, checkpoint_id: int | None) -> None:
-        """Subtask ``subtask`` alone is restored to ``checkpoint_id`` (per-region failover;
-        raystream fails over globally for now and calls :meth:`reset_to_checkpoint`)."""
+        """Subtask ``subtask`` alone is restored to ``checkpoint_id`` (a region failover):
+        what it was sent after that checkpoint is not in its state any more, while the
+        coordinator and the other subtasks go on. It is ready again with
+        :meth:`subtask_ready`."""
 
     def subtask_ready(self, subtask: int, gateway: "SubtaskEventGateway") -> None:
         """Subtask ``subtask`` of the current attempt runs and can receive events, through

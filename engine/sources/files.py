@@ -263,6 +263,10 @@ class FileSplitEnumerator(SplitEnumerator):
         elif subtask not in self.waiting:
             self.waiting.append(subtask)
 
+    def add_splits_back(self, splits: list[str | dict], subtask: int) -> None:
+        self.pending[:0] = splits  # first in line: the reader asks again once registered
+        self.waiting = [w for w in self.waiting if w != subtask]  # its failed attempt's ask
+
     def snapshot_state(self, checkpoint_id: int) -> dict:
         return {"seen": sorted(self.seen), "pending": list(self.pending)}
 

@@ -415,6 +415,9 @@ class KafkaSplitEnumerator(SplitEnumerator):
     def handle_split_request(self, subtask: int) -> None:
         self._hand_out()  # a reader without splits waits for new partitions (or the end)
 
+    def add_splits_back(self, splits: list[Any], subtask: int) -> None:
+        self.pending.extend(splits)  # to their owner again once it registers
+
     def snapshot_state(self, checkpoint_id: int) -> dict:
         return {"seen": sorted(self.seen), "pending": list(self.pending), "listed": self.listed}
 

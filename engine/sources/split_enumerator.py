@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from raystream.checkpoint.operator_coordinator import OperatorCoordinator
+from raystream.engine.sources.assignment_tracker import SplitAssignmentTracker
 
 if TYPE_CHECKING:
     from raystream.engine.sources.base import Source
@@ -124,6 +125,14 @@ class SplitEnumerator:
     def handle_source_event(self, subtask: int, event: Any) -> None:
         """A custom event from reader ``subtask``."""
 
+    def add_splits_back(self, splits: list[Any], subtask: int) -> None:
+        """Reader ``subtask`` alone was restored to a checkpoint that does not hold
+        ``splits`` (handed to it after that checkpoint, maybe none): hand them out again
+        (Flink ``SplitEnumerator.addSplitsBack``) and forget what the reader's failed
+        attempt asked for. The reader registers again afterwards. An
+        enumerator without it makes every failover of its job global."""
+        raise NotImplementedError
+
     def snapshot_state(self, checkpoint_id: int) -> Any:
         """The splits not handed out yet (and anything else to restore), as JSON."""
         return None
@@ -155,6 +164,10 @@ class StaticSplitEnumerator(SplitEnumerator):
             self.context.assign_splits(mine, subtask)
         self.context.signal_no_more_splits(subtask)
 
+    def add_splits_back(self, splits: list[Any], subtask: int) -> None:
+        # numbered ``subtask`` (< parallelism): they go to the same reader when it registers
+        self.unassigned.extend([subtask, split] for split in splits)
+
     def snapshot_state(self, checkpoint_id: int) -> Any:
         return self.unassigned
 
@@ -168,6 +181,7 @@ class SourceCoordinator(OperatorCoordinator):
         self.gateways: dict[int, Any] = {}
         self.registered: set[int] = set()
         self.enumerator: SplitEnumerator | None = None
+        self.assignments = SplitAssignmentTracker()
 
     # -- the enumerator's context --------------------------------------------------------------
     @property
@@ -181,7 +195,9 @@ class SourceCoordinator(OperatorCoordinator):
         self.assign_splits([split], subtask)
 
     def assign_splits(self, splits: list[Any], subtask: int) -> None:
-        self._send(subtask, SplitsAssigned(tuple(_json_value(split, "a split") for split in splits)))
+        values = [_json_value(split, "a split") for split in splits]
+        self._send(subtask, SplitsAssigned(tuple(values)))
+        self.assignments.assigned(subtask, values)
 
     def signal_no_more_splits(self, subtask: int) -> None:
         self._send(subtask, NoMoreSplits())
@@ -238,16 +254,29 @@ class SourceCoordinator(OperatorCoordinator):
 
     def checkpoint_coordinator(self, checkpoint_id: int) -> bytes:
         state = self._started().snapshot_state(checkpoint_id)
+        self.assignments.checkpointed(checkpoint_id)
         return json.dumps(_json_value(state, "the enumerator state")).encode()
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self.assignments.completed(checkpoint_id)
         self._started().notify_checkpoint_complete(checkpoint_id)
+
+    def supports_subtask_reset(self) -> bool:
+        return type(self._started()).add_splits_back is not SplitEnumerator.add_splits_back
+
+    def subtask_reset(self, subtask: int, checkpoint_id: int | None) -> None:
+        # The reader registers again; what it was given after the checkpoint goes back.
+        self.registered.discard(subtask)
+        self.gateways.pop(subtask, None)
+        self._started().add_splits_back(self.assignments.take_back(subtask, checkpoint_id),
+                                        subtask)
 
     def reset_to_checkpoint(self, checkpoint_id: int | None, state: bytes | None) -> None:
         # The readers of the new attempt register again; what was assigned after the
         # checkpoint is unassigned again in the restored enumerator.
         self.registered.clear()
         self.gateways.clear()
+        self.assignments = SplitAssignmentTracker()
         self._create(json.loads(state) if state else None)
 
     def close(self) -> None:
