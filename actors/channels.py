@@ -110,6 +110,14 @@ class InputGate:
     def has_ready(self) -> bool:
         return any(c.ready() for c in self._order)
 
+    def reopen(self, channel: ChannelId) -> None:
+        """``channel``'s sender was restored alone (a region failover): forget what its
+        failed attempt sent, ended or announced; the new one starts at sequence 0."""
+        old = self.channels[channel]
+        fresh = InputChannel(channel, old.input_index)
+        self.channels[channel] = fresh
+        self._order[self._order.index(old)] = fresh
+
     def poll(self) -> Envelope | None:
         """Next in-order message of the next channel that has one, or None."""
         n = len(self._order)

@@ -43,6 +43,7 @@ class InputCredits(Generic[Channel]):
         self.pending: collections.Counter[Channel] = collections.Counter(
             {channel: credits - start for channel in channels if credits > start})
         self.batch = max(1, credits // 2)
+        self.credits = credits
         self.limit = None if in_flight_s is None or not channels else (
             CreditLimit(target_s=in_flight_s, channels=len(channels), credits=credits))
 
@@ -51,6 +52,13 @@ class InputCredits(Generic[Channel]):
         self.held[channel] -= 1
         if self.limit is not None:
             self.limit.consumed(nbytes)
+
+    def reopen(self, channel: Channel) -> None:
+        """``channel`` has a new sender (a region failover): it starts as a first one."""
+        self.held[channel] = self.start
+        self.pending.pop(channel, None)
+        if self.credits > self.start:
+            self.pending[channel] = self.credits - self.start
 
     def processed(self, channel: Channel) -> None:
         """The batch of such a message is processed: its credit may go back."""

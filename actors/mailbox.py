@@ -9,6 +9,7 @@ are posted as the barrier handler's own events
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -50,6 +51,30 @@ class CheckpointCompleted:
 
 
 @dataclass(frozen=True, slots=True)
+class UpstreamRestarted:
+    """A region failover restored the senders of ``upstreams`` (channel -> the actor of
+    its new sender) to ``checkpoint_id`` as ``attempt``; ``reply`` is set once the
+    channels are open to it (True), or refused (False: the input had ended)."""
+
+    upstreams: dict[ChannelId, Any]
+    attempt: int
+    checkpoint_id: int
+    reply: UpstreamReply
+
+
+class UpstreamReply:
+    """The answer to :class:`UpstreamRestarted`, for the control lane that waits for it."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.accepted = False
+
+    def answer(self, accepted: bool) -> None:
+        self.accepted = accepted
+        self.done.set()
+
+
+@dataclass(frozen=True, slots=True)
 class Drain:
     """Stop-with-savepoint, draining: a source ends its input now."""
 
@@ -65,4 +90,4 @@ class Cancel:
 
 
 Mail = Union[Credit, OperatorEvent, TriggerReceived, BarrierReceived, CheckpointCompleted,
-             CheckpointAborted, Drain, Stop, Cancel]
+             CheckpointAborted, UpstreamRestarted, Drain, Stop, Cancel]

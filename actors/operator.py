@@ -226,6 +226,14 @@ class Operator:
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` will never complete."""
 
+    def upstream_restarted(self, upstream: int, attempt: int, checkpoint_id: int) -> None:
+        """Upstream subtask ``upstream`` alone was restored to ``checkpoint_id`` as
+        ``attempt`` (a region failover) while this operator runs on: what its failed
+        attempt sent after that checkpoint will be sent again by ``attempt``. Only an
+        operator that can drop it survives (an exactly-once sink's committer)."""
+        raise NotImplementedError(f"operator '{self.name}' cannot outlive a restart of its "
+                                  f"upstream")
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
 

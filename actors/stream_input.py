@@ -22,8 +22,8 @@ import pyarrow as pa
 
 from raystream.actors.channels import InputGate
 from raystream.actors.input_credits import InputCredits
-from raystream.actors.messages import (MAX_WATERMARK, MIN_WATERMARK, REPLAYED_SEQ, Envelope,
-                                       Kind)
+from raystream.actors.messages import (MAX_WATERMARK, MIN_WATERMARK, REPLAYED_SEQ, ChannelId,
+                                       Envelope, Kind)
 from raystream.actors.operator import ChainedOutput, Operator, call_operator
 from raystream.core.failpoints import Failpoints
 
@@ -46,6 +46,11 @@ class WatermarkValve:
 
     def channel_ended(self, channel: Hashable) -> int | None:
         return self.input_watermark(channel, MAX_WATERMARK)
+
+    def reopen(self, channel: Hashable) -> None:
+        """``channel`` has a new sender: it starts where the combined watermark is (event
+        time never goes back)."""
+        self._of[channel] = self.current
 
     def restore(self, watermark: int) -> None:
         """Start every channel at a restored checkpoint's ``watermark`` (never lower):
@@ -121,6 +126,14 @@ class StreamInput:
 
     def restore_watermark(self, watermark: int) -> None:
         self.valve.restore(watermark)
+
+    def reopen(self, channel: ChannelId) -> None:
+        """``channel``'s sender was restored alone (the gate reopened it): a batch of its
+        failed attempt still being handed over is dropped with the rest."""
+        self.valve.reopen(channel)
+        self.credits.reopen(channel)
+        if self.in_progress is not None and self.in_progress.envelope.channel == channel:
+            self.in_progress = None
 
     def process(self, envelope: Envelope) -> InputStep:
         channel = self.gate.channels[envelope.channel]

@@ -44,7 +44,8 @@ from raystream.actors.channel_state import InputStateRecorder, OutputStateCaptur
 from raystream.actors.channels import InputGate, OutputChannel
 from raystream.actors.liveness import ChannelProgress, SubtaskLiveness
 from raystream.actors.mailbox import (BarrierReceived, Cancel, CheckpointCompleted, Credit,
-                                      Drain, Mail, OperatorEvent, Stop)
+                                      Drain, Mail, OperatorEvent, Stop, UpstreamReply,
+                                      UpstreamRestarted)
 from raystream.actors.messages import (MAX_WATERMARK, MIN_WATERMARK, ChannelId,
                                        Envelope, Kind)
 from raystream.checkpoint.barrier import Barrier
@@ -129,6 +130,9 @@ class Subtask:
         self.mailbox: collections.deque[Mail] = collections.deque()
         self.out_channels: dict[ChannelId, OutputChannel] = {}
         self.upstreams: dict[ChannelId, Any] = {}
+        # input channels whose sender a region failover restored: the attempt they carry
+        # (the others carry this subtask's); changed under the lock
+        self.channel_attempts: dict[ChannelId, int] = {}
         self.credits = InputCredits(self.gate.channels, credits=spec.credits,
                                     in_flight_s=spec.in_flight_s)
         self.failpoints = Failpoints(spec.failpoints, vertex.name, spec.index, spec.attempt)
@@ -229,11 +233,25 @@ class Subtask:
 
     # -- lanes (called from Ray's threads) -------------------------------------
     def deliver(self, envelope: Envelope) -> None:
-        if envelope.attempt != self.spec.attempt:
-            return  # left over from another attempt
         with self.cond:
+            if not self.accepts(envelope.channel, envelope.attempt):
+                return  # left over from another attempt
             self.gate.add(envelope)
             self.cond.notify()
+
+    def accepts(self, channel: ChannelId, attempt: int) -> bool:
+        """Is ``attempt`` the one whose messages ``channel`` takes now?"""
+        return attempt == self.channel_attempts.get(channel, self.spec.attempt)
+
+    def upstream_restarted(self, upstreams: dict[ChannelId, Any], attempt: int,
+                           checkpoint_id: int, timeout_s: float) -> bool:
+        """A region failover restored the senders of ``upstreams`` (channel -> the actor of
+        its new sender) alone: take their new attempt's messages once the mailbox has
+        dropped the old one's. False: refused (input ended here, or no answer within
+        ``timeout_s``): the job must restart as a whole."""
+        reply = UpstreamReply()
+        self.post(UpstreamRestarted(dict(upstreams), attempt, checkpoint_id, reply))
+        return reply.done.wait(timeout_s) and reply.accepted
 
     def post(self, mail: Mail) -> None:
         with self.cond:
@@ -391,6 +409,8 @@ class Subtask:
                 self._checkpointing().notify_aborted(n)
                 if n == self.stopped_by:  # a failed stop resumes the sources (Flink)
                     self.stopped_by = None
+            case UpstreamRestarted(upstreams, attempt, n, reply):
+                reply.answer(self._reopen_inputs(upstreams, attempt, n))
             case Stop():
                 if not self.lifecycle.ends_loop:
                     self._advance(Lifecycle.STOPPED)
@@ -405,6 +425,22 @@ class Subtask:
                     self._advance(Lifecycle.CANCELED)
             case _:
                 raise TypeError(f"unknown mail {mail!r}")
+
+    def _reopen_inputs(self, upstreams: dict[ChannelId, Any], attempt: int, n: int) -> bool:
+        """Region failover upstream (:meth:`upstream_restarted`): in mailbox order, so no
+        message of the senders' failed attempt is processed after this."""
+        if self.lifecycle.input_ended or self.lifecycle.ends_loop:
+            return False  # end of input is not taken back: the job restarts as a whole
+        with self.cond:
+            for channel in upstreams:
+                self.channel_attempts[channel] = attempt
+                self.gate.reopen(channel)
+        for channel, actor in upstreams.items():
+            self.input.reopen(channel)
+            self.upstreams[channel] = actor
+        for upstream in sorted({channel.upstream for channel in upstreams}):
+            call_operator(self.operators[0], "upstream_restarted", upstream, attempt, n)
+        return True
 
     # -- checkpoints: the barrier handler decides, the subtask carries it out -----------------
     def _on_barrier(self, mail: BarrierReceived) -> None:
@@ -583,7 +619,8 @@ class Subtask:
     def _send_credits(self, idle: bool) -> None:
         """Return the credits :class:`InputCredits` says are due (one Ray call each)."""
         for channel, n in self.credits.returns(idle=idle, now=time.monotonic()):
-            self.upstreams[channel].add_credit.remote(channel, n, self.spec.attempt)
+            self.upstreams[channel].add_credit.remote(
+                channel, n, self.channel_attempts.get(channel, self.spec.attempt))
 
     def _report_first_record(self) -> None:
         self.first_record_due = False

@@ -104,7 +104,7 @@ class SubtaskActor:
     def receive_barrier(self, channel: ChannelId, barrier: Barrier, upto: int,
                         index: int) -> None:
         subtask = self.subtask
-        if subtask is not None and barrier.attempt == subtask.spec.attempt:
+        if subtask is not None and subtask.accepts(channel, barrier.attempt):
             subtask.post(BarrierReceived(channel, barrier, upto, index))
 
     @ray.method(concurrency_group="control")
@@ -118,6 +118,15 @@ class SubtaskActor:
         subtask = self.subtask
         if subtask is not None and attempt == subtask.spec.attempt:
             subtask.post(CheckpointAborted(checkpoint_id))
+
+    @ray.method(concurrency_group="control")
+    def upstream_restarted(self, upstreams: dict, attempt: int, checkpoint_id: int,
+                           timeout_s: float) -> bool:
+        """A region failover restored this subtask's senders on ``upstreams`` alone
+        (:meth:`Subtask.upstream_restarted`); False if it cannot go on with them."""
+        subtask = self.subtask
+        return subtask is not None and subtask.upstream_restarted(upstreams, attempt,
+                                                                  checkpoint_id, timeout_s)
 
     @ray.method(concurrency_group="control")
     def drain(self) -> None:

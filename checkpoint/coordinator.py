@@ -201,6 +201,9 @@ class CheckpointCoordinator:
         # snapshotted first in every checkpoint; barriers wait for their events' delivery
         self.operator_coordinators = operator_coordinators or OperatorCoordinators([])
         self.attempt = 0
+        # the subtasks a region failover restarted, with their attempt (the others run
+        # ``attempt``'s, or an older region's)
+        self.attempts: dict[SubtaskKey, int] = {}
         self.pending: dict[int, PendingCheckpoint] = {}
         self.completed: list[CompletedCheckpoint] = []  # oldest first
         self._undeleted: set[int] = set()  # discarded checkpoints whose directory remained
@@ -353,7 +356,7 @@ class CheckpointCoordinator:
                      written: dict[str, OperatorSubtaskState],
                      stats: SnapshotStats) -> AcknowledgeResult:
         pending = self.pending.get(n)
-        if attempt != self.attempt or (pending is None and n <= self._last_id):
+        if not self.runs(subtask, attempt) or (pending is None and n <= self._last_id):
             return AcknowledgeResult.DISCARDED
         if pending is None:
             return AcknowledgeResult.UNKNOWN
@@ -363,7 +366,7 @@ class CheckpointCoordinator:
         return result
 
     def decline(self, attempt: int, n: int, subtask: SubtaskKey, reason: str) -> None:
-        if attempt == self.attempt and n in self.pending:
+        if self.runs(subtask, attempt) and n in self.pending:
             self.abort(n, f"declined by subtask {subtask}: {reason}")
 
     def abort(self, n: int, reason: str, *, failed: bool = True,
@@ -398,11 +401,24 @@ class CheckpointCoordinator:
         taken again once the restored subtasks finish. ``rows``: read and written at
         the checkpoint the attempt restores (its checkpoints add the attempt's)."""
         self.attempt, self.failpoints = attempt, failpoints
+        self.attempts = {}
         self._rows_before = rows
         self.final_checkpoint = None
         # the restored subtasks have input to read again, and their final checkpoint is a
         # first one (a final checkpoint of the attempt before failed with it)
         self._input_ended = self._final_aborted = False
+
+    def start_region(self, attempt: int, subtasks: frozenset[SubtaskKey]) -> None:
+        """A region failover redeploys ``subtasks`` alone as ``attempt`` (the others go
+        on): their older attempts' acknowledgements are ignored from now on. They have
+        input to read again, so a final checkpoint is taken again once they finish."""
+        self.attempts.update(dict.fromkeys(subtasks, attempt))
+        self.final_checkpoint = None
+        self._input_ended = self._final_aborted = False
+
+    def runs(self, subtask: SubtaskKey, attempt: int) -> bool:
+        """Is ``attempt`` the one ``subtask`` runs now?"""
+        return attempt == self.attempts.get(subtask, self.attempt)
 
     def abort_all(self, reason: str) -> None:
         """A failover: every pending checkpoint is aborted and queued savepoints are

@@ -10,6 +10,7 @@ seem lost. Every Ray call the job master makes to its subtasks is here.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, cast
@@ -18,9 +19,11 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from raystream.actors.liveness import NoAnswer, SubtaskLiveness
+from raystream.actors.messages import ChannelId
 from raystream.actors.subtask_spec import SubtaskEnding, SubtaskSpec, TerminationReport
 from raystream.actors.subtask_actor import SubtaskActor
 from raystream.actors.subtask_checkpoints import CheckpointingSpec
+from raystream.checkpoint.barrier import Barrier
 from raystream.checkpoint.config import AlignmentMode
 from raystream.checkpoint.coordinator_holder import CoordinatorFailure
 from raystream.checkpoint.restore import RestoreSpec
@@ -52,6 +55,10 @@ _SUBTASK_ACTOR = cast(Any, SubtaskActor)
 SPARE_AFTER_CHECKPOINTS = 2
 
 
+class RegionRefused(Exception):
+    """A region failover cannot go on (a survivor refused the restarted region)."""
+
+
 class SubtaskFailure(Exception):
     """A subtask failed (raised inside the event thread to start a failover)."""
 
@@ -73,7 +80,8 @@ def failure_of(exc: Exception) -> Failure:
     if isinstance(exc, SubtaskFailure):
         report = exc.report
         return Failure(report.error, report.operator, report.index if report.index >= 0 else None,
-                       report.traceback, report.error_types)
+                       report.traceback, report.error_types,
+                       vertex=report.vertex_id if report.index >= 0 else None)
     if isinstance(exc, (CoordinatorFailure, EventDeliveryError, GatewayProtocolError)):
         return Failure(str(exc), getattr(exc, "operator", "coordinator"))
     return Failure(f"checkpoint coordinator: {exc}", "coordinator")
@@ -116,6 +124,7 @@ class Deployment:
     def __init__(self, job_id: str, job_name: str, plan: JobPlan, options: JobOptions) -> None:
         self.job_id, self.job_name, self.plan, self.options = job_id, job_name, plan, options
         self.actors: dict[SubtaskKey, Any] = {}
+        self.attempts: dict[SubtaskKey, int] = {}  # the attempt each subtask runs
         self.placement: dict[str, str] = {}  # "chain/index" -> id of the node it runs on
         self.died_on: set[str] = set()  # nodes where subtasks of this attempt died
         self.terminations: dict[Any, SubtaskKey] = {}  # await_termination call -> subtask
@@ -142,20 +151,22 @@ class Deployment:
         return f"{self.plan.vertices[key[0]].name}/{key[1]}"
 
     # -- calls to every subtask -------------------------------------------------------------
-    def trigger_checkpoint(self, barrier: Any) -> None:
-        for actor in self.actors.values():
-            actor.trigger_checkpoint.remote(barrier)
+    def trigger_checkpoint(self, barrier: Barrier) -> None:
+        for key, actor in self.actors.items():  # each with its own attempt (regions)
+            attempt = self.attempts[key]
+            actor.trigger_checkpoint.remote(barrier if barrier.attempt == attempt
+                                            else dataclasses.replace(barrier, attempt=attempt))
 
     def notify_checkpoint_complete(self, n: int, attempt: int) -> None:
-        for actor in self.actors.values():
-            actor.notify_checkpoint_complete.remote(n, attempt)
+        for key, actor in self.actors.items():
+            actor.notify_checkpoint_complete.remote(n, self.attempts[key])
         self._completed[attempt] = self._completed.get(attempt, 0) + 1
         if self._completed[attempt] >= SPARE_AFTER_CHECKPOINTS:
             self._keep_spare(attempt)
 
-    def notify_checkpoint_aborted(self, n: int, attempt: int) -> None:
-        for actor in self.actors.values():
-            actor.notify_checkpoint_aborted.remote(n, attempt)
+    def notify_checkpoint_aborted(self, n: int) -> None:
+        for key, actor in self.actors.items():
+            actor.notify_checkpoint_aborted.remote(n, self.attempts[key])
 
     def cancel(self) -> None:
         for actor in self.actors.values():
@@ -293,11 +304,49 @@ class Deployment:
         (no new process to start); a dead one is replaced by the warm spare where
         its resources allow, else by a new actor. ``RayActorError``: a subtask died
         meanwhile (the job fails over)."""
-        plan, options = self.plan, self.options
         previous, self.actors, self.terminations = self.actors, {}, {}
         self.died_on = set()
-        avoid = {"label_selector": {"ray.io/node-id": f"!in({','.join(avoid_nodes)})"}
-                 } if avoid_nodes else {}
+        specs = self._specs(attempt, restore, {(v.id, i) for v in self.plan.vertices
+                                               for i in range(v.parallelism)})
+        cancelled_at = self._host(specs, previous, avoid_nodes, pooled=True)
+        self.placement = dict(zip(map(self._name, self.actors), self._ready(self.actors)))
+        self._connect(specs)
+        self._start(specs)
+        deployed = Deployed(cancelled_at=cancelled_at, started_at=time.time())
+        lost = bool(avoid_nodes)
+        if self.spare is None and self.pooled and not lost:
+            self.spare = self.pooled.pop()  # a leased actor left over: the warm spare
+        if self.spare is None and not lost and attempt > 0:
+            self._spare_from_pool()
+        self._spare_avoids = self._avoid(avoid_nodes)
+        return deployed
+
+    def deploy_region(self, attempt: int, region: frozenset[SubtaskKey], restore: RestoreSpec,
+                      avoid_nodes: list[str] | tuple[str, ...] = ()) -> Deployed:
+        """Redeploy the subtasks of ``region`` alone as ``attempt``, restored from
+        ``restore``, while every other subtask runs on (a region failover). The
+        committers the region sends to are told first (they drop what the region's
+        failed attempt handed over after ``restore``'s checkpoint).
+
+        :class:`RegionRefused`: a committer could not go on with the new attempt
+        (its input had ended): the job must restart as a whole. ``RayActorError``: a
+        subtask died meanwhile."""
+        previous = {key: self.actors.pop(key) for key in region if key in self.actors}
+        self.terminations = {ref: key for ref, key in self.terminations.items()
+                             if key not in region}
+        self.died_on = set()
+        specs = self._specs(attempt, restore, region)
+        cancelled_at = self._host(specs, previous, avoid_nodes, pooled=False)
+        self.placement.update(zip((self._name(k) for k in specs),
+                                  self._ready({k: self.actors[k] for k in specs})))
+        self._connect(specs)
+        self._tell_survivors(specs, attempt, restore.checkpoint_id)
+        self._start(specs)
+        return Deployed(cancelled_at=cancelled_at, started_at=time.time())
+
+    def _specs(self, attempt: int, restore: RestoreSpec | None,
+               keys: set[SubtaskKey] | frozenset[SubtaskKey]) -> dict[SubtaskKey, SubtaskSpec]:
+        plan, options = self.plan, self.options
         me = ray.get_runtime_context().current_actor
         checkpointing = None
         if options.checkpoints is not None:
@@ -305,11 +354,25 @@ class Deployment:
             checkpointing = CheckpointingSpec(options.checkpoints.storage, self.job_id,
                                               UNALIGNED_SLICE_BYTES if unaligned else None,
                                               state_backend=options.checkpoints.state_backend)
-        specs = {(vertex.id, index): SubtaskSpec(
-                     self.job_id, self.job_name, attempt, vertex, index, plan.max_parallelism,
-                     options.credits, master=me, checkpointing=checkpointing, restore=restore,
-                     failpoints=options.failpoints, in_flight_s=options.in_flight_s)
-                 for vertex in plan.vertices for index in range(vertex.parallelism)}
+        return {(vertex.id, index): SubtaskSpec(
+                    self.job_id, self.job_name, attempt, vertex, index, plan.max_parallelism,
+                    options.credits, master=me, checkpointing=checkpointing, restore=restore,
+                    failpoints=options.failpoints, in_flight_s=options.in_flight_s)
+                for vertex in plan.vertices for index in range(vertex.parallelism)
+                if (vertex.id, index) in keys}
+
+    @staticmethod
+    def _avoid(avoid_nodes: list[str] | tuple[str, ...]) -> dict[str, Any]:
+        return {"label_selector": {"ray.io/node-id": f"!in({','.join(avoid_nodes)})"}
+                } if avoid_nodes else {}
+
+    def _host(self, specs: dict[SubtaskKey, SubtaskSpec], previous: dict[SubtaskKey, Any],
+              avoid_nodes: list[str] | tuple[str, ...], *, pooled: bool) -> float:
+        """Host ``specs`` on ``previous``'s live actors, the driver's pooled ones (if
+        ``pooled``), the spare, or new actors; when no subtask of ``previous`` ran any
+        more (wall clock)."""
+        plan = self.plan
+        avoid = self._avoid(avoid_nodes)
         lost = set(avoid_nodes)
         on_lost = {key for key in previous if self.placement.get(self._name(key)) in lost}
         for key in on_lost:  # calls to them could hang until Ray declares the node dead
@@ -323,8 +386,10 @@ class Deployment:
             except (RayActorError, RuntimeError, GetTimeoutError, RayTaskError):
                 ray.kill(previous[key])  # dead, or its subtask would not stop
         cancelled_at = time.time()  # no subtask of the previous attempt runs any more
-        self._host_on_pooled(specs)
+        if pooled:
+            self._host_on_pooled(specs)
         for key, spec in specs.items():
+            self.attempts[key] = spec.attempt
             if key in self.actors:
                 continue
             vertex = plan.vertices[key[0]]
@@ -343,34 +408,54 @@ class Deployment:
                 name=spec.actor_name, namespace=NAMESPACE,
                 scheduling_strategy=SUBTASK_SCHEDULING, **avoid,
                 **vertex.resources.ray_options()).remote(spec)
+        return cancelled_at
+
+    def _ready(self, actors: dict[SubtaskKey, Any]) -> list[str]:
+        """The nodes ``actors`` run on, once each has started."""
         try:
-            nodes = ray.get([a.ready.remote() for a in self.actors.values()],
-                            timeout=options.actor_start_timeout_s)
+            return ray.get([a.ready.remote() for a in actors.values()],
+                           timeout=self.options.actor_start_timeout_s)
         except GetTimeoutError:
             raise RuntimeError(
-                f"{len(self.actors)} subtask actors did not start within "
-                f"{options.actor_start_timeout_s:.0f} s; the cluster has "
+                f"{len(actors)} subtask actors did not start within "
+                f"{self.options.actor_start_timeout_s:.0f} s; the cluster has "
                 f"{ray.available_resources()} available") from None
-        self.placement = {self._name(key): node for key, node in zip(self.actors, nodes)}
+
+    def _connect(self, specs: dict[SubtaskKey, SubtaskSpec]) -> None:
+        """Wire ``specs``' subtasks to their neighbours' actors."""
         calls = []
-        for vertex in plan.vertices:
-            for index in range(vertex.parallelism):
-                downstream = {c: self.actors[(e.target_vertex, c.downstream)]
-                              for e in vertex.outputs for c in e.output_channels(index)}
-                upstream = {c: self.actors[(e.source_vertex, c.upstream)]
-                            for e in vertex.inputs for c in e.input_channels(index)}
-                calls.append(self.actors[(vertex.id, index)].connect.remote(downstream, upstream))
+        for (vertex_id, index) in specs:
+            vertex = self.plan.vertices[vertex_id]
+            downstream = {c: self.actors[(e.target_vertex, c.downstream)]
+                          for e in vertex.outputs for c in e.output_channels(index)}
+            upstream = {c: self.actors[(e.source_vertex, c.upstream)]
+                        for e in vertex.inputs for c in e.input_channels(index)}
+            calls.append(self.actors[(vertex_id, index)].connect.remote(downstream, upstream))
         ray.get(calls)
-        self.terminations = {a.await_termination.remote(): key for key, a in self.actors.items()}
-        for actor in self.actors.values():
+
+    def _tell_survivors(self, specs: dict[SubtaskKey, SubtaskSpec], attempt: int,
+                        checkpoint_id: int) -> None:
+        """The subtasks outside ``specs`` that receive from them take the new attempt."""
+        upstreams: dict[SubtaskKey, dict[ChannelId, Any]] = {}
+        for (vertex_id, index) in specs:
+            for edge in self.plan.vertices[vertex_id].outputs:
+                for c in edge.output_channels(index):
+                    target = (edge.target_vertex, c.downstream)
+                    if target not in specs:
+                        upstreams.setdefault(target, {})[c] = self.actors[(vertex_id, index)]
+        answers = {key: self.actors[key].upstream_restarted.remote(
+                       channels, attempt, checkpoint_id, HOST_TIMEOUT_S)
+                   for key, channels in upstreams.items()}
+        for key, ref in answers.items():
+            if not ray.get(ref, timeout=2 * HOST_TIMEOUT_S):
+                raise RegionRefused(f"{self.subtask_name(key)} cannot go on with a restarted "
+                                    f"upstream")
+
+    def _start(self, specs: dict[SubtaskKey, SubtaskSpec]) -> None:
+        actors = {key: self.actors[key] for key in specs}
+        self.terminations.update({a.await_termination.remote(): key for key, a in actors.items()})
+        for actor in actors.values():
             actor.start.remote()  # a subtask that dies from here on is seen by its termination
-        deployed = Deployed(cancelled_at=cancelled_at, started_at=time.time())
-        if self.spare is None and self.pooled and not lost:
-            self.spare = self.pooled.pop()  # a leased actor left over: the warm spare
-        if self.spare is None and not lost and attempt > 0:
-            self._spare_from_pool()
-        self._spare_avoids = avoid
-        return deployed
 
     def _spare_from_pool(self) -> None:
         """The spare a failover used, replaced at once by an idle actor of the driver's pool
@@ -403,14 +488,15 @@ class Deployment:
             scheduling_strategy=SUBTASK_SCHEDULING, **self._spare_avoids,
             **Resources().ray_options()).remote(None)
 
-    def event_transport(self, attempt: int) -> Callable[[str, int], Callable[[Any], Any]]:
-        """Operator events of ``attempt`` go to a subtask's control lane; delivered once
-        the call returned (the event is in the subtask's mailbox)."""
+    def event_transport(self) -> Callable[[str, int], Callable[[Any], Any]]:
+        """Operator events go to a subtask's control lane, for the attempt it runs now;
+        delivered once the call returned (the event is in the subtask's mailbox)."""
         vertex_of = {node.name: vertex.id for vertex in self.plan.vertices for node in vertex.nodes}
-        actors = dict(self.actors)
+        actors, attempts = dict(self.actors), dict(self.attempts)
 
         def transport(operator: str, index: int) -> Callable[[Any], Any]:
-            actor = actors[(vertex_of[operator], index)]
+            key = (vertex_of[operator], index)
+            actor, attempt = actors[key], attempts[key]
             return lambda event: _RayDelivery(
                 actor.handle_operator_event.remote(attempt, operator, event))
         return transport

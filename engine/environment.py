@@ -40,6 +40,7 @@ from raystream.engine.client import JobClient, JobResult
 from raystream.engine.datastream import DataStream
 from raystream.engine import registry
 from raystream.engine.errors import InsufficientResourcesError, JobStillRunningError
+from raystream.engine.failover import FailoverStrategy
 from raystream.engine.formats import ValueFormat
 from raystream.actors.resources import Resources
 from raystream.engine.graph import InputEdge, Transformation
@@ -132,6 +133,10 @@ class StreamEnvironment:
         checkpoints: periodic checkpoints (exactly-once state and sinks); None: off.
         restart: what to do after a failure (default with checkpoints: 3 restarts,
             0.5 s apart; without checkpoints a failure fails the job).
+        failover: ``"region"`` (default): a failure restarts the failed subtask's
+            pipelined region alone where the job has several and nothing is in doubt
+            (docs/architecture.md, Failover); ``"full"``: every failure restarts the
+            whole job.
         failpoints: failures placed at named points, for tests.
         actor_start_timeout_s: how long subtask actors may take to start.
         stop_timeout_s: how long a job that ends waits for every subtask to stop
@@ -144,6 +149,7 @@ class StreamEnvironment:
                  address: str | None = None,
                  checkpoints: CheckpointConfig | None = None,
                  restart: RestartStrategy | None = None,
+                 failover: FailoverStrategy | str = FailoverStrategy.REGION,
                  failpoints: SequenceT[Failpoint] = (),
                  actor_start_timeout_s: float = 120.0,
                  stop_timeout_s: float = 30.0,
@@ -169,6 +175,7 @@ class StreamEnvironment:
         # With checkpoints a job restarts by default (as Flink does); without, it cannot.
         self.restart = restart or (RestartStrategy.fixed_delay(3, 0.5) if checkpoints
                                    else RestartStrategy.none())
+        self.failover = FailoverStrategy(failover)
         self.failpoints = tuple(failpoints)
         self.ray_init_kwargs = dict(ray_init_kwargs or {})
         self.transformations: list[Transformation] = []
@@ -447,7 +454,7 @@ class StreamEnvironment:
                              actor_start_timeout_s=self.actor_start_timeout_s,
                              stop_timeout_s=self.stop_timeout_s,
                              checkpoints=self.checkpoints, restart=self.restart,
-                             failpoints=self.failpoints, restore_from=restore_from,
+                             failover=self.failover, failpoints=self.failpoints, restore_from=restore_from,
                              submission_id=_submission_id(),
                              pool_keeper=actor_pool.POOL.keeper_name() if leased or warm
                              else None,

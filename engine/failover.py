@@ -2,20 +2,27 @@
 
 The job master's event thread turns every failure (a subtask's report, a
 coordinator's exception) into a :class:`Failure` and asks :class:`Failover`
-what to do. Failover is global (every subtask restarts as a new attempt), so
-the answer depends only on the job's history:
+what to do. The answer depends only on the job's history:
 
 * a job without checkpoints fails on its first failure;
 * otherwise the job restarts until the restart strategy's attempts are used
   up, after its delay, from the newest completed checkpoint, else from the
-  savepoint it started from (``restore_from``), else from the beginning.
+  savepoint it started from (``restore_from``), else from the beginning;
+* the restart is a region's (its subtasks alone, as the new attempt) when the
+  master offers a region (:mod:`raystream.engine.regions`: it does only when
+  nothing is in doubt) and there is a completed checkpoint to restore it
+  from; otherwise every subtask restarts. Every restart, of a region or of the
+  job, counts against the strategy and takes a new attempt number, so no two
+  deployments ever share one.
 
     >>> from raystream.checkpoint.config import RestartStrategy
-    >>> failover = Failover(RestartStrategy.fixed_delay(1, 0.5))
+    >>> failover = Failover(RestartStrategy.fixed_delay(2, 0.5))
     >>> failover.on_failure(Failure("boom"), completed=[3, 4], at=0.0)
-    Restart(attempt=1, delay_s=0.5, source=<RestoreSource.CHECKPOINT: 'checkpoint'>, checkpoint_id=4)
+    Restart(attempt=1, delay_s=0.5, source=<RestoreSource.CHECKPOINT: 'checkpoint'>, checkpoint_id=4, region=None)
+    >>> failover.on_failure(Failure("boom"), completed=[4], at=0.5, region=frozenset({(0, 1)})).region
+    frozenset({(0, 1)})
     >>> failover.on_failure(Failure("boom again"), completed=[4], at=1.0).error
-    'boom again (restart attempts exhausted: 1)'
+    'boom again (restart attempts exhausted: 2)'
 """
 
 from __future__ import annotations
@@ -37,10 +44,18 @@ class Failure:
     subtask: int | None = None
     traceback: str | None = None
     error_types: tuple[str, ...] = ()  # the exception's classes (TerminationReport's)
+    vertex: int | None = None  # the failed subtask's vertex (None: not a subtask's)
 
     @property
     def message(self) -> str:
         return self.error or "unknown failure"
+
+
+class FailoverStrategy(enum.Enum):
+    """What a failure restarts (Flink's ``jobmanager.execution.failover-strategy``)."""
+
+    REGION = "region"  # the failed subtask's pipelined region, where nothing is in doubt
+    FULL = "full"  # every subtask, always
 
 
 class RestoreSource(enum.Enum):
@@ -59,6 +74,7 @@ class Restart:
     delay_s: float
     source: RestoreSource
     checkpoint_id: int | None
+    region: frozenset[tuple[int, int]] | None = None  # restart these subtasks alone
 
 
 @dataclass(frozen=True)
@@ -102,9 +118,10 @@ class Failover:
         self.initial_checkpoint = checkpoint_id
 
     def on_failure(self, failure: Failure, completed: Sequence[int] | None,
-                   at: float) -> Decision:
+                   at: float, region: frozenset[tuple[int, int]] | None = None) -> Decision:
         """Record ``failure`` (at wall-clock time ``at``) and decide. ``completed``: the ids
-        of the job's completed checkpoints, oldest first (None: the job takes none)."""
+        of the job's completed checkpoints, oldest first (None: the job takes none).
+        ``region``: the subtasks that may restart alone (None: the whole job)."""
         self.failure_details.append({"attempt": len(self.failures), "at": at,
                                      "error": failure.message, "operator": failure.operator,
                                      "subtask": failure.subtask, "traceback": failure.traceback})
@@ -116,8 +133,9 @@ class Failover:
             return self._fail(failure, f" (restart attempts exhausted: {self.restart.attempts})"
                               if self.restart.attempts else "")
         if completed:
-            source, checkpoint_id = RestoreSource.CHECKPOINT, completed[-1]
-        elif self.initial_checkpoint is not None:
+            return Restart(restart, self.restart.delay_before(restart), RestoreSource.CHECKPOINT,
+                           completed[-1], region)
+        if self.initial_checkpoint is not None:
             source, checkpoint_id = RestoreSource.SAVEPOINT, self.initial_checkpoint
         else:
             source, checkpoint_id = RestoreSource.BEGINNING, None

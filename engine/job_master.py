@@ -9,10 +9,13 @@ on its queue:
 * a subtask's ``await_termination`` call returned FAILED, or raised because
   its process died (``RayActorError``) — the job fails over.
 
-Failover is global: every subtask is killed and the job is redeployed as a
-new *attempt* from the latest completed checkpoint, after the restart
-strategy's delay, until its attempts run out. Messages of older attempts are
-dropped everywhere. A job without checkpoints fails on the first failure.
+A failover redeploys the job as a new *attempt* from the latest completed
+checkpoint, after the restart strategy's delay, until its attempts run out:
+the failed subtask's pipelined region alone (:mod:`~raystream.engine.regions`)
+when the job has independent regions and nothing is in doubt
+(:meth:`JobMaster._region_of`), otherwise every subtask. Messages of older
+attempts are dropped everywhere. A job without checkpoints fails on the first
+failure.
 
 End of input (FLIP-147): once every subtask has finished, the master triggers
 a final checkpoint; the job is FINISHED when it completes, so the tail of the
@@ -42,6 +45,7 @@ from raystream.checkpoint.barrier import SnapshotKind
 from raystream.checkpoint.restore import RestoreSpec
 from raystream.checkpoint.coordinator import (CheckpointCoordinator, CheckpointStatus,
                                               CommittedSavepoint, TooManyCheckpointFailures)
+from raystream.checkpoint.config import AlignmentMode
 from raystream.checkpoint.coordinator_holder import CoordinatorFailure, OperatorCoordinators
 from raystream.checkpoint.handles import OperatorSubtaskState
 from raystream.checkpoint.metadata import RowCounts
@@ -52,10 +56,11 @@ from raystream.checkpoint.subtask_gateway import EventDeliveryError, GatewayProt
 from raystream.engine import master_journal, registry
 from raystream.engine.actor_pool import assignment_of, forget_assignment, remember_assignment
 from raystream.engine.deployment import (NAMESPACE, SUBTASK_SCHEDULING, Deployment,
-                                         SubtaskFailure, deployment_failure, failure_of)
+                                         RegionRefused, SubtaskFailure, deployment_failure,
+                                         failure_of)
 from raystream.engine.diagnosis import JobDiagnosis, PendingCheckpointView
 from raystream.engine.errors import JobNotFoundError
-from raystream.engine.failover import Failover, Failure, FailJob, Restart
+from raystream.engine.failover import Failover, FailoverStrategy, Failure, FailJob, Restart
 from raystream.core.failpoints import Failpoints, InjectedFailure
 from raystream.engine.job_events import (CancelRequested, CheckpointAcknowledged,
                                          CheckpointDeclined, GatewayAcknowledged, JobEvent,
@@ -71,6 +76,7 @@ from raystream.engine.master_journal import JournalEntry
 from raystream.engine.metrics import JobMetricsExporter
 from raystream.checkpoint.local_recovery import StateOrigin
 from raystream.engine.recovery import Recovery, RecoveryLog, RecoveryStage, RestoredFrom
+from raystream.engine.regions import Region, Regions
 from raystream.engine.savepoint_failure import SavepointFailure, SavepointFailureCause
 from raystream.engine.savepoint_requests import SavepointRequests
 
@@ -153,6 +159,12 @@ class JobMaster:
         self.deployment = Deployment(job_id, job_name, plan, options)
         self.finished: dict[SubtaskKey, dict] = {}  # this attempt's finished subtasks' results
         self.failover = Failover(options.restart)
+        self.regions = Regions.of_plan(plan)
+        # a region failover is under way until the job completes a checkpoint after it: a
+        # failure meanwhile restarts the whole job
+        self._region_restarting = False
+        # operator name -> its vertex (events from subtasks name their operator)
+        self._vertex_of = {node.name: v.id for v in plan.vertices for node in v.nodes}
         self.recoveries = RecoveryLog(subtasks=plan.num_subtasks())  # one per failover
         self.coordinator: CheckpointCoordinator | None = None
         # the operator coordinators (split enumerators, ...) with their subtask gateways
@@ -515,17 +527,19 @@ class JobMaster:
             case CancelRequested():
                 self.deployment.cancel()
                 return JobOutcome(JobStatus.CANCELED)
-            case SubtaskFinished(attempt, subtask, results) if attempt == self.attempt:
+            case SubtaskFinished(attempt, subtask, results) if self._runs(subtask, attempt):
                 self.finished[subtask] = results
             case SavepointRequested(request):
                 if self.savepoints.request(request, coordinator):
                     self.deployment.drain_sources()  # the final checkpoint goes to its path
             case OperatorEventReceived(attempt, operator, index, payload) if (
-                    attempt == self.attempt):
+                    self._runs((self._vertex_of[operator], index), attempt)):
                 self.operator_coordinators.handle_event_from_subtask(operator, index, payload)
-            case GatewayAcknowledged(attempt, operators, index, n) if attempt == self.attempt:
+            case GatewayAcknowledged(attempt, operators, index, n) if operators and self._runs(
+                    (self._vertex_of[operators[0]], index), attempt):
                 self.operator_coordinators.acknowledge(list(operators), index, n)
-            case SubtaskReachedStage(attempt, subtask, stage, at, origin) if attempt == self.attempt:
+            case SubtaskReachedStage(attempt, subtask, stage, at, origin) if self._runs(
+                    subtask, attempt):
                 came = origin and RestoredFrom(self.deployment.subtask_name(subtask), origin)
                 self.recoveries.timed(attempt, lambda clock: clock.reached(stage, subtask, at=at,
                                                                            restored_from=came))
@@ -535,6 +549,11 @@ class JobMaster:
             case CheckpointDeclined(attempt, n, subtask, reason) if coordinator is not None:
                 coordinator.decline(attempt, n, subtask, reason)
         return None  # anything else: an older attempt's, or no coordinator to hand it to
+
+    def _runs(self, subtask: tuple[int, int], attempt: int) -> bool:
+        """Does ``subtask`` run ``attempt`` now (after a region failover, not every
+        subtask runs the newest)?"""
+        return self.deployment.attempts.get(subtask) == attempt
 
     def _maybe_finish(self) -> JobOutcome | None:
         if len(self.finished) < len(self.deployment.actors):
@@ -594,10 +613,12 @@ class JobMaster:
 
     # -- failover ---------------------------------------------------------------------------------
     def _failover(self, failure: Failure) -> JobOutcome | None:
-        """Restart the job from its latest checkpoint, or end it FAILED (the outcome)."""
+        """Restart the job (or the failed subtask's region) from its latest checkpoint, or
+        end it FAILED (the outcome)."""
         coordinator, detected = self.coordinator, time.time()
         decision = self.failover.on_failure(
-            failure, coordinator.completed_ids() if coordinator else None, at=detected)
+            failure, coordinator.completed_ids() if coordinator else None, at=detected,
+            region=self._region_of(failure))
         restarts = not isinstance(decision, FailJob)
         self.savepoints.answer_open(
             coordinator, SavepointFailureCause.FAILOVER if restarts
@@ -608,8 +629,9 @@ class JobMaster:
             self.deployment.cancel()
             return self._failed(decision)
         assert coordinator is not None  # only a job with checkpoints restarts
-        self._set_status(JobStatus.RESTARTING)
-        self._publish()
+        if decision.region is None:  # a region failover: the rest of the job runs on
+            self._set_status(JobStatus.RESTARTING)
+            self._publish()
         coordinator.abort_all(f"failover after: {failure.error}")
         lost_nodes = self.deployment.lost_nodes()
         time.sleep(decision.delay_s)
@@ -621,6 +643,11 @@ class JobMaster:
             return self._failover(Failure(f"could not restore: {exc}", operator="restore"))
         except (CorruptCheckpointError, OSError, RuntimeError) as exc:  # nowhere to go back to
             return self._failed(Failover.cannot_restore(failure, str(exc)))
+        if (decision.region is not None and restore is not None and not lost_nodes
+                and restore.checkpoint_id == decision.checkpoint_id):
+            return self._restart_region(decision.region, restore, recovery)
+        if decision.region is not None:  # the newest checkpoint is not what it restores
+            self._set_status(JobStatus.RESTARTING)
         try:
             self.operator_coordinators.reset_to(restore)
             self.recoveries.begin(recovery.restoring(restore.checkpoint_id if restore else None,
@@ -630,6 +657,58 @@ class JobMaster:
         except RayActorError as exc:  # a subtask died while being wired: fail over again
             return self._failover(failure_of(deployment_failure(exc)))
         self._set_status(JobStatus.RUNNING)
+        return None
+
+    def _region_of(self, failure: Failure) -> Region | None:
+        """The subtasks that may restart alone after ``failure``, or None: the whole job
+        restarts whenever anything is in doubt. Not for a failure that is not one
+        subtask's (the coordinator's, a master's, a deployment's), during another region's
+        restart, with unaligned checkpoints (a survivor's input channel state could hold
+        what died with the failed subtask), while the job drains, with a coordinator that
+        cannot reset one subtask, after a savepoint, for a region that holds a committer
+        or leaves none of the job running (a keyed job), or once a committer finished."""
+        config, coordinator = self.options.checkpoints, self.coordinator
+        if (self.options.failover is not FailoverStrategy.REGION or failure.vertex is None
+                or failure.subtask is None or self._region_restarting or config is None
+                or coordinator is None or config.alignment is not AlignmentMode.ALIGNED
+                or config.aligned_timeout is not None
+                or self.savepoints.drain_target() is not None):
+            return None
+        latest = coordinator.latest()
+        if latest is None or latest.is_savepoint:
+            return None
+        region = self.regions.restart_set((failure.vertex, failure.subtask))
+        if region is None or any(key in self.finished for key in self.regions.committers):
+            return None
+        return region if self.operator_coordinators.support_subtask_reset() else None
+
+    def _restart_region(self, region: Region, restore: RestoreSpec,
+                        recovery: Recovery) -> JobOutcome | None:
+        """Redeploy ``region`` alone from ``restore`` as the current attempt (a region
+        failover); if that fails, the whole job restarts."""
+        assert self.coordinator is not None
+        names = tuple(sorted(self.deployment.subtask_name(key) for key in region))
+        coordinated = {(node.name, index) for vertex, index in region
+                       for node in self.plan.vertices[vertex].nodes if node.coordinator}
+        self._region_restarting = True
+        log.warning("job %s: restarting region %s from checkpoint %d as attempt %d",
+                    self.job_id, ", ".join(names), restore.checkpoint_id, self.attempt)
+        self.operator_coordinators.subtask_reset(coordinated, restore.checkpoint_id)
+        self.coordinator.start_region(self.attempt, region)
+        for key in region:
+            self.finished.pop(key, None)
+        self.recoveries.begin(recovery.restoring(restore.checkpoint_id, (), names))
+        self._note()
+        try:
+            deployed = self.deployment.deploy_region(self.attempt, region, restore)
+        except (RayActorError, RegionRefused) as exc:
+            return self._failover(Failure(f"the restart of region {', '.join(names)} failed: "
+                                          f"{type(exc).__name__}: {exc}".splitlines()[0],
+                                          operator="region failover"))
+        self.recoveries.timed(self.attempt, lambda clock: clock.deployed(
+            cancelled_at=deployed.cancelled_at, deployed_at=deployed.started_at))
+        if coordinated:
+            self.operator_coordinators.bind(self.deployment.event_transport(), only=coordinated)
         return None
 
     @staticmethod
@@ -652,6 +731,7 @@ class JobMaster:
         """Deploy the current attempt (none of it on ``avoid_nodes``) and bind the operator
         coordinators to its subtasks."""
         self.finished = {}
+        self._region_restarting = False
         if self.coordinator is not None:
             self.coordinator.start_attempt(self.attempt, self._coordinator_failpoints(),
                                            rows=restore.rows if restore else RowCounts())
@@ -662,7 +742,7 @@ class JobMaster:
         self.recoveries.timed(self.attempt, lambda clock: clock.deployed(
             cancelled_at=deployed.cancelled_at, deployed_at=deployed.started_at))
         if self.operator_coordinators:
-            self.operator_coordinators.bind(self.deployment.event_transport(self.attempt))
+            self.operator_coordinators.bind(self.deployment.event_transport())
 
     def _notify_complete(self, n: int) -> None:
         """Checkpoint ``n`` completed: its subtasks are told (committers commit it)."""
@@ -671,6 +751,7 @@ class JobMaster:
             # noted before anything is committed: a successor must not restore past it
             self._committed_savepoint = CommittedSavepoint(n, latest.storage_uri)
             self._note()
+        self._region_restarting = False  # the restarted region took part in it
         self.deployment.notify_checkpoint_complete(n, self.attempt)
 
     def _master_failpoints(self) -> Failpoints:
@@ -692,6 +773,6 @@ class JobMaster:
             topology=self.plan.describe(),
             send_trigger=deployment.trigger_checkpoint,
             notify_complete=self._notify_complete,
-            notify_aborted=lambda n: deployment.notify_checkpoint_aborted(n, self.attempt),
+            notify_aborted=deployment.notify_checkpoint_aborted,
             failpoints=self._coordinator_failpoints(),
             operator_coordinators=self.operator_coordinators)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from raystream.checkpoint.config import CheckpointConfig, RestartStrategy
 from raystream.core.failpoints import Failpoint
+from raystream.engine.failover import FailoverStrategy
 from raystream.engine.job_progress import Extent
 from raystream.engine.plan import JobPlan
 
@@ -19,6 +20,7 @@ class JobOptions:
     stop_timeout_s: float = 30.0  # for every subtask to stop (and confirm its final commit)
     checkpoints: CheckpointConfig | None = None
     restart: RestartStrategy = field(default_factory=RestartStrategy.none)
+    failover: FailoverStrategy = FailoverStrategy.REGION
     failpoints: tuple[Failpoint, ...] = ()
     restore_from: str | None = None
     submission_id: str | None = None  # the Ray Jobs API submission that runs the driver

@@ -73,6 +73,7 @@ class Recovery:
     lost_nodes: tuple[str, ...] = ()
     stages: tuple[float, ...] = (0.0,)  # seconds since detection, one per stage reached
     restored_from: tuple[RestoredFrom, ...] = ()  # by subtask, in the order they reported
+    region: tuple[str, ...] = ()  # a region failover's subtasks (``chain[index]``); (): all
 
     @classmethod
     def detected(cls, *, attempt: int, failure: str, at: float) -> Recovery:
@@ -96,8 +97,10 @@ class Recovery:
         # clocks of different processes may disagree by a little: a stage never precedes
         return dataclasses.replace(self, stages=(*self.stages, max(seconds, self.stages[-1])))
 
-    def restoring(self, checkpoint_id: int | None, lost_nodes: tuple[str, ...]) -> Recovery:
-        return dataclasses.replace(self, checkpoint_id=checkpoint_id, lost_nodes=lost_nodes)
+    def restoring(self, checkpoint_id: int | None, lost_nodes: tuple[str, ...],
+                  region: tuple[str, ...] = ()) -> Recovery:
+        return dataclasses.replace(self, checkpoint_id=checkpoint_id, lost_nodes=lost_nodes,
+                                   region=region)
 
     def restored(self, subtask: str, origin: StateOrigin) -> Recovery:
         """This recovery with ``subtask``'s state restored from ``origin``."""
@@ -125,7 +128,8 @@ class Recovery:
                 "checkpoint_id": self.checkpoint_id, "lost_nodes": list(self.lost_nodes),
                 "restore_s": self.restore_s,
                 "stages": {s.value: t for s, t in zip(STAGES, self.stages)},
-                "restored_from": {r.subtask: r.origin.value for r in self.restored_from}}
+                "restored_from": {r.subtask: r.origin.value for r in self.restored_from},
+                "region": list(self.region)}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Recovery:
@@ -140,7 +144,8 @@ class Recovery:
         restored_from = tuple(RestoredFrom(subtask, StateOrigin(origin))
                               for subtask, origin in raw.get("restored_from", {}).items())
         return cls(raw["attempt"], raw["failure"], raw.get("at", 0.0), raw.get("checkpoint_id"),
-                   tuple(raw.get("lost_nodes", ())), times, restored_from)
+                   tuple(raw.get("lost_nodes", ())), times, restored_from,
+                   tuple(raw.get("region", ())))
 
 
 class RecoveryClock:
@@ -217,9 +222,10 @@ class RecoveryLog:
         self._clock: RecoveryClock | None = None
 
     def begin(self, recovery: Recovery) -> None:
-        """``recovery`` is under way: the attempt it deploys is timed by stage from now on."""
+        """``recovery`` is under way: the attempt it deploys (the job's subtasks, or its
+        region's) is timed by stage from now on."""
         self.recoveries.append(recovery)
-        self._clock = RecoveryClock(recovery, self.subtasks)
+        self._clock = RecoveryClock(recovery, len(recovery.region) or self.subtasks)
 
     def timed(self, attempt: int, change: Callable[[RecoveryClock], None]) -> None:
         """Apply what ``attempt``'s deployment or a subtask reported to the recovery under

@@ -17,6 +17,20 @@
   committables under ``k`` again, skipping those already committed — so a
   checkpoint whose notification was lost is committed on restore.
 
+Region failover (:mod:`raystream.engine.regions`): the committer is not part
+of its writers' regions, so it keeps running (and committing) when one writer's
+region restarts from checkpoint ``k``. Each committable travels with the
+writer subtask and attempt that handed it over and the checkpoint it belongs
+to; the committer then drops those of the writer's failed attempt that belong
+to checkpoints after ``k`` (:meth:`CommitterOperator.upstream_restarted`):
+the restored writer writes that output again, and nothing after ``k`` was
+committed (``k`` is the newest completed checkpoint, and no later one
+completes without the restored writer). What it handed over up to ``k`` is
+in the committer's state of ``k`` (aligned: it came before barrier ``k``) and
+stays, as do the other writers' committables of the checkpoints the failover
+aborted: they are committed with the next completed one, since a commit takes
+everything pending up to its checkpoint (Flink's ``CommitterOperator``).
+
 A writer may leave the slow part of making its committables durable to the
 subtask's snapshot thread (:meth:`SinkWriter.make_durable`), as a state file
 is written there: the checkpoint is acknowledged only after it succeeded.
@@ -50,6 +64,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from dataclasses import dataclass
 from typing import Callable
 
 import pyarrow as pa
@@ -60,7 +75,19 @@ from raystream.actors.operator import (CountsWrittenRows, Operator, OperatorSnap
 log = logging.getLogger(__name__)
 
 STATE_FORMAT = 1
-_TRANSPORT = pa.schema([("checkpoint", pa.int64()), ("committable", pa.string())])
+_TRANSPORT = pa.schema([("checkpoint", pa.int64()), ("committable", pa.string()),
+                        ("subtask", pa.int32()), ("attempt", pa.int32())])
+
+
+@dataclass(frozen=True)
+class Handed:
+    """A committable as the committer holds it: from writer ``subtask``'s ``attempt``,
+    for ``checkpoint`` (-1 and -1: restored, from before the restored checkpoint)."""
+
+    committable: dict
+    checkpoint: int
+    subtask: int = -1
+    attempt: int = -1
 
 
 class SinkContext:
@@ -171,9 +198,11 @@ class SinkWriterOperator(CountsWrittenRows, Operator):
         committables = self.writer.prepare_commit(checkpoint_id)
         if committables:
             label = checkpoint_id if checkpoint_id is not None else self.last_checkpoint + 1
+            n, ctx = len(committables), self.ctx
             self.output.emit(pa.RecordBatch.from_pydict({
-                "checkpoint": [label] * len(committables),
-                "committable": [json.dumps(c, sort_keys=True) for c in committables]},
+                "checkpoint": [label] * n,
+                "committable": [json.dumps(c, sort_keys=True) for c in committables],
+                "subtask": [ctx.subtask_index] * n, "attempt": [ctx.attempt] * n},
                 schema=_TRANSPORT))
 
     def prepare_snapshot_pre_barrier(self, checkpoint_id: int) -> None:
@@ -199,8 +228,8 @@ class CommitterOperator(SinkOperator):
         super().__init__(name)
         self.committer = committer
         self.incarnation: str | None = None
-        self.pending: dict[int, list[dict]] = {}  # checkpoint id -> committables
-        self.incoming: list[dict] = []  # received since the last snapshot
+        self.pending: dict[int, list[Handed]] = {}  # checkpoint id -> committables
+        self.incoming: list[Handed] = []  # received since the last snapshot
         self.commits = 0  # commits made by this instance
 
     def initialize_state(self, restored: RestoredState | None) -> None:
@@ -220,7 +249,8 @@ class CommitterOperator(SinkOperator):
             return  # what that run had pending is its own output, not this run's
         for state in states:
             for checkpoint_id, committables in state["pending"]:
-                self.pending.setdefault(int(checkpoint_id), []).extend(committables)
+                self.pending.setdefault(int(checkpoint_id), []).extend(
+                    Handed(c, int(checkpoint_id)) for c in committables)
         k = restored.checkpoint_id
         # What the snapshot's run committed after it will be produced again from here.
         dropped = self.committer.truncate(origin, above=k)
@@ -232,7 +262,7 @@ class CommitterOperator(SinkOperator):
             done |= self.committer.committed_ids(self.incarnation)
         for checkpoint_id in list(self.pending):
             left = [c for c in self.pending[checkpoint_id]
-                    if self.committer.committable_id(c) not in done]
+                    if self.committer.committable_id(c.committable) not in done]
             if left:
                 self.pending[checkpoint_id] = left
             else:
@@ -242,14 +272,30 @@ class CommitterOperator(SinkOperator):
         self._commit_upto(k)
 
     def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
-        self.incoming.extend(json.loads(c) for c in batch.column("committable").to_pylist())
+        self.incoming.extend(
+            Handed(json.loads(c), n, subtask, attempt) for c, n, subtask, attempt in zip(
+                *(batch.column(name).to_pylist()
+                  for name in ("committable", "checkpoint", "subtask", "attempt"))))
+
+    def upstream_restarted(self, upstream: int, attempt: int, checkpoint_id: int) -> None:
+        # (module doc) what the writer's older attempts handed over for later checkpoints
+        # is written again by ``attempt``; up to ``checkpoint_id`` it stays
+        def kept(c: Handed) -> bool:
+            return not (c.subtask == upstream and c.attempt < attempt
+                        and c.checkpoint > checkpoint_id)
+        self.incoming = [c for c in self.incoming if kept(c)]
+        for n in list(self.pending):
+            self.pending[n] = [c for c in self.pending[n] if kept(c)]
+            if not self.pending[n]:
+                del self.pending[n]
 
     def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot | None:
         if self.incoming:
             self.pending.setdefault(checkpoint_id, []).extend(self.incoming)
             self.incoming = []
         data = json.dumps({"format": STATE_FORMAT, "incarnation": self.incarnation,
-                           "pending": [[c, items] for c, items in sorted(self.pending.items())]},
+                           "pending": [[c, [h.committable for h in items]]
+                                       for c, items in sorted(self.pending.items())]},
                           sort_keys=True, separators=(",", ":")).encode()
         return OperatorSnapshot(operator_state=lambda: data)  # serialized now: consistent
 
@@ -270,7 +316,7 @@ class CommitterOperator(SinkOperator):
         if self.incarnation is None:
             raise RuntimeError(f"{self.name}: a commit before its state was initialized")
         self.committer.commit(self.incarnation, checkpoint_id,
-                              [c for i in ids for c in self.pending[i]])
+                              [c.committable for i in ids for c in self.pending[i]])
         self.commits += 1
         for i in ids:
             del self.pending[i]
