@@ -67,10 +67,9 @@ def assert_exact(path: str) -> None:
     pd.testing.assert_frame_equal(out[["i", "v", "w"]], oracle(), check_dtype=False)
 
 
-def region_job(tmp_path, *, failpoints=(), failover: str = "region"
-               ) -> tuple[rs.StreamEnvironment, str, Brake, Brake]:
+def region_job(tmp_path, *, failpoints=()) -> tuple[rs.StreamEnvironment, str, Brake, Brake]:
     env = checkpointed_env(str(tmp_path / "chk"), interval_s=0.2, failpoints=failpoints)
-    env.failover = FailoverStrategy(failover)
+    assert env.failover is FailoverStrategy.REGION  # the default
     path = str(tmp_path / "out")
     low, high = Brake(str(tmp_path), 0.05), Brake(str(tmp_path), 0.05)
     env.from_sequence(N, rows, batch_size=50, num_splits=2, name="numbers").map_batches(

@@ -25,6 +25,7 @@ from pathlib import Path as FsPath
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 import raystream as rs
 from raystream.spark.commit_log import read_committed
@@ -44,7 +45,7 @@ KEYED = {JobKind.TUMBLING: "window", JobKind.SLIDING: "window", JobKind.SESSION:
          JobKind.REDUCE: "sum", JobKind.PROCESS: "process", JobKind.WINDOW_JOIN: "join",
          JobKind.COUNT_WINDOW: "count-window", JobKind.INTERVAL_JOIN: "join",
          JobKind.CO_PROCESS: "co-process", JobKind.BROADCAST: "weigh",
-         JobKind.TRIGGERED: "window"}
+         JobKind.TRIGGERED: "window", JobKind.REGIONS: "map"}
 CO_PROCESS_DELAY_MS = 500  # SideCounts' and Weigh's timer after a row's time
 RULES = rs.MapStateDescriptor("rules")  # Weigh's broadcast state: rule time -> weight
 RULE_EVERY = 50  # the broadcast rules: every 50th row's time (2 ms apart: one per 100 ms)
@@ -56,6 +57,7 @@ INTERVAL_S = 0.15  # the jobs' checkpoint interval
 RESTART_S = 10.0
 LIVENESS_S = 3 * INTERVAL_S + RESTART_S
 DIAGNOSE_EVERY_S = 0.5
+REGION_SPLITS = 4  # the regions job's source splits (its readers get 2 or 1 each)
 DIED = re.compile(r"subtask (\d+)/\d+ of '([^']+)' died")  # a subtask's failure, as reported
 
 
@@ -217,6 +219,11 @@ def trigger_of(scenario: Scenario) -> rs.Trigger | None:
     return rs.PurgingTrigger(count) if scenario.trigger_purges else count
 
 
+def with_double_x(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """The regions job's map: ``y = 2 x`` beside the input's columns."""
+    return batch.append_column("y", pc.multiply(batch.column("x"), 2.0))
+
+
 def add(acc: dict, row: dict) -> dict:
     return {**row, "x": acc["x"] + row["x"], "n": acc["n"] + row["n"]}
 
@@ -238,7 +245,13 @@ def build(scenario: Scenario, env: rs.StreamEnvironment, out: str, pace: Throttl
                                   parallelism=1)
 
     late = None
-    if scenario.job is JobKind.REDUCE:
+    if scenario.job is JobKind.REGIONS:
+        # at the job's parallelism all the way: one region per subtask, and the committer
+        rows = env.from_sequence(events.n, events.columns, batch_size=events.batch,
+                                 num_splits=REGION_SPLITS, name="source", watermarks=watermarks)
+        result = rows.map_batches(pace or (lambda batch: batch), name="source-throttle"
+                                  ).map_batches(with_double_x, name="map")
+    elif scenario.job is JobKind.REDUCE:
         # two readers of one half of the rows each: their union feeds the running sums
         half = events.n // 2
         first = source("source", lambda i: reduce_columns(events, i), half)
@@ -365,11 +378,13 @@ def _run(scenario: Scenario, work: FsPath, placed: list[str]) -> list[str]:
             tables.append(result.table(sink))
         if late is not None:
             late_tables.append(result.table(late))
-        local_differences = local_recovery_differences(scenario, result, kills, parallelism)
+        local_differences = (local_recovery_differences(scenario, result, kills, parallelism)
+                             + region_differences(scenario, result, kills, parallelism))
         if local_differences:
             return local_differences
         origins = [o for row in result.restores for o in row.get("restored_from", {}).values()]
-        placed.append(f"run {number}: {result.restarts} restarts, "
+        regions = sum(bool(row.get("region")) for row in result.restores)
+        placed.append(f"run {number}: {result.restarts} restarts ({regions} of a region), "
                       f"{origins.count('local')} of {len(origins)} subtask restores local")
         number += 1
     if scenario.sink is Sink.PARQUET:
@@ -400,9 +415,41 @@ def local_recovery_differences(scenario: Scenario, result: rs.JobResult, kills: 
             differences.append(f"local recovery: the killed {operator}[{subtask}] reports a "
                                f"local restore: {origins}")
         if (scenario.backend is Backend.HEAP and row["checkpoint_id"] is not None
+                and not row.get("region")  # a region's survivors restore nothing
                 and "local" not in origins.values()):
             differences.append(f"local recovery: no survivor of the SIGKILL of "
                                f"{operator}[{subtask}] restored locally: {origins}")
+    return differences
+
+
+def region_differences(scenario: Scenario, result: rs.JobResult, kills: list[Failure],
+                       parallelism: int) -> list[str]:
+    """Region failover: a restart of a region restarts one subtask index of the chain and
+    nothing else (no survivor restored state, the committer never); and in the regions job
+    with aligned checkpoints and nothing else in doubt (no corruption, outage or master
+    kill in the run), each SIGKILL after checkpoints restarted the killed subtask's region
+    alone, not the job."""
+    differences = []
+    for row in result.restores:
+        region = row.get("region") or []
+        indexes = {name.rsplit("[", 1)[1] for name in region}
+        if region and (len(indexes) != 1 or any("committer" in name for name in region)
+                       or not set(row.get("restored_from", {})) <= set(region)):
+            differences.append(f"region failover restarted more than one region: {row}")
+    in_doubt = (FailureKind.CORRUPT_NEWEST, FailureKind.STORAGE_OUTAGE, FailureKind.MASTER_KILL,
+                FailureKind.MASTER_KILL_IN_RESTORE, FailureKind.MASTER_KILL_IN_STOP)
+    if (scenario.job is not JobKind.REGIONS or parallelism < 2
+            or scenario.alignment is not Alignment.ALIGNED
+            or any(f.kind in in_doubt for f in scenario.failures)):
+        return differences
+    for failure in kills:
+        subtask = failure.subtask % parallelism if failure.target == "keyed" else 0
+        rows = [row for row in result.restores
+                if (died := DIED.search(row["failure"])) is not None
+                and int(died[1]) == subtask + 1 and "map" in died[2].split(" -> ")]
+        if rows and rows[0].get("region") != [f"source -> source-throttle -> map -> out[{subtask}]"]:
+            differences.append(f"the SIGKILL of subtask {subtask} did not restart its region "
+                               f"alone: {rows[0]}")
     return differences
 
 
@@ -645,6 +692,12 @@ def compare(scenario: Scenario, rows: list[dict], late_rows: list, reference_dir
         return emission_differences(join_emissions_of(rows), expected)
     if job is JobKind.REDUCE:
         return running_sum_differences(scenario, rows)
+    if job is JobKind.REGIONS:  # every input row once, with its y
+        e = scenario.events.all()
+        return row_differences(canonical(rows), canonical(
+            [{"user": u, "ts": t, "x": x, "y": 2 * x}
+             for u, t, x in zip(e["user"].tolist(), e["ts"].tolist(), e["x"].tolist())]),
+            "the input, mapped by numpy")
     if job is JobKind.CO_PROCESS:
         return row_differences(canonical(rows), side_counts(scenario.events), "the numpy model")
     if job is JobKind.BROADCAST:

@@ -42,6 +42,8 @@ class JobKind(enum.Enum):
     TRIGGERED = "triggered"      # count and sum per (key, 1 s window), fired by a count
                                  # trigger every TRIGGER_COUNT rows of the window (purging
                                  # them, or not: then each firing holds all so far)
+    REGIONS = "regions"          # a row-wise map from a source at the job's parallelism into
+                                 # the sink: a pipelined region per subtask (region failover)
 
 
 FIRST_JOBS = [JobKind.TUMBLING, JobKind.SLIDING, JobKind.SESSION, JobKind.REDUCE,
@@ -138,6 +140,9 @@ TRIGGER_COUNT = 2  # a window holds 21 or 22 on-time rows of a key: one within t
 # and from 6000 on the broadcast one.
 CO_PROCESS_FROM_SEED = 5000
 BROADCAST_FROM_SEED = 6000
+# Seeds from here on may run the embarrassingly parallel job instead (drawn apart), at a
+# parallelism of 2 or 3: its failures restart one region where nothing is in doubt.
+REGIONS_FROM_SEED = 14000
 # Seeds from here on may take the disk backend's checkpoints incrementally (drawn apart).
 INCREMENTAL_FROM_SEED = 7000
 # Seeds from here on may also kill the job master (drawn apart, likewise),
@@ -253,6 +258,7 @@ def generate(seed: int) -> Scenario:
     scenario = _with_process_window(scenario, random.Random(f"{seed}/process_window"))
     scenario = _with_session_join(scenario, random.Random(f"{seed}/session_join"))
     scenario = _with_trigger(scenario, random.Random(f"{seed}/trigger"))
+    scenario = _with_regions(scenario, random.Random(f"{seed}/regions"))
     scenario = _with_backend(scenario, random.Random(f"{seed}/backend"))
     scenario = _with_incremental(scenario, random.Random(f"{seed}/incremental"))
     return _with_master_kill(scenario, random.Random(f"{seed}/master"))
@@ -338,6 +344,16 @@ def _with_trigger(scenario: Scenario, rng: random.Random) -> Scenario:
         scenario, job=JobKind.TRIGGERED, trigger_purges=rng.random() < 0.5,
         path=rng.choice([Path.DENSE, Path.GENERIC, Path.PROCESS_WINDOW]),
         lateness_ms=rng.choice([0, 2500]), session_gap_ms=None)
+
+
+def _with_regions(scenario: Scenario, rng: random.Random) -> Scenario:
+    """Later seeds run the embarrassingly parallel job instead about a quarter of the
+    time, at parallelism 2 or 3 (a region per subtask), on the heap (it keeps no keyed
+    state)."""
+    if scenario.seed < REGIONS_FROM_SEED or rng.random() >= 0.25:
+        return scenario
+    return dataclasses.replace(scenario, job=JobKind.REGIONS, path=Path.DENSE, lateness_ms=0,
+                               parallelism=rng.choice([2, 3]), session_gap_ms=None)
 
 
 def _with_incremental(scenario: Scenario, rng: random.Random) -> Scenario:

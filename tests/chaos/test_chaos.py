@@ -54,12 +54,13 @@ from tests.chaos.scenarios import (DISK_WINDOW_JOBS, PROCESS_WINDOWS_FROM_SEED,
 # unaligned, with lateness, a kill while deploying and the master killed while the job
 # restores.
 CI_SEEDS = [1, 3, 6, 43, 64, 71, 1004, 1005, 2049, 4002, 5000, 6055, 7164, 8007, 8022, 9025,
-            9161, 9168, 10001, 10008, 10228, 11380, 11403, 12158, 12989, 13019]
+            9161, 9168, 10001, 10008, 10228, 11380, 11403, 12158, 12989, 13019, 14010, 14050]
 # The default tier's slice (the rest run with ./dev test --all): the failure kinds the
 # rest of the default tier does not place, in four jobs — 43 late data with lateness;
 # 1004 a kill while deploying, a stop restored at p=1 and a kill; 2049 disk state through
-# a kill while deploying, kills and a storage outage; 4002 the job master killed.
-DEFAULT_SEEDS = {43, 1004, 2049, 4002}
+# a kill while deploying, kills and a storage outage; 4002 the job master killed; 14010
+# the embarrassingly parallel job at p=3, whose SIGKILL restarts one region.
+DEFAULT_SEEDS = {43, 1004, 2049, 4002, 14010}
 
 
 @pytest.mark.parametrize("seed", [seed if seed in DEFAULT_SEEDS else
