@@ -13,7 +13,7 @@ A failover redeploys the job as a new *attempt* from the latest completed
 checkpoint, after the restart strategy's delay, until its attempts run out:
 the failed subtask's pipelined region alone (:mod:`~raystream.engine.regions`)
 when the job has independent regions and nothing is in doubt
-(:meth:`JobMaster._region_of`), otherwise every subtask. Messages of older
+(:mod:`~raystream.engine.region_failover`), otherwise every subtask. Messages of older
 attempts are dropped everywhere. A job without checkpoints fails on the first
 failure.
 
@@ -60,7 +60,7 @@ from raystream.engine.deployment import (NAMESPACE, SUBTASK_SCHEDULING, Deployme
                                          failure_of)
 from raystream.engine.diagnosis import JobDiagnosis, PendingCheckpointView
 from raystream.engine.errors import JobNotFoundError
-from raystream.engine.failover import Failover, FailoverStrategy, Failure, FailJob, Restart
+from raystream.engine.failover import Failover, Failure, FailJob, Restart
 from raystream.core.failpoints import Failpoints, InjectedFailure
 from raystream.engine.job_events import (CancelRequested, CheckpointAcknowledged,
                                          CheckpointDeclined, GatewayAcknowledged, JobEvent,
@@ -76,6 +76,7 @@ from raystream.engine.master_journal import JournalEntry
 from raystream.engine.metrics import JobMetricsExporter
 from raystream.checkpoint.local_recovery import StateOrigin
 from raystream.engine.recovery import Recovery, RecoveryLog, RecoveryStage, RestoredFrom
+from raystream.engine.region_failover import Circumstances, RegionFailover
 from raystream.engine.regions import Region, Regions
 from raystream.engine.savepoint_failure import SavepointFailure, SavepointFailureCause
 from raystream.engine.savepoint_requests import SavepointRequests
@@ -160,9 +161,7 @@ class JobMaster:
         self.finished: dict[SubtaskKey, dict] = {}  # this attempt's finished subtasks' results
         self.failover = Failover(options.restart)
         self.regions = Regions.of_plan(plan)
-        # a region failover is under way until the job completes a checkpoint after it: a
-        # failure meanwhile restarts the whole job
-        self._region_restarting = False
+        self.region_failover = RegionFailover(self.regions, options.failover)
         # operator name -> its vertex (events from subtasks name their operator)
         self._vertex_of = {node.name: v.id for v in plan.vertices for node in v.nodes}
         self.recoveries = RecoveryLog(subtasks=plan.num_subtasks())  # one per failover
@@ -661,26 +660,22 @@ class JobMaster:
 
     def _region_of(self, failure: Failure) -> Region | None:
         """The subtasks that may restart alone after ``failure``, or None: the whole job
-        restarts whenever anything is in doubt. Not for a failure that is not one
-        subtask's (the coordinator's, a master's, a deployment's), during another region's
-        restart, with unaligned checkpoints (a survivor's input channel state could hold
-        what died with the failed subtask), while the job drains, with a coordinator that
-        cannot reset one subtask, after a savepoint, for a region that holds a committer
-        or leaves none of the job running (a keyed job), or once a committer finished."""
+        restarts whenever anything is in doubt (:mod:`~raystream.engine.region_failover`)."""
         config, coordinator = self.options.checkpoints, self.coordinator
-        if (self.options.failover is not FailoverStrategy.REGION or failure.vertex is None
-                or failure.subtask is None or self._region_restarting or config is None
-                or coordinator is None or config.alignment is not AlignmentMode.ALIGNED
-                or config.aligned_timeout is not None
-                or self.savepoints.drain_target() is not None):
+        if config is None or coordinator is None:
             return None
         latest = coordinator.latest()
-        if latest is None or latest.is_savepoint:
-            return None
-        region = self.regions.restart_set((failure.vertex, failure.subtask))
-        if region is None or any(key in self.finished for key in self.regions.committers):
-            return None
-        return region if self.operator_coordinators.support_subtask_reset() else None
+        failed = (None if failure.vertex is None or failure.subtask is None
+                  else (failure.vertex, failure.subtask))
+        verdict = self.region_failover.verdict(failed, Circumstances(
+            aligned=config.alignment is AlignmentMode.ALIGNED and config.aligned_timeout is None,
+            draining=self.savepoints.drain_target() is not None,
+            latest_is_savepoint=None if latest is None else latest.is_savepoint,
+            coordinators_reset=self.operator_coordinators.support_subtask_reset(),
+            finished=frozenset(self.finished)))
+        if verdict.region is None and len(self.regions.regions) > 1:
+            log.info("job %s: a global failover: %s", self.job_id, verdict.reason)
+        return verdict.region
 
     def _restart_region(self, region: Region, restore: RestoreSpec,
                         recovery: Recovery) -> JobOutcome | None:
@@ -690,7 +685,7 @@ class JobMaster:
         names = tuple(sorted(self.deployment.subtask_name(key) for key in region))
         coordinated = {(node.name, index) for vertex, index in region
                        for node in self.plan.vertices[vertex].nodes if node.coordinator}
-        self._region_restarting = True
+        self.region_failover.region_restarted()
         log.warning("job %s: restarting region %s from checkpoint %d as attempt %d",
                     self.job_id, ", ".join(names), restore.checkpoint_id, self.attempt)
         self.operator_coordinators.subtask_reset(coordinated, restore.checkpoint_id)
@@ -731,7 +726,7 @@ class JobMaster:
         """Deploy the current attempt (none of it on ``avoid_nodes``) and bind the operator
         coordinators to its subtasks."""
         self.finished = {}
-        self._region_restarting = False
+        self.region_failover.job_restarted()
         if self.coordinator is not None:
             self.coordinator.start_attempt(self.attempt, self._coordinator_failpoints(),
                                            rows=restore.rows if restore else RowCounts())
@@ -751,7 +746,7 @@ class JobMaster:
             # noted before anything is committed: a successor must not restore past it
             self._committed_savepoint = CommittedSavepoint(n, latest.storage_uri)
             self._note()
-        self._region_restarting = False  # the restarted region took part in it
+        self.region_failover.checkpoint_completed()  # a restarted region took part in it
         self.deployment.notify_checkpoint_complete(n, self.attempt)
 
     def _master_failpoints(self) -> Failpoints:

@@ -1,4 +1,5 @@
-"""What a job does after a failure (engine/failover.py): no Ray, no subtasks.
+"""What a job does after a failure (engine/failover.py; region or global:
+engine/region_failover.py): no Ray, no subtasks.
 
 The expected decisions are written out by hand from the restart strategies'
 documented semantics (attempts, delays) and the restore order: the newest
@@ -7,11 +8,15 @@ completed checkpoint, else the savepoint the job started from, else the beginnin
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from raystream.checkpoint.config import RestartStrategy
-from raystream.engine.failover import (Failover, FailJob, Failure, Restart,
+from raystream.engine.failover import (Failover, FailJob, Failure, FailoverStrategy, Restart,
                                        RestoreSource)
+from raystream.engine.region_failover import Circumstances, Phase, RegionFailover, Verdict
+from raystream.engine.regions import Regions
 
 BOOM = Failure("boom", operator="map", subtask=1, traceback="Traceback ...")
 
@@ -91,3 +96,54 @@ def test_the_attempt_numbers_count_the_restarts(attempts):
     decisions = [failover.on_failure(BOOM, completed=[3], at=0.0) for _ in range(attempts + 1)]
     assert [d.attempt for d in decisions if isinstance(d, Restart)] == list(range(1, attempts + 1))
     assert isinstance(decisions[-1], FailJob)
+
+
+# -- region or global (engine/region_failover.py) ---------------------------------------------
+
+def _regions() -> Regions:
+    # two writer regions (vertex 0 at p=2) and their committer (vertex 1)
+    return Regions((frozenset({(0, 0)}), frozenset({(0, 1)}), frozenset({(1, 0)})),
+                   committers=frozenset({(1, 0)}))
+
+
+def _calm(**changes) -> Circumstances:
+    return dataclasses.replace(Circumstances(aligned=True, draining=False,
+                                             latest_is_savepoint=False,
+                                             coordinators_reset=True, finished=frozenset()),
+                               **changes)
+
+
+def test_a_subtask_failure_restarts_its_region_only_when_nothing_is_in_doubt():
+    failover = RegionFailover(_regions(), FailoverStrategy.REGION)
+    assert failover.verdict((0, 1), _calm()).region == frozenset({(0, 1)})
+    in_doubt = {
+        "not one subtask's failure": (None, _calm()),
+        "unaligned checkpoints (channel state may name what died)":
+            ((0, 1), _calm(aligned=False)),
+        "the job drains": ((0, 1), _calm(draining=True)),
+        "no completed checkpoint": ((0, 1), _calm(latest_is_savepoint=None)),
+        "the newest checkpoint is a savepoint": ((0, 1), _calm(latest_is_savepoint=True)),
+        "an operator coordinator cannot reset one subtask":
+            ((0, 1), _calm(coordinators_reset=False)),
+        "a committer has finished": ((0, 1), _calm(finished=frozenset({(1, 0)}))),
+    }
+    for reason, (failed, now) in in_doubt.items():
+        assert failover.verdict(failed, now) == Verdict(None, reason)
+    # the committer's own failure, and the same job with failover="full"
+    assert failover.verdict((1, 0), _calm()).region is None
+    full = RegionFailover(_regions(), FailoverStrategy.FULL)
+    assert full.verdict((0, 1), _calm()).reason == "failover='full'"
+
+
+def test_a_failure_before_the_restarted_region_completes_a_checkpoint_restarts_the_job():
+    failover = RegionFailover(_regions(), FailoverStrategy.REGION)
+    failover.region_restarted()
+    assert failover.verdict((0, 0), _calm()).region is None  # the other region too
+    with pytest.raises(RuntimeError, match="restarting -> restarting"):
+        failover.region_restarted()
+    failover.checkpoint_completed()
+    assert failover.phase is Phase.STEADY
+    assert failover.verdict((0, 0), _calm()).region == frozenset({(0, 0)})
+    failover.region_restarted()
+    failover.job_restarted()  # the fallback: the whole job redeployed
+    assert failover.phase is Phase.STEADY
