@@ -211,6 +211,9 @@ class CheckpointCoordinator:
         self.shared_state = SharedStateRegistry(self.storage, job_key)
         self.history: dict[int, CheckpointStats] = {}
         self._rows_before = RowCounts()  # at the checkpoint this attempt restored
+        # each subtask's rows in its attempt at the newest completed checkpoint (none: it
+        # restored that one): what a region restored to it counts on from
+        self._rows_at_latest: dict[SubtaskKey, RowCounts] = {}
         self.failures_in_a_row = 0
         # The newest checkpoint whose completion was notified: its output may be committed
         # (what a committer did with the notification is not visible here).
@@ -403,18 +406,24 @@ class CheckpointCoordinator:
         self.attempt, self.failpoints = attempt, failpoints
         self.attempts = {}
         self._rows_before = rows
+        self._rows_at_latest = {}
         self.final_checkpoint = None
         # the restored subtasks have input to read again, and their final checkpoint is a
         # first one (a final checkpoint of the attempt before failed with it)
         self._input_ended = self._final_aborted = False
 
-    def start_region(self, attempt: int, subtasks: frozenset[SubtaskKey]) -> None:
-        """A region failover redeploys ``subtasks`` alone as ``attempt`` (the others go
-        on): their older attempts' acknowledgements are ignored from now on. They have
-        input to read again, so a final checkpoint is taken again once they finish."""
+    def start_region(self, attempt: int, subtasks: frozenset[SubtaskKey]) -> RowCounts:
+        """A region failover redeploys ``subtasks`` alone as ``attempt`` from the newest
+        completed checkpoint (the others go on): their older attempts' acknowledgements
+        are ignored from now on. They have input to read again, so a final checkpoint is
+        taken again once they finish. Returns their rows at that checkpoint in their
+        attempts before, which the job's counts keep (the new attempt counts from 0)."""
+        kept = sum((self._rows_at_latest.pop(s, RowCounts()) for s in subtasks), RowCounts())
+        self._rows_before += kept
         self.attempts.update(dict.fromkeys(subtasks, attempt))
         self.final_checkpoint = None
         self._input_ended = self._final_aborted = False
+        return kept
 
     def runs(self, subtask: SubtaskKey, attempt: int) -> bool:
         """Is ``attempt`` the one ``subtask`` runs now?"""
@@ -448,6 +457,7 @@ class CheckpointCoordinator:
         if not pending.kind.commits:
             return  # a savepoint of a running job: no commit, no failover target
         self.completed.append(CompletedCheckpoint(n, metadata, storage.uri, job_key))
+        self._rows_at_latest = dict(pending.rows_of)
         self.shared_state.register(n, metadata)
         self._last_completion = time.monotonic()
         self.failures_in_a_row = 0

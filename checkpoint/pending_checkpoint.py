@@ -51,6 +51,7 @@ class PendingCheckpoint:
     channel_state_bytes: int = 0
     unaligned: bool = False
     rows: RowCounts = RowCounts()  # the attempt's sources' and sinks' at their barriers
+    rows_of: dict[SubtaskKey, RowCounts] = field(default_factory=dict)  # ... by subtask
     coordinators: dict[str, StateHandle] = field(default_factory=dict)  # operator -> its state
     barrier: Barrier | None = None  # not sent yet: waiting for operator events' delivery
 
@@ -77,6 +78,7 @@ class PendingCheckpoint:
         self.async_s = max(self.async_s, stats.async_s)
         self.channel_state_bytes += stats.channel_state_bytes
         self.rows += stats.rows
+        self.rows_of[subtask] = stats.rows
         self.unaligned = self.unaligned or stats.unaligned
         if stats.channel_state is not None and stats.channel_state_key is not None:
             self.channel_state[stats.channel_state_key] = stats.channel_state

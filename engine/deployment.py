@@ -147,7 +147,8 @@ class Deployment:
             self._keeper, self.pooled = None, []
         self._pooled_ids = {actor._actor_id for actor in self.pooled}
 
-    def _name(self, key: SubtaskKey) -> str:
+    def metrics_name(self, key: SubtaskKey) -> str:
+        """``chain/index``: how placement and metrics name a subtask."""
         return f"{self.plan.vertices[key[0]].name}/{key[1]}"
 
     # -- calls to every subtask -------------------------------------------------------------
@@ -184,7 +185,7 @@ class Deployment:
         refs = {key: actor.metrics.remote() for key, actor in actors.items()}
         try:
             values = ray.get(list(refs.values()), timeout=METRICS_TIMEOUT_S)
-            return {self._name(k): v for k, v in zip(refs, values)}
+            return {self.metrics_name(k): v for k, v in zip(refs, values)}
         except Exception:
             return {}
 
@@ -279,7 +280,7 @@ class Deployment:
         if not suspects:
             return []
         on_node = {node: [actor for key, actor in self.actors.items()
-                          if self.placement.get(self._name(key)) == node]
+                          if self.placement.get(self.metrics_name(key)) == node]
                    for node in suspects}
         pings = {node: [actor.ready.remote() for actor in actors] for node, actors in on_node.items()}
         refs = [ref for node_refs in pings.values() for ref in node_refs]
@@ -309,7 +310,7 @@ class Deployment:
         specs = self._specs(attempt, restore, {(v.id, i) for v in self.plan.vertices
                                                for i in range(v.parallelism)})
         cancelled_at = self._host(specs, previous, avoid_nodes, pooled=True)
-        self.placement = dict(zip(map(self._name, self.actors), self._ready(self.actors)))
+        self.placement = dict(zip(map(self.metrics_name, self.actors), self._ready(self.actors)))
         self._connect(specs)
         self._start(specs)
         deployed = Deployed(cancelled_at=cancelled_at, started_at=time.time())
@@ -337,7 +338,7 @@ class Deployment:
         self.died_on = set()
         specs = self._specs(attempt, restore, region)
         cancelled_at = self._host(specs, previous, avoid_nodes, pooled=False)
-        self.placement.update(zip((self._name(k) for k in specs),
+        self.placement.update(zip((self.metrics_name(k) for k in specs),
                                   self._ready({k: self.actors[k] for k in specs})))
         self._connect(specs)
         self._tell_survivors(specs, attempt, restore.checkpoint_id)
@@ -374,7 +375,7 @@ class Deployment:
         plan = self.plan
         avoid = self._avoid(avoid_nodes)
         lost = set(avoid_nodes)
-        on_lost = {key for key in previous if self.placement.get(self._name(key)) in lost}
+        on_lost = {key for key in previous if self.placement.get(self.metrics_name(key)) in lost}
         for key in on_lost:  # calls to them could hang until Ray declares the node dead
             ray.kill(previous[key])
         hosted = {key: previous[key].host.remote(spec)

@@ -689,7 +689,9 @@ class JobMaster:
         log.warning("job %s: restarting region %s from checkpoint %d as attempt %d",
                     self.job_id, ", ".join(names), restore.checkpoint_id, self.attempt)
         self.operator_coordinators.subtask_reset(coordinated, restore.checkpoint_id)
-        self.coordinator.start_region(self.attempt, region)
+        rows = self.coordinator.start_region(self.attempt, region)
+        self.progress_tracker.region_started(
+            self.attempt, map(self.deployment.metrics_name, region), rows=rows)
         for key in region:
             self.finished.pop(key, None)
         self.recoveries.begin(recovery.restoring(restore.checkpoint_id, (), names))

@@ -39,7 +39,7 @@ import dataclasses
 import datetime
 import threading
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from raystream.actors.messages import MAX_WATERMARK, MIN_WATERMARK
 from raystream.checkpoint.metadata import RowCounts
@@ -132,25 +132,37 @@ class ProgressTracker:
     def __init__(self, extent: Extent) -> None:
         self.extent = extent
         self._read, self._written = _Counter(), _Counter()
-        self._before: dict[int, RowCounts] = {}  # attempt -> counts at its restored checkpoint
+        self._before = RowCounts()  # at the checkpoint the attempt restored
+        self._attempt = 0  # the attempt of the job's last deployment
+        # subtasks ("chain/index") a region failover restarted since, with their attempt
+        self._regions: dict[str, int] = {}
         self._watermark: int | None = None
         self._lock = threading.Lock()
 
     def attempt_started(self, attempt: int, *, rows: RowCounts) -> None:
         """``attempt`` restored a checkpoint taken at ``rows`` (none: from the start)."""
         with self._lock:
-            self._before[attempt] = rows
+            self._before, self._attempt, self._regions = rows, attempt, {}
+
+    def region_started(self, attempt: int, subtasks: Iterable[str], *, rows: RowCounts) -> None:
+        """A region failover restarted ``subtasks`` as ``attempt``, which counts on from
+        the ``rows`` they had at the checkpoint they restored (the others count on)."""
+        with self._lock:
+            self._before += rows
+            self._regions.update(dict.fromkeys(subtasks, attempt))
 
     def sample(self, now: float, metrics: Mapping[str, Mapping[str, float]]) -> None:
         """Metrics of every subtask at ``now`` (monotonic seconds); none is no sample
         (the subtasks did not answer, or the job is between attempts)."""
         if not metrics:
             return
-        attempt = max(int(figures.get("attempt", 0)) for figures in metrics.values())
         read = written = 0.0
         watermarks = []
-        for figures in metrics.values():
-            if int(figures.get("attempt", 0)) != attempt:  # (a sample across a failover)
+        with self._lock:
+            counted, regions = self._attempt, dict(self._regions)
+        for name, figures in metrics.items():
+            # (a sample across a failover: another attempt's subtasks are not counted)
+            if int(figures.get("attempt", 0)) != regions.get(name, counted):
                 continue
             read += sum(v for k, v in figures.items() if k.endswith(READ_SUFFIX))
             wrote = [v for k, v in figures.items() if k.endswith(WRITTEN_SUFFIX)]
@@ -158,7 +170,7 @@ class ProgressTracker:
             if wrote and "watermark" in figures:  # a subtask hosting a data sink
                 watermarks.append(figures["watermark"])
         with self._lock:
-            before = self._before.get(attempt, RowCounts())
+            before = self._before
             self._read.sample(now, before.read + int(read))
             self._written.sample(now, before.written + int(written))
             if watermarks:
