@@ -448,7 +448,11 @@ class Deployment:
                        channels, attempt, checkpoint_id, HOST_TIMEOUT_S)
                    for key, channels in upstreams.items()}
         for key, ref in answers.items():
-            if not ray.get(ref, timeout=2 * HOST_TIMEOUT_S):
+            try:
+                accepted = ray.get(ref, timeout=2 * HOST_TIMEOUT_S)
+            except GetTimeoutError:
+                accepted = False
+            if not accepted:
                 raise RegionRefused(f"{self.subtask_name(key)} cannot go on with a restarted "
                                     f"upstream")
 
