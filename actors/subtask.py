@@ -147,7 +147,9 @@ class Subtask:
         self.gateway = (MasterGateway(spec.master, spec.attempt, spec.vertex.id, spec.index)
                         if spec.master is not None else None)
         self.recovering = spec.attempt > 0 and self.gateway is not None
-        self.first_record_due = self.recovering and not vertex.outputs
+        # a sink's chain (a writer's too, whose committables alone go on: in a region
+        # failover the committer is no subtask of the new attempt)
+        self.first_record_due = self.recovering and all(e.into_committer for e in vertex.outputs)
         self.barrier_handler = BarrierHandler(_HandlerView(self))
         # unaligned checkpoints whose input in flight is still being recorded, by id
         self.input_states: dict[int, InputStateRecorder] = {}

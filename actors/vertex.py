@@ -50,6 +50,7 @@ class JobEdge:
     source_parallelism: int
     target_parallelism: int
     side_output: str | None = None
+    into_committer: bool = False  # to an exactly-once sink's committer: the data has landed
 
     def channels(self) -> list[ChannelId]:
         if self.partitioning.kind == "forward":

@@ -87,7 +87,7 @@ def build_plan(transformations: list[Transformation], max_parallelism: int, *,
             source, source_node = place[edge_in.upstream]
             edge = JobEdge(len(edges), source.id, source_node, vertex.id, partitioning,
                            edge_in.input_index, source.parallelism, vertex.parallelism,
-                           edge_in.side_output)
+                           edge_in.side_output, into_committer=t.committer)
             edges.append(edge)
             source.outputs.append(edge)
             if edge_in.side_output is None:

@@ -16,10 +16,9 @@ in order, timed in seconds since the master detected the failure:
   storage, :class:`~raystream.checkpoint.local_recovery.StateOrigin`);
 * ``FIRST_RECORD``: a sink of the new attempt processed its first record.
 
-A region failover's recovery (its row names the ``region``) is timed over the
-region's subtasks alone; a region whose only sink is the committer that
-survived it has no sink of the new attempt, so its recovery ends at
-``RESTORED`` for now.
+A sink is a chain without outputs or an exactly-once sink's writer (its
+committables alone go on, to the committer). A region failover's recovery (its
+row names the ``region``) is timed over the region's subtasks alone.
 
 A stage reached out of order is a bug of the caller and raises. The master
 keeps one :class:`Recovery` per failover (``JobResult.restores``,

@@ -119,6 +119,9 @@ def test_a_kill_restarts_only_its_region_while_the_other_runs_and_commits(ray_se
     assert result.status == "FINISHED", result.error
     assert result.restarts == 1, result.failures
     assert result.restores[0]["region"] == [REGION_0], result.restores
+    # timed by stage to the restarted writer's first record (its committer lived on)
+    assert list(result.restores[0]["stages"]) == ["detected", "cancelled", "deployed",
+                                                  "restored", "first_record"]
     files = committed_files(path)
     # the survivor's output after the restored checkpoint was committed by the committer
     # that ran through the restart; the failed attempt's after it never was
