@@ -44,7 +44,7 @@ from raystream.engine.operators.broadcast import (BroadcastProcessFunction,
 from raystream.engine.operators.co_process import KeyedCoProcessFunction, KeyedCoProcessOperator
 from raystream.engine.interval_join_stream import IntervalJoin
 from raystream.engine.operators.sinks import CollectSink, DiscardSink, PrintSink
-from raystream.engine.operators.file_sink import (ParquetCommitter, ParquetSinkConfig,
+from raystream.engine.operators.file_sink import (FileFormat, ParquetCommitter, ParquetSinkConfig,
                                                   ParquetSinkHandle, ParquetWriter)
 from raystream.engine.operators.two_phase import (Committer, CommitterOperator, SinkWriter,
                                                   SinkWriterOperator)
@@ -398,7 +398,29 @@ class DataStream:
         with ``rs.spark.read_committed(path)`` or ``handle.read()``; see
         :mod:`raystream.engine.operators.file_sink`.
         """
-        config = ParquetSinkConfig.of(path, partition_by, max_rows_per_file, max_bytes_per_file)
+        return self.sink_to_files(path, format="parquet", partition_by=partition_by,
+                                  max_rows_per_file=max_rows_per_file,
+                                  max_bytes_per_file=max_bytes_per_file, name=name)
+
+    def sink_to_files(self, path: str, *, format: str = "parquet",
+                      partition_by: str | list[str] | None = None,
+                      max_rows_per_file: int | None = None,
+                      max_bytes_per_file: int | None = 128 * 1024 * 1024,
+                      csv_delimiter: str = ",", name: str = "files") -> "SinkHandle":
+        """Write files of ``format`` under ``path``, exactly once, as :meth:`sink_to_parquet`
+        does: ``"parquet"``, ``"csv"`` (no header, as Flink's ``csv`` format; the commit
+        log keeps the columns' types) or ``"json"`` (JSON lines, timestamps as
+        ``yyyy-MM-dd HH:mm:ss.SSS``). ``handle.read()`` and ``rs.spark.read_committed(path)``
+        read what was committed.
+
+            >>> totals.sink_to_files("/data/totals", format="csv", partition_by="day")  # doctest: +SKIP
+        """
+        formats = {"parquet": FileFormat.PARQUET, "csv": FileFormat.CSV, "json": FileFormat.JSON}
+        if format not in formats:
+            raise ValueError(f"sink_to_files: format must be one of {', '.join(formats)} (Avro: "
+                             f"sink_to_avro), not {format!r}")
+        config = ParquetSinkConfig.of(path, partition_by, max_rows_per_file, max_bytes_per_file,
+                                      format=formats[format], csv_delimiter=csv_delimiter)
         handle = self.sink_exactly_once(ParquetWriter(config), ParquetCommitter(config.path),
                                         name=name)
         return ParquetSinkHandle(handle.transformation_id, handle.name, config.path)

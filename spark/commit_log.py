@@ -273,6 +273,8 @@ def read_committed(path: str, *, columns: list[str] | None = None) -> pa.Table:
         with loc.filesystem.open_input_file(loc.join(f["path"])) as source:
             if f["path"].endswith(".avro"):  # DataStream.sink_to_avro's files
                 table = _read_avro(source)
+            elif "schema" in f:  # CSV or JSON lines (SQL's filesystem connector)
+                table = _read_text(source, decode_schema(f["schema"]), f.get("delimiter"))
             else:
                 table = pq.ParquetFile(source).read()
         table = _with_partition_columns(table, f)
@@ -291,6 +293,19 @@ def _read_avro(source: Any) -> pa.Table:
     schema = avro_file_schema(source)
     source.seek(0)
     return pa.Table.from_batches(list(avro_file_batches(source, 1 << 16)), schema=schema)
+
+
+def _read_text(source: Any, schema: pa.Schema, delimiter: str | None) -> pa.Table:
+    """A committed CSV file (``delimiter`` given; no header: the columns are the
+    committed schema's) or JSON-lines file, typed as it was written."""
+    import pyarrow.csv as pacsv
+    import pyarrow.json as pajson
+
+    if delimiter is not None:
+        return pacsv.read_csv(source, read_options=pacsv.ReadOptions(column_names=schema.names),
+                              parse_options=pacsv.ParseOptions(delimiter=delimiter),
+                              convert_options=pacsv.ConvertOptions(column_types=schema))
+    return pajson.read_json(source, parse_options=pajson.ParseOptions(explicit_schema=schema))
 
 
 def _with_partition_columns(table: pa.Table, f: dict) -> pa.Table:

@@ -49,6 +49,10 @@ def oracle(name: str, b: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame({"auction": b["auction"], "bidder": b["bidder"], "price": b["price"],
                              "channel": b["channel"], "dir1": pick[0], "dir2": pick[1],
                              "dir3": pick[2]})
+    if name == "q10":  # bids as CSV files in partitions of day and minute
+        return pd.DataFrame({"auction": b["auction"], "bidder": b["bidder"], "price": b["price"],
+                             "dateTime": when, "extra": b["extra"],
+                             "dt": when.dt.strftime("%Y-%m-%d"), "hm": when.dt.strftime("%H:%M")})
     if name == "q14":
         euro = b["price"].map(lambda p: Decimal(int(p)) * Decimal("0.908"))
         hour = when.dt.hour
@@ -74,13 +78,14 @@ def oracle(name: str, b: pd.DataFrame) -> pd.DataFrame:
     raise KeyError(name)
 
 
-NEXMARK = ("q0", "q1", "q2", "q11", "q14", "q21", "q22")
+NEXMARK = ("q0", "q1", "q2", "q10", "q11", "q14", "q21", "q22")
 
 
 @pytest.mark.parametrize("killed", [False, True], ids=["plain", "killed"])
 def test_nexmark_sql_files_as_published_equal_pandas(ray_session, tmp_path, killed):
-    """Every query of NEXMARK through env.sql, unchanged but for the sink's connector, in
-    one job at parallelism 2; ``killed``: with checkpoints, the process of q11's committer
+    """Every query of NEXMARK through env.sql, unchanged but for the sink's connector (q10's
+    partitioned CSV files as written, under tmp_path), in one job at parallelism 2;
+    ``killed``: with checkpoints, the process of q11's committer
     exits in its second commit (as after a SIGKILL: no clean-up), then q1's calc's as it
     restores. Both kills come after a completed checkpoint, so both always happen."""
     failpoints = [rs.Failpoint("mid_commit", operator="nexmark_q11-committer", hit=2),
@@ -91,7 +96,7 @@ def test_nexmark_sql_files_as_published_equal_pandas(ray_session, tmp_path, kill
         checkpoints=rs.CheckpointConfig(interval_s=0.2, storage=str(tmp_path / "chk"))
         if killed else None, restart=rs.RestartStrategy.fixed_delay(3, 0.1) if killed else None)
     env.sql(nexmark_ddl(batch_size=2_048 if killed else None))  # (many failure points)
-    sinks = {name: env.sql(query(name))[f"nexmark_{name}"] for name in NEXMARK}
+    sinks = {name: env.sql(query(name, tmp_path))[f"nexmark_{name}"] for name in NEXMARK}
     sinks["by_channel"] = env.sql_query("""
         SELECT channel, COUNT(*) AS n, window_start
         FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(`dateTime`), INTERVAL '10' SECOND))

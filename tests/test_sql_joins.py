@@ -187,7 +187,7 @@ def test_interval_window_and_regular_joins_over_views_equal_pandas(ray_session, 
     expected = pd.DataFrame({"user": m["user"].astype(np.int64), "amount": m["amount"],
                              "paid": m["paid"], "ts": ms(m["ts"]), "pts": ms(m["ts_p"])})
     assert len(expected) > 100
-    assert rows(result.table(sinks[0])) == rows(expected)
+    assert rows(result.table(sinks[0])) == rows(expected), diagnosis(result)
 
     def sums(df: pd.DataFrame, value: str, starts: list[int]) -> pd.DataFrame:
         parts = [df.assign(ws=(df["ts"] - s) // 10_000 * 10_000 + s) for s in starts]
@@ -199,7 +199,7 @@ def test_interval_window_and_regular_joins_over_views_equal_pandas(ray_session, 
     expected = pd.DataFrame({"user": both["user"].astype(np.int64), "ts": ms(both["ts"]),
                              "pts": ms(both["ts_p"])})
     assert (both["late"] | both["late_p"]).any()
-    assert rows(result.table(sinks[3])) == rows(expected)
+    assert rows(result.table(sinks[3])) == rows(expected), diagnosis(result)
 
     tumbled = sums(o, "amount", [0])
     for sink, starts in ((sinks[1], [0]), (sinks[2], [0, 5_000])):
@@ -207,7 +207,14 @@ def test_interval_window_and_regular_joins_over_views_equal_pandas(ray_session, 
         expected = pd.DataFrame({"user": j["user"].astype(np.int64), "total": j["amount"],
                                  "paid": j["paid"], "ws": ms(j["ws"])})
         assert len(expected) > 20
-        assert rows(result.table(sink)) == rows(expected)
+        assert rows(result.table(sink)) == rows(expected), diagnosis(result)
+
+
+def diagnosis(result: rs.JobResult) -> str:
+    """What a wrong join result is checked against first: restarts and late drops."""
+    late = {f"{subtask}.{name}": v for subtask, m in result.metrics.items()
+            for name, v in m.items() if name.endswith("_dropped") and v}
+    return f"restarts={result.restarts} failures={result.failures} dropped={late}"
 
 
 @pytest.mark.parametrize("statement, message", [

@@ -34,6 +34,7 @@ compaction and clean-up of such files are for later.
 
 from __future__ import annotations
 
+import enum
 import os
 import posixpath
 import uuid
@@ -42,10 +43,14 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+# its kernels' functions are made at import, so pyright sees none: ignored where used
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from raystream.checkpoint.storage import fsync_dir
 from raystream.engine.formats import Avro, FormatError
+from raystream.engine.json_lines import json_lines
 from raystream.engine.sink_handle import SinkHandle
 from raystream.engine.operators.two_phase import Committer, SinkContext, SinkWriter
 from raystream.spark import commit_log
@@ -59,6 +64,15 @@ ROW_GROUP_BYTES = 16 * 1024 * 1024
 
 
 
+class FileFormat(enum.Enum):
+    """What the files are; each is committed alike (module doc)."""
+
+    PARQUET = ".parquet"
+    AVRO = ".avro"  # container files (sink_to_avro)
+    CSV = ".csv"  # without a header (SQL's filesystem connector, as Flink's csv)
+    JSON = ".json"  # JSON lines (SQL's filesystem connector, as Flink's json)
+
+
 @dataclass(frozen=True)
 class ParquetSinkConfig:
     path: str
@@ -69,10 +83,16 @@ class ParquetSinkConfig:
     # Avro container files of this schema instead of Parquet (sink_to_avro), with this codec
     avro: Avro | None = None
     avro_codec: str = "deflate"
+    format: FileFormat = FileFormat.PARQUET  # AVRO when ``avro`` is given
+    csv_delimiter: str = ","
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path:
             raise ValueError("sink_to_parquet: path must be a non-empty string")
+        if self.avro is not None:
+            object.__setattr__(self, "format", FileFormat.AVRO)
+        elif self.format is FileFormat.AVRO:
+            raise ValueError("an Avro file sink needs its schema (sink_to_avro)")
         if self.avro is not None and self.avro_codec not in ("null", "deflate"):
             raise ValueError(f"sink_to_avro: codec must be 'deflate' or 'null' (the codecs "
                              f"fastavro writes without extras), not {self.avro_codec!r}")
@@ -85,12 +105,14 @@ class ParquetSinkConfig:
 
     @property
     def extension(self) -> str:
-        return ".avro" if self.avro is not None else ".parquet"
+        return self.format.value
 
     @classmethod
     def of(cls, path: str, partition_by: str | list[str] | tuple[str, ...] | None,
            max_rows_per_file: int | None, max_bytes_per_file: int | None, *,
-           avro: Avro | None = None, avro_codec: str = "deflate") -> "ParquetSinkConfig":
+           avro: Avro | None = None, avro_codec: str = "deflate",
+           format: FileFormat = FileFormat.PARQUET,
+           csv_delimiter: str = ",") -> "ParquetSinkConfig":
         if partition_by is None:
             columns: tuple[str, ...] = ()
         elif isinstance(partition_by, str):
@@ -100,7 +122,7 @@ class ParquetSinkConfig:
         if isinstance(path, str) and path and "://" not in path:
             path = os.path.abspath(os.path.expanduser(path))  # workers may run elsewhere
         return cls(path, columns, max_rows_per_file, max_bytes_per_file, avro=avro,
-                   avro_codec=avro_codec)
+                   avro_codec=avro_codec, format=format, csv_delimiter=csv_delimiter)
 
 
 class ParquetSinkHandle(SinkHandle):
@@ -124,20 +146,25 @@ class ParquetSinkHandle(SinkHandle):
 
 
 class _OpenFile:
-    """One Parquet file being written: batches are buffered into row groups."""
+    """One Parquet file being written: batches are buffered into row groups. Its
+    subclasses write the other formats with the same buffering."""
 
     def __init__(self, loc: Location, relative: str, schema: pa.Schema, checkpoint: int,
-                 partition: list, partition_schema: str | None, compression: str) -> None:
+                 partition: list, partition_schema: str | None,
+                 config: ParquetSinkConfig) -> None:
         self.relative, self.full = relative, loc.join(relative)
         self.schema, self.checkpoint = schema, checkpoint
         self.partition, self.partition_schema = partition, partition_schema
         self.stream = loc.filesystem.open_output_stream(self.full, compression=None)
-        self.writer = pq.ParquetWriter(self.stream, schema, compression=compression,
-                                       coerce_timestamps="us", allow_truncated_timestamps=True)
+        self.writer: Any = self._writer(config)
         self.rows = 0
         self.buffered: list[pa.RecordBatch] = []
         self.buffered_rows = 0
         self.buffered_bytes = 0
+
+    def _writer(self, config: ParquetSinkConfig) -> Any:
+        return pq.ParquetWriter(self.stream, self.schema, compression=config.compression,
+                                coerce_timestamps="us", allow_truncated_timestamps=True)
 
     def add(self, batch: pa.RecordBatch) -> None:
         self.buffered.append(batch)
@@ -158,43 +185,43 @@ class _OpenFile:
     def size_estimate(self) -> int:
         return self.stream.tell() + self.buffered_bytes
 
-    def close(self) -> int:
-        """Write the footer and close; returns the file's size."""
-        self.flush()
+    def _finish(self) -> None:
+        """End the file's content (a Parquet footer), not the stream it is written to."""
         self.writer.close()
+
+    def close(self) -> int:
+        """Write what is buffered, end the file and close it; returns the file's size."""
+        self.flush()
+        self._finish()
         size = self.stream.tell()
         self.stream.close()
         return size
 
     def abandon(self, loc: Location) -> None:
         """Close and delete: the file was never emitted, so it can never be committed."""
-        for step in (self.writer.close, self.stream.close,
+        for step in (self._finish, self.stream.close,
                      lambda: loc.filesystem.delete_file(self.full)):
             try:
                 step()
             except Exception:
                 pass
 
+    def committable(self) -> dict:
+        """What a reader of the committed file needs besides its path (none: Parquet and
+        Avro files carry their schema)."""
+        return {}
+
 
 class _OpenAvroFile(_OpenFile):
-    """One Avro container file being written (fastavro): the same buffering, each flush
-    appends the buffered rows as Avro blocks."""
+    """One Avro container file being written (fastavro): each flush appends the
+    buffered rows as Avro blocks."""
 
-    def __init__(self, loc: Location, relative: str, schema: pa.Schema, checkpoint: int,
-                 partition: list, partition_schema: str | None, avro: Avro,
-                 codec: str) -> None:
+    def _writer(self, config: ParquetSinkConfig) -> Any:
         from fastavro.write import Writer
 
-        self.relative, self.full = relative, loc.join(relative)
-        self.schema, self.checkpoint = schema, checkpoint
-        self.partition, self.partition_schema = partition, partition_schema
-        self.avro = avro
-        self.stream = loc.filesystem.open_output_stream(self.full, compression=None)
-        self.writer: Any = Writer(self.stream, avro.parsed, codec=codec)
-        self.rows = 0
-        self.buffered = []
-        self.buffered_rows = 0
-        self.buffered_bytes = 0
+        assert config.avro is not None
+        self.avro = config.avro
+        return Writer(self.stream, config.avro.parsed, codec=config.avro_codec)
 
     def write(self, table: pa.Table) -> None:
         write = self.writer.write
@@ -208,19 +235,53 @@ class _OpenAvroFile(_OpenFile):
                                       f"{exc} (row: {record})") from None
         self.writer.flush()
 
-    def close(self) -> int:
-        self.flush()
+    def _finish(self) -> None:
         self.writer.flush()
-        size = self.stream.tell()
-        self.stream.close()
-        return size
 
-    def abandon(self, loc: Location) -> None:
-        for step in (self.stream.close, lambda: loc.filesystem.delete_file(self.full)):
-            try:
-                step()
-            except Exception:
-                pass
+
+class _OpenCsvFile(_OpenFile):
+    """One CSV file being written, without a header (as Flink's ``csv`` format writes):
+    its committable carries the columns and their types, to read it back."""
+
+    def _writer(self, config: ParquetSinkConfig) -> Any:
+        self.delimiter = config.csv_delimiter
+        return pacsv.CSVWriter(self.stream, self.schema, write_options=pacsv.WriteOptions(
+            include_header=False, delimiter=config.csv_delimiter))
+
+    def committable(self) -> dict:
+        return {"schema": commit_log.encode_schema(self.schema), "delimiter": self.delimiter}
+
+
+class _OpenJsonFile(_OpenFile):
+    """One JSON-lines file being written (an object per row, :mod:`raystream.engine.json_lines`),
+    timestamps as SQL's ``yyyy-MM-dd HH:mm:ss.SSS`` text (as Flink's ``json`` format writes
+    them, and as pyarrow's JSON reader reads them back)."""
+
+    def _writer(self, config: ParquetSinkConfig) -> Any:
+        return None  # (it writes to the stream itself)
+
+    def _finish(self) -> None:
+        pass
+
+    def write(self, table: pa.Table) -> None:
+        for batch in table.to_batches():
+            batch = pa.RecordBatch.from_arrays(
+                [c.cast(pa.string()) if pa.types.is_timestamp(c.type) else c for c in batch.columns],
+                names=batch.schema.names)
+            lines = pc.binary_join_element_wise(  # pyright: ignore[reportAttributeAccessIssue]
+                json_lines(batch, where="filesystem sink"), pa.scalar("\n"), pa.scalar(""))
+            # a string array's data buffer is its strings end to end
+            offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32,
+                                    count=len(lines) + 1, offset=lines.offset * 4)
+            self.stream.write(lines.buffers()[2][int(offsets[0]):int(offsets[-1])])
+
+    def committable(self) -> dict:
+        return {"schema": commit_log.encode_schema(self.schema)}
+
+
+_OPEN_FILE: dict[FileFormat, type[_OpenFile]] = {
+    FileFormat.PARQUET: _OpenFile, FileFormat.AVRO: _OpenAvroFile,
+    FileFormat.CSV: _OpenCsvFile, FileFormat.JSON: _OpenJsonFile}
 
 
 class ParquetWriter(SinkWriter):
@@ -305,12 +366,8 @@ class ParquetWriter(SinkWriter):
         relative = posixpath.join(directory, name) if directory else name
         partition = [[c, v] for c, v in zip(self.config.partition_by, values)]
         encoded = commit_log.encode_schema(partition_schema) if partition_schema else None
-        if self.config.avro is not None:
-            f = _OpenAvroFile(self._location(), relative, schema, checkpoint, partition,
-                              encoded, self.config.avro, self.config.avro_codec)
-        else:
-            f = _OpenFile(self._location(), relative, schema, checkpoint, partition, encoded,
-                          self.config.compression)
+        f = _OPEN_FILE[self.config.format](self._location(), relative, schema, checkpoint,
+                                           partition, encoded, self.config)
         self.files[values] = f
         return f
 
@@ -342,7 +399,7 @@ class ParquetWriter(SinkWriter):
         runtime = self.ctx.runtime
         committable = {"path": f.relative, "rows": f.rows, "bytes": size,
                        "checkpoint": f.checkpoint, "subtask": runtime.subtask_index,
-                       "attempt": runtime.attempt}
+                       "attempt": runtime.attempt, **f.committable()}
         if f.partition:
             committable["partition"] = f.partition
             committable["partition_schema"] = f.partition_schema

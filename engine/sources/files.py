@@ -10,12 +10,16 @@ files, in file-name order, to readers that ask. It checkpoints the files it
 has seen and the splits not handed out; each reader checkpoints its position
 in its splits, so after a failure every row of every file is read exactly
 once. Files must appear whole (written elsewhere and moved in, as Spark and
-Flink expect); names starting with ``_`` or ``.`` are skipped.
+Flink expect); names starting with ``_`` or ``.``, and what is under such
+directories, are skipped. Of a directory a raystream file sink writes (it has a
+commit log, ``_raystream_log``), only the committed files are read.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
+from dataclasses import dataclass
 from enum import Enum
 from typing import Iterator
 
@@ -27,6 +31,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from raystream.engine.errors import FilePosition, FileReadError, JobSetupError, choice
+from raystream.spark import commit_log
 from raystream.core.avro import AvroFileError, avro_file_batches, avro_file_schema
 from raystream.engine.sources.base import Source, SplitReader
 from raystream.engine.sources.split_enumerator import SplitEnumerator, SplitEnumeratorContext
@@ -44,6 +49,20 @@ DEAD_LETTER_SCHEMA = pa.schema([("path", pa.string()), ("row_group", pa.int64())
 LOCATE_JSON_LINE_MAX_BYTES = 256 << 20
 # pyarrow's "in row N" counts records within one read block: not a place in the file.
 JSON_BLOCK_ROW = re.compile(r" in row \d+$")
+
+
+@dataclass(frozen=True)
+class CsvLayout:
+    """How CSV files are laid out: a header line naming the columns (the default), or
+    none (``header=False``: the columns are the given schema's, in order, as Flink's
+    ``csv`` format writes them), and the field ``delimiter``.
+
+        >>> CsvLayout(header=False, delimiter=";")
+        CsvLayout(header=False, delimiter=';')
+    """
+
+    header: bool = True
+    delimiter: str = ","
 
 
 class OnError(Enum):
@@ -81,9 +100,11 @@ class Files(Source):
     def __init__(self, path: str, *, format: str = "parquet", batch_size: int = 65536,
                  schema: pa.Schema | None = None,
                  monitor_interval_s: float | None = None,
-                 errors: OnError | str = OnError.FAIL) -> None:
+                 errors: OnError | str = OnError.FAIL, csv: CsvLayout = CsvLayout()) -> None:
         if format not in FORMATS:
             raise ValueError(f"format must be one of {sorted(FORMATS)}, not {format!r}")
+        if not csv.header and schema is None:
+            raise ValueError("CSV files without a header need the schema of their columns")
         if monitor_interval_s is not None and monitor_interval_s <= 0:
             raise ValueError(f"monitor_interval_s must be > 0, not {monitor_interval_s}")
         self.path = path
@@ -92,6 +113,7 @@ class Files(Source):
         self.schema = schema
         self.monitor_interval_s = monitor_interval_s
         self.errors = OnError.of(errors)
+        self.csv = csv
         self._files: list[str] | None = None
         # the files' common schema, and the files whose schema could not be read or merged
         self._unified: tuple[pa.Schema | None, dict[str, FileReadError]] | None = None
@@ -119,11 +141,18 @@ class Files(Source):
             raise FileNotFoundError(f"file source: {self.path} does not exist")
         if info.type == pafs.FileType.File:
             return [root]
+        extensions = FORMATS[self.format]
+        if fs.get_file_info(posixpath.join(root, commit_log.LOG_DIR)).type == pafs.FileType.Directory:
+            # a raystream file sink's directory: its committed files only (the others are
+            # a failed attempt's or an aborted checkpoint's, never to be read)
+            loc = commit_log.Location.of(self.path)
+            return sorted(loc.join(f["path"]) for f in commit_log.committed_file_entries(loc)
+                          if f["path"].lower().endswith(extensions))
         selector = pafs.FileSelector(root, recursive=True)
         return sorted(i.path for i in fs.get_file_info(selector)
-                      if i.type == pafs.FileType.File
-                      and i.path.lower().endswith(FORMATS[self.format])
-                      and not i.base_name.startswith(("_", ".")))
+                      if i.type == pafs.FileType.File and i.path.lower().endswith(extensions)
+                      and not any(part.startswith(("_", ".")) for part in
+                                  posixpath.relpath(i.path, root).split("/")))
 
     def splits(self) -> list[str]:
         """The files there were when first asked (what a bounded read reads)."""
@@ -197,8 +226,10 @@ class Files(Source):
         with fs.open_input_stream(path) as stream:
             if self.format == "avro":
                 return avro_file_schema(stream)
-            opener = pacsv.open_csv if self.format == "csv" else pajson.open_json
-            return opener(stream).schema
+            if self.format == "csv":
+                parse = pacsv.ParseOptions(delimiter=self.csv.delimiter)
+                return pacsv.open_csv(stream, parse_options=parse).schema
+            return pajson.open_json(stream).schema
 
 
 class FileSplitEnumerator(SplitEnumerator):
@@ -331,13 +362,19 @@ class FileReader(SplitReader):
             return batches if schema is None else (_conform(b, schema) for b in batches)
         if fmt == "csv":
             return iter(pacsv.open_csv(self._stream, read_options=self._csv_read_options(),
+                                       parse_options=self._csv_parse_options(),
                                        convert_options=self._csv_convert_options()))
         return iter(pajson.read_json(self._stream,
                                      parse_options=self._json_parse_options()).to_batches(size))
 
     def _csv_read_options(self, use_threads: bool = True) -> pacsv.ReadOptions:
+        schema = self.source.unified_schema()
+        names = schema.names if not self.source.csv.header and schema is not None else None
         return pacsv.ReadOptions(block_size=max(self.source.batch_size * 64, 1 << 16),
-                                 use_threads=use_threads)
+                                 use_threads=use_threads, column_names=names)
+
+    def _csv_parse_options(self) -> pacsv.ParseOptions:
+        return pacsv.ParseOptions(delimiter=self.source.csv.delimiter)
 
     def _csv_convert_options(self) -> pacsv.ConvertOptions | None:
         schema = self.source.unified_schema()
@@ -387,6 +424,7 @@ class FileReader(SplitReader):
         try:
             with fs.open_input_stream(self.path) as stream:
                 for _ in pacsv.open_csv(stream, read_options=self._csv_read_options(False),
+                                        parse_options=self._csv_parse_options(),
                                         convert_options=self._csv_convert_options()):
                     pass
         except PARSE_ERRORS as exc:

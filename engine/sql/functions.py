@@ -18,6 +18,7 @@ values costs a few calls, whatever its length.
 
 from __future__ import annotations
 
+import re
 from typing import Callable, TypeAlias
 
 import numpy as np
@@ -200,6 +201,50 @@ def _extract(compile: Compile, expr: exp.Expr) -> Compiled:
     return combine(expr, lambda a: pc.cast(kernel(a), pa.int64()), operand)  # pyright: ignore[reportAttributeAccessIssue]
 
 
+# Java's SimpleDateFormat letters (Flink's DATE_FORMAT patterns) -> strftime's
+_DATE_LETTERS = {"yyyy": "%Y", "yy": "%y", "MM": "%m", "dd": "%d", "HH": "%H", "mm": "%M",
+                 "ss": "%S", "SSS": None}  # (SSS: the milliseconds, not a strftime field)
+_DATE_PATTERN = re.compile(r"'([^']*)'|(" + "|".join(sorted(_DATE_LETTERS, key=len, reverse=True))
+                           + r")|([A-Za-z])|([^A-Za-z']+)")
+
+
+def _date_format(compile: Compile, expr: exp.Expr) -> Compiled:
+    """``DATE_FORMAT(ts, 'yyyy-MM-dd HH:mm')``: whole seconds through strftime (Arrow's %S
+    of a millisecond timestamp would carry the fraction), ``SSS`` from the milliseconds."""
+    arguments = _arguments(expr)
+    if len(arguments) != 2:
+        raise SqlError(f"{sql_text(expr)}: DATE_FORMAT takes a timestamp and a pattern")
+    operand = compile(arguments[0])
+    require(expr, "DATE_FORMAT", "a timestamp", operand, test=is_temporal)
+    pattern = str(_constant_argument(compile(arguments[1]), expr, "DATE_FORMAT's pattern"))
+    pieces: list[str | None] = []  # strftime text, or None for the milliseconds
+    for quoted, field, other, text in _DATE_PATTERN.findall(pattern):
+        if other:
+            raise SqlError(f"{sql_text(expr)}: DATE_FORMAT's pattern letter {other!r} is not "
+                           f"one raystream formats (its letters: {', '.join(_DATE_LETTERS)})")
+        piece = _DATE_LETTERS[field] if field else (quoted or text).replace("%", "%%")
+        if piece is None or not pieces or pieces[-1] is None:
+            pieces.append(piece)
+        else:
+            pieces[-1] += piece
+
+    def kernel(ts: Value) -> Value:
+        millis = pc.cast(ts, pa.timestamp("ms", getattr(ts.type, "tz", None)), safe=False)  # pyright: ignore[reportAttributeAccessIssue]
+        floored = pc.floor_temporal(millis, unit="second")  # pyright: ignore[reportAttributeAccessIssue]
+        seconds = pc.cast(floored, pa.timestamp("s", getattr(ts.type, "tz", None)))  # pyright: ignore[reportAttributeAccessIssue]
+        parts = []
+        for piece in pieces:
+            if piece is not None:
+                parts.append(pc.strftime(seconds, format=piece))  # pyright: ignore[reportAttributeAccessIssue]
+            else:
+                ms = pc.subtract(pc.cast(millis, pa.int64()), pc.cast(floored, pa.int64()))  # pyright: ignore[reportAttributeAccessIssue]
+                parts.append(pc.utf8_lpad(pc.cast(ms, pa.string()), width=3, padding="0"))  # pyright: ignore[reportAttributeAccessIssue]
+        if len(parts) == 1:
+            return parts[0]
+        return pc.binary_join_element_wise(*parts, "")  # pyright: ignore[reportAttributeAccessIssue]
+    return combine(expr, kernel, operand)
+
+
 def _if(compile: Compile, expr: exp.Expr) -> Compiled:
     case = exp.Case(ifs=[exp.If(this=expr.this, true=expr.args["true"])],
                     default=expr.args.get("false"))
@@ -235,6 +280,7 @@ _BY_CLASS: dict[type, Function] = {
 
 _BY_NAME: dict[str, Function] = {
     "SPLIT_INDEX": _split_index,
+    "DATE_FORMAT": _date_format,
     "SECOND": _time_part("SECOND", pc.second),  # pyright: ignore[reportAttributeAccessIssue]
 }
 

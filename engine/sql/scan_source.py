@@ -47,7 +47,11 @@ class ShapedSource(Source):
         return self.inner.splits()
 
     def reader(self, split: Any, position: int = 0) -> SplitReader:
-        return _ShapedReader(self.inner.reader(split, position), self.shape)
+        return _ShapedReader(self.inner.reader(split, position), self.shape_of(split))
+
+    def shape_of(self, split: Any) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
+        """How ``split``'s batches are shaped (a file's partition values are its own)."""
+        return self.shape
 
     def split_id(self, split: Any) -> str:
         return self.inner.split_id(split)

@@ -159,6 +159,7 @@ class SqlSession:
         if not isinstance(entry, TableEntry):
             raise SqlError(f"INSERT INTO {insert.table}: it is a view, not a table")
         connector = connector_of(entry)
+        connector.check_sink(entry)
         node = self.planner.query(insert.query)
         return Sink(entry, connector, _cast_to_table(node, entry, insert.columns))
 

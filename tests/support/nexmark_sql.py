@@ -30,12 +30,18 @@ def nexmark_ddl(batch_size: int | None = None) -> str:
         "${NEXMARK_TABLE}", "datagen")
 
 
-def query(name: str) -> str:
+def query(name: str, directory: Path | None = None) -> str:
     """A query file with its sink's connector made ``collect``, the one change (and q14's
-    Java function the Python one, ``LANGUAGE PYTHON``, as the issue of SQL allows)."""
-    return (QUERIES / f"{name}.sql").read_text().replace("'blackhole'", "'collect'").replace(
+    Java function the Python one, ``LANGUAGE PYTHON``, as the issue of SQL allows); q10's
+    files go under ``directory`` (its placeholders ``${NEXMARK_DIR}`` and ``${SUBMIT_TIME}``)."""
+    text = (QUERIES / f"{name}.sql").read_text().replace("'blackhole'", "'collect'").replace(
         "'com.github.nexmark.flink.udf.CountChar'",
         "'raystream.nexmark.udfs.count_char' LANGUAGE PYTHON")
+    if "${NEXMARK_DIR}" in text:
+        if directory is None:
+            raise ValueError(f"{name} writes files: give the directory for them")
+        text = text.replace("${NEXMARK_DIR}", str(directory)).replace("${SUBMIT_TIME}", "run")
+    return text
 
 
 def events(kind: EventKind) -> pd.DataFrame:

@@ -1,0 +1,214 @@
+"""The ``filesystem`` SQL connector: files under a path as a table, read as
+``env.read_files`` reads them and written exactly once as ``stream.sink_to_files`` writes
+them (Flink's ``filesystem`` connector, with its options' names).
+
+* ``'path'``: a file, a directory (every file of the format under it) or a URI
+  (``file:///data/bids/``, ``s3://...``); ``'format'``: ``parquet``, ``csv`` (no header:
+  the columns in the order declared, as Flink's ``csv`` format; ``'csv.field-delimiter'``),
+  ``json`` (JSON lines) or ``avro`` (read only).
+* ``PARTITIONED BY (dt, hm)``: a sink writes Hive-style ``dt=.../hm=.../`` directories
+  (the partition columns are in the directory names, not the files); a scan takes their
+  values from the directory names of each file.
+* A scan with ``'source.monitor-interval'`` is continuous: the path is listed again at
+  that interval and new files are read (Flink's option); without it, bounded.
+* A sink rolls files at every checkpoint and at ``'sink.rolling-policy.file-size'``;
+  its files become visible (in the commit log that ``rs.spark.read_committed`` and
+  Spark's ``_spark_metadata`` follow) when the checkpoint that holds them completes,
+  exactly once. Flink's rolling-policy intervals and partition-commit options (the
+  ``success-file`` policy, the ``partition-time`` trigger and its delay, the time
+  extractor) are accepted so that jobs written for Flink run unchanged, but a partition
+  is committed file by file with its checkpoints, and no ``_SUCCESS`` file is written.
+
+    >>> import raystream as rs, tempfile
+    >>> env = rs.StreamEnvironment(parallelism=1)
+    >>> out = tempfile.mkdtemp()
+    >>> env.sql(f'''CREATE TABLE totals (user_id BIGINT, total BIGINT)
+    ...             WITH ('connector' = 'filesystem', 'path' = '{out}', 'format' = 'csv')''')
+    SqlResult(sinks=[])
+"""
+
+from __future__ import annotations
+
+import posixpath
+import urllib.parse
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import pyarrow as pa
+# its kernels' functions are made at import, so pyright sees none: ignored where used
+import pyarrow.compute as pc
+from sqlglot import exp
+
+from raystream.engine.errors import SqlError
+from raystream.engine.sources.files import CsvLayout, Files
+from raystream.engine.sql.ast import ComputedColumn
+from raystream.engine.sql.catalog import TableEntry
+from raystream.engine.sql.compiled import Compiled, as_array
+from raystream.engine.sql.connector_base import Connector, ScanSpec, duration_ms, memory_bytes
+from raystream.engine.sql.expressions import Scope, compile_expression
+from raystream.engine.sql.scan_source import ShapedSource, SqlWatermark
+from raystream.engine.sql.schema import RelSchema
+from raystream.spark.commit_log import HIVE_NULL
+
+if TYPE_CHECKING:
+    from raystream.engine.datastream import DataStream
+    from raystream.engine.environment import StreamEnvironment
+    from raystream.engine.sink_handle import SinkHandle
+
+# the format names of Flink's filesystem connector -> raystream's file sources'
+_READ_FORMATS = {"parquet": "parquet", "csv": "csv", "json": "jsonl", "avro": "avro"}
+_WRITE_FORMATS = ("parquet", "csv", "json")
+_ACCEPTED = frozenset({  # Flink's options a job written for Flink carries (module doc)
+    "sink.rolling-policy.rollover-interval", "sink.rolling-policy.check-interval",
+    "sink.rolling-policy.inactivity-interval", "sink.partition-commit.trigger",
+    "sink.partition-commit.delay", "sink.partition-commit.policy.kind",
+    "sink.partition-commit.success-file.name", "sink.partition-commit.watermark-time-zone",
+    "partition.time-extractor.timestamp-pattern", "partition.time-extractor.timestamp-formatter",
+    "partition.time-extractor.kind"})
+
+
+class Filesystem(Connector):
+    name = "filesystem"
+    options = frozenset({"path", "format", "csv.field-delimiter", "source.monitor-interval",
+                         "sink.rolling-policy.file-size"}) | _ACCEPTED
+    required = frozenset({"path", "format"})
+
+    def check(self, table: TableEntry) -> None:
+        super().check(table)
+        where = f"CREATE TABLE {table.name}"
+        format = table.definition.option("format")
+        if format not in _READ_FORMATS:
+            raise SqlError(f"{where}: the filesystem connector reads formats "
+                           f"{', '.join(_READ_FORMATS)}, not {format!r}")
+        delimiter = table.definition.option("csv.field-delimiter", ",")
+        if delimiter is None or len(delimiter) != 1:
+            raise SqlError(f"{where}: 'csv.field-delimiter' is one character, not {delimiter!r}")
+        names = {f.name for f in table.physical.fields}
+        for column in table.definition.partitioned_by:
+            if column not in names:
+                raise SqlError(f"{where}: PARTITIONED BY ({column}): no such physical column")
+        _options(table)
+
+    def scan(self, table: TableEntry, conditions: tuple[exp.Expr, ...]) -> ScanSpec:
+        options = _options(table)
+        partitions = table.definition.partitioned_by
+        physical = table.physical
+        # the files hold the physical columns but the partition ones, typed as declared
+        in_files = pa.schema([pa.field(f.name, f.type) for f in physical.fields
+                              if f.name not in partitions])
+        computed = []
+        for column in table.definition.columns:
+            if isinstance(column, ComputedColumn):
+                computed.append((column.name, compile_expression(column.expression,
+                                                                 Scope(physical))))
+        shape = _FileShape(physical, partitions, tuple(computed), table.schema.names)
+        rowtime, delay = table.schema.rowtime, table.watermark_delay_ms
+        format = table.definition.option("format") or ""
+
+        def build(env: StreamEnvironment) -> DataStream:
+            files = Files(options.path, format=_READ_FORMATS[format], schema=in_files,
+                          monitor_interval_s=options.monitor_interval_s,
+                          csv=CsvLayout(header=False, delimiter=options.delimiter))
+            source = _FileTableSource(files, shape, table.schema.names)
+            watermarks = None if rowtime is None else SqlWatermark(rowtime, delay_ms=delay or 0)
+            return env.from_source(source, name=table.name, watermarks=watermarks)
+        how = "continuous" if options.monitor_interval_s else "bounded"
+        return ScanSpec(table.schema, build, f"filesystem {table.name} ({format} files under "
+                                             f"{options.path}, {how})")
+
+    def check_sink(self, table: TableEntry) -> None:
+        format = table.definition.option("format")
+        if format not in _WRITE_FORMATS:
+            raise SqlError(f"INSERT INTO {table.name}: the filesystem connector writes formats "
+                           f"{', '.join(_WRITE_FORMATS)}, not {format!r}")
+
+    def sink(self, table: TableEntry, stream: "DataStream") -> "SinkHandle":
+        format = table.definition.option("format") or ""
+        options = _options(table)
+        partitions = list(table.definition.partitioned_by) or None
+        return stream.sink_to_files(options.path, format=format, partition_by=partitions,
+                                    max_bytes_per_file=options.file_size,
+                                    csv_delimiter=options.delimiter, name=table.name)
+
+
+@dataclass(frozen=True)
+class _Options:
+    path: str
+    delimiter: str
+    monitor_interval_s: float | None
+    file_size: int
+
+
+def _options(table: TableEntry) -> _Options:
+    definition, where = table.definition, f"CREATE TABLE {table.name}"
+    path = definition.option("path") or ""
+    if path.startswith("file://"):  # (a local path: the sink's commit log wants it plain)
+        path = urllib.parse.unquote(path[len("file://"):])
+    interval = definition.option("source.monitor-interval")
+    size = definition.option("sink.rolling-policy.file-size")
+    return _Options(
+        path=path, delimiter=definition.option("csv.field-delimiter", ",") or ",",
+        monitor_interval_s=None if interval is None else duration_ms(
+            interval, f"{where}: 'source.monitor-interval'") / 1000,
+        file_size=128 << 20 if size is None else memory_bytes(
+            size, f"{where}: 'sink.rolling-policy.file-size'"))
+
+
+@dataclass(frozen=True)
+class _FileShape:
+    """A file's batch as the table's rows: the physical columns cast to their declared
+    types, the partition columns from the file's directory names, the computed columns."""
+
+    physical: RelSchema
+    partitions: tuple[str, ...]
+    computed: tuple[tuple[str, Compiled], ...]
+    names: tuple[str, ...]
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        return self.of_split("")(batch)  # (only a table without partitions)
+
+    def of_split(self, split: Any) -> "_Bound":
+        path = split if isinstance(split, str) else split["path"]
+        values: dict[str, str | None] = {}
+        for segment in posixpath.dirname(path).split("/"):
+            column, equals, value = segment.partition("=")
+            if equals and column in self.partitions:
+                value = urllib.parse.unquote(value)
+                values[column] = None if value == HIVE_NULL else value
+        missing = [c for c in self.partitions if c not in values]
+        if missing:
+            raise SqlError(f"file {path}: no directory names partition column(s) "
+                           f"{', '.join(missing)} (PARTITIONED BY: a directory "
+                           f"{missing[0]}=<value> above each file)")
+        return _Bound(self, values)
+
+
+@dataclass(frozen=True)
+class _Bound:
+    shape: _FileShape
+    values: dict[str, str | None]
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        n, columns = batch.num_rows, {}
+        for f in self.shape.physical.fields:
+            if f.name in self.values:
+                value = self.values[f.name]
+                columns[f.name] = pa.nulls(n, f.type) if value is None else pa.repeat(
+                    pa.scalar(value).cast(f.type), n)
+            else:
+                column = batch.column(f.name)
+                columns[f.name] = column if column.type == f.type else pc.cast(column, f.type)  # pyright: ignore[reportAttributeAccessIssue]
+        physical = pa.RecordBatch.from_pydict(columns)
+        for name, compiled in self.shape.computed:
+            columns[name] = as_array(compiled.evaluate(physical), n)
+        return pa.RecordBatch.from_pydict({name: columns[name] for name in self.shape.names})
+
+
+@dataclass(frozen=True)
+class _FileTableSource(ShapedSource):
+    """Files shaped into the table's rows; a file's partition values are its split's."""
+
+    def shape_of(self, split: Any) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
+        assert isinstance(self.shape, _FileShape)
+        return self.shape.of_split(split)
+
