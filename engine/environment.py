@@ -335,8 +335,8 @@ class StreamEnvironment:
             ...                         schema=CLICKS, idleness_s=5.0,
             ...                         watermarks=rs.BoundedOutOfOrderness("ts", 2000))
         """
-        from raystream.engine.sources.kafka import KafkaSource, KafkaSourceConfig
-        from raystream.engine.sources.kafka_reader import KafkaReaderOperator
+        from raystream.engine.sources.kafka import KafkaSourceConfig
+        from raystream.engine.sources.kafka_reader import kafka_stream
 
         config = KafkaSourceConfig(
             bootstrap_servers, topics=(topics,) if isinstance(topics, str) else tuple(topics),
@@ -345,12 +345,8 @@ class StreamEnvironment:
             schema=schema, value_schema=value_schema, idleness_s=idleness_s, discovery_interval_s=discovery_interval_s,
             max_poll_records=max_poll_records, errors=OnError.of(errors), timeout_s=timeout_s,
             client_config={k.replace("_", "."): v for k, v in client_config.items()})
-        source = KafkaSource(config)
-        stream = self.add_source(lambda op_name: KafkaReaderOperator(op_name, source, watermarks),
-                                 name=name, parallelism=parallelism,
-                                 coordinator=functools.partial(SourceCoordinator, source=source))
-        stream.transformation.preflight = source.preflight
-        return stream
+        return kafka_stream(self, config, name=name, watermarks=watermarks,
+                            parallelism=parallelism)
 
     # -- SQL -----------------------------------------------------------------------------
     def sql(self, text: str) -> SqlResult:

@@ -176,6 +176,9 @@ class Json:
     """
 
     schema: pa.Schema | None = None
+    # timestamps written as SQL's text, 'yyyy-MM-dd HH:mm:ss.SSS' (Flink's json format, and
+    # what a decoding schema's timestamp column reads), not epoch milliseconds
+    timestamps_as_text: bool = False
     name: str = field(default="json", init=False)
 
     def decode(self, values: pa.Array) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
@@ -216,14 +219,31 @@ class Json:
             pa.RecordBatch.from_pylist([], schema=table.schema), bad
 
     def encode(self, batch: pa.RecordBatch, *, where: str) -> pa.Array:
+        if self.timestamps_as_text:
+            texts = [_timestamps_as_text(c.type) for c in batch.columns]
+            batch = pa.RecordBatch.from_arrays(
+                [c if t == c.type else c.cast(t) for c, t in zip(batch.columns, texts)],
+                names=batch.schema.names)
         try:
             return json_lines(batch, where=where)
         except JsonLinesError as e:
             raise FormatError(str(e)) from None
 
 
+def _timestamps_as_text(type_: pa.DataType) -> pa.DataType:
+    """``type_`` with every timestamp in it (in a ROW too) a string: the cast to that type
+    writes them as SQL's text."""
+    if pa.types.is_timestamp(type_):
+        return pa.string()
+    if pa.types.is_struct(type_):
+        return pa.struct([f.with_type(_timestamps_as_text(f.type)) for f in type_])
+    if pa.types.is_list(type_):
+        return pa.list_(_timestamps_as_text(type_.value_type))
+    return type_
+
+
 def _read_json(lines: pa.Array, schema: pa.Schema | None) -> pa.Table:
-    joined = _join_lines(lines)
+    joined = lines_buffer(lines)
     options = (pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
                if schema is not None else pajson.ParseOptions())
     # one block for the whole batch: type inference sees every record at once
@@ -231,7 +251,7 @@ def _read_json(lines: pa.Array, schema: pa.Schema | None) -> pa.Table:
     return pajson.read_json(pa.BufferReader(joined), parse_options=options, read_options=read)
 
 
-def _join_lines(lines: pa.Array) -> pa.Buffer:
+def lines_buffer(lines: pa.Array) -> pa.Buffer:
     """Every value followed by a newline, in one buffer (no per-value Python loop)."""
     big = pa.large_binary()
     terminated = pc.binary_join_element_wise(
@@ -243,26 +263,27 @@ def _join_lines(lines: pa.Array) -> pa.Buffer:
 
 @dataclass(frozen=True)
 class Raw:
-    """The value's bytes as column ``value`` (and column ``value`` written as it is).
+    """The value's bytes as column ``column`` (default ``value``; and that column written as
+    it is).
 
         >>> import pyarrow as pa
         >>> Raw().decode(pa.array([b"a"]))[0].to_pydict()
         {'value': [b'a']}
     """
 
+    column: str = "value"
     name: str = field(default="raw", init=False)
 
     def decode(self, values: pa.Array) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
-        return pa.record_batch([values.cast(pa.binary())], names=["value"]), []
+        return pa.record_batch([values.cast(pa.binary())], names=[self.column]), []
 
     def encode(self, batch: pa.RecordBatch, *, where: str) -> pa.Array:
-        if "value" not in batch.schema.names:
-            raise FormatError(f"{where}: value_format='raw' needs a column 'value' (columns: "
-                              f"{', '.join(batch.schema.names)})")
-        return batch.column("value")
+        if self.column not in batch.schema.names:
+            raise FormatError(f"{where}: value_format='raw' needs a column {self.column!r} "
+                              f"(columns: {', '.join(batch.schema.names)})")
+        return batch.column(self.column)
 
 
-# -- Avro -------------------------------------------------------------------------------------
 def _avro_schema_text(schema: Mapping[str, Any] | str | os.PathLike) -> str:
     if isinstance(schema, Mapping):
         return json.dumps(schema)

@@ -43,14 +43,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-# its kernels' functions are made at import, so pyright sees none: ignored where used
-import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from raystream.checkpoint.storage import fsync_dir
-from raystream.engine.formats import Avro, FormatError
-from raystream.engine.json_lines import json_lines
+from raystream.engine.formats import Avro, FormatError, Json, lines_buffer
 from raystream.engine.sink_handle import SinkHandle
 from raystream.engine.operators.two_phase import Committer, SinkContext, SinkWriter
 from raystream.spark import commit_log
@@ -265,20 +262,13 @@ class _OpenJsonFile(_OpenFile):
 
     def write(self, table: pa.Table) -> None:
         for batch in table.to_batches():
-            batch = pa.RecordBatch.from_arrays(
-                [c.cast(pa.string()) if pa.types.is_timestamp(c.type) else c for c in batch.columns],
-                names=batch.schema.names)
-            lines = pc.binary_join_element_wise(  # pyright: ignore[reportAttributeAccessIssue]
-                json_lines(batch, where="filesystem sink"), pa.scalar("\n"), pa.scalar(""))
-            # a string array's data buffer is its strings end to end
-            offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32,
-                                    count=len(lines) + 1, offset=lines.offset * 4)
-            self.stream.write(lines.buffers()[2][int(offsets[0]):int(offsets[-1])])
+            self.stream.write(lines_buffer(_JSON.encode(batch, where="filesystem sink")))
 
     def committable(self) -> dict:
         return {"schema": commit_log.encode_schema(self.schema)}
 
 
+_JSON = Json(timestamps_as_text=True)
 _OPEN_FILE: dict[FileFormat, type[_OpenFile]] = {
     FileFormat.PARQUET: _OpenFile, FileFormat.AVRO: _OpenAvroFile,
     FileFormat.CSV: _OpenCsvFile, FileFormat.JSON: _OpenJsonFile}

@@ -64,7 +64,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from raystream.engine.errors import RaystreamError, choice
-from raystream.engine.formats import FormatError, Raw, ValueFormat, value_format_of
+from raystream.engine.formats import FormatError, ValueFormat, value_format_of
 from raystream.engine.kafka_client import BrokerCheck, client_config, serve_logs
 from raystream.engine.operators.two_phase import Committer, SinkContext, SinkWriter
 
@@ -168,8 +168,6 @@ def serialize(batch: pa.RecordBatch, *, key: str | None,
         keys = column if pa.types.is_string(column.type) else pc.cast(column, pa.string())
     fmt = value_format_of(value_format, where="sink_to_kafka") if isinstance(
         value_format, str) else value_format
-    if isinstance(fmt, Raw) and "value" not in batch.schema.names:
-        raise KafkaSinkError("sink_to_kafka: value_format='raw' needs a column 'value'")
     try:
         values = fmt.encode(batch, where="sink_to_kafka")
     except FormatError as e:

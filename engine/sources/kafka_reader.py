@@ -24,9 +24,10 @@ and cause, or with ``errors="dead_letter"`` goes to side output
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -37,14 +38,18 @@ from raystream.actors.operator import OperatorSnapshot
 from raystream.engine.operators.source import SourceReaderOperator
 from raystream.engine.sources.files import OnError
 from raystream.engine.sources.kafka import (KafkaError, KafkaRecordError, KafkaSource,
-                                            PartitionState, split_id)
+                                            KafkaSourceConfig, PartitionState, split_id)
+from raystream.engine.sources.split_enumerator import SourceCoordinator
 from raystream.engine.watermarks import BoundedOutOfOrderness
 
 if TYPE_CHECKING:  # imported by jobs that use Kafka only
     from confluent_kafka import Consumer
 
+    from raystream.engine.datastream import DataStream
+    from raystream.engine.environment import StreamEnvironment
+
 __all__ = ["DEAD_LETTER_SCHEMA", "EMPTY_POLL_WAIT_S", "METADATA", "POLL_LINGER_S",
-           "KafkaReaderOperator"]
+           "KafkaReaderOperator", "kafka_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +81,11 @@ class KafkaReaderOperator(SourceReaderOperator):
     readers: dict[str, PartitionState]  # what its source's reader() makes
 
     def __init__(self, name: str, source: KafkaSource,
-                 watermarks: BoundedOutOfOrderness | None = None) -> None:
+                 watermarks: BoundedOutOfOrderness | None = None, *,
+                 shape: Callable[[pa.RecordBatch], pa.RecordBatch] | None = None) -> None:
         super().__init__(name, source, watermarks)
         self.config = source.config
+        self.shape = shape  # (a SQL table's columns, made before the watermark is taken)
         self.consumer: Consumer | None = None
         self._empty_polls = 0
         self._linger_s = POLL_LINGER_S
@@ -237,6 +244,8 @@ class KafkaReaderOperator(SourceReaderOperator):
                 names.append(f.name)
                 columns.append(column)
         batch = pa.RecordBatch.from_arrays(columns, names=names)
+        if self.shape is not None:
+            batch = self.shape(batch)
         if self.watermarks is not None and batch.num_rows:
             ts = self._timestamps(batch)
             for sid in set(ids_np.tolist()):
@@ -323,3 +332,18 @@ class KafkaReaderOperator(SourceReaderOperator):
             except Exception:
                 pass
             self.consumer = None
+
+
+def kafka_stream(env: "StreamEnvironment", config: KafkaSourceConfig, *, name: str,
+                 watermarks: BoundedOutOfOrderness | None, parallelism: int | None,
+                 shape: Callable[[pa.RecordBatch], pa.RecordBatch] | None = None) -> "DataStream":
+    """A Kafka source's stream (``env.read_kafka``'s; a SQL table's ``shape`` makes its
+    columns inside the reader, so that its rowtime may be a computed column and still be
+    watermarked per partition)."""
+    source = KafkaSource(config)
+    stream = env.add_source(
+        lambda op_name: KafkaReaderOperator(op_name, source, watermarks, shape=shape),
+        name=name, parallelism=parallelism,
+        coordinator=functools.partial(SourceCoordinator, source=source))
+    stream.transformation.preflight = source.preflight
+    return stream

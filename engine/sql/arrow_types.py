@@ -25,6 +25,7 @@ _SIMPLE = {
     TypeName.BOOLEAN: pa.bool_(), TypeName.TINYINT: pa.int8(), TypeName.SMALLINT: pa.int16(),
     TypeName.INT: pa.int32(), TypeName.BIGINT: pa.int64(), TypeName.FLOAT: pa.float32(),
     TypeName.DOUBLE: pa.float64(), TypeName.VARCHAR: pa.string(), TypeName.DATE: pa.date32(),
+    TypeName.BYTES: pa.binary(),
 }
 _NAMES = {value: name.value for name, value in _SIMPLE.items()}
 _NAMES[pa.string()] = "STRING"

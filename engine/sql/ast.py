@@ -27,6 +27,7 @@ class TypeName(Enum):
     DOUBLE = "DOUBLE"
     DECIMAL = "DECIMAL"
     VARCHAR = "VARCHAR"  # STRING is VARCHAR without a length
+    BYTES = "BYTES"  # VARBINARY and BINARY of any length too
     DATE = "DATE"
     TIMESTAMP = "TIMESTAMP"
     TIMESTAMP_LTZ = "TIMESTAMP_LTZ"

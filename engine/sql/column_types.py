@@ -19,6 +19,8 @@ _SCALARS = {
     exp.DType.DECIMAL: TypeName.DECIMAL,
     exp.DType.VARCHAR: TypeName.VARCHAR,
     exp.DType.TEXT: TypeName.VARCHAR,  # STRING
+    exp.DType.VARBINARY: TypeName.BYTES,
+    exp.DType.BINARY: TypeName.BYTES,
     exp.DType.DATE: TypeName.DATE,
     exp.DType.TIMESTAMP: TypeName.TIMESTAMP,
     exp.DType.TIMESTAMPLTZ: TypeName.TIMESTAMP_LTZ,
@@ -51,13 +53,15 @@ def sql_type(data_type: exp.DataType) -> SqlType:
     if kind == exp.DType.MAP and len(inner) == 2:
         return MapType(sql_type(_nested(inner[0])), sql_type(_nested(inner[1])))
     name = _SCALARS.get(kind)
+    if kind == exp.DType.USERDEFINED and str(data_type.args.get("kind")).upper() == "BYTES":
+        name = TypeName.BYTES
     if name is None:
         raise SqlError(f"unknown column type {_written(data_type)}")
     params = [_integer(param, data_type) for param in inner]
     default_precision, default_scale = _DEFAULTS.get(name, (None, None))
     if len(params) > (2 if name is TypeName.DECIMAL else 1) or (
-            params and name not in (TypeName.DECIMAL, TypeName.VARCHAR, TypeName.TIMESTAMP,
-                                    TypeName.TIMESTAMP_LTZ)):
+            params and name not in (TypeName.DECIMAL, TypeName.VARCHAR, TypeName.BYTES,
+                                    TypeName.TIMESTAMP, TypeName.TIMESTAMP_LTZ)):
         raise SqlError(f"unknown column type {_written(data_type)}")
     precision = params[0] if params else default_precision
     scale = params[1] if len(params) > 1 else (0 if params else default_scale)

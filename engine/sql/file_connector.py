@@ -29,25 +29,20 @@ them (Flink's ``filesystem`` connector, with its options' names).
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
-# its kernels' functions are made at import, so pyright sees none: ignored where used
-import pyarrow.compute as pc
 from sqlglot import exp
 
 from raystream.engine.errors import SqlError
 from raystream.engine.sources.files import CsvLayout, Files
-from raystream.engine.sql.ast import ComputedColumn
 from raystream.engine.sql.catalog import TableEntry
-from raystream.engine.sql.compiled import Compiled, as_array
 from raystream.engine.sql.connector_base import Connector, ScanSpec, duration_ms, memory_bytes
-from raystream.engine.sql.expressions import Scope, compile_expression
-from raystream.engine.sql.scan_source import ShapedSource, SqlWatermark
-from raystream.engine.sql.schema import RelSchema
+from raystream.engine.sql.scan_source import ShapedSource, SqlWatermark, TableShape
 from raystream.spark.commit_log import HIVE_NULL
 
 if TYPE_CHECKING:
@@ -92,16 +87,10 @@ class Filesystem(Connector):
     def scan(self, table: TableEntry, conditions: tuple[exp.Expr, ...]) -> ScanSpec:
         options = _options(table)
         partitions = table.definition.partitioned_by
-        physical = table.physical
         # the files hold the physical columns but the partition ones, typed as declared
-        in_files = pa.schema([pa.field(f.name, f.type) for f in physical.fields
+        in_files = pa.schema([pa.field(f.name, f.type) for f in table.physical.fields
                               if f.name not in partitions])
-        computed = []
-        for column in table.definition.columns:
-            if isinstance(column, ComputedColumn):
-                computed.append((column.name, compile_expression(column.expression,
-                                                                 Scope(physical))))
-        shape = _FileShape(physical, partitions, tuple(computed), table.schema.names)
+        shape = TableShape.of(table)
         rowtime, delay = table.schema.rowtime, table.watermark_delay_ms
         format = table.definition.option("format") or ""
 
@@ -109,7 +98,7 @@ class Filesystem(Connector):
             files = Files(options.path, format=_READ_FORMATS[format], schema=in_files,
                           monitor_interval_s=options.monitor_interval_s,
                           csv=CsvLayout(header=False, delimiter=options.delimiter))
-            source = _FileTableSource(files, shape, table.schema.names)
+            source = _FileTableSource(files, shape, table.schema.names, partitions)
             watermarks = None if rowtime is None else SqlWatermark(rowtime, delay_ms=delay or 0)
             return env.from_source(source, name=table.name, watermarks=watermarks)
         how = "continuous" if options.monitor_interval_s else "bounded"
@@ -154,61 +143,30 @@ def _options(table: TableEntry) -> _Options:
             size, f"{where}: 'sink.rolling-policy.file-size'"))
 
 
-@dataclass(frozen=True)
-class _FileShape:
-    """A file's batch as the table's rows: the physical columns cast to their declared
-    types, the partition columns from the file's directory names, the computed columns."""
-
-    physical: RelSchema
-    partitions: tuple[str, ...]
-    computed: tuple[tuple[str, Compiled], ...]
-    names: tuple[str, ...]
-
-    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        return self.of_split("")(batch)  # (only a table without partitions)
-
-    def of_split(self, split: Any) -> "_Bound":
-        path = split if isinstance(split, str) else split["path"]
-        values: dict[str, str | None] = {}
-        for segment in posixpath.dirname(path).split("/"):
-            column, equals, value = segment.partition("=")
-            if equals and column in self.partitions:
-                value = urllib.parse.unquote(value)
-                values[column] = None if value == HIVE_NULL else value
-        missing = [c for c in self.partitions if c not in values]
-        if missing:
-            raise SqlError(f"file {path}: no directory names partition column(s) "
-                           f"{', '.join(missing)} (PARTITIONED BY: a directory "
-                           f"{missing[0]}=<value> above each file)")
-        return _Bound(self, values)
-
-
-@dataclass(frozen=True)
-class _Bound:
-    shape: _FileShape
-    values: dict[str, str | None]
-
-    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        n, columns = batch.num_rows, {}
-        for f in self.shape.physical.fields:
-            if f.name in self.values:
-                value = self.values[f.name]
-                columns[f.name] = pa.nulls(n, f.type) if value is None else pa.repeat(
-                    pa.scalar(value).cast(f.type), n)
-            else:
-                column = batch.column(f.name)
-                columns[f.name] = column if column.type == f.type else pc.cast(column, f.type)  # pyright: ignore[reportAttributeAccessIssue]
-        physical = pa.RecordBatch.from_pydict(columns)
-        for name, compiled in self.shape.computed:
-            columns[name] = as_array(compiled.evaluate(physical), n)
-        return pa.RecordBatch.from_pydict({name: columns[name] for name in self.shape.names})
+def _of_split(shape: TableShape, partitions: tuple[str, ...], split: Any) -> TableShape:
+    """``shape`` with the values of ``split``'s partition columns, from its directories."""
+    path = split if isinstance(split, str) else split["path"]
+    values: dict[str, str | None] = {}
+    for segment in posixpath.dirname(path).split("/"):
+        column, equals, value = segment.partition("=")
+        if equals and column in partitions:
+            value = urllib.parse.unquote(value)
+            values[column] = None if value == HIVE_NULL else value
+    missing = [c for c in partitions if c not in values]
+    if missing:
+        raise SqlError(f"file {path}: no directory names partition column(s) "
+                       f"{', '.join(missing)} (PARTITIONED BY: a directory "
+                       f"{missing[0]}=<value> above each file)")
+    return dataclasses.replace(shape, constants=values)
 
 
 @dataclass(frozen=True)
 class _FileTableSource(ShapedSource):
     """Files shaped into the table's rows; a file's partition values are its split's."""
 
+    partitions: tuple[str, ...] = ()
+
     def shape_of(self, split: Any) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
-        assert isinstance(self.shape, _FileShape)
-        return self.shape.of_split(split)
+        assert isinstance(self.shape, TableShape)
+        return _of_split(self.shape, self.partitions, split) if self.partitions else self.shape
 

@@ -10,13 +10,21 @@ it in the scan; and SQL's watermark (``WATERMARK FOR ts AS ts - INTERVAL 'd' ...
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 import pyarrow as pa
+# its kernels' functions are made at import, so pyright sees none: ignored where used
+import pyarrow.compute as pc
 
 from raystream.actors.messages import MIN_WATERMARK
+from raystream.engine.errors import SqlError
 from raystream.engine.sources.base import Source, SplitReader
+from raystream.engine.sql.ast import ComputedColumn
+from raystream.engine.sql.catalog import TableEntry
+from raystream.engine.sql.compiled import Compiled, as_array
+from raystream.engine.sql.expressions import Scope, compile_expression
+from raystream.engine.sql.schema import RelSchema
 from raystream.engine.watermarks import BoundedOutOfOrderness
 
 
@@ -92,3 +100,39 @@ class _ShapedReader(SplitReader):
 
     def close(self) -> None:
         self._inner.close()
+
+
+@dataclass(frozen=True)
+class TableShape:
+    """A connector's batch as a table's rows: its physical columns (found by name, cast to
+    their declared types; ``constants``: those every row of the batch has, as text, such
+    as a file's partition values), then the computed columns over them."""
+
+    physical: RelSchema
+    computed: tuple[tuple[str, Compiled], ...]
+    names: tuple[str, ...]
+    constants: Mapping[str, str | None] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, table: TableEntry) -> "TableShape":
+        computed = tuple((c.name, compile_expression(c.expression, Scope(table.physical)))
+                         for c in table.definition.columns if isinstance(c, ComputedColumn))
+        return cls(table.physical, computed, table.schema.names)
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        n, columns = batch.num_rows, {}
+        for f in self.physical.fields:
+            if f.name in self.constants:
+                value = self.constants[f.name]
+                columns[f.name] = pa.nulls(n, f.type) if value is None else pa.repeat(
+                    pa.scalar(value).cast(f.type), n)
+                continue
+            if f.name not in batch.schema.names:
+                raise SqlError(f"a {f.name!r} column is missing from what the connector read "
+                               f"(its columns: {', '.join(batch.schema.names)})")
+            column = batch.column(f.name)
+            columns[f.name] = column if column.type == f.type else pc.cast(column, f.type)  # pyright: ignore[reportAttributeAccessIssue]
+        physical = pa.RecordBatch.from_pydict(columns)
+        for name, compiled in self.computed:
+            columns[name] = as_array(compiled.evaluate(physical), n)
+        return pa.RecordBatch.from_pydict({name: columns[name] for name in self.names})
