@@ -112,6 +112,40 @@ def test_nexmark_sql_files_as_published_equal_pandas(ray_session, tmp_path, kill
         assert rows(got) == rows(expected), name
 
 
+def test_nexmark_q12_counts_each_bid_once_in_windows_of_the_wall_clock(ray_session):
+    """q12 as published: bids per bidder in 10 s windows of processing time (PROCTIME()).
+    Which window a bid falls in depends on when it was processed; that every bid is in
+    exactly one, of its bidder, in a 10 s window of the clock while the job ran, does not."""
+    env = rs.StreamEnvironment(parallelism=2)
+    env.sql(nexmark_ddl())
+    sink = env.sql(query("q12"))["nexmark_q12"]
+    assert "TUMBLE(p_time (processing time), size=10000 ms)" in env.sql_query(
+        "SELECT bidder, COUNT(*) FROM TABLE(TUMBLE(TABLE B, DESCRIPTOR(p_time), "
+        "INTERVAL '10' SECOND)) GROUP BY bidder, window_start, window_end").explain()
+    began = pd.Timestamp(time.time(), unit="s").floor("10s")
+    got = env.execute("nexmark-q12").table(sink).to_pandas()
+    ended = pd.Timestamp(time.time(), unit="s")
+    b = bids()
+    per_bidder = got.groupby("bidder")["bid_count"].sum()
+    assert per_bidder.to_dict() == b.groupby("bidder").size().to_dict()
+    assert len(got) == len(got.drop_duplicates(["bidder", "starttime"]))  # a row per window
+    assert ((got["endtime"] - got["starttime"]) == pd.Timedelta("10s")).all()
+    assert (got["starttime"] == got["starttime"].dt.floor("10s")).all()
+    assert got["starttime"].between(began, ended).all()
+
+
+def test_windows_over_processing_time_are_tumbling_ones():
+    env = rs.StreamEnvironment(parallelism=2)
+    env.sql(nexmark_ddl() + "; CREATE VIEW P AS SELECT bidder, PROCTIME() AS p FROM bid")
+    with pytest.raises(rs.SqlError, match=re.escape(
+            "HOP(... DESCRIPTOR(p)): windows over processing time are TUMBLE windows")):
+        env.sql_query("SELECT COUNT(*) FROM TABLE(HOP(TABLE P, DESCRIPTOR(p), INTERVAL '1' "
+                      "SECOND, INTERVAL '2' SECOND)) GROUP BY window_start, window_end")
+    plan = env.sql_query("SELECT p FROM P").explain()  # PROCTIME() is never folded
+    assert "PROCTIME() AS p" in plan
+    assert env.transformations == []
+
+
 def test_the_sql_plan_of_q2_pushes_the_event_type_into_the_generator():
     env = rs.StreamEnvironment(parallelism=2)
     env.sql(nexmark_ddl())

@@ -19,6 +19,7 @@ values costs a few calls, whatever its length.
 from __future__ import annotations
 
 import re
+import time
 from typing import Callable, TypeAlias
 
 import numpy as np
@@ -245,6 +246,24 @@ def _date_format(compile: Compile, expr: exp.Expr) -> Compiled:
     return combine(expr, kernel, operand)
 
 
+PROCTIME_TYPE = pa.timestamp("ms", tz="UTC")  # TIMESTAMP_LTZ(3), as Flink's PROCTIME()
+
+
+def _proctime(compile: Compile, expr: exp.Expr) -> Compiled:
+    """``PROCTIME()``: the wall clock when the row is computed (never folded)."""
+    if _arguments(expr):
+        raise SqlError(f"{sql_text(expr)}: PROCTIME takes no argument")
+    return Compiled(PROCTIME_TYPE, lambda batch: pa.scalar(time.time_ns() // 1_000_000,
+                                                           PROCTIME_TYPE),
+                    sql_text(expr), nullable=False)
+
+
+def is_proctime(expr: exp.Expr) -> bool:
+    """Is ``expr`` (or what it names with AS) a call of PROCTIME()?"""
+    inner = expr.this if isinstance(expr, exp.Alias) else expr
+    return isinstance(inner, exp.Anonymous) and inner.name.upper() == "PROCTIME"
+
+
 def _if(compile: Compile, expr: exp.Expr) -> Compiled:
     case = exp.Case(ifs=[exp.If(this=expr.this, true=expr.args["true"])],
                     default=expr.args.get("false"))
@@ -281,6 +300,7 @@ _BY_CLASS: dict[type, Function] = {
 _BY_NAME: dict[str, Function] = {
     "SPLIT_INDEX": _split_index,
     "DATE_FORMAT": _date_format,
+    "PROCTIME": _proctime,
     "SECOND": _time_part("SECOND", pc.second),  # pyright: ignore[reportAttributeAccessIssue]
 }
 

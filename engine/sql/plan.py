@@ -79,7 +79,8 @@ class AggregateCall:
 
 @dataclass(frozen=True)
 class WindowSpec:
-    """A window table function's windows over the rowtime column ``time``."""
+    """A window table function's windows over the rowtime column ``time`` (or the
+    processing-time one)."""
 
     kind: WindowKind
     time: str
@@ -87,12 +88,14 @@ class WindowSpec:
     slide_ms: int | None = None
     gap_ms: int | None = None
     offset_ms: int = 0
+    processing_time: bool = False  # ``time`` is a PROCTIME() column: windows of the clock
 
     def describe(self) -> str:
         sizes = {WindowKind.TUMBLE: f"size={self.size_ms} ms",
                  WindowKind.HOP: f"slide={self.slide_ms} ms, size={self.size_ms} ms",
                  WindowKind.SESSION: f"gap={self.gap_ms} ms"}.get(self.kind, "")
-        return f"{self.kind.value}({self.time}, {sizes})"
+        clock = " (processing time)" if self.processing_time else ""
+        return f"{self.kind.value}({self.time}{clock}, {sizes})"
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from raystream.engine.sql.compiled import Compiled, Evaluate, column_ref, sql_te
 from raystream.engine.sql.connectors import connector_of
 from raystream.engine.sql.dialect import WindowTableFunction
 from raystream.engine.sql.expressions import Scope, compile_expression
+from raystream.engine.sql.functions import is_proctime
 from raystream.engine.sql.intervals import interval_ms
 from raystream.engine.sql.joins import JoinInput, conjuncts, plan_join
 from raystream.engine.sql.plan import (AggregateCall, AggregateKind, Calc, InputWindows, Node,
@@ -347,7 +348,14 @@ def _as_double(compiled: Compiled) -> Evaluate:
 
 
 def _window_spec(tvf: WindowTvf, schema: RelSchema) -> WindowSpec:
-    _check_rowtime(tvf.time_column, schema, f"{tvf.kind.value}(... DESCRIPTOR({tvf.time_column}))")
+    where = f"{tvf.kind.value}(... DESCRIPTOR({tvf.time_column}))"
+    if tvf.time_column == schema.proctime and tvf.time_column != schema.rowtime:
+        if tvf.kind is not WindowKind.TUMBLE:
+            raise SqlError(f"{where}: windows over processing time are TUMBLE windows in "
+                           f"raystream's SQL (HOP, SESSION and CUMULATE need a rowtime)")
+        return WindowSpec(tvf.kind, tvf.time_column, size_ms=tvf.size_ms,
+                          offset_ms=tvf.offset_ms, processing_time=True)
+    _check_rowtime(tvf.time_column, schema, where)
     if tvf.kind is WindowKind.CUMULATE:
         raise SqlError("CUMULATE windows are not in raystream's SQL yet (TUMBLE, HOP and SESSION are)")
     return WindowSpec(tvf.kind, tvf.time_column, size_ms=tvf.size_ms, slide_ms=tvf.slide_ms,
@@ -457,8 +465,12 @@ def _schema(projections: tuple[tuple[str, Compiled], ...], expressions: list[exp
         start, end = (_kept(expressions, named, c) for c in (source.window.start, source.window.end))
         window = WindowAttributes(start, end) if start and end else None
     rowtime = _kept(expressions, named, source.rowtime) if source.rowtime else None
+    proctime = _kept(expressions, named, source.proctime) if source.proctime else None
+    if proctime is None:  # a PROCTIME() of this SELECT's
+        proctime = next((_output_name(original, index) for index, (expr, original)
+                         in enumerate(zip(expressions, named)) if is_proctime(expr)), None)
     return RelSchema(tuple(Field(name, c.type, nullable=c.nullable) for name, c in projections),
-                     rowtime=rowtime, window=window)
+                     rowtime=rowtime, window=window, proctime=proctime)
 
 
 def _kept(expressions: list[exp.Expr], named: list[exp.Expr], column: str) -> str | None:

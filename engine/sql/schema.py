@@ -55,6 +55,7 @@ class RelSchema:
     rowtime: str | None = None
     changelog: ChangelogMode = ChangelogMode.INSERT_ONLY
     window: WindowAttributes | None = None
+    proctime: str | None = None  # a PROCTIME() column: windows over it are on the clock
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -36,7 +36,8 @@ from raystream.engine.sql.compiled import Compiled, as_array
 from raystream.engine.sql.plan import (Calc, InputWindows, Join, JoinKind, Node, Scan, Sink,
                                        StreamScan, WindowAggregate, WindowSpec)
 from raystream.engine.windows.assigners import (EventTimeSessionWindows, SlidingEventTimeWindows,
-                                                TumblingEventTimeWindows)
+                                                TumblingEventTimeWindows,
+                                                TumblingProcessingTimeWindows)
 
 if TYPE_CHECKING:
     from raystream.engine.datastream import DataStream
@@ -290,6 +291,9 @@ class Translator:
 
 
 def _assigner(window: WindowSpec) -> "TumblingEventTimeWindows | SlidingEventTimeWindows | EventTimeSessionWindows":
+    if window.processing_time:  # (the planner allows TUMBLE only)
+        return TumblingProcessingTimeWindows(size_ms=window.size_ms or 0,
+                                             offset_ms=window.offset_ms)
     if window.kind is WindowKind.TUMBLE:
         return TumblingEventTimeWindows(size_ms=window.size_ms or 0, offset_ms=window.offset_ms)
     if window.kind is WindowKind.HOP:
