@@ -16,7 +16,7 @@ import pytest
 
 import raystream as rs
 from raystream.nexmark import EventKind, NexmarkConfig, generate
-from tests.support.nexmark_sql import bids, ms, nexmark_ddl, query, rows
+from tests.support.nexmark_sql import SIDE_INPUT, bids, ms, nexmark_ddl, query, rows
 
 # -- oracles over the generated bids, in pandas -----------------------------------------------
 
@@ -53,6 +53,10 @@ def oracle(name: str, b: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame({"auction": b["auction"], "bidder": b["bidder"], "price": b["price"],
                              "dateTime": when, "extra": b["extra"],
                              "dt": when.dt.strftime("%Y-%m-%d"), "hm": when.dt.strftime("%H:%M")})
+    if name == "q13":  # each bid with the side input's value of MOD(auction, 10000)
+        m = b.assign(key=b["auction"] % 10_000).merge(SIDE_INPUT, on="key")
+        return pd.DataFrame({"auction": m["auction"], "bidder": m["bidder"], "price": m["price"],
+                             "dateTime": ms(m["date_time"]), "value": m["value"]})
     if name == "q14":
         euro = b["price"].map(lambda p: Decimal(int(p)) * Decimal("0.908"))
         hour = when.dt.hour
@@ -78,13 +82,14 @@ def oracle(name: str, b: pd.DataFrame) -> pd.DataFrame:
     raise KeyError(name)
 
 
-NEXMARK = ("q0", "q1", "q2", "q10", "q11", "q14", "q21", "q22")
+NEXMARK = ("q0", "q1", "q2", "q10", "q11", "q13", "q14", "q21", "q22")
 
 
 @pytest.mark.parametrize("killed", [False, True], ids=["plain", "killed"])
 def test_nexmark_sql_files_as_published_equal_pandas(ray_session, tmp_path, killed):
     """Every query of NEXMARK through env.sql, unchanged but for the sink's connector (q10's
-    partitioned CSV files as written, under tmp_path), in one job at parallelism 2;
+    partitioned CSV files as written, and q13's side input, under tmp_path), in one job
+    at parallelism 2;
     ``killed``: with checkpoints, the process of q11's committer
     exits in its second commit (as after a SIGKILL: no clean-up), then q1's calc's as it
     restores. Both kills come after a completed checkpoint, so both always happen."""

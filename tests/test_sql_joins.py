@@ -236,6 +236,11 @@ def diagnosis(result: rs.JobResult) -> str:
      "its values have no common type"),
     ("SELECT * FROM TABLE(TUMBLE(TABLE orders, DESCRIPTOR(ts), INTERVAL '1' SECOND)) o "
      "JOIN payments p ON o.user = p.user", "through a subquery that aggregates them"),
+    ("SELECT o.user FROM orders o JOIN payments FOR SYSTEM_TIME AS OF o.ts AS p "
+     "ON o.user = p.user", "a lookup join is FOR SYSTEM_TIME AS OF the left input's PROCTIME()"),
+    ("SELECT o.user FROM (SELECT user, PROCTIME() AS pt FROM orders) o JOIN payments "
+     "FOR SYSTEM_TIME AS OF o.pt AS p ON o.user = p.user",
+     "a lookup join looks up a bounded table of a connector that reads it whole"),
 ])
 def test_a_join_that_cannot_run_is_refused_at_planning(statement, message):
     env = rs.StreamEnvironment()

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from raystream.engine.datastream import DataStream
     from raystream.engine.environment import StreamEnvironment
     from raystream.engine.sink_handle import SinkHandle
+    from raystream.engine.sources.base import Source
     from raystream.engine.sql.schema import RelSchema
 
 
@@ -30,6 +31,9 @@ class ScanSpec:
     schema: "RelSchema"
     build: Callable[["StreamEnvironment"], "DataStream"]
     description: str
+    # the rows as a bounded source whose every split a lookup join reads (None: the table
+    # cannot be looked up)
+    lookup: "Source | None" = None
 
 
 class Connector(ABC):
@@ -42,7 +46,7 @@ class Connector(ABC):
 
     def check(self, table: TableEntry) -> None:
         """Raise a ``SqlError`` for an option or a column this connector cannot take."""
-        given = {key for key, _ in table.definition.options} - {"connector"}
+        given = {key for key, _ in table.definition.options} - {"connector", "connector.type"}
         where = f"CREATE TABLE {table.name}"
         for key in sorted(given - self.options):
             known = ", ".join(sorted(self.options)) or "none"

@@ -62,16 +62,29 @@ _ACCEPTED = frozenset({  # Flink's options a job written for Flink carries (modu
     "partition.time-extractor.kind"})
 
 
+# Flink's legacy option names (its connector descriptors; Nexmark's q13 has them)
+LEGACY = {"connector.path": "path", "format.type": "format"}
+
+
+def _option(table: TableEntry, key: str) -> str | None:
+    """Option ``key``, or its legacy name's value."""
+    legacy = next((old for old, new in LEGACY.items() if new == key), None)
+    value = table.definition.option(key)
+    return value if value is not None or legacy is None else table.definition.option(legacy)
+
+
 class Filesystem(Connector):
     name = "filesystem"
     options = frozenset({"path", "format", "csv.field-delimiter", "source.monitor-interval",
-                         "sink.rolling-policy.file-size"}) | _ACCEPTED
-    required = frozenset({"path", "format"})
+                         "sink.rolling-policy.file-size"}) | _ACCEPTED | set(LEGACY)
 
     def check(self, table: TableEntry) -> None:
         super().check(table)
         where = f"CREATE TABLE {table.name}"
-        format = table.definition.option("format")
+        for key in ("path", "format"):
+            if _option(table, key) is None:
+                raise SqlError(f"{where}: connector 'filesystem' needs option {key!r}")
+        format = _option(table, "format")
         if format not in _READ_FORMATS:
             raise SqlError(f"{where}: the filesystem connector reads formats "
                            f"{', '.join(_READ_FORMATS)}, not {format!r}")
@@ -92,27 +105,28 @@ class Filesystem(Connector):
                               if f.name not in partitions])
         shape = TableShape.of(table)
         rowtime, delay = table.schema.rowtime, table.watermark_delay_ms
-        format = table.definition.option("format") or ""
+        format = _option(table, "format") or ""
+        files = Files(options.path, format=_READ_FORMATS[format], schema=in_files,
+                      monitor_interval_s=options.monitor_interval_s,
+                      csv=CsvLayout(header=False, delimiter=options.delimiter))
+        source = _FileTableSource(files, shape, table.schema.names, partitions)
 
         def build(env: StreamEnvironment) -> DataStream:
-            files = Files(options.path, format=_READ_FORMATS[format], schema=in_files,
-                          monitor_interval_s=options.monitor_interval_s,
-                          csv=CsvLayout(header=False, delimiter=options.delimiter))
-            source = _FileTableSource(files, shape, table.schema.names, partitions)
             watermarks = None if rowtime is None else SqlWatermark(rowtime, delay_ms=delay or 0)
             return env.from_source(source, name=table.name, watermarks=watermarks)
         how = "continuous" if options.monitor_interval_s else "bounded"
         return ScanSpec(table.schema, build, f"filesystem {table.name} ({format} files under "
-                                             f"{options.path}, {how})")
+                                             f"{options.path}, {how})",
+                        lookup=None if options.monitor_interval_s else source)
 
     def check_sink(self, table: TableEntry) -> None:
-        format = table.definition.option("format")
+        format = _option(table, "format")
         if format not in _WRITE_FORMATS:
             raise SqlError(f"INSERT INTO {table.name}: the filesystem connector writes formats "
                            f"{', '.join(_WRITE_FORMATS)}, not {format!r}")
 
     def sink(self, table: TableEntry, stream: "DataStream") -> "SinkHandle":
-        format = table.definition.option("format") or ""
+        format = _option(table, "format") or ""
         options = _options(table)
         partitions = list(table.definition.partitioned_by) or None
         return stream.sink_to_files(options.path, format=format, partition_by=partitions,
@@ -130,7 +144,7 @@ class _Options:
 
 def _options(table: TableEntry) -> _Options:
     definition, where = table.definition, f"CREATE TABLE {table.name}"
-    path = definition.option("path") or ""
+    path = _option(table, "path") or ""
     if path.startswith("file://"):  # (a local path: the sink's commit log wants it plain)
         path = urllib.parse.unquote(path[len("file://"):])
     interval = definition.option("source.monitor-interval")

@@ -131,10 +131,11 @@ class JoinedNames:
 
 
 def plan_join(left: JoinInput, right: JoinInput, join: exp.Join,
-              where: list[exp.Expr], functions: dict) -> Planned:
+              where: list[exp.Expr], functions: dict, *, lookup: bool = False) -> Planned:
     """The join of ``left`` and ``right`` under ``join``'s condition and the WHERE's
     conjuncts ``where`` (an inner join checks them all: below it where one input's
-    columns decide, on the joined rows where both inputs' do)."""
+    columns decide, on the joined rows where both inputs' do); ``lookup``: ``right`` is
+    a table looked up by the equalities (``FOR SYSTEM_TIME AS OF`` a processing time)."""
     side = join.args.get("side") or ""
     kind = join.args.get("kind") or ""
     if kind.upper() == "CROSS":
@@ -162,16 +163,20 @@ def plan_join(left: JoinInput, right: JoinInput, join: exp.Join,
         else:
             both.append(conjunct)
     schemas = (left.node.schema, right.node.schema)
-    windows = _window_keys(pairs, names, schemas)
+    if lookup and not pairs:
+        raise SqlError(f"JOIN {sql_text(join.this)}: a lookup join needs an equality of the "
+                       f"two inputs' columns")
+    windows = None if lookup else _window_keys(pairs, names, schemas)
     interval = None
-    if windows is None:
+    if windows is None and not lookup:
         interval, both = _interval(both, names, schemas)
     if windows is None and interval is None and not pairs:
         condition = sql_text(on) if on is not None else "(no condition)"
         raise SqlError(f"JOIN ... ON {condition}: a join needs an equality of the two "
                        f"inputs' columns, a time bound or a window (a cross join is not "
                        f"in raystream's SQL)")
-    kind_ = JoinKind.WINDOW if windows else JoinKind.INTERVAL if interval else JoinKind.REGULAR
+    kind_ = (JoinKind.LOOKUP if lookup else JoinKind.WINDOW if windows
+             else JoinKind.INTERVAL if interval else JoinKind.REGULAR)
     key_pairs = [p for p in pairs if windows is None or all(p is not w for w in windows[1])]
     sides = [_keyed_side(j, [names.local(p[i]) for p in key_pairs], pushed[i], functions,
                          other=[names.local(p[1 - i]) for p in key_pairs],

@@ -133,6 +133,7 @@ class JoinKind(Enum):
     REGULAR = "regular"
     INTERVAL = "interval"
     WINDOW = "window"
+    LOOKUP = "lookup"  # the right input a bounded table each subtask holds whole
 
 
 @dataclass(frozen=True)

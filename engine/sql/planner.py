@@ -154,8 +154,11 @@ class Planner:
             if side.window is not None:
                 raise SqlError(f"JOIN {sql_text(joins[0].this)}: join a window table "
                                f"function's rows through a subquery that aggregates them")
+        version = joins[0].this.args.get("version")
+        if version is not None:
+            _check_lookup(joins[0].this, version, left.node.schema, right.node)
         planned = plan_join(JoinInput(left.node, left.aliases), JoinInput(right.node, right.aliases),
-                            joins[0], where, self.catalog.functions)
+                            joins[0], where, self.catalog.functions, lookup=version is not None)
         rewritten = select.copy()
         rewritten.set("joins", None)
         rewritten.set("where", None)
@@ -360,6 +363,21 @@ def _window_spec(tvf: WindowTvf, schema: RelSchema) -> WindowSpec:
         raise SqlError("CUMULATE windows are not in raystream's SQL yet (TUMBLE, HOP and SESSION are)")
     return WindowSpec(tvf.kind, tvf.time_column, size_ms=tvf.size_ms, slide_ms=tvf.slide_ms,
                       gap_ms=tvf.gap_ms, offset_ms=tvf.offset_ms)
+
+
+def _check_lookup(table: exp.Expr, version: exp.Expr, left: RelSchema, right: Node) -> None:
+    """``JOIN t FOR SYSTEM_TIME AS OF l.p``: ``p`` is the left input's PROCTIME() column and
+    ``t`` a bounded table (a lookup join, Flink's on processing time)."""
+    where = f"JOIN {sql_text(table)}"
+    at = version.args.get("expression")
+    if not (isinstance(at, exp.Column) and at.name == left.proctime and left.proctime):
+        raise SqlError(f"{where}: a lookup join is FOR SYSTEM_TIME AS OF the left input's "
+                       f"PROCTIME() column (a join with a versioned table, as of a rowtime, "
+                       f"is not in raystream's SQL)")
+    if not (isinstance(right, Scan) and right.spec.lookup is not None):
+        raise SqlError(f"{where}: a lookup join looks up a bounded table of a connector "
+                       f"that reads it whole (the filesystem connector without "
+                       f"'source.monitor-interval')")
 
 
 def _check_rowtime(column: str, schema: RelSchema, where: str) -> None:

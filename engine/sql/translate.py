@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 
 from raystream.engine.sql.ast import WindowKind
 from raystream.engine.sql.compiled import Compiled, as_array
+from raystream.engine.sql.lookup import LookupJoin
 from raystream.engine.sql.plan import (Calc, InputWindows, Join, JoinKind, Node, Scan, Sink,
                                        StreamScan, WindowAggregate, WindowSpec)
 from raystream.engine.windows.assigners import (EventTimeSessionWindows, SlidingEventTimeWindows,
@@ -217,12 +218,8 @@ class Translator:
     def _calcs(self, node: Node, after: tuple[Step, ...]) -> "DataStream":
         """``node`` with ``after`` run on its rows: one ``map_batches`` with the Calcs
         it ends in."""
-        steps: list[Step] = list(after)
-        below: Node = node
-        while isinstance(below, Calc):
-            steps.insert(0, CalcStep(below.condition, below.projections))
-            below = below.input
-        return self.stream(below).map_batches(CalcChain(tuple(steps)), name=f"{self.prefix}.calc")
+        chain, below = _chain(node, after)
+        return self.stream(below).map_batches(chain, name=f"{self.prefix}.calc")
 
     def _join(self, node: Join) -> "DataStream":
         sides = (node.left, node.right)
@@ -235,6 +232,8 @@ class Translator:
             keys = [[*keys[i], position[i][node.windows[i].start]] for i in (0, 1)]
         else:
             times = [JoinTime(None)] * 2
+        if node.kind is JoinKind.LOOKUP:
+            return self._lookup(node, names, position, keys)
         left, right = (self._calcs(s, (Renamed(n), t)) for s, n, t in zip(sides, names, times))
         if not keys[0]:  # (no equality: every row of a side has the same key)
             keys = [[JOIN_TIME], [JOIN_TIME]]
@@ -252,6 +251,21 @@ class Translator:
                       lower_inclusive=interval.lower_inclusive if interval else True,
                       upper_inclusive=interval.upper_inclusive if interval else True
                       ).join(name=f"{self.prefix}.{node.kind.value}-join")
+        columns = node.columns()
+        return joined.map_batches(Selected(tuple(position[i][c] for i, c, _ in columns),
+                                           tuple(name for _, _, name in columns)),
+                                  name=f"{self.prefix}.join-output")
+
+    def _lookup(self, node: Join, names: list[tuple[str, ...]], position: list[dict[str, str]],
+                keys: list[list[str]]) -> "DataStream":
+        """A lookup join: the left input's rows, each batch joined with the right input
+        (a bounded table's Calcs over its scan) that every subtask reads whole."""
+        shape, below = _chain(node.right, (Renamed(names[1]),))
+        assert isinstance(below, Scan) and below.spec.lookup is not None  # (planned so)
+        schema = pa.schema([pa.field(n, f.type) for n, f in zip(names[1], node.right.schema.fields)])
+        joined = self._calcs(node.left, (Renamed(names[0]),)).map_batches(
+            LookupJoin(below.spec.lookup, shape, schema, keys[0], keys[1]),
+            name=f"{self.prefix}.lookup-join")
         columns = node.columns()
         return joined.map_batches(Selected(tuple(position[i][c] for i, c, _ in columns),
                                            tuple(name for _, _, name in columns)),
@@ -288,6 +302,15 @@ class Translator:
         return result.map_batches(WindowColumns(tuple(f.name for f in fields),
                                                 tuple(f.type for f in fields), nullable, start),
                                   name=f"{self.prefix}.window-output")
+
+
+def _chain(node: Node, after: tuple[Step, ...]) -> tuple[CalcChain, Node]:
+    """The Calcs ``node`` ends in, then ``after``, as one chain; and the node below them."""
+    steps: list[Step] = list(after)
+    while isinstance(node, Calc):
+        steps.insert(0, CalcStep(node.condition, node.projections))
+        node = node.input
+    return CalcChain(tuple(steps)), node
 
 
 def _assigner(window: WindowSpec) -> "TumblingEventTimeWindows | SlidingEventTimeWindows | EventTimeSessionWindows":

@@ -30,17 +30,27 @@ def nexmark_ddl(batch_size: int | None = None) -> str:
         "${NEXMARK_TABLE}", "datagen")
 
 
+# q13's side input (Nexmark ships a data/side_input.txt of key,value lines): every third
+# key of MOD(auction, 10000), so that some bids find no row
+SIDE_INPUT = pd.DataFrame({"key": range(0, 10_000, 3)}).assign(value=lambda d: "v" + d["key"].astype(str))
+
+
 def query(name: str, directory: Path | None = None) -> str:
     """A query file with its sink's connector made ``collect``, the one change (and q14's
     Java function the Python one, ``LANGUAGE PYTHON``, as the issue of SQL allows); q10's
-    files go under ``directory`` (its placeholders ``${NEXMARK_DIR}`` and ``${SUBMIT_TIME}``)."""
+    files go under ``directory`` (its placeholders ``${NEXMARK_DIR}`` and ``${SUBMIT_TIME}``),
+    and q13's side input is written there (``${FLINK_HOME}/data/side_input.txt``)."""
     text = (QUERIES / f"{name}.sql").read_text().replace("'blackhole'", "'collect'").replace(
         "'com.github.nexmark.flink.udf.CountChar'",
         "'raystream.nexmark.udfs.count_char' LANGUAGE PYTHON")
-    if "${NEXMARK_DIR}" in text:
+    if "${NEXMARK_DIR}" in text or "${FLINK_HOME}" in text:
         if directory is None:
-            raise ValueError(f"{name} writes files: give the directory for them")
+            raise ValueError(f"{name} reads or writes files: give the directory for them")
         text = text.replace("${NEXMARK_DIR}", str(directory)).replace("${SUBMIT_TIME}", "run")
+        text = text.replace("${FLINK_HOME}", str(directory))
+    if "side_input.txt" in text:
+        (directory / "data").mkdir(parents=True, exist_ok=True)
+        SIDE_INPUT.to_csv(directory / "data" / "side_input.txt", header=False, index=False)
     return text
 
 
