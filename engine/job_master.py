@@ -176,6 +176,7 @@ class JobMaster:
         self._stopped_by: SavepointRequest | None = None
         # the newest stop savepoint this master (or a predecessor) committed
         self._committed_savepoint: CommittedSavepoint | None = None
+        self._noted_restores: list[dict] = []  # the recoveries as last noted in the journal
         self.progress_tracker = ProgressTracker(options.input_extent)
         if successor:
             self.outcome = self._ended_before()
@@ -455,9 +456,10 @@ class JobMaster:
         """Note the attempt about to be deployed (or just restored) for a successor
         (:mod:`~raystream.engine.master_journal`), if this master may have one."""
         if self.options.may_restart:
+            self._noted_restores = self.recoveries.rows()
             master_journal.note(self.job_id, JournalEntry(
                 self.attempt, self.started_at, tuple(self.failover.failure_details),
-                tuple(self.recoveries.rows()), self._committed_savepoint))
+                tuple(self._noted_restores), self._committed_savepoint))
 
     def _set_status(self, status: JobStatus) -> None:
         """Every status change goes through here (checked against the transition table)."""
@@ -747,6 +749,10 @@ class JobMaster:
         if latest is not None and latest.checkpoint_id == n and latest.is_savepoint:
             # noted before anything is committed: a successor must not restore past it
             self._committed_savepoint = CommittedSavepoint(n, latest.storage_uri)
+            self._note()
+        elif self.options.may_restart and self.recoveries.rows() != self._noted_restores:
+            # a recovery's stages came since the last note (where its state came from):
+            # noted, so that a successor master reports the recovery whole
             self._note()
         self.region_failover.checkpoint_completed()  # a restarted region took part in it
         self.deployment.notify_checkpoint_complete(n, self.attempt)
