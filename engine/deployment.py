@@ -317,8 +317,6 @@ class Deployment:
         lost = bool(avoid_nodes)
         if self.spare is None and self.pooled and not lost:
             self.spare = self.pooled.pop()  # a leased actor left over: the warm spare
-        if self.spare is None and not lost and attempt > 0:
-            self._spare_from_pool()
         self._spare_avoids = self._avoid(avoid_nodes)
         return deployed
 
@@ -397,8 +395,12 @@ class Deployment:
             if self.spare is not None and lost:  # it may be on a lost node: do not wait on it
                 ray.kill(self.spare)
                 self.spare = None
+            if self.spare is None and not lost and spec.attempt > 0:
+                self._spare_from_pool()  # no spare yet: an idle actor is one
             if self.spare is not None and vertex.resources == Resources():
                 spare, self.spare = self.spare, None
+                if not lost:  # its successor now, before this subtask runs: a failure
+                    self._spare_from_pool()  # during this recovery finds a spare too
                 try:
                     ray.get(spare.host.remote(spec), timeout=HOST_TIMEOUT_S)
                     self.actors[key] = spare
@@ -463,8 +465,8 @@ class Deployment:
             actor.start.remote()  # a subtask that dies from here on is seen by its termination
 
     def _spare_from_pool(self) -> None:
-        """The spare a failover used, replaced at once by an idle actor of the driver's pool
-        (already started: no process start during the recovery), if it has one."""
+        """The spare a failover takes, replaced at once by an idle actor of the driver's
+        pool (already started: no process start during the recovery), if it has one."""
         if self._keeper is None:
             return
         try:
