@@ -41,12 +41,20 @@ from tests.chaos.scenarios import (TRIGGER_COUNT, Alignment, Backend, Failure, F
 ASSIGNERS = {JobKind.TUMBLING: rs.TumblingEventTimeWindows(size_ms=1000),
              JobKind.TRIGGERED: rs.TumblingEventTimeWindows(size_ms=1000),
              JobKind.SLIDING: rs.SlidingEventTimeWindows(size_ms=1000, slide_ms=500),
-             JobKind.SESSION: rs.EventTimeSessionWindows(gap_ms=300)}
+             JobKind.SESSION: rs.EventTimeSessionWindows(gap_ms=300),
+             JobKind.SQL_TUMBLE: rs.TumblingEventTimeWindows(size_ms=1000),
+             JobKind.SQL_HOP: rs.SlidingEventTimeWindows(size_ms=1000, slide_ms=500)}
 KEYED = {JobKind.TUMBLING: "window", JobKind.SLIDING: "window", JobKind.SESSION: "window",
          JobKind.REDUCE: "sum", JobKind.PROCESS: "process", JobKind.WINDOW_JOIN: "join",
          JobKind.COUNT_WINDOW: "count-window", JobKind.INTERVAL_JOIN: "join",
          JobKind.CO_PROCESS: "co-process", JobKind.BROADCAST: "weigh",
-         JobKind.TRIGGERED: "window", JobKind.REGIONS: "map"}
+         JobKind.TRIGGERED: "window", JobKind.REGIONS: "map",
+         # the window operator the planner makes of the environment's first query
+         JobKind.SQL_TUMBLE: "query-1.window", JobKind.SQL_HOP: "query-1.window"}
+# the SQL jobs' windows, as the window table functions of the same windows as ASSIGNERS'
+SQL_WINDOWS = {JobKind.SQL_TUMBLE: "TUMBLE(TABLE events, DESCRIPTOR(ts), INTERVAL '1' SECOND)",
+               JobKind.SQL_HOP: "HOP(TABLE events, DESCRIPTOR(ts), INTERVAL '0.5' SECOND, "
+                                "INTERVAL '1' SECOND)"}
 CO_PROCESS_DELAY_MS = 500  # SideCounts' and Weigh's timer after a row's time
 RULES = rs.MapStateDescriptor("rules")  # Weigh's broadcast state: rule time -> weight
 RULE_EVERY = 50  # the broadcast rules: every 50th row's time (2 ms apart: one per 100 ms)
@@ -225,6 +233,32 @@ def with_double_x(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.append_column("y", pc.multiply(batch.column("x"), 2.0))
 
 
+def sql_windows(scenario: Scenario, env: rs.StreamEnvironment, rows: rs.DataStream
+                ) -> rs.DataStream:
+    """Count and sum per (key, window) of ``rows`` as a SQL query over a view of them (their
+    ``ts`` as the rowtime), with ``window_start`` in milliseconds as the other jobs emit it."""
+    events = scenario.events
+    schema = pa.schema([("user", pa.string() if events.string_keys else pa.int64()),
+                        ("ts", pa.timestamp("ms")), ("x", pa.float64())])
+    env.create_temporary_view("events", rows, schema=schema, rowtime="ts")
+    query = env.sql_query(f"SELECT user, window_start, COUNT(*) AS n, SUM(x) AS total "
+                          f"FROM TABLE({SQL_WINDOWS[scenario.job]}) "
+                          f"GROUP BY user, window_start, window_end")
+    return query.to_stream().map_batches(window_start_in_ms, name="in-ms")
+
+
+def timestamped_columns(events, i: np.ndarray) -> dict:
+    """The events with ``ts`` as a timestamp (a SQL rowtime is one)."""
+    columns = events.columns(i)
+    return {**columns, "ts": pa.array(columns["ts"], pa.timestamp("ms"))}
+
+
+def window_start_in_ms(batch: pa.RecordBatch) -> pa.RecordBatch:
+    index = batch.schema.get_field_index("window_start")
+    return batch.set_column(index, "window_start",
+                            batch.column(index).cast(pa.int64()))
+
+
 def add(acc: dict, row: dict) -> dict:
     return {**row, "x": acc["x"] + row["x"], "n": acc["n"] + row["n"]}
 
@@ -289,6 +323,9 @@ def build(scenario: Scenario, env: rs.StreamEnvironment, out: str, pace: Throttl
         broadcast = rules.broadcast(RULES)
         assert isinstance(broadcast, rs.BroadcastStream)  # given a descriptor
         result = rows.connect(broadcast).process(Weigh(), name="weigh")
+    elif scenario.job in SQL_WINDOWS:
+        result = sql_windows(scenario, env, source(
+            "source", lambda i: timestamped_columns(events, i)))
     elif scenario.job is JobKind.COUNT_WINDOW:
         result = source("source", events.columns).key_by("user").count_window(40, 20).agg(
             n=("count", None), total=("sum", "x"), name="count-window")
@@ -679,7 +716,7 @@ _references: dict[tuple, list] = {}
 
 def compare(scenario: Scenario, rows: list[dict], late_rows: list, reference_dir: str) -> list[str]:
     job = scenario.job
-    if job in (JobKind.TUMBLING, JobKind.SLIDING):
+    if job in (JobKind.TUMBLING, JobKind.SLIDING, *SQL_WINDOWS):
         expected, expected_late = window_emissions(scenario.events, ASSIGNERS[job],
                                                    scenario.lateness_ms)
         differences = emission_differences(emissions_of(rows), expected)

@@ -44,6 +44,8 @@ class JobKind(enum.Enum):
                                  # them, or not: then each firing holds all so far)
     REGIONS = "regions"          # a row-wise map from a source at the job's parallelism into
                                  # the sink: a pipelined region per subtask (region failover)
+    SQL_TUMBLE = "sql_tumble"    # count and sum per (key, 1 s window) as a SQL query: TUMBLE
+    SQL_HOP = "sql_hop"          # likewise per (key, 1 s window every 0.5 s): HOP
 
 
 FIRST_JOBS = [JobKind.TUMBLING, JobKind.SLIDING, JobKind.SESSION, JobKind.REDUCE,
@@ -143,6 +145,10 @@ BROADCAST_FROM_SEED = 6000
 # Seeds from here on may run the embarrassingly parallel job instead (drawn apart), at a
 # parallelism of 2 or 3: its failures restart one region where nothing is in doubt.
 REGIONS_FROM_SEED = 14000
+# Seeds from here on may run the tumbling or sliding windows as a SQL query over a view of
+# the source instead (drawn apart; on either backend; no allowed lateness: SQL has none).
+SQL_FROM_SEED = 15000
+SQL_JOBS = (JobKind.SQL_TUMBLE, JobKind.SQL_HOP)
 # Seeds from here on may take the disk backend's checkpoints incrementally (drawn apart).
 INCREMENTAL_FROM_SEED = 7000
 # Seeds from here on may also kill the job master (drawn apart, likewise),
@@ -259,6 +265,7 @@ def generate(seed: int) -> Scenario:
     scenario = _with_session_join(scenario, random.Random(f"{seed}/session_join"))
     scenario = _with_trigger(scenario, random.Random(f"{seed}/trigger"))
     scenario = _with_regions(scenario, random.Random(f"{seed}/regions"))
+    scenario = _with_sql(scenario, random.Random(f"{seed}/sql"))
     scenario = _with_backend(scenario, random.Random(f"{seed}/backend"))
     scenario = _with_incremental(scenario, random.Random(f"{seed}/incremental"))
     return _with_master_kill(scenario, random.Random(f"{seed}/master"))
@@ -356,6 +363,21 @@ def _with_regions(scenario: Scenario, rng: random.Random) -> Scenario:
                                parallelism=rng.choice([2, 3]), session_gap_ms=None)
 
 
+def _with_sql(scenario: Scenario, rng: random.Random) -> Scenario:
+    """Later seeds run the tumbling or sliding windows as a SQL query instead about a
+    fifth of the time (the planner's pre-aggregated window, no allowed lateness), with no
+    row beyond the watermark bound: the planner pre-aggregates at the job's parallelism,
+    behind a rebalance from the one reader, so the window's watermark at a partial is the
+    least of several channels' and depends on timing (as a two-input job's does; after a
+    restore, a lagging channel leaves the window judging by the restored floor)."""
+    if scenario.seed < SQL_FROM_SEED or rng.random() >= 0.2:
+        return scenario
+    events = dataclasses.replace(scenario.events, late_every=scenario.events.n + 1)
+    return dataclasses.replace(scenario, job=rng.choice(SQL_JOBS), path=Path.PRE_AGGREGATED,
+                               lateness_ms=0, events=events, session_gap_ms=None,
+                               trigger_purges=False)
+
+
 def _with_incremental(scenario: Scenario, rng: random.Random) -> Scenario:
     """Later seeds on the disk backend take incremental checkpoints two times in three."""
     if (scenario.seed >= INCREMENTAL_FROM_SEED and scenario.backend is Backend.DISK
@@ -400,7 +422,7 @@ def _with_backend(scenario: Scenario, rng: random.Random) -> Scenario:
     """Half of the jobs the disk backend serves keep their state there (later seeds only)."""
     jobs = DISK_JOBS + (DISK_WINDOW_JOBS if scenario.seed >= DISK_WINDOWS_FROM_SEED else ())
     if scenario.seed >= DISK_JOINS_FROM_SEED:
-        jobs += DISK_JOIN_JOBS
+        jobs += DISK_JOIN_JOBS + SQL_JOBS
     if scenario.seed >= DISK_STATE_FROM_SEED and scenario.job in jobs and rng.random() < 0.5:
         return dataclasses.replace(scenario, backend=Backend.DISK)
     return scenario

@@ -18,8 +18,9 @@ import pytest
 
 from tests.chaos.runner import run_scenario
 from tests.chaos.scenarios import (DISK_WINDOW_JOBS, PROCESS_WINDOWS_FROM_SEED,
-                                   SESSION_JOIN_GAPS_MS, SESSION_JOINS_FROM_SEED,
-                                   TRIGGERS_FROM_SEED, Backend, JobKind, Path, generate)
+                                   SESSION_JOIN_GAPS_MS, SESSION_JOINS_FROM_SEED, SQL_FROM_SEED,
+                                   SQL_JOBS, TRIGGERS_FROM_SEED, Alignment, Backend, JobKind,
+                                   Path, generate)
 
 # Chosen to cover every job kind and window path, aligned, unaligned and timed-out
 # alignment, one and two concurrent checkpoints, and every failure kind, in about
@@ -52,15 +53,20 @@ from tests.chaos.scenarios import (DISK_WINDOW_JOBS, PROCESS_WINDOWS_FROM_SEED,
 # deploying, failing in its processing, then killed after checkpoints; 13019 tumbling
 # windows of a user function fired by a purging count trigger on incremental disk state,
 # unaligned, with lateness, a kill while deploying and the master killed while the job
-# restores.
+# restores; 15018 a SQL TUMBLE query through a kill of its window while deploying, a kill
+# after checkpoints and the master's; 15885 one stopped at p=2, restored at p=3, its window
+# and then the master killed while it restarts; 15168 a SQL HOP query on disk state
+# stopped, through an outage and a failpoint in its snapshot.
 CI_SEEDS = [1, 3, 6, 43, 64, 71, 1004, 1005, 2049, 4002, 5000, 6055, 7164, 8007, 8022, 9025,
-            9161, 9168, 10001, 10008, 10228, 11380, 11403, 12158, 12989, 13019, 14010, 14050]
+            9161, 9168, 10001, 10008, 10228, 11380, 11403, 12158, 12989, 13019, 14010, 14050,
+            15018, 15885, 15168]
 # The default tier's slice (the rest run with ./dev test --all): the failure kinds the
 # rest of the default tier does not place, in four jobs — 43 late data with lateness;
 # 1004 a kill while deploying, a stop restored at p=1 and a kill; 2049 disk state through
 # a kill while deploying, kills and a storage outage; 4002 the job master killed; 14010
-# the embarrassingly parallel job at p=3, whose SIGKILL restarts one region.
-DEFAULT_SEEDS = {43, 1004, 2049, 4002, 14010}
+# the embarrassingly parallel job at p=3, whose SIGKILL restarts one region; 15018 a SQL
+# job through kills of its window and of the master.
+DEFAULT_SEEDS = {43, 1004, 2049, 4002, 14010, 15018}
 
 
 @pytest.mark.parametrize("seed", [seed if seed in DEFAULT_SEEDS else
@@ -122,3 +128,13 @@ def test_count_triggers_are_drawn_on_every_backend_path_and_purging():
         for path in (Path.DENSE, Path.GENERIC, Path.PROCESS_WINDOW) for purges in (False, True)}
     assert {s.lateness_ms for s in drawn} == {0, 2500}
     assert all(s.job is not JobKind.TRIGGERED for s in map(generate, range(TRIGGERS_FROM_SEED)))
+
+
+def test_sql_jobs_are_drawn_on_every_backend_and_alignment_with_rows_on_time():
+    drawn = [s for s in map(generate, range(SQL_FROM_SEED, SQL_FROM_SEED + 2000))
+             if s.job in SQL_JOBS]
+    assert {(s.job, s.backend, s.alignment) for s in drawn} == {
+        (job, backend, alignment) for job in SQL_JOBS for backend in Backend
+        for alignment in Alignment}
+    assert all(s.lateness_ms == 0 and s.events.late_every > s.events.n for s in drawn)
+    assert all(s.job not in SQL_JOBS for s in map(generate, range(SQL_FROM_SEED)))
