@@ -119,15 +119,22 @@ class SubtaskCheckpointer:
             return None
         source = CheckpointStorage(restore.storage_uri)
         self._local_files = self._local_restore(restore)
+        # the files of the heap chains the next checkpoints extend, as read from storage:
+        # kept in the local copy, so that a failure after the next checkpoint restores
+        # locally (that checkpoint's chain still names them)
+        continued_files: list[tuple[StateHandle, bytes]] = []
         for name, operator in zip(self.names, self.operators):
             files = restore.operators.get(name, OperatorRestore())
             chains = [h for h in files.keyed_db if h.is_heap_chain]
+            continued = self._continued_chain(source, chains)
             state = RestoredState(
                 restore.checkpoint_id,
                 [self._read(source, h) for h in files.operator_state],
-                self._keyed_sections(source, files.keyed_state, chains), floors,
+                self._keyed_sections(source, files.keyed_state, chains,
+                                     continued_files if continued is not None else None),
+                floors,
                 self._keyed_dbs(source, [h for h in files.keyed_db if not h.is_heap_chain]),
-                self._continued_chain(source, chains))
+                continued)
             self.last_checkpoint_id = restore.checkpoint_id
             call_operator(operator, "initialize_state", state)
         contents = None
@@ -136,7 +143,7 @@ class SubtaskCheckpointer:
             contents = decode_channel_state(blob, self.attempt)
         local = bool(self._local_files)
         self.restored_from = StateOrigin.LOCAL if local else StateOrigin.STORAGE
-        self.local_copy.restored(restore.checkpoint_id, local)
+        self.local_copy.restored(restore.checkpoint_id, local, continued_files)
         return contents
 
     def _local_restore(self, restore: RestoreSpec) -> frozenset[str]:
@@ -215,15 +222,20 @@ class SubtaskCheckpointer:
                 if len(mine) == 1 else None)
 
     def _keyed_sections(self, storage: CheckpointStorage, handles: list[StateHandle],
-                        chains: list[IncrementalHandle]):
+                        chains: list[IncrementalHandle],
+                        read_chain: list[tuple[StateHandle, bytes]] | None):
         """Our key groups' sections: of the state files, then of every heap chain that
-        overlaps ours, file by file in the chain's order (full, then changes)."""
+        overlaps ours, file by file in the chain's order (full, then changes); the chain
+        files read from storage also go to ``read_chain`` (None: nowhere)."""
         for handle in handles:
             yield from decode_sections(self._read(storage, handle), self.key_groups)
         for chain in chains:
             if self._overlaps(chain):
                 for handle in chain.files:
-                    yield from decode_sections(self._read(storage, handle), self.key_groups)
+                    data = self._read(storage, handle)
+                    if read_chain is not None:
+                        read_chain.append((handle, data))
+                    yield from decode_sections(data, self.key_groups)
 
     # -- checkpoint n -------------------------------------------------------------------
     def prepare(self, barrier: Barrier) -> None:

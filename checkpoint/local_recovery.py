@@ -129,15 +129,22 @@ class LocalStateCopy:
             self._completed = checkpoint_id
             self._keep_from(checkpoint_id)
 
-    def restored(self, checkpoint_id: int, local: bool) -> None:
+    def restored(self, checkpoint_id: int, local: bool,
+                 read: Iterable[tuple[StateHandle, bytes]] = ()) -> None:
         """The subtask restored ``checkpoint_id`` (``local``: its own files from here).
         Files of later checkpoints (which did not complete) go; so does the whole copy if
-        the restore read storage (it holds none of the restored checkpoint)."""
+        the restore read storage (it holds none of the restored checkpoint), but for
+        ``read``: files it read from storage that the next checkpoints' state will need
+        (a heap chain they extend). They are kept as any file a later checkpoint needs,
+        not as ``checkpoint_id``'s own: a restore of ``checkpoint_id`` again reads storage."""
         with self._lock:
             if not local:
                 identity = self._identity
                 self._clear()
                 self._identity = identity
+                self._files = {handle.path: (handle, data) for handle, data in read}
+                if self._files:
+                    self._completed = checkpoint_id  # (older writes are not wanted)
                 return
             self._completed = checkpoint_id
             self._written = {n: p for n, p in self._written.items() if n <= checkpoint_id}

@@ -74,6 +74,24 @@ def test_a_restore_drops_the_files_of_checkpoints_that_did_not_complete():
     assert copy.lookup(two) is None and copy.own_files(2) is None
 
 
+def test_a_restore_from_storage_keeps_the_chain_the_next_checkpoint_extends():
+    """What a restore read from storage and the next checkpoints need (a heap chain they
+    extend) is kept; a restore of the same checkpoint again still reads storage, and once a
+    checkpoint that extends the chain completes, it is served whole from the copy."""
+    copy = LocalStateCopy()
+    copy.bind(SUM)
+    full, op = handle(2, "sum-0.heap", b"full"), handle(2, "sum-0.op", b"op2")
+    copy.restored(2, local=False, read=[(full, b"full")])
+    assert copy.own_files(2) is None and copy.lookup(op) is None
+    copy.record(2, op, b"op2")  # a late write of checkpoint 2 (an old attempt's): not kept
+    assert copy.lookup(op) is None
+    three = checkpointed(copy, 3, {"sum-0.op": b"op3", "sum-0.heap3": b"changes"},
+                         also_needs=(full,))
+    copy.completed(3)
+    assert copy.own_files(3) == {full.path, *(h.path for h in three)}
+    assert copy.lookup(full) == b"full"
+
+
 def test_only_the_same_subtask_at_the_same_key_groups_is_served():
     """A rescaled subtask (other key groups), another chain, index or job drops the copy;
     a handle whose checksum differs from the kept file's is never served."""
@@ -134,6 +152,34 @@ def test_a_survivor_of_a_sigkill_restores_its_state_locally(ray_session, tmp_pat
     assert_exactly_once(result.table(sink))
     # the job is over: its actor went back to the driver's pool, holding no copy of it
     assert poll(lambda: ray.get(survivor.local_copy_bytes.remote(), timeout=30) == 0)
+
+
+def test_a_subtask_that_restored_from_storage_restores_locally_at_the_next_failure(
+        ray_session, tmp_path):
+    """The replacement of a killed ``sum[1]`` restores from storage; its next checkpoints
+    extend the heap chain it read (their state still names those files), so a kill of
+    ``sum[0]`` after one of them finds all of ``sum[1]``'s files in its copy: it restores
+    locally (before, only what it wrote since was there, and it read storage again). Every
+    checkpoint extends its chain here (no full snapshot resets it)."""
+    from tests.support.jobs import checkpointed_env, subtask_pid, wait_for_checkpoint
+    from tests.support.oracles import assert_exactly_once
+
+    env = checkpointed_env(str(tmp_path / "chk"),
+                           state_backend=rs.HeapStateOptions(max_changes_ratio=1000.0))
+    sink = running_sum(env)
+    client = env.execute_async("local-recovery-after-storage")
+    before = wait_for_checkpoint(client, after=wait_for_checkpoint(client))
+    os.kill(subtask_pid(client, "sum", 1), signal.SIGKILL)
+    # two checkpoints of the next attempt (none of the first can complete after the kill)
+    wait_for_checkpoint(client, after=wait_for_checkpoint(client, after=before))
+    os.kill(subtask_pid(client, "sum", 0), signal.SIGKILL)
+    result = client.wait(timeout_s=240)
+    assert result.restarts == 2, result.failures
+    first, second = ({name: origin for name, origin in r["restored_from"].items()
+                      if name.startswith("sum")} for r in result.restores)
+    assert first == {"sum -> out[0]": "local", "sum -> out[1]": "storage"}, result.restores
+    assert second == {"sum -> out[0]": "storage", "sum -> out[1]": "local"}, result.restores
+    assert_exactly_once(result.table(sink))
 
 
 def poll(condition, timeout_s: float = 60.0) -> bool:

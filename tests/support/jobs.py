@@ -20,7 +20,8 @@ POLL_S = 0.02
 
 def checkpointed_env(storage: str, *, interval_s: float = 0.25, attempts: int = 3,
                      failpoints=(), parallelism: int = 2,
-                     state_backend: str = "heap") -> rs.StreamEnvironment:
+                     state_backend: str | rs.HeapStateOptions | rs.DiskStateOptions = "heap"
+                     ) -> rs.StreamEnvironment:
     """An environment with checkpoints into ``storage`` (two retained) on
     ``state_backend`` ("heap" or "disk") and a fixed-delay restart strategy of
     ``attempts`` attempts."""
