@@ -26,6 +26,10 @@ def windows_of(assigner, ts: int) -> list[tuple[int, int]]:
         return [(s, s + assigner.size_ms)
                 for s in range(ts - assigner.size_ms + 1, ts + 1)
                 if (s - assigner.offset_ms) % assigner.slide_ms == 0]
+    if isinstance(assigner, rs.CumulativeEventTimeWindows):  # every end after ts, up to max
+        size, step = assigner.max_size_ms, assigner.step_ms
+        start = (ts - assigner.offset_ms) // size * size + assigner.offset_ms
+        return [(start, end) for end in range(start + step, start + size + 1, step) if end > ts]
     raise TypeError(assigner)
 
 
