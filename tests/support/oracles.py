@@ -44,6 +44,21 @@ def kept_in_windows(assigner, lateness: int, rows: pd.DataFrame) -> pd.DataFrame
     return exploded.loc[exploded["window_end"] - 1 + lateness > exploded["wm"]]
 
 
+def aggregates_in_windows(assigner, lateness: int, key, ts, x, arrival
+                          ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """pandas: the ``AGGS`` of ``x`` (``n``, ``total``, ``low``, ``high``, ``avg``) per
+    (``k``, ``window_start``, ``window_end``) of the rows each window keeps
+    (:func:`kept_in_windows`; ``arrival``: the watermark each row arrived at), and the
+    rows kept by no window (``k``, ``ts``, ``x``): the late ones."""
+    rows = pd.DataFrame({"k": key, "ts": ts, "x": x, "wm": arrival})
+    kept = kept_in_windows(assigner, lateness, rows)
+    results = kept.groupby(["k", "window_start", "window_end"]).agg(
+        n=("x", "size"), total=("x", "sum"), low=("x", "min"), high=("x", "max"),
+        avg=("x", "mean")).reset_index()
+    late = rows.loc[~rows.index.isin(kept.index), ["k", "ts", "x"]]
+    return results, late
+
+
 def user_window_sums(make, n: int, size: int, slide: int | None = None, keep=None
                      ) -> pd.DataFrame:
     """pandas: the count ``n`` and sum ``total`` of ``x`` per user and event-time window
