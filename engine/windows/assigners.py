@@ -142,6 +142,20 @@ class CumulativeEventTimeWindows:
         >>> CumulativeEventTimeWindows(max_size_ms=25, step_ms=10)
         Traceback (most recent call last):
         ValueError: cumulating windows: max_size_ms (25) must be a multiple of step_ms (10)
+
+    Per user, the clicks of the day so far, every hour (SQL's ``CUMULATE(TABLE clicks,
+    DESCRIPTOR(ts), INTERVAL '1' HOUR, INTERVAL '1' DAY)``):
+
+        >>> import raystream as rs
+        >>> env = rs.StreamEnvironment(parallelism=1)
+        >>> clicks = env.from_collection([{"user": "a", "ts": 5}, {"user": "a", "ts": 3_600_000}])
+        >>> so_far = clicks.key_by("user").window(
+        ...     rs.CumulativeEventTimeWindows(max_size_ms=86_400_000, step_ms=3_600_000),
+        ...     timestamp="ts").count()
+        >>> sink = so_far.collect()
+        >>> rows = env.execute("so far").table(sink).to_pylist()  # doctest: +SKIP
+        >>> sorted((r["window_end"], r["count"]) for r in rows)[:3]  # doctest: +SKIP
+        [(3600000, 1), (7200000, 2), (10800000, 2)]
     """
 
     max_size_ms: int
