@@ -41,6 +41,20 @@ BACKENDS = [StateBackend.HEAP, StateBackend.DISK]
 WINDOW = ["k", "window_start", "window_end"]
 
 
+@pytest.mark.parametrize("assigner", [*CUMULATE, rs.CumulativeEventTimeWindows(10, 10),
+                                      rs.CumulativeEventTimeWindows(30, 10, offset_ms=-12_345)],
+                         ids=repr)
+def test_assignment_is_the_definitions(assigner):
+    """Each row in exactly the windows of its cumulation that end after it, by their real
+    bounds, negative times and offsets too."""
+    ts = np.random.default_rng(0).integers(-10 ** 6, 10 ** 6, 3000)
+    rows, starts = assigner.assign(ts)
+    got = sorted(zip(rows.tolist(), assigner.start_of(starts).tolist(),
+                     assigner.end_of(starts).tolist()))
+    assert got == sorted((row, *window) for row, t in enumerate(ts.tolist())
+                         for window in windows_of(assigner, t))
+
+
 def check_aggregates(out: pd.DataFrame, late: pd.DataFrame, assigner, lateness: int, key, ts,
                      x, arrival) -> None:
     """The last result per window equals pandas' aggregates of the rows it keeps; the

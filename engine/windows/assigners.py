@@ -176,10 +176,10 @@ class CumulativeEventTimeWindows:
         size, step = self.max_size_ms, self.step_ms
         last = self._cumulation_of(timestamps) + size  # the cumulation's last end
         first = timestamps - np.mod(timestamps - self.offset_ms % step, step) + step
-        ends = first[:, None] + step * np.arange(size // step)[None, :]
-        rows = np.broadcast_to(np.arange(len(timestamps))[:, None], ends.shape)
-        keep = ends <= last[:, None]
-        return rows[keep], ends[keep] - size
+        counts = (last - first) // step + 1  # each row's windows: only those, no padding
+        rows = np.repeat(np.arange(len(timestamps)), counts)
+        nth = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+        return rows, first[rows] + step * nth - size
 
     def end_of(self, starts: np.ndarray) -> np.ndarray:
         return starts + self.max_size_ms
