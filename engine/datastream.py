@@ -524,7 +524,8 @@ class KeyedStream(DataStream):
                pre_aggregate: bool = True,
                trigger: "Trigger | None" = None) -> "WindowedStream":
         """Cut each key's records into windows (``rs.TumblingEventTimeWindows``,
-        ``rs.SlidingEventTimeWindows``, ``rs.EventTimeSessionWindows``, with a gap per
+        ``rs.SlidingEventTimeWindows``, ``rs.CumulativeEventTimeWindows``,
+        ``rs.EventTimeSessionWindows``, with a gap per
         record ``rs.EventTimeSessionWindows.with_dynamic_gap(...)``,
         ``rs.TumblingProcessingTimeWindows``); see :class:`WindowedStream`.
         Without ``timestamp=``, the stream's ``default_timestamp``: a window's results

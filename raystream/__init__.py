@@ -44,7 +44,8 @@ from raystream.engine.operators.kafka_sink import KafkaSinkError
 from raystream.engine.sources.kafka import KafkaError, KafkaRecordError
 from raystream.engine.watermarks import BoundedOutOfOrderness
 from raystream.engine.sql.udf import udf
-from raystream.engine.windows.assigners import (DynamicEventTimeSessionWindows,
+from raystream.engine.windows.assigners import (CumulativeEventTimeWindows,
+                                                DynamicEventTimeSessionWindows,
                                                 EventTimeSessionWindows, GlobalWindows,
                                                 SlidingEventTimeWindows,
                                                 TumblingEventTimeWindows,
@@ -74,7 +75,7 @@ __all__ = [
     "key_group_range",
     "formats", "sources", "spark", "subtask_for_key_group",
     "DynamicEventTimeSessionWindows", "EventTimeSessionWindows", "GlobalWindows",
-    "ProcessWindowFunction", "SlidingEventTimeWindows",
+    "CumulativeEventTimeWindows", "ProcessWindowFunction", "SlidingEventTimeWindows",
     "ContinuousEventTimeTrigger", "ContinuousProcessingTimeTrigger", "CountTrigger",
     "EventTimeTrigger", "NeverTrigger", "ProcessingTimeTrigger", "PurgingTrigger", "Trigger",
     "TriggerResult",

@@ -37,7 +37,7 @@ from tests.support.inputs import make_input, user_events
 from tests.support.jobs import disk_env, run_through_a_kill
 from tests.support.operators import (MAXP, drive, last_per_window, snapshot_midway,
                                      sorted_rows, window_operator)
-from tests.support.oracles import (kept_in_windows, user_window_rows, user_window_sums,
+from tests.support.oracles import (aggregates_in_windows, user_window_rows, user_window_sums,
                                    windows_of)
 from tests.support.pacing import Throttle
 
@@ -46,18 +46,6 @@ throttle = Throttle(0.03)
 ASSIGNERS = [rs.TumblingEventTimeWindows(size_ms=50),
              rs.TumblingEventTimeWindows(size_ms=40, offset_ms=7),
              rs.SlidingEventTimeWindows(size_ms=60, slide_ms=20)]
-
-
-def oracle(assigner, lateness: int, key, ts, x, arrival) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """pandas: each row in every window it belongs to unless that window was past its
-    lateness when the row arrived; rows kept by no window are the late ones."""
-    rows = pd.DataFrame({"k": key, "ts": ts, "x": x, "wm": arrival})
-    kept = kept_in_windows(assigner, lateness, rows)
-    results = kept.groupby(["k", "window_start", "window_end"]).agg(
-        n=("x", "size"), total=("x", "sum"), low=("x", "min"), high=("x", "max"),
-        avg=("x", "mean")).reset_index()
-    late = rows.loc[~rows.index.isin(kept.index), ["k", "ts", "x"]]
-    return results, late
 
 
 @pytest.mark.parametrize("assigner", ASSIGNERS, ids=repr)
@@ -80,7 +68,7 @@ def test_disk_windows_equal_heap_windows_and_pandas(assigner, lateness):
     pd.testing.assert_frame_equal(late.sort_values("ts").reset_index(drop=True),
                                   heap_late.sort_values("ts").reset_index(drop=True))
 
-    expected, expected_late = oracle(assigner, lateness, key, ts, x, arrival)
+    expected, expected_late = aggregates_in_windows(assigner, lateness, key, ts, x, arrival)
     assert len(expected_late), "the input must hold rows beyond the bound to mean something"
     got = last_per_window(disk)
     assert got[["k", "window_start", "window_end", "n"]].astype(np.int64).equals(
@@ -222,7 +210,7 @@ def test_disk_windows_of_many_keys_fire_in_bounded_chunks(assigner, monkeypatch)
         disk[columns].sort_values(columns).reset_index(drop=True),
         heap[columns].sort_values(columns).reset_index(drop=True))
     assert arrival == heap_arrival
-    expected, expected_late = oracle(assigner, 0, key, ts, x, arrival)
+    expected, expected_late = aggregates_in_windows(assigner, 0, key, ts, x, arrival)
     assert len(expected_late), "the input must hold rows beyond the bound to mean something"
     got = disk.sort_values(["k", "window_start"]).reset_index(drop=True)
     assert got[["k", "window_start", "window_end", "n"]].astype(np.int64).equals(

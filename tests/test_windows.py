@@ -354,6 +354,10 @@ RESTORES = [  # (function, assigner, (seed, rows, keys) of make_input): snapshot
     ("aggregate", rs.SlidingEventTimeWindows(size_ms=60, slide_ms=20), (11, 400, 60)),
     ("process", rs.TumblingEventTimeWindows(size_ms=50), (11, 400, 60)),
     ("process", rs.SlidingEventTimeWindows(size_ms=60, slide_ms=20), (11, 400, 60)),
+    # cumulating windows (tests/test_cumulative_windows.py): the windows of a cumulation
+    # across the cut share their start
+    *((function, rs.CumulativeEventTimeWindows(max_size_ms=50, step_ms=10, offset_ms=7),
+       (11, 400, 30)) for function in ("builtin", "aggregate", "process")),
 ]
 
 

@@ -104,6 +104,107 @@ class SlidingEventTimeWindows:
 
 
 @dataclass(frozen=True)
+class CumulativeEventTimeWindows:
+    """Cumulating windows (Flink SQL's ``CUMULATE``): each cumulation starts every
+    ``max_size_ms`` (``k*max_size + offset``) and has the windows ``[start, start +
+    step)``, ``[start, start + 2*step)``, ..., ``[start, start + max_size)``; a record
+    at ``t`` belongs to every window of its cumulation ending after ``t`` (at most
+    ``max_size / step`` of them). ``max_size_ms`` must be a multiple of ``step_ms``.
+
+    A window's identity cannot be its start: the windows of a cumulation share it. Its
+    end is unique, so a cumulating window is kept, timed and checkpointed as the
+    ``max_size``-long window ending where it ends, ``[end - max_size, end)`` (the
+    sliding window of ``max_size`` and slide ``step`` it is the tail of): every window
+    store, heap or disk, and the timer service take them as they take sliding windows,
+    by that "start" (:meth:`assign` returns it, :meth:`end_of` maps it to the end), and
+    only the emitted ``window_start`` (and a user function's ``Window``) is the real
+    start, :meth:`start_of`. The alternative, one slice of ``step`` per key merged
+    into its cumulation's windows as they fire (Flink's ``CumulativeSliceAssigner``),
+    would keep one accumulator per key instead of one per open window, but needs a
+    store of its own per layout and backend; here a record (or a pre-aggregated pane
+    of ``step``, see :attr:`panes`) is merged into each window of its cumulation that
+    ends after it, as a sliding window's row is into each of its windows.
+
+    Lateness is judged per window, as for any window: a record is late for a window
+    iff ``end - 1 + allowed_lateness <= watermark``, so it can be late for the small
+    windows of its cumulation and on time for the large ones, and it then counts in
+    the large ones only (it goes to the late output, or is dropped, only when it is
+    late for all of them). This is what Flink does: its slicing window operator puts a
+    record whose slice fired into the windows of its cumulation not fired yet, and
+    drops it only when the cumulation's last window fired; its ``WindowOperator``
+    with allowed lateness judges each window alone.
+
+        >>> import numpy as np
+        >>> cumulate = CumulativeEventTimeWindows(max_size_ms=30, step_ms=10)
+        >>> rows, ids = cumulate.assign(np.array([5, 25]))
+        >>> rows.tolist(), cumulate.start_of(ids).tolist(), cumulate.end_of(ids).tolist()
+        ([0, 0, 0, 1], [0, 0, 0, 0], [10, 20, 30, 30])
+        >>> CumulativeEventTimeWindows(max_size_ms=25, step_ms=10)
+        Traceback (most recent call last):
+        ValueError: cumulating windows: max_size_ms (25) must be a multiple of step_ms (10)
+
+    Per user, the clicks of the day so far, every hour (SQL's ``CUMULATE(TABLE clicks,
+    DESCRIPTOR(ts), INTERVAL '1' HOUR, INTERVAL '1' DAY)``):
+
+        >>> import raystream as rs
+        >>> env = rs.StreamEnvironment(parallelism=1)
+        >>> clicks = env.from_collection([{"user": "a", "ts": 5}, {"user": "a", "ts": 3_600_000}])
+        >>> so_far = clicks.key_by("user").window(
+        ...     rs.CumulativeEventTimeWindows(max_size_ms=86_400_000, step_ms=3_600_000),
+        ...     timestamp="ts").count()
+        >>> sink = so_far.collect()
+        >>> rows = env.execute("so far").table(sink).to_pylist()  # doctest: +SKIP
+        >>> sorted((r["window_end"], r["count"]) for r in rows)[:3]  # doctest: +SKIP
+        [(3600000, 1), (7200000, 2), (10800000, 2)]
+    """
+
+    max_size_ms: int
+    step_ms: int
+    offset_ms: int = 0
+    event_time = True
+    merging = False
+
+    def __post_init__(self) -> None:
+        _check_positive(max_size_ms=self.max_size_ms, step_ms=self.step_ms)
+        if self.max_size_ms % self.step_ms:
+            raise ValueError(f"cumulating windows: max_size_ms ({self.max_size_ms}) must be a "
+                             f"multiple of step_ms ({self.step_ms})")
+
+    def assign(self, timestamps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(row index, window identity ``end - max_size``) per assignment: the windows of
+        the row's cumulation that end after it."""
+        size, step = self.max_size_ms, self.step_ms
+        last = self._cumulation_of(timestamps) + size  # the cumulation's last end
+        first = timestamps - np.mod(timestamps - self.offset_ms % step, step) + step
+        counts = (last - first) // step + 1  # each row's windows: only those, no padding
+        rows = np.repeat(np.arange(len(timestamps)), counts)
+        nth = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+        return rows, first[rows] + step * nth - size
+
+    def end_of(self, starts: np.ndarray) -> np.ndarray:
+        return starts + self.max_size_ms
+
+    def start_of(self, starts: np.ndarray) -> np.ndarray:
+        """The real starts of the windows identified by ``starts`` (:meth:`assign`'s):
+        their cumulation's."""
+        return self._cumulation_of(self.end_of(starts) - 1)
+
+    def _cumulation_of(self, times: np.ndarray) -> np.ndarray:
+        size = self.max_size_ms
+        return times - np.mod(times - self.offset_ms % size, size)
+
+    @property
+    def panes(self) -> TumblingEventTimeWindows:
+        """The step-long tumbling windows that tile these windows (pre-aggregated per
+        pane): :meth:`assign` of a pane's start gives the windows holding the pane.
+
+            >>> CumulativeEventTimeWindows(max_size_ms=30, step_ms=10, offset_ms=2).panes
+            TumblingEventTimeWindows(size_ms=10, offset_ms=2)
+        """
+        return TumblingEventTimeWindows(size_ms=self.step_ms, offset_ms=self.offset_ms)
+
+
+@dataclass(frozen=True)
 class EventTimeSessionWindows:
     """Per key, records closer than ``gap_ms`` in event time share a window
     ``[first, last + gap)``; windows that come to overlap are merged."""
@@ -245,7 +346,7 @@ class GlobalWindows:
         return np.full(len(starts), GLOBAL_END, dtype=np.int64)
 
 
-WindowAssigner = (TumblingEventTimeWindows | SlidingEventTimeWindows | EventTimeSessionWindows
-                  | DynamicEventTimeSessionWindows | TumblingProcessingTimeWindows
-                  | GlobalWindows)
+WindowAssigner = (TumblingEventTimeWindows | SlidingEventTimeWindows | CumulativeEventTimeWindows
+                  | EventTimeSessionWindows | DynamicEventTimeSessionWindows
+                  | TumblingProcessingTimeWindows | GlobalWindows)
 SessionWindows = EventTimeSessionWindows | DynamicEventTimeSessionWindows  # the merging ones

@@ -88,7 +88,8 @@ from raystream.engine.operators.functions import close_function, open_function
 from raystream.engine.operators.keyed_rows import (BufferedJoinOperator, JoinSide, KeyedRows,
                                                    joined_names)
 from raystream.engine.windows import disk_session_join
-from raystream.engine.windows.assigners import (DynamicEventTimeSessionWindows,
+from raystream.engine.windows.assigners import (CumulativeEventTimeWindows,
+                                                DynamicEventTimeSessionWindows,
                                                 EventTimeSessionWindows, GlobalWindows,
                                                 SlidingEventTimeWindows,
                                                 TumblingEventTimeWindows, WindowAssigner)
@@ -137,6 +138,10 @@ class WindowJoinSpec:
             raise ValueError(f"{self.kind.value}(...).window: session windows of a dynamic "
                              f"gap cannot join (a row's gap would be its side's); use "
                              f"EventTimeSessionWindows(gap_ms=...)")
+        if isinstance(self.assigner, CumulativeEventTimeWindows):
+            raise ValueError(f"{self.kind.value}(...).window: cumulating windows cannot join "
+                             f"(their windows share a start); join over tumbling, sliding "
+                             f"or session windows")
         if not self.assigner.event_time:
             raise ValueError(f"{self.kind.value}(...).window: only event-time windows "
                              f"(tumbling, sliding, session) can join, got "
@@ -150,7 +155,8 @@ class WindowJoinSpec:
     def windows(self) -> JoinWindows:
         """The assigner, of a kind a join takes (``__post_init__`` refused the others)."""
         assigner = self.assigner
-        if isinstance(assigner, (DynamicEventTimeSessionWindows, GlobalWindows)):
+        if isinstance(assigner, (DynamicEventTimeSessionWindows, GlobalWindows,
+                                 CumulativeEventTimeWindows)):
             raise TypeError(f"a window join over {type(assigner).__name__}")
         return assigner
 

@@ -50,7 +50,8 @@ from raystream.engine.operators.keyed import KeyedOperator
 from raystream.engine.watermarks import MAX_LATENESS_MS, timestamps_ms
 from raystream.engine.windows import (disk_entries, disk_generic_sessions, disk_panes,
                                       disk_sessions)
-from raystream.engine.windows.assigners import GlobalWindows, SessionWindows, WindowAssigner
+from raystream.engine.windows.assigners import (CumulativeEventTimeWindows, GlobalWindows,
+                                                SessionWindows, WindowAssigner)
 from raystream.engine.windows.dense import DiskDenseWindows, HeapDenseWindows
 from raystream.engine.windows.disk_entries import DiskChunks, DiskEntries
 from raystream.engine.windows.disk_generic_sessions import DiskGenericSessions
@@ -305,6 +306,15 @@ class WindowOperator(KeyedOperator):
                             f"its start's")
         return assigner.end_of(starts)
 
+    def window_starts(self, starts: np.ndarray) -> np.ndarray:
+        """The emitted starts of the windows a store knows by ``starts``: their own, but
+        a cumulating window's is its cumulation's (a store knows it by ``end - max_size``,
+        :class:`~raystream.engine.windows.assigners.CumulativeEventTimeWindows`)."""
+        assigner = self.assigner
+        if isinstance(assigner, CumulativeEventTimeWindows):
+            return assigner.start_of(starts)
+        return starts
+
     def judge_late(self, batch: pa.RecordBatch, assigned: Assigned,
                    held: Callable[[np.ndarray], Windows] | None = None) -> Assigned:
         """Keep assignments to windows that are not late; rows late for all of their
@@ -442,7 +452,8 @@ class WindowOperator(KeyedOperator):
         self._sync_key_columns(None, None)  # on disk: restored keys read for the first time
         self.fired += n
         columns = dict(zip(self.key_names, self.key_columns.take(kids))) if self.emit_keys else {}
-        columns["window_start"] = pa.array(np.broadcast_to(starts, n).astype(np.int64))
+        columns["window_start"] = pa.array(
+            self.window_starts(np.broadcast_to(starts, n).astype(np.int64)))
         columns["window_end"] = pa.array(np.broadcast_to(ends, n).astype(np.int64))
         columns.update(results)
         self.output.emit(pa.RecordBatch.from_pydict(columns))
@@ -451,7 +462,8 @@ class WindowOperator(KeyedOperator):
         fn, timers = self.function, self.timers
         out: list[dict] = []
         self.fired += len(fired)
-        for kid, start, end, acc in fired:
+        starts = self.window_starts(np.fromiter((f[1] for f in fired), np.int64, len(fired)))
+        for (kid, _, end, acc), start in zip(fired, starts.tolist()):
             window, key = Window(start, end), timers.key(kid)
             if isinstance(fn, UserAggregate):
                 out.extend(fn.rows(self._key_fields(key), window, acc))

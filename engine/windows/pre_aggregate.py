@@ -9,13 +9,14 @@ fires their window), at the end of the input, and always in
 its own checkpointed state is empty.
 
 Used automatically by ``window(...)`` aggregations with built-in aggregates
-on tumbling or sliding event-time windows, column keys and no late side
+on tumbling, sliding or cumulating event-time windows, column keys and no late side
 output (partials cannot hold the original late records).
 
 Sliding windows whose size is a multiple of the slide are pre-aggregated per
 *pane* (the slide-long tumbling windows that tile them; Flink SQL's slices):
 a row is in one pane but in ``size / slide`` windows, so the partials are
 fewer, and the window operator adds each pane's partials to its windows.
+Cumulating windows are pre-aggregated per step-long pane likewise.
 """
 
 from __future__ import annotations

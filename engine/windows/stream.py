@@ -93,7 +93,7 @@ class WindowedStream(_Shorthands):
     with ``side_output(tag)`` on the stream the window returns); without one they are dropped and
     counted in the operator's metrics (``late_records_dropped``), as in Flink.
     ``pre_aggregate``: combine per (key, window) before the shuffle where
-    possible (built-in aggregates, tumbling or sliding event time, column
+    possible (built-in aggregates, tumbling, sliding or cumulating event time, column
     keys, no late output, the default trigger). ``trigger``: when a window fires
     (:mod:`raystream.engine.windows.triggers`; by default once the watermark, or for
     processing-time windows the clock, passes its end; global windows need one).

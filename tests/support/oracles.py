@@ -26,6 +26,10 @@ def windows_of(assigner, ts: int) -> list[tuple[int, int]]:
         return [(s, s + assigner.size_ms)
                 for s in range(ts - assigner.size_ms + 1, ts + 1)
                 if (s - assigner.offset_ms) % assigner.slide_ms == 0]
+    if isinstance(assigner, rs.CumulativeEventTimeWindows):  # every end after ts, up to max
+        size, step = assigner.max_size_ms, assigner.step_ms
+        start = (ts - assigner.offset_ms) // size * size + assigner.offset_ms
+        return [(start, end) for end in range(start + step, start + size + 1, step) if end > ts]
     raise TypeError(assigner)
 
 
@@ -38,6 +42,21 @@ def kept_in_windows(assigner, lateness: int, rows: pd.DataFrame) -> pd.DataFrame
     exploded["window_start"] = [w[0] for w in exploded["window"]]
     exploded["window_end"] = [w[1] for w in exploded["window"]]
     return exploded.loc[exploded["window_end"] - 1 + lateness > exploded["wm"]]
+
+
+def aggregates_in_windows(assigner, lateness: int, key, ts, x, arrival
+                          ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """pandas: the ``AGGS`` of ``x`` (``n``, ``total``, ``low``, ``high``, ``avg``) per
+    (``k``, ``window_start``, ``window_end``) of the rows each window keeps
+    (:func:`kept_in_windows`; ``arrival``: the watermark each row arrived at), and the
+    rows kept by no window (``k``, ``ts``, ``x``): the late ones."""
+    rows = pd.DataFrame({"k": key, "ts": ts, "x": x, "wm": arrival})
+    kept = kept_in_windows(assigner, lateness, rows)
+    results = kept.groupby(["k", "window_start", "window_end"]).agg(
+        n=("x", "size"), total=("x", "sum"), low=("x", "min"), high=("x", "max"),
+        avg=("x", "mean")).reset_index()
+    late = rows.loc[~rows.index.isin(kept.index), ["k", "ts", "x"]]
+    return results, late
 
 
 def user_window_sums(make, n: int, size: int, slide: int | None = None, keep=None
