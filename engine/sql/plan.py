@@ -89,10 +89,12 @@ class WindowSpec:
     gap_ms: int | None = None
     offset_ms: int = 0
     processing_time: bool = False  # ``time`` is a PROCTIME() column: windows of the clock
+    step_ms: int | None = None  # CUMULATE: how much longer each window of a cumulation is
 
     def describe(self) -> str:
         sizes = {WindowKind.TUMBLE: f"size={self.size_ms} ms",
                  WindowKind.HOP: f"slide={self.slide_ms} ms, size={self.size_ms} ms",
+                 WindowKind.CUMULATE: f"step={self.step_ms} ms, size={self.size_ms} ms",
                  WindowKind.SESSION: f"gap={self.gap_ms} ms"}.get(self.kind, "")
         clock = " (processing time)" if self.processing_time else ""
         return f"{self.kind.value}({self.time}{clock}, {sizes})"

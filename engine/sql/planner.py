@@ -359,10 +359,11 @@ def _window_spec(tvf: WindowTvf, schema: RelSchema) -> WindowSpec:
         return WindowSpec(tvf.kind, tvf.time_column, size_ms=tvf.size_ms,
                           offset_ms=tvf.offset_ms, processing_time=True)
     _check_rowtime(tvf.time_column, schema, where)
-    if tvf.kind is WindowKind.CUMULATE:
-        raise SqlError("CUMULATE windows are not in raystream's SQL yet (TUMBLE, HOP and SESSION are)")
+    if tvf.kind is WindowKind.CUMULATE and (tvf.size_ms or 0) % (tvf.step_ms or 1):
+        raise SqlError(f"{where}: a CUMULATE window's size ({tvf.size_ms} ms) must be a "
+                       f"multiple of its step ({tvf.step_ms} ms)")
     return WindowSpec(tvf.kind, tvf.time_column, size_ms=tvf.size_ms, slide_ms=tvf.slide_ms,
-                      gap_ms=tvf.gap_ms, offset_ms=tvf.offset_ms)
+                      gap_ms=tvf.gap_ms, offset_ms=tvf.offset_ms, step_ms=tvf.step_ms)
 
 
 def _check_lookup(table: exp.Expr, version: exp.Expr, left: RelSchema, right: Node) -> None:

@@ -36,9 +36,10 @@ from raystream.engine.sql.compiled import Compiled, as_array
 from raystream.engine.sql.lookup import LookupJoin
 from raystream.engine.sql.plan import (Calc, InputWindows, Join, JoinKind, Node, Scan, Sink,
                                        StreamScan, WindowAggregate, WindowSpec)
-from raystream.engine.windows.assigners import (EventTimeSessionWindows, SlidingEventTimeWindows,
+from raystream.engine.windows.assigners import (CumulativeEventTimeWindows,
+                                                EventTimeSessionWindows, SlidingEventTimeWindows,
                                                 TumblingEventTimeWindows,
-                                                TumblingProcessingTimeWindows)
+                                                TumblingProcessingTimeWindows, WindowAssigner)
 
 if TYPE_CHECKING:
     from raystream.engine.datastream import DataStream
@@ -313,7 +314,7 @@ def _chain(node: Node, after: tuple[Step, ...]) -> tuple[CalcChain, Node]:
     return CalcChain(tuple(steps)), node
 
 
-def _assigner(window: WindowSpec) -> "TumblingEventTimeWindows | SlidingEventTimeWindows | EventTimeSessionWindows":
+def _assigner(window: WindowSpec) -> WindowAssigner:
     if window.processing_time:  # (the planner allows TUMBLE only)
         return TumblingProcessingTimeWindows(size_ms=window.size_ms or 0,
                                              offset_ms=window.offset_ms)
@@ -322,4 +323,7 @@ def _assigner(window: WindowSpec) -> "TumblingEventTimeWindows | SlidingEventTim
     if window.kind is WindowKind.HOP:
         return SlidingEventTimeWindows(size_ms=window.size_ms or 0, slide_ms=window.slide_ms or 0,
                                        offset_ms=window.offset_ms)
+    if window.kind is WindowKind.CUMULATE:
+        return CumulativeEventTimeWindows(max_size_ms=window.size_ms or 0,
+                                          step_ms=window.step_ms or 0, offset_ms=window.offset_ms)
     return EventTimeSessionWindows(gap_ms=window.gap_ms or 0)
