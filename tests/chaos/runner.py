@@ -14,8 +14,10 @@ exactly once.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import os
+import random
 import re
 import signal
 import threading
@@ -50,7 +52,10 @@ KEYED = {JobKind.TUMBLING: "window", JobKind.SLIDING: "window", JobKind.SESSION:
          JobKind.CO_PROCESS: "co-process", JobKind.BROADCAST: "weigh",
          JobKind.TRIGGERED: "window", JobKind.REGIONS: "map",
          # the window operator the planner makes of the environment's first query
-         JobKind.SQL_TUMBLE: "query-1.window", JobKind.SQL_HOP: "query-1.window"}
+         JobKind.SQL_TUMBLE: "query-1.window", JobKind.SQL_HOP: "query-1.window",
+         JobKind.ASYNC_MAP: "map", JobKind.POOL_MAP: "map"}
+# the jobs of one row-wise map from a source at the job's parallelism into the sink
+ROW_MAPS = (JobKind.REGIONS, JobKind.ASYNC_MAP, JobKind.POOL_MAP)
 # the SQL jobs' windows, as the window table functions of the same windows as ASSIGNERS'
 SQL_WINDOWS = {JobKind.SQL_TUMBLE: "TUMBLE(TABLE events, DESCRIPTOR(ts), INTERVAL '1' SECOND)",
                JobKind.SQL_HOP: "HOP(TABLE events, DESCRIPTOR(ts), INTERVAL '0.5' SECOND, "
@@ -233,6 +238,29 @@ def with_double_x(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.append_column("y", pc.multiply(batch.column("x"), 2.0))
 
 
+async def double_x(row: dict) -> dict:
+    """The async job's call: ``y = 2 x`` after a delay of up to 4 ms, drawn from the row."""
+    await asyncio.sleep(random.Random(f"{row['user']}/{row['ts']}").uniform(0, 4) / 1000)
+    return {**row, "y": row["x"] * 2.0}
+
+
+class DoubleX:
+    """The pool job's model: ``y = 2 x`` of an Arrow batch."""
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        return with_double_x(batch)
+
+
+def row_map(scenario: Scenario, rows: rs.DataStream) -> rs.DataStream:
+    """``y = 2 x`` per row, as the scenario's job computes it."""
+    if scenario.job is JobKind.ASYNC_MAP:
+        return rows.map_async(double_x, capacity=32, ordered=not scenario.unordered, name="map")
+    if scenario.job is JobKind.POOL_MAP:
+        return rows.map_batches(DoubleX, concurrency=(1, 2), num_cpus=0.1, batch_size=100,
+                                name="map")
+    return rows.map_batches(with_double_x, name="map")
+
+
 def sql_windows(scenario: Scenario, env: rs.StreamEnvironment, rows: rs.DataStream
                 ) -> rs.DataStream:
     """Count and sum per (key, window) of ``rows`` as a SQL query over a view of them (their
@@ -280,12 +308,12 @@ def build(scenario: Scenario, env: rs.StreamEnvironment, out: str, pace: Throttl
                                   parallelism=1)
 
     late = None
-    if scenario.job is JobKind.REGIONS:
+    if scenario.job in ROW_MAPS:
         # at the job's parallelism all the way: one region per subtask, and the committer
         rows = env.from_sequence(events.n, events.columns, batch_size=events.batch,
                                  num_splits=REGION_SPLITS, name="source", watermarks=watermarks)
-        result = rows.map_batches(pace or (lambda batch: batch), name="source-throttle"
-                                  ).map_batches(with_double_x, name="map")
+        result = row_map(scenario, rows.map_batches(pace or (lambda batch: batch),
+                                                    name="source-throttle"))
     elif scenario.job is JobKind.REDUCE:
         # two readers of one half of the rows each: their union feeds the running sums
         half = events.n // 2
@@ -741,7 +769,7 @@ def compare(scenario: Scenario, rows: list[dict], late_rows: list, reference_dir
         return emission_differences(join_emissions_of(rows), expected)
     if job is JobKind.REDUCE:
         return running_sum_differences(scenario, rows)
-    if job is JobKind.REGIONS:  # every input row once, with its y
+    if job in ROW_MAPS:  # every input row once, with its y
         e = scenario.events.all()
         return row_differences(canonical(rows), canonical(
             [{"user": u, "ts": t, "x": x, "y": 2 * x}

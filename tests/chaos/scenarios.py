@@ -46,6 +46,9 @@ class JobKind(enum.Enum):
                                  # the sink: a pipelined region per subtask (region failover)
     SQL_TUMBLE = "sql_tumble"    # count and sum per (key, 1 s window) as a SQL query: TUMBLE
     SQL_HOP = "sql_hop"          # likewise per (key, 1 s window every 0.5 s): HOP
+    ASYNC_MAP = "async_map"      # the regions job's map as map_async calls with delays, in
+                                 # flight at checkpoints (ordered or not)
+    POOL_MAP = "pool_map"        # the regions job's map on a pool of Ray actors per subtask
 
 
 FIRST_JOBS = [JobKind.TUMBLING, JobKind.SLIDING, JobKind.SESSION, JobKind.REDUCE,
@@ -149,6 +152,10 @@ REGIONS_FROM_SEED = 14000
 # the source instead (drawn apart; on either backend; no allowed lateness: SQL has none).
 SQL_FROM_SEED = 15000
 SQL_JOBS = (JobKind.SQL_TUMBLE, JobKind.SQL_HOP)
+# Seeds from here on may run the regions job with its map as async calls or on an actor
+# pool instead (drawn apart; heap: they keep no keyed state).
+IO_MAPS_FROM_SEED = 16000
+IO_MAPS = (JobKind.ASYNC_MAP, JobKind.POOL_MAP)
 # Seeds from here on may take the disk backend's checkpoints incrementally (drawn apart).
 INCREMENTAL_FROM_SEED = 7000
 # Seeds from here on may also kill the job master (drawn apart, likewise),
@@ -193,6 +200,7 @@ class Scenario:
     backend: Backend = Backend.HEAP
     session_gap_ms: int | None = None  # WINDOW_JOIN: sessions with this gap, not 1 s windows
     trigger_purges: bool = False  # TRIGGERED: the count trigger purges what it fires
+    unordered: bool = False  # ASYNC_MAP: results as they come (never across a watermark)
 
     @property
     def windowed(self) -> bool:
@@ -213,6 +221,8 @@ class Scenario:
                    if self.job is JobKind.TRIGGERED else "")
                 + (f" over sessions (gap {self.session_gap_ms} ms)"
                    if self.session_gap_ms is not None else "")
+                + (f" ({'un' if self.unordered else ''}ordered)"
+                   if self.job is JobKind.ASYNC_MAP else "")
                 + f", {'string' if self.events.string_keys else 'int'} keys, "
                 f"{self.sink.value}, {self.alignment.value}, p={self.parallelism}, "
                 f"{self.backend.value} state, "
@@ -266,6 +276,7 @@ def generate(seed: int) -> Scenario:
     scenario = _with_trigger(scenario, random.Random(f"{seed}/trigger"))
     scenario = _with_regions(scenario, random.Random(f"{seed}/regions"))
     scenario = _with_sql(scenario, random.Random(f"{seed}/sql"))
+    scenario = _with_io_map(scenario, random.Random(f"{seed}/io_map"))
     scenario = _with_backend(scenario, random.Random(f"{seed}/backend"))
     scenario = _with_incremental(scenario, random.Random(f"{seed}/incremental"))
     return _with_master_kill(scenario, random.Random(f"{seed}/master"))
@@ -376,6 +387,18 @@ def _with_sql(scenario: Scenario, rng: random.Random) -> Scenario:
     return dataclasses.replace(scenario, job=rng.choice(SQL_JOBS), path=Path.PRE_AGGREGATED,
                                lateness_ms=0, events=events, session_gap_ms=None,
                                trigger_purges=False)
+
+
+def _with_io_map(scenario: Scenario, rng: random.Random) -> Scenario:
+    """Later seeds run the regions job's map as async calls (ordered or not) or on an actor
+    pool instead about a fifth of the time, at parallelism 1 to 3."""
+    if scenario.seed < IO_MAPS_FROM_SEED or rng.random() >= 0.2:
+        return scenario
+    job = rng.choice(IO_MAPS)
+    return dataclasses.replace(scenario, job=job, path=Path.DENSE, lateness_ms=0,
+                               parallelism=rng.choice([1, 2, 3]), session_gap_ms=None,
+                               trigger_purges=False, backend=Backend.HEAP,
+                               unordered=job is JobKind.ASYNC_MAP and rng.random() < 0.5)
 
 
 def _with_incremental(scenario: Scenario, rng: random.Random) -> Scenario:

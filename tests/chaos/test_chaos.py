@@ -18,9 +18,10 @@ import pytest
 
 from tests.chaos.runner import run_scenario
 from tests.chaos.scenarios import (DISK_WINDOW_JOBS, PROCESS_WINDOWS_FROM_SEED,
-                                   SESSION_JOIN_GAPS_MS, SESSION_JOINS_FROM_SEED, SQL_FROM_SEED,
-                                   SQL_JOBS, TRIGGERS_FROM_SEED, Alignment, Backend, JobKind,
-                                   Path, generate)
+                                   IO_MAPS, IO_MAPS_FROM_SEED, SESSION_JOIN_GAPS_MS,
+                                   SESSION_JOINS_FROM_SEED, SQL_FROM_SEED, SQL_JOBS,
+                                   TRIGGERS_FROM_SEED, Alignment, Backend, JobKind, Path,
+                                   generate)
 
 # Chosen to cover every job kind and window path, aligned, unaligned and timed-out
 # alignment, one and two concurrent checkpoints, and every failure kind, in about
@@ -56,17 +57,21 @@ from tests.chaos.scenarios import (DISK_WINDOW_JOBS, PROCESS_WINDOWS_FROM_SEED,
 # restores; 15018 a SQL TUMBLE query through a kill of its window while deploying, a kill
 # after checkpoints and the master's; 15885 one stopped at p=2, restored at p=3, its window
 # and then the master killed while it restarts; 15168 a SQL HOP query on disk state
-# stopped, through an outage and a failpoint in its snapshot.
+# stopped, through an outage and a failpoint in its snapshot; 16002 map_async (ordered)
+# through a master kill and kills of the map and the source; 16026 map_async (unordered)
+# failing in its snapshot, then killed with the master while the job restarts; 16024 a
+# map on an actor pool through an outage, a stop with a kill, a kill with the master's.
 CI_SEEDS = [1, 3, 6, 43, 64, 71, 1004, 1005, 2049, 4002, 5000, 6055, 7164, 8007, 8022, 9025,
             9161, 9168, 10001, 10008, 10228, 11380, 11403, 12158, 12989, 13019, 14010, 14050,
-            15018, 15885, 15168]
+            15018, 15885, 15168, 16002, 16026, 16024]
 # The default tier's slice (the rest run with ./dev test --all): the failure kinds the
 # rest of the default tier does not place, in four jobs — 43 late data with lateness;
 # 1004 a kill while deploying, a stop restored at p=1 and a kill; 2049 disk state through
 # a kill while deploying, kills and a storage outage; 4002 the job master killed; 14010
 # the embarrassingly parallel job at p=3, whose SIGKILL restarts one region; 15018 a SQL
-# job through kills of its window and of the master.
-DEFAULT_SEEDS = {43, 1004, 2049, 4002, 14010, 15018}
+# job through kills of its window and of the master; 16026 unordered async calls in
+# flight through a failure in a snapshot and the master's death while the job restarts.
+DEFAULT_SEEDS = {43, 1004, 2049, 4002, 14010, 15018, 16026}
 
 
 @pytest.mark.parametrize("seed", [seed if seed in DEFAULT_SEEDS else
@@ -138,3 +143,13 @@ def test_sql_jobs_are_drawn_on_every_backend_and_alignment_with_rows_on_time():
         for alignment in Alignment}
     assert all(s.lateness_ms == 0 and s.events.late_every > s.events.n for s in drawn)
     assert all(s.job not in SQL_JOBS for s in map(generate, range(SQL_FROM_SEED)))
+
+
+def test_async_and_pool_maps_are_drawn_at_every_parallelism_and_alignment():
+    drawn = [s for s in map(generate, range(IO_MAPS_FROM_SEED, IO_MAPS_FROM_SEED + 2000))
+             if s.job in IO_MAPS]
+    assert {(s.job, s.unordered, s.parallelism, s.alignment) for s in drawn} == {
+        *((JobKind.ASYNC_MAP, unordered, p, a) for unordered in (False, True)
+          for p in (1, 2, 3) for a in Alignment),
+        *((JobKind.POOL_MAP, False, p, a) for p in (1, 2, 3) for a in Alignment)}
+    assert all(s.job not in IO_MAPS for s in map(generate, range(IO_MAPS_FROM_SEED)))
