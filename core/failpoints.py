@@ -14,7 +14,8 @@ producing and committing its transaction), ``after_complete_before_commit``
 (the Kafka committer: a checkpoint completed, its transaction not begun).
 The job master's own: ``master_stopping`` (a stop savepoint is complete and
 committed, the subtasks not stopped yet) and ``master_ended`` (the job is over
-and its actors are handed back, its outcome not published yet); ``exit`` ends
+and its actors are handed back, its outcome not published yet) and
+``master_published`` (the outcome published, the driver not told yet); ``exit`` ends
 the master's process there, which Ray restarts (a successor takes the job over).
 
 ``final=True``: only in the snapshot (``in_snapshot``, ``in_async_write``) of
@@ -33,8 +34,8 @@ from dataclasses import dataclass
 
 POINTS = ("in_processing", "in_snapshot", "in_async_write", "right_after_restore",
           "after_metadata_before_notify", "mid_commit", "after_complete_before_commit",
-          "master_stopping", "master_ended")
-MASTER_POINTS = ("master_stopping", "master_ended")
+          "master_stopping", "master_ended", "master_published")
+MASTER_POINTS = ("master_stopping", "master_ended", "master_published")
 
 
 class InjectedFailure(RuntimeError):

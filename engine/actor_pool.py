@@ -27,10 +27,12 @@ The keeper also holds what the driver's warm job masters run
 (:mod:`~raystream.engine.master_pool`): a warm master notes its job there
 before it starts it (:func:`remember_assignment`), and its successor, after
 Ray restarted it, learns the job there (:func:`assignment_of`), as a master
-created for its job has it in its constructor's arguments. The master tells
-the keeper to forget it (:func:`forget_assignment`) only once the job's outcome
-is published, so a successor always learns the job: to run it on, or to answer
-with the outcome its predecessor published.
+created for its job has it in its constructor's arguments. The driver tells
+the keeper to forget it (:func:`forget_assignment`) only once it has the job's
+outcome and has ended the master, so a successor always learns the job: to run
+it on, or to answer the driver's retried call with the outcome its predecessor
+published (a master killed just after publishing it had left a successor with
+no job, and the driver's call waiting on it forever).
 
 Only subtasks with the default resources run on pooled actors; a vertex that
 asks for CPUs, memory or accelerators gets actors of its own, as before.
@@ -122,10 +124,10 @@ class _Keeper:
         return self.assignments.get(master, ("", []))[1]
 
     def forget(self, master: str) -> None:
-        """The job of ``master`` has ended and its outcome is published: a successor of
-        ``master`` would have nothing to take over. (Not at ``give_back``: a master that
-        dies between giving its actors back and publishing its outcome has a successor,
-        which must learn the job to end it.)"""
+        """The driver has the outcome of the job of ``master`` and has ended it: no
+        successor of ``master`` will be asked for it. (Not at ``give_back``, nor when the
+        outcome is published: a master that dies before its driver has the outcome has
+        a successor, which must learn the job to end it or to answer with its outcome.)"""
         self.assignments.pop(master, None)
 
     def sizes(self) -> tuple[int, int]:

@@ -10,7 +10,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from raystream.checkpoint.coordinator import CheckpointStats
-from raystream.engine import registry
+from raystream.engine import actor_pool, registry
 from raystream.engine.sink_handle import SinkHandle
 from raystream.engine.diagnosis import JobDiagnosis
 from raystream.engine.errors import JobNotFoundError, JobNotRunningError, job_failed_error
@@ -153,6 +153,7 @@ class JobClient:
             self._outcome = outcome
             if self._owner:
                 ray.kill(self._master)
+                self._forget_master()
         outcome = self._outcome
         if outcome.status is JobStatus.FAILED:
             message = f"job '{self.job_name}' failed: {outcome.error}"
@@ -165,6 +166,14 @@ class JobClient:
                                    operator=outcome.operator, subtask=outcome.subtask,
                                    traceback=outcome.traceback)
         return JobResult(self.job_name, outcome, self.plan)
+
+    def _forget_master(self) -> None:
+        """The job's warm master is gone with its outcome here: its assignment can go
+        from the driver's pool keeper (kept until now, so that a successor of a master
+        that died after publishing the outcome answers with it rather than hang)."""
+        keeper = actor_pool.POOL.keeper_name()
+        if keeper is not None:
+            actor_pool.forget_assignment(keeper, master_actor_name(self.job_id))
 
     def cancel(self) -> None:
         """Ask every subtask to stop; ``wait()`` then returns a CANCELED result."""

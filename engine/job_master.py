@@ -54,7 +54,7 @@ from raystream.checkpoint.storage import (CheckpointStorage, CorruptCheckpointEr
                                           StorageUnavailableError)
 from raystream.checkpoint.subtask_gateway import EventDeliveryError, GatewayProtocolError
 from raystream.engine import master_journal, registry
-from raystream.engine.actor_pool import assignment_of, forget_assignment, remember_assignment
+from raystream.engine.actor_pool import assignment_of, remember_assignment
 from raystream.engine.deployment import (NAMESPACE, SUBTASK_SCHEDULING, Deployment,
                                          RegionRefused, SubtaskFailure, deployment_failure,
                                          failure_of)
@@ -333,12 +333,16 @@ class JobMaster:
             for c in outcome.checkpoints)
 
     def _run(self) -> None:
-        if self.outcome is None:  # (else a predecessor had published it)
+        ran = self.outcome is None  # (else a predecessor had published it)
+        if ran:
             self.outcome = self._run_job()
         master_journal.forget(self.job_id)
         self.done.set()
-        if self.keeper is not None:  # only now: a successor must learn the job until here
-            forget_assignment(self.keeper, _own_name())
+        if ran:
+            self._master_failpoints().hit("master_published")
+        # (the keeper forgets this master's job once its driver has the outcome, not here:
+        # a successor of a master that dies before must still learn the job, to answer
+        # the driver's retried call with the outcome this master published)
         if self.options.detached:  # no driver may be left to end it
             time.sleep(DETACHED_LINGER_S)
             ray.kill(ray.get_runtime_context().current_actor)
@@ -420,7 +424,10 @@ class JobMaster:
         if summary["status"] not in registry.TERMINAL_STATUSES:
             return None
         self.status = JobStatus(summary["status"])  # adopted as published, not a transition
-        return outcome_of_summary(summary)
+        outcome = outcome_of_summary(summary)
+        # what the predecessor's collect sinks committed (the rest of its results died with it)
+        outcome.results = sink_results(self.plan, {}, self.options.checkpoints, self.job_id)
+        return outcome
 
     def _take_over(self) -> Restart | FailJob:
         """The predecessor died: its subtasks go (those on the driver's pooled actors are

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+import ray
 
 import raystream as rs
 from raystream.actors.operator import Operator
@@ -312,3 +313,33 @@ def test_a_job_master_dying_at_the_end_of_a_stop_is_succeeded_by_one_that_stops_
     restored = rest.execute(f"after-{point}", restore_from=savepoint)
     assert min(c.checkpoint_id for c in restored.checkpoints) > second
     assert_exactly_once(pa.concat_tables([stopped.table(sink), restored.table(rest_sink)]))
+
+
+def test_a_job_master_dying_once_it_published_the_outcome_is_succeeded_by_one_that_answers(
+        ray_session, tmp_path):
+    """The master's process ends right after it published the job's outcome, before the
+    driver asked for it; Ray restarts it, and the driver's call goes to the successor,
+    which learns the job from the driver's pool keeper and answers with that outcome (it
+    had been told to forget the job, and the call waited on a master with none)."""
+    env = rs.StreamEnvironment(
+        parallelism=2, failpoints=[rs.Failpoint("master_published")],
+        checkpoints=rs.CheckpointConfig(interval_s=600, storage=str(tmp_path / "chk")),
+        restart=rs.RestartStrategy.fixed_delay(3, 0.1))
+    sink = build_job(env)
+    client = env.execute_async("master-dies-published")
+    first = master_pid(client)  # (the job runs for seconds: its throttle)
+    deadline = time.monotonic() + 120
+    while master_pid(client) in (first, None):  # until the successor answers
+        assert time.monotonic() < deadline, "the master did not die and come back"
+        time.sleep(0.1)
+    result = client.wait(timeout_s=60)
+    assert result.status == "FINISHED" and result.restarts == 0
+    assert_exactly_once(result.table(sink))
+
+
+def master_pid(client: rs.JobClient) -> int | None:
+    """The process id of the job's master (None while it is restarting)."""
+    try:
+        return ray.get(client._master.__ray_call__.remote(lambda _: os.getpid()), timeout=10)
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return None
