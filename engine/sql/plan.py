@@ -145,6 +145,12 @@ class Interval:
     lower_inclusive: bool = True
     upper_inclusive: bool = True
 
+    @property
+    def watermark_delay_ms(self) -> int:
+        """How far the join's output watermark stays behind its inputs' so that neither
+        rowtime of a pair is late downstream (Flink's: the interval's larger side)."""
+        return max(0, self.upper_ms, -self.lower_ms)
+
     def describe(self) -> str:
         return (f"{'[' if self.lower_inclusive else '('}{self.lower_ms} ms, "
                 f"{self.upper_ms} ms{']' if self.upper_inclusive else ')'}")

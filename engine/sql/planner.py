@@ -142,23 +142,31 @@ class Planner:
 
     def _joined(self, select: exp.Select, from_: exp.From | None, where: list[exp.Expr]
                 ) -> tuple[_From, exp.Select]:
-        """The FROM's join, and the SELECT over the joined rows' names."""
+        """The FROM's joins, planned left-deep (``a JOIN b ON ... JOIN c ON ...`` is ``(a
+        JOIN b) JOIN c``, each join one operator), and the SELECT over the joined rows'
+        names. A WHERE conjunct goes to the first join that has all its tables."""
         if from_ is None:
             raise SqlError("a SELECT without FROM is not in raystream's SQL")
         joins = select.args["joins"]
-        if len(joins) > 1:
-            raise SqlError(f"{_short(select)}: one JOIN per SELECT in raystream's SQL for now "
-                           f"(join the result of a subquery with a JOIN in it)")
-        left, right = self._from_item(from_.this, ()), self._from_item(joins[0].this, ())
-        for side in (left, right):
-            if side.window is not None:
-                raise SqlError(f"JOIN {sql_text(joins[0].this)}: join a window table "
-                               f"function's rows through a subquery that aggregates them")
-        version = joins[0].this.args.get("version")
-        if version is not None:
-            _check_lookup(joins[0].this, version, left.node.schema, right.node)
-        planned = plan_join(JoinInput(left.node, left.aliases), JoinInput(right.node, right.aliases),
-                            joins[0], where, self.catalog.functions, lookup=version is not None)
+        items = [self._from_item(from_.this, ()), *(self._from_item(j.this, ()) for j in joins)]
+        for join, item in zip([None, *joins], items):
+            if item.window is not None:
+                named = sql_text(join.this if join is not None else from_.this)
+                raise SqlError(f"JOIN {named}: join a window table function's rows through "
+                               f"a subquery that aggregates them")
+        levels = [_join_level(c, items) for c in where]
+        left = JoinInput(items[0].node, items[0].aliases)
+        planned = None
+        for level, (join, item) in enumerate(zip(joins, items[1:])):
+            version = join.this.args.get("version")
+            if version is not None:
+                _check_lookup(join.this, version, left.node.schema, item.node)
+            last = level == len(joins) - 1
+            mine = [c for c, at in zip(where, levels) if at == level or last and at > level]
+            planned = plan_join(left, JoinInput(item.node, item.aliases), join, mine,
+                                self.catalog.functions, lookup=version is not None)
+            left = planned.as_input()
+        assert planned is not None
         rewritten = select.copy()
         rewritten.set("joins", None)
         rewritten.set("where", None)
@@ -363,6 +371,22 @@ def _window_spec(tvf: WindowTvf, schema: RelSchema) -> WindowSpec:
         raise SqlError("CUMULATE windows are not in raystream's SQL yet (TUMBLE, HOP and SESSION are)")
     return WindowSpec(tvf.kind, tvf.time_column, size_ms=tvf.size_ms, slide_ms=tvf.slide_ms,
                       gap_ms=tvf.gap_ms, offset_ms=tvf.offset_ms)
+
+
+def _join_level(conjunct: exp.Expr, items: list[_From]) -> int:
+    """The join of a FROM's ``items`` (0: the first) that a WHERE conjunct goes to: the
+    first where all the tables it names are joined; the last where a name is unknown or
+    ambiguous (that join says so)."""
+    last = len(items) - 1
+    found = 0
+    for column in conjunct.find_all(exp.Column):
+        if column.table:
+            owners = [i for i, item in enumerate(items) if column.table in item.aliases]
+        else:
+            owners = [i for i, item in enumerate(items)
+                      if item.node.schema.has(column.name) and not column.name.startswith("__")]
+        found = max(found, owners[0] if len(owners) == 1 else last)
+    return max(found - 1, 0)
 
 
 def _check_lookup(table: exp.Expr, version: exp.Expr, left: RelSchema, right: Node) -> None:

@@ -250,7 +250,8 @@ class Translator:
             ).between(interval.lower_ms if interval else 0, interval.upper_ms if interval else 0,
                       lower_inclusive=interval.lower_inclusive if interval else True,
                       upper_inclusive=interval.upper_inclusive if interval else True
-                      ).join(name=f"{self.prefix}.{node.kind.value}-join")
+                      ).join(name=f"{self.prefix}.{node.kind.value}-join",
+                             watermark_delay_ms=interval.watermark_delay_ms if interval else 0)
         columns = node.columns()
         return joined.map_batches(Selected(tuple(position[i][c] for i, c, _ in columns),
                                            tuple(name for _, _, name in columns)),
