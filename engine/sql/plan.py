@@ -124,6 +124,17 @@ class WindowAggregate:
     schema: RelSchema
 
 
+@dataclass(frozen=True)
+class Expand:
+    """Each row of ``input`` once per copy of ``copies`` (each the same columns, in
+    ``schema``), Flink's Expand: a distinct count's first aggregation reads them (see
+    :mod:`~raystream.engine.sql.aggregates`)."""
+
+    input: Node
+    copies: tuple[tuple[tuple[str, Compiled], ...], ...]
+    schema: RelSchema
+
+
 JOIN_KEY_PREFIX = "__jk"  # a join input's key columns: __jk0, __jk1, ...
 
 
@@ -188,7 +199,7 @@ class Union:
     schema: RelSchema
 
 
-Node = Scan | StreamScan | Calc | WindowAggregate | Join | Union
+Node = Scan | StreamScan | Calc | Expand | WindowAggregate | Join | Union
 
 
 @dataclass(frozen=True)
@@ -220,10 +231,11 @@ def explain(node: Node | Sink, depth: int = 0) -> str:
     if isinstance(node, StreamScan):
         return f"{pad}DataStreamScan(table=[{node.entry.name}], fields=[{fields}])"
     if isinstance(node, Calc):
-        select = ", ".join(name if c.sql.strip('"`') == name else f"{c.sql} AS {name}"
-                           for name, c in node.projections)
         where = "" if node.condition is None else f", where=[{node.condition.sql}]"
-        line = f"{pad}Calc(select=[{select}]{where})"
+        line = f"{pad}Calc(select=[{_selected(node.projections)}]{where})"
+    elif isinstance(node, Expand):
+        copies = ", ".join(f"[{_selected(c)}]" for c in node.copies)
+        line = f"{pad}Expand(copies=[{copies}])"
     elif isinstance(node, WindowAggregate):
         aggs = ", ".join(f"{a.sql} AS {a.output}" for a in node.aggregates)
         line = (f"{pad}WindowAggregate(groupBy=[{', '.join(node.keys)}], "
@@ -238,3 +250,8 @@ def explain(node: Node | Sink, depth: int = 0) -> str:
         line = f"{pad}Union(all=[true], fields=[{fields}])"
         return "\n".join([line, *(explain(i, depth + 1) for i in node.inputs)])
     return f"{line}\n{explain(node.input, depth + 1)}"
+
+
+def _selected(projections: tuple[tuple[str, Compiled], ...]) -> str:
+    return ", ".join(name if c.sql.strip('"`') == name else f"{c.sql} AS {name}"
+                     for name, c in projections)

@@ -28,28 +28,24 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 # its kernels' functions are made at import, so pyright sees none: ignored where used
-import pyarrow.compute as pc
 from sqlglot import exp
 
 from raystream.engine.errors import SqlError
-from raystream.engine.sql.arrow_types import is_numeric, is_temporal, type_name, value_type
+from raystream.engine.sql.arrow_types import type_name, value_type
+from raystream.engine.sql.aggregates import WINDOW_COLUMNS, aggregate_calls, window_aggregate
 from raystream.engine.sql.ast import WindowKind, WindowTvf
 from raystream.engine.sql.catalog import Catalog, StreamEntry, TableEntry, ViewEntry
-from raystream.engine.sql.compiled import Compiled, Evaluate, column_ref, sql_text
+from raystream.engine.sql.compiled import Compiled, column_ref, sql_text
 from raystream.engine.sql.connectors import connector_of
 from raystream.engine.sql.dialect import WindowTableFunction
 from raystream.engine.sql.expressions import Scope, compile_expression
 from raystream.engine.sql.functions import is_proctime
 from raystream.engine.sql.intervals import interval_ms
 from raystream.engine.sql.joins import JoinInput, conjuncts, plan_join
-from raystream.engine.sql.plan import (AggregateCall, AggregateKind, Calc, InputWindows, Node,
-                                       Scan, StreamScan, Union, WindowAggregate, WindowSpec)
+from raystream.engine.sql.plan import (Calc, InputWindows, Node,
+                                       Scan, StreamScan, Union, WindowSpec)
 from raystream.engine.sql.schema import Field, RelSchema, WindowAttributes
 
-WINDOW_COLUMNS = ("window_start", "window_end", "window_time")
-_AGGREGATES = {exp.Count: AggregateKind.COUNT, exp.Sum: AggregateKind.SUM,
-               exp.Min: AggregateKind.MIN, exp.Max: AggregateKind.MAX,
-               exp.Avg: AggregateKind.MEAN}
 _GROUP_WINDOWS = {"TUMBLE": WindowKind.TUMBLE, "HOP": WindowKind.HOP,
                   "SESSION": WindowKind.SESSION}
 
@@ -243,36 +239,21 @@ class Planner:
             pre.append((name, compiled))
             key_names.append(name)
             rewrites[_normal(key, source.aliases)] = column_ref(name)
-        calls: list[AggregateCall] = []
         having = select.args.get("having")
         found = [a for e in [*select.expressions, *([having.this] if having is not None else [])]
-                 for a in _aggregate_calls(e)]
+                 for a in aggregate_calls(e)]
+        calls: list[tuple[str, exp.Expr]] = []
         for call in found:
             normal = _normal(call, source.aliases)
             if normal in rewrites:
                 continue
             output = f"__a{len(calls)}"
-            column, kind, result = _aggregate_input(call, scope, f"{output}_in")
-            if column is not None:
-                pre.append(column)
-            calls.append(AggregateCall(output, kind, column[0] if column else None, result,
-                                       sql_text(call)))
+            calls.append((output, call))
             rewrites[normal] = column_ref(output)
         times = (window.start, window.end) if isinstance(window, InputWindows) else (window.time,)
-        pre += [(t, compile_expression(column_ref(t), scope)) for t in times]
-        pre_schema = RelSchema(tuple(Field(name, c.type, nullable=c.nullable) for name, c in pre),
-                               rowtime=None if isinstance(window, InputWindows) else window.time)
-        pre_node = Calc(node, None, tuple(pre), pre_schema)
-        fields = [Field(k, pre_schema.field(k).type, nullable=pre_schema.field(k).nullable)
-                  for k in key_names]
-        fields += [Field(c, pa.timestamp("ms"), nullable=False) for c in WINDOW_COLUMNS]
-        fields += [Field(c.output, c.type, nullable=c.kind not in (AggregateKind.COUNT,
-                                                                   AggregateKind.SUM))
-                   for c in calls]
-        aggregated = WindowAggregate(pre_node, window, tuple(key_names), tuple(calls),
-                                     RelSchema(tuple(fields), rowtime="window_time",
-                                               window=WindowAttributes("window_start",
-                                                                       "window_end")))
+        aggregated = window_aggregate(
+            node, scope, window, pre, [(t, compile_expression(column_ref(t), scope)) for t in times],
+            calls)
         # the SELECT list over the aggregate's rows
         if not tvf:  # TUMBLE_START(ts, ...) and the like: the window's columns
             for e in [*select.expressions, *([having.this] if having is not None else [])]:
@@ -291,71 +272,6 @@ class Planner:
         return Calc(aggregated, condition, projections,
                     _schema(projections, expressions, aggregated.schema,
                             originals=select.expressions))
-
-
-def _function_name(call: exp.Expr) -> str:
-    return call.sql_name() if isinstance(call, exp.Func) else type(call).__name__.upper()
-
-
-def _aggregate_calls(expr: exp.Expr) -> list[exp.Expr]:
-    """The aggregate calls in ``expr``, outermost first: ``COUNT(*) FILTER (WHERE ...)`` is
-    one call (the FILTER with its aggregate)."""
-    if isinstance(expr, exp.Filter) and isinstance(expr.this, exp.AggFunc) or isinstance(
-            expr, exp.AggFunc):
-        return [expr]
-    return [call for child in expr.iter_expressions() for call in _aggregate_calls(child)]
-
-
-def _aggregate_input(call: exp.Expr, scope: Scope, name: str
-                     ) -> tuple[tuple[str, Compiled] | None, AggregateKind, pa.DataType]:
-    """The column an aggregate call reads (computed into the aggregate's input as ``name``;
-    None for COUNT(*)), its kind, and its result's type (Flink's)."""
-    where = None
-    if isinstance(call, exp.Filter):  # COUNT(*) FILTER (WHERE ...): rows without it are NULL
-        where, call = call.expression.this, call.this
-    kind = _AGGREGATES.get(type(call))
-    if kind is None:
-        raise SqlError(f"{sql_text(call)}: raystream's SQL has no aggregate {_function_name(call)} yet")
-    argument = call.this
-    if isinstance(argument, exp.Distinct):
-        raise SqlError(f"{sql_text(call)}: COUNT(DISTINCT ...) is not in raystream's SQL yet")
-    star = isinstance(argument, exp.Star) or argument is None
-    if kind is AggregateKind.COUNT and star and where is None:
-        return None, kind, pa.int64()
-    if kind is AggregateKind.COUNT:  # rows with a value (where the FILTER holds): a sum of 1s
-        value: exp.Expr = exp.Literal.number(1) if star else exp.If(
-            this=exp.Not(this=exp.Is(this=argument, expression=exp.Null())),
-            true=exp.Literal.number(1), false=exp.Literal.number(0))
-        if where is not None:
-            value = exp.If(this=where, true=value, false=exp.Literal.number(0))
-        compiled = compile_expression(exp.Cast(this=value, to=exp.DataType.build("BIGINT")), scope)
-        return (name, compiled), AggregateKind.SUM, pa.int64()
-    if where is not None:
-        argument = exp.If(this=where, true=argument, false=exp.Null())
-    if argument is None:
-        raise SqlError(f"{sql_text(call)}: {_function_name(call)} takes a column")
-    compiled = compile_expression(argument, scope)
-    operand = value_type(compiled.type)
-    if kind in (AggregateKind.SUM, AggregateKind.MEAN) and not is_numeric(operand):
-        raise SqlError(f"{sql_text(call)}: {_function_name(call)} takes a number, not {type_name(operand)}")
-    if pa.types.is_decimal(operand) and kind in (AggregateKind.SUM, AggregateKind.MEAN):
-        compiled = Compiled(pa.float64(), _as_double(compiled), compiled.sql)
-        operand = pa.float64()  # (the window aggregates sum in numpy: DOUBLE)
-    if kind is AggregateKind.SUM:
-        result = pa.int64() if pa.types.is_integer(operand) else pa.float64()
-    elif kind is AggregateKind.MEAN:  # Flink's AVG has its operand's type
-        result = operand if pa.types.is_integer(operand) or pa.types.is_floating(operand) else pa.float64()
-    else:
-        if not (is_numeric(operand) or is_temporal(operand)):
-            raise SqlError(f"{sql_text(call)}: {_function_name(call)} takes a number or a time here, "
-                           f"not {type_name(operand)}")
-        result = operand
-    return (name, compiled), kind, result
-
-
-def _as_double(compiled: Compiled) -> Evaluate:
-    inner = compiled.evaluate
-    return lambda batch: pc.cast(inner(batch), pa.float64())  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def _window_spec(tvf: WindowTvf, schema: RelSchema) -> WindowSpec:

@@ -32,9 +32,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from raystream.engine.sql.ast import WindowKind
-from raystream.engine.sql.compiled import Compiled, as_array
+from raystream.engine.sql.compiled import Compiled, as_array, plain
 from raystream.engine.sql.lookup import LookupJoin
-from raystream.engine.sql.plan import (Calc, InputWindows, Join, JoinKind, Node, Scan, Sink,
+from raystream.engine.sql.plan import (Calc, Expand, InputWindows, Join, JoinKind, Node, Scan, Sink,
                                        StreamScan, WindowAggregate, WindowSpec)
 from raystream.engine.windows.assigners import (EventTimeSessionWindows, SlidingEventTimeWindows,
                                                 TumblingEventTimeWindows,
@@ -108,7 +108,29 @@ class Selected:
                                           names=list(self.names))
 
 
-Step = CalcStep | Renamed | JoinTime
+@dataclass(frozen=True)
+class Expanded:
+    """The batch once per copy of ``copies`` (each a projection to ``schema``'s columns),
+    one batch: a distinct count's Expand."""
+
+    copies: tuple[tuple[tuple[str, Compiled], ...], ...]
+    schema: pa.Schema
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        n = batch.num_rows
+        return pa.concat_batches([pa.RecordBatch.from_arrays(
+            [_as(plain(as_array(c.evaluate(batch), n)), f.type)
+             for (_, c), f in zip(copy, self.schema)], schema=self.schema)
+            for copy in self.copies])
+
+
+def _as(column: pa.Array | pa.ChunkedArray, type_: pa.DataType) -> pa.Array:
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    return column if column.type == type_ else column.cast(type_)
+
+
+Step = CalcStep | Renamed | JoinTime | Expanded
 
 
 @dataclass(frozen=True)
@@ -208,6 +230,8 @@ class Translator:
             return node.entry.stream
         if isinstance(node, Calc):
             return self._calcs(node, ())
+        if isinstance(node, Expand):
+            return self._calcs(node.input, (Expanded(node.copies, node.schema.arrow()),))
         if isinstance(node, WindowAggregate):
             return self._window(node)
         if isinstance(node, Join):
