@@ -225,7 +225,7 @@ def plan_join(left: JoinInput, right: JoinInput, join: exp.Join,
                       None if windows is None else windows[0], schema, described)
     if both:
         scope = Scope(schema, frozenset(), functions)
-        condition = compile_expression(_and(names.rewrite(c) for c in both), scope)
+        condition = compile_expression(conjunction(names.rewrite(c) for c in both), scope)
         identity = tuple((f.name, compile_expression(column_ref(f.name), scope))
                          for f in schema.fields)
         node = Calc(node, condition, identity, schema)
@@ -253,7 +253,7 @@ def _keyed_side(side: JoinInput, keys: list[exp.Expr], pushed: list[exp.Expr],
         projections.append((f"{JOIN_KEY_PREFIX}{i}", _decoded(cast_to(mine, target))))
         if mine.nullable:
             conditions.append(exp.Not(this=exp.Is(this=key.copy(), expression=exp.Null())))
-    condition = compile_expression(_and(conditions), scope) if conditions else None
+    condition = compile_expression(conjunction(conditions), scope) if conditions else None
     fields = [*schema.fields, *(Field(n, value_type(c.type), nullable=False)
                                 for n, c in projections[len(schema.fields):])]
     return Calc(side.node, condition, tuple(projections), replace(schema, fields=tuple(fields)))
@@ -377,7 +377,8 @@ def conjuncts(expr: exp.Expr) -> list[exp.Expr]:
     return [expr]
 
 
-def _and(conjuncts) -> exp.Expr:
+def conjunction(conjuncts) -> exp.Expr:
+    """The AND of ``conjuncts`` (at least one)."""
     out = None
     for c in conjuncts:
         out = c if out is None else exp.And(this=out, expression=c)

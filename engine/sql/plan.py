@@ -135,6 +135,24 @@ class Expand:
     schema: RelSchema
 
 
+@dataclass(frozen=True)
+class WindowTopN:
+    """Per window and ``keys``, the first ``limit`` rows of ``input`` by ``order`` (each
+    a column and whether it sorts descending), numbered in column ``rank`` from 1
+    (Flink's window Top-N, ``ROW_NUMBER() OVER (PARTITION BY window_start, window_end,
+    ...) ... WHERE rn <= N``): one final result per window, when it ends. ``window``: a
+    window table function's windows over ``input``'s rowtime (its rows get the window
+    columns too) or the windows ``input``'s rows have already."""
+
+    input: Node
+    window: WindowSpec | InputWindows
+    keys: tuple[str, ...]
+    order: tuple[tuple[str, bool], ...]
+    limit: int
+    rank: str
+    schema: RelSchema
+
+
 JOIN_KEY_PREFIX = "__jk"  # a join input's key columns: __jk0, __jk1, ...
 
 
@@ -199,7 +217,7 @@ class Union:
     schema: RelSchema
 
 
-Node = Scan | StreamScan | Calc | Expand | WindowAggregate | Join | Union
+Node = Scan | StreamScan | Calc | Expand | WindowAggregate | WindowTopN | Join | Union
 
 
 @dataclass(frozen=True)
@@ -240,6 +258,11 @@ def explain(node: Node | Sink, depth: int = 0) -> str:
         aggs = ", ".join(f"{a.sql} AS {a.output}" for a in node.aggregates)
         line = (f"{pad}WindowAggregate(groupBy=[{', '.join(node.keys)}], "
                 f"window=[{node.window.describe()}], select=[{aggs}])")
+    elif isinstance(node, WindowTopN):
+        order = ", ".join(f"{c} {'DESC' if d else 'ASC'}" for c, d in node.order)
+        line = (f"{pad}WindowRank(rankType=[ROW_NUMBER], rankRange=[rankStart=1, "
+                f"rankEnd={node.limit}], partitionBy=[{', '.join(node.keys)}], "
+                f"orderBy=[{order}], window=[{node.window.describe()}], select=[*, {node.rank}])")
     elif isinstance(node, Join):
         extra = f", interval=[{node.interval.describe()}]" if node.interval else ""
         if node.windows is not None:

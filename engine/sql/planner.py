@@ -3,7 +3,10 @@ the catalog, views inlined, conditions pushed into the scans that take them, win
 aggregations recognised (the window table functions ``TUMBLE``, ``HOP`` and ``SESSION``
 with ``GROUP BY window_start, window_end``, the group windows ``GROUP BY
 TUMBLE(ts, ...)`` with ``TUMBLE_START``/``TUMBLE_END``, and a GROUP BY of rows' own
-window columns), joins handed to :mod:`~raystream.engine.sql.joins`, expressions compiled.
+window columns), their aggregate calls and distinct counts handed to
+:mod:`~raystream.engine.sql.aggregates`, window Top-N recognised (planned as
+:mod:`~raystream.engine.sql.topn` says), joins handed to :mod:`~raystream.engine.sql.joins`
+(several per SELECT, left-deep), expressions compiled.
 
 What raystream's SQL does not have yet is a ``SqlError`` that says so (an outer join, a
 GROUP BY without a window, which makes an updating result, ...), raised at planning.
@@ -41,10 +44,11 @@ from raystream.engine.sql.dialect import WindowTableFunction
 from raystream.engine.sql.expressions import Scope, compile_expression
 from raystream.engine.sql.functions import is_proctime
 from raystream.engine.sql.intervals import interval_ms
-from raystream.engine.sql.joins import JoinInput, conjuncts, plan_join
-from raystream.engine.sql.plan import (Calc, InputWindows, Node,
+from raystream.engine.sql.joins import JoinInput, conjunction, conjuncts, plan_join
+from raystream.engine.sql.plan import (Calc, InputWindows, Node, WindowTopN,
                                        Scan, StreamScan, Union, WindowSpec)
 from raystream.engine.sql.schema import Field, RelSchema, WindowAttributes
+from raystream.engine.sql.topn import TopNQuery, ranked_schema, sort_keys, top_n_query
 
 _GROUP_WINDOWS = {"TUMBLE": WindowKind.TUMBLE, "HOP": WindowKind.HOP,
                   "SESSION": WindowKind.SESSION}
@@ -97,9 +101,13 @@ class Planner:
         where = select.args.get("where")
         conditions = tuple(conjuncts(where.this)) if where is not None else ()
         from_ = select.args.get("from_") or select.args.get("from")
+        ranked = None if select.args.get("joins") else self._ranked(from_, conditions)
         if select.args.get("joins"):
             source, select = self._joined(select, from_, list(conditions))
             where = None  # (the join took its conjuncts)
+        elif ranked is not None:  # (the Top-N took its bound on the row number)
+            source, rest = ranked
+            where = exp.Where(this=conjunction(rest)) if rest else None
         else:
             source = self._from(from_, conditions)
         scope = Scope(source.node.schema, source.aliases, self.catalog.functions)
@@ -175,6 +183,95 @@ class Planner:
             if rewritten.args.get(part) is not None:
                 rewritten.set(part, planned.rewrite(rewritten.args[part]))
         return _From(planned.node, frozenset()), rewritten
+
+    # -- window Top-N ---------------------------------------------------------------------
+    def _ranked(self, from_: exp.From | None, conditions: tuple[exp.Expr, ...]
+                ) -> tuple[_From, tuple[exp.Expr, ...]] | None:
+        """``FROM (SELECT ..., ROW_NUMBER() OVER (...) AS rn ...) WHERE rn <= N`` as a
+        window Top-N (see :mod:`~raystream.engine.sql.topn`), and the WHERE's other
+        conjuncts; None where the FROM is not one."""
+        top = top_n_query(from_, conditions)
+        if top is None:
+            return None
+        assert from_ is not None
+        inner = top.inner
+        alias = from_.this.alias
+        inner_from = inner.args.get("from_") or inner.args.get("from")
+        aggregates = [a for e in inner.expressions for a in e.find_all(exp.AggFunc)]
+        if (inner_from is not None and isinstance(inner_from.this, WindowTableFunction)
+                and inner.args.get("group") is None and not aggregates
+                and not inner.args.get("joins")):
+            node = self._ranked_tvf(top, inner_from.this)
+        else:
+            node = self._ranked_rows(top)
+        return _From(node, frozenset([alias] if alias else [])), top.rest
+
+    def _ranked_tvf(self, top: TopNQuery, item: WindowTableFunction) -> Node:
+        """A Top-N over a window table function's rows: the window operator's windows."""
+        inner, over = top.inner, top.over
+        where = inner.args.get("where")
+        source = self._from_item(item, tuple(conjuncts(where.this)) if where is not None else ())
+        node = source.node
+        assert source.window is not None
+        spec = _window_spec(source.window, node.schema)
+        if spec.kind not in (WindowKind.TUMBLE, WindowKind.HOP) or spec.processing_time:
+            raise SqlError(f"{sql_text(over)}: a Top-N over a window table function's rows "
+                           f"is over TUMBLE or HOP windows of a rowtime in raystream's SQL")
+        if where is not None:
+            scope = Scope(node.schema, source.aliases, self.catalog.functions)
+            node = Calc(node, _predicate(where.this, scope), _identity(node.schema), node.schema)
+        own = ("window_start", "window_end")
+        partition = [_ranked_column(e, None, node.schema, over, allowed=own)
+                     for e in over.args.get("partition_by") or []]
+        if not set(own) <= set(partition):
+            raise SqlError(f"{sql_text(over)}: a window Top-N is PARTITION BY window_start, "
+                           f"window_end (and other columns)")
+        order = tuple((_ranked_column(e, None, node.schema, over), d) for e, d in sort_keys(over))
+        schema = ranked_schema(node.schema, top.rank, windowed=True)
+        ranked = WindowTopN(node, spec, tuple(k for k in partition if k not in own), order,
+                            top.limit, top.rank,
+                            RelSchema(schema.fields, rowtime="window_time",
+                                      window=WindowAttributes(*own)))
+        # the inner SELECT list over the ranked rows: its ROW_NUMBER() is the row number
+        expressions = []
+        for i, e in enumerate(inner.expressions):
+            if i == top.position:
+                expressions.append(exp.alias_(column_ref(top.rank), top.rank))
+            elif isinstance(e, exp.Star):
+                expressions += [column_ref(f.name) for f in schema.fields if f.name != top.rank]
+            else:
+                expressions.append(e)
+        scope = Scope(ranked.schema, source.aliases, self.catalog.functions)
+        projections = _projections(expressions, scope)
+        return Calc(ranked, None, projections, _schema(projections, expressions, ranked.schema))
+
+    def _ranked_rows(self, top: TopNQuery) -> Node:
+        """A Top-N over windowed rows (a window aggregation's): the windows they have."""
+        inner, over = top.inner, top.over
+        rows = inner.copy()
+        rows.set("expressions", [e for i, e in enumerate(rows.expressions) if i != top.position])
+        below = self.query(rows)
+        window = below.schema.window
+        if window is None:
+            raise SqlError(f"{sql_text(over)}: a ROW_NUMBER() is a window Top-N in raystream's "
+                           f"SQL: rank a window aggregation's rows or a window table "
+                           f"function's (an updating Top-N is not there yet)")
+        partition = [_ranked_column(e, rows, below.schema, over)
+                     for e in over.args.get("partition_by") or []]
+        if not {window.start, window.end} <= set(partition):
+            raise SqlError(f"{sql_text(over)}: a window Top-N is PARTITION BY the rows' "
+                           f"window_start and window_end (and other columns)")
+        order = tuple((_ranked_column(e, rows, below.schema, over), d) for e, d in sort_keys(over))
+        schema = ranked_schema(below.schema, top.rank, windowed=False)
+        ranked = WindowTopN(below, InputWindows(window.start, window.end),
+                            tuple(k for k in partition if k not in (window.start, window.end)),
+                            order, top.limit, top.rank,
+                            RelSchema(schema.fields, rowtime=below.schema.rowtime, window=window))
+        names = list(below.schema.names)
+        names.insert(top.position if len(names) == len(rows.expressions) else len(names), top.rank)
+        expressions: list[exp.Expr] = [column_ref(n) for n in names]
+        projections = _projections(expressions, Scope(ranked.schema))
+        return Calc(ranked, None, projections, _schema(projections, expressions, ranked.schema))
 
     def _from(self, from_: exp.From | None, conditions: tuple[exp.Expr, ...]) -> _From:
         if from_ is None:
@@ -287,6 +384,22 @@ def _window_spec(tvf: WindowTvf, schema: RelSchema) -> WindowSpec:
         raise SqlError("CUMULATE windows are not in raystream's SQL yet (TUMBLE, HOP and SESSION are)")
     return WindowSpec(tvf.kind, tvf.time_column, size_ms=tvf.size_ms, slide_ms=tvf.slide_ms,
                       gap_ms=tvf.gap_ms, offset_ms=tvf.offset_ms)
+
+
+def _ranked_column(expr: exp.Expr, select: exp.Select | None, schema: RelSchema,
+                   over: exp.Window, *, allowed: tuple[str, ...] = ()) -> str:
+    """The column of the ranked rows that a PARTITION BY or ORDER BY expression of
+    ``over`` names: a column of theirs, or an expression of ``select``'s list (by its
+    name there: ``ORDER BY COUNT(*)`` of ``COUNT(*) AS n`` is ``n``)."""
+    if isinstance(expr, exp.Column) and (schema.has(expr.name) or expr.name in allowed):
+        return expr.name
+    for index, e in enumerate(select.expressions if select is not None else []):
+        inner = e.this if isinstance(e, exp.Alias) else e
+        if _normal(inner, frozenset([inner.table] if isinstance(inner, exp.Column) else [])) \
+                == _normal(expr, frozenset([expr.table] if isinstance(expr, exp.Column) else [])):
+            return _output_name(e, index)
+    raise SqlError(f"{sql_text(over)}: {sql_text(expr)} is not a column of the rows it ranks "
+                   f"(rank by a column, or by an expression of the SELECT list)")
 
 
 def _join_level(conjunct: exp.Expr, items: list[_From]) -> int:

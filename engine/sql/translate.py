@@ -35,7 +35,8 @@ from raystream.engine.sql.ast import WindowKind
 from raystream.engine.sql.compiled import Compiled, as_array, plain
 from raystream.engine.sql.lookup import LookupJoin
 from raystream.engine.sql.plan import (Calc, Expand, InputWindows, Join, JoinKind, Node, Scan, Sink,
-                                       StreamScan, WindowAggregate, WindowSpec)
+                                       StreamScan, WindowAggregate, WindowSpec, WindowTopN)
+from raystream.engine.sql.topn import RankedRows
 from raystream.engine.windows.assigners import (EventTimeSessionWindows, SlidingEventTimeWindows,
                                                 TumblingEventTimeWindows,
                                                 TumblingProcessingTimeWindows)
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from raystream.engine.datastream import DataStream
     from raystream.engine.environment import StreamEnvironment
     from raystream.engine.sink_handle import SinkHandle
+    from raystream.engine.windows.stream import WindowedStream
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,8 @@ class Translator:
             return self._calcs(node.input, (Expanded(node.copies, node.schema.arrow()),))
         if isinstance(node, WindowAggregate):
             return self._window(node)
+        if isinstance(node, WindowTopN):
+            return self._top_n(node)
         if isinstance(node, Join):
             return self._join(node)
         streams = [self.stream(i) for i in node.inputs]
@@ -296,7 +300,10 @@ class Translator:
                                            tuple(name for _, _, name in columns)),
                                   name=f"{self.prefix}.join-output")
 
-    def _window(self, node: WindowAggregate) -> "DataStream":
+    def _windowed(self, node: WindowAggregate | WindowTopN
+                  ) -> tuple["WindowedStream", tuple[str, ...]]:
+        """``node``'s input in its windows, keyed by its keys (NULL-safe: see
+        :class:`NullSafeKeys`), and the keys sent with a NULL flag."""
         stream = self.stream(node.input)
         schema = node.input.schema
         window = node.window
@@ -316,9 +323,23 @@ class Translator:
         if isinstance(window, InputWindows):
             keys.append(window.start)
         if keys:
-            windowed = stream.key_by(keys).window(assigner, timestamp=time)
-        else:
-            windowed = stream.window_all(assigner, timestamp=time)
+            return stream.key_by(keys).window(assigner, timestamp=time), nullable
+        return stream.window_all(assigner, timestamp=time), nullable
+
+    def _top_n(self, node: WindowTopN) -> "DataStream":
+        windowed, nullable = self._windowed(node)
+        ordered = {c for c, _ in node.order}
+        ties = tuple(f.name for f in node.input.schema.fields
+                     if f.name not in ordered and not pa.types.is_nested(f.type))
+        schema = node.schema.arrow()
+        return windowed.process(
+            RankedRows(node.order, ties, node.limit, node.rank, schema, nullable,
+                       windowed=isinstance(node.window, WindowSpec)),
+            name=f"{self.prefix}.top-n", schema=schema)
+
+    def _window(self, node: WindowAggregate) -> "DataStream":
+        window = node.window
+        windowed, nullable = self._windowed(node)
         aggregates = {a.output: (a.kind.value, a.column) for a in node.aggregates} or {
             "__rows": ("count", None)}  # (a GROUP BY without aggregates: its groups)
         result = windowed.agg(name=f"{self.prefix}.window", **aggregates)
