@@ -46,23 +46,29 @@ class IntervalJoined:
         self.bounds = bounds
 
     def _add(self, default_name: str, fn: ProcessJoinFunction | None, right_suffix: str,
-             name: str | None, schema: pa.Schema | None, parallelism: int | None) -> "DataStream":
+             name: str | None, schema: pa.Schema | None, parallelism: int | None,
+             watermark_delay_ms: int = 0) -> "DataStream":
         join = self._join
         spec = IntervalJoinSpec(self.bounds, (join.left.keys, join.right.keys), join.timestamps,
-                                right_suffix)
+                                right_suffix, watermark_delay_ms)
         inputs = [join.left._edge(0), join.right._edge(1)]
         return join.left._add("operator", default_name,
                               lambda n: IntervalJoinOperator(n, spec, fn, schema=schema),
                               name=name, parallelism=parallelism, inputs=inputs)
 
     def join(self, *, right_suffix: str = "_right", name: str | None = None,
-             parallelism: int | None = None) -> "DataStream":
+             parallelism: int | None = None, watermark_delay_ms: int = 0) -> "DataStream":
         """Every joined pair as one row: the left columns, then the right columns, a right
         column named like a left one (the key, the timestamp, ...) suffixed with
-        ``right_suffix``. Vectorized: no Python per record."""
+        ``right_suffix``. Vectorized: no Python per record. ``watermark_delay_ms``: how
+        far the output's watermark stays behind the inputs' (the interval's width keeps
+        both timestamps of every pair on time downstream, as Flink SQL's interval join)."""
         if not right_suffix:
             raise ValueError("interval join: right_suffix must not be empty")
-        return self._add("interval_join", None, right_suffix, name, None, parallelism)
+        if watermark_delay_ms < 0:
+            raise ValueError(f"interval join: watermark_delay_ms is >= 0, got {watermark_delay_ms}")
+        return self._add("interval_join", None, right_suffix, name, None, parallelism,
+                         watermark_delay_ms)
 
     def process(self, fn: ProcessJoinFunction, *, name: str | None = None,
                 schema: pa.Schema | None = None, parallelism: int | None = None) -> "DataStream":

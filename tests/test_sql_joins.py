@@ -210,6 +210,81 @@ def test_interval_window_and_regular_joins_over_views_equal_pandas(ray_session, 
         assert rows(result.table(sink)) == rows(expected), diagnosis(result)
 
 
+def test_several_joins_in_one_select_are_planned_left_deep_and_equal_pandas(ray_session):
+    """Three inputs with rows an hour late: two interval joins in a row (the first
+    join's rows keep ``o.ts`` as their rowtime, its watermark held back by the interval,
+    so none of its pairs is late for the second join, nor for a TUMBLE over the result),
+    three window aggregations joined per window, and a three-way regular join, where
+    late rows join too."""
+    inputs = {"orders": payments_input("amount", 1), "payments": payments_input("paid", 2),
+              "ships": payments_input("fee", 3)}
+    env = rs.StreamEnvironment(parallelism=2)
+    for (name, df), value in zip(inputs.items(), ("amount", "paid", "fee")):
+        view(env, name, df, value)
+    env.sql("""CREATE VIEW three AS
+        SELECT o.user, o.amount, p.paid, s.fee, o.ts, p.ts AS pts, s.ts AS sts
+        FROM orders o JOIN payments p ON o.user = p.user
+          AND p.ts BETWEEN o.ts - INTERVAL '0.5' SECOND AND o.ts + INTERVAL '2' SECOND
+        JOIN ships s ON s.user = o.user AND s.ts BETWEEN o.ts AND o.ts + INTERVAL '1' SECOND
+        WHERE s.fee > p.paid AND o.amount > 3""")
+    intervals = env.sql_query("SELECT * FROM three")
+    assert re.findall(r"Join\(kind=\[(\w+)\], keys=\[([^]]*)\]", intervals.explain()) == [
+        ("interval", "o.user = s.user"), ("interval", "o.user = p.user")]
+    counted = env.sql_query("""SELECT user, COUNT(*) AS n, window_start FROM TABLE(
+        TUMBLE(TABLE three, DESCRIPTOR(ts), INTERVAL '10' SECOND))
+        GROUP BY user, window_start, window_end""")
+    windows = env.sql_query(f"""
+        SELECT o.user, o.total, p.total AS paid, s.total AS fee, s.window_start AS ws
+        FROM {windowed("orders", "amount", TUMBLE_10)} o
+        JOIN {windowed("payments", "paid", TUMBLE_10)} p
+          ON o.user = p.user AND o.window_start = p.window_start AND o.window_end = p.window_end
+        JOIN {windowed("ships", "fee", TUMBLE_10)} s
+          ON s.user = p.user AND s.window_start = o.window_start AND s.window_end = o.window_end""")
+    regular = env.sql_query("""
+        SELECT o.user, o.ts, p.ts AS pts, s.ts AS sts FROM orders o, payments p, ships s
+        WHERE o.user = p.user AND p.paid = s.fee AND o.amount = p.paid""")
+    sinks = [t.to_stream().collect() for t in (intervals, counted, windows, regular)]
+    result = env.execute("sql-three-way-joins")
+
+    o, p, s = (df[~df["late"] & df["user"].notna()].rename(columns={"ts": f"ts_{k}"})
+               for k, df in zip("ops", inputs.values()))
+    m = o.merge(p, on="user").merge(s, on="user")
+    m = m[(m["ts_p"] >= m["ts_o"] - 500) & (m["ts_p"] <= m["ts_o"] + 2_000)
+          & (m["ts_s"] >= m["ts_o"]) & (m["ts_s"] <= m["ts_o"] + 1_000)
+          & (m["fee"] > m["paid"]) & (m["amount"] > 3)]
+    expected = pd.DataFrame({"user": m["user"].astype(np.int64), "amount": m["amount"],
+                             "paid": m["paid"], "fee": m["fee"], "ts": ms(m["ts_o"]),
+                             "pts": ms(m["ts_p"]), "sts": ms(m["ts_s"])})
+    assert len(expected) > 100
+    assert rows(result.table(sinks[0])) == rows(expected), diagnosis(result)
+    start = m["ts_o"] // 10_000 * 10_000
+    counts = m.assign(start=start).groupby(["user", "start"]).size().reset_index()
+    assert rows(result.table(sinks[1])) == rows(pd.DataFrame({
+        "user": counts["user"].astype(np.int64), "n": counts[0].astype(np.int64),
+        "window_start": ms(counts["start"])})), diagnosis(result)
+
+    def sums(df: pd.DataFrame, value: str) -> pd.DataFrame:
+        return df.assign(ws=df.filter(like="ts_").iloc[:, 0] // 10_000 * 10_000).groupby(
+            ["user", "ws"])[value].sum().reset_index()
+
+    j = sums(o, "amount").merge(sums(p, "paid"), on=["user", "ws"]).merge(
+        sums(s, "fee"), on=["user", "ws"])
+    expected = pd.DataFrame({"user": j["user"].astype(np.int64), "total": j["amount"],
+                             "paid": j["paid"], "fee": j["fee"], "ws": ms(j["ws"])})
+    assert len(expected) > 20
+    assert rows(result.table(sinks[2])) == rows(expected), diagnosis(result)
+
+    a, b = (df[df["user"].notna()] for df in (inputs["orders"], inputs["payments"]))
+    every = a.merge(b, on="user", suffixes=("", "_p")).merge(inputs["ships"], left_on="paid",
+                                                             right_on="fee",
+                                                             suffixes=("", "_s"))
+    every = every[every["amount"] == every["paid"]]
+    assert (every["late"] | every["late_p"] | every["late_s"]).any()
+    assert rows(result.table(sinks[3])) == rows(pd.DataFrame({
+        "user": every["user"].astype(np.int64), "ts": ms(every["ts"]),
+        "pts": ms(every["ts_p"]), "sts": ms(every["ts_s"])})), diagnosis(result)
+
+
 def diagnosis(result: rs.JobResult) -> str:
     """What a wrong join result is checked against first: restarts and late drops."""
     late = {f"{subtask}.{name}": v for subtask, m in result.metrics.items()
@@ -229,8 +304,10 @@ def diagnosis(result: rs.JobResult) -> str:
     ("SELECT x.user FROM orders o JOIN payments p ON o.user = p.user",
      "no table 'x' in the FROM"),
     ("SELECT o.* FROM orders o JOIN payments p ON o.user = p.user", "name the columns"),
-    ("SELECT * FROM orders o JOIN payments p ON o.user = p.user JOIN orders q ON q.user = o.user",
-     "one JOIN per SELECT"),
+    ("SELECT * FROM orders o JOIN payments p ON o.user = p.user JOIN orders q ON q.user = user",
+     "both joined inputs have a column 'user'"),
+    ("SELECT o.user FROM orders o JOIN payments p ON o.user = p.user JOIN orders q "
+     "ON q.user = o.user WHERE z.amount > 1", "no table 'z' in the FROM"),
     ("SELECT * FROM orders o JOIN payments p USING (user)", "write the condition with ON"),
     ("SELECT * FROM orders o JOIN payments p ON o.ts = p.user",
      "its values have no common type"),

@@ -49,6 +49,7 @@ from typing import Any, Iterable
 import numpy as np
 import pyarrow as pa
 
+from raystream.actors.messages import MAX_WATERMARK, MIN_WATERMARK
 from raystream.checkpoint.disk_state import DiskKeyedStateBackend
 from raystream.engine.batches import capture_row, rows_to_batch
 from raystream.engine.keys import KeySelector
@@ -113,12 +114,17 @@ class IntervalBounds:
 @dataclass(frozen=True)
 class IntervalJoinSpec:
     """What an interval join operator needs: bounds, key selector and timestamp column
-    per side, and the suffix of clashing right column names in the default output."""
+    per side, the suffix of clashing right column names in the default output, and how
+    far its output watermark stays behind its input's (``watermark_delay_ms``: a pair
+    is emitted up to an interval after its earlier row's time, so with the interval's
+    width held back neither side's timestamp in the output is late: Flink SQL's
+    ``KeyedCoProcessOperatorWithWatermarkDelay``)."""
 
     bounds: IntervalBounds
     keys: tuple[KeySelector, KeySelector]
     timestamps: tuple[str, str]
     right_suffix: str = "_right"
+    watermark_delay_ms: int = 0
 
 
 class ProcessJoinFunction:
@@ -384,7 +390,9 @@ class IntervalJoinOperator(BufferedJoinOperator):
                 self.buffers[side].drop_before(first)
             else:
                 self.disk_rows.drop_before(side, first)
-        self.output.emit_watermark(watermark)
+        delay = self.spec.watermark_delay_ms
+        self.output.emit_watermark(watermark if watermark in (MAX_WATERMARK, MIN_WATERMARK)
+                                   else max(watermark - delay, MIN_WATERMARK))
 
     # -- state -----------------------------------------------------------------------
     def restore_side(self, side: JoinSide, table: pa.Table) -> None:

@@ -14,7 +14,7 @@ constant 2.
     >>> connector_of(table_entry(parse("CREATE TABLE t (a INT) WITH ('connector' = 'collet')")[0]))
     Traceback (most recent call last):
     ...
-    raystream.engine.errors.SqlError: CREATE TABLE t: unknown connector 'collet' (raystream's: blackhole, collect, filesystem, kafka, nexmark, print); did you mean 'collect'?
+    raystream.engine.errors.SqlError: CREATE TABLE t: unknown connector 'collet' (raystream's: blackhole, collect, datagen, filesystem, kafka, nexmark, print); did you mean 'collect'?
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ import difflib
 from raystream.engine.errors import SqlError
 from raystream.engine.sql.catalog import TableEntry
 from raystream.engine.sql.connector_base import Connector
+from raystream.engine.sql.datagen_connector import Datagen
 from raystream.engine.sql.file_connector import Filesystem
 from raystream.engine.sql.kafka_connector import Kafka
 from raystream.engine.sql.sink_connectors import Blackhole, Collect, Print
 
-_REGISTRY: dict[str, Connector] = {c.name: c for c in (Blackhole(), Collect(), Filesystem(),
-                                                       Kafka(), Print())}
+_REGISTRY: dict[str, Connector] = {c.name: c for c in (Blackhole(), Collect(), Datagen(),
+                                                       Filesystem(), Kafka(), Print())}
 
 
 def register(connector: Connector) -> None:

@@ -15,6 +15,11 @@ Which join it is, as Flink's planner decides:
   ever makes a row useless), so state grows with the input.
 
 Only inner joins of insert-only inputs are planned, so the result is insert-only too.
+``FROM a JOIN b ON ... JOIN c ON ...`` is planned left-deep: the left input of the
+second join is the first (a :class:`JoinInput` with its :class:`JoinedNames`, so that
+``b.ts`` still names its column). The left input's rowtime goes on through window,
+interval and lookup joins (an interval join holds its watermark back by the interval,
+so none of its rows is late), not through regular joins.
 
     >>> import pyarrow as pa, raystream as rs
     >>> env = rs.StreamEnvironment()
@@ -50,10 +55,29 @@ from raystream.engine.sql.schema import Field, RelSchema, WindowAttributes
 
 @dataclass(frozen=True)
 class JoinInput:
-    """One input of a join: its plan and the names that may qualify its columns."""
+    """One input of a join: its plan, the names that may qualify its columns and, where
+    it is a join itself (``FROM a JOIN b ON ... JOIN c ON ...``: ``a JOIN b``), the names
+    of that join's rows (``b.ts`` is its ``ts0``)."""
 
     node: Node
     aliases: frozenset[str]
+    names: "JoinedNames | None" = None
+
+    def owns(self, name: str) -> bool:
+        """Whether the unqualified column ``name`` is one of this input's tables'."""
+        if self.names is None:
+            return name in _data_names(self.node.schema)
+        return any(i.owns(name) for i in self.names.inputs)
+
+    def local_name(self, column: exp.Column) -> str:
+        """``column`` (of this input) by its name in this input's rows."""
+        if self.names is None:
+            if not self.node.schema.has(column.name):
+                raise SqlError(f"{sql_text(column)}: {column.table!r} has no column "
+                               f"{column.name!r}{_hint(column.name, self.node.schema.names)}")
+            return column.name
+        side, name = self.names.side(column)
+        return self.names.joined[side][name]
 
 
 @dataclass(frozen=True)
@@ -67,6 +91,11 @@ class Planned:
 
     def rewrite(self, expr: exp.Expr) -> exp.Expr:
         return self.names.rewrite(expr)
+
+    def as_input(self) -> JoinInput:
+        """The joined rows as the left input of the next join (planned left-deep)."""
+        left, right = self.names.inputs
+        return JoinInput(self.node, left.aliases | right.aliases, self.names)
 
 
 class JoinedNames:
@@ -93,12 +122,8 @@ class JoinedNames:
             if not sides:
                 raise SqlError(f"{sql_text(column)}: no table {table!r} in the FROM "
                                f"(it has {', '.join(sorted(self._aliases()))})")
-            side = sides[0]
-            if not self.inputs[side].node.schema.has(name):
-                raise SqlError(f"{sql_text(column)}: {table!r} has no column {name!r}"
-                               f"{_hint(name, self.inputs[side].node.schema.names)}")
-            return side, name
-        sides = [i for i, j in enumerate(self.inputs) if name in _data_names(j.node.schema)]
+            return sides[0], self.inputs[sides[0]].local_name(column)
+        sides = [i for i, j in enumerate(self.inputs) if j.owns(name)]
         if len(sides) > 1:
             raise SqlError(f"{sql_text(column)}: both joined inputs have a column {name!r}; "
                            f"qualify it ({' or '.join(f'{a}.{name}' for a in self._firsts())})")
@@ -107,7 +132,7 @@ class JoinedNames:
                           *_data_names(self.inputs[1].node.schema)]
             raise SqlError(f"{sql_text(column)}: no column {name!r} in the joined inputs"
                            f"{_hint(name, everything)}")
-        return sides[0], name
+        return sides[0], self.inputs[sides[0]].local_name(column)
 
     def sides_of(self, expr: exp.Expr) -> set[int]:
         return {self.side(c)[0] for c in expr.find_all(exp.Column)}
@@ -187,16 +212,20 @@ def plan_join(left: JoinInput, right: JoinInput, join: exp.Join,
               for s in (0, 1) for f in schemas[s].fields if f.name in names.joined[s]]
     window = None if windows is None else WindowAttributes(
         names.joined[0][windows[0][0].start], names.joined[0][windows[0][0].end])
-    rowtime = None
-    if kind_ is JoinKind.WINDOW and schemas[0].rowtime in names.joined[0]:
-        rowtime = names.joined[0][schemas[0].rowtime]  # (a window's time; never late)
-    schema = RelSchema(tuple(fields), rowtime=rowtime, window=window)
+    # the left input's time attributes go on where no joined row can be late for them
+    # (a regular join's rows come whenever; see the module's docs)
+    rowtime = proctime = None
+    if kind_ is not JoinKind.REGULAR and schemas[0].rowtime in names.joined[0]:
+        rowtime = names.joined[0][schemas[0].rowtime]
+    if kind_ is JoinKind.LOOKUP and schemas[0].proctime in names.joined[0]:
+        proctime = names.joined[0][schemas[0].proctime]
+    schema = RelSchema(tuple(fields), rowtime=rowtime, window=window, proctime=proctime)
     described = tuple(f"{sql_text(a)} = {sql_text(b)}" for a, b in key_pairs)
     node: Node = Join(sides[0], sides[1], kind_, keys, interval,
                       None if windows is None else windows[0], schema, described)
     if both:
         scope = Scope(schema, frozenset(), functions)
-        condition = compile_expression(_and(names.rewrite(c) for c in both), scope)
+        condition = compile_expression(conjunction(names.rewrite(c) for c in both), scope)
         identity = tuple((f.name, compile_expression(column_ref(f.name), scope))
                          for f in schema.fields)
         node = Calc(node, condition, identity, schema)
@@ -224,7 +253,7 @@ def _keyed_side(side: JoinInput, keys: list[exp.Expr], pushed: list[exp.Expr],
         projections.append((f"{JOIN_KEY_PREFIX}{i}", _decoded(cast_to(mine, target))))
         if mine.nullable:
             conditions.append(exp.Not(this=exp.Is(this=key.copy(), expression=exp.Null())))
-    condition = compile_expression(_and(conditions), scope) if conditions else None
+    condition = compile_expression(conjunction(conditions), scope) if conditions else None
     fields = [*schema.fields, *(Field(n, value_type(c.type), nullable=False)
                                 for n, c in projections[len(schema.fields):])]
     return Calc(side.node, condition, tuple(projections), replace(schema, fields=tuple(fields)))
@@ -348,7 +377,8 @@ def conjuncts(expr: exp.Expr) -> list[exp.Expr]:
     return [expr]
 
 
-def _and(conjuncts) -> exp.Expr:
+def conjunction(conjuncts) -> exp.Expr:
+    """The AND of ``conjuncts`` (at least one)."""
     out = None
     for c in conjuncts:
         out = c if out is None else exp.And(this=out, expression=c)

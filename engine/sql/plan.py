@@ -126,6 +126,35 @@ class WindowAggregate:
     schema: RelSchema
 
 
+@dataclass(frozen=True)
+class Expand:
+    """Each row of ``input`` once per copy of ``copies`` (each the same columns, in
+    ``schema``), Flink's Expand: a distinct count's first aggregation reads them (see
+    :mod:`~raystream.engine.sql.aggregates`)."""
+
+    input: Node
+    copies: tuple[tuple[tuple[str, Compiled], ...], ...]
+    schema: RelSchema
+
+
+@dataclass(frozen=True)
+class WindowTopN:
+    """Per window and ``keys``, the first ``limit`` rows of ``input`` by ``order`` (each
+    a column and whether it sorts descending), numbered in column ``rank`` from 1
+    (Flink's window Top-N, ``ROW_NUMBER() OVER (PARTITION BY window_start, window_end,
+    ...) ... WHERE rn <= N``): one final result per window, when it ends. ``window``: a
+    window table function's windows over ``input``'s rowtime (its rows get the window
+    columns too) or the windows ``input``'s rows have already."""
+
+    input: Node
+    window: WindowSpec | InputWindows
+    keys: tuple[str, ...]
+    order: tuple[tuple[str, bool], ...]
+    limit: int
+    rank: str
+    schema: RelSchema
+
+
 JOIN_KEY_PREFIX = "__jk"  # a join input's key columns: __jk0, __jk1, ...
 
 
@@ -146,6 +175,12 @@ class Interval:
     upper_ms: int
     lower_inclusive: bool = True
     upper_inclusive: bool = True
+
+    @property
+    def watermark_delay_ms(self) -> int:
+        """How far the join's output watermark stays behind its inputs' so that neither
+        rowtime of a pair is late downstream (Flink's: the interval's larger side)."""
+        return max(0, self.upper_ms, -self.lower_ms)
 
     def describe(self) -> str:
         return (f"{'[' if self.lower_inclusive else '('}{self.lower_ms} ms, "
@@ -184,7 +219,7 @@ class Union:
     schema: RelSchema
 
 
-Node = Scan | StreamScan | Calc | WindowAggregate | Join | Union
+Node = Scan | StreamScan | Calc | Expand | WindowAggregate | WindowTopN | Join | Union
 
 
 @dataclass(frozen=True)
@@ -216,14 +251,20 @@ def explain(node: Node | Sink, depth: int = 0) -> str:
     if isinstance(node, StreamScan):
         return f"{pad}DataStreamScan(table=[{node.entry.name}], fields=[{fields}])"
     if isinstance(node, Calc):
-        select = ", ".join(name if c.sql.strip('"`') == name else f"{c.sql} AS {name}"
-                           for name, c in node.projections)
         where = "" if node.condition is None else f", where=[{node.condition.sql}]"
-        line = f"{pad}Calc(select=[{select}]{where})"
+        line = f"{pad}Calc(select=[{_selected(node.projections)}]{where})"
+    elif isinstance(node, Expand):
+        copies = ", ".join(f"[{_selected(c)}]" for c in node.copies)
+        line = f"{pad}Expand(copies=[{copies}])"
     elif isinstance(node, WindowAggregate):
         aggs = ", ".join(f"{a.sql} AS {a.output}" for a in node.aggregates)
         line = (f"{pad}WindowAggregate(groupBy=[{', '.join(node.keys)}], "
                 f"window=[{node.window.describe()}], select=[{aggs}])")
+    elif isinstance(node, WindowTopN):
+        order = ", ".join(f"{c} {'DESC' if d else 'ASC'}" for c, d in node.order)
+        line = (f"{pad}WindowRank(rankType=[ROW_NUMBER], rankRange=[rankStart=1, "
+                f"rankEnd={node.limit}], partitionBy=[{', '.join(node.keys)}], "
+                f"orderBy=[{order}], window=[{node.window.describe()}], select=[*, {node.rank}])")
     elif isinstance(node, Join):
         extra = f", interval=[{node.interval.describe()}]" if node.interval else ""
         if node.windows is not None:
@@ -234,3 +275,8 @@ def explain(node: Node | Sink, depth: int = 0) -> str:
         line = f"{pad}Union(all=[true], fields=[{fields}])"
         return "\n".join([line, *(explain(i, depth + 1) for i in node.inputs)])
     return f"{line}\n{explain(node.input, depth + 1)}"
+
+
+def _selected(projections: tuple[tuple[str, Compiled], ...]) -> str:
+    return ", ".join(name if c.sql.strip('"`') == name else f"{c.sql} AS {name}"
+                     for name, c in projections)

@@ -3,7 +3,10 @@ the catalog, views inlined, conditions pushed into the scans that take them, win
 aggregations recognised (the window table functions ``TUMBLE``, ``HOP`` and ``SESSION``
 with ``GROUP BY window_start, window_end``, the group windows ``GROUP BY
 TUMBLE(ts, ...)`` with ``TUMBLE_START``/``TUMBLE_END``, and a GROUP BY of rows' own
-window columns), joins handed to :mod:`~raystream.engine.sql.joins`, expressions compiled.
+window columns), their aggregate calls and distinct counts handed to
+:mod:`~raystream.engine.sql.aggregates`, window Top-N recognised (planned as
+:mod:`~raystream.engine.sql.topn` says), joins handed to :mod:`~raystream.engine.sql.joins`
+(several per SELECT, left-deep), expressions compiled.
 
 What raystream's SQL does not have yet is a ``SqlError`` that says so (an outer join, a
 GROUP BY without a window, which makes an updating result, ...), raised at planning.
@@ -28,28 +31,25 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 # its kernels' functions are made at import, so pyright sees none: ignored where used
-import pyarrow.compute as pc
 from sqlglot import exp
 
 from raystream.engine.errors import SqlError
-from raystream.engine.sql.arrow_types import is_numeric, is_temporal, type_name, value_type
+from raystream.engine.sql.arrow_types import type_name, value_type
+from raystream.engine.sql.aggregates import WINDOW_COLUMNS, aggregate_calls, window_aggregate
 from raystream.engine.sql.ast import WindowKind, WindowTvf
 from raystream.engine.sql.catalog import Catalog, StreamEntry, TableEntry, ViewEntry
-from raystream.engine.sql.compiled import Compiled, Evaluate, column_ref, sql_text
+from raystream.engine.sql.compiled import Compiled, column_ref, sql_text
 from raystream.engine.sql.connectors import connector_of
 from raystream.engine.sql.dialect import WindowTableFunction
 from raystream.engine.sql.expressions import Scope, compile_expression
 from raystream.engine.sql.functions import is_proctime
 from raystream.engine.sql.intervals import interval_ms
-from raystream.engine.sql.joins import JoinInput, conjuncts, plan_join
-from raystream.engine.sql.plan import (AggregateCall, AggregateKind, Calc, InputWindows, Node,
-                                       Scan, StreamScan, Union, WindowAggregate, WindowSpec)
+from raystream.engine.sql.joins import JoinInput, conjunction, conjuncts, plan_join
+from raystream.engine.sql.plan import (Calc, InputWindows, Node, WindowTopN,
+                                       Scan, StreamScan, Union, WindowSpec)
 from raystream.engine.sql.schema import Field, RelSchema, WindowAttributes
+from raystream.engine.sql.topn import TopNQuery, ranked_schema, sort_keys, top_n_query
 
-WINDOW_COLUMNS = ("window_start", "window_end", "window_time")
-_AGGREGATES = {exp.Count: AggregateKind.COUNT, exp.Sum: AggregateKind.SUM,
-               exp.Min: AggregateKind.MIN, exp.Max: AggregateKind.MAX,
-               exp.Avg: AggregateKind.MEAN}
 _GROUP_WINDOWS = {"TUMBLE": WindowKind.TUMBLE, "HOP": WindowKind.HOP,
                   "SESSION": WindowKind.SESSION}
 
@@ -101,9 +101,13 @@ class Planner:
         where = select.args.get("where")
         conditions = tuple(conjuncts(where.this)) if where is not None else ()
         from_ = select.args.get("from_") or select.args.get("from")
+        ranked = None if select.args.get("joins") else self._ranked(from_, conditions)
         if select.args.get("joins"):
             source, select = self._joined(select, from_, list(conditions))
             where = None  # (the join took its conjuncts)
+        elif ranked is not None:  # (the Top-N took its bound on the row number)
+            source, rest = ranked
+            where = exp.Where(this=conjunction(rest)) if rest else None
         else:
             source = self._from(from_, conditions)
         scope = Scope(source.node.schema, source.aliases, self.catalog.functions)
@@ -142,23 +146,31 @@ class Planner:
 
     def _joined(self, select: exp.Select, from_: exp.From | None, where: list[exp.Expr]
                 ) -> tuple[_From, exp.Select]:
-        """The FROM's join, and the SELECT over the joined rows' names."""
+        """The FROM's joins, planned left-deep (``a JOIN b ON ... JOIN c ON ...`` is ``(a
+        JOIN b) JOIN c``, each join one operator), and the SELECT over the joined rows'
+        names. A WHERE conjunct goes to the first join that has all its tables."""
         if from_ is None:
             raise SqlError("a SELECT without FROM is not in raystream's SQL")
         joins = select.args["joins"]
-        if len(joins) > 1:
-            raise SqlError(f"{_short(select)}: one JOIN per SELECT in raystream's SQL for now "
-                           f"(join the result of a subquery with a JOIN in it)")
-        left, right = self._from_item(from_.this, ()), self._from_item(joins[0].this, ())
-        for side in (left, right):
-            if side.window is not None:
-                raise SqlError(f"JOIN {sql_text(joins[0].this)}: join a window table "
-                               f"function's rows through a subquery that aggregates them")
-        version = joins[0].this.args.get("version")
-        if version is not None:
-            _check_lookup(joins[0].this, version, left.node.schema, right.node)
-        planned = plan_join(JoinInput(left.node, left.aliases), JoinInput(right.node, right.aliases),
-                            joins[0], where, self.catalog.functions, lookup=version is not None)
+        items = [self._from_item(from_.this, ()), *(self._from_item(j.this, ()) for j in joins)]
+        for join, item in zip([None, *joins], items):
+            if item.window is not None:
+                named = sql_text(join.this if join is not None else from_.this)
+                raise SqlError(f"JOIN {named}: join a window table function's rows through "
+                               f"a subquery that aggregates them")
+        levels = [_join_level(c, items) for c in where]
+        left = JoinInput(items[0].node, items[0].aliases)
+        planned = None
+        for level, (join, item) in enumerate(zip(joins, items[1:])):
+            version = join.this.args.get("version")
+            if version is not None:
+                _check_lookup(join.this, version, left.node.schema, item.node)
+            last = level == len(joins) - 1
+            mine = [c for c, at in zip(where, levels) if at == level or last and at > level]
+            planned = plan_join(left, JoinInput(item.node, item.aliases), join, mine,
+                                self.catalog.functions, lookup=version is not None)
+            left = planned.as_input()
+        assert planned is not None
         rewritten = select.copy()
         rewritten.set("joins", None)
         rewritten.set("where", None)
@@ -171,6 +183,95 @@ class Planner:
             if rewritten.args.get(part) is not None:
                 rewritten.set(part, planned.rewrite(rewritten.args[part]))
         return _From(planned.node, frozenset()), rewritten
+
+    # -- window Top-N ---------------------------------------------------------------------
+    def _ranked(self, from_: exp.From | None, conditions: tuple[exp.Expr, ...]
+                ) -> tuple[_From, tuple[exp.Expr, ...]] | None:
+        """``FROM (SELECT ..., ROW_NUMBER() OVER (...) AS rn ...) WHERE rn <= N`` as a
+        window Top-N (see :mod:`~raystream.engine.sql.topn`), and the WHERE's other
+        conjuncts; None where the FROM is not one."""
+        top = top_n_query(from_, conditions)
+        if top is None:
+            return None
+        assert from_ is not None
+        inner = top.inner
+        alias = from_.this.alias
+        inner_from = inner.args.get("from_") or inner.args.get("from")
+        aggregates = [a for e in inner.expressions for a in e.find_all(exp.AggFunc)]
+        if (inner_from is not None and isinstance(inner_from.this, WindowTableFunction)
+                and inner.args.get("group") is None and not aggregates
+                and not inner.args.get("joins")):
+            node = self._ranked_tvf(top, inner_from.this)
+        else:
+            node = self._ranked_rows(top)
+        return _From(node, frozenset([alias] if alias else [])), top.rest
+
+    def _ranked_tvf(self, top: TopNQuery, item: WindowTableFunction) -> Node:
+        """A Top-N over a window table function's rows: the window operator's windows."""
+        inner, over = top.inner, top.over
+        where = inner.args.get("where")
+        source = self._from_item(item, tuple(conjuncts(where.this)) if where is not None else ())
+        node = source.node
+        assert source.window is not None
+        spec = _window_spec(source.window, node.schema)
+        if spec.kind not in (WindowKind.TUMBLE, WindowKind.HOP) or spec.processing_time:
+            raise SqlError(f"{sql_text(over)}: a Top-N over a window table function's rows "
+                           f"is over TUMBLE or HOP windows of a rowtime in raystream's SQL")
+        if where is not None:
+            scope = Scope(node.schema, source.aliases, self.catalog.functions)
+            node = Calc(node, _predicate(where.this, scope), _identity(node.schema), node.schema)
+        own = ("window_start", "window_end")
+        partition = [_ranked_column(e, None, node.schema, over, allowed=own)
+                     for e in over.args.get("partition_by") or []]
+        if not set(own) <= set(partition):
+            raise SqlError(f"{sql_text(over)}: a window Top-N is PARTITION BY window_start, "
+                           f"window_end (and other columns)")
+        order = tuple((_ranked_column(e, None, node.schema, over), d) for e, d in sort_keys(over))
+        schema = ranked_schema(node.schema, top.rank, windowed=True)
+        ranked = WindowTopN(node, spec, tuple(k for k in partition if k not in own), order,
+                            top.limit, top.rank,
+                            RelSchema(schema.fields, rowtime="window_time",
+                                      window=WindowAttributes(*own)))
+        # the inner SELECT list over the ranked rows: its ROW_NUMBER() is the row number
+        expressions = []
+        for i, e in enumerate(inner.expressions):
+            if i == top.position:
+                expressions.append(exp.alias_(column_ref(top.rank), top.rank))
+            elif isinstance(e, exp.Star):
+                expressions += [column_ref(f.name) for f in schema.fields if f.name != top.rank]
+            else:
+                expressions.append(e)
+        scope = Scope(ranked.schema, source.aliases, self.catalog.functions)
+        projections = _projections(expressions, scope)
+        return Calc(ranked, None, projections, _schema(projections, expressions, ranked.schema))
+
+    def _ranked_rows(self, top: TopNQuery) -> Node:
+        """A Top-N over windowed rows (a window aggregation's): the windows they have."""
+        inner, over = top.inner, top.over
+        rows = inner.copy()
+        rows.set("expressions", [e for i, e in enumerate(rows.expressions) if i != top.position])
+        below = self.query(rows)
+        window = below.schema.window
+        if window is None:
+            raise SqlError(f"{sql_text(over)}: a ROW_NUMBER() is a window Top-N in raystream's "
+                           f"SQL: rank a window aggregation's rows or a window table "
+                           f"function's (an updating Top-N is not there yet)")
+        partition = [_ranked_column(e, rows, below.schema, over)
+                     for e in over.args.get("partition_by") or []]
+        if not {window.start, window.end} <= set(partition):
+            raise SqlError(f"{sql_text(over)}: a window Top-N is PARTITION BY the rows' "
+                           f"window_start and window_end (and other columns)")
+        order = tuple((_ranked_column(e, rows, below.schema, over), d) for e, d in sort_keys(over))
+        schema = ranked_schema(below.schema, top.rank, windowed=False)
+        ranked = WindowTopN(below, InputWindows(window.start, window.end),
+                            tuple(k for k in partition if k not in (window.start, window.end)),
+                            order, top.limit, top.rank,
+                            RelSchema(schema.fields, rowtime=below.schema.rowtime, window=window))
+        names = list(below.schema.names)
+        names.insert(top.position if len(names) == len(rows.expressions) else len(names), top.rank)
+        expressions: list[exp.Expr] = [column_ref(n) for n in names]
+        projections = _projections(expressions, Scope(ranked.schema))
+        return Calc(ranked, None, projections, _schema(projections, expressions, ranked.schema))
 
     def _from(self, from_: exp.From | None, conditions: tuple[exp.Expr, ...]) -> _From:
         if from_ is None:
@@ -235,36 +336,21 @@ class Planner:
             pre.append((name, compiled))
             key_names.append(name)
             rewrites[_normal(key, source.aliases)] = column_ref(name)
-        calls: list[AggregateCall] = []
         having = select.args.get("having")
         found = [a for e in [*select.expressions, *([having.this] if having is not None else [])]
-                 for a in _aggregate_calls(e)]
+                 for a in aggregate_calls(e)]
+        calls: list[tuple[str, exp.Expr]] = []
         for call in found:
             normal = _normal(call, source.aliases)
             if normal in rewrites:
                 continue
             output = f"__a{len(calls)}"
-            column, kind, result = _aggregate_input(call, scope, f"{output}_in")
-            if column is not None:
-                pre.append(column)
-            calls.append(AggregateCall(output, kind, column[0] if column else None, result,
-                                       sql_text(call)))
+            calls.append((output, call))
             rewrites[normal] = column_ref(output)
         times = (window.start, window.end) if isinstance(window, InputWindows) else (window.time,)
-        pre += [(t, compile_expression(column_ref(t), scope)) for t in times]
-        pre_schema = RelSchema(tuple(Field(name, c.type, nullable=c.nullable) for name, c in pre),
-                               rowtime=None if isinstance(window, InputWindows) else window.time)
-        pre_node = Calc(node, None, tuple(pre), pre_schema)
-        fields = [Field(k, pre_schema.field(k).type, nullable=pre_schema.field(k).nullable)
-                  for k in key_names]
-        fields += [Field(c, pa.timestamp("ms"), nullable=False) for c in WINDOW_COLUMNS]
-        fields += [Field(c.output, c.type, nullable=c.kind not in (AggregateKind.COUNT,
-                                                                   AggregateKind.SUM))
-                   for c in calls]
-        aggregated = WindowAggregate(pre_node, window, tuple(key_names), tuple(calls),
-                                     RelSchema(tuple(fields), rowtime="window_time",
-                                               window=WindowAttributes("window_start",
-                                                                       "window_end")))
+        aggregated = window_aggregate(
+            node, scope, window, pre, [(t, compile_expression(column_ref(t), scope)) for t in times],
+            calls)
         # the SELECT list over the aggregate's rows
         if not tvf:  # TUMBLE_START(ts, ...) and the like: the window's columns
             for e in [*select.expressions, *([having.this] if having is not None else [])]:
@@ -285,71 +371,6 @@ class Planner:
                             originals=select.expressions))
 
 
-def _function_name(call: exp.Expr) -> str:
-    return call.sql_name() if isinstance(call, exp.Func) else type(call).__name__.upper()
-
-
-def _aggregate_calls(expr: exp.Expr) -> list[exp.Expr]:
-    """The aggregate calls in ``expr``, outermost first: ``COUNT(*) FILTER (WHERE ...)`` is
-    one call (the FILTER with its aggregate)."""
-    if isinstance(expr, exp.Filter) and isinstance(expr.this, exp.AggFunc) or isinstance(
-            expr, exp.AggFunc):
-        return [expr]
-    return [call for child in expr.iter_expressions() for call in _aggregate_calls(child)]
-
-
-def _aggregate_input(call: exp.Expr, scope: Scope, name: str
-                     ) -> tuple[tuple[str, Compiled] | None, AggregateKind, pa.DataType]:
-    """The column an aggregate call reads (computed into the aggregate's input as ``name``;
-    None for COUNT(*)), its kind, and its result's type (Flink's)."""
-    where = None
-    if isinstance(call, exp.Filter):  # COUNT(*) FILTER (WHERE ...): rows without it are NULL
-        where, call = call.expression.this, call.this
-    kind = _AGGREGATES.get(type(call))
-    if kind is None:
-        raise SqlError(f"{sql_text(call)}: raystream's SQL has no aggregate {_function_name(call)} yet")
-    argument = call.this
-    if isinstance(argument, exp.Distinct):
-        raise SqlError(f"{sql_text(call)}: COUNT(DISTINCT ...) is not in raystream's SQL yet")
-    star = isinstance(argument, exp.Star) or argument is None
-    if kind is AggregateKind.COUNT and star and where is None:
-        return None, kind, pa.int64()
-    if kind is AggregateKind.COUNT:  # rows with a value (where the FILTER holds): a sum of 1s
-        value: exp.Expr = exp.Literal.number(1) if star else exp.If(
-            this=exp.Not(this=exp.Is(this=argument, expression=exp.Null())),
-            true=exp.Literal.number(1), false=exp.Literal.number(0))
-        if where is not None:
-            value = exp.If(this=where, true=value, false=exp.Literal.number(0))
-        compiled = compile_expression(exp.Cast(this=value, to=exp.DataType.build("BIGINT")), scope)
-        return (name, compiled), AggregateKind.SUM, pa.int64()
-    if where is not None:
-        argument = exp.If(this=where, true=argument, false=exp.Null())
-    if argument is None:
-        raise SqlError(f"{sql_text(call)}: {_function_name(call)} takes a column")
-    compiled = compile_expression(argument, scope)
-    operand = value_type(compiled.type)
-    if kind in (AggregateKind.SUM, AggregateKind.MEAN) and not is_numeric(operand):
-        raise SqlError(f"{sql_text(call)}: {_function_name(call)} takes a number, not {type_name(operand)}")
-    if pa.types.is_decimal(operand) and kind in (AggregateKind.SUM, AggregateKind.MEAN):
-        compiled = Compiled(pa.float64(), _as_double(compiled), compiled.sql)
-        operand = pa.float64()  # (the window aggregates sum in numpy: DOUBLE)
-    if kind is AggregateKind.SUM:
-        result = pa.int64() if pa.types.is_integer(operand) else pa.float64()
-    elif kind is AggregateKind.MEAN:  # Flink's AVG has its operand's type
-        result = operand if pa.types.is_integer(operand) or pa.types.is_floating(operand) else pa.float64()
-    else:
-        if not (is_numeric(operand) or is_temporal(operand)):
-            raise SqlError(f"{sql_text(call)}: {_function_name(call)} takes a number or a time here, "
-                           f"not {type_name(operand)}")
-        result = operand
-    return (name, compiled), kind, result
-
-
-def _as_double(compiled: Compiled) -> Evaluate:
-    inner = compiled.evaluate
-    return lambda batch: pc.cast(inner(batch), pa.float64())  # pyright: ignore[reportAttributeAccessIssue]
-
-
 def _window_spec(tvf: WindowTvf, schema: RelSchema) -> WindowSpec:
     where = f"{tvf.kind.value}(... DESCRIPTOR({tvf.time_column}))"
     if tvf.time_column == schema.proctime and tvf.time_column != schema.rowtime:
@@ -364,6 +385,38 @@ def _window_spec(tvf: WindowTvf, schema: RelSchema) -> WindowSpec:
                        f"multiple of its step ({tvf.step_ms} ms)")
     return WindowSpec(tvf.kind, tvf.time_column, size_ms=tvf.size_ms, slide_ms=tvf.slide_ms,
                       gap_ms=tvf.gap_ms, offset_ms=tvf.offset_ms, step_ms=tvf.step_ms)
+
+
+def _ranked_column(expr: exp.Expr, select: exp.Select | None, schema: RelSchema,
+                   over: exp.Window, *, allowed: tuple[str, ...] = ()) -> str:
+    """The column of the ranked rows that a PARTITION BY or ORDER BY expression of
+    ``over`` names: a column of theirs, or an expression of ``select``'s list (by its
+    name there: ``ORDER BY COUNT(*)`` of ``COUNT(*) AS n`` is ``n``)."""
+    if isinstance(expr, exp.Column) and (schema.has(expr.name) or expr.name in allowed):
+        return expr.name
+    for index, e in enumerate(select.expressions if select is not None else []):
+        inner = e.this if isinstance(e, exp.Alias) else e
+        if _normal(inner, frozenset([inner.table] if isinstance(inner, exp.Column) else [])) \
+                == _normal(expr, frozenset([expr.table] if isinstance(expr, exp.Column) else [])):
+            return _output_name(e, index)
+    raise SqlError(f"{sql_text(over)}: {sql_text(expr)} is not a column of the rows it ranks "
+                   f"(rank by a column, or by an expression of the SELECT list)")
+
+
+def _join_level(conjunct: exp.Expr, items: list[_From]) -> int:
+    """The join of a FROM's ``items`` (0: the first) that a WHERE conjunct goes to: the
+    first where all the tables it names are joined; the last where a name is unknown or
+    ambiguous (that join says so)."""
+    last = len(items) - 1
+    found = 0
+    for column in conjunct.find_all(exp.Column):
+        if column.table:
+            owners = [i for i, item in enumerate(items) if column.table in item.aliases]
+        else:
+            owners = [i for i, item in enumerate(items)
+                      if item.node.schema.has(column.name) and not column.name.startswith("__")]
+        found = max(found, owners[0] if len(owners) == 1 else last)
+    return max(found - 1, 0)
 
 
 def _check_lookup(table: exp.Expr, version: exp.Expr, left: RelSchema, right: Node) -> None:

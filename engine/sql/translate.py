@@ -32,10 +32,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from raystream.engine.sql.ast import WindowKind
-from raystream.engine.sql.compiled import Compiled, as_array
+from raystream.engine.sql.compiled import Compiled, as_array, plain
 from raystream.engine.sql.lookup import LookupJoin
-from raystream.engine.sql.plan import (Calc, InputWindows, Join, JoinKind, Node, Scan, Sink,
-                                       StreamScan, WindowAggregate, WindowSpec)
+from raystream.engine.sql.plan import (Calc, Expand, InputWindows, Join, JoinKind, Node, Scan, Sink,
+                                       StreamScan, WindowAggregate, WindowSpec, WindowTopN)
+from raystream.engine.sql.topn import RankedRows
 from raystream.engine.windows.assigners import (CumulativeEventTimeWindows,
                                                 EventTimeSessionWindows, SlidingEventTimeWindows,
                                                 TumblingEventTimeWindows,
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from raystream.engine.datastream import DataStream
     from raystream.engine.environment import StreamEnvironment
     from raystream.engine.sink_handle import SinkHandle
+    from raystream.engine.windows.stream import WindowedStream
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,29 @@ class Selected:
                                           names=list(self.names))
 
 
-Step = CalcStep | Renamed | JoinTime
+@dataclass(frozen=True)
+class Expanded:
+    """The batch once per copy of ``copies`` (each a projection to ``schema``'s columns),
+    one batch: a distinct count's Expand."""
+
+    copies: tuple[tuple[tuple[str, Compiled], ...], ...]
+    schema: pa.Schema
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        n = batch.num_rows
+        return pa.concat_batches([pa.RecordBatch.from_arrays(
+            [_as(plain(as_array(c.evaluate(batch), n)), f.type)
+             for (_, c), f in zip(copy, self.schema)], schema=self.schema)
+            for copy in self.copies])
+
+
+def _as(column: pa.Array | pa.ChunkedArray, type_: pa.DataType) -> pa.Array:
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    return column if column.type == type_ else column.cast(type_)
+
+
+Step = CalcStep | Renamed | JoinTime | Expanded
 
 
 @dataclass(frozen=True)
@@ -209,8 +233,12 @@ class Translator:
             return node.entry.stream
         if isinstance(node, Calc):
             return self._calcs(node, ())
+        if isinstance(node, Expand):
+            return self._calcs(node.input, (Expanded(node.copies, node.schema.arrow()),))
         if isinstance(node, WindowAggregate):
             return self._window(node)
+        if isinstance(node, WindowTopN):
+            return self._top_n(node)
         if isinstance(node, Join):
             return self._join(node)
         streams = [self.stream(i) for i in node.inputs]
@@ -251,7 +279,8 @@ class Translator:
             ).between(interval.lower_ms if interval else 0, interval.upper_ms if interval else 0,
                       lower_inclusive=interval.lower_inclusive if interval else True,
                       upper_inclusive=interval.upper_inclusive if interval else True
-                      ).join(name=f"{self.prefix}.{node.kind.value}-join")
+                      ).join(name=f"{self.prefix}.{node.kind.value}-join",
+                             watermark_delay_ms=interval.watermark_delay_ms if interval else 0)
         columns = node.columns()
         return joined.map_batches(Selected(tuple(position[i][c] for i, c, _ in columns),
                                            tuple(name for _, _, name in columns)),
@@ -272,7 +301,10 @@ class Translator:
                                            tuple(name for _, _, name in columns)),
                                   name=f"{self.prefix}.join-output")
 
-    def _window(self, node: WindowAggregate) -> "DataStream":
+    def _windowed(self, node: WindowAggregate | WindowTopN
+                  ) -> tuple["WindowedStream", tuple[str, ...]]:
+        """``node``'s input in its windows, keyed by its keys (NULL-safe: see
+        :class:`NullSafeKeys`), and the keys sent with a NULL flag."""
         stream = self.stream(node.input)
         schema = node.input.schema
         window = node.window
@@ -292,9 +324,23 @@ class Translator:
         if isinstance(window, InputWindows):
             keys.append(window.start)
         if keys:
-            windowed = stream.key_by(keys).window(assigner, timestamp=time)
-        else:
-            windowed = stream.window_all(assigner, timestamp=time)
+            return stream.key_by(keys).window(assigner, timestamp=time), nullable
+        return stream.window_all(assigner, timestamp=time), nullable
+
+    def _top_n(self, node: WindowTopN) -> "DataStream":
+        windowed, nullable = self._windowed(node)
+        ordered = {c for c, _ in node.order}
+        ties = tuple(f.name for f in node.input.schema.fields
+                     if f.name not in ordered and not pa.types.is_nested(f.type))
+        schema = node.schema.arrow()
+        return windowed.process(
+            RankedRows(node.order, ties, node.limit, node.rank, schema, nullable,
+                       windowed=isinstance(node.window, WindowSpec)),
+            name=f"{self.prefix}.top-n", schema=schema)
+
+    def _window(self, node: WindowAggregate) -> "DataStream":
+        window = node.window
+        windowed, nullable = self._windowed(node)
         aggregates = {a.output: (a.kind.value, a.column) for a in node.aggregates} or {
             "__rows": ("count", None)}  # (a GROUP BY without aggregates: its groups)
         result = windowed.agg(name=f"{self.prefix}.window", **aggregates)
