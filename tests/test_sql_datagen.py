@@ -49,12 +49,12 @@ def test_sequences_are_exact_and_random_values_within_their_bounds(ray_session):
 
 
 N = 10_000
-HOUR = 3_600_000
-# ts: id * 10 ms plus up to 300 ms of disorder (within the 1 s watermark delay), and an
-# hour late for some rows in the second half of each of the 4 splits of 2,500 rows
+# ts: id * 10 ms plus up to 300 ms of disorder (within the 1 s watermark delay). No row
+# beyond it: at p=2 the window's watermark at a row is the least of two channels' and,
+# after the restore, the restored floor while a channel lags, so which late rows count
+# would depend on timing (tests/test_sql_cumulate.py has late rows, at p=1)
 DDL = """CREATE TABLE ev (id BIGINT, k INT,
-    ts AS CAST(id * 10 + k * 100 - CASE WHEN MOD(id, 2500) > 1500 AND MOD(id, 97) = 0
-                                        THEN 3600000 ELSE 0 END AS TIMESTAMP(3)),
+    ts AS CAST(id * 10 + k * 100 AS TIMESTAMP(3)),
     WATERMARK FOR ts AS ts - INTERVAL '1' SECOND)
   WITH ('connector' = 'datagen', 'rows-per-second' = '20000',
         'fields.id.kind' = 'sequence', 'fields.id.start' = '0', 'fields.id.end' = '9999',
@@ -85,10 +85,8 @@ def test_a_watermarked_datagen_table_through_a_tumble_count_equals_pandas_throug
     raw = result.table(sinks["raw"]).to_pandas()
     assert sorted(raw["id"]) == list(range(N))  # exactly once through the restore
     ts = raw["id"] * 10 + raw["k"] * 100
-    late = (raw["id"] % 2500 > 1500) & (raw["id"] % 97 == 0)
-    assert late.sum() > 20
-    on_time = raw[~late].assign(start=ts[~late] // 5_000 * 5_000)
-    c = on_time.groupby(["k", "start"]).size().rename("n").reset_index()
+    c = raw.assign(start=ts // 5_000 * 5_000).groupby(["k", "start"]).size().rename(
+        "n").reset_index()
     expected = pd.DataFrame({"k": c["k"].astype(np.int32), "n": c["n"].astype(np.int64),
                              "window_start": ms(c["start"])})
     assert rows(result.table(sinks["counts"])) == rows(expected)
