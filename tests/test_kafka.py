@@ -37,12 +37,6 @@ from confluent_kafka.admin import NewTopic  # noqa: E402
 from tests.support.kafka import Broker  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def broker():
-    b = Broker()
-    yield b
-    b.stop()
-
 
 # -- the broker itself ---------------------------------------------------------------------------
 def test_broker_quirks_latest_offset_lags_and_aborted_records_show(broker):

